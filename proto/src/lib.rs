@@ -1,0 +1,10 @@
+//! rdkv-proto: everything two rdkv processes must agree on byte for byte, and no I/O.
+//!
+//! - [`region`]: the layout of a server's registered memory region (header, index
+//!   buckets of packed slots, self-describing data blocks), with the encoders the
+//!   writer uses and the validators a one-sided reader applies to raw bytes.
+//! - [`wire`]: the native protocol: length-prefixed frames, the version handshake
+//!   and the postcard-encoded request/response messages.
+
+pub mod region;
+pub mod wire;

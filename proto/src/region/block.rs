@@ -1,0 +1,194 @@
+//! Data blocks: self-describing, immutable once published.
+//!
+//! ```text
+//! offset size field
+//!  0     4    crc32      CRC-32 (crc32fast, IEEE) of bytes 4 .. 24 + key_len + value_len
+//!  4     4    key_len    u32 LE
+//!  8     4    value_len  u32 LE
+//! 12     4    magic      "RKB1"
+//! 16     8    version    u64 LE: the Raft log index that wrote this value, >= 1
+//! 24     ..   key bytes, then value bytes, then zero padding to the size class
+//! ```
+//!
+//! The CRC covers the lengths and the version, so a reader that copies a block
+//! while the writer reuses its space (after the grace period) sees a mismatch
+//! instead of a value stitched from two writes.
+
+use crate::region::error::BlockError;
+
+pub const BLOCK_HEADER_BYTES: usize = 24;
+pub const BLOCK_MAGIC: u32 = u32::from_le_bytes(*b"RKB1");
+
+/// Size of the encoded block before padding to its size class.
+pub fn encoded_block_bytes(key_len: usize, value_len: usize) -> u64 {
+    BLOCK_HEADER_BYTES as u64 + key_len as u64 + value_len as u64
+}
+
+/// Encodes a block into `out` (cleared first). The caller pads to its class.
+/// Lengths must fit u32; the writer checks its configured limits before this.
+pub fn encode_block(key: &[u8], value: &[u8], version: u64, out: &mut Vec<u8>) {
+    debug_assert!(u32::try_from(key.len()).is_ok() && u32::try_from(value.len()).is_ok());
+    out.clear();
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+    out.extend_from_slice(&BLOCK_MAGIC.to_le_bytes());
+    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(key);
+    out.extend_from_slice(value);
+    let crc = crc32fast::hash(&out[4..]);
+    out[..4].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// The fixed-size prefix of a block, enough to learn how much more to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockHeader {
+    pub crc: u32,
+    pub key_len: u32,
+    pub value_len: u32,
+    pub version: u64,
+}
+
+impl BlockHeader {
+    /// Decodes the prefix; checks magic and version, not the CRC (which needs
+    /// the whole block). `max_key_bytes`/`max_value_bytes` bound what a reader
+    /// will agree to fetch next.
+    pub fn decode(
+        bytes: &[u8],
+        max_key_bytes: u32,
+        max_value_bytes: u32,
+    ) -> Result<BlockHeader, BlockError> {
+        let Some(head) = bytes.get(..BLOCK_HEADER_BYTES) else {
+            return Err(BlockError::Truncated {
+                len: bytes.len(),
+                need: BLOCK_HEADER_BYTES,
+            });
+        };
+        let word32 = |at: usize| {
+            let mut b = [0u8; 4];
+            b.copy_from_slice(&head[at..at + 4]);
+            u32::from_le_bytes(b)
+        };
+        let magic = word32(12);
+        if magic != BLOCK_MAGIC {
+            return Err(BlockError::BadMagic { found: magic });
+        }
+        let mut v = [0u8; 8];
+        v.copy_from_slice(&head[16..24]);
+        let header = BlockHeader {
+            crc: word32(0),
+            key_len: word32(4),
+            value_len: word32(8),
+            version: u64::from_le_bytes(v),
+        };
+        if header.key_len > max_key_bytes || header.value_len > max_value_bytes {
+            return Err(BlockError::Length {
+                key_len: header.key_len,
+                value_len: header.value_len,
+                available: bytes.len(),
+            });
+        }
+        if header.version == 0 {
+            return Err(BlockError::ZeroVersion);
+        }
+        Ok(header)
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        encoded_block_bytes(self.key_len as usize, self.value_len as usize)
+    }
+}
+
+/// A validated block borrowed from the bytes a reader copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockRef<'a> {
+    pub key: &'a [u8],
+    pub value: &'a [u8],
+    pub version: u64,
+}
+
+impl<'a> BlockRef<'a> {
+    /// Validates a whole block (header, lengths against what was read, CRC).
+    /// `bytes` may extend past the block (the reader reads whole size classes).
+    pub fn validate(
+        bytes: &'a [u8],
+        max_key_bytes: u32,
+        max_value_bytes: u32,
+    ) -> Result<BlockRef<'a>, BlockError> {
+        let header = BlockHeader::decode(bytes, max_key_bytes, max_value_bytes)?;
+        let key_end = BLOCK_HEADER_BYTES + header.key_len as usize;
+        let end = key_end + header.value_len as usize;
+        let Some(covered) = bytes.get(4..end) else {
+            return Err(BlockError::Length {
+                key_len: header.key_len,
+                value_len: header.value_len,
+                available: bytes.len(),
+            });
+        };
+        let computed = crc32fast::hash(covered);
+        if computed != header.crc {
+            return Err(BlockError::Checksum {
+                stored: header.crc,
+                computed,
+            });
+        }
+        Ok(BlockRef {
+            key: &bytes[BLOCK_HEADER_BYTES..key_end],
+            value: &bytes[key_end..end],
+            version: header.version,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn round_trip(key in proptest::collection::vec(any::<u8>(), 0..64),
+                      value in proptest::collection::vec(any::<u8>(), 0..512),
+                      version in 1u64.., pad in 0usize..64) {
+            let mut buf = Vec::new();
+            encode_block(&key, &value, version, &mut buf);
+            prop_assert_eq!(buf.len() as u64, encoded_block_bytes(key.len(), value.len()));
+            buf.resize(buf.len() + pad, 0);
+            let block = BlockRef::validate(&buf, 64, 512).unwrap();
+            prop_assert_eq!(block.key, &key[..]);
+            prop_assert_eq!(block.value, &value[..]);
+            prop_assert_eq!(block.version, version);
+        }
+
+        #[test]
+        fn any_flipped_bit_in_the_block_is_detected(
+            key in proptest::collection::vec(any::<u8>(), 1..32),
+            value in proptest::collection::vec(any::<u8>(), 0..256),
+            version in 1u64..,
+            bit in any::<proptest::sample::Index>()) {
+            let mut buf = Vec::new();
+            encode_block(&key, &value, version, &mut buf);
+            let bit = bit.index(buf.len() * 8);
+            buf[bit / 8] ^= 1 << (bit % 8);
+            prop_assert!(BlockRef::validate(&buf, 1024, 1 << 20).is_err());
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let _ = BlockRef::validate(&bytes, 1024, 1 << 20);
+            let _ = BlockHeader::decode(&bytes, u32::MAX, u32::MAX);
+            let _ = BlockRef::validate(&bytes, u32::MAX, u32::MAX);
+        }
+    }
+
+    #[test]
+    fn lengths_beyond_the_read_are_refused() {
+        let mut buf = Vec::new();
+        encode_block(b"k", b"value", 3, &mut buf);
+        buf.truncate(buf.len() - 1);
+        assert!(matches!(
+            BlockRef::validate(&buf, 64, 64),
+            Err(BlockError::Length { .. })
+        ));
+    }
+}

@@ -1,0 +1,50 @@
+//! Typed errors of region-byte validation. Each says what was wrong with the
+//! bytes, so a reader can count the cause (torn read vs corruption) and retry.
+
+use thiserror::Error;
+
+/// The static header did not validate: the region is not one this code can read.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum HeaderError {
+    #[error("region header too short: {len} bytes, need {need}")]
+    Truncated { len: usize, need: usize },
+    #[error("bad region magic {found:#018x}")]
+    BadMagic { found: u64 },
+    #[error("unsupported region layout version {found} (this build reads {supported})")]
+    UnsupportedVersion { found: u64, supported: u64 },
+    #[error("region header checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
+    Checksum { stored: u64, computed: u64 },
+    #[error("region geometry invalid: {0}")]
+    Geometry(&'static str),
+}
+
+/// A slot word failed its check or points outside the data area.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum SlotError {
+    #[error("slot {raw:#018x} fails its check byte")]
+    Check { raw: u64 },
+    #[error("slot {raw:#018x} has an unknown size class")]
+    SizeClass { raw: u64 },
+    #[error("slot {raw:#018x} points outside the data area")]
+    OutOfRange { raw: u64 },
+}
+
+/// A block read from the data area is not a whole, committed block. Under
+/// concurrent reuse this is a torn read (retry); if it persists, corruption.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum BlockError {
+    #[error("block read too short: {len} bytes, need {need}")]
+    Truncated { len: usize, need: usize },
+    #[error("bad block magic {found:#010x}")]
+    BadMagic { found: u32 },
+    #[error("block lengths out of range: key {key_len} value {value_len} in {available} bytes")]
+    Length {
+        key_len: u32,
+        value_len: u32,
+        available: usize,
+    },
+    #[error("block checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
+    Checksum { stored: u32, computed: u32 },
+    #[error("block has version 0 (never committed)")]
+    ZeroVersion,
+}

@@ -1,0 +1,66 @@
+//! Where a key lives in the index. The hash is keyed by a per-region seed
+//! published in the header, so a client cannot aim keys at one neighbourhood
+//! without knowing the seed (which it only gets after authenticating).
+//!
+//! `h = SipHash-1-3(key, k0 = seed.0, k1 = seed.1)`;
+//! fingerprint = bits 63..49 of `h` (0 replaced by 1);
+//! home bucket = (bits 48..0 of `h`) mod (bucket_count - neighbourhood + 1).
+//! The key's slot is in one of the `neighbourhood` consecutive buckets starting
+//! at the home bucket, so a lookup is one contiguous read with no wrap-around.
+
+use std::hash::Hasher;
+
+use siphasher::sip::SipHasher13;
+
+use crate::region::slot::MAX_FINGERPRINT;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HashSeed(pub u64, pub u64);
+
+/// A key's fingerprint and home bucket for one region geometry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyHash {
+    pub fingerprint: u16,
+    pub home_bucket: u64,
+}
+
+impl KeyHash {
+    /// `bucket_count >= neighbourhood >= 1` is guaranteed by a validated
+    /// [`crate::region::RegionLayout`]; the arithmetic below still cannot panic.
+    pub fn new(seed: HashSeed, key: &[u8], bucket_count: u64, neighbourhood: u64) -> KeyHash {
+        let mut hasher = SipHasher13::new_with_keys(seed.0, seed.1);
+        hasher.write(key);
+        let h = hasher.finish();
+        let fingerprint = ((h >> 49) as u16) & MAX_FINGERPRINT;
+        let homes = bucket_count.saturating_sub(neighbourhood).saturating_add(1);
+        KeyHash {
+            fingerprint: fingerprint.max(1),
+            home_bucket: (h & ((1 << 49) - 1)) % homes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stable_across_builds() {
+        // The hash is part of the protocol: these values must never change
+        // within a layout version.
+        let k = KeyHash::new(HashSeed(1, 2), b"user1000", 1 << 20, 2);
+        let again = KeyHash::new(HashSeed(1, 2), b"user1000", 1 << 20, 2);
+        assert_eq!(k, again);
+        let other_seed = KeyHash::new(HashSeed(3, 4), b"user1000", 1 << 20, 2);
+        assert_ne!(k, other_seed);
+    }
+
+    #[test]
+    fn home_bucket_leaves_room_for_the_neighbourhood() {
+        for i in 0..10_000u32 {
+            let k = KeyHash::new(HashSeed(9, 9), &i.to_le_bytes(), 5, 2);
+            assert!(k.home_bucket + 2 <= 5);
+            assert!(k.fingerprint >= 1);
+        }
+    }
+}

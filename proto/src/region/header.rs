@@ -1,0 +1,402 @@
+//! The region header: the first 4 KiB of every region.
+//!
+//! Static part (written once when the region is created, CRC-protected):
+//!
+//! | offset | field | notes |
+//! |---|---|---|
+//! | 0 | magic | `b"RDKVREGN"` as u64 LE |
+//! | 8 | layout_version | [`REGION_LAYOUT_VERSION`] |
+//! | 16 | region_epoch | changes whenever a region is rebuilt (snapshot install) |
+//! | 24 | node_id | owner |
+//! | 32 | region_bytes | length of the whole mapping |
+//! | 40 | index_offset | always [`HEADER_BYTES`] |
+//! | 48 | bucket_count | 64-byte buckets |
+//! | 56 | neighbourhood_buckets | buckets a key may live in (from its home bucket) |
+//! | 64 | data_offset | 4 KiB aligned |
+//! | 72 | data_bytes | multiple of 64 |
+//! | 80, 88 | hash_seed | SipHash-1-3 keys |
+//! | 96 | max_key_bytes | |
+//! | 104 | max_value_bytes | |
+//! | 112 | grace_period_us | a freed block is not reused before this |
+//! | 120 | static_crc | CRC-32 of bytes 0..120 (low 32 bits) |
+//!
+//! Dynamic part: each field is one aligned u64 updated with a single atomic
+//! store, so a reader sees each field whole (but not necessarily all fields from
+//! the same instant: consistency rules never need two of them to agree).
+//!
+//! | offset | field | notes |
+//! |---|---|---|
+//! | 128 | raft_term | |
+//! | 136 | applied_index | last Raft log index applied to this region |
+//! | 144 | applied_at_unix_us | wall clock when `applied_index` was stored |
+//! | 152 | leader_lease | 0: not leader; else the lease deadline, unix µs |
+//! | 160 | region_state | 1 serving, 2 retired (re-attach) |
+
+use crate::region::error::HeaderError;
+use crate::region::hash::{HashSeed, KeyHash};
+use crate::region::size_class::{MAX_BLOCK_UNITS, UNIT_BYTES};
+use crate::region::slot::{BUCKET_BYTES, MAX_DATA_UNITS};
+
+pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"RDKVREGN");
+pub const REGION_LAYOUT_VERSION: u64 = 1;
+/// The header occupies the first page; the index starts right after it.
+pub const HEADER_BYTES: u64 = 4096;
+/// Bytes covered by `static_crc`.
+pub const STATIC_HEADER_BYTES: usize = 120;
+/// Bytes a reader needs to decode the whole header (static + dynamic words).
+pub const HEADER_USED_BYTES: usize = 168;
+const DATA_ALIGN_BYTES: u64 = 4096;
+
+/// Byte offsets of the dynamic words.
+pub mod dynamic_word {
+    pub const RAFT_TERM: u64 = 128;
+    pub const APPLIED_INDEX: u64 = 136;
+    pub const APPLIED_AT_UNIX_US: u64 = 144;
+    pub const LEADER_LEASE: u64 = 152;
+    pub const REGION_STATE: u64 = 160;
+}
+
+/// What the creator of a region chooses; [`RegionLayout::plan`] derives the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayoutParams {
+    pub region_bytes: u64,
+    pub bucket_count: u64,
+    pub neighbourhood_buckets: u64,
+    pub region_epoch: u64,
+    pub node_id: u64,
+    pub hash_seed: HashSeed,
+    pub max_key_bytes: u32,
+    pub max_value_bytes: u32,
+    pub grace_period_us: u64,
+}
+
+/// The validated static header: everything a reader needs to find keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionLayout {
+    pub region_epoch: u64,
+    pub node_id: u64,
+    pub region_bytes: u64,
+    pub index_offset: u64,
+    pub bucket_count: u64,
+    pub neighbourhood_buckets: u64,
+    pub data_offset: u64,
+    pub data_bytes: u64,
+    pub hash_seed: HashSeed,
+    pub max_key_bytes: u32,
+    pub max_value_bytes: u32,
+    pub grace_period_us: u64,
+}
+
+fn read_u64(bytes: &[u8], at: usize) -> u64 {
+    let mut word = [0u8; 8];
+    if let Some(src) = bytes.get(at..at + 8) {
+        word.copy_from_slice(src);
+    }
+    u64::from_le_bytes(word)
+}
+
+impl RegionLayout {
+    /// Lays out a region: index right after the header, data area after the
+    /// index (page aligned) to the end of the region.
+    pub fn plan(p: LayoutParams) -> Result<RegionLayout, HeaderError> {
+        let index_bytes = p
+            .bucket_count
+            .checked_mul(BUCKET_BYTES)
+            .ok_or(HeaderError::Geometry("index too large"))?;
+        let data_offset = HEADER_BYTES
+            .checked_add(index_bytes)
+            .and_then(|end| end.checked_next_multiple_of(DATA_ALIGN_BYTES))
+            .ok_or(HeaderError::Geometry("index too large"))?;
+        let data_bytes = p
+            .region_bytes
+            .checked_sub(data_offset)
+            .ok_or(HeaderError::Geometry("region too small for its index"))?
+            / UNIT_BYTES
+            * UNIT_BYTES;
+        let layout = RegionLayout {
+            region_epoch: p.region_epoch,
+            node_id: p.node_id,
+            region_bytes: p.region_bytes,
+            index_offset: HEADER_BYTES,
+            bucket_count: p.bucket_count,
+            neighbourhood_buckets: p.neighbourhood_buckets,
+            data_offset,
+            data_bytes,
+            hash_seed: p.hash_seed,
+            max_key_bytes: p.max_key_bytes,
+            max_value_bytes: p.max_value_bytes,
+            grace_period_us: p.grace_period_us,
+        };
+        layout.check_geometry()?;
+        Ok(layout)
+    }
+
+    fn check_geometry(&self) -> Result<(), HeaderError> {
+        use HeaderError::Geometry;
+        if self.index_offset != HEADER_BYTES {
+            return Err(Geometry("index must start right after the header"));
+        }
+        if self.neighbourhood_buckets == 0 || self.neighbourhood_buckets > 8 {
+            return Err(Geometry("neighbourhood must be 1..=8 buckets"));
+        }
+        if self.bucket_count < self.neighbourhood_buckets {
+            return Err(Geometry("fewer buckets than one neighbourhood"));
+        }
+        let index_end = self
+            .bucket_count
+            .checked_mul(BUCKET_BYTES)
+            .and_then(|b| b.checked_add(self.index_offset))
+            .ok_or(Geometry("index too large"))?;
+        if self.data_offset < index_end || self.data_offset % UNIT_BYTES != 0 {
+            return Err(Geometry("data area overlaps the index or is unaligned"));
+        }
+        let data_end = self
+            .data_offset
+            .checked_add(self.data_bytes)
+            .ok_or(Geometry("data area too large"))?;
+        if data_end > self.region_bytes || self.data_bytes % UNIT_BYTES != 0 {
+            return Err(Geometry("data area outside the region"));
+        }
+        if self.data_bytes / UNIT_BYTES > MAX_DATA_UNITS {
+            return Err(Geometry("data area larger than a slot can address"));
+        }
+        if self.data_bytes == 0 {
+            return Err(Geometry("empty data area"));
+        }
+        let largest = crate::region::block::encoded_block_bytes(
+            self.max_key_bytes as usize,
+            self.max_value_bytes as usize,
+        );
+        if largest > u64::from(MAX_BLOCK_UNITS) * UNIT_BYTES {
+            return Err(Geometry("max key + value exceed the largest block"));
+        }
+        Ok(())
+    }
+
+    /// The static part as stored in the region, CRC included.
+    pub fn encode_static(&self) -> [u8; 128] {
+        let words = [
+            REGION_MAGIC,
+            REGION_LAYOUT_VERSION,
+            self.region_epoch,
+            self.node_id,
+            self.region_bytes,
+            self.index_offset,
+            self.bucket_count,
+            self.neighbourhood_buckets,
+            self.data_offset,
+            self.data_bytes,
+            self.hash_seed.0,
+            self.hash_seed.1,
+            u64::from(self.max_key_bytes),
+            u64::from(self.max_value_bytes),
+            self.grace_period_us,
+        ];
+        let mut out = [0u8; 128];
+        for (chunk, word) in out.chunks_exact_mut(8).zip(words) {
+            chunk.copy_from_slice(&word.to_le_bytes());
+        }
+        let crc = crc32fast::hash(&out[..STATIC_HEADER_BYTES]);
+        out[STATIC_HEADER_BYTES..].copy_from_slice(&u64::from(crc).to_le_bytes());
+        out
+    }
+
+    /// Validates header bytes read from a region (at least the static part).
+    pub fn decode(bytes: &[u8]) -> Result<RegionLayout, HeaderError> {
+        if bytes.len() < 128 {
+            return Err(HeaderError::Truncated {
+                len: bytes.len(),
+                need: 128,
+            });
+        }
+        let magic = read_u64(bytes, 0);
+        if magic != REGION_MAGIC {
+            return Err(HeaderError::BadMagic { found: magic });
+        }
+        let version = read_u64(bytes, 8);
+        if version != REGION_LAYOUT_VERSION {
+            return Err(HeaderError::UnsupportedVersion {
+                found: version,
+                supported: REGION_LAYOUT_VERSION,
+            });
+        }
+        let stored = read_u64(bytes, STATIC_HEADER_BYTES);
+        let computed = u64::from(crc32fast::hash(&bytes[..STATIC_HEADER_BYTES]));
+        if stored != computed {
+            return Err(HeaderError::Checksum { stored, computed });
+        }
+        let narrow = |at: usize| {
+            u32::try_from(read_u64(bytes, at))
+                .map_err(|_| HeaderError::Geometry("size limit does not fit u32"))
+        };
+        let layout = RegionLayout {
+            region_epoch: read_u64(bytes, 16),
+            node_id: read_u64(bytes, 24),
+            region_bytes: read_u64(bytes, 32),
+            index_offset: read_u64(bytes, 40),
+            bucket_count: read_u64(bytes, 48),
+            neighbourhood_buckets: read_u64(bytes, 56),
+            data_offset: read_u64(bytes, 64),
+            data_bytes: read_u64(bytes, 72),
+            hash_seed: HashSeed(read_u64(bytes, 80), read_u64(bytes, 88)),
+            max_key_bytes: narrow(96)?,
+            max_value_bytes: narrow(104)?,
+            grace_period_us: read_u64(bytes, 112),
+        };
+        layout.check_geometry()?;
+        Ok(layout)
+    }
+
+    pub fn key_hash(&self, key: &[u8]) -> KeyHash {
+        KeyHash::new(
+            self.hash_seed,
+            key,
+            self.bucket_count,
+            self.neighbourhood_buckets,
+        )
+    }
+
+    /// Region byte range holding the key's neighbourhood: one contiguous read.
+    pub fn neighbourhood_range(&self, hash: KeyHash) -> (u64, u64) {
+        (
+            self.index_offset + hash.home_bucket * BUCKET_BYTES,
+            self.neighbourhood_buckets * BUCKET_BYTES,
+        )
+    }
+
+    /// Total index slots.
+    pub fn slot_count(&self) -> u64 {
+        self.bucket_count * crate::region::slot::SLOTS_PER_BUCKET as u64
+    }
+}
+
+/// Whether a region is still the one to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegionState {
+    Serving,
+    Retired,
+    Unknown(u64),
+}
+
+impl RegionState {
+    pub const SERVING: u64 = 1;
+    pub const RETIRED: u64 = 2;
+
+    pub fn from_word(word: u64) -> RegionState {
+        match word {
+            Self::SERVING => RegionState::Serving,
+            Self::RETIRED => RegionState::Retired,
+            other => RegionState::Unknown(other),
+        }
+    }
+}
+
+/// The dynamic header words as one reader saw them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DynamicHeader {
+    pub raft_term: u64,
+    pub applied_index: u64,
+    pub applied_at_unix_us: u64,
+    /// `Some(deadline)` while this node is leader with a lease.
+    pub lease_deadline_unix_us: Option<u64>,
+    pub state: RegionState,
+}
+
+impl DynamicHeader {
+    pub fn decode(bytes: &[u8]) -> Result<DynamicHeader, HeaderError> {
+        if bytes.len() < HEADER_USED_BYTES {
+            return Err(HeaderError::Truncated {
+                len: bytes.len(),
+                need: HEADER_USED_BYTES,
+            });
+        }
+        let at = |offset: u64| read_u64(bytes, offset as usize);
+        let lease = at(dynamic_word::LEADER_LEASE);
+        Ok(DynamicHeader {
+            raft_term: at(dynamic_word::RAFT_TERM),
+            applied_index: at(dynamic_word::APPLIED_INDEX),
+            applied_at_unix_us: at(dynamic_word::APPLIED_AT_UNIX_US),
+            lease_deadline_unix_us: (lease != 0).then_some(lease),
+            state: RegionState::from_word(at(dynamic_word::REGION_STATE)),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn params() -> LayoutParams {
+        LayoutParams {
+            region_bytes: 1 << 20,
+            bucket_count: 512,
+            neighbourhood_buckets: 2,
+            region_epoch: 7,
+            node_id: 3,
+            hash_seed: HashSeed(11, 12),
+            max_key_bytes: 1024,
+            max_value_bytes: 64 * 1024,
+            grace_period_us: 250_000,
+        }
+    }
+
+    #[test]
+    fn plan_encode_decode_round_trips() {
+        let layout = RegionLayout::plan(params()).unwrap();
+        assert_eq!(layout.data_offset, 4096 + 512 * 64);
+        assert_eq!(layout.data_offset + layout.data_bytes, 1 << 20);
+        assert_eq!(RegionLayout::decode(&layout.encode_static()), Ok(layout));
+    }
+
+    #[test]
+    fn a_flipped_static_bit_is_refused() {
+        let bytes = RegionLayout::plan(params()).unwrap().encode_static();
+        for bit in 0..128 * 8 {
+            let mut b = bytes;
+            b[bit / 8] ^= 1 << (bit % 8);
+            assert!(RegionLayout::decode(&b).is_err(), "bit {bit}");
+        }
+    }
+
+    #[test]
+    fn impossible_geometry_is_refused() {
+        let mut p = params();
+        p.region_bytes = 4096;
+        assert!(RegionLayout::plan(p).is_err());
+        let mut p = params();
+        p.bucket_count = 1;
+        assert!(RegionLayout::plan(p).is_err());
+        let mut p = params();
+        p.max_value_bytes = u32::MAX;
+        assert!(RegionLayout::plan(p).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_header_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = RegionLayout::decode(&bytes);
+            let _ = DynamicHeader::decode(&bytes);
+        }
+
+        #[test]
+        fn validated_geometry_keeps_reads_inside_the_region(
+            words in proptest::collection::vec(any::<u64>(), 15)) {
+            // A header with a valid CRC but arbitrary geometry: decode either
+            // refuses it or every neighbourhood lies inside the index.
+            let mut bytes = [0u8; 128];
+            for (chunk, w) in bytes.chunks_exact_mut(8).zip(&words) {
+                chunk.copy_from_slice(&w.to_le_bytes());
+            }
+            bytes[..8].copy_from_slice(&REGION_MAGIC.to_le_bytes());
+            bytes[8..16].copy_from_slice(&REGION_LAYOUT_VERSION.to_le_bytes());
+            let crc = u64::from(crc32fast::hash(&bytes[..STATIC_HEADER_BYTES]));
+            bytes[STATIC_HEADER_BYTES..].copy_from_slice(&crc.to_le_bytes());
+            if let Ok(layout) = RegionLayout::decode(&bytes) {
+                let h = layout.key_hash(b"probe");
+                let (start, len) = layout.neighbourhood_range(h);
+                prop_assert!(start + len <= layout.data_offset);
+            }
+        }
+    }
+}

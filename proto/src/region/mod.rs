@@ -1,0 +1,33 @@
+//! The region layout: a protocol shared by the writer (the server's apply loop)
+//! and every reader (local, `mem`, `shm`, RDMA). See ARCHITECTURE.md for the
+//! byte-by-byte tables.
+//!
+//! A region is one contiguous mapping:
+//!
+//! | bytes | part |
+//! |---|---|
+//! | `0 .. 4096` | [`header`]: static geometry (CRC-protected) + dynamic words |
+//! | `4096 .. data_offset` | index: `bucket_count` buckets of 64 bytes, 8 [`slot`]s each |
+//! | `data_offset .. data_offset + data_bytes` | data area: [`block`]s at 64-byte units |
+//!
+//! Readers never trust what they read: every function here that takes bytes read
+//! from a region validates them and returns a typed error instead of panicking.
+
+pub mod block;
+pub mod error;
+pub mod hash;
+pub mod header;
+pub mod lookup;
+pub mod size_class;
+pub mod slot;
+
+pub use block::{BLOCK_HEADER_BYTES, BlockHeader, BlockRef, encode_block, encoded_block_bytes};
+pub use error::{BlockError, HeaderError, SlotError};
+pub use hash::{HashSeed, KeyHash};
+pub use header::{
+    DynamicHeader, HEADER_BYTES, HEADER_USED_BYTES, LayoutParams, REGION_LAYOUT_VERSION,
+    REGION_MAGIC, RegionLayout, RegionState, STATIC_HEADER_BYTES, dynamic_word,
+};
+pub use lookup::{BlockVerdict, examine_block, neighbourhood_slots, verify_neighbourhood};
+pub use size_class::{MAX_BLOCK_UNITS, SizeClass, UNIT_BYTES};
+pub use slot::{BUCKET_BYTES, MAX_DATA_UNITS, SLOT_BYTES, SLOTS_PER_BUCKET, Slot};

@@ -1,0 +1,144 @@
+//! Size limits on requests, enforced after decoding and before any work is done.
+
+use super::batch::HARD_MAX_BATCH_ENTRIES;
+use super::error::{LimitError, LimitsConfigError};
+use super::frame::DEFAULT_MAX_FRAME_BYTES;
+use super::message::Request;
+
+pub const DEFAULT_MAX_KEY_BYTES: u32 = 1024;
+pub const DEFAULT_MAX_VALUE_BYTES: u32 = 1024 * 1024;
+pub const DEFAULT_MAX_BATCH_KEYS: u32 = 1024;
+
+/// Frame bytes a single-entry message needs besides its key and value: the frame's
+/// kind and request id, enum tags, option tags, length varints and a version.
+/// Generous on purpose, so that a max-size Put, Cas or Get reply always fits.
+pub const SINGLE_ENTRY_OVERHEAD_BYTES: u32 = 64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limits {
+    pub max_key_bytes: u32,
+    pub max_value_bytes: u32,
+    /// Keys in one MGet or pairs in one MPut.
+    pub max_batch_keys: u32,
+    /// Bounds a frame's body; see [`FrameDecoder`](super::frame::FrameDecoder).
+    pub max_frame_bytes: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_key_bytes: DEFAULT_MAX_KEY_BYTES,
+            max_value_bytes: DEFAULT_MAX_VALUE_BYTES,
+            max_batch_keys: DEFAULT_MAX_BATCH_KEYS,
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+        }
+    }
+}
+
+impl Limits {
+    /// Rejects configurations under which some legal request or reply could never be
+    /// sent, so a misconfiguration fails at startup rather than on the first big value.
+    pub fn validate_self(&self) -> Result<(), LimitsConfigError> {
+        for (field, value) in [
+            ("max_key_bytes", self.max_key_bytes),
+            ("max_value_bytes", self.max_value_bytes),
+            ("max_batch_keys", self.max_batch_keys),
+            ("max_frame_bytes", self.max_frame_bytes),
+        ] {
+            if value == 0 {
+                return Err(LimitsConfigError::Zero { field });
+            }
+        }
+        if self.max_batch_keys > HARD_MAX_BATCH_ENTRIES {
+            return Err(LimitsConfigError::BatchOverHardCap {
+                max_batch_keys: self.max_batch_keys,
+                hard_max: HARD_MAX_BATCH_ENTRIES,
+            });
+        }
+        let needed_bytes = u64::from(self.max_key_bytes)
+            + u64::from(self.max_value_bytes)
+            + u64::from(SINGLE_ENTRY_OVERHEAD_BYTES);
+        if needed_bytes > u64::from(self.max_frame_bytes) {
+            return Err(LimitsConfigError::EntryDoesNotFitFrame {
+                max_key_bytes: self.max_key_bytes,
+                max_value_bytes: self.max_value_bytes,
+                needed_bytes,
+                max_frame_bytes: self.max_frame_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    pub fn check_key(&self, key: &[u8]) -> Result<(), LimitError> {
+        let len_bytes = len_u64(key.len());
+        if len_bytes > u64::from(self.max_key_bytes) {
+            return Err(LimitError::KeyTooLarge {
+                len_bytes,
+                max_bytes: self.max_key_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    pub fn check_value(&self, value: &[u8]) -> Result<(), LimitError> {
+        let len_bytes = len_u64(value.len());
+        if len_bytes > u64::from(self.max_value_bytes) {
+            return Err(LimitError::ValueTooLarge {
+                len_bytes,
+                max_bytes: self.max_value_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    pub fn check_batch(&self, entries: usize) -> Result<(), LimitError> {
+        if entries == 0 {
+            return Err(LimitError::EmptyBatch);
+        }
+        let entries = len_u64(entries);
+        if entries > u64::from(self.max_batch_keys) {
+            return Err(LimitError::BatchTooLarge {
+                entries,
+                max_entries: self.max_batch_keys,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Request {
+    /// Checks every key, value and batch size against `limits`; the first violation
+    /// wins. Batch size is checked before the entries so an oversized batch is
+    /// rejected without scanning it.
+    pub fn validate(&self, limits: &Limits) -> Result<(), LimitError> {
+        match self {
+            Self::Get { key, .. } | Self::Delete { key } => limits.check_key(key),
+            Self::Put { key, value } => {
+                limits.check_key(key)?;
+                limits.check_value(value)
+            }
+            Self::Cas { key, new_value, .. } => {
+                limits.check_key(key)?;
+                new_value
+                    .as_ref()
+                    .map_or(Ok(()), |value| limits.check_value(value))
+            }
+            Self::MGet { keys, .. } => {
+                limits.check_batch(keys.len())?;
+                keys.iter().try_for_each(|key| limits.check_key(key))
+            }
+            Self::MPut { pairs } => {
+                limits.check_batch(pairs.len())?;
+                pairs.iter().try_for_each(|(key, value)| {
+                    limits.check_key(key)?;
+                    limits.check_value(value)
+                })
+            }
+            Self::Ping => Ok(()),
+        }
+    }
+}
+
+fn len_u64(len: usize) -> u64 {
+    u64::try_from(len).unwrap_or(u64::MAX)
+}

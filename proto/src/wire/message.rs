@@ -1,0 +1,196 @@
+//! Request and response messages carried in `Request`/`Response` frames.
+//!
+//! Postcard encodes an enum variant as its index, so every enum here is
+//! **append-only**: never reorder, remove or insert variants, or old and new peers
+//! will silently disagree on what a message means. Struct fields are positional for
+//! the same reason; changing them needs a new protocol version.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use super::batch::bounded_vec;
+
+/// How fresh a read must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub enum Consistency {
+    /// The leader confirms its leadership with a quorum (ReadIndex) before reading.
+    Linearizable,
+    /// The leader serves the read while its lease is valid; linearizable unless
+    /// clocks drift by more than the lease margin.
+    #[default]
+    Lease,
+    /// Any replica whose applied index trails the leader's commit index by at most
+    /// `max_lag_entries` may answer; otherwise it replies `StaleFollower`.
+    Follower { max_lag_entries: u64 },
+}
+
+/// A value with the Raft log index of the write that produced it, usable as the
+/// `expected_version` of a later [`Request::Cas`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Versioned {
+    pub value: Bytes,
+    pub version: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// Answered with [`Response::Value`].
+    Get {
+        key: Bytes,
+        consistency: Consistency,
+    },
+    /// Answered with [`Response::Written`].
+    Put { key: Bytes, value: Bytes },
+    /// Answered with [`Response::Deleted`].
+    Delete { key: Bytes },
+    /// Compare-and-set on the key's version, answered with [`Response::CasDone`].
+    Cas {
+        key: Bytes,
+        /// `None`: the key must be absent (create-if-absent).
+        expected_version: Option<u64>,
+        /// `None`: delete the key.
+        new_value: Option<Bytes>,
+    },
+    /// Answered with [`Response::Values`], one entry per key in request order.
+    MGet {
+        #[serde(deserialize_with = "bounded_vec")]
+        keys: Vec<Bytes>,
+        consistency: Consistency,
+    },
+    /// Applied atomically as one log entry; answered with [`Response::MWritten`].
+    MPut {
+        #[serde(deserialize_with = "bounded_vec")]
+        pairs: Vec<(Bytes, Bytes)>,
+    },
+    /// Answered with [`Response::Pong`]; for liveness checks and latency probes.
+    Ping,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    /// `None`: the key is absent.
+    Value(Option<Versioned>),
+    /// `version` is the log index of the write.
+    Written {
+        version: u64,
+    },
+    /// `version` is the log index of the delete, even when the key did not exist.
+    Deleted {
+        existed: bool,
+        version: u64,
+    },
+    /// Outcome of a [`Request::Cas`], shaped like an etcd transaction:
+    ///
+    /// - `succeeded: true`: `version` is the log index of the write (or delete);
+    ///   `current` is `None` because the client already knows what it wrote.
+    /// - `succeeded: false`: nothing was written; `version` is the applied index the
+    ///   comparison was evaluated at, and `current` is what the key holds there
+    ///   (`None` = absent), so a retry loop needs no extra Get.
+    CasDone {
+        succeeded: bool,
+        version: u64,
+        current: Option<Versioned>,
+    },
+    /// One entry per requested key, in request order.
+    Values(#[serde(deserialize_with = "bounded_vec")] Vec<Option<Versioned>>),
+    /// `version` is the log index of the single entry that applied the whole batch.
+    MWritten {
+        version: u64,
+    },
+    Pong,
+    Error(ErrorReply),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorReply {
+    pub code: ErrorCode,
+    /// Human-readable detail; clients should branch on `code`, never on this text.
+    pub message: String,
+    /// Set with `NotLeader` (and `Unavailable` when a leader is known) so the client
+    /// can redirect without a discovery round trip.
+    pub leader_hint: Option<LeaderHint>,
+}
+
+impl ErrorReply {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            leader_hint: None,
+        }
+    }
+
+    /// `hint` is `None` while an election is in progress.
+    pub fn not_leader(hint: Option<LeaderHint>) -> Self {
+        let message = match &hint {
+            Some(h) => format!(
+                "not the leader; try node {} at {}",
+                h.node_id, h.client_addr
+            ),
+            None => "not the leader; leader unknown".to_owned(),
+        };
+        Self {
+            code: ErrorCode::NotLeader,
+            message,
+            leader_hint: hint,
+        }
+    }
+
+    pub fn with_leader_hint(mut self, hint: LeaderHint) -> Self {
+        self.leader_hint = Some(hint);
+        self
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LeaderHint {
+    pub node_id: u64,
+    /// The leader's client-facing `host:port`, not its Raft peer address.
+    pub client_addr: String,
+}
+
+/// Machine-readable error class. Append-only (see the module docs), and variants
+/// must stay fieldless so that [`ErrorCode::Unknown`] can absorb future ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ErrorCode {
+    /// This node is not the leader; see `leader_hint`. Safe to retry there.
+    NotLeader,
+    KeyTooLarge,
+    ValueTooLarge,
+    BatchTooLarge,
+    EmptyBatch,
+    /// A request or its response would exceed the frame limit (e.g. a large MGet).
+    FrameTooLarge,
+    /// The region has no room for the value.
+    RegionFull,
+    Unauthenticated,
+    /// No quorum or the node is shutting down. Retryable.
+    Unavailable,
+    /// The outcome is unknown: a write may or may not have been applied.
+    Timeout,
+    /// A follower read could not meet `max_lag_entries`. Retry elsewhere.
+    StaleFollower,
+    /// The request could not be decoded.
+    Malformed,
+    /// Backpressure: more requests in flight than the handshake allowed.
+    TooManyInFlight,
+    UnsupportedVersion,
+    Internal,
+    /// A code added by a newer peer; treat it like `Internal`. Because postcard
+    /// identifies variants by index, any index this build does not know decodes
+    /// here instead of failing the whole response.
+    #[serde(other)]
+    Unknown,
+}
+
+impl ErrorCode {
+    /// Whether repeating the same request (possibly at another node) may succeed.
+    /// `Timeout` is excluded: the write may have happened, so only the caller knows
+    /// whether a retry is safe.
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            Self::NotLeader | Self::Unavailable | Self::StaleFollower | Self::TooManyInFlight
+        )
+    }
+}

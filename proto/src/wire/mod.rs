@@ -1,0 +1,35 @@
+//! The native client protocol: framing, handshake and messages. No I/O.
+//!
+//! A connection is a stream of [`Frame`]s (`[u32 LE body_len][u8 kind][u64 LE
+//! request_id][postcard payload]`). The client opens with a [`ClientHello`], the
+//! server answers with a [`ServerHello`], then the client sends [`Request`]s
+//! whose [`Response`]s echo the request id, so requests can be pipelined.
+//!
+//! Hostile input policy: the frame length is checked against the limit before
+//! anything is allocated; batch lengths are capped while decoding; nothing here
+//! panics on any input. A framing error ([`WireError::closes_connection`]) means
+//! the stream is desynchronised and the connection must close; a payload or
+//! [`Limits`] error is answered with an [`ErrorReply`] for that request id.
+
+mod batch;
+pub mod error;
+pub mod frame;
+pub mod handshake;
+pub mod limits;
+pub mod message;
+
+pub use batch::HARD_MAX_BATCH_ENTRIES;
+pub use error::{LimitError, LimitsConfigError, WireError};
+pub use frame::{
+    DEFAULT_MAX_FRAME_BYTES, FRAME_HEADER_BYTES, Frame, FrameDecoder, FrameKind, MIN_BODY_BYTES,
+    decode_payload, encode_frame,
+};
+pub use handshake::{
+    ClientHello, HANDSHAKE_MAGIC, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, ServerHello, negotiate,
+    tokens_match,
+};
+pub use limits::{
+    DEFAULT_MAX_BATCH_KEYS, DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, Limits,
+    SINGLE_ENTRY_OVERHEAD_BYTES,
+};
+pub use message::{Consistency, ErrorCode, ErrorReply, LeaderHint, Request, Response, Versioned};

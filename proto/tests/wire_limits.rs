@@ -1,0 +1,205 @@
+//! Request limits and the sanity check on a limits configuration.
+
+use bytes::Bytes;
+use rdkv_proto::wire::{
+    Consistency, ErrorCode, ErrorReply, HARD_MAX_BATCH_ENTRIES, LimitError, Limits,
+    LimitsConfigError, Request,
+};
+
+fn key(n: usize) -> Bytes {
+    Bytes::from(vec![b'k'; n])
+}
+
+fn value(n: usize) -> Bytes {
+    Bytes::from(vec![b'v'; n])
+}
+
+fn small() -> Limits {
+    Limits {
+        max_key_bytes: 8,
+        max_value_bytes: 32,
+        max_batch_keys: 4,
+        max_frame_bytes: 1024,
+    }
+}
+
+#[test]
+fn defaults_match_the_design() {
+    let limits = Limits::default();
+    assert_eq!(limits.max_key_bytes, 1024);
+    assert_eq!(limits.max_value_bytes, 1_048_576);
+    assert_eq!(limits.max_batch_keys, 1024);
+    assert_eq!(limits.max_frame_bytes, 8 * 1024 * 1024);
+    assert_eq!(limits.validate_self(), Ok(()));
+}
+
+#[test]
+fn key_at_max_is_accepted_and_one_more_is_rejected() {
+    let limits = Limits::default();
+    let max = limits.max_key_bytes as usize;
+    let ok = Request::Delete { key: key(max) };
+    assert_eq!(ok.validate(&limits), Ok(()));
+    let get = Request::Get {
+        key: key(max + 1),
+        consistency: Consistency::Lease,
+    };
+    assert_eq!(
+        get.validate(&limits),
+        Err(LimitError::KeyTooLarge {
+            len_bytes: max as u64 + 1,
+            max_bytes: limits.max_key_bytes
+        })
+    );
+}
+
+#[test]
+fn value_at_max_is_accepted_and_one_more_is_rejected() {
+    let limits = Limits::default();
+    let max = limits.max_value_bytes as usize;
+    let ok = Request::Put {
+        key: key(1),
+        value: value(max),
+    };
+    assert_eq!(ok.validate(&limits), Ok(()));
+    let too_big = Request::Put {
+        key: key(1),
+        value: value(max + 1),
+    };
+    let err = too_big.validate(&limits).unwrap_err();
+    assert_eq!(
+        err,
+        LimitError::ValueTooLarge {
+            len_bytes: max as u64 + 1,
+            max_bytes: limits.max_value_bytes
+        }
+    );
+    let reply = ErrorReply::from(&err);
+    assert_eq!(reply.code, ErrorCode::ValueTooLarge);
+    assert!(reply.message.contains("1048577"), "{}", reply.message);
+    assert!(reply.message.contains("1048576"), "{}", reply.message);
+}
+
+#[test]
+fn cas_checks_key_and_new_value() {
+    let limits = small();
+    let cas = |k: usize, v: Option<usize>| Request::Cas {
+        key: key(k),
+        expected_version: Some(3),
+        new_value: v.map(value),
+    };
+    assert_eq!(cas(8, Some(32)).validate(&limits), Ok(()));
+    assert_eq!(cas(8, None).validate(&limits), Ok(()));
+    assert!(matches!(
+        cas(9, None).validate(&limits),
+        Err(LimitError::KeyTooLarge { .. })
+    ));
+    assert!(matches!(
+        cas(8, Some(33)).validate(&limits),
+        Err(LimitError::ValueTooLarge { .. })
+    ));
+}
+
+#[test]
+fn batch_at_max_is_accepted_over_max_and_empty_are_rejected() {
+    let limits = small();
+    let mget = |n: usize| Request::MGet {
+        keys: vec![key(1); n],
+        consistency: Consistency::Linearizable,
+    };
+    let mput = |n: usize| Request::MPut {
+        pairs: vec![(key(1), value(1)); n],
+    };
+    assert_eq!(mget(4).validate(&limits), Ok(()));
+    assert_eq!(mput(4).validate(&limits), Ok(()));
+    let over = LimitError::BatchTooLarge {
+        entries: 5,
+        max_entries: 4,
+    };
+    assert_eq!(mget(5).validate(&limits), Err(over.clone()));
+    assert_eq!(mput(5).validate(&limits), Err(over.clone()));
+    assert_eq!(ErrorCode::from(&over), ErrorCode::BatchTooLarge);
+    assert_eq!(mget(0).validate(&limits), Err(LimitError::EmptyBatch));
+    assert_eq!(mput(0).validate(&limits), Err(LimitError::EmptyBatch));
+}
+
+#[test]
+fn every_entry_of_a_batch_is_checked() {
+    let limits = small();
+    let mget = Request::MGet {
+        keys: vec![key(1), key(9)],
+        consistency: Consistency::Lease,
+    };
+    assert!(matches!(
+        mget.validate(&limits),
+        Err(LimitError::KeyTooLarge { len_bytes: 9, .. })
+    ));
+    let mput = Request::MPut {
+        pairs: vec![(key(1), value(1)), (key(1), value(33))],
+    };
+    assert!(matches!(
+        mput.validate(&limits),
+        Err(LimitError::ValueTooLarge { len_bytes: 33, .. })
+    ));
+    assert_eq!(Request::Ping.validate(&limits), Ok(()));
+}
+
+#[test]
+fn nonsensical_configurations_are_rejected() {
+    let zero_key = Limits {
+        max_key_bytes: 0,
+        ..Limits::default()
+    };
+    assert_eq!(
+        zero_key.validate_self(),
+        Err(LimitsConfigError::Zero {
+            field: "max_key_bytes"
+        })
+    );
+
+    let over_cap = Limits {
+        max_batch_keys: HARD_MAX_BATCH_ENTRIES + 1,
+        ..Limits::default()
+    };
+    assert!(matches!(
+        over_cap.validate_self(),
+        Err(LimitsConfigError::BatchOverHardCap { .. })
+    ));
+
+    let value_bigger_than_frame = Limits {
+        max_value_bytes: 16 * 1024 * 1024,
+        ..Limits::default()
+    };
+    assert!(matches!(
+        value_bigger_than_frame.validate_self(),
+        Err(LimitsConfigError::EntryDoesNotFitFrame { .. })
+    ));
+    assert_eq!(small().validate_self(), Ok(()));
+}
+
+#[test]
+fn a_max_size_put_fits_in_a_max_size_frame_under_valid_limits() {
+    use bytes::BytesMut;
+    use rdkv_proto::wire::{FrameKind, SINGLE_ENTRY_OVERHEAD_BYTES, encode_frame};
+
+    let limits = Limits {
+        max_key_bytes: 300,
+        max_value_bytes: 70_000,
+        max_batch_keys: 1,
+        max_frame_bytes: 300 + 70_000 + SINGLE_ENTRY_OVERHEAD_BYTES,
+    };
+    assert_eq!(limits.validate_self(), Ok(()));
+    let mut dst = BytesMut::new();
+    let cas = Request::Cas {
+        key: key(300),
+        expected_version: Some(u64::MAX),
+        new_value: Some(value(70_000)),
+    };
+    encode_frame(
+        FrameKind::Request,
+        1,
+        &cas,
+        limits.max_frame_bytes,
+        &mut dst,
+    )
+    .unwrap();
+}

@@ -1,0 +1,86 @@
+//! How a region is sized and limited. Defaults follow the brief: 256 MiB,
+//! keys up to 1 KiB, values up to 1 MiB.
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+
+use rdkv_proto::region::{HashSeed, LayoutParams, RegionLayout, SLOTS_PER_BUCKET};
+
+use crate::region::error::RegionError;
+
+pub const DEFAULT_REGION_BYTES: u64 = 256 * 1024 * 1024;
+const PAGE_BYTES: u64 = 4096;
+
+#[derive(Debug, Clone)]
+pub struct RegionConfig {
+    /// Whole mapping: header + index + data area. Multiple of 4 KiB.
+    pub region_bytes: u64,
+    /// Index sizing: one slot per this many bytes of region (default 128:
+    /// ~6% of the region is index, enough for blocks of one or two units).
+    pub bytes_per_slot: u64,
+    /// Buckets a key may be placed in, read together on lookup (1..=8).
+    pub neighbourhood_buckets: u64,
+    pub max_key_bytes: u32,
+    pub max_value_bytes: u32,
+    /// A retired block is not reused for this long (invariant 3). Readers
+    /// abandon a GET that takes longer than half of it.
+    pub grace_period_us: u64,
+    pub node_id: u64,
+    pub region_epoch: u64,
+    pub hash_seed: HashSeed,
+}
+
+impl Default for RegionConfig {
+    fn default() -> Self {
+        RegionConfig {
+            region_bytes: DEFAULT_REGION_BYTES,
+            bytes_per_slot: 128,
+            neighbourhood_buckets: 2,
+            max_key_bytes: 1024,
+            max_value_bytes: 1024 * 1024,
+            grace_period_us: 250_000,
+            node_id: 0,
+            region_epoch: 1,
+            hash_seed: random_seed(),
+        }
+    }
+}
+
+/// A seed from the OS-seeded randomness std already uses for `HashMap`.
+pub fn random_seed() -> HashSeed {
+    let draw = || RandomState::new().build_hasher().finish();
+    HashSeed(draw(), draw())
+}
+
+impl RegionConfig {
+    pub fn layout(&self) -> Result<RegionLayout, RegionError> {
+        if self.region_bytes == 0 || self.region_bytes % PAGE_BYTES != 0 {
+            return Err(RegionError::Config(format!(
+                "region_bytes {} must be a non-zero multiple of {PAGE_BYTES}",
+                self.region_bytes
+            )));
+        }
+        if usize::try_from(self.region_bytes).is_err() {
+            return Err(RegionError::Config(
+                "region_bytes exceeds the address space".into(),
+            ));
+        }
+        if self.bytes_per_slot == 0 {
+            return Err(RegionError::Config("bytes_per_slot must be >= 1".into()));
+        }
+        let slots = self.region_bytes / self.bytes_per_slot;
+        let bucket_count = (slots / SLOTS_PER_BUCKET as u64).max(self.neighbourhood_buckets);
+        RegionLayout::plan(LayoutParams {
+            region_bytes: self.region_bytes,
+            bucket_count,
+            neighbourhood_buckets: self.neighbourhood_buckets,
+            region_epoch: self.region_epoch,
+            node_id: self.node_id,
+            hash_seed: self.hash_seed,
+            max_key_bytes: self.max_key_bytes,
+            max_value_bytes: self.max_value_bytes,
+            grace_period_us: self.grace_period_us,
+        })
+        .map_err(RegionError::from)
+    }
+}

@@ -1,0 +1,39 @@
+use rdkv_proto::region::{BlockError, HeaderError, SlotError};
+use thiserror::Error;
+
+/// Errors of the region writer. None of them leaves the region changed: a
+/// failed put or delete has no effect.
+#[derive(Debug, Error)]
+pub enum RegionError {
+    #[error("key is {len} bytes, the limit is {max}")]
+    KeyTooLarge { len: usize, max: u32 },
+    #[error("value is {len} bytes, the limit is {max}")]
+    ValueTooLarge { len: usize, max: u32 },
+    #[error("version must be a Raft log index >= 1")]
+    ZeroVersion,
+    #[error(
+        "region full: a {needed_bytes}-byte block does not fit \
+         ({free_bytes} bytes free, largest free extent {largest_free_bytes}, \
+         {pending_reclaim_bytes} bytes waiting for the grace period)"
+    )]
+    RegionFull {
+        needed_bytes: u64,
+        free_bytes: u64,
+        largest_free_bytes: u64,
+        pending_reclaim_bytes: u64,
+    },
+    #[error("index full: all {slots} slots of the key's neighbourhood are in use")]
+    IndexFull { slots: usize },
+    #[error("region access out of bounds: offset {offset}, {len_bytes} bytes")]
+    OutOfBounds { offset: u64, len_bytes: u64 },
+    #[error("region corrupted: {0}")]
+    CorruptSlot(#[from] SlotError),
+    #[error("region corrupted: block of a published slot: {0}")]
+    CorruptBlock(#[from] BlockError),
+    #[error("region header: {0}")]
+    Header(#[from] HeaderError),
+    #[error("invalid region config: {0}")]
+    Config(String),
+    #[error("mapping the region: {0}")]
+    Map(#[from] std::io::Error),
+}

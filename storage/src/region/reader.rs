@@ -1,0 +1,238 @@
+//! The lock-free reader: what a one-sided GET does, run against local memory.
+//! It uses exactly the validation steps of `rdkv_proto::region::lookup` that a
+//! remote reader uses, copies with atomic loads only (invariant 5), and either
+//! returns one committed version of the key or retries (invariant 2).
+
+use std::sync::Arc;
+use std::sync::atomic::{Ordering, fence};
+
+use bytes::Bytes;
+use rdkv_proto::region::{
+    BLOCK_HEADER_BYTES, BlockError, BlockVerdict, DynamicHeader, HEADER_USED_BYTES, HeaderError,
+    RegionLayout, SLOT_BYTES, SlotError, examine_block, neighbourhood_slots, verify_neighbourhood,
+};
+use rdkv_proto::wire::Versioned;
+use thiserror::Error;
+
+use crate::region::clock::Clock;
+use crate::region::error::RegionError;
+use crate::region::memory::RegionMemory;
+use crate::region::stats::{ReadCounters, ReadStats, RetryCause};
+use crate::region::writer::MAX_NEIGHBOURHOOD_SLOTS;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReaderOptions {
+    /// Attempts before giving up (the client then falls back to an RPC GET).
+    pub max_attempts: u32,
+    /// Abandon an attempt whose slot-to-copy time exceeds this; `None` never
+    /// abandons (only for tests that want to provoke torn reads). Must stay
+    /// below the region's grace period for invariant 3 to hold.
+    pub abandon_after_us: Option<u64>,
+}
+
+impl ReaderOptions {
+    pub const DEFAULT_MAX_ATTEMPTS: u32 = 8;
+
+    /// Defaults for a region: abandon after half its grace period.
+    pub fn for_layout(layout: &RegionLayout) -> ReaderOptions {
+        ReaderOptions {
+            max_attempts: ReaderOptions::DEFAULT_MAX_ATTEMPTS,
+            abandon_after_us: Some(layout.grace_period_us / 2),
+        }
+    }
+}
+
+/// What made one attempt fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum ReadProblem {
+    #[error("slot: {0}")]
+    Slot(SlotError),
+    #[error("block: {0}")]
+    Block(BlockError),
+    #[error("the key's slot changed while its block was read")]
+    Moved,
+    #[error("attempt took {elapsed_us} µs, over the abandon bound")]
+    Slow { elapsed_us: u64 },
+}
+
+impl ReadProblem {
+    fn cause(self) -> RetryCause {
+        match self {
+            ReadProblem::Slot(_) => RetryCause::Slot,
+            ReadProblem::Block(_) => RetryCause::Block,
+            ReadProblem::Moved => RetryCause::Moved,
+            ReadProblem::Slow { .. } => RetryCause::Slow,
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum ReadError {
+    #[error("region header: {0}")]
+    Header(#[from] HeaderError),
+    #[error("region memory is {len_bytes} bytes but its header says {region_bytes}")]
+    ShortMapping { len_bytes: u64, region_bytes: u64 },
+    #[error("region epoch changed from {attached} to {found}: re-attach")]
+    EpochChanged { attached: u64, found: u64 },
+    /// Every attempt failed validation: the data is torn beyond the retry
+    /// budget or corrupted. Nothing was returned.
+    #[error("read gave up after {attempts} attempts; last problem: {last}")]
+    Exhausted { attempts: u32, last: ReadProblem },
+    #[error(transparent)]
+    Memory(#[from] RegionError),
+}
+
+enum AttemptError {
+    Retry(ReadProblem),
+    Fatal(RegionError),
+}
+
+impl From<RegionError> for AttemptError {
+    fn from(error: RegionError) -> Self {
+        AttemptError::Fatal(error)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RegionReader {
+    memory: Arc<RegionMemory>,
+    layout: RegionLayout,
+    options: ReaderOptions,
+    clock: Arc<dyn Clock>,
+    counters: Arc<ReadCounters>,
+}
+
+fn read_layout(memory: &RegionMemory) -> Result<RegionLayout, ReadError> {
+    let mut header = [0u8; HEADER_USED_BYTES];
+    memory.read_bytes(0, &mut header)?;
+    let layout = RegionLayout::decode(&header)?;
+    if (memory.len_bytes() as u64) < layout.region_bytes {
+        return Err(ReadError::ShortMapping {
+            len_bytes: memory.len_bytes() as u64,
+            region_bytes: layout.region_bytes,
+        });
+    }
+    Ok(layout)
+}
+
+impl RegionReader {
+    /// Validates the region's header and caches its geometry, as a remote
+    /// client does when it connects.
+    pub fn attach(
+        memory: Arc<RegionMemory>,
+        clock: Arc<dyn Clock>,
+        options: ReaderOptions,
+    ) -> Result<RegionReader, ReadError> {
+        let layout = read_layout(&memory)?;
+        Ok(RegionReader {
+            memory,
+            layout,
+            options,
+            clock,
+            counters: Arc::default(),
+        })
+    }
+
+    pub fn layout(&self) -> &RegionLayout {
+        &self.layout
+    }
+
+    /// Re-validates the header (a remote client does this on its header
+    /// refresh); an error means the cached geometry must not be used.
+    pub fn check_header(&self) -> Result<DynamicHeader, ReadError> {
+        let layout = read_layout(&self.memory)?;
+        if layout != self.layout {
+            return Err(ReadError::EpochChanged {
+                attached: self.layout.region_epoch,
+                found: layout.region_epoch,
+            });
+        }
+        let mut header = [0u8; HEADER_USED_BYTES];
+        self.memory.read_bytes(0, &mut header)?;
+        Ok(DynamicHeader::decode(&header)?)
+    }
+
+    pub fn stats(&self) -> ReadStats {
+        self.counters.snapshot()
+    }
+
+    /// One committed version of `key`, `None` if absent, or an error after
+    /// `max_attempts` failed validations. Never returns unvalidated bytes.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Versioned>, ReadError> {
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        let mut last = None;
+        for _ in 0..self.options.max_attempts {
+            match self.attempt(key) {
+                Ok(found) => {
+                    let counter = if found.is_some() {
+                        &self.counters.hits
+                    } else {
+                        &self.counters.misses
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    return Ok(found);
+                }
+                Err(AttemptError::Retry(problem)) => {
+                    self.counters.retry(problem.cause());
+                    last = Some(problem);
+                }
+                Err(AttemptError::Fatal(error)) => return Err(error.into()),
+            }
+        }
+        self.counters.exhausted.fetch_add(1, Ordering::Relaxed);
+        Err(ReadError::Exhausted {
+            attempts: self.options.max_attempts,
+            last: last.unwrap_or(ReadProblem::Moved),
+        })
+    }
+
+    fn attempt(&self, key: &[u8]) -> Result<Option<Versioned>, AttemptError> {
+        if key.len() > self.layout.max_key_bytes as usize {
+            return Ok(None);
+        }
+        let hash = self.layout.key_hash(key);
+        let (start, len) = self.layout.neighbourhood_range(hash);
+        let mut slots = [0u64; MAX_NEIGHBOURHOOD_SLOTS];
+        let slots = &mut slots[..(len / SLOT_BYTES) as usize];
+        let started_us = self.clock.now_us();
+        self.memory.read_words(start, slots, Ordering::Acquire)?;
+        for (position, slot) in neighbourhood_slots(slots, hash.fingerprint) {
+            let slot = slot.map_err(|e| AttemptError::Retry(ReadProblem::Slot(e)))?;
+            let (offset, block_len) = slot
+                .block_range(self.layout.data_bytes)
+                .map_err(|e| AttemptError::Retry(ReadProblem::Slot(e)))?;
+            let mut block = vec![0u8; block_len as usize];
+            self.memory
+                .read_bytes(self.layout.data_offset + offset, &mut block)?;
+            // Keeps the slot re-read below (and the clock read) after the copy.
+            fence(Ordering::Acquire);
+            if let Some(limit_us) = self.options.abandon_after_us {
+                let elapsed_us = self.clock.now_us().saturating_sub(started_us);
+                if elapsed_us > limit_us {
+                    return Err(AttemptError::Retry(ReadProblem::Slow { elapsed_us }));
+                }
+            }
+            let (value_start, value_len, version) = match examine_block(&self.layout, key, &block) {
+                BlockVerdict::Match(found) => (
+                    BLOCK_HEADER_BYTES + found.key.len(),
+                    found.value.len(),
+                    found.version,
+                ),
+                BlockVerdict::OtherKey => {
+                    let slot_offset = start + position as u64 * SLOT_BYTES;
+                    if self.memory.load_u64(slot_offset, Ordering::Acquire)? != slots[position] {
+                        return Err(AttemptError::Retry(ReadProblem::Moved));
+                    }
+                    continue;
+                }
+                BlockVerdict::Torn(error) => {
+                    return Err(AttemptError::Retry(ReadProblem::Block(error)));
+                }
+            };
+            let value = Bytes::from(block).slice(value_start..value_start + value_len);
+            return Ok(Some(Versioned { value, version }));
+        }
+        verify_neighbourhood(slots).map_err(|e| AttemptError::Retry(ReadProblem::Slot(e)))?;
+        Ok(None)
+    }
+}

@@ -1,0 +1,401 @@
+//! The single writer of a region: the Raft apply loop owns it. It changes the
+//! region only in ways that keep every concurrent reader safe:
+//!
+//! - a block that a slot points to is never modified (invariant 1): an update
+//!   writes a new block and publishes it with one release store into the slot;
+//! - a replaced or deleted block goes to the grace queue and is reused only
+//!   after `grace_period_us` (invariant 3);
+//! - every failure (limits, full region or index, corruption) is reported
+//!   before anything visible changes.
+
+use std::sync::Arc;
+use std::sync::atomic::{Ordering, fence};
+
+use rdkv_proto::region::{
+    BLOCK_HEADER_BYTES, BlockHeader, KeyHash, RegionLayout, RegionState, SLOT_BYTES,
+    SLOTS_PER_BUCKET, SizeClass, Slot, UNIT_BYTES, dynamic_word, encode_block, encoded_block_bytes,
+};
+
+use crate::region::alloc::BlockAllocator;
+use crate::region::clock::Clock;
+use crate::region::config::RegionConfig;
+use crate::region::error::RegionError;
+use crate::region::grace::{GraceQueue, RetiredBlock};
+use crate::region::memory::RegionMemory;
+use crate::region::reader::{ReadError, ReaderOptions, RegionReader};
+use crate::region::stats::RegionStats;
+
+/// Most slots a neighbourhood can have (8 buckets, the layout's limit).
+pub(crate) const MAX_NEIGHBOURHOOD_SLOTS: usize = 8 * SLOTS_PER_BUCKET;
+
+/// A key's current slot and block, as the writer found them.
+#[derive(Debug, Clone, Copy)]
+struct Found {
+    slot_offset: u64,
+    slot: Slot,
+    header: BlockHeader,
+}
+
+#[derive(Debug)]
+pub struct RegionWriter {
+    memory: Arc<RegionMemory>,
+    layout: RegionLayout,
+    allocator: BlockAllocator,
+    grace: GraceQueue,
+    clock: Arc<dyn Clock>,
+    scratch: Vec<u8>,
+    live_keys: u64,
+    used_units: u64,
+    payload_bytes: u64,
+    reclaimed_blocks_total: u64,
+    reclaimed_units_total: u64,
+}
+
+impl RegionWriter {
+    /// Maps a fresh region and writes its header; the region starts empty and
+    /// serving.
+    pub fn create(
+        config: &RegionConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<RegionWriter, RegionError> {
+        let layout = config.layout()?;
+        let len_bytes = usize::try_from(layout.region_bytes)
+            .map_err(|_| RegionError::Config("region larger than the address space".into()))?;
+        let memory = Arc::new(RegionMemory::anonymous(len_bytes)?);
+        memory.write_bytes(0, &layout.encode_static())?;
+        memory.store_u64(
+            dynamic_word::REGION_STATE,
+            RegionState::SERVING,
+            Ordering::Release,
+        )?;
+        Ok(RegionWriter {
+            memory,
+            allocator: BlockAllocator::new(layout.data_bytes / UNIT_BYTES),
+            layout,
+            grace: GraceQueue::default(),
+            clock,
+            scratch: Vec::new(),
+            live_keys: 0,
+            used_units: 0,
+            payload_bytes: 0,
+            reclaimed_blocks_total: 0,
+            reclaimed_units_total: 0,
+        })
+    }
+
+    pub fn layout(&self) -> &RegionLayout {
+        &self.layout
+    }
+
+    pub fn memory(&self) -> &Arc<RegionMemory> {
+        &self.memory
+    }
+
+    /// A lock-free reader of this region sharing the writer's clock.
+    pub fn reader(&self, options: ReaderOptions) -> Result<RegionReader, ReadError> {
+        RegionReader::attach(Arc::clone(&self.memory), Arc::clone(&self.clock), options)
+    }
+
+    fn check_limits(&self, key: &[u8], value: Option<&[u8]>) -> Result<(), RegionError> {
+        if key.len() > self.layout.max_key_bytes as usize {
+            return Err(RegionError::KeyTooLarge {
+                len: key.len(),
+                max: self.layout.max_key_bytes,
+            });
+        }
+        if let Some(value) = value.filter(|v| v.len() > self.layout.max_value_bytes as usize) {
+            return Err(RegionError::ValueTooLarge {
+                len: value.len(),
+                max: self.layout.max_value_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    /// Inserts or replaces `key` with `value` written by log index `version`.
+    /// Returns the replaced version, if any. On error the region is unchanged.
+    pub fn put(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        version: u64,
+    ) -> Result<Option<u64>, RegionError> {
+        self.check_limits(key, Some(value))?;
+        if version == 0 {
+            return Err(RegionError::ZeroVersion);
+        }
+        let hash = self.layout.key_hash(key);
+        let found = self.find(key, hash)?;
+        let slot_offset = match found {
+            Some(found) => found.slot_offset,
+            None => self.free_slot(hash)?,
+        };
+        let block_bytes = encoded_block_bytes(key.len(), value.len());
+        let class = SizeClass::for_bytes(block_bytes).ok_or(RegionError::ValueTooLarge {
+            len: value.len(),
+            max: self.layout.max_value_bytes,
+        })?;
+        self.reclaim();
+        let units = u64::from(class.units());
+        let Some(offset_units) = self.allocator.alloc(units) else {
+            return Err(RegionError::RegionFull {
+                needed_bytes: class.bytes(),
+                free_bytes: self.allocator.free_units() * UNIT_BYTES,
+                largest_free_bytes: self.allocator.largest_free_units() * UNIT_BYTES,
+                pending_reclaim_bytes: self.grace.pending_units() * UNIT_BYTES,
+            });
+        };
+        encode_block(key, value, version, &mut self.scratch);
+        // Orders the slot stores that retired this space (before its grace
+        // period) ahead of the new contents, so a reader that sees new bytes
+        // and then re-reads the slot sees the change (seqlock discipline).
+        fence(Ordering::Release);
+        let written = self.memory.write_bytes(
+            self.layout.data_offset + offset_units * UNIT_BYTES,
+            &self.scratch,
+        );
+        if let Err(error) = written {
+            self.release(offset_units, units);
+            return Err(error);
+        }
+        let slot = Slot::new(hash.fingerprint, class, offset_units);
+        self.memory
+            .store_u64(slot_offset, slot.encode(), Ordering::Release)?;
+        self.used_units += units;
+        self.payload_bytes += key.len() as u64 + value.len() as u64;
+        match found {
+            Some(old) => {
+                self.retire(old);
+                Ok(Some(old.header.version))
+            }
+            None => {
+                self.live_keys += 1;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Removes `key`; returns the version it had, or `None` if absent.
+    pub fn delete(&mut self, key: &[u8]) -> Result<Option<u64>, RegionError> {
+        self.check_limits(key, None)?;
+        let hash = self.layout.key_hash(key);
+        let Some(found) = self.find(key, hash)? else {
+            return Ok(None);
+        };
+        self.memory
+            .store_u64(found.slot_offset, 0, Ordering::Release)?;
+        self.live_keys -= 1;
+        self.retire(found);
+        Ok(Some(found.header.version))
+    }
+
+    /// The current value and version of `key` (the writer's own view, no
+    /// retries needed: nothing else writes).
+    pub fn get(&self, key: &[u8]) -> Result<Option<(Vec<u8>, u64)>, RegionError> {
+        if key.len() > self.layout.max_key_bytes as usize {
+            return Ok(None);
+        }
+        let Some(found) = self.find(key, self.layout.key_hash(key))? else {
+            return Ok(None);
+        };
+        let mut value = vec![0u8; found.header.value_len as usize];
+        let value_offset =
+            self.block_offset(found.slot) + BLOCK_HEADER_BYTES as u64 + key.len() as u64;
+        self.read_unaligned(value_offset, &mut value)?;
+        Ok(Some((value, found.header.version)))
+    }
+
+    /// The version of `key`, for compare-and-swap.
+    pub fn version_of(&self, key: &[u8]) -> Result<Option<u64>, RegionError> {
+        if key.len() > self.layout.max_key_bytes as usize {
+            return Ok(None);
+        }
+        Ok(self
+            .find(key, self.layout.key_hash(key))?
+            .map(|f| f.header.version))
+    }
+
+    fn block_offset(&self, slot: Slot) -> u64 {
+        self.layout.data_offset + slot.offset_units * UNIT_BYTES
+    }
+
+    /// Reads bytes at any offset by copying the enclosing aligned words.
+    fn read_unaligned(&self, offset: u64, dst: &mut [u8]) -> Result<(), RegionError> {
+        let aligned = offset & !7;
+        let skip = (offset - aligned) as usize;
+        let mut words = vec![0u8; skip + dst.len()];
+        self.memory.read_bytes(aligned, &mut words)?;
+        dst.copy_from_slice(&words[skip..]);
+        Ok(())
+    }
+
+    fn find(&self, key: &[u8], hash: KeyHash) -> Result<Option<Found>, RegionError> {
+        let (start, len) = self.layout.neighbourhood_range(hash);
+        for slot_offset in (start..start + len).step_by(SLOT_BYTES as usize) {
+            let raw = self.memory.load_u64(slot_offset, Ordering::Relaxed)?;
+            if raw == 0 || Slot::raw_fingerprint(raw) != hash.fingerprint {
+                continue;
+            }
+            let Some(slot) = Slot::decode(raw)? else {
+                continue;
+            };
+            slot.block_range(self.layout.data_bytes)?;
+            let block = self.block_offset(slot);
+            let mut head = [0u8; BLOCK_HEADER_BYTES];
+            self.memory.read_bytes(block, &mut head)?;
+            let header = BlockHeader::decode(
+                &head,
+                self.layout.max_key_bytes,
+                self.layout.max_value_bytes,
+            )?;
+            if header.key_len as usize == key.len()
+                && self.key_at(block + BLOCK_HEADER_BYTES as u64, key)?
+            {
+                return Ok(Some(Found {
+                    slot_offset,
+                    slot,
+                    header,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Compares the key stored at `offset` (8-aligned) with `key`, a chunk at a
+    /// time, without allocating.
+    fn key_at(&self, offset: u64, key: &[u8]) -> Result<bool, RegionError> {
+        let mut chunk = [0u8; 64];
+        for (i, expected) in key.chunks(chunk.len()).enumerate() {
+            let stored = &mut chunk[..expected.len()];
+            self.memory.read_bytes(offset + (i * 64) as u64, stored)?;
+            if stored != expected {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// A free slot in the key's neighbourhood, in the bucket with the most room.
+    fn free_slot(&self, hash: KeyHash) -> Result<u64, RegionError> {
+        let (start, len) = self.layout.neighbourhood_range(hash);
+        let bucket_bytes = SLOT_BYTES * SLOTS_PER_BUCKET as u64;
+        let mut best: Option<(usize, u64)> = None;
+        for bucket in (start..start + len).step_by(bucket_bytes as usize) {
+            let mut free = 0;
+            let mut first_free = None;
+            for slot_offset in (bucket..bucket + bucket_bytes).step_by(SLOT_BYTES as usize) {
+                if self.memory.load_u64(slot_offset, Ordering::Relaxed)? == 0 {
+                    free += 1;
+                    first_free.get_or_insert(slot_offset);
+                }
+            }
+            if let Some(offset) = first_free.filter(|_| best.is_none_or(|(n, _)| free > n)) {
+                best = Some((free, offset));
+            }
+        }
+        best.map(|(_, offset)| offset)
+            .ok_or(RegionError::IndexFull {
+                slots: (len / SLOT_BYTES) as usize,
+            })
+    }
+
+    fn retire(&mut self, old: Found) {
+        let units = u64::from(old.slot.class.units());
+        self.used_units -= units;
+        self.payload_bytes -= old.header.key_len as u64 + old.header.value_len as u64;
+        // Stamped after the slot store: no reader that saw the old slot can
+        // have started after this instant.
+        self.grace.retire(RetiredBlock {
+            retired_at_us: self.clock.now_us(),
+            offset_units: old.slot.offset_units,
+            units,
+        });
+    }
+
+    fn release(&mut self, offset_units: u64, units: u64) {
+        let freed = self.allocator.free(offset_units, units);
+        debug_assert!(freed.is_ok(), "allocator bookkeeping broken: {freed:?}");
+    }
+
+    /// Returns blocks whose grace period has passed to the allocator.
+    pub fn reclaim(&mut self) -> u64 {
+        let now_us = self.clock.now_us();
+        let mut reclaimed = 0;
+        while let Some(block) = self.grace.pop_expired(now_us, self.layout.grace_period_us) {
+            self.release(block.offset_units, block.units);
+            reclaimed += 1;
+            self.reclaimed_units_total += block.units;
+        }
+        self.reclaimed_blocks_total += reclaimed;
+        reclaimed
+    }
+
+    /// When the oldest retired block becomes reusable (clock µs), if any: an
+    /// apply loop that got `RegionFull` can wait until then and retry.
+    pub fn next_reclaim_at_us(&self) -> Option<u64> {
+        self.grace.next_expiry_us(self.layout.grace_period_us)
+    }
+
+    pub fn stats(&self) -> RegionStats {
+        let free_bytes = self.allocator.free_units() * UNIT_BYTES;
+        let largest_free_bytes = self.allocator.largest_free_units() * UNIT_BYTES;
+        RegionStats {
+            data_capacity_bytes: self.layout.data_bytes,
+            used_bytes: self.used_units * UNIT_BYTES,
+            payload_bytes: self.payload_bytes,
+            pending_reclaim_bytes: self.grace.pending_units() * UNIT_BYTES,
+            pending_reclaim_blocks: self.grace.len() as u64,
+            free_bytes,
+            largest_free_bytes,
+            fragmentation: if free_bytes == 0 {
+                0.0
+            } else {
+                1.0 - largest_free_bytes as f64 / free_bytes as f64
+            },
+            live_keys: self.live_keys,
+            index_slots: self.layout.slot_count(),
+            reclaimed_blocks_total: self.reclaimed_blocks_total,
+            reclaimed_bytes_total: self.reclaimed_units_total * UNIT_BYTES,
+        }
+    }
+
+    /// Publishes the last applied log index (and when) for follower reads.
+    pub fn publish_applied(&self, applied_index: u64, at_unix_us: u64) -> Result<(), RegionError> {
+        self.memory.store_u64(
+            dynamic_word::APPLIED_AT_UNIX_US,
+            at_unix_us,
+            Ordering::Release,
+        )?;
+        self.memory.store_u64(
+            dynamic_word::APPLIED_INDEX,
+            applied_index,
+            Ordering::Release,
+        )
+    }
+
+    pub fn publish_term(&self, term: u64) -> Result<(), RegionError> {
+        self.memory
+            .store_u64(dynamic_word::RAFT_TERM, term, Ordering::Release)
+    }
+
+    /// `Some(deadline)` while leader with a lease; `None` clears the flag (on
+    /// step-down, at once).
+    pub fn publish_lease(&self, deadline_unix_us: Option<u64>) -> Result<(), RegionError> {
+        self.memory.store_u64(
+            dynamic_word::LEADER_LEASE,
+            deadline_unix_us
+                .unwrap_or(0)
+                .max(u64::from(deadline_unix_us.is_some())),
+            Ordering::Release,
+        )
+    }
+
+    /// Marks the region retired: readers must re-attach to its successor.
+    pub fn retire_region(&self) -> Result<(), RegionError> {
+        self.memory.store_u64(
+            dynamic_word::REGION_STATE,
+            RegionState::RETIRED,
+            Ordering::Release,
+        )
+    }
+}
