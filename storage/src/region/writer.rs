@@ -14,6 +14,7 @@ use std::sync::atomic::{Ordering, fence};
 use rdkv_proto::region::{
     BLOCK_HEADER_BYTES, BlockHeader, KeyHash, RegionLayout, RegionState, SLOT_BYTES,
     SLOTS_PER_BUCKET, SizeClass, Slot, UNIT_BYTES, dynamic_word, encode_block, encoded_block_bytes,
+    neighbourhood_slots, verify_neighbourhood,
 };
 
 use crate::region::alloc::BlockAllocator;
@@ -229,16 +230,16 @@ impl RegionWriter {
         Ok(())
     }
 
+    /// The key's slot and block header. A miss verifies every slot of the
+    /// neighbourhood, so a corrupted slot is reported instead of a duplicate
+    /// being inserted beside it.
     fn find(&self, key: &[u8], hash: KeyHash) -> Result<Option<Found>, RegionError> {
         let (start, len) = self.layout.neighbourhood_range(hash);
-        for slot_offset in (start..start + len).step_by(SLOT_BYTES as usize) {
-            let raw = self.memory.load_u64(slot_offset, Ordering::Relaxed)?;
-            if raw == 0 || Slot::raw_fingerprint(raw) != hash.fingerprint {
-                continue;
-            }
-            let Some(slot) = Slot::decode(raw)? else {
-                continue;
-            };
+        let mut words = [0u64; MAX_NEIGHBOURHOOD_SLOTS];
+        let words = &mut words[..(len / SLOT_BYTES) as usize];
+        self.memory.read_words(start, words, Ordering::Relaxed)?;
+        for (position, slot) in neighbourhood_slots(words, hash.fingerprint) {
+            let slot = slot?;
             slot.block_range(self.layout.data_bytes)?;
             let block = self.block_offset(slot);
             let mut head = [0u8; BLOCK_HEADER_BYTES];
@@ -252,12 +253,13 @@ impl RegionWriter {
                 && self.key_at(block + BLOCK_HEADER_BYTES as u64, key)?
             {
                 return Ok(Some(Found {
-                    slot_offset,
+                    slot_offset: start + position as u64 * SLOT_BYTES,
                     slot,
                     header,
                 }));
             }
         }
+        verify_neighbourhood(words)?;
         Ok(None)
     }
 

@@ -1,0 +1,205 @@
+//! Readers validate continuously while one writer updates, deletes and
+//! reclaims a few hot keys as fast as it can. Every value a reader returns must
+//! be exactly one that was written for that key (the value embeds the key and
+//! the version that wrote it, and a filler derived from both).
+//!
+//! Two regimes:
+//! - `torn_reads_are_caught`: grace period 0 and no read abandonment, so freed
+//!   blocks are overwritten under readers' feet. Torn reads must happen (the
+//!   test asserts retries) and every one must be caught.
+//! - `grace_period_protects_readers`: a real grace period and the default
+//!   abandon bound; versions seen by a reader for a key never go backwards.
+//!
+//! Run with `--nocapture` to see the counts.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+
+use rdkv_proto::region::HashSeed;
+use rdkv_storage::{
+    MonotonicClock, ReadError, ReadStats, ReaderOptions, RegionConfig, RegionError, RegionReader,
+    RegionWriter,
+};
+
+const HOT_KEYS: u64 = 8;
+const READERS: usize = 2;
+const READS_PER_READER: u64 = 1_500_000;
+
+fn key(k: u64) -> Vec<u8> {
+    format!("hot-{k:02}").into_bytes()
+}
+
+fn filler_byte(k: u64, version: u64, i: usize) -> u8 {
+    (k.wrapping_mul(131) ^ version.wrapping_mul(0x9e37_79b9) ^ i as u64).to_le_bytes()[0]
+}
+
+/// `key_len u16 | key | version u64 | filler`, length varying with the
+/// version so that consecutive blocks of a key change size class.
+fn value(k: u64, version: u64) -> Vec<u8> {
+    let key = key(k);
+    let filler_len = (version.wrapping_mul(7919) % 4000) as usize;
+    let mut v = Vec::with_capacity(2 + key.len() + 8 + filler_len);
+    v.extend_from_slice(&(key.len() as u16).to_le_bytes());
+    v.extend_from_slice(&key);
+    v.extend_from_slice(&version.to_le_bytes());
+    v.extend((0..filler_len).map(|i| filler_byte(k, version, i)));
+    v
+}
+
+/// Whether `bytes` is exactly the value written for key `k` by `version`.
+fn is_written_value(k: u64, version: u64, bytes: &[u8]) -> bool {
+    bytes == value(k, version).as_slice()
+}
+
+struct Outcome {
+    stats: ReadStats,
+    wrong: u64,
+    exhausted: u64,
+    went_backwards: u64,
+    writes: u64,
+}
+
+fn run(grace_period_us: u64, abandon_after_us: Option<u64>) -> Outcome {
+    let config = RegionConfig {
+        region_bytes: 32 * 1024 * 1024,
+        grace_period_us,
+        hash_seed: HashSeed(1, 2),
+        ..RegionConfig::default()
+    };
+    let mut writer = RegionWriter::create(&config, Arc::new(MonotonicClock::new())).unwrap();
+    let reader = writer
+        .reader(ReaderOptions {
+            max_attempts: ReaderOptions::DEFAULT_MAX_ATTEMPTS,
+            abandon_after_us,
+        })
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+
+    let writer_thread = {
+        let stop = Arc::clone(&stop);
+        thread::spawn(move || {
+            let mut version = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                version += 1;
+                let k = version % HOT_KEYS;
+                let result = if version % 7 == 0 {
+                    writer.delete(&key(k)).map(drop)
+                } else {
+                    writer.put(&key(k), &value(k, version), version).map(drop)
+                };
+                match result {
+                    Ok(()) => {}
+                    // Retired blocks still in their grace period: wait.
+                    Err(RegionError::RegionFull { .. }) => thread::yield_now(),
+                    Err(other) => panic!("writer: {other}"),
+                }
+            }
+            version
+        })
+    };
+
+    let readers: Vec<_> = (0..READERS)
+        .map(|r| {
+            let reader: RegionReader = reader.clone();
+            thread::spawn(move || {
+                let mut rng = 0x2545_f491_4f6c_dd1d_u64 ^ (r as u64 + 1);
+                let mut last_seen = [0u64; HOT_KEYS as usize];
+                let (mut wrong, mut exhausted, mut backwards) = (0, 0, 0);
+                for _ in 0..READS_PER_READER {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    let k = rng % HOT_KEYS;
+                    match reader.get(&key(k)) {
+                        Ok(Some(found)) => {
+                            if !is_written_value(k, found.version, &found.value) {
+                                wrong += 1;
+                            }
+                            if found.version < last_seen[k as usize] {
+                                backwards += 1;
+                            }
+                            last_seen[k as usize] = found.version;
+                        }
+                        Ok(None) => {}
+                        Err(ReadError::Exhausted { .. }) => exhausted += 1,
+                        Err(other) => panic!("reader: {other}"),
+                    }
+                }
+                (wrong, exhausted, backwards)
+            })
+        })
+        .collect();
+
+    let mut outcome = Outcome {
+        stats: ReadStats::default(),
+        wrong: 0,
+        exhausted: 0,
+        went_backwards: 0,
+        writes: 0,
+    };
+    for handle in readers {
+        let (wrong, exhausted, backwards) = handle.join().unwrap();
+        outcome.wrong += wrong;
+        outcome.exhausted += exhausted;
+        outcome.went_backwards += backwards;
+    }
+    stop.store(true, Ordering::Relaxed);
+    outcome.writes = writer_thread.join().unwrap();
+    outcome.stats = reader.stats();
+    outcome
+}
+
+fn report(name: &str, o: &Outcome) {
+    let s = &o.stats;
+    println!(
+        "{name}: {} reads ({} hits, {} misses), {} writes; retries: {} (block {}, slot {}, moved {}, slow {}); \
+         exhausted {}; wrong values {}; versions went backwards {}",
+        s.reads,
+        s.hits,
+        s.misses,
+        o.writes,
+        s.retries(),
+        s.retries_block,
+        s.retries_slot,
+        s.retries_moved,
+        s.retries_slow,
+        o.exhausted,
+        o.wrong,
+        o.went_backwards
+    );
+}
+
+#[test]
+fn torn_reads_are_caught() {
+    let o = run(0, None);
+    report("grace 0, no abandon", &o);
+    assert_eq!(o.stats.reads, READERS as u64 * READS_PER_READER);
+    assert_eq!(
+        o.wrong, 0,
+        "a reader returned a value that was never written"
+    );
+    assert!(
+        o.stats.retries_block + o.stats.retries_moved > 0,
+        "no torn read was provoked: the test proved nothing"
+    );
+}
+
+#[test]
+fn grace_period_protects_readers() {
+    let o = run(2_000, Some(1_000));
+    report("grace 2 ms, abandon after 1 ms", &o);
+    assert_eq!(o.stats.reads, READERS as u64 * READS_PER_READER);
+    assert_eq!(
+        o.wrong, 0,
+        "a reader returned a value that was never written"
+    );
+    assert_eq!(
+        o.went_backwards, 0,
+        "a reader saw a key's version go backwards"
+    );
+    assert_eq!(
+        o.stats.retries_block, 0,
+        "a block changed under a reader within its grace period"
+    );
+}
