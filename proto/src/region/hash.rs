@@ -45,14 +45,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stable_across_builds() {
-        // The hash is part of the protocol: these values must never change
-        // within a layout version.
-        let k = KeyHash::new(HashSeed(1, 2), b"user1000", 1 << 20, 2);
-        let again = KeyHash::new(HashSeed(1, 2), b"user1000", 1 << 20, 2);
-        assert_eq!(k, again);
-        let other_seed = KeyHash::new(HashSeed(3, 4), b"user1000", 1 << 20, 2);
-        assert_ne!(k, other_seed);
+    fn pinned_values() {
+        // The hash is part of the region protocol: remote readers compute it
+        // too. These values must not change within a layout version.
+        let h = |key: &[u8]| KeyHash::new(HashSeed(1, 2), key, 1 << 20, 2);
+        let pinned = |fingerprint, home_bucket| KeyHash {
+            fingerprint,
+            home_bucket,
+        };
+        assert_eq!(h(b""), pinned(13784, 388510));
+        assert_eq!(h(b"user1000"), pinned(17994, 830685));
+        assert_eq!(h(b"a longer key with some bytes"), pinned(27076, 1019703));
+        assert_ne!(
+            KeyHash::new(HashSeed(3, 4), b"user1000", 1 << 20, 2),
+            h(b"user1000")
+        );
     }
 
     #[test]
