@@ -124,7 +124,13 @@ fn run_case(tiny_index: bool, ops: &[Op], events: &Events) -> Result<(), TestCas
                 let expected = model.get(&key).cloned();
                 let got = reader.get(&key).unwrap();
                 prop_assert_eq!(got.map(|v| (v.value.to_vec(), v.version)), expected.clone());
-                prop_assert_eq!(writer.get(&key).unwrap(), expected.clone());
+                prop_assert_eq!(
+                    writer
+                        .get(&key)
+                        .unwrap()
+                        .map(|v| (v.value.to_vec(), v.version)),
+                    expected.clone()
+                );
                 prop_assert_eq!(writer.version_of(&key).unwrap(), expected.map(|(_, v)| v));
             }
             Op::Advance { us } => {

@@ -116,8 +116,16 @@ impl<'a> BlockRef<'a> {
         max_value_bytes: u32,
     ) -> Result<BlockRef<'a>, BlockError> {
         let header = BlockHeader::decode(bytes, max_key_bytes, max_value_bytes)?;
-        let key_end = BLOCK_HEADER_BYTES + header.key_len as usize;
-        let end = key_end + header.value_len as usize;
+        // In u64 so that even u32::MAX lengths cannot overflow on any target.
+        let key_end = usize::try_from(BLOCK_HEADER_BYTES as u64 + u64::from(header.key_len));
+        let end = usize::try_from(header.total_bytes());
+        let (Ok(key_end), Ok(end)) = (key_end, end) else {
+            return Err(BlockError::Length {
+                key_len: header.key_len,
+                value_len: header.value_len,
+                available: bytes.len(),
+            });
+        };
         let Some(covered) = bytes.get(4..end) else {
             return Err(BlockError::Length {
                 key_len: header.key_len,

@@ -29,13 +29,14 @@
 //! | 128 | raft_term | |
 //! | 136 | applied_index | last Raft log index applied to this region |
 //! | 144 | applied_at_unix_us | wall clock when `applied_index` was stored |
-//! | 152 | leader_lease | 0: not leader; else the lease deadline, unix µs |
+//! | 152 | leader_lease | 0: not leader; else the lease deadline, unix µs (never 0) |
 //! | 160 | region_state | 1 serving, 2 retired (re-attach) |
 
-use crate::region::error::HeaderError;
+use crate::region::block::encoded_block_bytes;
+use crate::region::error::{HeaderError, SlotError};
 use crate::region::hash::{HashSeed, KeyHash};
-use crate::region::size_class::{MAX_BLOCK_UNITS, UNIT_BYTES};
-use crate::region::slot::{BUCKET_BYTES, MAX_DATA_UNITS};
+use crate::region::size_class::{SizeClass, UNIT_BYTES};
+use crate::region::slot::{BUCKET_BYTES, MAX_DATA_UNITS, Slot};
 
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"RDKVREGN");
 pub const REGION_LAYOUT_VERSION: u64 = 1;
@@ -147,7 +148,7 @@ impl RegionLayout {
             .checked_mul(BUCKET_BYTES)
             .and_then(|b| b.checked_add(self.index_offset))
             .ok_or(Geometry("index too large"))?;
-        if self.data_offset < index_end || self.data_offset % UNIT_BYTES != 0 {
+        if self.data_offset < index_end || self.data_offset % DATA_ALIGN_BYTES != 0 {
             return Err(Geometry("data area overlaps the index or is unaligned"));
         }
         let data_end = self
@@ -163,11 +164,7 @@ impl RegionLayout {
         if self.data_bytes == 0 {
             return Err(Geometry("empty data area"));
         }
-        let largest = crate::region::block::encoded_block_bytes(
-            self.max_key_bytes as usize,
-            self.max_value_bytes as usize,
-        );
-        if largest > u64::from(MAX_BLOCK_UNITS) * UNIT_BYTES {
+        if self.max_class().is_none() {
             return Err(Geometry("max key + value exceed the largest block"));
         }
         Ok(())
@@ -262,6 +259,28 @@ impl RegionLayout {
             self.index_offset + hash.home_bucket * BUCKET_BYTES,
             self.neighbourhood_buckets * BUCKET_BYTES,
         )
+    }
+
+    /// The largest size class a block of this region can have: a slot naming
+    /// a larger class is corrupt, and a reader must not fetch it.
+    pub fn max_class(&self) -> Option<SizeClass> {
+        SizeClass::for_bytes(encoded_block_bytes(
+            self.max_key_bytes as usize,
+            self.max_value_bytes as usize,
+        ))
+    }
+
+    /// The byte range of a slot's block inside the region, refused when the
+    /// class exceeds what this region's limits allow or the block lies outside
+    /// the data area. Every reader goes through this before fetching a block,
+    /// so a corrupt slot can neither send it out of bounds nor make it allocate
+    /// more than one maximal block.
+    pub fn block_range(&self, slot: Slot) -> Result<(u64, u64), SlotError> {
+        if self.max_class().is_none_or(|max| slot.class > max) {
+            return Err(SlotError::SizeClass { raw: slot.encode() });
+        }
+        let (start, len) = slot.block_range(self.data_bytes)?;
+        Ok((self.data_offset + start, len))
     }
 
     /// Total index slots.
@@ -370,6 +389,24 @@ mod tests {
         let mut p = params();
         p.max_value_bytes = u32::MAX;
         assert!(RegionLayout::plan(p).is_err());
+    }
+
+    #[test]
+    fn block_range_refuses_classes_beyond_the_limits() {
+        let layout = RegionLayout::plan(params()).unwrap();
+        let max = layout.max_class().unwrap();
+        let fits = Slot::new(1, max, 0);
+        assert_eq!(layout.block_range(fits).unwrap().0, layout.data_offset);
+        let too_big = Slot::new(1, SizeClass::from_index(max.index() + 1).unwrap(), 0);
+        assert!(matches!(
+            layout.block_range(too_big),
+            Err(SlotError::SizeClass { .. })
+        ));
+        let past_end = Slot::new(1, max, layout.data_bytes / UNIT_BYTES);
+        assert!(matches!(
+            layout.block_range(past_end),
+            Err(SlotError::OutOfRange { .. })
+        ));
     }
 
     proptest! {

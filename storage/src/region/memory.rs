@@ -8,16 +8,16 @@ use std::io;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use memmap2::MmapMut;
+use memmap2::MmapRaw;
 
 use crate::region::error::RegionError;
 
 const WORD: usize = 8;
 
-#[derive(Debug)]
 pub struct RegionMemory {
-    /// Owns the mapping. It is never dereferenced after `base` is taken.
-    _map: MmapMut,
+    /// Owns the mapping. `MmapRaw` exposes raw pointers only (no `Deref` to a
+    /// slice), so not even `Debug` can make a reference over the memory.
+    _map: MmapRaw,
     base: NonNull<u8>,
     len_bytes: usize,
 }
@@ -29,6 +29,15 @@ unsafe impl Send for RegionMemory {}
 // SAFETY: as for `Send`: shared access is atomic-only.
 unsafe impl Sync for RegionMemory {}
 
+impl std::fmt::Debug for RegionMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegionMemory")
+            .field("base", &self.base)
+            .field("len_bytes", &self.len_bytes)
+            .finish()
+    }
+}
+
 impl RegionMemory {
     /// Maps `len_bytes` of zeroed anonymous memory (page aligned by mmap).
     pub fn anonymous(len_bytes: usize) -> io::Result<RegionMemory> {
@@ -38,7 +47,7 @@ impl RegionMemory {
                 "region length must be a non-zero multiple of 8",
             ));
         }
-        let mut map = memmap2::MmapOptions::new().len(len_bytes).map_anon()?;
+        let map = MmapRaw::from(memmap2::MmapOptions::new().len(len_bytes).map_anon()?);
         let base = NonNull::new(map.as_mut_ptr())
             .ok_or_else(|| io::Error::other("mmap returned a null pointer"))?;
         Ok(RegionMemory {
@@ -60,37 +69,39 @@ impl RegionMemory {
 
     /// The word at `offset`, or an error if unaligned or out of bounds.
     fn word(&self, offset: u64) -> Result<&AtomicU64, RegionError> {
-        let in_bounds = usize::try_from(offset)
-            .ok()
-            .filter(|&o| o % WORD == 0 && o.checked_add(WORD).is_some_and(|e| e <= self.len_bytes));
+        self.words(offset, WORD)?
+            .first()
+            .ok_or(RegionError::OutOfBounds {
+                offset,
+                len_bytes: WORD as u64,
+            })
+    }
+
+    /// The words covering `len_bytes` from `offset` (rounded up to whole
+    /// words), checked once for alignment and bounds.
+    fn words(&self, offset: u64, len_bytes: usize) -> Result<&[AtomicU64], RegionError> {
+        let count = len_bytes.div_ceil(WORD);
+        let in_bounds = usize::try_from(offset).ok().filter(|&o| {
+            o % WORD == 0
+                && count
+                    .checked_mul(WORD)
+                    .and_then(|n| o.checked_add(n))
+                    .is_some_and(|end| end <= self.len_bytes)
+        });
         let Some(offset) = in_bounds else {
             return Err(RegionError::OutOfBounds {
                 offset,
-                len_bytes: WORD as u64,
+                len_bytes: len_bytes as u64,
             });
         };
-        // SAFETY: `offset` is 8-aligned and `offset + 8 <= len_bytes`, and the
-        // mapping is page aligned, so the pointer is a valid, aligned u64 inside
-        // the live mapping (kept alive by `self._map` for the borrow's lifetime).
-        // Every access to this memory in the process is atomic, so viewing it as
-        // an `AtomicU64` cannot race with a non-atomic access.
-        Ok(unsafe { AtomicU64::from_ptr(self.base.as_ptr().add(offset).cast::<u64>()) })
-    }
-
-    fn check_range(&self, offset: u64, len_bytes: usize) -> Result<(), RegionError> {
-        let words = len_bytes.div_ceil(WORD) * WORD;
-        let ok = offset % WORD as u64 == 0
-            && offset
-                .checked_add(words as u64)
-                .is_some_and(|end| end <= self.len_bytes as u64);
-        if ok {
-            Ok(())
-        } else {
-            Err(RegionError::OutOfBounds {
-                offset,
-                len_bytes: len_bytes as u64,
-            })
-        }
+        // SAFETY: the range `offset .. offset + 8 * count` is 8-aligned (the
+        // mapping is page aligned) and inside the live mapping, which outlives
+        // the borrow of `self`. A shared slice of `AtomicU64` asserts no
+        // exclusivity (atomics are interior-mutable), and every access to this
+        // memory in the process is atomic, so nothing races non-atomically.
+        Ok(unsafe {
+            std::slice::from_raw_parts(self.base.as_ptr().add(offset).cast::<AtomicU64>(), count)
+        })
     }
 
     pub fn load_u64(&self, offset: u64, order: Ordering) -> Result<u64, RegionError> {
@@ -109,9 +120,9 @@ impl RegionMemory {
         dst: &mut [u64],
         order: Ordering,
     ) -> Result<(), RegionError> {
-        self.check_range(offset, dst.len() * WORD)?;
-        for (i, out) in dst.iter_mut().enumerate() {
-            *out = self.word(offset + (i * WORD) as u64)?.load(order);
+        let words = self.words(offset, dst.len() * WORD)?;
+        for (out, word) in dst.iter_mut().zip(words) {
+            *out = word.load(order);
         }
         Ok(())
     }
@@ -121,12 +132,10 @@ impl RegionMemory {
     /// callers validate it (CRC) before use. Reads whole words, so the range is
     /// rounded up to 8 bytes (still inside the mapping).
     pub fn read_bytes(&self, offset: u64, dst: &mut [u8]) -> Result<(), RegionError> {
-        self.check_range(offset, dst.len())?;
-        for (i, chunk) in dst.chunks_mut(WORD).enumerate() {
-            let word = self
-                .word(offset + (i * WORD) as u64)?
-                .load(Ordering::Relaxed);
-            chunk.copy_from_slice(&word.to_ne_bytes()[..chunk.len()]);
+        let words = self.words(offset, dst.len())?;
+        for (chunk, word) in dst.chunks_mut(WORD).zip(words) {
+            let bytes = word.load(Ordering::Relaxed).to_ne_bytes();
+            chunk.copy_from_slice(&bytes[..chunk.len()]);
         }
         Ok(())
     }
@@ -135,12 +144,11 @@ impl RegionMemory {
     /// Publication (the slot store with release ordering) orders these stores
     /// before any reader that acquires the slot.
     pub fn write_bytes(&self, offset: u64, src: &[u8]) -> Result<(), RegionError> {
-        self.check_range(offset, src.len())?;
-        for (i, chunk) in src.chunks(WORD).enumerate() {
-            let mut word = [0u8; WORD];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.word(offset + (i * WORD) as u64)?
-                .store(u64::from_ne_bytes(word), Ordering::Relaxed);
+        let words = self.words(offset, src.len())?;
+        for (chunk, word) in src.chunks(WORD).zip(words) {
+            let mut bytes = [0u8; WORD];
+            bytes[..chunk.len()].copy_from_slice(chunk);
+            word.store(u64::from_ne_bytes(bytes), Ordering::Relaxed);
         }
         Ok(())
     }

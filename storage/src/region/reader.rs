@@ -72,6 +72,15 @@ pub enum ReadError {
     Header(#[from] HeaderError),
     #[error("region memory is {len_bytes} bytes but its header says {region_bytes}")]
     ShortMapping { len_bytes: u64, region_bytes: u64 },
+    /// Abandoning later than half the grace period would let a reader copy a
+    /// block after it was reused (invariant 3).
+    #[error(
+        "abandon bound {abandon_after_us} µs exceeds half the grace period ({grace_period_us} µs)"
+    )]
+    AbandonBound {
+        abandon_after_us: u64,
+        grace_period_us: u64,
+    },
     #[error("region epoch changed from {attached} to {found}: re-attach")]
     EpochChanged { attached: u64, found: u64 },
     /// Every attempt failed validation: the data is torn beyond the retry
@@ -124,6 +133,15 @@ impl RegionReader {
         options: ReaderOptions,
     ) -> Result<RegionReader, ReadError> {
         let layout = read_layout(&memory)?;
+        if let Some(abandon_after_us) = options
+            .abandon_after_us
+            .filter(|&a| a > layout.grace_period_us / 2)
+        {
+            return Err(ReadError::AbandonBound {
+                abandon_after_us,
+                grace_period_us: layout.grace_period_us,
+            });
+        }
         Ok(RegionReader {
             memory,
             layout,
@@ -159,7 +177,6 @@ impl RegionReader {
     /// One committed version of `key`, `None` if absent, or an error after
     /// `max_attempts` failed validations. Never returns unvalidated bytes.
     pub fn get(&self, key: &[u8]) -> Result<Option<Versioned>, ReadError> {
-        self.counters.reads.fetch_add(1, Ordering::Relaxed);
         let mut last = None;
         for _ in 0..self.options.max_attempts {
             match self.attempt(key) {
@@ -198,12 +215,12 @@ impl RegionReader {
         self.memory.read_words(start, slots, Ordering::Acquire)?;
         for (position, slot) in neighbourhood_slots(slots, hash.fingerprint) {
             let slot = slot.map_err(|e| AttemptError::Retry(ReadProblem::Slot(e)))?;
-            let (offset, block_len) = slot
-                .block_range(self.layout.data_bytes)
+            let (offset, block_len) = self
+                .layout
+                .block_range(slot)
                 .map_err(|e| AttemptError::Retry(ReadProblem::Slot(e)))?;
             let mut block = vec![0u8; block_len as usize];
-            self.memory
-                .read_bytes(self.layout.data_offset + offset, &mut block)?;
+            self.memory.read_bytes(offset, &mut block)?;
             // Keeps the slot re-read below (and the clock read) after the copy.
             fence(Ordering::Acquire);
             if let Some(limit_us) = self.options.abandon_after_us {

@@ -36,7 +36,6 @@ pub enum RetryCause {
 /// Counters shared by all clones of a reader.
 #[derive(Debug, Default)]
 pub struct ReadCounters {
-    pub reads: AtomicU64,
     pub hits: AtomicU64,
     pub misses: AtomicU64,
     pub retries_slot: AtomicU64,
@@ -79,7 +78,9 @@ impl ReadCounters {
     pub fn snapshot(&self) -> ReadStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         ReadStats {
-            reads: get(&self.reads),
+            // Every read ends as exactly one of these; counting them saves a
+            // shared read-modify-write on the hot path.
+            reads: get(&self.hits) + get(&self.misses) + get(&self.exhausted),
             hits: get(&self.hits),
             misses: get(&self.misses),
             retries_slot: get(&self.retries_slot),

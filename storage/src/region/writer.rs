@@ -9,10 +9,12 @@
 //!   before anything visible changes.
 
 use std::sync::Arc;
+
+use bytes::Bytes;
 use std::sync::atomic::{Ordering, fence};
 
 use rdkv_proto::region::{
-    BLOCK_HEADER_BYTES, BlockHeader, KeyHash, RegionLayout, RegionState, SLOT_BYTES,
+    BLOCK_HEADER_BYTES, BlockHeader, BlockRef, KeyHash, RegionLayout, RegionState, SLOT_BYTES,
     SLOTS_PER_BUCKET, SizeClass, Slot, UNIT_BYTES, dynamic_word, encode_block, encoded_block_bytes,
     neighbourhood_slots, verify_neighbourhood,
 };
@@ -25,6 +27,7 @@ use crate::region::grace::{GraceQueue, RetiredBlock};
 use crate::region::memory::RegionMemory;
 use crate::region::reader::{ReadError, ReaderOptions, RegionReader};
 use crate::region::stats::RegionStats;
+use rdkv_proto::wire::Versioned;
 
 /// Most slots a neighbourhood can have (8 buckets, the layout's limit).
 pub(crate) const MAX_NEIGHBOURHOOD_SLOTS: usize = 8 * SLOTS_PER_BUCKET;
@@ -97,14 +100,14 @@ impl RegionWriter {
         RegionReader::attach(Arc::clone(&self.memory), Arc::clone(&self.clock), options)
     }
 
-    fn check_limits(&self, key: &[u8], value: Option<&[u8]>) -> Result<(), RegionError> {
+    fn check_limits(&self, key: &[u8], value: &[u8]) -> Result<(), RegionError> {
         if key.len() > self.layout.max_key_bytes as usize {
             return Err(RegionError::KeyTooLarge {
                 len: key.len(),
                 max: self.layout.max_key_bytes,
             });
         }
-        if let Some(value) = value.filter(|v| v.len() > self.layout.max_value_bytes as usize) {
+        if value.len() > self.layout.max_value_bytes as usize {
             return Err(RegionError::ValueTooLarge {
                 len: value.len(),
                 max: self.layout.max_value_bytes,
@@ -121,7 +124,7 @@ impl RegionWriter {
         value: &[u8],
         version: u64,
     ) -> Result<Option<u64>, RegionError> {
-        self.check_limits(key, Some(value))?;
+        self.check_limits(key, value)?;
         if version == 0 {
             return Err(RegionError::ZeroVersion);
         }
@@ -160,8 +163,13 @@ impl RegionWriter {
             return Err(error);
         }
         let slot = Slot::new(hash.fingerprint, class, offset_units);
-        self.memory
-            .store_u64(slot_offset, slot.encode(), Ordering::Release)?;
+        let published = self
+            .memory
+            .store_u64(slot_offset, slot.encode(), Ordering::Release);
+        if let Err(error) = published {
+            self.release(offset_units, units);
+            return Err(error);
+        }
         self.used_units += units;
         self.payload_bytes += key.len() as u64 + value.len() as u64;
         match found {
@@ -178,7 +186,9 @@ impl RegionWriter {
 
     /// Removes `key`; returns the version it had, or `None` if absent.
     pub fn delete(&mut self, key: &[u8]) -> Result<Option<u64>, RegionError> {
-        self.check_limits(key, None)?;
+        if key.len() > self.layout.max_key_bytes as usize {
+            return Ok(None);
+        }
         let hash = self.layout.key_hash(key);
         let Some(found) = self.find(key, hash)? else {
             return Ok(None);
@@ -190,20 +200,33 @@ impl RegionWriter {
         Ok(Some(found.header.version))
     }
 
-    /// The current value and version of `key` (the writer's own view, no
-    /// retries needed: nothing else writes).
-    pub fn get(&self, key: &[u8]) -> Result<Option<(Vec<u8>, u64)>, RegionError> {
+    /// The current value and version of `key` (the writer's own view: no
+    /// retries needed as nothing else writes, but the block is still validated
+    /// so that a corrupted block is reported, not served).
+    pub fn get(&self, key: &[u8]) -> Result<Option<Versioned>, RegionError> {
         if key.len() > self.layout.max_key_bytes as usize {
             return Ok(None);
         }
         let Some(found) = self.find(key, self.layout.key_hash(key))? else {
             return Ok(None);
         };
-        let mut value = vec![0u8; found.header.value_len as usize];
-        let value_offset =
-            self.block_offset(found.slot) + BLOCK_HEADER_BYTES as u64 + key.len() as u64;
-        self.read_unaligned(value_offset, &mut value)?;
-        Ok(Some((value, found.header.version)))
+        let (offset, len) = self.layout.block_range(found.slot)?;
+        let mut block = vec![0u8; len as usize];
+        self.memory.read_bytes(offset, &mut block)?;
+        let valid = BlockRef::validate(
+            &block,
+            self.layout.max_key_bytes,
+            self.layout.max_value_bytes,
+        )?;
+        let (start, value_len, version) = (
+            BLOCK_HEADER_BYTES + valid.key.len(),
+            valid.value.len(),
+            valid.version,
+        );
+        Ok(Some(Versioned {
+            value: Bytes::from(block).slice(start..start + value_len),
+            version,
+        }))
     }
 
     /// The version of `key`, for compare-and-swap.
@@ -216,20 +239,6 @@ impl RegionWriter {
             .map(|f| f.header.version))
     }
 
-    fn block_offset(&self, slot: Slot) -> u64 {
-        self.layout.data_offset + slot.offset_units * UNIT_BYTES
-    }
-
-    /// Reads bytes at any offset by copying the enclosing aligned words.
-    fn read_unaligned(&self, offset: u64, dst: &mut [u8]) -> Result<(), RegionError> {
-        let aligned = offset & !7;
-        let skip = (offset - aligned) as usize;
-        let mut words = vec![0u8; skip + dst.len()];
-        self.memory.read_bytes(aligned, &mut words)?;
-        dst.copy_from_slice(&words[skip..]);
-        Ok(())
-    }
-
     /// The key's slot and block header. A miss verifies every slot of the
     /// neighbourhood, so a corrupted slot is reported instead of a duplicate
     /// being inserted beside it.
@@ -240,8 +249,7 @@ impl RegionWriter {
         self.memory.read_words(start, words, Ordering::Relaxed)?;
         for (position, slot) in neighbourhood_slots(words, hash.fingerprint) {
             let slot = slot?;
-            slot.block_range(self.layout.data_bytes)?;
-            let block = self.block_offset(slot);
+            let (block, _) = self.layout.block_range(slot)?;
             let mut head = [0u8; BLOCK_HEADER_BYTES];
             self.memory.read_bytes(block, &mut head)?;
             let header = BlockHeader::decode(
@@ -381,7 +389,8 @@ impl RegionWriter {
     }
 
     /// `Some(deadline)` while leader with a lease; `None` clears the flag (on
-    /// step-down, at once).
+    /// step-down, at once). The word 0 means "not leader", so a deadline of 0
+    /// (the epoch, long past) is published as 1: equally expired.
     pub fn publish_lease(&self, deadline_unix_us: Option<u64>) -> Result<(), RegionError> {
         self.memory.store_u64(
             dynamic_word::LEADER_LEASE,
