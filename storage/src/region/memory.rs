@@ -133,9 +133,16 @@ impl RegionMemory {
     /// rounded up to 8 bytes (still inside the mapping).
     pub fn read_bytes(&self, offset: u64, dst: &mut [u8]) -> Result<(), RegionError> {
         let words = self.words(offset, dst.len())?;
-        for (chunk, word) in dst.chunks_mut(WORD).zip(words) {
+        let mut chunks = dst.chunks_exact_mut(WORD);
+        let mut words = words.iter();
+        // Whole words as fixed-size copies (no memcpy call per word), then the tail.
+        for (chunk, word) in (&mut chunks).zip(&mut words) {
+            chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_ne_bytes());
+        }
+        let tail = chunks.into_remainder();
+        if let Some(word) = words.next() {
             let bytes = word.load(Ordering::Relaxed).to_ne_bytes();
-            chunk.copy_from_slice(&bytes[..chunk.len()]);
+            tail.copy_from_slice(&bytes[..tail.len()]);
         }
         Ok(())
     }
