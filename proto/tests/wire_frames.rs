@@ -304,6 +304,9 @@ fn enum_indices_are_pinned() {
     assert_eq!(enc(&ErrorCode::TooManyInFlight), [12]);
     assert_eq!(enc(&ErrorCode::Internal), [14]);
     assert_eq!(enc(&ErrorCode::Unknown), [15]);
+    assert_eq!(enc(&ErrorCode::NotFound), [16]);
+    assert_eq!(enc(&ErrorCode::InvalidRequest), [17]);
+    assert_eq!(enc(&Request::Status), [7]);
     assert_eq!(enc(&Consistency::default()), [1]);
     assert_eq!(
         postcard::from_bytes::<ErrorCode>(&[100]),

@@ -8,6 +8,7 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use super::admin::{Health, MemberInfo, NodeStatus, SnapshotChunk};
 use super::batch::bounded_vec;
 
 /// How fresh a read must be.
@@ -64,6 +65,32 @@ pub enum Request {
     },
     /// Answered with [`Response::Pong`]; for liveness checks and latency probes.
     Ping,
+    /// Answered with [`Response::Status`] by any node (no leader needed).
+    Status,
+    /// Answered with [`Response::Health`] by any node.
+    Health,
+    /// Answered with [`Response::Members`] (the configuration this node knows).
+    Members,
+    /// Adds a node (as learner when `learner`, else learner then voter once it
+    /// has caught up). Leader only; answered with [`Response::Members`].
+    AddMember {
+        id: u64,
+        peer_addr: String,
+        client_addr: String,
+        learner: bool,
+    },
+    /// Makes a learner a voter. Leader only; answered with [`Response::Members`].
+    PromoteMember { id: u64 },
+    /// Removes a node from the configuration. Leader only; answered with
+    /// [`Response::Members`].
+    RemoveMember { id: u64 },
+    /// Transfers leadership to `to`. Leader only; answered with [`Response::Done`]
+    /// once `to` leads.
+    MoveLeader { to: u64 },
+    /// Reads `max_bytes` of the node's current snapshot from `offset` (a
+    /// snapshot is built if the node has none); answered with
+    /// [`Response::Snapshot`].
+    SnapshotRead { offset: u64, max_bytes: u32 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,6 +126,11 @@ pub enum Response {
     },
     Pong,
     Error(ErrorReply),
+    Status(Box<NodeStatus>),
+    Health(Health),
+    Members(Vec<MemberInfo>),
+    Done,
+    Snapshot(SnapshotChunk),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -149,9 +181,12 @@ pub struct LeaderHint {
     pub client_addr: String,
 }
 
-/// Machine-readable error class. Append-only (see the module docs), and variants
-/// must stay fieldless so that [`ErrorCode::Unknown`] can absorb future ones.
+/// Machine-readable error class. On the wire it is its number (a varint, the
+/// same bytes postcard gives an enum variant); numbers are never reused, new
+/// codes get new numbers, and a number this build does not know decodes as
+/// [`ErrorCode::Unknown`] instead of failing the whole response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(into = "u32", from = "u32")]
 pub enum ErrorCode {
     /// This node is not the leader; see `leader_hint`. Safe to retry there.
     NotLeader,
@@ -176,11 +211,52 @@ pub enum ErrorCode {
     TooManyInFlight,
     UnsupportedVersion,
     Internal,
-    /// A code added by a newer peer; treat it like `Internal`. Because postcard
-    /// identifies variants by index, any index this build does not know decodes
-    /// here instead of failing the whole response.
-    #[serde(other)]
+    /// A code added by a newer peer; treat it like `Internal`.
     Unknown,
+    /// An admin request named something that does not exist (e.g. a member id).
+    NotFound,
+    /// An admin request that cannot be done in the cluster's current state.
+    InvalidRequest,
+}
+
+/// The wire numbers, in one table so that they cannot drift apart.
+const ERROR_CODES: [ErrorCode; 18] = [
+    ErrorCode::NotLeader,
+    ErrorCode::KeyTooLarge,
+    ErrorCode::ValueTooLarge,
+    ErrorCode::BatchTooLarge,
+    ErrorCode::EmptyBatch,
+    ErrorCode::FrameTooLarge,
+    ErrorCode::RegionFull,
+    ErrorCode::Unauthenticated,
+    ErrorCode::Unavailable,
+    ErrorCode::Timeout,
+    ErrorCode::StaleFollower,
+    ErrorCode::Malformed,
+    ErrorCode::TooManyInFlight,
+    ErrorCode::UnsupportedVersion,
+    ErrorCode::Internal,
+    ErrorCode::Unknown,
+    ErrorCode::NotFound,
+    ErrorCode::InvalidRequest,
+];
+
+impl From<ErrorCode> for u32 {
+    fn from(code: ErrorCode) -> u32 {
+        ERROR_CODES
+            .iter()
+            .position(|&c| c == code)
+            .map_or(15, |i| i as u32)
+    }
+}
+
+impl From<u32> for ErrorCode {
+    fn from(number: u32) -> ErrorCode {
+        usize::try_from(number)
+            .ok()
+            .and_then(|i| ERROR_CODES.get(i).copied())
+            .unwrap_or(ErrorCode::Unknown)
+    }
 }
 
 impl ErrorCode {

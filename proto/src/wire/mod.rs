@@ -11,6 +11,7 @@
 //! the stream is desynchronised and the connection must close; a payload or
 //! [`Limits`] error is answered with an [`ErrorReply`] for that request id.
 
+pub mod admin;
 mod batch;
 pub mod error;
 pub mod frame;
@@ -18,6 +19,7 @@ pub mod handshake;
 pub mod limits;
 pub mod message;
 
+pub use admin::{Health, MemberInfo, NodeStatus, RegionFill, ReplicationLag, Role, SnapshotChunk};
 pub use batch::HARD_MAX_BATCH_ENTRIES;
 pub use error::{LimitError, LimitsConfigError, WireError};
 pub use frame::{

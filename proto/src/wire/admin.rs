@@ -1,0 +1,84 @@
+//! Admin and status messages (etcdctl-style operations of `rdkvctl`). Plain
+//! data, independent of the Raft library's types, so clients need no Raft
+//! dependency. Append-only like every message type (see `message`).
+
+use serde::{Deserialize, Serialize};
+
+/// A node's Raft role as its own metrics report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Role {
+    Leader,
+    Follower,
+    Candidate,
+    Learner,
+    Shutdown,
+}
+
+/// One member of the cluster configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct MemberInfo {
+    pub id: u64,
+    pub peer_addr: String,
+    pub client_addr: String,
+    /// `false`: a learner (receives the log, does not vote).
+    pub voter: bool,
+}
+
+/// How full a node's region is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionFill {
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+    pub pending_reclaim_bytes: u64,
+    pub live_keys: u64,
+}
+
+/// One follower's replication progress, as the leader sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicationLag {
+    pub id: u64,
+    /// Highest log index known to be on that follower (`None`: nothing yet).
+    pub matched_index: Option<u64>,
+    /// Leader's last log index minus `matched_index`.
+    pub lag_entries: u64,
+}
+
+/// What `endpoint status` shows for one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    pub id: u64,
+    pub client_addr: String,
+    pub peer_addr: String,
+    pub role: Role,
+    pub term: u64,
+    pub leader_id: Option<u64>,
+    pub leader_client_addr: Option<String>,
+    pub last_log_index: u64,
+    pub commit_index: u64,
+    pub applied_index: u64,
+    pub snapshot_index: u64,
+    pub region: RegionFill,
+    pub members: Vec<MemberInfo>,
+    /// Filled on the leader only.
+    pub replication: Vec<ReplicationLag>,
+}
+
+/// A node's answer to "are you healthy?": healthy when it knows a leader and
+/// has applied everything it knows to be committed (within a bound).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    pub healthy: bool,
+    /// Why not, when not healthy; empty otherwise.
+    pub reason: String,
+}
+
+/// One piece of the node's current snapshot (`rdkvctl snapshot save`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotChunk {
+    /// Log index the snapshot covers; a client that sees it change between
+    /// chunks must start over.
+    pub last_log_index: u64,
+    pub total_bytes: u64,
+    pub offset: u64,
+    pub data: bytes::Bytes,
+}
