@@ -1,10 +1,11 @@
 //! rdkv-storage: the region engine (index, block allocator, grace-period
-//! reclamation, lock-free reader). The durable Raft log and snapshots join it
-//! in later work.
+//! reclamation, lock-free reader), the Raft types, the durable Raft log and
+//! the state machine with its snapshots.
 
 #[cfg(target_endian = "big")]
 compile_error!("rdkv regions are little-endian; big-endian targets are not supported");
 
+pub mod raft;
 pub mod region;
 
 pub use rdkv_proto::wire::Versioned;

@@ -1,0 +1,1 @@
+//! rdkv client library.

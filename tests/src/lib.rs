@@ -1,0 +1,1 @@
+//! Test harness: starts real rdkv-server processes.
