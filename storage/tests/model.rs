@@ -52,7 +52,7 @@ fn config(tiny_index: bool) -> RegionConfig {
 fn key_bytes(key: u8) -> Vec<u8> {
     // Every fifth key is long, so blocks of one key span several size classes.
     let mut k = format!("key-{key:03}").into_bytes();
-    if key % 5 == 0 {
+    if key.is_multiple_of(5) {
         k.resize(200 + usize::from(key), b'x');
     }
     k

@@ -83,7 +83,7 @@ fn run(grace_period_us: u64, abandon_after_us: Option<u64>) -> Outcome {
             while !stop.load(Ordering::Relaxed) {
                 version += 1;
                 let k = version % HOT_KEYS;
-                let result = if version % 7 == 0 {
+                let result = if version.is_multiple_of(7) {
                     writer.delete(&key(k)).map(drop)
                 } else {
                     writer.put(&key(k), &value(k, version), version).map(drop)

@@ -148,14 +148,14 @@ impl RegionLayout {
             .checked_mul(BUCKET_BYTES)
             .and_then(|b| b.checked_add(self.index_offset))
             .ok_or(Geometry("index too large"))?;
-        if self.data_offset < index_end || self.data_offset % DATA_ALIGN_BYTES != 0 {
+        if self.data_offset < index_end || !self.data_offset.is_multiple_of(DATA_ALIGN_BYTES) {
             return Err(Geometry("data area overlaps the index or is unaligned"));
         }
         let data_end = self
             .data_offset
             .checked_add(self.data_bytes)
             .ok_or(Geometry("data area too large"))?;
-        if data_end > self.region_bytes || self.data_bytes % UNIT_BYTES != 0 {
+        if data_end > self.region_bytes || !self.data_bytes.is_multiple_of(UNIT_BYTES) {
             return Err(Geometry("data area outside the region"));
         }
         if self.data_bytes / UNIT_BYTES > MAX_DATA_UNITS {

@@ -159,11 +159,10 @@ mod tests {
 
         #[test]
         fn arbitrary_words_never_panic(raw in any::<u64>(), data_bytes in any::<u64>()) {
-            if let Ok(Some(slot)) = Slot::decode(raw) {
-                if let Ok((start, len)) = slot.block_range(data_bytes) {
+            if let Ok(Some(slot)) = Slot::decode(raw)
+                && let Ok((start, len)) = slot.block_range(data_bytes) {
                     prop_assert!(start + len <= data_bytes);
                 }
-            }
         }
     }
 

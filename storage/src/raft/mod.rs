@@ -4,5 +4,6 @@
 pub mod types;
 
 pub use types::{
-    Command, CommandResult, Entry, LogId, NodeAddr, SnapshotMeta, StoredMembership, TypeConfig, Vote,
+    Command, CommandResult, Entry, LogId, NodeAddr, SnapshotMeta, StoredMembership, TypeConfig,
+    Vote,
 };

@@ -36,7 +36,12 @@ impl fmt::Display for Command {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Command::Put { key, value } => {
-                write!(f, "put {} bytes key, {} bytes value", key.len(), value.len())
+                write!(
+                    f,
+                    "put {} bytes key, {} bytes value",
+                    key.len(),
+                    value.len()
+                )
             }
             Command::Delete { key } => write!(f, "delete {} bytes key", key.len()),
             Command::Cas { key, .. } => write!(f, "cas {} bytes key", key.len()),

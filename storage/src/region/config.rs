@@ -54,7 +54,7 @@ pub fn random_seed() -> HashSeed {
 
 impl RegionConfig {
     pub fn layout(&self) -> Result<RegionLayout, RegionError> {
-        if self.region_bytes == 0 || self.region_bytes % PAGE_BYTES != 0 {
+        if self.region_bytes == 0 || !self.region_bytes.is_multiple_of(PAGE_BYTES) {
             return Err(RegionError::Config(format!(
                 "region_bytes {} must be a non-zero multiple of {PAGE_BYTES}",
                 self.region_bytes

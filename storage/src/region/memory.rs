@@ -41,7 +41,7 @@ impl std::fmt::Debug for RegionMemory {
 impl RegionMemory {
     /// Maps `len_bytes` of zeroed anonymous memory (page aligned by mmap).
     pub fn anonymous(len_bytes: usize) -> io::Result<RegionMemory> {
-        if len_bytes == 0 || len_bytes % WORD != 0 {
+        if len_bytes == 0 || !len_bytes.is_multiple_of(WORD) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "region length must be a non-zero multiple of 8",
