@@ -6,6 +6,7 @@
 compile_error!("rdkv regions are little-endian; big-endian targets are not supported");
 
 pub mod raft;
+pub mod record;
 pub mod region;
 
 pub use rdkv_proto::wire::Versioned;
