@@ -8,6 +8,7 @@ compile_error!("rdkv regions are little-endian; big-endian targets are not suppo
 pub mod raft;
 pub mod record;
 pub mod region;
+pub mod state_machine;
 
 pub use rdkv_proto::wire::Versioned;
 pub use region::{

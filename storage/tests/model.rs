@@ -158,6 +158,15 @@ fn run_case(tiny_index: bool, ops: &[Op], events: &Events) -> Result<(), TestCas
             .map(|v| (v.value.to_vec(), v.version));
         prop_assert_eq!(got, model.get(&key).cloned());
     }
+    // A full scan (what snapshots use) sees exactly the model.
+    let mut scanned = HashMap::new();
+    writer
+        .for_each_live(|key, value, version| {
+            scanned.insert(key.to_vec(), (value.to_vec(), version));
+            Ok(())
+        })
+        .unwrap();
+    prop_assert_eq!(&scanned, &model);
     // Delete everything, wait out the grace period: all space comes back as
     // one extent (no leak, full coalescing).
     let keys: Vec<_> = model.keys().cloned().collect();

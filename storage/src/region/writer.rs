@@ -327,6 +327,33 @@ impl RegionWriter {
         debug_assert!(freed.is_ok(), "allocator bookkeeping broken: {freed:?}");
     }
 
+    /// Calls `f(key, value, version)` for every live pair, in index order,
+    /// validating each block (a corrupt one stops the scan with its error).
+    /// Snapshots are built with this.
+    pub fn for_each_live(
+        &self,
+        mut f: impl FnMut(&[u8], &[u8], u64) -> Result<(), RegionError>,
+    ) -> Result<(), RegionError> {
+        let mut block = Vec::new();
+        let slots_end = self.layout.index_offset + self.layout.slot_count() * SLOT_BYTES;
+        for slot_offset in (self.layout.index_offset..slots_end).step_by(SLOT_BYTES as usize) {
+            let Some(slot) = Slot::decode(self.memory.load_u64(slot_offset, Ordering::Relaxed)?)?
+            else {
+                continue;
+            };
+            let (offset, len) = self.layout.block_range(slot)?;
+            block.resize(len as usize, 0);
+            self.memory.read_bytes(offset, &mut block)?;
+            let valid = BlockRef::validate(
+                &block,
+                self.layout.max_key_bytes,
+                self.layout.max_value_bytes,
+            )?;
+            f(valid.key, valid.value, valid.version)?;
+        }
+        Ok(())
+    }
+
     /// Returns blocks whose grace period has passed to the allocator.
     pub fn reclaim(&mut self) -> u64 {
         let now_us = self.clock.now_us();

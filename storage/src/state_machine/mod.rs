@@ -1,0 +1,398 @@
+//! The Raft state machine: committed entries are applied to the region (the
+//! only writer of the region is this apply loop: invariant 4), snapshots are
+//! built from the region's live pairs and installed by rebuilding a region.
+//!
+//! The region lives in memory only. After a restart the state machine starts
+//! from the newest persisted snapshot and openraft re-applies the log from
+//! there up to the committed index the log store saved.
+
+mod apply;
+pub mod snapshot;
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures::{Stream, TryStreamExt};
+use openraft::alias::SnapshotOf;
+use openraft::storage::EntryResponder;
+use openraft::storage::RaftStateMachine;
+use openraft::{OptionalSend, RaftSnapshotBuilder};
+use rdkv_proto::wire::Versioned;
+use thiserror::Error;
+
+use crate::raft::{CommandResult, LogId, SnapshotMeta, StoredMembership, TypeConfig};
+use crate::region::{
+    Clock, MonotonicClock, ReadError, ReaderOptions, RegionConfig, RegionError, RegionReader,
+    RegionStats, RegionWriter, random_seed,
+};
+use apply::{Applied, apply_entry};
+use snapshot::{SnapshotError, SnapshotWriter};
+
+pub type SnapshotData = Bytes;
+pub type Snapshot = SnapshotOf<TypeConfig, SnapshotData>;
+
+#[derive(Debug, Clone)]
+pub struct StateMachineConfig {
+    /// Template for every region this state machine creates (epochs and hash
+    /// seeds are chosen per region).
+    pub region: RegionConfig,
+    /// Where snapshots are persisted.
+    pub snapshot_dir: PathBuf,
+    /// How long an apply waits for blocks in their grace period when the
+    /// region is full, before reporting the write as failed.
+    pub region_full_wait_ms: u64,
+}
+
+#[derive(Debug, Error)]
+pub enum StateMachineError {
+    #[error("region: {0}")]
+    Region(#[from] RegionError),
+    #[error("region read: {0}")]
+    Read(#[from] ReadError),
+    #[error("snapshot: {0}")]
+    Snapshot(#[from] SnapshotError),
+    #[error("snapshot encoding: {0}")]
+    Encode(#[from] postcard::Error),
+}
+
+impl From<StateMachineError> for io::Error {
+    fn from(error: StateMachineError) -> io::Error {
+        io::Error::other(error)
+    }
+}
+
+#[derive(Debug)]
+struct State {
+    writer: RegionWriter,
+    last_applied: Option<LogId>,
+    last_membership: StoredMembership,
+    snapshot: Option<(SnapshotMeta, SnapshotData)>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    /// The current region's reader; replaced when a snapshot installs a new region.
+    reader: RwLock<RegionReader>,
+    applied_index: AtomicU64,
+    config: StateMachineConfig,
+    clock: Arc<dyn Clock>,
+}
+
+/// A cheap-clone handle: openraft owns one, the server keeps others for reads.
+#[derive(Debug, Clone)]
+pub struct RegionStateMachine {
+    shared: Arc<Shared>,
+}
+
+pub(crate) fn unix_now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+fn new_region(
+    config: &StateMachineConfig,
+    clock: &Arc<dyn Clock>,
+    epoch: u64,
+) -> Result<RegionWriter, RegionError> {
+    let region = RegionConfig {
+        region_epoch: epoch,
+        hash_seed: random_seed(),
+        ..config.region.clone()
+    };
+    RegionWriter::create(&region, Arc::clone(clock))
+}
+
+/// Max bytes of one snapshot record: a maximal pair plus framing slack.
+fn max_snapshot_record_bytes(region: &RegionConfig) -> u64 {
+    u64::from(region.max_key_bytes) + u64::from(region.max_value_bytes) + 4096
+}
+
+impl RegionStateMachine {
+    /// Creates the region and loads the newest persisted snapshot, if any.
+    pub fn open(config: StateMachineConfig) -> Result<RegionStateMachine, StateMachineError> {
+        let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+        let (writer, meta, data) = match snapshot::load_latest(&config.snapshot_dir)? {
+            Some(bytes) => {
+                let (writer, meta) = load_region(&config, &clock, 1, &bytes)?;
+                (writer, Some(meta), Some(Bytes::from(bytes)))
+            }
+            None => (new_region(&config, &clock, 1)?, None, None),
+        };
+        let reader = writer.reader(ReaderOptions::for_layout(writer.layout()))?;
+        let last_applied = meta.as_ref().and_then(|m| m.last_log_id);
+        let last_membership = meta
+            .as_ref()
+            .map(|m| m.last_membership.clone())
+            .unwrap_or_default();
+        if let Some(log_id) = last_applied {
+            writer.publish_applied(log_id.index, unix_now_us())?;
+        }
+        Ok(RegionStateMachine {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    writer,
+                    last_applied,
+                    last_membership,
+                    snapshot: meta.zip(data),
+                }),
+                reader: RwLock::new(reader),
+                applied_index: AtomicU64::new(last_applied.map_or(0, |l| l.index)),
+                config,
+                clock,
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves a half-applied entry: the
+        // region itself is still consistent (every change is one atomic
+        // publication), so continuing is safe.
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A lock-free reader of the current region (cheap to clone).
+    pub fn reader(&self) -> RegionReader {
+        self.shared
+            .reader
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Reads a key from this replica's region: lock-free, with the locked
+    /// writer's view as the fallback when validation keeps failing.
+    pub fn get_local(&self, key: &[u8]) -> Result<Option<Versioned>, StateMachineError> {
+        match self.reader().get(key) {
+            Ok(found) => Ok(found),
+            Err(ReadError::Exhausted { .. }) => Ok(self.lock().writer.get(key)?),
+            Err(other) => Err(other.into()),
+        }
+    }
+
+    pub fn applied_index(&self) -> u64 {
+        self.shared.applied_index.load(Ordering::Acquire)
+    }
+
+    pub fn region_stats(&self) -> RegionStats {
+        self.lock().writer.stats()
+    }
+
+    /// Publishes the Raft term and the leader lease in the region header.
+    pub fn publish_leadership(
+        &self,
+        term: u64,
+        lease_deadline_unix_us: Option<u64>,
+    ) -> Result<(), StateMachineError> {
+        let state = self.lock();
+        state.writer.publish_term(term)?;
+        state.writer.publish_lease(lease_deadline_unix_us)?;
+        Ok(())
+    }
+
+    /// The current snapshot, building one if there is none yet.
+    pub async fn snapshot_bytes(&self) -> Result<(SnapshotMeta, SnapshotData), StateMachineError> {
+        if let Some(current) = self.lock().snapshot.clone() {
+            return Ok(current);
+        }
+        let built = self.build().await?;
+        Ok((built.meta, built.snapshot))
+    }
+
+    async fn build(&self) -> Result<Snapshot, StateMachineError> {
+        let (meta, bytes) = {
+            let state = self.lock();
+            let meta = SnapshotMeta {
+                last_log_id: state.last_applied,
+                last_membership: state.last_membership.clone(),
+            };
+            let mut writer = SnapshotWriter::new(&meta)?;
+            let mut encode_error = None;
+            state.writer.for_each_live(|key, value, version| {
+                if let Err(e) = writer.pair(key, value, version) {
+                    encode_error.get_or_insert(e);
+                }
+                Ok(())
+            })?;
+            if let Some(e) = encode_error {
+                return Err(e.into());
+            }
+            (meta, Bytes::from(writer.finish()?))
+        };
+        self.persist(&meta, &bytes).await?;
+        self.lock().snapshot = Some((meta.clone(), bytes.clone()));
+        Ok(Snapshot {
+            meta,
+            snapshot: bytes,
+        })
+    }
+
+    async fn persist(&self, meta: &SnapshotMeta, bytes: &Bytes) -> Result<(), StateMachineError> {
+        let dir = self.shared.config.snapshot_dir.clone();
+        let index = meta.last_log_id.map_or(0, |l| l.index);
+        let bytes = bytes.clone();
+        tokio::task::spawn_blocking(move || snapshot::persist(&dir, index, &bytes))
+            .await
+            .map_err(|e| SnapshotError::Io {
+                path: PathBuf::new(),
+                source: io::Error::other(e),
+            })??;
+        Ok(())
+    }
+}
+
+/// Builds a fresh region from snapshot bytes, validating all of it first.
+fn load_region(
+    config: &StateMachineConfig,
+    clock: &Arc<dyn Clock>,
+    epoch: u64,
+    bytes: &[u8],
+) -> Result<(RegionWriter, SnapshotMeta), StateMachineError> {
+    let mut writer = new_region(config, clock, epoch)?;
+    let mut region_error = None;
+    let meta = snapshot::read_snapshot(
+        bytes,
+        max_snapshot_record_bytes(&config.region),
+        |key, value, version| {
+            if let Err(e) = writer.put(key, value, version) {
+                region_error.get_or_insert(e);
+            }
+            Ok(())
+        },
+    )?;
+    if let Some(e) = region_error {
+        return Err(e.into());
+    }
+    Ok((writer, meta))
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for RegionStateMachine {
+    type SnapshotData = SnapshotData;
+
+    async fn build_snapshot(&mut self) -> Result<Snapshot, io::Error> {
+        Ok(self.build().await?)
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for RegionStateMachine {
+    type SnapshotData = SnapshotData;
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
+        let state = self.lock();
+        Ok((state.last_applied, state.last_membership.clone()))
+    }
+
+    async fn apply<S>(&mut self, mut entries: S) -> Result<(), io::Error>
+    where
+        S: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
+    {
+        let wait_budget = Duration::from_millis(self.shared.config.region_full_wait_ms);
+        while let Some((entry, responder)) = entries.try_next().await? {
+            let mut resume_at = 0;
+            let mut waited = Duration::ZERO;
+            let result = loop {
+                let applied = {
+                    let mut state = self.lock();
+                    apply_entry(&mut state, &entry, resume_at, waited >= wait_budget)
+                };
+                match applied {
+                    Applied::Done(result) => break result,
+                    // Full, but blocks come back once their grace period ends:
+                    // waiting keeps replicas from diverging on a transient full.
+                    Applied::WaitForReclaim { at_us, next_pair } => {
+                        let pause = Duration::from_micros(
+                            at_us.saturating_sub(self.shared.clock.now_us()).max(100),
+                        )
+                        .min(wait_budget.saturating_sub(waited));
+                        tokio::time::sleep(pause).await;
+                        waited += pause;
+                        resume_at = next_pair;
+                    }
+                }
+            };
+            {
+                let mut state = self.lock();
+                state.last_applied = Some(entry.log_id);
+                state
+                    .writer
+                    .publish_applied(entry.log_id.index, unix_now_us())
+                    .map_err(StateMachineError::from)?;
+            }
+            self.shared
+                .applied_index
+                .store(entry.log_id.index, Ordering::Release);
+            if let Some(responder) = responder {
+                responder.send(result);
+            }
+        }
+        Ok(())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: SnapshotData,
+    ) -> Result<(), io::Error> {
+        let epoch = self.lock().writer.layout().region_epoch + 1;
+        let (writer, stored_meta) =
+            load_region(&self.shared.config, &self.shared.clock, epoch, &snapshot)?;
+        if stored_meta.last_log_id != meta.last_log_id {
+            return Err(io::Error::other(
+                "snapshot bytes describe a different log position than their meta",
+            ));
+        }
+        self.persist(meta, &snapshot).await?;
+        let reader = writer
+            .reader(ReaderOptions::for_layout(writer.layout()))
+            .map_err(StateMachineError::from)?;
+        let index = meta.last_log_id.map_or(0, |l| l.index);
+        writer
+            .publish_applied(index, unix_now_us())
+            .map_err(StateMachineError::from)?;
+        let old = {
+            let mut state = self.lock();
+            let old = std::mem::replace(&mut state.writer, writer);
+            state.last_applied = meta.last_log_id;
+            state.last_membership = meta.last_membership.clone();
+            state.snapshot = Some((meta.clone(), snapshot));
+            old
+        };
+        *self
+            .shared
+            .reader
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = reader;
+        self.shared.applied_index.store(index, Ordering::Release);
+        // Remote readers holding the old region see it retired and re-attach.
+        old.retire_region().map_err(StateMachineError::from)?;
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, io::Error> {
+        Ok(self
+            .lock()
+            .snapshot
+            .clone()
+            .map(|(meta, snapshot)| Snapshot { meta, snapshot }))
+    }
+}
+
+impl CommandResult {
+    /// Whether this result reports a failure to apply on this replica.
+    pub fn is_failure(&self) -> bool {
+        matches!(self, CommandResult::Failed { .. })
+    }
+}
