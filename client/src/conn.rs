@@ -1,0 +1,456 @@
+//! One pipelined connection to one server.
+//!
+//! A writer task drains a queue of encoded frames (coalescing what is queued into
+//! one `write_all`); a reader task decodes response frames and completes the
+//! waiting call through a map `request_id -> oneshot`. A semaphore sized by the
+//! server's `max_in_flight` bounds the requests outstanding: a call holds its
+//! credit until the server has answered (even when the caller stopped waiting),
+//! so the server never sees more than it allowed.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use bytes::{Bytes, BytesMut};
+use rdkv_proto::wire::{
+    ClientHello, DEFAULT_MAX_FRAME_BYTES, Frame, FrameDecoder, FrameKind, Request, Response,
+    ServerHello, WireError, decode_payload, encode_frame,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, timeout_at};
+
+use crate::error::Error;
+
+/// Bytes the writer coalesces into one write.
+const MAX_COALESCE_BYTES: usize = 256 * 1024;
+/// Spare room kept in the read buffer before each read.
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// What the server told us in its `ServerHello::Accepted`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ServerInfo {
+    pub version: u16,
+    pub node_id: u64,
+    pub cluster_id: u64,
+    pub max_frame_bytes: u32,
+    pub max_in_flight: u32,
+}
+
+/// Why a call on a connection did not produce a response.
+#[derive(Debug)]
+pub(crate) enum CallError {
+    /// The request never left this process (no credit before the deadline, the
+    /// connection was already closed, or it was still queued when it broke).
+    NotSent {
+        reason: String,
+        timed_out: bool,
+    },
+    /// The request may have reached the server; no reply will come.
+    Lost {
+        reason: String,
+    },
+    /// The request was sent and the deadline passed before its reply.
+    TimedOut,
+    /// The request could not be encoded (never sent) or the reply not decoded.
+    Encode(WireError),
+    Decode(WireError),
+}
+
+type Reply = Result<Frame, Failure>;
+
+#[derive(Debug)]
+enum Failure {
+    NotSent(String),
+    Lost(String),
+}
+
+#[derive(Debug)]
+struct Pending {
+    /// `None` once the caller gave up; the entry (and its credit) stays until the
+    /// server answers or the connection closes.
+    reply: Option<oneshot::Sender<Reply>>,
+    _credit: OwnedSemaphorePermit,
+}
+
+#[derive(Debug, Default)]
+struct PendingMap {
+    closed: Option<String>,
+    entries: HashMap<u64, Pending>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    addr: String,
+    pending: Mutex<PendingMap>,
+    credits: Arc<Semaphore>,
+    closed: AtomicBool,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, PendingMap> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Marks the connection dead and fails every outstanding call. Idempotent.
+    fn close(&self, reason: String) {
+        let entries = {
+            let mut map = self.lock();
+            if map.closed.is_some() {
+                return;
+            }
+            tracing::debug!(addr = %self.addr, %reason, "connection closed");
+            map.closed = Some(reason.clone());
+            self.closed.store(true, Ordering::Release);
+            std::mem::take(&mut map.entries)
+        };
+        self.credits.close();
+        for (_, pending) in entries {
+            if let Some(reply) = pending.reply {
+                let _ = reply.send(Err(Failure::Lost(reason.clone())));
+            }
+        }
+    }
+
+    /// Completes the call waiting for `frame.request_id`.
+    fn dispatch(&self, frame: Frame) {
+        let entry = self.lock().entries.remove(&frame.request_id);
+        match entry {
+            Some(Pending {
+                reply: Some(reply), ..
+            }) => {
+                let _ = reply.send(Ok(frame));
+            }
+            // The caller gave up (timeout or cancellation); dropping the entry
+            // returns its credit.
+            Some(Pending { reply: None, .. }) => {}
+            None => tracing::warn!(
+                addr = %self.addr,
+                request_id = frame.request_id,
+                "response for an unknown request id ignored"
+            ),
+        }
+    }
+
+    /// Fails a request that was still queued when the writer stopped.
+    fn fail_unsent(&self, request_id: u64, reason: &str) {
+        let entry = self.lock().entries.remove(&request_id);
+        if let Some(Pending {
+            reply: Some(reply), ..
+        }) = entry
+        {
+            let _ = reply.send(Err(Failure::NotSent(reason.to_owned())));
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Outgoing {
+    request_id: u64,
+    frame: Bytes,
+}
+
+/// A live, handshaken connection. Dropping it stops its tasks.
+#[derive(Debug)]
+pub(crate) struct Connection {
+    info: ServerInfo,
+    shared: Arc<Shared>,
+    queue: mpsc::UnboundedSender<Outgoing>,
+    next_id: AtomicU64,
+    reader: JoinHandle<()>,
+    writer: JoinHandle<()>,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.reader.abort();
+        self.writer.abort();
+    }
+}
+
+impl Connection {
+    /// Connects to `addr` and performs the handshake, both before `deadline`.
+    pub(crate) async fn open(
+        addr: &str,
+        hello: &ClientHello,
+        deadline: Instant,
+    ) -> Result<Self, Error> {
+        let connect_err = |source: io::Error| Error::Connect {
+            addr: addr.to_owned(),
+            source,
+        };
+        let timed_out = || io::Error::new(io::ErrorKind::TimedOut, "connect timed out");
+        let stream = timeout_at(deadline, TcpStream::connect(addr))
+            .await
+            .map_err(|_| connect_err(timed_out()))?
+            .map_err(connect_err)?;
+        stream.set_nodelay(true).map_err(connect_err)?;
+        let (mut rd, mut wr) = stream.into_split();
+
+        let mut out = BytesMut::new();
+        encode_frame(
+            FrameKind::ClientHello,
+            0,
+            hello,
+            DEFAULT_MAX_FRAME_BYTES,
+            &mut out,
+        )?;
+        let mut decoder = FrameDecoder::new(DEFAULT_MAX_FRAME_BYTES);
+        let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
+        let frame = timeout_at(deadline, async {
+            wr.write_all(&out).await.map_err(connect_err)?;
+            loop {
+                if let Some(frame) = decoder.decode(&mut buf)? {
+                    return Ok::<_, Error>(frame);
+                }
+                buf.reserve(READ_CHUNK_BYTES);
+                let n = rd.read_buf(&mut buf).await.map_err(connect_err)?;
+                if n == 0 {
+                    return Err(connect_err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "connection closed during the handshake",
+                    )));
+                }
+            }
+        })
+        .await
+        .map_err(|_| connect_err(timed_out()))??;
+        frame.expect_kind(FrameKind::ServerHello)?;
+        let info = match decode_payload::<ServerHello>(&frame)? {
+            ServerHello::Accepted {
+                version,
+                node_id,
+                cluster_id,
+                max_frame_bytes,
+                max_in_flight,
+            } => ServerInfo {
+                version,
+                node_id,
+                cluster_id,
+                max_frame_bytes,
+                max_in_flight,
+            },
+            ServerHello::Rejected { code, message } => {
+                return Err(Error::Handshake {
+                    addr: addr.to_owned(),
+                    code,
+                    message,
+                });
+            }
+        };
+        if info.max_in_flight == 0 || info.max_frame_bytes < rdkv_proto::wire::MIN_BODY_BYTES {
+            return Err(Error::Handshake {
+                addr: addr.to_owned(),
+                code: rdkv_proto::wire::ErrorCode::Malformed,
+                message: format!(
+                    "server advertised max_in_flight = {}, max_frame_bytes = {}",
+                    info.max_in_flight, info.max_frame_bytes
+                ),
+            });
+        }
+        tracing::debug!(%addr, node_id = info.node_id, max_in_flight = info.max_in_flight, "connected");
+
+        let permits = usize::try_from(info.max_in_flight)
+            .unwrap_or(usize::MAX)
+            .min(Semaphore::MAX_PERMITS);
+        let shared = Arc::new(Shared {
+            addr: addr.to_owned(),
+            pending: Mutex::new(PendingMap::default()),
+            credits: Arc::new(Semaphore::new(permits)),
+            closed: AtomicBool::new(false),
+        });
+        // Replies may be as large as anything the server accepts, and never smaller
+        // than the protocol default.
+        let decoder = FrameDecoder::new(info.max_frame_bytes.max(DEFAULT_MAX_FRAME_BYTES));
+        let (queue, rx) = mpsc::unbounded_channel();
+        let reader = tokio::spawn(read_loop(rd, buf, decoder, Arc::clone(&shared)));
+        let writer = tokio::spawn(write_loop(wr, rx, Arc::clone(&shared)));
+        Ok(Self {
+            info,
+            shared,
+            queue,
+            next_id: AtomicU64::new(1),
+            reader,
+            writer,
+        })
+    }
+
+    pub(crate) fn info(&self) -> ServerInfo {
+        self.info
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.shared.closed.load(Ordering::Acquire)
+    }
+
+    /// Sends `request` and waits for its response until `deadline`.
+    pub(crate) async fn call(
+        &self,
+        request: &Request,
+        deadline: Instant,
+    ) -> Result<Response, CallError> {
+        let credit =
+            match timeout_at(deadline, Arc::clone(&self.shared.credits).acquire_owned()).await {
+                Ok(Ok(credit)) => credit,
+                Ok(Err(_closed)) => {
+                    return Err(CallError::NotSent {
+                        reason: self.close_reason(),
+                        timed_out: false,
+                    });
+                }
+                Err(_elapsed) => {
+                    return Err(CallError::NotSent {
+                        reason: "no credit became free before the deadline".to_owned(),
+                        timed_out: true,
+                    });
+                }
+            };
+        let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut frame = BytesMut::new();
+        encode_frame(
+            FrameKind::Request,
+            request_id,
+            request,
+            self.info.max_frame_bytes,
+            &mut frame,
+        )
+        .map_err(CallError::Encode)?;
+
+        let (reply_tx, mut reply_rx) = oneshot::channel();
+        {
+            let mut map = self.shared.lock();
+            if let Some(reason) = &map.closed {
+                return Err(CallError::NotSent {
+                    reason: reason.clone(),
+                    timed_out: false,
+                });
+            }
+            map.entries.insert(
+                request_id,
+                Pending {
+                    reply: Some(reply_tx),
+                    _credit: credit,
+                },
+            );
+        }
+        let outgoing = Outgoing {
+            request_id,
+            frame: frame.freeze(),
+        };
+        if self.queue.send(outgoing).is_err() {
+            self.shared.lock().entries.remove(&request_id);
+            return Err(CallError::NotSent {
+                reason: "connection writer stopped".to_owned(),
+                timed_out: false,
+            });
+        }
+
+        let reply = match timeout_at(deadline, &mut reply_rx).await {
+            Ok(reply) => reply,
+            Err(_elapsed) => {
+                if let Some(pending) = self.shared.lock().entries.get_mut(&request_id) {
+                    pending.reply = None;
+                }
+                // The reply may have landed between the deadline and the line above.
+                match reply_rx.try_recv() {
+                    Ok(reply) => Ok(reply),
+                    Err(_) => return Err(CallError::TimedOut),
+                }
+            }
+        };
+        match reply {
+            Ok(Ok(frame)) => decode_payload::<Response>(&frame).map_err(CallError::Decode),
+            Ok(Err(Failure::NotSent(reason))) => Err(CallError::NotSent {
+                reason,
+                timed_out: false,
+            }),
+            Ok(Err(Failure::Lost(reason))) => Err(CallError::Lost { reason }),
+            Err(_dropped) => Err(CallError::Lost {
+                reason: self.close_reason(),
+            }),
+        }
+    }
+
+    fn close_reason(&self) -> String {
+        self.shared
+            .lock()
+            .closed
+            .clone()
+            .unwrap_or_else(|| "connection closed".to_owned())
+    }
+}
+
+async fn read_loop(
+    mut rd: OwnedReadHalf,
+    mut buf: BytesMut,
+    mut decoder: FrameDecoder,
+    shared: Arc<Shared>,
+) {
+    loop {
+        loop {
+            match decoder.decode(&mut buf) {
+                Ok(Some(frame)) if frame.kind == FrameKind::Response => shared.dispatch(frame),
+                Ok(Some(frame)) => {
+                    shared.close(format!(
+                        "protocol error: unexpected {:?} frame from the server",
+                        frame.kind
+                    ));
+                    return;
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    shared.close(format!("protocol error: {e}"));
+                    return;
+                }
+            }
+        }
+        if buf.capacity() - buf.len() < READ_CHUNK_BYTES / 4 {
+            buf.reserve(READ_CHUNK_BYTES);
+        }
+        match rd.read_buf(&mut buf).await {
+            Ok(0) => {
+                shared.close("connection closed by the server".to_owned());
+                return;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                shared.close(format!("read failed: {e}"));
+                return;
+            }
+        }
+    }
+}
+
+async fn write_loop(
+    mut wr: OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    shared: Arc<Shared>,
+) {
+    let mut batch = BytesMut::new();
+    while let Some(first) = rx.recv().await {
+        batch.extend_from_slice(&first.frame);
+        while batch.len() < MAX_COALESCE_BYTES {
+            match rx.try_recv() {
+                Ok(next) => batch.extend_from_slice(&next.frame),
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = wr.write_all(&batch).await {
+            let reason = format!("write failed: {e}");
+            // Frames still queued never reached the socket: safe to retry anywhere.
+            rx.close();
+            while let Some(unsent) = rx.recv().await {
+                shared.fail_unsent(unsent.request_id, &reason);
+            }
+            shared.close(reason);
+            return;
+        }
+        batch.clear();
+    }
+    // Every sender is gone: the connection is being dropped.
+    let _ = wr.shutdown().await;
+}

@@ -1,0 +1,97 @@
+//! The client's error type.
+
+use std::io;
+use std::time::Duration;
+
+use rdkv_proto::wire::{ErrorCode, ErrorReply, WireError};
+
+/// Everything a client call can fail with.
+///
+/// Branch on the variant (and on [`ErrorReply::code`] for [`Error::Server`]), never
+/// on the message text.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The client was given no endpoint to talk to.
+    #[error("no endpoints given")]
+    NoEndpoints,
+    /// A TCP connection to `addr` could not be opened (or broke during the handshake).
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: io::Error,
+    },
+    /// The server refused the handshake, e.g. with [`ErrorCode::Unauthenticated`] for
+    /// a missing or wrong token, or [`ErrorCode::UnsupportedVersion`].
+    #[error("{addr} rejected the handshake ({code:?}): {message}")]
+    Handshake {
+        addr: String,
+        code: ErrorCode,
+        message: String,
+    },
+    /// The server answered with an error that retrying cannot fix (or the retry
+    /// budget ran out on a retryable one, such as `Unavailable`).
+    #[error("server error {:?}: {}", .0.code, .0.message)]
+    Server(ErrorReply),
+    /// The request did not complete within `ClientOptions::request_timeout`, and it
+    /// was either a read or a write that was never sent: nothing was changed.
+    #[error("request timed out after {0:?}")]
+    Timeout(Duration),
+    /// No node knows a leader (an election is in progress or there is no quorum) and
+    /// the retry budget or the request timeout ran out.
+    #[error("no leader available (election in progress or no quorum)")]
+    NoLeader,
+    /// A write (or membership change) was sent but its reply never came: the
+    /// connection broke, the request timed out, or the server answered `Timeout`.
+    /// It may or may not have been applied. The client never retries such a request
+    /// on its own; read the key (or use [`Client::cas`](crate::Client::cas)) to find out.
+    #[error("outcome unknown: the write was sent to {addr} but {reason}")]
+    OutcomeUnknown { addr: String, reason: String },
+    /// A read's connection broke and the retry budget ran out.
+    #[error("connection to {addr} lost: {reason}")]
+    ConnectionLost { addr: String, reason: String },
+    /// A frame could not be encoded or decoded (e.g. a request larger than the
+    /// server's `max_frame_bytes`, or a malformed reply).
+    #[error("protocol error: {0}")]
+    Protocol(#[from] WireError),
+    /// The server answered with a response of the wrong kind for the request.
+    #[error("unexpected response to {request}: {response}")]
+    UnexpectedResponse {
+        request: &'static str,
+        response: String,
+    },
+    /// The snapshot changed (a newer one was built) while it was being streamed into
+    /// a writer that cannot be rewound; start again.
+    #[error("snapshot changed during transfer (index {from} -> {to}); retry")]
+    SnapshotChanged { from: u64, to: u64 },
+    /// Local I/O (writing a snapshot).
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+}
+
+impl Error {
+    /// The server's error code, for [`Error::Server`] and [`Error::Handshake`].
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            Self::Server(reply) => Some(reply.code),
+            Self::Handshake { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// Whether the same call may succeed if repeated later. `OutcomeUnknown` is not:
+    /// repeating a write whose first attempt may have applied is the caller's call.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Connect { .. } | Self::Timeout(_) | Self::NoLeader => true,
+            Self::ConnectionLost { .. } => true,
+            Self::Server(reply) => reply.code.is_retryable(),
+            Self::Handshake { code, .. } => *code == ErrorCode::Unavailable,
+            _ => false,
+        }
+    }
+}
+
+/// Shorthand for results of client calls.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

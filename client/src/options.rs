@@ -1,0 +1,65 @@
+//! Client configuration.
+
+use std::fmt;
+use std::time::Duration;
+
+use rdkv_proto::wire::Consistency;
+
+/// How a [`Client`](crate::Client) connects, authenticates and retries.
+///
+/// ```
+/// use std::time::Duration;
+/// use rdkv_client::ClientOptions;
+///
+/// let options = ClientOptions {
+///     token: Some("s3cret".into()),
+///     request_timeout: Duration::from_secs(2),
+///     ..ClientOptions::default()
+/// };
+/// assert_eq!(options.connect_timeout, Duration::from_secs(2));
+/// ```
+#[derive(Clone)]
+pub struct ClientOptions {
+    /// Cluster token sent in the handshake; required when the server has one.
+    pub token: Option<String>,
+    /// Budget of one call, including connecting, waiting for credits, redirects
+    /// and back-off. Default 5 s.
+    pub request_timeout: Duration,
+    /// Budget of one TCP connect plus handshake (also bounded by the remaining
+    /// request budget). Default 2 s.
+    pub connect_timeout: Duration,
+    /// Most attempts (sends, redirects, connects) one call may make. Default 16.
+    pub max_attempts: u32,
+    /// Sent in the handshake, for the server's logs. Default `rdkv-client/<version>`.
+    pub client_name: String,
+    /// Consistency of [`Client::get`](crate::Client::get) and
+    /// [`Client::mget`](crate::Client::mget). Default [`Consistency::Lease`].
+    pub default_consistency: Consistency,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            token: None,
+            request_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(2),
+            max_attempts: 16,
+            client_name: concat!("rdkv-client/", env!("CARGO_PKG_VERSION")).to_owned(),
+            default_consistency: Consistency::Lease,
+        }
+    }
+}
+
+// Hand-written so that logging the options never leaks the token.
+impl fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("request_timeout", &self.request_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("max_attempts", &self.max_attempts)
+            .field("client_name", &self.client_name)
+            .field("default_consistency", &self.default_consistency)
+            .finish()
+    }
+}
