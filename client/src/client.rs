@@ -623,6 +623,8 @@ impl Client {
                 Err(e) if matches!(e, Error::Handshake { .. }) && !e.is_retryable() => {
                     return Err(e);
                 }
+                // Our own deadline cut this connect short: the earlier error says more.
+                Err(_) if Instant::now() >= deadline && last_err.is_some() => break,
                 Err(e) => {
                     tracing::debug!(%addr, attempt, error = %e, "cannot reach node; trying the next");
                     self.forget(&addr);
@@ -747,11 +749,9 @@ impl Client {
             }
         }
 
-        Err(match last_err {
-            Some(e @ (Error::NoLeader | Error::Server(_) | Error::Handshake { .. })) => e,
-            Some(e) if Instant::now() < deadline => e,
-            _ => Error::Timeout(start.elapsed()),
-        })
+        // The last thing that went wrong says more than "timed out" (an unreachable
+        // node, no leader, Unavailable); nothing was sent whose outcome is unknown.
+        Err(last_err.unwrap_or_else(|| Error::Timeout(start.elapsed())))
     }
 
     /// The node to try for `route` on the `cursor`-th fallback.

@@ -16,7 +16,7 @@ pub enum Error {
     #[error("no endpoints given")]
     NoEndpoints,
     /// A TCP connection to `addr` could not be opened (or broke during the handshake).
-    #[error("cannot connect to {addr}: {source}")]
+    #[error("cannot connect to {addr}")]
     Connect {
         addr: String,
         #[source]
@@ -54,7 +54,7 @@ pub enum Error {
     /// A frame could not be encoded or decoded (e.g. a request larger than the
     /// server's `max_frame_bytes`, or a malformed reply).
     #[error("protocol error: {0}")]
-    Protocol(#[from] WireError),
+    Protocol(WireError),
     /// The server answered with a response of the wrong kind for the request.
     #[error("unexpected response to {request}: {response}")]
     UnexpectedResponse {
@@ -67,7 +67,7 @@ pub enum Error {
     SnapshotChanged { from: u64, to: u64 },
     /// Local I/O (writing a snapshot).
     #[error("I/O error: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
 }
 
 impl Error {
@@ -90,6 +90,20 @@ impl Error {
             Self::Handshake { code, .. } => *code == ErrorCode::Unavailable,
             _ => false,
         }
+    }
+}
+
+// Not `#[from]`: the message already shows the cause, and a `source()` as well
+// would print it twice in error chains (anyhow's `{:#}`).
+impl From<WireError> for Error {
+    fn from(e: WireError) -> Self {
+        Self::Protocol(e)
+    }
+}
+
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Self {
+        Self::Io(e)
     }
 }
 

@@ -1,0 +1,229 @@
+//! Command-line arguments (clap derive).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::output::Format;
+
+/// rdkvctl: manage an rdkv cluster and read or write keys (etcdctl-style).
+#[derive(Debug, Parser)]
+#[command(name = "rdkvctl", version, about, long_about = None)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args)]
+pub struct Global {
+    /// Comma-separated client addresses (host:port) of cluster members.
+    #[arg(
+        long,
+        global = true,
+        env = "RDKV_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = "127.0.0.1:7379"
+    )]
+    pub endpoints: Vec<String>,
+
+    /// Cluster token (required when the servers have one).
+    #[arg(long, global = true, env = "RDKV_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+
+    /// Output format.
+    #[arg(
+        short = 'w',
+        long = "write-out",
+        global = true,
+        value_enum,
+        default_value_t = Format::Simple
+    )]
+    pub write_out: Format,
+
+    /// Budget of each request, including retries and redirects (e.g. 5s, 500ms, 1m).
+    #[arg(long, global = true, default_value = "5s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Writes a key; prints OK.
+    Put { key: OsString, value: OsString },
+    /// Reads a key; prints its value, or nothing (exit 0) if it is absent.
+    Get {
+        key: OsString,
+        /// linearizable: leader confirms with a quorum; lease: leader lease
+        /// (default); local: whichever node answers, however far behind.
+        #[arg(long, value_enum, default_value_t = ConsistencyArg::Lease)]
+        consistency: ConsistencyArg,
+    },
+    /// Deletes a key; prints the number of keys deleted (1 or 0).
+    Del { key: OsString },
+    /// Membership: list, add, promote, remove.
+    #[command(subcommand)]
+    Member(MemberCommand),
+    /// Per-endpoint status and health.
+    #[command(subcommand)]
+    Endpoint(EndpointCommand),
+    /// Transfers leadership to member ID.
+    MoveLeader { id: u64 },
+    /// Snapshots of a node's state.
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ConsistencyArg {
+    Linearizable,
+    Lease,
+    Local,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MemberCommand {
+    /// Lists the members: ID, peer address, client address, is learner.
+    List,
+    /// Adds a member (a learner first; a voter once caught up unless --learner).
+    Add {
+        id: u64,
+        peer_addr: String,
+        /// The new member's client address.
+        #[arg(long)]
+        client_addr: String,
+        /// Keep it a learner (promote later with `member promote`).
+        #[arg(long)]
+        learner: bool,
+    },
+    /// Makes a learner a voter.
+    Promote { id: u64 },
+    /// Removes a member.
+    Remove { id: u64 },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EndpointCommand {
+    /// Role, term, leader, commit/applied index, region fill and lag of each endpoint.
+    Status {
+        /// Query every member's client address (from the member list) instead of
+        /// --endpoints.
+        #[arg(long)]
+        cluster: bool,
+    },
+    /// Whether each endpoint is healthy; exits 1 if any is not.
+    Health {
+        /// Query every member's client address (from the member list).
+        #[arg(long)]
+        cluster: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Saves a snapshot to FILE (written to FILE.part, then renamed).
+    Save { file: PathBuf },
+}
+
+/// Parses `500ms`, `5s`, `1.5s`, `2m` or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit_secs) = if let Some(n) = text.strip_suffix("ms") {
+        (n, 0.001)
+    } else if let Some(n) = text.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = text.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (text, 1.0)
+    };
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid duration {text:?} (try 5s, 500ms or 1m)"))?;
+    if !value.is_finite() || value <= 0.0 {
+        return Err(format!("duration {text:?} must be positive"));
+    }
+    Duration::try_from_secs_f64(value * unit_secs).map_err(|e| format!("duration {text:?}: {e}"))
+}
+
+/// The bytes of a command-line argument (not necessarily UTF-8 on Unix).
+pub fn arg_bytes(arg: OsString) -> Vec<u8> {
+    #[cfg(unix)]
+    {
+        std::os::unix::ffi::OsStringExt::into_vec(arg)
+    }
+    #[cfg(not(unix))]
+    {
+        arg.to_string_lossy().into_owned().into_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn global_flags_go_anywhere() {
+        let cli = Cli::try_parse_from([
+            "rdkvctl",
+            "get",
+            "k",
+            "--endpoints",
+            "a:1,b:2",
+            "-w",
+            "json",
+            "--consistency",
+            "local",
+        ])
+        .unwrap();
+        assert_eq!(cli.global.endpoints, ["a:1", "b:2"]);
+        assert_eq!(cli.global.write_out, Format::Json);
+        assert!(matches!(
+            cli.command,
+            Command::Get {
+                consistency: ConsistencyArg::Local,
+                ..
+            }
+        ));
+        let cli = Cli::try_parse_from([
+            "rdkvctl",
+            "member",
+            "add",
+            "4",
+            "h:7380",
+            "--client-addr",
+            "h:7379",
+            "--learner",
+        ])
+        .unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Member(MemberCommand::Add {
+                id: 4,
+                learner: true,
+                ..
+            })
+        ));
+    }
+}

@@ -1,0 +1,290 @@
+//! Runs one command against the cluster and returns what to print.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use rdkv_client::{Client, ClientOptions, Consistency};
+
+use crate::args::{
+    Command, ConsistencyArg, EndpointCommand, Global, MemberCommand, SnapshotCommand, arg_bytes,
+};
+use crate::output::{Json, Message, View};
+use crate::views::{
+    DelView, GetView, HealthRow, HealthView, MembersView, PutView, StatusRow, StatusView, fill_lag,
+};
+
+/// What a command produced: something to print, and whether it failed anyway
+/// (e.g. an unhealthy endpoint), reported on stderr after the output.
+pub struct Outcome {
+    pub view: Box<dyn View>,
+    pub failure: Option<anyhow::Error>,
+}
+
+impl Outcome {
+    fn ok(view: impl View + 'static) -> Self {
+        Self {
+            view: Box::new(view),
+            failure: None,
+        }
+    }
+}
+
+fn message(text: String, json: Json) -> Outcome {
+    Outcome::ok(Message { text, json })
+}
+
+pub fn client(global: &Global) -> Result<Client> {
+    let options = ClientOptions {
+        token: global.token.clone().filter(|t| !t.is_empty()),
+        request_timeout: global.timeout,
+        connect_timeout: global.timeout.min(Duration::from_secs(2)),
+        client_name: concat!("rdkvctl/", env!("CARGO_PKG_VERSION")).to_owned(),
+        ..ClientOptions::default()
+    };
+    Client::new(&global.endpoints, options).context("invalid --endpoints")
+}
+
+pub async fn run(client: &Client, command: Command) -> Result<Outcome> {
+    match command {
+        Command::Put { key, value } => {
+            let version = client
+                .put(arg_bytes(key), arg_bytes(value))
+                .await
+                .context("put failed")?;
+            Ok(Outcome::ok(PutView { version }))
+        }
+        Command::Get { key, consistency } => {
+            let key = arg_bytes(key);
+            let consistency = match consistency {
+                ConsistencyArg::Linearizable => Consistency::Linearizable,
+                ConsistencyArg::Lease => Consistency::Lease,
+                ConsistencyArg::Local => Consistency::Follower {
+                    max_lag_entries: u64::MAX,
+                },
+            };
+            let value = client
+                .get_with(key.clone(), consistency)
+                .await
+                .context("get failed")?;
+            Ok(Outcome::ok(GetView { key, value }))
+        }
+        Command::Del { key } => {
+            let deleted = client.delete(arg_bytes(key)).await.context("del failed")?;
+            Ok(Outcome::ok(DelView {
+                existed: deleted.existed,
+                version: deleted.version,
+            }))
+        }
+        Command::Member(command) => member(client, command).await,
+        Command::Endpoint(EndpointCommand::Status { cluster }) => {
+            let endpoints = targets(client, cluster).await?;
+            endpoint_status(client, endpoints).await
+        }
+        Command::Endpoint(EndpointCommand::Health { cluster }) => {
+            let endpoints = targets(client, cluster).await?;
+            Ok(endpoint_health(client, endpoints).await)
+        }
+        Command::MoveLeader { id } => {
+            client
+                .move_leader(id)
+                .await
+                .with_context(|| format!("moving the leadership to member {id} failed"))?;
+            Ok(message(
+                format!("Leadership transferred to member {id}"),
+                Json::obj([("leader_id", Json::U64(id))]),
+            ))
+        }
+        Command::Snapshot(SnapshotCommand::Save { file }) => {
+            let info = client
+                .snapshot_to_file(&file)
+                .await
+                .with_context(|| format!("saving a snapshot to {} failed", file.display()))?;
+            Ok(message(
+                format!(
+                    "Snapshot saved at {} ({} bytes, last log index {})",
+                    file.display(),
+                    info.total_bytes,
+                    info.last_log_index
+                ),
+                Json::obj([
+                    ("path", Json::str(file.display().to_string())),
+                    ("total_bytes", Json::U64(info.total_bytes)),
+                    ("last_log_index", Json::U64(info.last_log_index)),
+                ]),
+            ))
+        }
+    }
+}
+
+async fn member(client: &Client, command: MemberCommand) -> Result<Outcome> {
+    let (message, members) = match command {
+        MemberCommand::List => (
+            None,
+            client.members().await.context("listing members failed")?,
+        ),
+        MemberCommand::Add {
+            id,
+            peer_addr,
+            client_addr,
+            learner,
+        } => {
+            let members = client
+                .add_member(id, peer_addr, client_addr, learner)
+                .await
+                .with_context(|| format!("adding member {id} failed"))?;
+            let role = if learner {
+                "as a learner"
+            } else {
+                "(a voter once caught up)"
+            };
+            (Some(format!("Member {id} added {role}")), members)
+        }
+        MemberCommand::Promote { id } => {
+            let members = client
+                .promote_member(id)
+                .await
+                .with_context(|| format!("promoting member {id} failed"))?;
+            (Some(format!("Member {id} promoted to voter")), members)
+        }
+        MemberCommand::Remove { id } => {
+            let members = client
+                .remove_member(id)
+                .await
+                .with_context(|| format!("removing member {id} failed"))?;
+            (Some(format!("Member {id} removed")), members)
+        }
+    };
+    Ok(Outcome::ok(MembersView { message, members }))
+}
+
+/// `--endpoints`, or with `--cluster` every member's client address.
+async fn targets(client: &Client, cluster: bool) -> Result<Vec<String>> {
+    if !cluster {
+        return Ok(client.endpoints());
+    }
+    let members = client
+        .members()
+        .await
+        .context("--cluster: listing members failed")?;
+    let mut addrs: Vec<String> = members.into_iter().map(|m| m.client_addr).collect();
+    addrs.dedup();
+    if addrs.is_empty() {
+        bail!("--cluster: the member list is empty");
+    }
+    Ok(addrs)
+}
+
+/// Asks every endpoint at once; results come back in endpoint order.
+async fn each<T, F, Fut>(client: &Client, endpoints: Vec<String>, ask: F) -> Vec<(String, T)>
+where
+    T: Send + 'static,
+    F: Fn(Client, String) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+{
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, endpoint) in endpoints.iter().enumerate() {
+        let fut = ask(client.clone(), endpoint.clone());
+        tasks.spawn(async move { (i, fut.await) });
+    }
+    let mut results: Vec<Option<T>> = endpoints.iter().map(|_| None).collect();
+    while let Some(joined) = tasks.join_next().await {
+        if let Ok((i, value)) = joined
+            && let Some(slot) = results.get_mut(i)
+        {
+            *slot = Some(value);
+        }
+    }
+    endpoints
+        .into_iter()
+        .zip(results)
+        .filter_map(|(e, r)| r.map(|r| (e, r)))
+        .collect()
+}
+
+/// Rows for the endpoints that answered; the others are reported as the failure
+/// (printed on stderr, exit code 1), as etcdctl does.
+async fn endpoint_status(client: &Client, endpoints: Vec<String>) -> Result<Outcome> {
+    let results = each(client, endpoints, |client, endpoint| async move {
+        client.status_of(&endpoint).await
+    })
+    .await;
+    let mut rows = Vec::new();
+    let mut errors = Vec::new();
+    for (endpoint, result) in results {
+        match result {
+            Ok(status) => rows.push(StatusRow {
+                endpoint,
+                status,
+                lag_entries: None,
+            }),
+            Err(e) => errors.push(format!("{endpoint}: {}", chain(&e))),
+        }
+    }
+    if rows.is_empty() {
+        bail!(
+            "failed to get the status of every endpoint: {}",
+            errors.join("; ")
+        );
+    }
+    fill_lag(&mut rows);
+    let failure = (!errors.is_empty()).then(|| {
+        anyhow::anyhow!(
+            "failed to get the status of {} endpoint(s): {}",
+            errors.len(),
+            errors.join("; ")
+        )
+    });
+    Ok(Outcome {
+        view: Box::new(StatusView { rows }),
+        failure,
+    })
+}
+
+async fn endpoint_health(client: &Client, endpoints: Vec<String>) -> Outcome {
+    let rows: Vec<HealthRow> = each(client, endpoints, |client, endpoint| async move {
+        let start = Instant::now();
+        let result = client.health_of(&endpoint).await;
+        let took = start.elapsed();
+        match result {
+            Ok(health) => HealthRow {
+                endpoint,
+                healthy: health.healthy,
+                took,
+                error: health.reason,
+            },
+            Err(e) => HealthRow {
+                endpoint,
+                healthy: false,
+                took,
+                error: chain(&e),
+            },
+        }
+    })
+    .await
+    .into_iter()
+    .map(|(_, row)| row)
+    .collect();
+    let unhealthy = rows.iter().filter(|r| !r.healthy).count();
+    let failure = (unhealthy > 0).then(|| {
+        anyhow::anyhow!(
+            "unhealthy cluster: {unhealthy} of {} endpoint(s)",
+            rows.len()
+        )
+    });
+    Outcome {
+        view: Box::new(HealthView { rows }),
+        failure,
+    }
+}
+
+/// An error and its causes on one line, like anyhow's `{:#}`.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

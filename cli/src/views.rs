@@ -1,0 +1,538 @@
+//! What each command prints, in every format.
+
+use std::time::Duration;
+
+use rdkv_client::{MemberInfo, NodeStatus, Role, Versioned};
+
+use crate::output::{Json, Table, View, show_bytes};
+
+/// `put`: `OK`.
+#[derive(Debug)]
+pub struct PutView {
+    pub version: u64,
+}
+
+impl View for PutView {
+    fn simple(&self) -> String {
+        "OK".to_owned()
+    }
+
+    fn table(&self) -> String {
+        let mut t = Table::new(["VERSION"]);
+        t.row([self.version.to_string()]);
+        t.render()
+    }
+
+    fn json(&self) -> Json {
+        Json::obj([("version", Json::U64(self.version))])
+    }
+}
+
+/// `get`: the value, or nothing when the key is absent.
+#[derive(Debug)]
+pub struct GetView {
+    pub key: Vec<u8>,
+    pub value: Option<Versioned>,
+}
+
+impl View for GetView {
+    fn simple(&self) -> String {
+        self.value
+            .as_ref()
+            .map(|v| show_bytes(&v.value).0.into_owned())
+            .unwrap_or_default()
+    }
+
+    fn table(&self) -> String {
+        let mut t = Table::new(["KEY", "VALUE", "VERSION"]);
+        if let Some(v) = &self.value {
+            t.row([
+                show_bytes(&self.key).0.into_owned(),
+                show_bytes(&v.value).0.into_owned(),
+                v.version.to_string(),
+            ]);
+        }
+        t.render()
+    }
+
+    fn json(&self) -> Json {
+        let mut fields = Vec::new();
+        Json::push_bytes(&mut fields, "key", &self.key);
+        match &self.value {
+            Some(v) => {
+                Json::push_bytes(&mut fields, "value", &v.value);
+                fields.push(("version".into(), Json::U64(v.version)));
+            }
+            None => {
+                fields.push(("value".into(), Json::Null));
+                fields.push(("version".into(), Json::Null));
+            }
+        }
+        Json::Obj(fields)
+    }
+}
+
+/// `del`: how many keys were deleted (1 or 0), as etcdctl prints it.
+#[derive(Debug)]
+pub struct DelView {
+    pub existed: bool,
+    pub version: u64,
+}
+
+impl View for DelView {
+    fn simple(&self) -> String {
+        u8::from(self.existed).to_string()
+    }
+
+    fn table(&self) -> String {
+        let mut t = Table::new(["DELETED", "VERSION"]);
+        t.row([u8::from(self.existed).to_string(), self.version.to_string()]);
+        t.render()
+    }
+
+    fn json(&self) -> Json {
+        Json::obj([
+            ("deleted", Json::U64(u64::from(self.existed))),
+            ("version", Json::U64(self.version)),
+        ])
+    }
+}
+
+/// `member list` and the result of membership changes (`message` first in simple).
+#[derive(Debug)]
+pub struct MembersView {
+    pub message: Option<String>,
+    pub members: Vec<MemberInfo>,
+}
+
+impl View for MembersView {
+    fn simple(&self) -> String {
+        if let Some(message) = &self.message {
+            return message.clone();
+        }
+        self.members
+            .iter()
+            .map(|m| format!("{}, {}, {}, {}", m.id, m.peer_addr, m.client_addr, !m.voter))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn table(&self) -> String {
+        let mut t = Table::new(["ID", "PEER ADDR", "CLIENT ADDR", "IS LEARNER"]);
+        for m in &self.members {
+            t.row([
+                m.id.to_string(),
+                m.peer_addr.clone(),
+                m.client_addr.clone(),
+                (!m.voter).to_string(),
+            ]);
+        }
+        match &self.message {
+            Some(message) => format!("{message}\n{}", t.render()),
+            None => t.render(),
+        }
+    }
+
+    fn json(&self) -> Json {
+        let members = self
+            .members
+            .iter()
+            .map(|m| {
+                Json::obj([
+                    ("id", Json::U64(m.id)),
+                    ("peer_addr", Json::str(&m.peer_addr)),
+                    ("client_addr", Json::str(&m.client_addr)),
+                    ("is_learner", Json::Bool(!m.voter)),
+                ])
+            })
+            .collect();
+        let mut fields = Vec::new();
+        if let Some(message) = &self.message {
+            fields.push(("message".to_owned(), Json::str(message)));
+        }
+        fields.push(("members".to_owned(), Json::Arr(members)));
+        Json::Obj(fields)
+    }
+}
+
+/// One row of `endpoint status`.
+#[derive(Debug, Clone)]
+pub struct StatusRow {
+    pub endpoint: String,
+    pub status: NodeStatus,
+    /// Entries behind the leader's log, when a leader's status says so.
+    pub lag_entries: Option<u64>,
+}
+
+impl StatusRow {
+    fn fill_percent(&self) -> Option<f64> {
+        let r = &self.status.region;
+        (r.capacity_bytes > 0).then(|| r.used_bytes as f64 * 100.0 / r.capacity_bytes as f64)
+    }
+
+    fn cells(&self) -> [String; 9] {
+        let s = &self.status;
+        [
+            self.endpoint.clone(),
+            s.id.to_string(),
+            role_name(s.role).to_owned(),
+            s.term.to_string(),
+            s.leader_id
+                .map_or_else(|| "-".to_owned(), |l| l.to_string()),
+            s.commit_index.to_string(),
+            s.applied_index.to_string(),
+            self.fill_percent()
+                .map_or_else(|| "-".to_owned(), |p| format!("{p:.1}%")),
+            self.lag_entries
+                .map_or_else(|| "-".to_owned(), |l| l.to_string()),
+        ]
+    }
+}
+
+/// Fills in each row's lag from the leader's replication progress, if a leader
+/// is among the rows.
+pub fn fill_lag(rows: &mut [StatusRow]) {
+    let replication: Vec<(u64, u64)> = rows
+        .iter()
+        .filter(|r| r.status.role == Role::Leader)
+        .flat_map(|r| r.status.replication.iter().map(|l| (l.id, l.lag_entries)))
+        .collect();
+    for row in rows {
+        row.lag_entries = if row.status.role == Role::Leader {
+            Some(0)
+        } else {
+            replication
+                .iter()
+                .find(|(id, _)| *id == row.status.id)
+                .map(|&(_, lag)| lag)
+        };
+    }
+}
+
+pub fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::Leader => "leader",
+        Role::Follower => "follower",
+        Role::Candidate => "candidate",
+        Role::Learner => "learner",
+        Role::Shutdown => "shutdown",
+    }
+}
+
+/// `endpoint status`.
+#[derive(Debug)]
+pub struct StatusView {
+    pub rows: Vec<StatusRow>,
+}
+
+impl View for StatusView {
+    fn simple(&self) -> String {
+        self.rows
+            .iter()
+            .map(|r| r.cells().join(", "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn table(&self) -> String {
+        let mut t = Table::new([
+            "ENDPOINT",
+            "ID",
+            "ROLE",
+            "TERM",
+            "LEADER",
+            "COMMIT INDEX",
+            "APPLIED INDEX",
+            "REGION FILL",
+            "LAG",
+        ]);
+        for row in &self.rows {
+            t.row(row.cells());
+        }
+        t.render()
+    }
+
+    fn json(&self) -> Json {
+        Json::Arr(
+            self.rows
+                .iter()
+                .map(|row| {
+                    let s = &row.status;
+                    Json::obj([
+                        ("endpoint", Json::str(&row.endpoint)),
+                        ("id", Json::U64(s.id)),
+                        ("role", Json::str(role_name(s.role))),
+                        ("term", Json::U64(s.term)),
+                        ("leader_id", Json::opt_u64(s.leader_id)),
+                        (
+                            "leader_client_addr",
+                            s.leader_client_addr.as_ref().map_or(Json::Null, Json::str),
+                        ),
+                        ("last_log_index", Json::U64(s.last_log_index)),
+                        ("commit_index", Json::U64(s.commit_index)),
+                        ("applied_index", Json::U64(s.applied_index)),
+                        ("snapshot_index", Json::U64(s.snapshot_index)),
+                        (
+                            "region",
+                            Json::obj([
+                                ("capacity_bytes", Json::U64(s.region.capacity_bytes)),
+                                ("used_bytes", Json::U64(s.region.used_bytes)),
+                                (
+                                    "pending_reclaim_bytes",
+                                    Json::U64(s.region.pending_reclaim_bytes),
+                                ),
+                                ("live_keys", Json::U64(s.region.live_keys)),
+                                (
+                                    "fill_percent",
+                                    row.fill_percent().map_or(Json::Null, Json::F64),
+                                ),
+                            ]),
+                        ),
+                        ("lag_entries", Json::opt_u64(row.lag_entries)),
+                    ])
+                })
+                .collect(),
+        )
+    }
+}
+
+/// One row of `endpoint health`.
+#[derive(Debug, Clone)]
+pub struct HealthRow {
+    pub endpoint: String,
+    pub healthy: bool,
+    pub took: Duration,
+    /// Why not healthy (the node's reason or the error reaching it).
+    pub error: String,
+}
+
+/// `endpoint health`.
+#[derive(Debug)]
+pub struct HealthView {
+    pub rows: Vec<HealthRow>,
+}
+
+impl View for HealthView {
+    fn simple(&self) -> String {
+        self.rows
+            .iter()
+            .map(|r| {
+                if r.healthy {
+                    format!("{} is healthy: took = {:?}", r.endpoint, r.took)
+                } else {
+                    format!("{} is unhealthy: {}", r.endpoint, r.error)
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn table(&self) -> String {
+        let mut t = Table::new(["ENDPOINT", "HEALTH", "TOOK", "ERROR"]);
+        for r in &self.rows {
+            t.row([
+                r.endpoint.clone(),
+                r.healthy.to_string(),
+                format!("{:?}", r.took),
+                r.error.clone(),
+            ]);
+        }
+        t.render()
+    }
+
+    fn json(&self) -> Json {
+        Json::Arr(
+            self.rows
+                .iter()
+                .map(|r| {
+                    Json::obj([
+                        ("endpoint", Json::str(&r.endpoint)),
+                        ("health", Json::Bool(r.healthy)),
+                        ("took", Json::str(format!("{:?}", r.took))),
+                        ("error", Json::str(&r.error)),
+                    ])
+                })
+                .collect(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use rdkv_client::{RegionFill, ReplicationLag};
+
+    use super::*;
+    use crate::output::{Format, render};
+
+    fn status(id: u64, role: Role, replication: Vec<ReplicationLag>) -> NodeStatus {
+        NodeStatus {
+            id,
+            client_addr: format!("10.0.0.{id}:7379"),
+            peer_addr: format!("10.0.0.{id}:7380"),
+            role,
+            term: 4,
+            leader_id: Some(1),
+            leader_client_addr: Some("10.0.0.1:7379".into()),
+            last_log_index: 120,
+            commit_index: 120,
+            applied_index: 118,
+            snapshot_index: 100,
+            region: RegionFill {
+                capacity_bytes: 1000,
+                used_bytes: 125,
+                pending_reclaim_bytes: 0,
+                live_keys: 7,
+            },
+            members: Vec::new(),
+            replication,
+        }
+    }
+
+    #[test]
+    fn get_prints_the_value_or_nothing() {
+        let found = GetView {
+            key: b"k".to_vec(),
+            value: Some(Versioned {
+                value: Bytes::from_static(b"v\xff"),
+                version: 3,
+            }),
+        };
+        assert_eq!(render(&found, Format::Simple), "v\\xff\n");
+        assert_eq!(
+            render(&found, Format::Json),
+            "{\"key\":\"k\",\"value\":\"v\\\\xff\",\"value_escaped\":true,\"version\":3}\n"
+        );
+        assert!(render(&found, Format::Table).contains("| k   | v\\xff | 3       |"));
+        let missing = GetView {
+            key: b"k".to_vec(),
+            value: None,
+        };
+        assert_eq!(render(&missing, Format::Simple), "");
+        assert_eq!(
+            render(&missing, Format::Json),
+            "{\"key\":\"k\",\"value\":null,\"version\":null}\n"
+        );
+    }
+
+    #[test]
+    fn put_and_del_print_like_etcdctl() {
+        assert_eq!(render(&PutView { version: 9 }, Format::Simple), "OK\n");
+        assert_eq!(
+            render(&PutView { version: 9 }, Format::Json),
+            "{\"version\":9}\n"
+        );
+        let del = DelView {
+            existed: true,
+            version: 10,
+        };
+        assert_eq!(render(&del, Format::Simple), "1\n");
+        let del = DelView {
+            existed: false,
+            version: 11,
+        };
+        assert_eq!(render(&del, Format::Simple), "0\n");
+    }
+
+    #[test]
+    fn members_list() {
+        let view = MembersView {
+            message: None,
+            members: vec![
+                MemberInfo {
+                    id: 1,
+                    peer_addr: "a:7380".into(),
+                    client_addr: "a:7379".into(),
+                    voter: true,
+                },
+                MemberInfo {
+                    id: 2,
+                    peer_addr: "bb:7380".into(),
+                    client_addr: "bb:7379".into(),
+                    voter: false,
+                },
+            ],
+        };
+        assert_eq!(
+            render(&view, Format::Simple),
+            "1, a:7380, a:7379, false\n2, bb:7380, bb:7379, true\n"
+        );
+        let table = render(&view, Format::Table);
+        assert!(
+            table.contains("| 2  | bb:7380   | bb:7379     | true       |"),
+            "{table}"
+        );
+        assert!(render(&view, Format::Json).starts_with(
+            "{\"members\":[{\"id\":1,\"peer_addr\":\"a:7380\",\"client_addr\":\"a:7379\",\"is_learner\":false}"
+        ));
+    }
+
+    #[test]
+    fn status_rows_show_fill_and_lag_from_the_leader() {
+        let mut rows = vec![
+            StatusRow {
+                endpoint: "10.0.0.1:7379".into(),
+                status: status(
+                    1,
+                    Role::Leader,
+                    vec![ReplicationLag {
+                        id: 2,
+                        matched_index: Some(115),
+                        lag_entries: 5,
+                    }],
+                ),
+                lag_entries: None,
+            },
+            StatusRow {
+                endpoint: "10.0.0.2:7379".into(),
+                status: status(2, Role::Follower, Vec::new()),
+                lag_entries: None,
+            },
+            StatusRow {
+                endpoint: "10.0.0.3:7379".into(),
+                status: status(3, Role::Learner, Vec::new()),
+                lag_entries: None,
+            },
+        ];
+        fill_lag(&mut rows);
+        let view = StatusView { rows };
+        assert_eq!(
+            render(&view, Format::Simple),
+            "10.0.0.1:7379, 1, leader, 4, 1, 120, 118, 12.5%, 0\n\
+             10.0.0.2:7379, 2, follower, 4, 1, 120, 118, 12.5%, 5\n\
+             10.0.0.3:7379, 3, learner, 4, 1, 120, 118, 12.5%, -\n"
+        );
+        let table = render(&view, Format::Table);
+        let widths: Vec<usize> = table.lines().map(|l| l.chars().count()).collect();
+        assert!(widths.iter().all(|&w| w == widths[0]), "{table}");
+        let json = render(&view, Format::Json);
+        assert!(json.contains("\"fill_percent\":12.5"), "{json}");
+        assert!(json.contains("\"lag_entries\":5"), "{json}");
+        assert!(json.contains("\"lag_entries\":null"), "{json}");
+    }
+
+    #[test]
+    fn health_lines() {
+        let view = HealthView {
+            rows: vec![
+                HealthRow {
+                    endpoint: "a:1".into(),
+                    healthy: true,
+                    took: Duration::from_millis(2),
+                    error: String::new(),
+                },
+                HealthRow {
+                    endpoint: "b:1".into(),
+                    healthy: false,
+                    took: Duration::from_millis(1),
+                    error: "no leader".into(),
+                },
+            ],
+        };
+        assert_eq!(
+            render(&view, Format::Simple),
+            "a:1 is healthy: took = 2ms\nb:1 is unhealthy: no leader\n"
+        );
+        assert!(render(&view, Format::Json).contains("{\"endpoint\":\"b:1\",\"health\":false"));
+    }
+}

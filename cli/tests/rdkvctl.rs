@@ -1,0 +1,275 @@
+//! Runs the `rdkvctl` binary against a fake in-process server speaking the real
+//! wire frames: output on stdout, errors only on stderr, exit codes.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::process::Output;
+use std::sync::{Arc, Mutex};
+
+use bytes::{Bytes, BytesMut};
+use rdkv_proto::wire::{
+    ClientHello, DEFAULT_MAX_FRAME_BYTES, ErrorCode, ErrorReply, FrameDecoder, FrameKind, Health,
+    MemberInfo, NodeStatus, RegionFill, ReplicationLag, Request, Response, Role, ServerHello,
+    SnapshotChunk, Versioned, decode_payload, encode_frame,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const TOKEN: &str = "t0ken";
+const SNAPSHOT: &[u8] = b"snapshot bytes, in several chunks";
+
+#[derive(Default)]
+struct State {
+    map: HashMap<Bytes, Versioned>,
+    index: u64,
+}
+
+fn status(addr: SocketAddr) -> NodeStatus {
+    NodeStatus {
+        id: 1,
+        client_addr: addr.to_string(),
+        peer_addr: "127.0.0.1:7380".into(),
+        role: Role::Leader,
+        term: 3,
+        leader_id: Some(1),
+        leader_client_addr: Some(addr.to_string()),
+        last_log_index: 10,
+        commit_index: 10,
+        applied_index: 10,
+        snapshot_index: 0,
+        region: RegionFill {
+            capacity_bytes: 4000,
+            used_bytes: 1000,
+            pending_reclaim_bytes: 0,
+            live_keys: 2,
+        },
+        members: Vec::new(),
+        replication: vec![ReplicationLag {
+            id: 2,
+            matched_index: Some(8),
+            lag_entries: 2,
+        }],
+    }
+}
+
+fn answer(state: &Mutex<State>, addr: SocketAddr, request: Request) -> Response {
+    let mut s = state.lock().unwrap();
+    match request {
+        Request::Get { key, .. } => Response::Value(s.map.get(&key).cloned()),
+        Request::Put { key, value } => {
+            s.index += 1;
+            let version = s.index;
+            s.map.insert(key, Versioned { value, version });
+            Response::Written { version }
+        }
+        Request::Delete { key } => {
+            s.index += 1;
+            let existed = s.map.remove(&key).is_some();
+            Response::Deleted {
+                existed,
+                version: s.index,
+            }
+        }
+        Request::Members => Response::Members(vec![MemberInfo {
+            id: 1,
+            peer_addr: "127.0.0.1:7380".into(),
+            client_addr: addr.to_string(),
+            voter: true,
+        }]),
+        Request::Status => Response::Status(Box::new(status(addr))),
+        Request::Health => Response::Health(Health {
+            healthy: true,
+            reason: String::new(),
+        }),
+        Request::MoveLeader { to: 9 } => {
+            Response::Error(ErrorReply::new(ErrorCode::NotFound, "no member 9"))
+        }
+        Request::SnapshotRead { offset, max_bytes } => {
+            let start = (offset as usize).min(SNAPSHOT.len());
+            let end = (start + (max_bytes as usize).min(5)).min(SNAPSHOT.len());
+            Response::Snapshot(SnapshotChunk {
+                last_log_index: 10,
+                total_bytes: SNAPSHOT.len() as u64,
+                offset,
+                data: Bytes::copy_from_slice(&SNAPSHOT[start..end]),
+            })
+        }
+        other => Response::Error(ErrorReply::new(
+            ErrorCode::InvalidRequest,
+            format!("fake does not do {other:?}"),
+        )),
+    }
+}
+
+async fn connection(stream: TcpStream, state: Arc<Mutex<State>>, addr: SocketAddr) {
+    let (mut rd, mut wr) = stream.into_split();
+    let mut decoder = FrameDecoder::default();
+    let mut buf = BytesMut::new();
+    let mut hello_done = false;
+    loop {
+        while let Some(frame) = decoder.decode(&mut buf).unwrap() {
+            let mut out = BytesMut::new();
+            if !hello_done {
+                let hello: ClientHello = decode_payload(&frame).unwrap();
+                let reply = if hello.token.as_deref() == Some(TOKEN) {
+                    ServerHello::Accepted {
+                        version: 1,
+                        node_id: 1,
+                        cluster_id: 7,
+                        max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+                        max_in_flight: 4,
+                    }
+                } else {
+                    ServerHello::Rejected {
+                        code: ErrorCode::Unauthenticated,
+                        message: "bad token".into(),
+                    }
+                };
+                let rejected = matches!(reply, ServerHello::Rejected { .. });
+                encode_frame(FrameKind::ServerHello, 0, &reply, u32::MAX, &mut out).unwrap();
+                let _ = wr.write_all(&out).await;
+                if rejected {
+                    return;
+                }
+                hello_done = true;
+                continue;
+            }
+            let request: Request = decode_payload(&frame).unwrap();
+            let response = answer(&state, addr, request);
+            encode_frame(
+                FrameKind::Response,
+                frame.request_id,
+                &response,
+                u32::MAX,
+                &mut out,
+            )
+            .unwrap();
+            if wr.write_all(&out).await.is_err() {
+                return;
+            }
+        }
+        match rd.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+    }
+}
+
+async fn fake() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let state = Arc::new(Mutex::new(State::default()));
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(connection(stream, Arc::clone(&state), addr));
+        }
+    });
+    addr
+}
+
+async fn rdkvctl(addr: SocketAddr, token: &str, args: &[&str]) -> Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rdkvctl"));
+    cmd.env_remove("RDKV_ENDPOINTS")
+        .env_remove("RDKV_TOKEN")
+        .arg("--endpoints")
+        .arg(addr.to_string())
+        .arg("--token")
+        .arg(token)
+        .arg("--timeout")
+        .arg("3s")
+        .args(args);
+    tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8(out.stderr.clone()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_value_commands() {
+    let addr = fake().await;
+    let out = rdkvctl(addr, TOKEN, &["put", "greeting", "hello"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "OK\n");
+
+    let out = rdkvctl(addr, TOKEN, &["get", "greeting"]).await;
+    assert_eq!(stdout(&out), "hello\n");
+    let out = rdkvctl(addr, TOKEN, &["-w", "json", "get", "greeting"]).await;
+    assert_eq!(
+        stdout(&out),
+        "{\"key\":\"greeting\",\"value\":\"hello\",\"version\":1}\n"
+    );
+
+    // Absent key: nothing printed, exit 0 (like etcdctl).
+    let out = rdkvctl(addr, TOKEN, &["get", "nope", "--consistency", "local"]).await;
+    assert!(out.status.success());
+    assert_eq!(stdout(&out), "");
+    assert_eq!(stderr(&out), "");
+
+    assert_eq!(
+        stdout(&rdkvctl(addr, TOKEN, &["del", "greeting"]).await),
+        "1\n"
+    );
+    assert_eq!(
+        stdout(&rdkvctl(addr, TOKEN, &["del", "greeting"]).await),
+        "0\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_print_only_on_stderr() {
+    let addr = fake().await;
+    let out = rdkvctl(addr, "wrong", &["get", "k"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(stdout(&out), "");
+    let err = stderr(&out);
+    assert!(err.starts_with("Error: get failed:"), "{err}");
+    assert!(err.contains("Unauthenticated"), "{err}");
+
+    let out = rdkvctl(addr, TOKEN, &["move-leader", "9"]).await;
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(stdout(&out), "");
+    assert!(stderr(&out).contains("NotFound"), "{}", stderr(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_commands() {
+    let addr = fake().await;
+    let out = rdkvctl(addr, TOKEN, &["member", "list"]).await;
+    assert_eq!(stdout(&out), format!("1, 127.0.0.1:7380, {addr}, false\n"));
+
+    let out = rdkvctl(
+        addr,
+        TOKEN,
+        &["endpoint", "status", "--cluster", "-w", "table"],
+    )
+    .await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = stdout(&out);
+    assert!(table.contains("| leader |"), "{table}");
+    assert!(table.contains("| 25.0%       |"), "{table}");
+
+    let out = rdkvctl(addr, TOKEN, &["endpoint", "health", "-w", "json"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("\"health\":true"), "{}", stdout(&out));
+
+    let dir = std::env::temp_dir().join(format!("rdkvctl-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("snap.db");
+    let out = rdkvctl(addr, TOKEN, &["snapshot", "save", file.to_str().unwrap()]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with("Snapshot saved at"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), SNAPSHOT);
+    assert!(!dir.join("snap.db.part").exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
