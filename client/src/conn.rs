@@ -303,6 +303,7 @@ impl Connection {
                     });
                 }
                 Err(_elapsed) => {
+                    self.close_if_wedged();
                     return Err(CallError::NotSent {
                         reason: "no credit became free before the deadline".to_owned(),
                         timed_out: true,
@@ -372,6 +373,22 @@ impl Connection {
             Err(_dropped) => Err(CallError::Lost {
                 reason: self.close_reason(),
             }),
+        }
+    }
+
+    /// Every credit is held by a request whose caller gave up: the server is not
+    /// answering this connection, and without closing it no call could ever get a
+    /// credit again. Closing returns the credits; the next call reconnects.
+    fn close_if_wedged(&self) {
+        let wedged = {
+            let map = self.shared.lock();
+            !map.entries.is_empty()
+                && map.entries.values().all(|p| p.reply.is_none())
+                && self.shared.credits.available_permits() == 0
+        };
+        if wedged {
+            self.shared
+                .close("every credit is held by a request the server has not answered".to_owned());
         }
     }
 

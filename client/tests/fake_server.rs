@@ -544,3 +544,30 @@ fn client_is_send_sync_and_options_redact_the_token() {
     let shown = format!("{options:?}");
     assert!(!shown.contains("hunter2"), "{shown}");
 }
+
+#[tokio::test]
+async fn unanswered_requests_keep_their_credits_until_the_connection_is_replaced() {
+    // The first connection never answers; later ones answer at once.
+    let first = Arc::new(AtomicBool::new(true));
+    let fake = serve(accepted(1), None, move |mut conn: FakeConn| {
+        let silent = first.swap(false, Ordering::SeqCst);
+        async move {
+            while let Some((id, _)) = conn.request().await {
+                if !silent {
+                    conn.respond(id, &Response::Value(value("v", 1))).await;
+                }
+            }
+        }
+    })
+    .await;
+    let client = Client::connect_with(&[fake.endpoint()], options(200))
+        .await
+        .unwrap();
+    // Times out; its credit (the only one) stays taken: the server may still answer.
+    assert!(matches!(client.get("k").await, Err(Error::Timeout(_))));
+    // No credit frees up in time, so the wedged connection is closed ...
+    assert!(matches!(client.get("k").await, Err(Error::Timeout(_))));
+    // ... and the next call reconnects.
+    assert_eq!(client.get("k").await.unwrap(), value("v", 1));
+    assert_eq!(fake.connections(), 2);
+}
