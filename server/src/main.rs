@@ -1,1 +1,47 @@
-fn main() {}
+use anyhow::{Context, Result};
+use clap::Parser;
+use rdkv_server::config::{Args, Config, LogFormat};
+use rdkv_server::node::Node;
+use tracing_subscriber::EnvFilter;
+
+fn init_logging(format: LogFormat) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,openraft=warn"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn wait_for_signal() -> Result<&'static str> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate =
+        signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    Ok(tokio::select! {
+        _ = terminate.recv() => "SIGTERM",
+        _ = interrupt.recv() => "SIGINT",
+    })
+}
+
+fn main() -> Result<()> {
+    let config = Config::resolve(Args::parse())?;
+    init_logging(config.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let node = Node::start(config).await?;
+        let signal = wait_for_signal().await?;
+        tracing::info!("{signal} received: shutting down");
+        node.stop().await?;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}

@@ -1,1 +1,277 @@
-//! Test harness: starts real rdkv-server processes.
+//! Test harness: builds and starts real `rdkv-server` processes on loopback,
+//! each with its own data directory, and kills, restarts and stops them.
+//!
+//! Every node gets its own 127.0.0.x address (x = 10 + node id) with ports
+//! chosen per test run, so concurrent tests do not collide.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use rdkv_client::{Client, ClientOptions};
+
+/// Path of a workspace binary (`rdkv-server`, `rdkvctl`), built once per
+/// test process with the profile this test was built with: cargo builds only
+/// the binaries of the package under test, and these live in other packages.
+pub fn binary(name: &str) -> PathBuf {
+    static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if !built.iter().any(|b| b == name) {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut command = Command::new(cargo);
+        let package = if name == "rdkvctl" { "rdkv-cli" } else { name };
+        command.args(["build", "--quiet", "-p", package, "--bin", name]);
+        if !cfg!(debug_assertions) {
+            command.arg("--release");
+        }
+        let status = command.status().expect("running cargo build");
+        assert!(
+            status.success(),
+            "cargo build --bin {name} failed: {status}"
+        );
+        built.push(name.to_owned());
+    }
+    // target/<profile>/deps/<test> -> target/<profile>/<name>
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test executable inside target/<profile>/deps");
+    dir.join(name)
+}
+
+/// A free TCP port on `ip` (bound then released; good enough for tests).
+pub fn free_port(ip: &str) -> u16 {
+    let listener = TcpListener::bind((ip, 0)).expect("binding an ephemeral port");
+    listener.local_addr().expect("local address").port()
+}
+
+#[derive(Debug)]
+pub struct NodeProc {
+    pub id: u64,
+    pub client_addr: SocketAddr,
+    pub peer_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    pub data_dir: PathBuf,
+    pub log_path: PathBuf,
+    extra_args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl NodeProc {
+    fn new(id: u64, root: &Path) -> NodeProc {
+        let ip = format!("127.0.0.{}", 10 + id);
+        let addr = |port: u16| SocketAddr::new(ip.parse().expect("loopback ip"), port);
+        NodeProc {
+            id,
+            client_addr: addr(free_port(&ip)),
+            peer_addr: addr(free_port(&ip)),
+            http_addr: addr(free_port(&ip)),
+            data_dir: root.join(format!("node-{id}")),
+            log_path: root.join(format!("node-{id}.log")),
+            extra_args: Vec::new(),
+            child: None,
+        }
+    }
+
+    pub fn start(&mut self, cluster_args: &[String]) -> Result<()> {
+        if self.child.is_some() {
+            bail!("node {} is already running", self.id);
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .context("opening the node log")?;
+        let child = Command::new(binary("rdkv-server"))
+            .arg("--id")
+            .arg(self.id.to_string())
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--listen")
+            .arg(self.client_addr.to_string())
+            .arg("--peer-listen")
+            .arg(self.peer_addr.to_string())
+            .arg("--http-listen")
+            .arg(self.http_addr.to_string())
+            .args(["--heartbeat-ms", "50", "--region-mib", "64"])
+            .args(cluster_args)
+            .args(&self.extra_args)
+            .env("RUST_LOG", "info,openraft=warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("spawning rdkv-server")?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// SIGKILL: no shutdown path runs.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn stop(&mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            let pid = child.id().to_string();
+            Command::new("kill").args(["-TERM", &pid]).status()?;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if let Some(status) = child.try_wait()? {
+                    if !status.success() {
+                        bail!("node {} exited with {status}", self.id);
+                    }
+                    return Ok(());
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    bail!("node {} did not stop within 10 s", self.id);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+}
+
+impl Drop for NodeProc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A cluster of real processes with temporary data directories.
+#[derive(Debug)]
+pub struct Cluster {
+    pub nodes: BTreeMap<u64, NodeProc>,
+    root: tempfile::TempDir,
+    initial_cluster: String,
+}
+
+impl Cluster {
+    /// Starts `n` nodes that form a cluster from `--initial-cluster`.
+    pub fn start(n: u64) -> Result<Cluster> {
+        let root = tempfile::tempdir()?;
+        let nodes: BTreeMap<u64, NodeProc> = (1..=n)
+            .map(|id| (id, NodeProc::new(id, root.path())))
+            .collect();
+        let initial_cluster = nodes
+            .values()
+            .map(|node| format!("{}={}", node.id, node.peer_addr))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = Cluster {
+            nodes,
+            root,
+            initial_cluster,
+        };
+        for id in 1..=n {
+            cluster.restart(id)?;
+        }
+        Ok(cluster)
+    }
+
+    /// (Re)starts node `id` with the cluster's initial membership.
+    pub fn restart(&mut self, id: u64) -> Result<()> {
+        let args = vec!["--initial-cluster".to_owned(), self.initial_cluster.clone()];
+        self.node_mut(id)?.start(&args)
+    }
+
+    /// Starts a new node that joins through `seed`'s client address.
+    pub fn join(&mut self, id: u64, seed: u64) -> Result<()> {
+        let seed_addr = self.node(seed)?.client_addr.to_string();
+        let mut node = NodeProc::new(id, self.root.path());
+        node.start(&["--join".to_owned(), seed_addr])?;
+        self.nodes.insert(id, node);
+        Ok(())
+    }
+
+    pub fn node(&self, id: u64) -> Result<&NodeProc> {
+        self.nodes.get(&id).with_context(|| format!("no node {id}"))
+    }
+
+    pub fn node_mut(&mut self, id: u64) -> Result<&mut NodeProc> {
+        self.nodes
+            .get_mut(&id)
+            .with_context(|| format!("no node {id}"))
+    }
+
+    pub fn endpoints(&self) -> Vec<String> {
+        self.nodes
+            .values()
+            .map(|n| n.client_addr.to_string())
+            .collect()
+    }
+
+    pub async fn client(&self) -> Result<Client> {
+        let options = ClientOptions {
+            request_timeout: Duration::from_secs(10),
+            ..ClientOptions::default()
+        };
+        Ok(Client::new(&self.endpoints(), options)?)
+    }
+
+    pub async fn client_of(&self, id: u64) -> Result<Client> {
+        let endpoint = self.node(id)?.client_addr.to_string();
+        let options = ClientOptions {
+            request_timeout: Duration::from_secs(10),
+            ..ClientOptions::default()
+        };
+        // Lazy: connects on first use and retries reads while the node starts.
+        Ok(Client::new(&[endpoint], options)?)
+    }
+
+    /// Waits until every running node reports the same leader; returns it.
+    pub async fn wait_for_leader(&mut self, timeout: Duration) -> Result<u64> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut leaders = Vec::new();
+            let running: Vec<u64> = self
+                .nodes
+                .iter_mut()
+                .filter_map(|(id, n)| n.is_running().then_some(*id))
+                .collect();
+            for id in &running {
+                let status = match self.client_of(*id).await {
+                    Ok(client) => client.status().await.ok(),
+                    Err(_) => None,
+                };
+                leaders.push(status.and_then(|s| s.leader_id));
+            }
+            if let Some(Some(leader)) = leaders.first().copied()
+                && leaders.iter().all(|l| *l == Some(leader))
+                && running.contains(&leader)
+            {
+                return Ok(leader);
+            }
+            if Instant::now() > deadline {
+                bail!("no agreed leader within {timeout:?}: {leaders:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Dumps every node's log (for a failing test's output).
+    pub fn logs(&self) -> String {
+        self.nodes
+            .values()
+            .map(|n| format!("==== node {} ====\n{}", n.id, n.log()))
+            .collect()
+    }
+}

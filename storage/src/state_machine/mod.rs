@@ -89,7 +89,8 @@ pub struct RegionStateMachine {
     shared: Arc<Shared>,
 }
 
-pub(crate) fn unix_now_us() -> u64 {
+/// Wall-clock microseconds since the unix epoch (0 if the clock is before it).
+pub fn unix_now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))

@@ -1,0 +1,316 @@
+//! Node configuration: command-line flags, `RDKV_*` environment variables and
+//! a TOML file (`--config`), in that order of precedence, over defaults that
+//! start a single-node cluster serving on loopback.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use serde::Deserialize;
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7379";
+pub const DEFAULT_PEER_LISTEN: &str = "127.0.0.1:7380";
+pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:9379";
+pub const DEFAULT_DATA_DIR: &str = "rdkv-data";
+/// A grace period below this cannot cover a slow reader (see ARCHITECTURE.md).
+pub const MIN_GRACE_PERIOD_MS: u64 = 10;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rdkv-server",
+    version,
+    about = "rdkv node: a replicated key-value store"
+)]
+pub struct Args {
+    /// TOML file with any of the settings below (flags and env override it).
+    #[arg(long, env = "RDKV_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// This node's id (unique in the cluster, >= 1). Default 1.
+    #[arg(long, env = "RDKV_ID")]
+    pub id: Option<u64>,
+    /// Where the Raft log, vote and snapshots live. Default ./rdkv-data.
+    #[arg(long, env = "RDKV_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Client and admin RPC address. Default 127.0.0.1:7379.
+    #[arg(long, env = "RDKV_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Raft peer traffic address. Default 127.0.0.1:7380.
+    #[arg(long, env = "RDKV_PEER_LISTEN")]
+    pub peer_listen: Option<SocketAddr>,
+    /// Health and status HTTP address. Default 127.0.0.1:9379; `off` disables.
+    #[arg(long, env = "RDKV_HTTP_LISTEN")]
+    pub http_listen: Option<String>,
+    /// `1=PEER_ADDR,2=PEER_ADDR,...`: every node started with the same list
+    /// forms that cluster. Default: a single-node cluster of this node.
+    #[arg(long, env = "RDKV_INITIAL_CLUSTER")]
+    pub initial_cluster: Option<String>,
+    /// Client address of any member: this fresh node asks to be added.
+    #[arg(long, env = "RDKV_JOIN")]
+    pub join: Option<String>,
+    /// Shared secret for clients, admins and peers.
+    #[arg(long, env = "RDKV_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Allow binding non-loopback addresses without a token.
+    #[arg(long, env = "RDKV_INSECURE")]
+    pub insecure: bool,
+    /// Region size in MiB. Default 256.
+    #[arg(long, env = "RDKV_REGION_MIB")]
+    pub region_mib: Option<u64>,
+    /// Grace period before a freed block is reused, ms. Default 250.
+    #[arg(long, env = "RDKV_GRACE_PERIOD_MS")]
+    pub grace_period_ms: Option<u64>,
+    /// Raft heartbeat interval, ms. Default 100.
+    #[arg(long, env = "RDKV_HEARTBEAT_MS")]
+    pub heartbeat_ms: Option<u64>,
+    /// Entries between snapshots. Default 10000.
+    #[arg(long, env = "RDKV_SNAPSHOT_ENTRIES")]
+    pub snapshot_entries: Option<u64>,
+    /// Log format: text or json.
+    #[arg(long, env = "RDKV_LOG_FORMAT")]
+    pub log_format: Option<String>,
+}
+
+/// The TOML file: the same settings, snake_case.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    id: Option<u64>,
+    data_dir: Option<PathBuf>,
+    listen: Option<SocketAddr>,
+    peer_listen: Option<SocketAddr>,
+    http_listen: Option<String>,
+    initial_cluster: Option<String>,
+    join: Option<String>,
+    token: Option<String>,
+    insecure: Option<bool>,
+    region_mib: Option<u64>,
+    grace_period_ms: Option<u64>,
+    heartbeat_ms: Option<u64>,
+    snapshot_entries: Option<u64>,
+    log_format: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The resolved configuration of a node.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub id: u64,
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub peer_listen: SocketAddr,
+    pub http_listen: Option<SocketAddr>,
+    /// id -> peer address; empty when joining.
+    pub initial_cluster: BTreeMap<u64, String>,
+    pub join: Option<String>,
+    pub token: Option<String>,
+    pub region_bytes: u64,
+    pub grace_period_ms: u64,
+    pub heartbeat_ms: u64,
+    pub snapshot_entries: u64,
+    pub log_format: LogFormat,
+}
+
+pub fn parse_initial_cluster(spec: &str) -> Result<BTreeMap<u64, String>> {
+    let mut members = BTreeMap::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part
+            .split_once('=')
+            .with_context(|| format!("initial-cluster entry {part:?} is not ID=PEER_ADDR"))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .with_context(|| format!("initial-cluster id {id:?} is not a number"))?;
+        if id == 0 {
+            bail!("initial-cluster ids start at 1");
+        }
+        let addr: SocketAddr = addr
+            .trim()
+            .parse()
+            .with_context(|| format!("initial-cluster address {addr:?} is not HOST:PORT"))?;
+        if members.insert(id, addr.to_string()).is_some() {
+            bail!("initial-cluster names node {id} twice");
+        }
+    }
+    if members.is_empty() {
+        bail!("initial-cluster is empty");
+    }
+    Ok(members)
+}
+
+fn read_file(path: &Path) -> Result<FileConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("parsing config file {}", path.display()))
+}
+
+fn parse_addr(what: &str, value: &str) -> Result<SocketAddr> {
+    value
+        .parse()
+        .with_context(|| format!("{what} {value:?} is not HOST:PORT"))
+}
+
+impl Config {
+    pub fn resolve(args: Args) -> Result<Config> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None => FileConfig::default(),
+        };
+        let id = args.id.or(file.id).unwrap_or(1);
+        if id == 0 {
+            bail!("--id must be >= 1");
+        }
+        let listen = match args.listen.or(file.listen) {
+            Some(addr) => addr,
+            None => parse_addr("listen", DEFAULT_LISTEN)?,
+        };
+        let peer_listen = match args.peer_listen.or(file.peer_listen) {
+            Some(addr) => addr,
+            None => parse_addr("peer-listen", DEFAULT_PEER_LISTEN)?,
+        };
+        let http_listen = match args
+            .http_listen
+            .or(file.http_listen)
+            .unwrap_or_else(|| DEFAULT_HTTP_LISTEN.to_owned())
+            .as_str()
+        {
+            "off" => None,
+            addr => Some(parse_addr("http-listen", addr)?),
+        };
+        let join = args.join.or(file.join);
+        let initial_cluster = match (args.initial_cluster.or(file.initial_cluster), &join) {
+            (Some(_), Some(_)) => bail!("--initial-cluster and --join are exclusive"),
+            (Some(spec), None) => parse_initial_cluster(&spec)?,
+            (None, Some(_)) => BTreeMap::new(),
+            (None, None) => BTreeMap::from([(id, peer_listen.to_string())]),
+        };
+        if !initial_cluster.is_empty() && !initial_cluster.contains_key(&id) {
+            bail!("--initial-cluster does not name this node (id {id})");
+        }
+        let token = args.token.or(file.token).filter(|t| !t.is_empty());
+        let insecure = args.insecure || file.insecure.unwrap_or(false);
+        let exposed = [Some(listen), Some(peer_listen), http_listen]
+            .into_iter()
+            .flatten()
+            .any(|addr| !addr.ip().is_loopback());
+        if exposed && token.is_none() && !insecure {
+            bail!(
+                "refusing to listen on a non-loopback address without --token \
+                 (or RDKV_TOKEN); pass --insecure to do it anyway"
+            );
+        }
+        let region_mib = args.region_mib.or(file.region_mib).unwrap_or(256);
+        if !(1..=1024 * 1024).contains(&region_mib) {
+            bail!("--region-mib must be between 1 and 1048576");
+        }
+        let grace_period_ms = args.grace_period_ms.or(file.grace_period_ms).unwrap_or(250);
+        if grace_period_ms < MIN_GRACE_PERIOD_MS {
+            bail!("--grace-period-ms must be at least {MIN_GRACE_PERIOD_MS}");
+        }
+        let heartbeat_ms = args.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(100);
+        if !(10..=10_000).contains(&heartbeat_ms) {
+            bail!("--heartbeat-ms must be between 10 and 10000");
+        }
+        let snapshot_entries = args
+            .snapshot_entries
+            .or(file.snapshot_entries)
+            .unwrap_or(10_000)
+            .max(1);
+        let log_format = match args
+            .log_format
+            .or(file.log_format)
+            .as_deref()
+            .unwrap_or("text")
+        {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            other => bail!("--log-format {other:?} is not text or json"),
+        };
+        Ok(Config {
+            id,
+            data_dir: args
+                .data_dir
+                .or(file.data_dir)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+            listen,
+            peer_listen,
+            http_listen,
+            initial_cluster,
+            join,
+            token,
+            region_bytes: region_mib * 1024 * 1024,
+            grace_period_ms,
+            heartbeat_ms,
+            snapshot_entries,
+            log_format,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Args {
+        let mut argv = vec!["rdkv-server"];
+        argv.extend_from_slice(extra);
+        Args::parse_from(argv)
+    }
+
+    #[test]
+    fn defaults_are_a_single_node_on_loopback() {
+        let config = Config::resolve(args(&[])).unwrap();
+        assert_eq!(config.id, 1);
+        assert_eq!(config.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(config.initial_cluster.len(), 1);
+        assert_eq!(config.initial_cluster[&1], DEFAULT_PEER_LISTEN);
+        assert_eq!(config.data_dir, PathBuf::from("rdkv-data"));
+    }
+
+    #[test]
+    fn initial_cluster_is_parsed_and_checked() {
+        let c = parse_initial_cluster("1=127.0.0.1:1, 2=127.0.0.2:2,3=127.0.0.3:3").unwrap();
+        assert_eq!(c.len(), 3);
+        assert!(parse_initial_cluster("1=nope").is_err());
+        assert!(parse_initial_cluster("x=127.0.0.1:1").is_err());
+        assert!(parse_initial_cluster("1=127.0.0.1:1,1=127.0.0.1:2").is_err());
+        assert!(parse_initial_cluster("").is_err());
+        assert!(
+            Config::resolve(args(&["--id", "4", "--initial-cluster", "1=127.0.0.1:1"])).is_err()
+        );
+    }
+
+    #[test]
+    fn non_loopback_needs_a_token_or_insecure() {
+        let open = ["--listen", "0.0.0.0:7379"];
+        assert!(Config::resolve(args(&open)).is_err());
+        assert!(Config::resolve(args(&[&open[..], &["--token", "s3cret"]].concat())).is_ok());
+        assert!(Config::resolve(args(&[&open[..], &["--insecure"]].concat())).is_ok());
+    }
+
+    #[test]
+    fn file_settings_apply_and_flags_win() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rdkv.toml");
+        std::fs::write(
+            &path,
+            "id = 7\nlisten = \"127.0.0.1:1111\"\ninitial_cluster = \"7=127.0.0.1:2222\"\n",
+        )
+        .unwrap();
+        let p = path.to_str().unwrap();
+        let config = Config::resolve(args(&["--config", p])).unwrap();
+        assert_eq!(config.id, 7);
+        assert_eq!(config.listen.port(), 1111);
+        let config = Config::resolve(args(&["--config", p, "--listen", "127.0.0.1:3333"])).unwrap();
+        assert_eq!(config.listen.port(), 3333);
+        std::fs::write(&path, "bogus = 1\n").unwrap();
+        let error = Config::resolve(args(&["--config", p])).unwrap_err();
+        assert!(format!("{error:#}").contains("unknown field"));
+    }
+}

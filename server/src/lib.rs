@@ -1,0 +1,21 @@
+//! rdkv-server: one node of an rdkv cluster.
+//!
+//! - [`config`]: flags, env and TOML file.
+//! - [`node`]: starts Raft (durable log, region state machine, peer network)
+//!   and the listeners.
+//! - [`peer`]: Raft traffic between nodes.
+//! - [`service`]: the native client protocol.
+//! - [`http`]: health, status and metrics for probes.
+
+pub mod config;
+mod framed;
+pub mod http;
+mod join;
+pub mod node;
+pub mod peer;
+pub mod service;
+
+use rdkv_storage::raft::TypeConfig;
+use rdkv_storage::state_machine::RegionStateMachine;
+
+pub type Raft = openraft::Raft<TypeConfig, RegionStateMachine>;

@@ -1,0 +1,285 @@
+//! A running node: the data directory, the Raft instance with its log store,
+//! state machine and network, the listeners, and the tasks around them.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use openraft::async_runtime::WatchReceiver;
+use openraft::errors::{InitializeError, RaftError};
+use openraft::{ServerState, SnapshotPolicy};
+use rdkv_proto::wire::Limits;
+use rdkv_storage::RegionConfig;
+use rdkv_storage::raft::NodeAddr;
+use rdkv_storage::raft_log::{LogOptions, LogStore};
+use rdkv_storage::state_machine::{RegionStateMachine, StateMachineConfig};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::Raft;
+use crate::config::Config;
+use crate::peer::{PeerContext, PeerNetwork, SNAPSHOT_CHUNK_BYTES, serve_peers};
+use crate::service::{Handler, serve_clients};
+
+/// What a started node exposes to its owner (main, or a test).
+#[derive(Debug)]
+pub struct Node {
+    pub raft: Raft,
+    pub handler: Arc<Handler>,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Held for the node's lifetime: a second process on the same data
+    /// directory would corrupt it.
+    _lock: File,
+}
+
+fn lock_data_dir(config: &Config) -> Result<File> {
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("creating data directory {}", config.data_dir.display()))?;
+    let path = config.data_dir.join("LOCK");
+    let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    if file.try_lock().is_err() {
+        bail!(
+            "data directory {} is in use by another rdkv-server",
+            config.data_dir.display()
+        );
+    }
+    Ok(file)
+}
+
+fn raft_config(config: &Config) -> Result<openraft::Config> {
+    let heartbeat = config.heartbeat_ms;
+    let raft = openraft::Config {
+        cluster_name: "rdkv".into(),
+        heartbeat_interval: heartbeat,
+        election_timeout_min: heartbeat * 5,
+        election_timeout_max: heartbeat * 10,
+        // Appends carry values up to 1 MiB: keep one append frame bounded.
+        max_payload_entries: 64,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_entries),
+        max_in_snapshot_log_to_keep: 1000,
+        purge_batch_size: 256,
+        install_snapshot_timeout: 60_000,
+        ..openraft::Config::default()
+    };
+    raft.validate().context("raft configuration")
+}
+
+/// The unix-µs deadline of the leader's lease, if this node leads: the last
+/// instant a quorum acknowledged it, plus the minimum election timeout (no
+/// follower votes for another candidate before that has passed).
+fn lease_deadline_us(
+    metrics: &openraft::RaftMetrics<rdkv_storage::raft::TypeConfig>,
+    election_timeout_min_ms: u64,
+) -> Option<u64> {
+    if metrics.state != ServerState::Leader {
+        return None;
+    }
+    let acked = metrics.last_quorum_acked.as_ref()?;
+    let age = openraft::Instant::elapsed(&**acked);
+    let now_us = rdkv_storage::state_machine::unix_now_us();
+    let acked_us = now_us.saturating_sub(u64::try_from(age.as_micros()).unwrap_or(u64::MAX));
+    Some(acked_us + election_timeout_min_ms * 1000)
+}
+
+impl Node {
+    pub async fn start(config: Config) -> Result<Node> {
+        let lock = lock_data_dir(&config)?;
+        // Bind first: a port in use fails the start before Raft runs.
+        let client_listener = TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("binding the client address {}", config.listen))?;
+        let peer_listener = TcpListener::bind(config.peer_listen)
+            .await
+            .with_context(|| format!("binding the peer address {}", config.peer_listen))?;
+        let http_listener = match config.http_listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the http address {addr}"))?,
+            ),
+            None => None,
+        };
+
+        let log = LogStore::open(&config.data_dir.join("raft-log"), LogOptions::default())
+            .context("opening the raft log")?;
+        let region = RegionConfig {
+            region_bytes: config.region_bytes,
+            grace_period_us: config.grace_period_ms * 1000,
+            node_id: config.id,
+            ..RegionConfig::default()
+        };
+        let limits = Limits {
+            max_key_bytes: region.max_key_bytes,
+            max_value_bytes: region.max_value_bytes,
+            ..Limits::default()
+        };
+        limits.validate_self().context("protocol limits")?;
+        let sm = RegionStateMachine::open(StateMachineConfig {
+            region,
+            snapshot_dir: config.data_dir.join("snapshots"),
+            region_full_wait_ms: config.grace_period_ms * 2,
+        })
+        .context("opening the state machine")?;
+
+        let client_addr = config.listen.to_string();
+        // A snapshot holds at most the region's live pairs plus framing.
+        let max_snapshot_bytes = config.region_bytes * 2 + SNAPSHOT_CHUNK_BYTES as u64;
+        let peers = Arc::new(PeerContext::new(
+            config.id,
+            client_addr.clone(),
+            config.token.clone(),
+            max_snapshot_bytes,
+        ));
+        let raft_config = Arc::new(raft_config(&config)?);
+        let election_timeout_min_ms = raft_config.election_timeout_min;
+        let raft = Raft::new(
+            config.id,
+            raft_config,
+            PeerNetwork::new(Arc::clone(&peers)),
+            log,
+            sm.clone(),
+        )
+        .await
+        .context("starting raft")?;
+
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let mut tasks = Vec::new();
+        tasks.push(tokio::spawn(serve_peers(
+            peer_listener,
+            raft.clone(),
+            Arc::clone(&peers),
+            shutdown_rx.clone(),
+        )));
+
+        if !config.initial_cluster.is_empty() {
+            initialize(&raft, &config, &client_addr).await?;
+        }
+
+        let handler = Arc::new(Handler::new(
+            raft.clone(),
+            sm.clone(),
+            Arc::clone(&peers),
+            limits,
+        ));
+        tasks.push(tokio::spawn(serve_clients(
+            client_listener,
+            Arc::clone(&handler),
+            shutdown_rx.clone(),
+        )));
+        if let Some(listener) = http_listener {
+            tasks.push(tokio::spawn(crate::http::serve_http(
+                listener,
+                Arc::clone(&handler),
+                shutdown_rx.clone(),
+            )));
+        }
+        tasks.push(tokio::spawn(publish_leadership(
+            raft.clone(),
+            sm,
+            election_timeout_min_ms,
+            config.heartbeat_ms,
+            shutdown_rx.clone(),
+        )));
+        let initialized = raft.is_initialized().await.context("reading raft state")?;
+        if let Some(seed) = config.join.clone().filter(|_| !initialized) {
+            tasks.push(tokio::spawn(crate::join::join_cluster(
+                seed,
+                config.id,
+                config.peer_listen.to_string(),
+                client_addr,
+                config.token.clone(),
+                shutdown_rx,
+            )));
+        }
+        tracing::info!(
+            id = config.id,
+            listen = %config.listen,
+            peer_listen = %config.peer_listen,
+            data_dir = %config.data_dir.display(),
+            "rdkv-server serving"
+        );
+        Ok(Node {
+            raft,
+            handler,
+            shutdown,
+            tasks,
+            _lock: lock,
+        })
+    }
+
+    /// Stops serving and shuts Raft down (its log is already durable).
+    pub async fn stop(self) -> Result<()> {
+        let _ = self.shutdown.send(true);
+        for task in self.tasks {
+            task.abort();
+        }
+        self.raft
+            .shutdown()
+            .await
+            .map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?;
+        Ok(())
+    }
+}
+
+/// Initializes the cluster from `--initial-cluster` unless this node already
+/// belongs to one (its data directory has state): restarts never re-initialize.
+async fn initialize(raft: &Raft, config: &Config, client_addr: &str) -> Result<()> {
+    if raft.is_initialized().await.context("reading raft state")? {
+        tracing::info!("resuming the cluster recorded in the data directory");
+        return Ok(());
+    }
+    let members: BTreeMap<u64, NodeAddr> = config
+        .initial_cluster
+        .iter()
+        .map(|(id, peer_addr)| {
+            let client_addr = if *id == config.id {
+                client_addr.to_owned()
+            } else {
+                // Learned from the peer handshake once that node is reached.
+                String::new()
+            };
+            (
+                *id,
+                NodeAddr {
+                    peer_addr: peer_addr.clone(),
+                    client_addr,
+                },
+            )
+        })
+        .collect();
+    tracing::info!(members = ?members.keys().collect::<Vec<_>>(), "initializing the cluster");
+    match raft.initialize(members).await {
+        Ok(()) => Ok(()),
+        // Another member's identical initialization reached us first.
+        Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
+        Err(e) => Err(anyhow::anyhow!("initializing the cluster: {e}")),
+    }
+}
+
+/// Keeps the region header's term and lease words current: renewed on every
+/// quorum acknowledgement, cleared at once when this node stops leading.
+async fn publish_leadership(
+    raft: Raft,
+    sm: RegionStateMachine,
+    election_timeout_min_ms: u64,
+    heartbeat_ms: u64,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut metrics = raft.metrics();
+    let mut tick = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(1)));
+    loop {
+        let current = metrics.borrow_watched().clone();
+        let deadline = lease_deadline_us(&current, election_timeout_min_ms);
+        if let Err(e) = sm.publish_leadership(current.current_term, deadline) {
+            tracing::error!("publishing leadership in the region header: {e}");
+        }
+        tokio::select! {
+            changed = metrics.changed() => if changed.is_err() { return },
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! Raft peer traffic: a TCP connection per (leader, follower) pair carrying
+//! openraft's RPCs as postcard payloads in rdkv frames. The connection opens
+//! with a [`PeerHello`] carrying the cluster token and the sender's id; a peer
+//! that is not a member (or presents the wrong token) is refused.
+
+mod network;
+mod service;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use openraft::errors::RaftError;
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
+};
+use rdkv_storage::raft::{SnapshotMeta, TypeConfig, Vote};
+use serde::{Deserialize, Serialize};
+
+pub use network::PeerNetwork;
+pub use service::serve_peers;
+
+pub const PEER_MAGIC: [u8; 4] = *b"RDKP";
+pub const PEER_PROTOCOL_VERSION: u16 = 1;
+/// Appends carry up to `max_payload_entries` entries of up to a max value
+/// each; peers are authenticated members, and this still bounds a frame.
+pub const PEER_MAX_FRAME_BYTES: u32 = 256 * 1024 * 1024;
+/// Snapshots travel in chunks of this size.
+pub const SNAPSHOT_CHUNK_BYTES: usize = 4 * 1024 * 1024;
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PeerHello {
+    pub magic: [u8; 4],
+    pub version: u16,
+    pub token: Option<String>,
+    pub from_id: u64,
+    /// So that followers can point clients at this node when it leads.
+    pub from_client_addr: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum PeerHelloReply {
+    Accepted { node_id: u64, client_addr: String },
+    Rejected { message: String },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum PeerRequest {
+    Append(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<TypeConfig>),
+    PreVote(VoteRequest<TypeConfig>),
+    TransferLeader(TransferLeaderRequest<TypeConfig>),
+    SnapshotChunk {
+        vote: Vote,
+        meta: SnapshotMeta,
+        total_bytes: u64,
+        offset: u64,
+        data: Bytes,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum PeerResponse {
+    Append(Result<AppendEntriesResponse<TypeConfig>, RaftError<TypeConfig>>),
+    Vote(Result<VoteResponse<TypeConfig>, RaftError<TypeConfig>>),
+    TransferLeader(Result<TransferLeaderResponse<TypeConfig>, RaftError<TypeConfig>>),
+    /// `Some` once the last chunk has been installed.
+    SnapshotChunk(Result<Option<SnapshotResponse<TypeConfig>>, String>),
+    /// The request could not be handled at all (decode error, bad chunk).
+    Failed(String),
+}
+
+/// Who this node is on the peer network, and what it has learned of others.
+#[derive(Debug)]
+pub struct PeerContext {
+    pub node_id: u64,
+    pub client_addr: String,
+    pub token: Option<String>,
+    /// Max bytes of a snapshot this node accepts (bounded by its region).
+    pub max_snapshot_bytes: u64,
+    client_addrs: Mutex<HashMap<u64, String>>,
+}
+
+impl PeerContext {
+    pub fn new(
+        node_id: u64,
+        client_addr: String,
+        token: Option<String>,
+        max_snapshot_bytes: u64,
+    ) -> Self {
+        PeerContext {
+            node_id,
+            client_addr,
+            token,
+            max_snapshot_bytes,
+            client_addrs: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Records a peer's client address, learned from a handshake.
+    pub fn learn_client_addr(&self, node_id: u64, client_addr: String) {
+        if client_addr.is_empty() {
+            return;
+        }
+        self.client_addrs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(node_id, client_addr);
+    }
+
+    pub fn client_addr_of(&self, node_id: u64) -> Option<String> {
+        if node_id == self.node_id {
+            return Some(self.client_addr.clone());
+        }
+        self.client_addrs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&node_id)
+            .cloned()
+    }
+}

@@ -1,0 +1,304 @@
+//! The sending side: openraft's `RaftNetworkFactory`/`RaftNetworkV2` over TCP.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::OptionalSend;
+use openraft::errors::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::network::v2::RaftNetworkV2;
+use openraft::network::{RPCOption, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
+};
+use rdkv_proto::wire::{FrameKind, decode_payload};
+use rdkv_storage::raft::{NodeAddr, TypeConfig, Vote};
+use rdkv_storage::state_machine::Snapshot;
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+
+use super::{
+    PEER_MAGIC, PEER_MAX_FRAME_BYTES, PEER_PROTOCOL_VERSION, PeerContext, PeerHello,
+    PeerHelloReply, PeerRequest, PeerResponse, SNAPSHOT_CHUNK_BYTES,
+};
+use crate::framed::{FrameReader, FrameWriter};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// openraft does not time out appends itself; a dead follower must not
+/// hold a replication stream for long.
+const MIN_APPEND_TIMEOUT: Duration = Duration::from_secs(2);
+const SNAPSHOT_CHUNK_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone)]
+pub struct PeerNetwork {
+    ctx: Arc<PeerContext>,
+}
+
+impl PeerNetwork {
+    pub fn new(ctx: Arc<PeerContext>) -> Self {
+        PeerNetwork { ctx }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
+    type Network = PeerConn;
+
+    async fn new_client(&mut self, target: u64, node: &NodeAddr) -> PeerConn {
+        PeerConn {
+            ctx: Arc::clone(&self.ctx),
+            target,
+            addr: node.peer_addr.clone(),
+            conn: None,
+            next_request_id: 1,
+        }
+    }
+}
+
+type Conn = (FrameReader<OwnedReadHalf>, FrameWriter<OwnedWriteHalf>);
+
+#[derive(Debug)]
+pub struct PeerConn {
+    ctx: Arc<PeerContext>,
+    target: u64,
+    addr: String,
+    conn: Option<Conn>,
+    next_request_id: u64,
+}
+
+fn unreachable(message: String) -> RPCError<TypeConfig> {
+    RPCError::Unreachable(Unreachable::from_string(message))
+}
+
+fn network(message: String) -> RPCError<TypeConfig> {
+    RPCError::Network(NetworkError::from_string(message))
+}
+
+impl PeerConn {
+    async fn connect(&mut self) -> Result<Conn, RPCError<TypeConfig>> {
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.addr))
+            .await
+            .map_err(|_| {
+                unreachable(format!(
+                    "connect to node {} at {}: timed out",
+                    self.target, self.addr
+                ))
+            })?
+            .map_err(|e| {
+                unreachable(format!(
+                    "connect to node {} at {}: {e}",
+                    self.target, self.addr
+                ))
+            })?;
+        let _ = stream.set_nodelay(true);
+        let (read, write) = stream.into_split();
+        let mut reader = FrameReader::new(read, PEER_MAX_FRAME_BYTES);
+        let mut writer = FrameWriter::new(write, PEER_MAX_FRAME_BYTES);
+        let hello = PeerHello {
+            magic: PEER_MAGIC,
+            version: PEER_PROTOCOL_VERSION,
+            token: self.ctx.token.clone(),
+            from_id: self.ctx.node_id,
+            from_client_addr: self.ctx.client_addr.clone(),
+        };
+        let handshake = async {
+            writer
+                .send(FrameKind::ClientHello, 0, &hello)
+                .await
+                .map_err(|e| network(format!("handshake with node {}: {e}", self.target)))?;
+            let frame = reader
+                .next()
+                .await
+                .map_err(|e| network(format!("handshake with node {}: {e}", self.target)))?
+                .ok_or_else(|| network(format!("node {} closed during handshake", self.target)))?;
+            decode_payload::<PeerHelloReply>(&frame)
+                .map_err(|e| network(format!("handshake with node {}: {e}", self.target)))
+        };
+        match tokio::time::timeout(CONNECT_TIMEOUT, handshake).await {
+            Err(_) => Err(unreachable(format!(
+                "handshake with node {}: timed out",
+                self.target
+            ))),
+            Ok(Err(e)) => Err(e),
+            Ok(Ok(PeerHelloReply::Rejected { message })) => Err(unreachable(format!(
+                "node {} refused this node: {message}",
+                self.target
+            ))),
+            Ok(Ok(PeerHelloReply::Accepted {
+                node_id,
+                client_addr,
+            })) => {
+                if node_id != self.target {
+                    return Err(unreachable(format!(
+                        "{} is node {node_id}, not node {}",
+                        self.addr, self.target
+                    )));
+                }
+                self.ctx.learn_client_addr(node_id, client_addr);
+                Ok((reader, writer))
+            }
+        }
+    }
+
+    /// One request, one response; any failure drops the connection so the
+    /// next call starts clean.
+    async fn call(
+        &mut self,
+        request: &PeerRequest,
+        timeout: Duration,
+    ) -> Result<PeerResponse, RPCError<TypeConfig>> {
+        let (mut reader, mut writer) = match self.conn.take() {
+            Some(conn) => conn,
+            None => self.connect().await?,
+        };
+        let request_id = self.next_request_id;
+        self.next_request_id += 1;
+        let target = self.target;
+        let exchange = async {
+            writer
+                .send(FrameKind::Request, request_id, request)
+                .await
+                .map_err(|e| network(format!("send to node {target}: {e}")))?;
+            let frame = reader
+                .next()
+                .await
+                .map_err(|e| network(format!("receive from node {target}: {e}")))?
+                .ok_or_else(|| network(format!("node {target} closed the connection")))?;
+            if frame.request_id != request_id {
+                return Err(network(format!(
+                    "node {target} answered request {} out of turn",
+                    frame.request_id
+                )));
+            }
+            decode_payload::<PeerResponse>(&frame)
+                .map_err(|e| network(format!("decode from node {target}: {e}")))
+        };
+        let response = tokio::time::timeout(timeout, exchange)
+            .await
+            .map_err(|_| network(format!("node {target} did not answer within {timeout:?}")))??;
+        self.conn = Some((reader, writer));
+        Ok(response)
+    }
+}
+
+fn unexpected(target: u64, response: PeerResponse) -> RPCError<TypeConfig> {
+    match response {
+        PeerResponse::Failed(message) => network(format!("node {target}: {message}")),
+        other => network(format!(
+            "node {target} sent an unexpected response: {other:?}"
+        )),
+    }
+}
+
+/// A remote Raft error means the peer cannot serve Raft right now (it is
+/// shutting down or broken): back off like an unreachable peer.
+fn remote<T>(
+    target: u64,
+    result: Result<T, openraft::errors::RaftError<TypeConfig>>,
+) -> Result<T, RPCError<TypeConfig>> {
+    result.map_err(|e| unreachable(format!("node {target}: {e}")))
+}
+
+impl RaftNetworkV2<TypeConfig> for PeerConn {
+    type SnapshotData = rdkv_storage::state_machine::SnapshotData;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let timeout = option.hard_ttl().max(MIN_APPEND_TIMEOUT);
+        match self.call(&PeerRequest::Append(rpc), timeout).await? {
+            PeerResponse::Append(result) => remote(self.target, result),
+            other => Err(unexpected(self.target, other)),
+        }
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        match self
+            .call(&PeerRequest::Vote(rpc), option.hard_ttl())
+            .await?
+        {
+            PeerResponse::Vote(result) => remote(self.target, result),
+            other => Err(unexpected(self.target, other)),
+        }
+    }
+
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        match self
+            .call(&PeerRequest::PreVote(rpc), option.hard_ttl())
+            .await?
+        {
+            PeerResponse::Vote(result) => remote(self.target, result),
+            other => Err(unexpected(self.target, other)),
+        }
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        match self
+            .call(&PeerRequest::TransferLeader(req), option.hard_ttl())
+            .await?
+        {
+            PeerResponse::TransferLeader(result) => remote(self.target, result),
+            other => Err(unexpected(self.target, other)),
+        }
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        _option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let send = async {
+            let total_bytes = snapshot.snapshot.len() as u64;
+            let mut offset = 0usize;
+            loop {
+                let end = (offset + SNAPSHOT_CHUNK_BYTES).min(snapshot.snapshot.len());
+                let chunk = PeerRequest::SnapshotChunk {
+                    vote,
+                    meta: snapshot.meta.clone(),
+                    total_bytes,
+                    offset: offset as u64,
+                    data: snapshot.snapshot.slice(offset..end),
+                };
+                match self.call(&chunk, SNAPSHOT_CHUNK_TIMEOUT).await? {
+                    PeerResponse::SnapshotChunk(Ok(Some(done))) => return Ok(done),
+                    PeerResponse::SnapshotChunk(Ok(None)) if end < snapshot.snapshot.len() => {
+                        offset = end
+                    }
+                    PeerResponse::SnapshotChunk(Ok(None)) => {
+                        return Err(network(format!(
+                            "node {} did not install the last chunk",
+                            self.target
+                        )));
+                    }
+                    PeerResponse::SnapshotChunk(Err(message)) => {
+                        return Err(network(format!(
+                            "node {} refused the snapshot: {message}",
+                            self.target
+                        )));
+                    }
+                    other => return Err(unexpected(self.target, other)),
+                }
+            }
+        };
+        tokio::select! {
+            closed = cancel => Err(StreamingError::Closed(closed)),
+            result = send => Ok(result?),
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! The receiving side: accepts peer connections, checks who they are, and
+//! hands their RPCs to the local Raft.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use bytes::BytesMut;
+use openraft::async_runtime::WatchReceiver;
+use openraft::errors::RaftError;
+use rdkv_proto::wire::{FrameKind, decode_payload, tokens_match};
+use rdkv_storage::raft::SnapshotMeta;
+use rdkv_storage::state_machine::Snapshot;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use super::{
+    PEER_MAGIC, PEER_MAX_FRAME_BYTES, PEER_PROTOCOL_VERSION, PeerContext, PeerHello,
+    PeerHelloReply, PeerRequest, PeerResponse,
+};
+use crate::Raft;
+use crate::framed::{FrameReader, FrameWriter};
+
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub async fn serve_peers(
+    listener: TcpListener,
+    raft: Raft,
+    ctx: Arc<PeerContext>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, addr)) => {
+                    let (raft, ctx) = (raft.clone(), Arc::clone(&ctx));
+                    tokio::spawn(async move {
+                        if let Err(e) = handle(stream, raft, ctx).await {
+                            tracing::debug!(%addr, "peer connection closed: {e:#}");
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!("accepting a peer connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// Why a peer is refused, if it is.
+fn refusal(hello: &PeerHello, raft: &Raft, ctx: &PeerContext) -> Option<String> {
+    if hello.magic != PEER_MAGIC || hello.version != PEER_PROTOCOL_VERSION {
+        return Some("not an rdkv peer of this protocol version".into());
+    }
+    if let Some(expected) = &ctx.token {
+        let presented = hello.token.as_deref().unwrap_or("");
+        if !tokens_match(expected.as_bytes(), presented.as_bytes()) {
+            return Some("wrong or missing token".into());
+        }
+    }
+    let metrics = raft.metrics().borrow_watched().clone();
+    let membership = metrics.membership_config.membership();
+    let mut nodes = membership.nodes().peekable();
+    // A node that is not yet part of a cluster (about to be added) accepts
+    // its future leader; a member accepts only members.
+    let uninitialized = nodes.peek().is_none();
+    let member = membership.nodes().any(|(id, _)| *id == hello.from_id);
+    if !uninitialized && !member {
+        return Some(format!("node {} is not a member", hello.from_id));
+    }
+    None
+}
+
+async fn handle(stream: TcpStream, raft: Raft, ctx: Arc<PeerContext>) -> Result<()> {
+    let _ = stream.set_nodelay(true);
+    let (read, write) = stream.into_split();
+    let mut reader = FrameReader::new(read, PEER_MAX_FRAME_BYTES);
+    let mut writer = FrameWriter::new(write, PEER_MAX_FRAME_BYTES);
+    let frame = tokio::time::timeout(HANDSHAKE_TIMEOUT, reader.next())
+        .await
+        .context("peer handshake timed out")??
+        .context("peer closed before its handshake")?;
+    let hello: PeerHello = decode_payload(&frame).context("decoding the peer handshake")?;
+    if let Some(message) = refusal(&hello, &raft, &ctx) {
+        tracing::warn!(from = hello.from_id, "refused a peer connection: {message}");
+        writer
+            .send(
+                FrameKind::ServerHello,
+                0,
+                &PeerHelloReply::Rejected {
+                    message: message.clone(),
+                },
+            )
+            .await?;
+        bail!("refused: {message}");
+    }
+    ctx.learn_client_addr(hello.from_id, hello.from_client_addr.clone());
+    let accepted = PeerHelloReply::Accepted {
+        node_id: ctx.node_id,
+        client_addr: ctx.client_addr.clone(),
+    };
+    writer.send(FrameKind::ServerHello, 0, &accepted).await?;
+
+    let mut incoming: Option<(SnapshotMeta, BytesMut)> = None;
+    while let Some(frame) = reader.next().await? {
+        let response = match decode_payload::<PeerRequest>(&frame) {
+            Err(e) => PeerResponse::Failed(format!("undecodable request: {e}")),
+            Ok(request) => dispatch(request, &raft, &ctx, &mut incoming).await,
+        };
+        writer
+            .send(FrameKind::Response, frame.request_id, &response)
+            .await?;
+    }
+    Ok(())
+}
+
+async fn dispatch(
+    request: PeerRequest,
+    raft: &Raft,
+    ctx: &PeerContext,
+    incoming: &mut Option<(SnapshotMeta, BytesMut)>,
+) -> PeerResponse {
+    match request {
+        PeerRequest::Append(rpc) => PeerResponse::Append(raft.append_entries(rpc).await),
+        PeerRequest::Vote(rpc) => PeerResponse::Vote(raft.vote(rpc).await),
+        PeerRequest::PreVote(rpc) => PeerResponse::Vote(raft.pre_vote(rpc).await),
+        PeerRequest::TransferLeader(rpc) => PeerResponse::TransferLeader(
+            raft.handle_transfer_leader(rpc)
+                .await
+                .map_err(RaftError::Fatal),
+        ),
+        PeerRequest::SnapshotChunk {
+            vote,
+            meta,
+            total_bytes,
+            offset,
+            data,
+        } => PeerResponse::SnapshotChunk(
+            snapshot_chunk(raft, ctx, incoming, vote, meta, total_bytes, offset, &data).await,
+        ),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn snapshot_chunk(
+    raft: &Raft,
+    ctx: &PeerContext,
+    incoming: &mut Option<(SnapshotMeta, BytesMut)>,
+    vote: rdkv_storage::raft::Vote,
+    meta: SnapshotMeta,
+    total_bytes: u64,
+    offset: u64,
+    data: &[u8],
+) -> Result<Option<openraft::raft::SnapshotResponse<rdkv_storage::raft::TypeConfig>>, String> {
+    if total_bytes > ctx.max_snapshot_bytes {
+        return Err(format!(
+            "snapshot of {total_bytes} bytes exceeds this node's limit of {}",
+            ctx.max_snapshot_bytes
+        ));
+    }
+    if offset == 0 {
+        *incoming = Some((meta.clone(), BytesMut::with_capacity(total_bytes as usize)));
+    }
+    let Some((expected_meta, buf)) = incoming.as_mut() else {
+        return Err("snapshot chunk without a first chunk".into());
+    };
+    if *expected_meta != meta || buf.len() as u64 != offset {
+        *incoming = None;
+        return Err("snapshot chunk out of order".into());
+    }
+    if offset + data.len() as u64 > total_bytes {
+        *incoming = None;
+        return Err("snapshot chunk past the announced size".into());
+    }
+    buf.extend_from_slice(data);
+    if (buf.len() as u64) < total_bytes {
+        return Ok(None);
+    }
+    let Some((meta, buf)) = incoming.take() else {
+        return Err("snapshot state lost".into());
+    };
+    let snapshot = Snapshot {
+        meta,
+        snapshot: buf.freeze(),
+    };
+    raft.install_full_snapshot(vote, snapshot)
+        .await
+        .map(Some)
+        .map_err(|e| e.to_string())
+}

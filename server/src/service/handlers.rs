@@ -1,0 +1,455 @@
+//! What each request does on this node.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use openraft::async_runtime::WatchReceiver;
+use openraft::errors::{ClientWriteError, LinearizableReadError, RaftError};
+use openraft::{ChangeMembers, ReadPolicy};
+use rdkv_proto::wire::{
+    Consistency, ErrorCode, ErrorReply, LeaderHint, Limits, MemberInfo, Request, Response,
+    SnapshotChunk,
+};
+use rdkv_storage::raft::{Command, CommandResult, NodeAddr, TypeConfig};
+use rdkv_storage::state_machine::RegionStateMachine;
+
+use crate::Raft;
+use crate::peer::PeerContext;
+
+/// Largest snapshot piece one `SnapshotRead` returns.
+const MAX_SNAPSHOT_CHUNK_BYTES: u32 = 4 * 1024 * 1024;
+/// A leader refuses writes that would leave less than this share of the
+/// region free: replicas' regions fill differently (fragmentation, grace
+/// periods), and a follower must never be the one that runs out.
+const WRITE_HEADROOM_PERCENT: u64 = 5;
+const MOVE_LEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug)]
+pub struct Handler {
+    raft: Raft,
+    sm: RegionStateMachine,
+    peers: Arc<PeerContext>,
+    limits: Limits,
+}
+
+type Reply = Result<Response, ErrorReply>;
+
+impl Handler {
+    pub fn new(
+        raft: Raft,
+        sm: RegionStateMachine,
+        peers: Arc<PeerContext>,
+        limits: Limits,
+    ) -> Self {
+        Handler {
+            raft,
+            sm,
+            peers,
+            limits,
+        }
+    }
+
+    pub fn token(&self) -> Option<&str> {
+        self.peers.token.as_deref()
+    }
+
+    pub fn node_id(&self) -> u64 {
+        self.peers.node_id
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    pub(super) fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    pub(super) fn sm(&self) -> &RegionStateMachine {
+        &self.sm
+    }
+
+    pub(super) fn peers(&self) -> &PeerContext {
+        &self.peers
+    }
+
+    pub async fn handle(&self, request: Request) -> Response {
+        let reply = match request {
+            Request::Ping => Ok(Response::Pong),
+            Request::Get { key, consistency } => self.get(&key, consistency).await,
+            Request::MGet { keys, consistency } => self.mget(&keys, consistency).await,
+            Request::Put { key, value } => self.write(Command::Put { key, value }).await,
+            Request::Delete { key } => self.write(Command::Delete { key }).await,
+            Request::Cas {
+                key,
+                expected_version,
+                new_value,
+            } => {
+                self.write(Command::Cas {
+                    key,
+                    expected_version,
+                    new_value,
+                })
+                .await
+            }
+            Request::MPut { pairs } => self.write(Command::MPut { pairs }).await,
+            Request::Status => Ok(Response::Status(Box::new(self.status()))),
+            Request::Health => Ok(Response::Health(self.health())),
+            Request::Members => Ok(Response::Members(self.members())),
+            Request::AddMember {
+                id,
+                peer_addr,
+                client_addr,
+                learner,
+            } => self.add_member(id, peer_addr, client_addr, learner).await,
+            Request::PromoteMember { id } => self.promote_member(id).await,
+            Request::RemoveMember { id } => self.remove_member(id).await,
+            Request::MoveLeader { to } => self.move_leader(to).await,
+            Request::SnapshotRead { offset, max_bytes } => {
+                self.snapshot_read(offset, max_bytes).await
+            }
+        };
+        reply.unwrap_or_else(Response::Error)
+    }
+
+    /// The client address of node `id`: from the membership, or learned from
+    /// its peer handshake.
+    pub(super) fn client_addr_of(&self, id: u64, node: Option<&NodeAddr>) -> Option<String> {
+        node.map(|n| n.client_addr.clone())
+            .filter(|a| !a.is_empty())
+            .or_else(|| self.peers.client_addr_of(id))
+    }
+
+    fn hint(&self, leader: Option<u64>, node: Option<&NodeAddr>) -> Option<LeaderHint> {
+        let node_id = leader?;
+        let node = node.cloned().or_else(|| {
+            let metrics = self.raft.metrics().borrow_watched().clone();
+            metrics
+                .membership_config
+                .membership()
+                .get_node(&node_id)
+                .cloned()
+        });
+        let client_addr = self.client_addr_of(node_id, node.as_ref())?;
+        Some(LeaderHint {
+            node_id,
+            client_addr,
+        })
+    }
+
+    fn not_leader(&self, leader: Option<u64>, node: Option<&NodeAddr>) -> ErrorReply {
+        ErrorReply::not_leader(self.hint(leader, node))
+    }
+
+    fn current_leader_error(&self) -> ErrorReply {
+        let leader = self.raft.metrics().borrow_watched().current_leader;
+        self.not_leader(leader, None)
+    }
+
+    /// Waits until this node may serve a read at `consistency`.
+    async fn read_barrier(&self, consistency: Consistency) -> Result<(), ErrorReply> {
+        let policy = match consistency {
+            Consistency::Follower { max_lag_entries } => {
+                let metrics = self.raft.metrics().borrow_watched().clone();
+                let committed = metrics.cluster_committed.map_or(0, |l| l.index);
+                let lag = committed.saturating_sub(self.sm.applied_index());
+                if lag > max_lag_entries {
+                    return Err(ErrorReply::new(
+                        ErrorCode::StaleFollower,
+                        format!(
+                            "this node is {lag} entries behind, over the {max_lag_entries} allowed"
+                        ),
+                    ));
+                }
+                return Ok(());
+            }
+            Consistency::Lease => ReadPolicy::LeaseRead,
+            Consistency::Linearizable => ReadPolicy::ReadIndex,
+        };
+        let lease = matches!(consistency, Consistency::Lease);
+        match self.raft.ensure_linearizable(policy).await {
+            Ok(_) => Ok(()),
+            // The lease has lapsed (no quorum contact lately): a ReadIndex
+            // round confirms leadership instead.
+            Err(RaftError::APIError(LinearizableReadError::QuorumNotEnough(_))) if lease => {
+                match self.raft.ensure_linearizable(ReadPolicy::ReadIndex).await {
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(self.read_error(e)),
+                }
+            }
+            Err(e) => Err(self.read_error(e)),
+        }
+    }
+
+    fn read_error(
+        &self,
+        error: RaftError<TypeConfig, LinearizableReadError<TypeConfig>>,
+    ) -> ErrorReply {
+        match error {
+            RaftError::APIError(LinearizableReadError::ForwardToLeader(f)) => {
+                self.not_leader(f.leader_id, f.leader_node.as_ref())
+            }
+            RaftError::APIError(LinearizableReadError::QuorumNotEnough(e)) => {
+                ErrorReply::new(ErrorCode::Unavailable, e.to_string())
+            }
+            RaftError::Fatal(e) => ErrorReply::new(ErrorCode::Unavailable, e.to_string()),
+        }
+    }
+
+    fn local(&self, key: &[u8]) -> Result<Option<rdkv_proto::wire::Versioned>, ErrorReply> {
+        self.sm
+            .get_local(key)
+            .map_err(|e| ErrorReply::new(ErrorCode::Internal, e.to_string()))
+    }
+
+    async fn get(&self, key: &Bytes, consistency: Consistency) -> Reply {
+        self.read_barrier(consistency).await?;
+        Ok(Response::Value(self.local(key)?))
+    }
+
+    async fn mget(&self, keys: &[Bytes], consistency: Consistency) -> Reply {
+        self.read_barrier(consistency).await?;
+        let values = keys
+            .iter()
+            .map(|k| self.local(k))
+            .collect::<Result<_, _>>()?;
+        Ok(Response::Values(values))
+    }
+
+    /// Refuses a write the region could not take with headroom to spare.
+    fn admit(&self, command: &Command) -> Result<(), ErrorReply> {
+        let incoming: u64 = match command {
+            Command::Put { key, value } => (key.len() + value.len()) as u64,
+            Command::Cas {
+                key,
+                new_value: Some(value),
+                ..
+            } => (key.len() + value.len()) as u64,
+            Command::MPut { pairs } => pairs.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum(),
+            Command::Delete { .. }
+            | Command::Cas {
+                new_value: None, ..
+            } => return Ok(()),
+        };
+        let stats = self.sm.region_stats();
+        let reserve = stats.data_capacity_bytes * WRITE_HEADROOM_PERCENT / 100;
+        let available = stats.free_bytes + stats.pending_reclaim_bytes;
+        if available < incoming.saturating_add(reserve) {
+            return Err(ErrorReply::new(
+                ErrorCode::RegionFull,
+                format!(
+                    "region full: {available} bytes free or reclaimable, {incoming} needed plus a {reserve}-byte reserve"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    async fn write(&self, command: Command) -> Reply {
+        if !self.raft.is_leader() {
+            return Err(self.current_leader_error());
+        }
+        self.admit(&command)?;
+        let response = self
+            .raft
+            .client_write(command)
+            .await
+            .map_err(|e| self.write_error(e))?;
+        match response.data {
+            CommandResult::Written { version } => Ok(Response::Written { version }),
+            CommandResult::Deleted { existed, version } => {
+                Ok(Response::Deleted { existed, version })
+            }
+            CommandResult::CasDone {
+                succeeded,
+                version,
+                current,
+            } => Ok(Response::CasDone {
+                succeeded,
+                version,
+                current,
+            }),
+            CommandResult::MWritten { version } => Ok(Response::MWritten { version }),
+            CommandResult::Failed {
+                region_full,
+                message,
+            } => Err(ErrorReply::new(
+                if region_full {
+                    ErrorCode::RegionFull
+                } else {
+                    ErrorCode::Internal
+                },
+                message,
+            )),
+            CommandResult::None => Err(ErrorReply::new(
+                ErrorCode::Internal,
+                "a write produced no result",
+            )),
+        }
+    }
+
+    fn write_error(
+        &self,
+        error: RaftError<TypeConfig, ClientWriteError<TypeConfig>>,
+    ) -> ErrorReply {
+        match error {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+                self.not_leader(f.leader_id, f.leader_node.as_ref())
+            }
+            RaftError::APIError(ClientWriteError::LogEntryDiscarded(_)) => ErrorReply::new(
+                ErrorCode::Timeout,
+                "leadership changed while the write was in flight: it may or may not have been applied",
+            ),
+            RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+                ErrorReply::new(ErrorCode::InvalidRequest, e.to_string())
+            }
+            RaftError::APIError(other) => {
+                ErrorReply::new(ErrorCode::InvalidRequest, other.to_string())
+            }
+            RaftError::Fatal(e) => ErrorReply::new(ErrorCode::Unavailable, e.to_string()),
+        }
+    }
+
+    pub(super) fn members(&self) -> Vec<MemberInfo> {
+        let metrics = self.raft.metrics().borrow_watched().clone();
+        let membership = metrics.membership_config.membership();
+        let voters: BTreeSet<u64> = membership.voter_ids().collect();
+        membership
+            .nodes()
+            .map(|(id, node)| MemberInfo {
+                id: *id,
+                peer_addr: node.peer_addr.clone(),
+                client_addr: self.client_addr_of(*id, Some(node)).unwrap_or_default(),
+                voter: voters.contains(id),
+            })
+            .collect()
+    }
+
+    async fn add_member(
+        &self,
+        id: u64,
+        peer_addr: String,
+        client_addr: String,
+        learner: bool,
+    ) -> Reply {
+        if !self.raft.is_leader() {
+            return Err(self.current_leader_error());
+        }
+        if id == 0 {
+            return Err(ErrorReply::new(
+                ErrorCode::InvalidRequest,
+                "member ids start at 1",
+            ));
+        }
+        tracing::info!(id, %peer_addr, %client_addr, learner, "adding a member");
+        let node = NodeAddr {
+            peer_addr,
+            client_addr,
+        };
+        // Blocking: returns once the learner has caught up (by snapshot if
+        // the log it needs was purged).
+        self.raft
+            .add_learner(id, node, true)
+            .await
+            .map_err(|e| self.write_error(e))?;
+        if !learner {
+            self.raft
+                .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), true)
+                .await
+                .map_err(|e| self.write_error(e))?;
+        }
+        Ok(Response::Members(self.members()))
+    }
+
+    async fn promote_member(&self, id: u64) -> Reply {
+        if !self.raft.is_leader() {
+            return Err(self.current_leader_error());
+        }
+        if !self.members().iter().any(|m| m.id == id) {
+            return Err(ErrorReply::new(
+                ErrorCode::NotFound,
+                format!("node {id} is not a member"),
+            ));
+        }
+        self.raft
+            .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), true)
+            .await
+            .map_err(|e| self.write_error(e))?;
+        Ok(Response::Members(self.members()))
+    }
+
+    async fn remove_member(&self, id: u64) -> Reply {
+        if !self.raft.is_leader() {
+            return Err(self.current_leader_error());
+        }
+        let Some(member) = self.members().into_iter().find(|m| m.id == id) else {
+            return Err(ErrorReply::new(
+                ErrorCode::NotFound,
+                format!("node {id} is not a member"),
+            ));
+        };
+        tracing::info!(id, "removing a member");
+        let change = if member.voter {
+            ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+        } else {
+            ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+        };
+        self.raft
+            .change_membership(change, false)
+            .await
+            .map_err(|e| self.write_error(e))?;
+        Ok(Response::Members(self.members()))
+    }
+
+    async fn move_leader(&self, to: u64) -> Reply {
+        if !self.raft.is_leader() {
+            return Err(self.current_leader_error());
+        }
+        if !self.members().iter().any(|m| m.id == to && m.voter) {
+            return Err(ErrorReply::new(
+                ErrorCode::NotFound,
+                format!("node {to} is not a voter"),
+            ));
+        }
+        if to == self.node_id() {
+            return Ok(Response::Done);
+        }
+        tracing::info!(to, "transferring leadership");
+        self.raft
+            .trigger()
+            .transfer_leader(to)
+            .await
+            .map_err(|e| ErrorReply::new(ErrorCode::Unavailable, e.to_string()))?;
+        self.raft
+            .wait(Some(MOVE_LEADER_TIMEOUT))
+            .metrics(|m| m.current_leader == Some(to), "leadership moved")
+            .await
+            .map_err(|e| {
+                ErrorReply::new(
+                    ErrorCode::Timeout,
+                    format!("node {to} did not take over: {e}"),
+                )
+            })?;
+        Ok(Response::Done)
+    }
+
+    async fn snapshot_read(&self, offset: u64, max_bytes: u32) -> Reply {
+        let (meta, data) = self
+            .sm
+            .snapshot_bytes()
+            .await
+            .map_err(|e| ErrorReply::new(ErrorCode::Internal, e.to_string()))?;
+        let total_bytes = data.len() as u64;
+        let start = offset.min(total_bytes) as usize;
+        let len = max_bytes.clamp(1, MAX_SNAPSHOT_CHUNK_BYTES) as usize;
+        let end = start.saturating_add(len).min(data.len());
+        Ok(Response::Snapshot(SnapshotChunk {
+            last_log_index: meta.last_log_id.map_or(0, |l| l.index),
+            total_bytes,
+            offset: start as u64,
+            data: data.slice(start..end),
+        }))
+    }
+}

@@ -1,0 +1,209 @@
+//! The client service: the native protocol over TCP. One task reads frames
+//! (acquiring a credit per request before reading the next, so a client can
+//! never have more than `max_in_flight` requests in the server: backpressure
+//! instead of an unbounded queue), one task per request computes the answer,
+//! one task writes responses as they complete (pipelining, any order).
+
+mod handlers;
+mod status;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use rdkv_proto::wire::{
+    ClientHello, ErrorCode, ErrorReply, FrameKind, Limits, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
+    Request, Response, ServerHello, WireError, decode_payload, negotiate, tokens_match,
+};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc, watch};
+
+use crate::framed::{FrameReader, FrameWriter, FramedError};
+
+pub use handlers::Handler;
+
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Requests one connection may have in the server at once.
+pub const MAX_IN_FLIGHT: u32 = 128;
+
+pub async fn serve_clients(
+    listener: TcpListener,
+    handler: Arc<Handler>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, addr)) => {
+                    let handler = Arc::clone(&handler);
+                    tokio::spawn(async move {
+                        if let Err(e) = connection(stream, addr, handler).await {
+                            tracing::debug!(%addr, "client connection closed: {e:#}");
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!("accepting a client connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+fn rejected(code: ErrorCode, message: impl Into<String>) -> ServerHello {
+    ServerHello::Rejected {
+        code,
+        message: message.into(),
+    }
+}
+
+/// Checks the hello; `Err` is the rejection to send.
+fn accept_hello(hello: &ClientHello, handler: &Handler) -> Result<u16, ServerHello> {
+    let version = negotiate(hello, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION)
+        .map_err(|e| rejected(ErrorCode::UnsupportedVersion, e.to_string()))?;
+    if let Some(expected) = handler.token() {
+        let presented = hello.token.as_deref().unwrap_or("");
+        if !tokens_match(expected.as_bytes(), presented.as_bytes()) {
+            return Err(rejected(
+                ErrorCode::Unauthenticated,
+                "wrong or missing token",
+            ));
+        }
+    }
+    Ok(version)
+}
+
+async fn connection(stream: TcpStream, addr: SocketAddr, handler: Arc<Handler>) -> Result<()> {
+    let _ = stream.set_nodelay(true);
+    let limits: Limits = handler.limits();
+    let (read, write) = stream.into_split();
+    let mut reader = FrameReader::new(read, limits.max_frame_bytes);
+    let mut writer = FrameWriter::new(write, limits.max_frame_bytes);
+
+    let frame = tokio::time::timeout(HANDSHAKE_TIMEOUT, reader.next())
+        .await
+        .context("handshake timed out")??
+        .context("closed before the handshake")?;
+    let hello = match frame
+        .expect_kind(FrameKind::ClientHello)
+        .and_then(|()| decode_payload::<ClientHello>(&frame))
+    {
+        Ok(hello) => hello,
+        Err(e) => {
+            let reply = rejected(
+                ErrorCode::Malformed,
+                format!("expected a client hello: {e}"),
+            );
+            writer.send(FrameKind::ServerHello, 0, &reply).await?;
+            bail!("bad handshake: {e}");
+        }
+    };
+    match accept_hello(&hello, &handler) {
+        Ok(version) => {
+            let accepted = ServerHello::Accepted {
+                version,
+                node_id: handler.node_id(),
+                cluster_id: 0,
+                max_frame_bytes: limits.max_frame_bytes,
+                max_in_flight: MAX_IN_FLIGHT,
+            };
+            writer.send(FrameKind::ServerHello, 0, &accepted).await?;
+        }
+        Err(reply) => {
+            tracing::warn!(%addr, client = %hello.client_name, "refused a client: {reply:?}");
+            writer.send(FrameKind::ServerHello, 0, &reply).await?;
+            bail!("handshake refused");
+        }
+    }
+
+    let credits = Arc::new(Semaphore::new(MAX_IN_FLIGHT as usize));
+    let (done_tx, mut done_rx) = mpsc::channel::<(u64, Response)>(MAX_IN_FLIGHT as usize);
+    let write_task = tokio::spawn(async move {
+        while let Some((request_id, response)) = done_rx.recv().await {
+            if let Err(e) = queue_response(&mut writer, request_id, &response) {
+                return Err(e);
+            }
+            // Batch whatever else is ready into the same write.
+            while let Ok((request_id, response)) = done_rx.try_recv() {
+                queue_response(&mut writer, request_id, &response)?;
+            }
+            writer.flush().await?;
+        }
+        Ok::<_, FramedError>(())
+    });
+
+    let result = read_requests(&mut reader, &handler, &limits, &credits, &done_tx).await;
+    drop(done_tx);
+    // Let the answers to requests already read go out.
+    let _ = write_task.await;
+    result
+}
+
+/// Queues a response; one too large for a frame becomes an error reply.
+fn queue_response(
+    writer: &mut FrameWriter<tokio::net::tcp::OwnedWriteHalf>,
+    request_id: u64,
+    response: &Response,
+) -> Result<(), FramedError> {
+    match writer.queue(FrameKind::Response, request_id, response) {
+        Err(FramedError::Wire(WireError::FrameTooLarge {
+            len_bytes,
+            max_bytes,
+        })) => {
+            let error = Response::Error(ErrorReply::new(
+                ErrorCode::FrameTooLarge,
+                format!(
+                    "the response would be {len_bytes} bytes, over the {max_bytes}-byte frame limit"
+                ),
+            ));
+            writer.queue(FrameKind::Response, request_id, &error)
+        }
+        other => other,
+    }
+}
+
+async fn read_requests(
+    reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
+    handler: &Arc<Handler>,
+    limits: &Limits,
+    credits: &Arc<Semaphore>,
+    done: &mpsc::Sender<(u64, Response)>,
+) -> Result<()> {
+    loop {
+        let permit = Arc::clone(credits).acquire_owned().await?;
+        let frame = match reader.next().await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                // The stream cannot be resynchronised: say why, then close.
+                let reply = ErrorReply::new(ErrorCode::Malformed, e.to_string());
+                let _ = done.send((0, Response::Error(reply))).await;
+                bail!("framing: {e}");
+            }
+        };
+        if frame.kind != FrameKind::Request {
+            let reply = ErrorReply::new(ErrorCode::Malformed, "expected a request frame");
+            let _ = done.send((frame.request_id, Response::Error(reply))).await;
+            bail!("unexpected frame kind {:?}", frame.kind);
+        }
+        let request_id = frame.request_id;
+        let request = decode_payload::<Request>(&frame);
+        let handler = Arc::clone(handler);
+        let done = done.clone();
+        let limits = *limits;
+        tokio::spawn(async move {
+            let response = match request {
+                Err(e) => Response::Error(ErrorReply::new(ErrorCode::Malformed, e.to_string())),
+                Ok(request) => match request.validate(&limits) {
+                    Err(e) => Response::Error(ErrorReply::from(&e)),
+                    Ok(()) => handler.handle(request).await,
+                },
+            };
+            let _ = done.send((request_id, response)).await;
+            drop(permit);
+        });
+    }
+}
