@@ -67,6 +67,10 @@ pub struct Args {
     /// Entries between snapshots. Default 10000.
     #[arg(long, env = "RDKV_SNAPSHOT_ENTRIES")]
     pub snapshot_entries: Option<u64>,
+    /// Log entries kept behind a snapshot (a follower further behind gets
+    /// the snapshot). Default 1000.
+    #[arg(long, env = "RDKV_SNAPSHOT_KEEP_ENTRIES")]
+    pub snapshot_keep_entries: Option<u64>,
     /// Log format: text or json.
     #[arg(long, env = "RDKV_LOG_FORMAT")]
     pub log_format: Option<String>,
@@ -89,6 +93,7 @@ struct FileConfig {
     grace_period_ms: Option<u64>,
     heartbeat_ms: Option<u64>,
     snapshot_entries: Option<u64>,
+    snapshot_keep_entries: Option<u64>,
     log_format: Option<String>,
 }
 
@@ -114,6 +119,7 @@ pub struct Config {
     pub grace_period_ms: u64,
     pub heartbeat_ms: u64,
     pub snapshot_entries: u64,
+    pub snapshot_keep_entries: u64,
     pub log_format: LogFormat,
 }
 
@@ -248,6 +254,10 @@ impl Config {
             grace_period_ms,
             heartbeat_ms,
             snapshot_entries,
+            snapshot_keep_entries: args
+                .snapshot_keep_entries
+                .or(file.snapshot_keep_entries)
+                .unwrap_or(1000),
             log_format,
         })
     }

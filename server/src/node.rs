@@ -59,7 +59,7 @@ fn raft_config(config: &Config) -> Result<openraft::Config> {
         // Appends carry values up to 1 MiB: keep one append frame bounded.
         max_payload_entries: 64,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_entries),
-        max_in_snapshot_log_to_keep: 1000,
+        max_in_snapshot_log_to_keep: config.snapshot_keep_entries,
         purge_batch_size: 256,
         install_snapshot_timeout: 60_000,
         ..openraft::Config::default()

@@ -58,7 +58,7 @@ pub struct NodeProc {
     pub http_addr: SocketAddr,
     pub data_dir: PathBuf,
     pub log_path: PathBuf,
-    extra_args: Vec<String>,
+    pub extra_args: Vec<String>,
     child: Option<Child>,
 }
 
