@@ -162,6 +162,7 @@ pub struct Cluster {
     pub nodes: BTreeMap<u64, NodeProc>,
     root: tempfile::TempDir,
     initial_cluster: String,
+    extra_args: Vec<String>,
 }
 
 impl Cluster {
@@ -180,6 +181,7 @@ impl Cluster {
             nodes,
             root,
             initial_cluster,
+            extra_args: extra,
         };
         for id in 1..=n {
             cluster.restart(id)?;
@@ -197,6 +199,7 @@ impl Cluster {
     pub fn join(&mut self, id: u64, seed: u64) -> Result<()> {
         let seed_addr = self.node(seed)?.client_addr.to_string();
         let mut node = NodeProc::new(id, self.root.path());
+        node.extra_args = self.extra_args.clone();
         node.start(&["--join".to_owned(), seed_addr])?;
         self.nodes.insert(id, node);
         Ok(())
