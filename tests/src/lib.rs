@@ -168,9 +168,20 @@ pub struct Cluster {
 impl Cluster {
     /// Starts `n` nodes that form a cluster from `--initial-cluster`.
     pub fn start(n: u64) -> Result<Cluster> {
+        Cluster::start_with(n, &[])
+    }
+
+    /// Like [`Cluster::start`], with extra `rdkv-server` flags for every node
+    /// (also used when a node is restarted or joins).
+    pub fn start_with(n: u64, extra_args: &[&str]) -> Result<Cluster> {
         let root = tempfile::tempdir()?;
+        let extra: Vec<String> = extra_args.iter().map(|a| (*a).to_owned()).collect();
         let nodes: BTreeMap<u64, NodeProc> = (1..=n)
-            .map(|id| (id, NodeProc::new(id, root.path())))
+            .map(|id| {
+                let mut node = NodeProc::new(id, root.path());
+                node.extra_args = extra.clone();
+                (id, node)
+            })
             .collect();
         let initial_cluster = nodes
             .values()
