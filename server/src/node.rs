@@ -103,7 +103,7 @@ impl Node {
             None => None,
         };
 
-        let log = LogStore::open(&config.data_dir.join("raft-log"), LogOptions::default())
+        let log = LogStore::open(config.data_dir.join("raft-log"), LogOptions::default())
             .context("opening the raft log")?;
         let region = RegionConfig {
             region_bytes: config.region_bytes,

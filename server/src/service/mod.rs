@@ -123,9 +123,7 @@ async fn connection(stream: TcpStream, addr: SocketAddr, handler: Arc<Handler>) 
     let (done_tx, mut done_rx) = mpsc::channel::<(u64, Response)>(MAX_IN_FLIGHT as usize);
     let write_task = tokio::spawn(async move {
         while let Some((request_id, response)) = done_rx.recv().await {
-            if let Err(e) = queue_response(&mut writer, request_id, &response) {
-                return Err(e);
-            }
+            queue_response(&mut writer, request_id, &response)?;
             // Batch whatever else is ready into the same write.
             while let Ok((request_id, response)) = done_rx.try_recv() {
                 queue_response(&mut writer, request_id, &response)?;
