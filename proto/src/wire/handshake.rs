@@ -61,7 +61,9 @@ pub enum ServerHello {
         cluster_id: u64,
         /// The largest frame body the server will accept; clients must not send more.
         max_frame_bytes: u32,
-        /// Pipelining depth; requests beyond it get `TooManyInFlight`.
+        /// Pipelining depth (credits). The server reads no further request
+        /// while this many are in flight on the connection (backpressure);
+        /// `TooManyInFlight` is for servers that shed load instead.
         max_in_flight: u32,
     },
     Rejected {
