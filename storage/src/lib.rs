@@ -6,6 +6,7 @@
 compile_error!("rdkv regions are little-endian; big-endian targets are not supported");
 
 pub mod raft;
+pub mod raft_log;
 pub mod record;
 pub mod region;
 pub mod state_machine;

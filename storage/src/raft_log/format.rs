@@ -1,0 +1,290 @@
+//! On-disk format of the Raft log directory.
+//!
+//! ```text
+//! <dir>/LOCK                          flock'ed while a LogStore has the directory open
+//! <dir>/seg-{first_index:020}.log     segments, in index order, no gaps
+//! <dir>/vote                          one record: postcard(VoteFile)
+//! <dir>/meta                          one record: postcard(MetaFile) (last purged, committed)
+//!
+//! segment = header record*
+//! header  = "RDKVLOG\0" [u32 LE format version] [u32 LE 0]            (16 bytes)
+//! record  = [u32 LE payload_len][u32 LE crc32(payload)][payload]    (crate::record)
+//! payload = postcard(openraft Entry)
+//! ```
+//!
+//! A segment is named after the index of its first entry; the entries in it
+//! are consecutive. Only the last segment is ever written to, and it is
+//! fsynced before the next one is created, so only the last segment can have
+//! a torn tail. The vote and meta files are replaced atomically (write
+//! `*.tmp`, fsync, rename, fsync the directory).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::error::LogError;
+use crate::raft::{Entry, LogId, Vote};
+use crate::record::{RECORD_HEADER_BYTES, decode_record, encode_record};
+
+pub const SEGMENT_MAGIC: [u8; 8] = *b"RDKVLOG\0";
+pub const SEGMENT_FORMAT_VERSION: u32 = 1;
+pub const SEGMENT_HEADER_BYTES: u64 = 16;
+pub const VOTE_FILE: &str = "vote";
+pub const META_FILE: &str = "meta";
+pub const LOCK_FILE: &str = "LOCK";
+/// Vote and meta records are tiny; anything larger is corruption.
+const MAX_SMALL_FILE_BYTES: u64 = 64 * 1024;
+const SMALL_FILE_FORMAT_VERSION: u32 = 1;
+
+pub fn segment_file_name(first_index: u64) -> String {
+    format!("seg-{first_index:020}.log")
+}
+
+/// The first index named by a segment file name, `None` for other files.
+pub fn parse_segment_file_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("seg-")?.strip_suffix(".log")?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+pub fn segment_header() -> [u8; SEGMENT_HEADER_BYTES as usize] {
+    let mut h = [0u8; SEGMENT_HEADER_BYTES as usize];
+    h[..8].copy_from_slice(&SEGMENT_MAGIC);
+    h[8..12].copy_from_slice(&SEGMENT_FORMAT_VERSION.to_le_bytes());
+    h
+}
+
+/// Checks a segment header; the reason when it is not ours.
+pub fn check_segment_header(h: &[u8; SEGMENT_HEADER_BYTES as usize]) -> Result<(), String> {
+    if h[..8] != SEGMENT_MAGIC {
+        return Err(format!(
+            "magic {:02x?} is not {:02x?}",
+            &h[..8],
+            SEGMENT_MAGIC
+        ));
+    }
+    let mut v = [0u8; 4];
+    v.copy_from_slice(&h[8..12]);
+    let version = u32::from_le_bytes(v);
+    if version != SEGMENT_FORMAT_VERSION {
+        return Err(format!(
+            "format version {version}, this build reads {SEGMENT_FORMAT_VERSION}"
+        ));
+    }
+    Ok(())
+}
+
+/// Appends the framed record of `entry` to `out`; returns the payload size.
+/// The size is checked against `max_payload` before anything is appended.
+pub fn encode_entry(entry: &Entry, max_payload: u32, out: &mut Vec<u8>) -> Result<u32, LogError> {
+    let payload = postcard::to_allocvec(entry)?;
+    let len = u32::try_from(payload.len())
+        .ok()
+        .filter(|len| *len <= max_payload)
+        .ok_or(LogError::RecordTooLarge {
+            index: entry.log_id.index,
+            size: payload.len() as u64,
+            max: max_payload,
+        })?;
+    encode_record(&payload, out);
+    Ok(len)
+}
+
+/// Reads and checks the record of `expected` at `offset` (a location taken
+/// from the in-memory index, so `len` is already bounded).
+pub fn read_entry_at(
+    file: &File,
+    path: &Path,
+    offset: u64,
+    len: u32,
+    expected: &LogId,
+) -> Result<Entry, LogError> {
+    let mut buf = vec![0u8; RECORD_HEADER_BYTES + len as usize];
+    file.read_exact_at(&mut buf, offset)
+        .map_err(|e| LogError::io(path, e))?;
+    let bad = |reason: String| LogError::BadRecord {
+        path: path.to_path_buf(),
+        offset,
+        reason,
+    };
+    let (payload, used) =
+        decode_record(&buf, u64::from(len)).map_err(|e| bad(format!("on read: {e}")))?;
+    if used != buf.len() {
+        return Err(bad(format!(
+            "on read: record is {used} bytes, the index says {}",
+            buf.len()
+        )));
+    }
+    let entry: Entry = postcard::from_bytes(payload).map_err(|e| bad(format!("decode: {e}")))?;
+    if entry.log_id != *expected {
+        return Err(bad(format!(
+            "holds log id {}, the index says {}",
+            entry.log_id, expected
+        )));
+    }
+    Ok(entry)
+}
+
+#[derive(Serialize, serde::Deserialize)]
+struct VoteFile {
+    version: u32,
+    vote: Vote,
+}
+
+/// The meta file: what the segments alone cannot tell.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub(crate) struct Meta {
+    pub last_purged: Option<LogId>,
+    pub committed: Option<LogId>,
+}
+
+#[derive(Serialize, serde::Deserialize)]
+struct MetaFile {
+    version: u32,
+    meta: Meta,
+}
+
+pub(crate) fn read_vote(dir: &Path) -> Result<Option<Vote>, LogError> {
+    let path = dir.join(VOTE_FILE);
+    let Some(file) = read_small_file::<VoteFile>(&path)? else {
+        return Ok(None);
+    };
+    check_small_version(&path, file.version)?;
+    Ok(Some(file.vote))
+}
+
+pub(crate) fn write_vote(dir: &Path, dir_file: &File, vote: &Vote) -> Result<(), LogError> {
+    let file = VoteFile {
+        version: SMALL_FILE_FORMAT_VERSION,
+        vote: *vote,
+    };
+    write_small_file(dir, dir_file, VOTE_FILE, &file)
+}
+
+pub(crate) fn read_meta(dir: &Path) -> Result<Meta, LogError> {
+    let path = dir.join(META_FILE);
+    let Some(file) = read_small_file::<MetaFile>(&path)? else {
+        return Ok(Meta::default());
+    };
+    check_small_version(&path, file.version)?;
+    Ok(file.meta)
+}
+
+pub(crate) fn write_meta(dir: &Path, dir_file: &File, meta: &Meta) -> Result<(), LogError> {
+    let file = MetaFile {
+        version: SMALL_FILE_FORMAT_VERSION,
+        meta: *meta,
+    };
+    write_small_file(dir, dir_file, META_FILE, &file)
+}
+
+fn check_small_version(path: &Path, version: u32) -> Result<(), LogError> {
+    if version == SMALL_FILE_FORMAT_VERSION {
+        Ok(())
+    } else {
+        Err(LogError::CorruptFile {
+            path: path.to_path_buf(),
+            reason: format!(
+                "format version {version}, this build reads {SMALL_FILE_FORMAT_VERSION}"
+            ),
+        })
+    }
+}
+
+/// A file holding exactly one record. Missing: `None`. Anything else that is
+/// not one valid record (torn, flipped bit, trailing bytes): an error.
+fn read_small_file<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, LogError> {
+    let corrupt = |reason: String| LogError::CorruptFile {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let mut file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(LogError::io(path, e)),
+    };
+    let size = file.metadata().map_err(|e| LogError::io(path, e))?.len();
+    if size > MAX_SMALL_FILE_BYTES {
+        return Err(corrupt(format!(
+            "{size} bytes, more than {MAX_SMALL_FILE_BYTES}"
+        )));
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
+    io::Read::read_to_end(&mut file, &mut bytes).map_err(|e| LogError::io(path, e))?;
+    let (payload, used) =
+        decode_record(&bytes, MAX_SMALL_FILE_BYTES).map_err(|e| corrupt(e.to_string()))?;
+    if used != bytes.len() {
+        return Err(corrupt(format!(
+            "{} trailing bytes after the record",
+            bytes.len() - used
+        )));
+    }
+    postcard::from_bytes(payload)
+        .map(Some)
+        .map_err(|e| corrupt(format!("decode: {e}")))
+}
+
+/// Replaces `dir/name` atomically and durably: write `name.tmp`, fsync,
+/// rename over `name`, fsync the directory.
+fn write_small_file<T: Serialize>(
+    dir: &Path,
+    dir_file: &File,
+    name: &str,
+    value: &T,
+) -> Result<(), LogError> {
+    let payload = postcard::to_allocvec(value)?;
+    let mut bytes = Vec::with_capacity(RECORD_HEADER_BYTES + payload.len());
+    encode_record(&payload, &mut bytes);
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .map_err(|e| LogError::io(&tmp, e))?;
+    file.write_all(&bytes).map_err(|e| LogError::io(&tmp, e))?;
+    file.sync_all().map_err(|e| LogError::io(&tmp, e))?;
+    drop(file);
+    let path = dir.join(name);
+    fs::rename(&tmp, &path).map_err(|e| LogError::io(&path, e))?;
+    dir_file.sync_all().map_err(|e| LogError::io(dir, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_names_round_trip() {
+        assert_eq!(segment_file_name(42), "seg-00000000000000000042.log");
+        assert_eq!(parse_segment_file_name(&segment_file_name(42)), Some(42));
+        assert_eq!(
+            parse_segment_file_name(&segment_file_name(u64::MAX)),
+            Some(u64::MAX)
+        );
+        assert_eq!(parse_segment_file_name("seg-42.log"), None);
+        assert_eq!(
+            parse_segment_file_name("seg-0000000000000000004x.log"),
+            None
+        );
+        assert_eq!(parse_segment_file_name("vote"), None);
+    }
+
+    #[test]
+    fn segment_header_is_checked() {
+        let h = segment_header();
+        assert!(check_segment_header(&h).is_ok());
+        let mut bad = h;
+        bad[0] ^= 1;
+        assert!(check_segment_header(&bad).is_err());
+        let mut newer = h;
+        newer[8] = 2;
+        assert!(check_segment_header(&newer).is_err());
+    }
+}

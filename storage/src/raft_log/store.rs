@@ -1,0 +1,924 @@
+//! `LogStore`: the segmented, CRC-framed, group-committed Raft log.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufReader, Read, Seek, SeekFrom};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use openraft::storage::IOFlushed;
+
+use super::error::{Damage, LogError};
+use super::flusher::{Counters, Flusher};
+use super::format::{
+    self, LOCK_FILE, META_FILE, Meta, SEGMENT_HEADER_BYTES, VOTE_FILE, check_segment_header,
+    parse_segment_file_name, segment_file_name, segment_header,
+};
+use crate::raft::{Entry, LogId, TypeConfig, Vote};
+use crate::record::{RECORD_HEADER_BYTES, RecordError, decode_record};
+
+pub const DEFAULT_SEGMENT_SIZE: u64 = 64 * 1024 * 1024;
+pub const DEFAULT_MAX_RECORD_SIZE: u32 = 64 * 1024 * 1024;
+pub const DEFAULT_CACHE_BYTES: usize = 16 * 1024 * 1024;
+
+const RECORD_HEADER: u64 = RECORD_HEADER_BYTES as u64;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogOptions {
+    /// A segment is closed (fsynced) and a new one started once the next
+    /// record would take it past this size. A record larger than this gets a
+    /// segment of its own.
+    pub segment_size: u64,
+    /// The largest encoded entry accepted by `append`, and the largest record
+    /// length believed when reading (a larger length is corruption).
+    pub max_record_size: u32,
+    /// Recent entries kept decoded in memory (by encoded size) so that
+    /// replication of the log tail does not read the files. 0 disables.
+    pub cache_bytes: usize,
+}
+
+impl Default for LogOptions {
+    fn default() -> Self {
+        LogOptions {
+            segment_size: DEFAULT_SEGMENT_SIZE,
+            max_record_size: DEFAULT_MAX_RECORD_SIZE,
+            cache_bytes: DEFAULT_CACHE_BYTES,
+        }
+    }
+}
+
+/// Counters since `open`, and the current shape of the log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogStats {
+    /// `fdatasync` calls on segment files: group commits, segment rolls,
+    /// truncations, and the flush that precedes a vote. (Vote, meta and
+    /// directory fsyncs are not counted.)
+    pub fsyncs: u64,
+    /// Total time spent in those fsyncs.
+    pub fsync_nanos: u64,
+    /// `append` calls.
+    pub appends: u64,
+    pub entries_appended: u64,
+    /// Entries whose append callback was completed successfully.
+    pub entries_flushed: u64,
+    /// Group-commit rounds of the flusher (each one fsync).
+    pub flush_rounds: u64,
+    /// The most append callbacks completed by one fsync.
+    pub max_batch: u64,
+    pub bytes_on_disk: u64,
+    pub segments: u64,
+    /// First and last index present (after purge), `None` when empty.
+    pub first_index: Option<u64>,
+    pub last_index: Option<u64>,
+}
+
+/// The durable Raft log. A cheap `Clone` handle: clones share one log, and a
+/// clone is also the `LogReader`. The directory is locked while any handle
+/// is alive; the flusher thread stops when the last one is dropped.
+#[derive(Clone)]
+pub struct LogStore {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl fmt::Debug for LogStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LogStore")
+            .field("dir", &self.shared.dir)
+            .field("options", &self.shared.options)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Segment {
+    file: Arc<File>,
+    /// Bytes of the file that hold the header and intact records.
+    len: u64,
+}
+
+/// Where one entry is: only this is kept per entry, not the payload.
+#[derive(Clone, Copy)]
+struct Loc {
+    log_id: LogId,
+    segment: u64,
+    offset: u64,
+    len: u32,
+}
+
+struct Inner {
+    /// By first index; the last one is the active segment.
+    segments: BTreeMap<u64, Segment>,
+    /// The entries present, `first_index` onwards, consecutive.
+    locs: VecDeque<Loc>,
+    first_index: u64,
+    meta: Meta,
+    vote: Option<Vote>,
+    /// A suffix of the log: the entries `next_index - cache.len() ..`.
+    cache: VecDeque<(Entry, u32)>,
+    cached_bytes: usize,
+    /// Bumped whenever bytes of a segment may be rewritten (truncate_after),
+    /// so a read done without the lock can tell that it must be redone.
+    generation: u64,
+}
+
+pub(crate) struct Shared {
+    dir: PathBuf,
+    dir_file: File,
+    options: LogOptions,
+    inner: Mutex<Inner>,
+    counters: Arc<Counters>,
+    flusher: Flusher,
+    _lock: File,
+}
+
+enum Planned {
+    Cached(Entry),
+    Disk { file: Arc<File>, loc: Loc },
+}
+
+impl Inner {
+    fn new(meta: Meta, vote: Option<Vote>) -> Inner {
+        Inner {
+            segments: BTreeMap::new(),
+            locs: VecDeque::new(),
+            first_index: 0,
+            meta,
+            vote,
+            cache: VecDeque::new(),
+            cached_bytes: 0,
+            generation: 0,
+        }
+    }
+
+    fn next_index(&self) -> u64 {
+        self.first_index + self.locs.len() as u64
+    }
+
+    fn last_log_id(&self) -> Option<LogId> {
+        self.locs.back().map(|l| l.log_id).or(self.meta.last_purged)
+    }
+
+    /// The index the next append must start at; `None` for a log that has
+    /// neither entries nor a purge point (its first entry may be anything).
+    fn expected_next(&self) -> Option<u64> {
+        if self.locs.is_empty() {
+            self.meta.last_purged.map(|p| p.index.saturating_add(1))
+        } else {
+            Some(self.next_index())
+        }
+    }
+
+    fn push(&mut self, loc: Loc, entry: Option<Entry>, cache_budget: usize) {
+        if self.locs.is_empty() {
+            self.first_index = loc.log_id.index;
+            self.clear_cache();
+        }
+        self.locs.push_back(loc);
+        match entry {
+            Some(entry) if cache_budget > 0 => {
+                self.cache.push_back((entry, loc.len));
+                self.cached_bytes += loc.len as usize;
+                while self.cached_bytes > cache_budget {
+                    let Some((_, len)) = self.cache.pop_front() else {
+                        break;
+                    };
+                    self.cached_bytes -= len as usize;
+                }
+            }
+            // The cache must stay a suffix of the log.
+            _ => self.clear_cache(),
+        }
+    }
+
+    fn clear_cache(&mut self) {
+        self.cache.clear();
+        self.cached_bytes = 0;
+    }
+
+    /// Keeps the first `keep` entries.
+    fn truncate_locs(&mut self, keep: usize) {
+        let removed = self.locs.len().saturating_sub(keep);
+        self.locs.truncate(keep);
+        for _ in 0..removed {
+            let Some((_, len)) = self.cache.pop_back() else {
+                break;
+            };
+            self.cached_bytes -= len as usize;
+        }
+    }
+
+    /// Forgets the entries up to `index` inclusive.
+    fn drop_through(&mut self, index: u64) {
+        let next = index.saturating_add(1);
+        if next >= self.next_index() {
+            self.locs.clear();
+            self.clear_cache();
+            self.first_index = next;
+        } else if next > self.first_index {
+            self.locs.drain(..(next - self.first_index) as usize);
+            self.first_index = next;
+            while self.cache.len() > self.locs.len() {
+                if let Some((_, len)) = self.cache.pop_front() {
+                    self.cached_bytes -= len as usize;
+                }
+            }
+        }
+    }
+
+    fn cached(&self, index: u64) -> Option<&Entry> {
+        let cache_start = self.next_index() - self.cache.len() as u64;
+        let i = index.checked_sub(cache_start)?;
+        self.cache.get(i as usize).map(|(e, _)| e)
+    }
+}
+
+impl LogStore {
+    /// Opens (creating if missing) the log in `dir` and recovers it: every
+    /// record is checked; a torn tail of the last segment is cut off (with a
+    /// warning), any other damage or a gap is an error.
+    pub fn open(dir: impl AsRef<Path>, options: LogOptions) -> Result<LogStore, LogError> {
+        let dir = dir.as_ref().to_path_buf();
+        if options.segment_size == 0 || options.max_record_size == 0 {
+            return Err(LogError::InvalidOptions(format!(
+                "segment_size and max_record_size must be positive: {options:?}"
+            )));
+        }
+        fs::create_dir_all(&dir).map_err(|e| LogError::io(&dir, e))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(|e| LogError::io(&lock_path, e))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => return Err(LogError::Locked { path: dir }),
+            Err(fs::TryLockError::Error(e)) => return Err(LogError::io(&lock_path, e)),
+        }
+        let dir_file = File::open(&dir).map_err(|e| LogError::io(&dir, e))?;
+        for name in [VOTE_FILE, META_FILE] {
+            // Leftovers of a replacement interrupted before its rename.
+            let tmp = dir.join(format!("{name}.tmp"));
+            match fs::remove_file(&tmp) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(LogError::io(&tmp, e)),
+            }
+        }
+        let counters = Arc::new(Counters::default());
+        let inner = recover(&dir, &dir_file, &options, &counters)?;
+        let flusher = Flusher::start(counters.clone()).map_err(|e| LogError::io(&dir, e))?;
+        Ok(LogStore {
+            shared: Arc::new(Shared {
+                dir,
+                dir_file,
+                options,
+                inner: Mutex::new(inner),
+                counters,
+                flusher,
+                _lock: lock,
+            }),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    pub fn options(&self) -> &LogOptions {
+        &self.shared.options
+    }
+
+    pub fn stats(&self) -> LogStats {
+        self.shared.stats()
+    }
+
+    /// Runs a write that fsyncs on the blocking pool (inline outside tokio).
+    pub(crate) async fn blocking<T, F>(&self, f: F) -> Result<T, io::Error>
+    where
+        F: FnOnce(&Shared) -> Result<T, LogError> + Send + 'static,
+        T: Send + 'static,
+    {
+        let shared = self.shared.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => handle
+                .spawn_blocking(move || f(&shared))
+                .await
+                .map_err(io::Error::other)?
+                .map_err(io::Error::from),
+            Err(_) => f(&shared).map_err(io::Error::from),
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> Result<MutexGuard<'_, Inner>, LogError> {
+        self.inner.lock().map_err(|_| LogError::Poisoned)
+    }
+
+    fn segment_path(&self, first_index: u64) -> PathBuf {
+        self.dir.join(segment_file_name(first_index))
+    }
+
+    fn check_writable(&self) -> Result<(), LogError> {
+        match self.flusher.failure() {
+            Some(failure) => Err(LogError::SyncFailed(failure)),
+            None => Ok(()),
+        }
+    }
+
+    fn sync_segment(&self, file: &File, first_index: u64) -> Result<(), LogError> {
+        self.counters.sync(file).map_err(|e| {
+            self.flusher.poison(&e);
+            LogError::io(self.segment_path(first_index), e)
+        })
+    }
+
+    fn sync_dir(&self) -> Result<(), LogError> {
+        self.dir_file.sync_all().map_err(|e| {
+            self.flusher.poison(&e);
+            LogError::io(&self.dir, e)
+        })
+    }
+
+    fn remove_segment(&self, inner: &mut Inner, first_index: u64) -> Result<(), LogError> {
+        let path = self.segment_path(first_index);
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(LogError::io(path, e)),
+        }
+        inner.segments.remove(&first_index);
+        Ok(())
+    }
+
+    pub(crate) fn append(
+        &self,
+        entries: Vec<Entry>,
+        callback: IOFlushed<TypeConfig>,
+    ) -> Result<(), LogError> {
+        let count = entries.len() as u64;
+        let mut inner = self.lock()?;
+        self.check_writable()?;
+        let mut expected = inner.expected_next();
+        let mut buf = Vec::new();
+        let mut pending: Vec<(Entry, u32)> = Vec::new();
+        for entry in entries {
+            let index = entry.log_id.index;
+            if let Some(expected) = expected
+                && expected != index
+            {
+                return Err(LogError::NotContiguous {
+                    expected,
+                    got: index,
+                });
+            }
+            expected = Some(index.saturating_add(1));
+            let start = buf.len();
+            let len = format::encode_entry(&entry, self.options.max_record_size, &mut buf)?;
+            let record = (buf.len() - start) as u64;
+            let roll = match inner.segments.last_key_value() {
+                None => true,
+                Some((_, active)) => {
+                    let used = active.len + start as u64;
+                    used > SEGMENT_HEADER_BYTES && used + record > self.options.segment_size
+                }
+            };
+            if roll {
+                self.write_pending(&mut inner, &buf[..start], &mut pending)?;
+                buf.drain(..start);
+                self.roll(&mut inner, index)?;
+            }
+            pending.push((entry, len));
+        }
+        self.write_pending(&mut inner, &buf, &mut pending)?;
+        self.counters.appends.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .entries_appended
+            .fetch_add(count, Ordering::Relaxed);
+        let active = inner.segments.last_key_value().map(|(_, s)| s.file.clone());
+        // Still under the state lock: the flusher always learns about the
+        // newest active segment together with the newest callbacks.
+        self.flusher.enqueue(callback, count, active);
+        Ok(())
+    }
+
+    /// Writes the records in `bytes` (for `pending`) at the end of the active
+    /// segment (to the page cache: readable at once, durable at the next
+    /// fsync) and indexes them.
+    fn write_pending(
+        &self,
+        inner: &mut Inner,
+        bytes: &[u8],
+        pending: &mut Vec<(Entry, u32)>,
+    ) -> Result<(), LogError> {
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let Some((&segment, active)) = inner.segments.iter_mut().next_back() else {
+            return Err(LogError::io(
+                &self.dir,
+                io::Error::other("append without an active segment"),
+            ));
+        };
+        let mut offset = active.len;
+        active
+            .file
+            .write_all_at(bytes, offset)
+            .map_err(|e| LogError::io(self.segment_path(segment), e))?;
+        active.len += bytes.len() as u64;
+        let budget = self.options.cache_bytes;
+        for (entry, len) in pending.drain(..) {
+            let loc = Loc {
+                log_id: entry.log_id,
+                segment,
+                offset,
+                len,
+            };
+            offset += RECORD_HEADER + u64::from(len);
+            inner.push(loc, Some(entry), budget);
+        }
+        Ok(())
+    }
+
+    /// Closes the active segment (fsync) and starts `seg-{first_index}`.
+    fn roll(&self, inner: &mut Inner, first_index: u64) -> Result<(), LogError> {
+        if let Some((&key, active)) = inner.segments.last_key_value() {
+            self.sync_segment(&active.file, key)?;
+        }
+        if inner.segments.contains_key(&first_index) {
+            return Err(LogError::io(
+                self.segment_path(first_index),
+                io::Error::new(io::ErrorKind::AlreadyExists, "segment already exists"),
+            ));
+        }
+        let path = self.segment_path(first_index);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(|e| LogError::io(&path, e))?;
+        file.write_all_at(&segment_header(), 0)
+            .map_err(|e| LogError::io(&path, e))?;
+        // The new name must be durable before entries in it are acknowledged.
+        self.sync_dir()?;
+        inner.segments.insert(
+            first_index,
+            Segment {
+                file: Arc::new(file),
+                len: SEGMENT_HEADER_BYTES,
+            },
+        );
+        Ok(())
+    }
+
+    pub(crate) fn truncate_after(&self, last: Option<LogId>) -> Result<(), LogError> {
+        let mut inner = self.lock()?;
+        self.check_writable()?;
+        let from = last
+            .map_or(0, |l| l.index.saturating_add(1))
+            .max(inner.first_index);
+        if inner.locs.is_empty() || from >= inner.next_index() {
+            return Ok(());
+        }
+        inner.generation += 1;
+        // Whole segments first, newest first: an interruption leaves a
+        // shorter log, never a hole.
+        let doomed: Vec<u64> = inner
+            .segments
+            .range(from..)
+            .map(|(k, _)| *k)
+            .rev()
+            .collect();
+        for &key in &doomed {
+            self.remove_segment(&mut inner, key)?;
+            let keep = (key - inner.first_index) as usize;
+            inner.truncate_locs(keep);
+        }
+        if !doomed.is_empty() {
+            self.sync_dir()?;
+        }
+        let keep = (from - inner.first_index) as usize;
+        if let Some(&loc) = inner.locs.get(keep)
+            && let Some(segment) = inner.segments.get_mut(&loc.segment)
+        {
+            let path = self.dir.join(segment_file_name(loc.segment));
+            segment
+                .file
+                .set_len(loc.offset)
+                .map_err(|e| LogError::io(&path, e))?;
+            segment.len = loc.offset;
+            let file = segment.file.clone();
+            self.sync_segment(&file, loc.segment)?;
+        }
+        inner.truncate_locs(keep);
+        Ok(())
+    }
+
+    pub(crate) fn purge(&self, log_id: LogId) -> Result<(), LogError> {
+        let mut inner = self.lock()?;
+        self.check_writable()?;
+        if inner
+            .meta
+            .last_purged
+            .is_some_and(|p| p.index >= log_id.index)
+        {
+            return Ok(());
+        }
+        let meta = Meta {
+            last_purged: Some(log_id),
+            ..inner.meta
+        };
+        // The purge point is durable before any file goes.
+        format::write_meta(&self.dir, &self.dir_file, &meta)?;
+        inner.meta = meta;
+        inner.drop_through(log_id.index);
+        self.remove_purged_segments(&mut inner)
+    }
+
+    /// Deletes the segments whose entries are all purged, oldest first.
+    fn remove_purged_segments(&self, inner: &mut Inner) -> Result<(), LogError> {
+        let mut removed = false;
+        while let Some(first) = oldest_purged_segment(inner) {
+            self.remove_segment(inner, first)?;
+            removed = true;
+        }
+        if removed {
+            self.sync_dir()?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn save_vote(&self, vote: &Vote) -> Result<(), LogError> {
+        let mut inner = self.lock()?;
+        self.check_writable()?;
+        // Writes are serialized: log data written before the vote is made
+        // durable before it.
+        if let Some((&key, active)) = inner.segments.last_key_value() {
+            self.sync_segment(&active.file, key)?;
+        }
+        format::write_vote(&self.dir, &self.dir_file, vote)?;
+        inner.vote = Some(*vote);
+        Ok(())
+    }
+
+    pub(crate) fn save_committed(&self, committed: Option<LogId>) -> Result<(), LogError> {
+        let mut inner = self.lock()?;
+        if inner.meta.committed == committed {
+            return Ok(());
+        }
+        let meta = Meta {
+            committed,
+            ..inner.meta
+        };
+        format::write_meta(&self.dir, &self.dir_file, &meta)?;
+        inner.meta = meta;
+        Ok(())
+    }
+
+    pub(crate) fn vote(&self) -> Result<Option<Vote>, LogError> {
+        Ok(self.lock()?.vote)
+    }
+
+    pub(crate) fn committed(&self) -> Result<Option<LogId>, LogError> {
+        Ok(self.lock()?.meta.committed)
+    }
+
+    pub(crate) fn log_state(&self) -> Result<(Option<LogId>, Option<LogId>), LogError> {
+        let inner = self.lock()?;
+        Ok((inner.meta.last_purged, inner.last_log_id()))
+    }
+
+    /// The entries present in `[start, end)`.
+    pub(crate) fn read(&self, start: u64, end: u64) -> Result<Vec<Entry>, LogError> {
+        let (plan, generation) = {
+            let inner = self.lock()?;
+            (self.plan(&inner, start, end)?, inner.generation)
+        };
+        if plan.iter().all(|p| matches!(p, Planned::Cached(_))) {
+            return self.fetch(plan);
+        }
+        // Read the files without holding the lock, then check that no
+        // truncation rewrote them meanwhile; if one did, read again under it.
+        let result = self.fetch(plan);
+        let inner = self.lock()?;
+        if inner.generation == generation {
+            return result;
+        }
+        let plan = self.plan(&inner, start, end)?;
+        self.fetch(plan)
+    }
+
+    fn plan(&self, inner: &Inner, start: u64, end: u64) -> Result<Vec<Planned>, LogError> {
+        let start = start.max(inner.first_index);
+        let end = end.min(inner.next_index());
+        let mut plan = Vec::with_capacity(end.saturating_sub(start) as usize);
+        for index in start..end {
+            if let Some(entry) = inner.cached(index) {
+                plan.push(Planned::Cached(entry.clone()));
+                continue;
+            }
+            let loc = inner.locs[(index - inner.first_index) as usize];
+            let Some(segment) = inner.segments.get(&loc.segment) else {
+                return Err(LogError::io(
+                    self.segment_path(loc.segment),
+                    io::Error::new(io::ErrorKind::NotFound, "indexed segment is gone"),
+                ));
+            };
+            plan.push(Planned::Disk {
+                file: segment.file.clone(),
+                loc,
+            });
+        }
+        Ok(plan)
+    }
+
+    fn fetch(&self, plan: Vec<Planned>) -> Result<Vec<Entry>, LogError> {
+        plan.into_iter()
+            .map(|p| match p {
+                Planned::Cached(entry) => Ok(entry),
+                Planned::Disk { file, loc } => format::read_entry_at(
+                    &file,
+                    &self.segment_path(loc.segment),
+                    loc.offset,
+                    loc.len,
+                    &loc.log_id,
+                ),
+            })
+            .collect()
+    }
+
+    fn stats(&self) -> LogStats {
+        let c = &self.counters;
+        let mut stats = LogStats {
+            fsyncs: c.fsyncs.load(Ordering::Relaxed),
+            fsync_nanos: c.fsync_nanos.load(Ordering::Relaxed),
+            appends: c.appends.load(Ordering::Relaxed),
+            entries_appended: c.entries_appended.load(Ordering::Relaxed),
+            entries_flushed: c.entries_flushed.load(Ordering::Relaxed),
+            flush_rounds: c.flush_rounds.load(Ordering::Relaxed),
+            max_batch: c.max_batch.load(Ordering::Relaxed),
+            ..LogStats::default()
+        };
+        if let Ok(inner) = self.lock() {
+            stats.bytes_on_disk = inner.segments.values().map(|s| s.len).sum();
+            stats.segments = inner.segments.len() as u64;
+            stats.first_index = (!inner.locs.is_empty()).then_some(inner.first_index);
+            stats.last_index = inner.locs.back().map(|l| l.log_id.index);
+        }
+        stats
+    }
+}
+
+/// The oldest segment, when every entry in it is at or below the purge point.
+fn oldest_purged_segment(inner: &Inner) -> Option<u64> {
+    let purged = inner.meta.last_purged?;
+    let mut keys = inner.segments.keys();
+    let first = *keys.next()?;
+    let all_purged = match keys.next() {
+        // Its entries end just before the next segment's first.
+        Some(&next) => next <= purged.index.saturating_add(1),
+        // The last segment: all purged when no entry is left.
+        None => inner.locs.is_empty(),
+    };
+    all_purged.then_some(first)
+}
+
+/// What a scan of one segment found.
+struct Scan {
+    records: Vec<Loc>,
+    /// End of the last intact record.
+    end: u64,
+    /// The first damaged record, if any: its offset and what is wrong.
+    damage: Option<(u64, Damage)>,
+}
+
+/// Reads every record of a segment after its header. Damage (torn or
+/// corrupt records) stops the scan and is reported; a record with a valid
+/// CRC that does not decode, or does not carry the next index, is an error.
+fn scan_segment(
+    file: &File,
+    path: &Path,
+    first_index: u64,
+    size: u64,
+    max_record: u32,
+) -> Result<Scan, LogError> {
+    let io_err = |e| LogError::io(path, e);
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    reader
+        .seek(SeekFrom::Start(SEGMENT_HEADER_BYTES))
+        .map_err(io_err)?;
+    let mut scan = Scan {
+        records: Vec::new(),
+        end: SEGMENT_HEADER_BYTES,
+        damage: None,
+    };
+    let mut expected = first_index;
+    let mut buf = Vec::new();
+    while scan.end < size {
+        let offset = scan.end;
+        let available = size - offset;
+        if available < RECORD_HEADER {
+            scan.damage = Some((
+                offset,
+                Damage::Record(RecordError::Truncated {
+                    need: RECORD_HEADER,
+                    have: available,
+                }),
+            ));
+            break;
+        }
+        let mut header = [0u8; RECORD_HEADER_BYTES];
+        reader.read_exact(&mut header).map_err(io_err)?;
+        let mut len = [0u8; 4];
+        len.copy_from_slice(&header[..4]);
+        let len = u32::from_le_bytes(len);
+        let need = RECORD_HEADER + u64::from(len);
+        let damage = if len == 0 {
+            Some(Damage::EmptyRecord)
+        } else if len > max_record {
+            Some(Damage::Record(RecordError::TooLarge {
+                len: u64::from(len),
+                max: u64::from(max_record),
+            }))
+        } else if need > available {
+            Some(Damage::Record(RecordError::Truncated {
+                need,
+                have: available,
+            }))
+        } else {
+            None
+        };
+        if let Some(damage) = damage {
+            scan.damage = Some((offset, damage));
+            break;
+        }
+        // Bounded by max_record and by the file size.
+        buf.clear();
+        buf.extend_from_slice(&header);
+        buf.resize(need as usize, 0);
+        reader
+            .read_exact(&mut buf[RECORD_HEADER_BYTES..])
+            .map_err(io_err)?;
+        let payload = match decode_record(&buf, u64::from(max_record)) {
+            Ok((payload, _)) => payload,
+            Err(e) => {
+                scan.damage = Some((offset, Damage::Record(e)));
+                break;
+            }
+        };
+        let bad = |reason: String| LogError::BadRecord {
+            path: path.to_path_buf(),
+            offset,
+            reason,
+        };
+        let entry: Entry = postcard::from_bytes(payload)
+            .map_err(|e| bad(format!("valid CRC but the entry does not decode: {e}")))?;
+        if entry.log_id.index != expected {
+            return Err(bad(format!(
+                "holds index {}, index {expected} expected",
+                entry.log_id.index
+            )));
+        }
+        expected += 1;
+        scan.records.push(Loc {
+            log_id: entry.log_id,
+            segment: first_index,
+            offset,
+            len,
+        });
+        scan.end = offset + need;
+    }
+    Ok(scan)
+}
+
+fn recover(
+    dir: &Path,
+    dir_file: &File,
+    options: &LogOptions,
+    counters: &Counters,
+) -> Result<Inner, LogError> {
+    let meta = format::read_meta(dir)?;
+    let vote = format::read_vote(dir)?;
+    let mut names = BTreeMap::new();
+    for dirent in fs::read_dir(dir).map_err(|e| LogError::io(dir, e))? {
+        let dirent = dirent.map_err(|e| LogError::io(dir, e))?;
+        if let Some(first) = dirent
+            .file_name()
+            .to_str()
+            .and_then(parse_segment_file_name)
+        {
+            names.insert(first, dirent.path());
+        }
+    }
+    let mut inner = Inner::new(meta, vote);
+    let count = names.len();
+    let mut dir_dirty = false;
+    for (i, (first, path)) in names.into_iter().enumerate() {
+        let last = i + 1 == count;
+        let io_err = |e| LogError::io(&path, e);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(io_err)?;
+        let size = file.metadata().map_err(io_err)?.len();
+        let mut header = [0u8; SEGMENT_HEADER_BYTES as usize];
+        let header_problem = if size < SEGMENT_HEADER_BYTES {
+            Some(format!("{size} bytes, shorter than the header"))
+        } else {
+            file.read_exact_at(&mut header, 0).map_err(io_err)?;
+            check_segment_header(&header).err()
+        };
+        if let Some(reason) = header_problem {
+            // A segment whose creation was interrupted: nothing in it was
+            // ever acknowledged.
+            if last && (size < SEGMENT_HEADER_BYTES || header.iter().all(|b| *b == 0)) {
+                tracing::warn!(segment = %path.display(), size, %reason, "raft log: removing a segment whose header was never written");
+                fs::remove_file(&path).map_err(io_err)?;
+                dir_dirty = true;
+                continue;
+            }
+            return Err(LogError::BadSegmentHeader { path, reason });
+        }
+        if !inner.locs.is_empty() && first != inner.next_index() {
+            return Err(LogError::Gap {
+                path,
+                expected: inner.next_index(),
+                found: first,
+            });
+        }
+        let scan = scan_segment(&file, &path, first, size, options.max_record_size)?;
+        if let Some((offset, damage)) = scan.damage {
+            if !last {
+                return Err(LogError::CorruptSegment {
+                    path,
+                    offset,
+                    damage,
+                });
+            }
+            tracing::warn!(
+                segment = %path.display(),
+                offset,
+                dropped_bytes = size - offset,
+                intact_entries = scan.records.len(),
+                %damage,
+                "raft log: truncating a torn tail of the last segment"
+            );
+            file.set_len(offset).map_err(io_err)?;
+            counters.sync(&file).map_err(io_err)?;
+        }
+        if scan.records.is_empty() {
+            if !last {
+                return Err(LogError::EmptySegment { path });
+            }
+            tracing::warn!(segment = %path.display(), "raft log: removing the last segment, it holds no intact entry");
+            fs::remove_file(&path).map_err(io_err)?;
+            dir_dirty = true;
+            continue;
+        }
+        for loc in scan.records {
+            inner.push(loc, None, 0);
+        }
+        inner.segments.insert(
+            first,
+            Segment {
+                file: Arc::new(file),
+                len: scan.end,
+            },
+        );
+    }
+    if dir_dirty {
+        dir_file.sync_all().map_err(|e| LogError::io(dir, e))?;
+    }
+    if let Some(purged) = inner.meta.last_purged {
+        inner.drop_through(purged.index);
+        // Finish a purge that was interrupted after its meta write.
+        let mut removed = false;
+        while let Some(first) = oldest_purged_segment(&inner) {
+            let path = dir.join(segment_file_name(first));
+            fs::remove_file(&path).map_err(|e| LogError::io(&path, e))?;
+            inner.segments.remove(&first);
+            removed = true;
+        }
+        if removed {
+            dir_file.sync_all().map_err(|e| LogError::io(dir, e))?;
+        }
+        let expected = purged.index.saturating_add(1);
+        if !inner.locs.is_empty() && inner.first_index != expected {
+            let first_segment = inner.segments.keys().next().copied().unwrap_or_default();
+            return Err(LogError::Gap {
+                path: dir.join(segment_file_name(first_segment)),
+                expected,
+                found: inner.first_index,
+            });
+        }
+    }
+    Ok(inner)
+}

@@ -1,0 +1,574 @@
+//! The durable Raft log: restart, torn and corrupt tails, corruption that
+//! must stop the node, truncate/purge durability, segment rolling, group
+//! commit and bounded allocation on hostile lengths.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::fs::{self, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use openraft::entry::RaftEntry;
+use openraft::storage::{IOFlushed, RaftLogReader, RaftLogStorage};
+use openraft::testing::log_id;
+use openraft::type_config::TypeConfigExt;
+use rdkv_storage::raft::{Command, Entry, LogId, TypeConfig, Vote};
+use rdkv_storage::raft_log::format::{SEGMENT_HEADER_BYTES, parse_segment_file_name};
+use rdkv_storage::raft_log::{Damage, LogError, LogOptions, LogStore};
+
+// ---------------------------------------------------------------- allocation probe
+
+/// Records the largest single allocation made on a thread while tracking is
+/// on there, so a test can show that a hostile length is never allocated.
+struct Probe;
+
+thread_local! {
+    static TRACKING: Cell<bool> = const { Cell::new(false) };
+    static LARGEST: Cell<usize> = const { Cell::new(0) };
+}
+
+fn note(size: usize) {
+    let _ = TRACKING.try_with(|t| {
+        if t.get() {
+            let _ = LARGEST.try_with(|l| l.set(l.get().max(size)));
+        }
+    });
+}
+
+// SAFETY: forwards to the system allocator unchanged; the bookkeeping only
+// touches const-initialised thread-locals and never allocates.
+unsafe impl GlobalAlloc for Probe {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note(layout.size());
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note(layout.size());
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note(new_size);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Probe = Probe;
+
+/// Runs `f` and returns its result with the largest allocation it made on
+/// this thread.
+fn largest_allocation<T>(f: impl FnOnce() -> T) -> (T, usize) {
+    LARGEST.with(|l| l.set(0));
+    TRACKING.with(|t| t.set(true));
+    let out = f();
+    TRACKING.with(|t| t.set(false));
+    (out, LARGEST.with(|l| l.get()))
+}
+
+// ---------------------------------------------------------------- helpers
+
+fn lid(term: u64, index: u64) -> LogId {
+    log_id::<TypeConfig>(term, 1, index)
+}
+
+/// A Put whose value size varies with the index (up to ~3 KiB).
+fn entry(term: u64, index: u64) -> Entry {
+    let size = (index as usize * 37) % 3000;
+    let value: Vec<u8> = (0..size).map(|i| (i as u64 ^ index) as u8).collect();
+    Entry::new_normal(
+        lid(term, index),
+        Command::Put {
+            key: Bytes::from(format!("key-{index}")),
+            value: Bytes::from(value),
+        },
+    )
+}
+
+fn entries(term: u64, range: std::ops::Range<u64>) -> Vec<Entry> {
+    range.map(|i| entry(term, i)).collect()
+}
+
+/// Appends and waits for the fsync callback.
+async fn append(store: &mut LogStore, entries: Vec<Entry>) -> io::Result<()> {
+    let (tx, rx) = TypeConfig::oneshot();
+    store.append(entries, IOFlushed::signal(tx)).await?;
+    rx.await.map_err(io::Error::other)?
+}
+
+async fn all_entries(store: &mut LogStore) -> Vec<Entry> {
+    store.try_get_log_entries(..).await.unwrap()
+}
+
+/// Equal entries, reported by log id (values are too long to print).
+#[track_caller]
+fn assert_entries(actual: &[Entry], expected: &[Entry]) {
+    let ids = |es: &[Entry]| es.iter().map(|e| e.log_id).collect::<Vec<_>>();
+    assert_eq!(ids(actual), ids(expected));
+    assert!(actual == expected, "same log ids, different payloads");
+}
+
+fn small_segments() -> LogOptions {
+    LogOptions {
+        segment_size: 8 * 1024,
+        cache_bytes: 0,
+        ..LogOptions::default()
+    }
+}
+
+fn segment_files(dir: &Path) -> Vec<(u64, PathBuf)> {
+    let mut segs: Vec<(u64, PathBuf)> = fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|d| {
+            let d = d.unwrap();
+            let first = parse_segment_file_name(d.file_name().to_str()?)?;
+            Some((first, d.path()))
+        })
+        .collect();
+    segs.sort();
+    segs
+}
+
+fn last_segment(dir: &Path) -> PathBuf {
+    segment_files(dir).pop().unwrap().1
+}
+
+fn flip_byte(path: &Path, offset: u64) {
+    let mut bytes = fs::read(path).unwrap();
+    bytes[offset as usize] ^= 0x40;
+    fs::write(path, bytes).unwrap();
+}
+
+fn file_len(path: &Path) -> u64 {
+    fs::metadata(path).unwrap().len()
+}
+
+/// Offsets of the records in a segment file (walks the frames, no checks).
+fn record_offsets(path: &Path) -> Vec<u64> {
+    let bytes = fs::read(path).unwrap();
+    let mut offsets = Vec::new();
+    let mut at = SEGMENT_HEADER_BYTES as usize;
+    while at + 8 <= bytes.len() {
+        offsets.push(at as u64);
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        at += 8 + len;
+    }
+    offsets
+}
+
+// ---------------------------------------------------------------- tests
+
+#[tokio::test]
+async fn reopen_restores_entries_vote_and_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let written = entries(1, 0..200);
+    let vote = Vote::new_committed(3, 2);
+    {
+        let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+        assert_eq!(store.read_vote().await.unwrap(), None);
+        assert_eq!(store.read_committed().await.unwrap(), None);
+        for chunk in written.chunks(17) {
+            append(&mut store, chunk.to_vec()).await.unwrap();
+        }
+        store.save_vote(&vote).await.unwrap();
+        store.save_committed(Some(lid(1, 150))).await.unwrap();
+        let stats = store.stats();
+        assert_eq!(stats.entries_appended, 200);
+        assert_eq!(stats.entries_flushed, 200);
+        assert_eq!((stats.first_index, stats.last_index), (Some(0), Some(199)));
+    }
+    let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+    assert_entries(&all_entries(&mut store).await, &written);
+    assert_eq!(store.read_vote().await.unwrap(), Some(vote));
+    assert_eq!(store.read_committed().await.unwrap(), Some(lid(1, 150)));
+    let state = store.get_log_state().await.unwrap();
+    assert_eq!(state.last_log_id, Some(lid(1, 199)));
+    assert_eq!(state.last_purged_log_id, None);
+    assert_entries(
+        &store.try_get_log_entries(50..53).await.unwrap(),
+        &written[50..53],
+    );
+    // Appending continues where the log ends, and nowhere else.
+    let err = append(&mut store, vec![entry(1, 201)]).await.unwrap_err();
+    assert!(err.to_string().contains("not contiguous"), "{err}");
+    append(&mut store, vec![entry(2, 200)]).await.unwrap();
+    assert_eq!(store.stats().last_index, Some(200));
+}
+
+#[tokio::test]
+async fn a_torn_last_record_is_cut_off_and_appends_continue() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+        append(&mut store, entries(1, 0..10)).await.unwrap();
+    }
+    // Cut the last record in half.
+    let seg = last_segment(dir.path());
+    let last = *record_offsets(&seg).last().unwrap();
+    let half = last + (file_len(&seg) - last) / 2;
+    OpenOptions::new()
+        .write(true)
+        .open(&seg)
+        .unwrap()
+        .set_len(half)
+        .unwrap();
+
+    let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+    assert_entries(&all_entries(&mut store).await, &entries(1, 0..9));
+    assert_eq!(file_len(&seg), last, "the torn bytes are truncated away");
+    assert_eq!(
+        store.get_log_state().await.unwrap().last_log_id,
+        Some(lid(1, 8))
+    );
+    // The lost index is written again (by a new leader), then more.
+    append(&mut store, entries(2, 9..12)).await.unwrap();
+    drop(store);
+    let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+    let mut expected = entries(1, 0..9);
+    expected.extend(entries(2, 9..12));
+    assert_entries(&all_entries(&mut store).await, &expected);
+}
+
+#[tokio::test]
+async fn garbage_after_the_last_record_is_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+        append(&mut store, entries(1, 0..10)).await.unwrap();
+    }
+    let seg = last_segment(dir.path());
+    let intact = file_len(&seg);
+    for garbage in [&[0xde, 0xad, 0xbe][..], &[0u8; 4096][..], &[7u8; 100][..]] {
+        let mut f = OpenOptions::new().append(true).open(&seg).unwrap();
+        f.write_all(garbage).unwrap();
+        drop(f);
+        let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+        assert_entries(&all_entries(&mut store).await, &entries(1, 0..10));
+        assert_eq!(file_len(&seg), intact);
+    }
+}
+
+#[tokio::test]
+async fn a_crc_flip_in_the_last_record_truncates_it() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+        append(&mut store, entries(1, 0..10)).await.unwrap();
+    }
+    let seg = last_segment(dir.path());
+    let last = *record_offsets(&seg).last().unwrap();
+    flip_byte(&seg, file_len(&seg) - 1);
+    let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+    assert_entries(&all_entries(&mut store).await, &entries(1, 0..9));
+    assert_eq!(file_len(&seg), last);
+    // A flipped CRC field (not payload) is found the same way.
+    drop(store);
+    let last = *record_offsets(&seg).last().unwrap();
+    flip_byte(&seg, last + 5);
+    let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+    assert_entries(&all_entries(&mut store).await, &entries(1, 0..8));
+}
+
+#[tokio::test]
+async fn corruption_in_a_middle_segment_fails_open() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = LogStore::open(dir.path(), small_segments()).unwrap();
+        append(&mut store, entries(1, 0..60)).await.unwrap();
+        assert!(store.stats().segments >= 4, "{:?}", store.stats());
+    }
+    let segs = segment_files(dir.path());
+    let (_, middle) = &segs[segs.len() / 2];
+    let offsets = record_offsets(middle);
+    flip_byte(middle, offsets[offsets.len() / 2] + 12);
+    let err = LogStore::open(dir.path(), small_segments()).unwrap_err();
+    match &err {
+        LogError::CorruptSegment {
+            path,
+            offset,
+            damage,
+        } => {
+            assert_eq!(path, middle);
+            assert_eq!(*offset, offsets[offsets.len() / 2]);
+            assert!(matches!(damage, Damage::Record(_)), "{damage:?}");
+        }
+        other => panic!("expected CorruptSegment, got {other:?}"),
+    }
+    let message = err.to_string();
+    assert!(message.contains("corrupt") && message.contains(&middle.display().to_string()));
+    // openraft sees it as InvalidData.
+    assert_eq!(io::Error::from(err).kind(), io::ErrorKind::InvalidData);
+}
+
+#[tokio::test]
+async fn a_missing_middle_segment_is_a_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = LogStore::open(dir.path(), small_segments()).unwrap();
+        append(&mut store, entries(1, 0..60)).await.unwrap();
+    }
+    let segs = segment_files(dir.path());
+    let (_, middle) = &segs[segs.len() / 2];
+    let (next_first, _) = segs[segs.len() / 2 + 1];
+    let (middle_first, _) = segs[segs.len() / 2];
+    fs::remove_file(middle).unwrap();
+    match LogStore::open(dir.path(), small_segments()) {
+        Err(LogError::Gap {
+            expected, found, ..
+        }) => {
+            assert_eq!(expected, middle_first);
+            assert_eq!(found, next_first);
+        }
+        other => panic!("expected a gap, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn truncate_after_and_purge_survive_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = LogStore::open(dir.path(), small_segments()).unwrap();
+        append(&mut store, entries(1, 0..60)).await.unwrap();
+        store.truncate_after(Some(lid(1, 40))).await.unwrap();
+        store.purge(lid(1, 12)).await.unwrap();
+        // Conflicting entries replaced by a new leader's.
+        append(&mut store, entries(2, 41..45)).await.unwrap();
+        assert_eq!(store.stats().first_index, Some(13));
+    }
+    let expected: Vec<Entry> = entries(1, 13..41)
+        .into_iter()
+        .chain(entries(2, 41..45))
+        .collect();
+    let mut store = LogStore::open(dir.path(), small_segments()).unwrap();
+    assert_entries(&all_entries(&mut store).await, &expected);
+    let state = store.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id, Some(lid(1, 12)));
+    assert_eq!(state.last_log_id, Some(lid(2, 44)));
+    assert!(store.try_get_log_entries(0..13).await.unwrap().is_empty());
+    // Purged entries are missing at the start only.
+    assert_entries(
+        &store.try_get_log_entries(10..15).await.unwrap(),
+        &entries(1, 13..15),
+    );
+    // Whole segments at or below the purge point are gone from the disk.
+    let segs = segment_files(dir.path());
+    assert!(segs[0].0 <= 13, "{segs:?}");
+    assert!(segs.len() < 2 || segs[1].0 > 13, "{segs:?}");
+
+    // Truncating into an earlier segment deletes the later ones.
+    store.truncate_after(Some(lid(1, 20))).await.unwrap();
+    drop(store);
+    let mut store = LogStore::open(dir.path(), small_segments()).unwrap();
+    assert_entries(&all_entries(&mut store).await, &entries(1, 13..21));
+    assert!(
+        segment_files(dir.path())
+            .iter()
+            .all(|(first, _)| *first <= 20)
+    );
+
+    // Purging past the end empties the log; it resumes after the purge point.
+    store.purge(lid(3, 30)).await.unwrap();
+    assert!(segment_files(dir.path()).is_empty());
+    let state = store.get_log_state().await.unwrap();
+    assert_eq!(state.last_log_id, Some(lid(3, 30)));
+    append(&mut store, entries(3, 31..33)).await.unwrap();
+    drop(store);
+    let mut store = LogStore::open(dir.path(), small_segments()).unwrap();
+    assert_entries(&all_entries(&mut store).await, &entries(3, 31..33));
+    assert_eq!(
+        store.get_log_state().await.unwrap().last_purged_log_id,
+        Some(lid(3, 30))
+    );
+
+    // truncate_after(None) removes everything after the purge point.
+    store.truncate_after(None).await.unwrap();
+    drop(store);
+    let mut store = LogStore::open(dir.path(), small_segments()).unwrap();
+    assert!(all_entries(&mut store).await.is_empty());
+    assert_eq!(
+        store.get_log_state().await.unwrap().last_log_id,
+        Some(lid(3, 30))
+    );
+}
+
+#[tokio::test]
+async fn segments_roll_at_the_configured_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = LogOptions {
+        segment_size: 4096,
+        ..LogOptions::default()
+    };
+    let written = entries(1, 5..105);
+    {
+        let mut store = LogStore::open(dir.path(), options.clone()).unwrap();
+        // One append spanning many segments, then many small ones.
+        append(&mut store, written[..50].to_vec()).await.unwrap();
+        for e in &written[50..] {
+            append(&mut store, vec![e.clone()]).await.unwrap();
+        }
+        let stats = store.stats();
+        let segs = segment_files(dir.path());
+        assert_eq!(stats.segments, segs.len() as u64);
+        assert!(segs.len() > 10, "{} segments", segs.len());
+        assert_eq!(
+            stats.bytes_on_disk,
+            segs.iter().map(|(_, p)| file_len(p)).sum::<u64>()
+        );
+    }
+    let segs = segment_files(dir.path());
+    assert_eq!(segs[0].0, 5);
+    for (_, path) in &segs {
+        let len = file_len(path);
+        let records = record_offsets(path).len();
+        assert!(records >= 1);
+        // Over the size only when a single record does not fit.
+        assert!(
+            len <= 4096 || records == 1,
+            "{path:?}: {len} bytes, {records} records"
+        );
+    }
+    // Each segment is named after its first entry.
+    let mut store = LogStore::open(dir.path(), options).unwrap();
+    let mut expected_first = 5;
+    for (first, path) in &segs {
+        assert_eq!(*first, expected_first, "{path:?}");
+        expected_first += record_offsets(path).len() as u64;
+    }
+    assert_eq!(expected_first, 105);
+    assert_entries(&all_entries(&mut store).await, &written);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_appends_share_fsyncs() {
+    const APPENDS: u64 = 64;
+    let dir = tempfile::tempdir().unwrap();
+    let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+    // Appends to one log are ordered (openraft issues them one at a time);
+    // the tasks take turns to write, then all wait for their fsync at once.
+    let turn = Arc::new(tokio::sync::Mutex::new((store.clone(), 0u64)));
+    let start = Arc::new(tokio::sync::Barrier::new(APPENDS as usize));
+    let mut tasks = Vec::new();
+    for _ in 0..APPENDS {
+        let turn = turn.clone();
+        let start = start.clone();
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            let (tx, rx) = TypeConfig::oneshot();
+            {
+                let mut guard = turn.lock().await;
+                let (store, next) = &mut *guard;
+                let index = *next;
+                store
+                    .append(vec![entry(1, index)], IOFlushed::signal(tx))
+                    .await
+                    .unwrap();
+                *next += 1;
+            }
+            rx.await.unwrap()
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    let stats = store.stats();
+    println!(
+        "group commit: {} appends, {} fsyncs, {} flush rounds, largest batch {}",
+        stats.appends, stats.fsyncs, stats.flush_rounds, stats.max_batch
+    );
+    assert_eq!(stats.appends, APPENDS);
+    assert_eq!(stats.entries_flushed, APPENDS, "every callback fired");
+    assert!(stats.fsyncs < APPENDS, "{stats:?}");
+    assert!(stats.max_batch > 1, "{stats:?}");
+    let mut store = store;
+    assert_entries(&all_entries(&mut store).await, &entries(1, 0..APPENDS));
+}
+
+#[test]
+fn a_huge_declared_length_at_the_tail_is_torn_not_allocated() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+        append(&mut store, entries(1, 0..5)).await.unwrap();
+    });
+    let seg = last_segment(dir.path());
+    let intact = file_len(&seg);
+    // Above the limit (4 GiB) and below it but past the end of the file.
+    for declared in [0xffff_fff0u32, 60 * 1024 * 1024] {
+        let mut f = OpenOptions::new().append(true).open(&seg).unwrap();
+        f.write_all(&declared.to_le_bytes()).unwrap();
+        f.write_all(&[0x55; 4]).unwrap();
+        f.write_all(&[1u8; 100]).unwrap();
+        drop(f);
+        let (store, largest) =
+            largest_allocation(|| LogStore::open(dir.path(), LogOptions::default()));
+        let mut store = store.unwrap();
+        assert!(largest < 4 * 1024 * 1024, "allocated {largest} bytes");
+        assert_eq!(file_len(&seg), intact);
+        rt.block_on(async {
+            assert_entries(&all_entries(&mut store).await, &entries(1, 0..5));
+        });
+    }
+}
+
+#[tokio::test]
+async fn a_corrupt_vote_file_is_an_error_not_none() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+        store.save_vote(&Vote::new(4, 1)).await.unwrap();
+        store.save_vote(&Vote::new_committed(5, 2)).await.unwrap();
+        assert!(!dir.path().join("vote.tmp").exists());
+    }
+    let vote = dir.path().join("vote");
+    flip_byte(&vote, file_len(&vote) - 1);
+    match LogStore::open(dir.path(), LogOptions::default()) {
+        Err(LogError::CorruptFile { path, .. }) => assert_eq!(path, vote),
+        other => panic!("expected a corrupt vote file, got {other:?}"),
+    }
+    // A torn (empty) vote file too.
+    fs::write(&vote, b"").unwrap();
+    assert!(matches!(
+        LogStore::open(dir.path(), LogOptions::default()),
+        Err(LogError::CorruptFile { .. })
+    ));
+}
+
+#[tokio::test]
+async fn the_directory_is_locked_and_oversized_entries_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = LogOptions {
+        max_record_size: 1024,
+        ..LogOptions::default()
+    };
+    let mut store = LogStore::open(dir.path(), options.clone()).unwrap();
+    assert!(matches!(
+        LogStore::open(dir.path(), options.clone()),
+        Err(LogError::Locked { .. })
+    ));
+    let big = Entry::new_normal(
+        lid(1, 1),
+        Command::Put {
+            key: Bytes::from_static(b"big"),
+            value: Bytes::from(vec![9u8; 2000]),
+        },
+    );
+    let err = append(&mut store, vec![entry(1, 0), big])
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{err}");
+    drop(store);
+    // Nothing of the refused append was kept (or locked).
+    let mut store = LogStore::open(dir.path(), options).unwrap();
+    assert!(all_entries(&mut store).await.is_empty());
+}
