@@ -167,6 +167,26 @@ fn record_offsets(path: &Path) -> Vec<u64> {
 // ---------------------------------------------------------------- tests
 
 #[tokio::test]
+async fn a_damaged_committed_file_reads_as_unknown() {
+    // The committed index is advisory (written without fsync): a crash can
+    // leave its file empty or torn, and the log must still open.
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+        append(&mut store, entries(1, 0..10)).await.unwrap();
+        store.save_committed(Some(lid(1, 9))).await.unwrap();
+    }
+    std::fs::write(dir.path().join("committed"), b"").unwrap();
+    let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+    assert_eq!(store.read_committed().await.unwrap(), None);
+    assert_entries(&all_entries(&mut store).await, &entries(1, 0..10));
+    drop(store);
+    std::fs::write(dir.path().join("committed"), b"\x05\0\0\0garbage").unwrap();
+    let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+    assert_eq!(store.read_committed().await.unwrap(), None);
+}
+
+#[tokio::test]
 async fn reopen_restores_entries_vote_and_committed() {
     let dir = tempfile::tempdir().unwrap();
     let written = entries(1, 0..200);

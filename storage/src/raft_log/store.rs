@@ -573,12 +573,8 @@ impl Shared {
         if inner.meta.committed == committed {
             return Ok(());
         }
-        let meta = Meta {
-            committed,
-            ..inner.meta
-        };
-        format::write_meta(&self.dir, &self.dir_file, &meta)?;
-        inner.meta = meta;
+        format::write_committed(&self.dir, committed)?;
+        inner.meta.committed = committed;
         Ok(())
     }
 
@@ -804,7 +800,8 @@ fn recover(
     options: &LogOptions,
     counters: &Counters,
 ) -> Result<Inner, LogError> {
-    let meta = format::read_meta(dir)?;
+    let mut meta = format::read_meta(dir)?;
+    meta.committed = format::read_committed(dir).or(meta.committed);
     let vote = format::read_vote(dir)?;
     let mut names = BTreeMap::new();
     for dirent in fs::read_dir(dir).map_err(|e| LogError::io(dir, e))? {
