@@ -2,9 +2,6 @@
 //! reclamation, lock-free reader), the Raft types, the durable Raft log and
 //! the state machine with its snapshots.
 
-#[cfg(target_endian = "big")]
-compile_error!("rdkv regions are little-endian; big-endian targets are not supported");
-
 pub mod raft;
 pub mod raft_log;
 pub mod record;

@@ -46,10 +46,9 @@ async fn rdkv_recovery(label: &str, extra: &[&str]) -> Result<(Duration, Duratio
         if let Ok(Some(v)) = client
             .get_with(probe.clone(), Consistency::Linearizable)
             .await
+            && v.value == value(KEYS - 1)
         {
-            if v.value == value(KEYS - 1) {
-                break started.elapsed();
-            }
+            break started.elapsed();
         }
         if started.elapsed() > Duration::from_secs(120) {
             bail!("{label}: no read within 120 s");

@@ -24,8 +24,8 @@ pub enum RegionError {
     },
     #[error("index full: all {slots} slots of the key's neighbourhood are in use")]
     IndexFull { slots: usize },
-    #[error("region access out of bounds: offset {offset}, {len_bytes} bytes")]
-    OutOfBounds { offset: u64, len_bytes: u64 },
+    #[error(transparent)]
+    Memory(#[from] rdkv_fabric::MemoryError),
     #[error("region corrupted: {0}")]
     CorruptSlot(#[from] SlotError),
     #[error("region corrupted: block of a published slot: {0}")]

@@ -20,17 +20,15 @@ use rdkv_proto::region::{
 };
 
 use crate::region::alloc::BlockAllocator;
-use crate::region::clock::Clock;
 use crate::region::config::RegionConfig;
 use crate::region::error::RegionError;
 use crate::region::grace::{GraceQueue, RetiredBlock};
-use crate::region::memory::RegionMemory;
-use crate::region::reader::{ReadError, ReaderOptions, RegionReader};
 use crate::region::stats::RegionStats;
+use rdkv_fabric::Clock;
+use rdkv_fabric::RegionMemory;
+use rdkv_fabric::reader::MAX_NEIGHBOURHOOD_SLOTS;
+use rdkv_fabric::{ReadError, ReaderOptions, RegionReader};
 use rdkv_proto::wire::Versioned;
-
-/// Most slots a neighbourhood can have (8 buckets, the layout's limit).
-pub(crate) const MAX_NEIGHBOURHOOD_SLOTS: usize = 8 * SLOTS_PER_BUCKET;
 
 /// A key's current slot and block, as the writer found them.
 #[derive(Debug, Clone, Copy)]
@@ -160,7 +158,7 @@ impl RegionWriter {
         );
         if let Err(error) = written {
             self.release(offset_units, units);
-            return Err(error);
+            return Err(error.into());
         }
         let slot = Slot::new(hash.fingerprint, class, offset_units);
         let published = self
@@ -168,7 +166,7 @@ impl RegionWriter {
             .store_u64(slot_offset, slot.encode(), Ordering::Release);
         if let Err(error) = published {
             self.release(offset_units, units);
-            return Err(error);
+            return Err(error.into());
         }
         self.used_units += units;
         self.payload_bytes += key.len() as u64 + value.len() as u64;
@@ -407,12 +405,14 @@ impl RegionWriter {
             dynamic_word::APPLIED_INDEX,
             applied_index,
             Ordering::Release,
-        )
+        )?;
+        Ok(())
     }
 
     pub fn publish_term(&self, term: u64) -> Result<(), RegionError> {
-        self.memory
-            .store_u64(dynamic_word::RAFT_TERM, term, Ordering::Release)
+        Ok(self
+            .memory
+            .store_u64(dynamic_word::RAFT_TERM, term, Ordering::Release)?)
     }
 
     /// `Some(deadline)` while leader with a lease; `None` clears the flag (on
@@ -425,7 +425,8 @@ impl RegionWriter {
                 .unwrap_or(0)
                 .max(u64::from(deadline_unix_us.is_some())),
             Ordering::Release,
-        )
+        )?;
+        Ok(())
     }
 
     /// Marks the region retired: readers must re-attach to its successor.
@@ -434,6 +435,7 @@ impl RegionWriter {
             dynamic_word::REGION_STATE,
             RegionState::RETIRED,
             Ordering::Release,
-        )
+        )?;
+        Ok(())
     }
 }

@@ -1,18 +1,30 @@
-//! The region's memory: one mapping that remote NICs, other processes and
+//! Registered region memory: one mapping that remote NICs, other processes and
 //! in-process readers read while the writer changes it. Nothing here ever
 //! makes a `&[u8]`/`&mut [u8]` over the mapping (the compiler would be allowed
 //! to assume no one else writes it); every access is an 8-byte atomic on a
 //! raw pointer (invariant 5 in ARCHITECTURE.md).
 
+use std::fs::File;
 use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use memmap2::MmapRaw;
-
-use crate::region::error::RegionError;
+use rustix::fs::{MemfdFlags, Mode, OFlags, SealFlags};
+use thiserror::Error;
 
 const WORD: usize = 8;
+
+#[derive(Debug, Error)]
+pub enum MemoryError {
+    #[error("region access out of bounds: offset {offset}, {len_bytes} bytes")]
+    OutOfBounds { offset: u64, len_bytes: u64 },
+    #[error("the region is mapped read-only here")]
+    ReadOnly,
+    #[error("mapping the region: {0}")]
+    Map(#[from] io::Error),
+}
 
 pub struct RegionMemory {
     /// Owns the mapping. `MmapRaw` exposes raw pointers only (no `Deref` to a
@@ -20,6 +32,9 @@ pub struct RegionMemory {
     _map: MmapRaw,
     base: NonNull<u8>,
     len_bytes: usize,
+    writable: bool,
+    /// The memfd behind a shared region (kept to hand out read-only fds).
+    memfd: Option<OwnedFd>,
 }
 
 // SAFETY: `RegionMemory` hands out no references into the mapping; all reads
@@ -34,27 +49,102 @@ impl std::fmt::Debug for RegionMemory {
         f.debug_struct("RegionMemory")
             .field("base", &self.base)
             .field("len_bytes", &self.len_bytes)
+            .field("writable", &self.writable)
+            .field("shared", &self.memfd.is_some())
             .finish()
     }
 }
 
 impl RegionMemory {
-    /// Maps `len_bytes` of zeroed anonymous memory (page aligned by mmap).
-    pub fn anonymous(len_bytes: usize) -> io::Result<RegionMemory> {
+    fn check_len(len_bytes: usize) -> io::Result<()> {
         if len_bytes == 0 || !len_bytes.is_multiple_of(WORD) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "region length must be a non-zero multiple of 8",
             ));
         }
-        let map = MmapRaw::from(memmap2::MmapOptions::new().len(len_bytes).map_anon()?);
+        Ok(())
+    }
+
+    fn from_map(
+        map: MmapRaw,
+        len_bytes: usize,
+        writable: bool,
+        memfd: Option<OwnedFd>,
+    ) -> io::Result<RegionMemory> {
         let base = NonNull::new(map.as_mut_ptr())
             .ok_or_else(|| io::Error::other("mmap returned a null pointer"))?;
         Ok(RegionMemory {
             _map: map,
             base,
             len_bytes,
+            writable,
+            memfd,
         })
+    }
+
+    /// Maps `len_bytes` of zeroed anonymous memory (page aligned by mmap),
+    /// private to this process.
+    pub fn anonymous(len_bytes: usize) -> io::Result<RegionMemory> {
+        Self::check_len(len_bytes)?;
+        let map = MmapRaw::from(memmap2::MmapOptions::new().len(len_bytes).map_anon()?);
+        Self::from_map(map, len_bytes, true, None)
+    }
+
+    /// Maps `len_bytes` of zeroed memory backed by a memfd, so that other
+    /// processes on this host can map it (read-only) from a handed-out fd.
+    /// The memfd is sealed against growing, shrinking and any future writable
+    /// mapping: only this mapping can ever write it.
+    pub fn shared(len_bytes: usize, name: &str) -> io::Result<RegionMemory> {
+        Self::check_len(len_bytes)?;
+        let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+        rustix::fs::ftruncate(&fd, len_bytes as u64)?;
+        let file = File::from(fd.try_clone()?);
+        let map = memmap2::MmapOptions::new().len(len_bytes).map_raw(&file)?;
+        rustix::fs::fcntl_add_seals(
+            &fd,
+            SealFlags::SHRINK | SealFlags::GROW | SealFlags::FUTURE_WRITE | SealFlags::SEAL,
+        )?;
+        Self::from_map(map, len_bytes, true, Some(fd))
+    }
+
+    /// Maps a region handed over by its owner, read-only. `len_bytes` must
+    /// not exceed the memfd's size (checked: a short file would fault).
+    pub fn map_read_only(fd: OwnedFd, len_bytes: usize) -> io::Result<RegionMemory> {
+        Self::check_len(len_bytes)?;
+        let size = rustix::fs::fstat(&fd)?.st_size;
+        if u64::try_from(size).unwrap_or(0) < len_bytes as u64 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("region fd holds {size} bytes, {len_bytes} expected"),
+            ));
+        }
+        let file = File::from(fd);
+        let map = memmap2::MmapOptions::new()
+            .len(len_bytes)
+            .map_raw_read_only(&file)?;
+        Self::from_map(map, len_bytes, false, None)
+    }
+
+    /// A new read-only fd of a shared region for another process: the memfd
+    /// reopened `O_RDONLY`, on top of the seals (defence in depth).
+    pub fn read_only_fd(&self) -> io::Result<OwnedFd> {
+        let Some(memfd) = &self.memfd else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "this region is not shared (anonymous memory)",
+            ));
+        };
+        let path = format!("/proc/self/fd/{}", memfd.as_fd().as_raw_fd());
+        Ok(rustix::fs::open(
+            path.as_str(),
+            OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?)
+    }
+
+    pub fn is_shared(&self) -> bool {
+        self.memfd.is_some()
     }
 
     pub fn len_bytes(&self) -> usize {
@@ -67,11 +157,19 @@ impl RegionMemory {
         self.base.as_ptr()
     }
 
+    fn check_writable(&self) -> Result<(), MemoryError> {
+        if self.writable {
+            Ok(())
+        } else {
+            Err(MemoryError::ReadOnly)
+        }
+    }
+
     /// The word at `offset`, or an error if unaligned or out of bounds.
-    fn word(&self, offset: u64) -> Result<&AtomicU64, RegionError> {
+    fn word(&self, offset: u64) -> Result<&AtomicU64, MemoryError> {
         self.words(offset, WORD)?
             .first()
-            .ok_or(RegionError::OutOfBounds {
+            .ok_or(MemoryError::OutOfBounds {
                 offset,
                 len_bytes: WORD as u64,
             })
@@ -79,7 +177,7 @@ impl RegionMemory {
 
     /// The words covering `len_bytes` from `offset` (rounded up to whole
     /// words), checked once for alignment and bounds.
-    fn words(&self, offset: u64, len_bytes: usize) -> Result<&[AtomicU64], RegionError> {
+    fn words(&self, offset: u64, len_bytes: usize) -> Result<&[AtomicU64], MemoryError> {
         let count = len_bytes.div_ceil(WORD);
         let in_bounds = usize::try_from(offset).ok().filter(|&o| {
             o % WORD == 0
@@ -89,7 +187,7 @@ impl RegionMemory {
                     .is_some_and(|end| end <= self.len_bytes)
         });
         let Some(offset) = in_bounds else {
-            return Err(RegionError::OutOfBounds {
+            return Err(MemoryError::OutOfBounds {
                 offset,
                 len_bytes: len_bytes as u64,
             });
@@ -104,11 +202,12 @@ impl RegionMemory {
         })
     }
 
-    pub fn load_u64(&self, offset: u64, order: Ordering) -> Result<u64, RegionError> {
+    pub fn load_u64(&self, offset: u64, order: Ordering) -> Result<u64, MemoryError> {
         Ok(self.word(offset)?.load(order))
     }
 
-    pub fn store_u64(&self, offset: u64, value: u64, order: Ordering) -> Result<(), RegionError> {
+    pub fn store_u64(&self, offset: u64, value: u64, order: Ordering) -> Result<(), MemoryError> {
+        self.check_writable()?;
         self.word(offset)?.store(value, order);
         Ok(())
     }
@@ -119,7 +218,7 @@ impl RegionMemory {
         offset: u64,
         dst: &mut [u64],
         order: Ordering,
-    ) -> Result<(), RegionError> {
+    ) -> Result<(), MemoryError> {
         let words = self.words(offset, dst.len() * WORD)?;
         for (out, word) in dst.iter_mut().zip(words) {
             *out = word.load(order);
@@ -131,7 +230,7 @@ impl RegionMemory {
     /// result may mix two writes if the writer reuses the memory meanwhile;
     /// callers validate it (CRC) before use. Reads whole words, so the range is
     /// rounded up to 8 bytes (still inside the mapping).
-    pub fn read_bytes(&self, offset: u64, dst: &mut [u8]) -> Result<(), RegionError> {
+    pub fn read_bytes(&self, offset: u64, dst: &mut [u8]) -> Result<(), MemoryError> {
         let words = self.words(offset, dst.len())?;
         let mut chunks = dst.chunks_exact_mut(WORD);
         let mut words = words.iter();
@@ -150,7 +249,8 @@ impl RegionMemory {
     /// Copies bytes in with relaxed word stores; the last word is zero padded.
     /// Publication (the slot store with release ordering) orders these stores
     /// before any reader that acquires the slot.
-    pub fn write_bytes(&self, offset: u64, src: &[u8]) -> Result<(), RegionError> {
+    pub fn write_bytes(&self, offset: u64, src: &[u8]) -> Result<(), MemoryError> {
+        self.check_writable()?;
         let words = self.words(offset, src.len())?;
         for (chunk, word) in src.chunks(WORD).zip(words) {
             let mut bytes = [0u8; WORD];
@@ -162,7 +262,8 @@ impl RegionMemory {
 
     /// Flips bits of one byte in place: fault injection for tests and tools
     /// that prove readers detect corruption.
-    pub fn inject_bit_flip(&self, offset: u64, mask: u8) -> Result<(), RegionError> {
+    pub fn inject_bit_flip(&self, offset: u64, mask: u8) -> Result<(), MemoryError> {
+        self.check_writable()?;
         let word_offset = offset & !(WORD as u64 - 1);
         let shift = (offset - word_offset) * 8;
         let word_mask = u64::from(mask) << shift;
@@ -175,6 +276,38 @@ impl RegionMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shared_region_is_seen_read_only_through_its_fd() {
+        let owner = RegionMemory::shared(8192, "rdkv-test").unwrap();
+        owner.write_bytes(128, b"shared bytes").unwrap();
+        let fd = owner.read_only_fd().unwrap();
+        let reader = RegionMemory::map_read_only(fd, 8192).unwrap();
+        let mut out = [0u8; 12];
+        reader.read_bytes(128, &mut out).unwrap();
+        assert_eq!(&out, b"shared bytes");
+        // Later writes by the owner are visible: it is the same memory.
+        owner.write_bytes(128, b"SHARED").unwrap();
+        reader.read_bytes(128, &mut out[..6]).unwrap();
+        assert_eq!(&out[..6], b"SHARED");
+        assert!(matches!(
+            reader.store_u64(0, 1, Ordering::Relaxed),
+            Err(MemoryError::ReadOnly)
+        ));
+        assert!(matches!(
+            reader.write_bytes(0, b"x"),
+            Err(MemoryError::ReadOnly)
+        ));
+        // Mapping more than the memfd holds is refused, not a later SIGBUS.
+        assert!(RegionMemory::map_read_only(owner.read_only_fd().unwrap(), 16384).is_err());
+        // Nobody can map it writable: not with the handed-out fd...
+        let ro = File::from(owner.read_only_fd().unwrap());
+        assert!(memmap2::MmapOptions::new().len(8192).map_raw(&ro).is_err());
+        // ...nor with the memfd itself (sealed against future writes).
+        let rw = File::from(owner.memfd.as_ref().unwrap().try_clone().unwrap());
+        assert!(memmap2::MmapOptions::new().len(8192).map_raw(&rw).is_err());
+        assert!(RegionMemory::anonymous(64).unwrap().read_only_fd().is_err());
+    }
 
     #[test]
     fn bytes_round_trip_and_bounds_are_enforced() {

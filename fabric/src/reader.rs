@@ -14,11 +14,12 @@ use rdkv_proto::region::{
 use rdkv_proto::wire::Versioned;
 use thiserror::Error;
 
-use crate::region::clock::Clock;
-use crate::region::error::RegionError;
-use crate::region::memory::RegionMemory;
-use crate::region::stats::{ReadCounters, ReadStats, RetryCause};
-use crate::region::writer::MAX_NEIGHBOURHOOD_SLOTS;
+use crate::clock::Clock;
+use crate::memory::{MemoryError, RegionMemory};
+use crate::read_stats::{ReadCounters, ReadStats, RetryCause};
+
+/// Most slots a neighbourhood can have (8 buckets, the layout's limit).
+pub const MAX_NEIGHBOURHOOD_SLOTS: usize = 8 * rdkv_proto::region::SLOTS_PER_BUCKET;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReaderOptions {
@@ -88,16 +89,16 @@ pub enum ReadError {
     #[error("read gave up after {attempts} attempts; last problem: {last}")]
     Exhausted { attempts: u32, last: ReadProblem },
     #[error(transparent)]
-    Memory(#[from] RegionError),
+    Memory(#[from] MemoryError),
 }
 
 enum AttemptError {
     Retry(ReadProblem),
-    Fatal(RegionError),
+    Fatal(MemoryError),
 }
 
-impl From<RegionError> for AttemptError {
-    fn from(error: RegionError) -> Self {
+impl From<MemoryError> for AttemptError {
+    fn from(error: MemoryError) -> Self {
         AttemptError::Fatal(error)
     }
 }

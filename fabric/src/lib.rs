@@ -1,0 +1,22 @@
+//! rdkv-fabric: how region memory is shared and read. All `unsafe` memory
+//! sharing of rdkv lives here.
+//!
+//! - [`memory`]: [`RegionMemory`], a mapping (anonymous, or a sealed memfd
+//!   that other processes map read-only) accessed only through atomics.
+//! - [`reader`]: [`RegionReader`], the one-sided GET over a mapped region:
+//!   neighbourhood read, block read, validation with `rdkv_proto::region`,
+//!   bounded retries. The server's local reads and `shm` clients use it.
+//! - [`clock`]: injectable monotonic time for grace periods and abandonment.
+
+#[cfg(target_endian = "big")]
+compile_error!("rdkv regions are little-endian; big-endian targets are not supported");
+
+pub mod clock;
+pub mod memory;
+pub mod read_stats;
+pub mod reader;
+
+pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use memory::{MemoryError, RegionMemory};
+pub use read_stats::{ReadCounters, ReadStats, RetryCause};
+pub use reader::{ReadError, ReadProblem, ReaderOptions, RegionReader};
