@@ -9,6 +9,9 @@ pub enum RetryCause {
     Slot,
     /// The block did not validate (CRC, magic, lengths, version): torn or corrupt.
     Block,
+    /// The block had been taken out of service by the writer (it is being
+    /// replaced or deleted): read the slot again.
+    Invalidated,
     /// The block held another key and the slot had changed since it was read.
     Moved,
     /// The read took longer than the abandon bound (half the grace period).
@@ -22,6 +25,7 @@ pub struct ReadCounters {
     pub misses: AtomicU64,
     pub retries_slot: AtomicU64,
     pub retries_block: AtomicU64,
+    pub retries_invalidated: AtomicU64,
     pub retries_moved: AtomicU64,
     pub retries_slow: AtomicU64,
     pub exhausted: AtomicU64,
@@ -35,6 +39,7 @@ pub struct ReadStats {
     pub misses: u64,
     pub retries_slot: u64,
     pub retries_block: u64,
+    pub retries_invalidated: u64,
     pub retries_moved: u64,
     pub retries_slow: u64,
     pub exhausted: u64,
@@ -42,7 +47,11 @@ pub struct ReadStats {
 
 impl ReadStats {
     pub fn retries(&self) -> u64 {
-        self.retries_slot + self.retries_block + self.retries_moved + self.retries_slow
+        self.retries_slot
+            + self.retries_block
+            + self.retries_invalidated
+            + self.retries_moved
+            + self.retries_slow
     }
 }
 
@@ -51,6 +60,7 @@ impl ReadCounters {
         let counter = match cause {
             RetryCause::Slot => &self.retries_slot,
             RetryCause::Block => &self.retries_block,
+            RetryCause::Invalidated => &self.retries_invalidated,
             RetryCause::Moved => &self.retries_moved,
             RetryCause::Slow => &self.retries_slow,
         };
@@ -67,6 +77,7 @@ impl ReadCounters {
             misses: get(&self.misses),
             retries_slot: get(&self.retries_slot),
             retries_block: get(&self.retries_block),
+            retries_invalidated: get(&self.retries_invalidated),
             retries_moved: get(&self.retries_moved),
             retries_slow: get(&self.retries_slow),
             exhausted: get(&self.exhausted),

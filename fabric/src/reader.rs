@@ -60,6 +60,9 @@ impl ReadProblem {
     fn cause(self) -> RetryCause {
         match self {
             ReadProblem::Slot(_) => RetryCause::Slot,
+            // The writer clears the magic (and value length) word of a block
+            // it is replacing; anything else is a torn or corrupt block.
+            ReadProblem::Block(BlockError::BadMagic { found: 0 }) => RetryCause::Invalidated,
             ReadProblem::Block(_) => RetryCause::Block,
             ReadProblem::Moved => RetryCause::Moved,
             ReadProblem::Slow { .. } => RetryCause::Slow,

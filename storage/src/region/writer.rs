@@ -30,6 +30,10 @@ use rdkv_fabric::reader::MAX_NEIGHBOURHOOD_SLOTS;
 use rdkv_fabric::{ReadError, ReaderOptions, RegionReader};
 use rdkv_proto::wire::Versioned;
 
+/// The block header word (value length and magic) cleared to take a block
+/// out of service.
+const INVALIDATION_WORD_OFFSET: u64 = 8;
+
 /// A key's current slot and block, as the writer found them.
 #[derive(Debug, Clone, Copy)]
 struct Found {
@@ -161,6 +165,9 @@ impl RegionWriter {
             return Err(error.into());
         }
         let slot = Slot::new(hash.fingerprint, class, offset_units);
+        if let Some(old) = found {
+            self.invalidate(old)?;
+        }
         let published = self
             .memory
             .store_u64(slot_offset, slot.encode(), Ordering::Release);
@@ -191,6 +198,7 @@ impl RegionWriter {
         let Some(found) = self.find(key, hash)? else {
             return Ok(None);
         };
+        self.invalidate(found)?;
         self.memory
             .store_u64(found.slot_offset, 0, Ordering::Release)?;
         self.live_keys -= 1;
@@ -305,6 +313,20 @@ impl RegionWriter {
             .ok_or(RegionError::IndexFull {
                 slots: (len / SLOT_BYTES) as usize,
             })
+    }
+
+    /// Makes a block that is about to be replaced fail validation (its
+    /// magic and value length become 0) before the slot moves away from it.
+    /// A reader holding a cached location of this key then cannot return the
+    /// old version once the new one is published; it falls back to the slot
+    /// read. This is the one change a writer makes to a block a slot still
+    /// points to (invariant 1): a single atomic store, and only to take the
+    /// block out of service.
+    fn invalidate(&self, old: Found) -> Result<(), RegionError> {
+        let (block, _) = self.layout.block_range(old.slot)?;
+        self.memory
+            .store_u64(block + INVALIDATION_WORD_OFFSET, 0, Ordering::Release)?;
+        Ok(())
     }
 
     fn retire(&mut self, old: Found) {
