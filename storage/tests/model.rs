@@ -46,6 +46,7 @@ fn config(tiny_index: bool) -> RegionConfig {
         node_id: 1,
         region_epoch: 1,
         hash_seed: HashSeed(0x5eed, 0xf00d),
+        shared_memory: false,
     }
 }
 

@@ -28,6 +28,9 @@ pub struct RegionConfig {
     pub node_id: u64,
     pub region_epoch: u64,
     pub hash_seed: HashSeed,
+    /// Back the region with a sealed memfd that local clients can map
+    /// read-only (the `shm` transport); otherwise private anonymous memory.
+    pub shared_memory: bool,
 }
 
 impl Default for RegionConfig {
@@ -42,6 +45,7 @@ impl Default for RegionConfig {
             node_id: 0,
             region_epoch: 1,
             hash_seed: random_seed(),
+            shared_memory: true,
         }
     }
 }

@@ -67,7 +67,12 @@ impl RegionWriter {
         let layout = config.layout()?;
         let len_bytes = usize::try_from(layout.region_bytes)
             .map_err(|_| RegionError::Config("region larger than the address space".into()))?;
-        let memory = Arc::new(RegionMemory::anonymous(len_bytes)?);
+        let memory = Arc::new(if config.shared_memory {
+            let name = format!("rdkv-region-n{}-e{}", config.node_id, config.region_epoch);
+            RegionMemory::shared(len_bytes, &name)?
+        } else {
+            RegionMemory::anonymous(len_bytes)?
+        });
         memory.write_bytes(0, &layout.encode_static())?;
         memory.store_u64(
             dynamic_word::REGION_STATE,

@@ -179,6 +179,12 @@ impl RegionStateMachine {
         }
     }
 
+    /// The current region's memory (replaced when a snapshot is installed),
+    /// for handing to local clients.
+    pub fn region_memory(&self) -> Arc<rdkv_fabric::RegionMemory> {
+        Arc::clone(self.lock().writer.memory())
+    }
+
     pub fn applied_index(&self) -> u64 {
         self.shared.applied_index.load(Ordering::Acquire)
     }
