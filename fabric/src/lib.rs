@@ -6,6 +6,9 @@
 //! - [`reader`]: [`RegionReader`], the one-sided GET over a mapped region:
 //!   neighbourhood read, block read, validation with `rdkv_proto::region`,
 //!   bounded retries. The server's local reads and `shm` clients use it.
+//! - [`shm`]: the `shm` transport's attach protocol: a same-host client
+//!   authenticates over a Unix socket and receives the region's memfd
+//!   (SCM_RIGHTS), which it maps read-only.
 //! - [`clock`]: injectable monotonic time for grace periods and abandonment.
 
 #[cfg(target_endian = "big")]
@@ -15,8 +18,13 @@ pub mod clock;
 pub mod memory;
 pub mod read_stats;
 pub mod reader;
+pub mod shm;
 
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use memory::{MemoryError, RegionMemory};
 pub use read_stats::{ReadCounters, ReadStats, RetryCause};
 pub use reader::{ReadError, ReadProblem, ReaderOptions, RegionReader};
+pub use shm::{
+    ReceivedGrant, SHM_ATTACH_TIMEOUT, SHM_HANDSHAKE_TIMEOUT, SHM_MAX_CONCURRENT_HANDSHAKES,
+    SHM_MAX_HELLO_BYTES, ShmAttachment, ShmError, attach_shm, request_shm_grant, serve_shm,
+};

@@ -18,6 +18,7 @@ pub mod frame;
 pub mod handshake;
 pub mod limits;
 pub mod message;
+pub mod shm;
 
 pub use admin::{Health, MemberInfo, NodeStatus, RegionFill, ReplicationLag, Role, SnapshotChunk};
 pub use batch::HARD_MAX_BATCH_ENTRIES;
@@ -35,3 +36,4 @@ pub use limits::{
     SINGLE_ENTRY_OVERHEAD_BYTES,
 };
 pub use message::{Consistency, ErrorCode, ErrorReply, LeaderHint, Request, Response, Versioned};
+pub use shm::{MAX_SHM_GRANT_BYTES, SHM_GRANT_PREFIX_BYTES, ShmGrant};
