@@ -386,6 +386,8 @@ mod tests {
             },
             members: Vec::new(),
             replication,
+            shm_socket: None,
+            served: Default::default(),
         }
     }
 

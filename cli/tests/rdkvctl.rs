@@ -49,6 +49,8 @@ fn status(addr: SocketAddr) -> NodeStatus {
             matched_index: Some(8),
             lag_entries: 2,
         }],
+        shm_socket: None,
+        served: Default::default(),
     }
 }
 

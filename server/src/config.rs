@@ -42,6 +42,10 @@ pub struct Args {
     /// Health and status HTTP address. Default 127.0.0.1:9379; `off` disables.
     #[arg(long, env = "RDKV_HTTP_LISTEN")]
     pub http_listen: Option<String>,
+    /// Unix socket of the `shm` transport (local clients map the region
+    /// read-only). Default `<data-dir>/rdkv.sock`; `off` disables.
+    #[arg(long, env = "RDKV_SHM_SOCKET")]
+    pub shm_socket: Option<String>,
     /// `1=PEER_ADDR,2=PEER_ADDR,...`: every node started with the same list
     /// forms that cluster. Default: a single-node cluster of this node.
     #[arg(long, env = "RDKV_INITIAL_CLUSTER")]
@@ -85,6 +89,7 @@ struct FileConfig {
     listen: Option<SocketAddr>,
     peer_listen: Option<SocketAddr>,
     http_listen: Option<String>,
+    shm_socket: Option<String>,
     initial_cluster: Option<String>,
     join: Option<String>,
     token: Option<String>,
@@ -111,6 +116,7 @@ pub struct Config {
     pub listen: SocketAddr,
     pub peer_listen: SocketAddr,
     pub http_listen: Option<SocketAddr>,
+    pub shm_socket: Option<PathBuf>,
     /// id -> peer address; empty when joining.
     pub initial_cluster: BTreeMap<u64, String>,
     pub join: Option<String>,
@@ -238,12 +244,19 @@ impl Config {
             "json" => LogFormat::Json,
             other => bail!("--log-format {other:?} is not text or json"),
         };
+        let data_dir = args
+            .data_dir
+            .or(file.data_dir)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+        let shm_socket = match args.shm_socket.or(file.shm_socket).as_deref() {
+            Some("off") => None,
+            Some(path) => Some(PathBuf::from(path)),
+            None => Some(data_dir.join("rdkv.sock")),
+        };
         Ok(Config {
             id,
-            data_dir: args
-                .data_dir
-                .or(file.data_dir)
-                .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+            data_dir,
+            shm_socket,
             listen,
             peer_listen,
             http_listen,

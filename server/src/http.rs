@@ -156,6 +156,22 @@ fn metrics_text(handler: &Handler) -> String {
         s.region.used_bytes,
     );
     gauge("rdkv_region_live_keys", "Live keys.", s.region.live_keys);
+    let _ = writeln!(
+        out,
+        "# HELP rdkv_requests_total Requests answered over the native protocol.\n# TYPE rdkv_requests_total counter"
+    );
+    let served = s.served;
+    for (op, count) in [
+        ("get", served.get),
+        ("mget", served.mget),
+        ("put", served.put),
+        ("delete", served.delete),
+        ("cas", served.cas),
+        ("mput", served.mput),
+        ("admin", served.admin),
+    ] {
+        let _ = writeln!(out, "rdkv_requests_total{{op=\"{op}\"}} {count}");
+    }
     out
 }
 

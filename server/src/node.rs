@@ -163,6 +163,7 @@ impl Node {
             sm.clone(),
             Arc::clone(&peers),
             limits,
+            config.shm_socket.as_ref().map(|p| p.display().to_string()),
         ));
         tasks.push(tokio::spawn(serve_clients(
             client_listener,

@@ -61,6 +61,23 @@ pub struct NodeStatus {
     pub members: Vec<MemberInfo>,
     /// Filled on the leader only.
     pub replication: Vec<ReplicationLag>,
+    /// Unix socket path of the `shm` transport, for clients on this host.
+    pub shm_socket: Option<String>,
+    /// Requests this node has answered over the native protocol, by kind.
+    pub served: ServedCounts,
+}
+
+/// Requests answered by one node since it started. One-sided reads never
+/// reach the server, so they do not appear here: that is the point.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServedCounts {
+    pub get: u64,
+    pub mget: u64,
+    pub put: u64,
+    pub delete: u64,
+    pub cas: u64,
+    pub mput: u64,
+    pub admin: u64,
 }
 
 /// A node's answer to "are you healthy?": healthy when it knows a leader and

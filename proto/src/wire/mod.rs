@@ -20,7 +20,9 @@ pub mod limits;
 pub mod message;
 pub mod shm;
 
-pub use admin::{Health, MemberInfo, NodeStatus, RegionFill, ReplicationLag, Role, SnapshotChunk};
+pub use admin::{
+    Health, MemberInfo, NodeStatus, RegionFill, ReplicationLag, Role, ServedCounts, SnapshotChunk,
+};
 pub use batch::HARD_MAX_BATCH_ENTRIES;
 pub use error::{LimitError, LimitsConfigError, WireError};
 pub use frame::{

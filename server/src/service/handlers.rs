@@ -2,6 +2,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -10,7 +11,7 @@ use openraft::errors::{ClientWriteError, LinearizableReadError, RaftError};
 use openraft::{ChangeMembers, ReadPolicy};
 use rdkv_proto::wire::{
     Consistency, ErrorCode, ErrorReply, LeaderHint, Limits, MemberInfo, Request, Response,
-    SnapshotChunk,
+    ServedCounts, SnapshotChunk,
 };
 use rdkv_storage::raft::{Command, CommandResult, NodeAddr, TypeConfig};
 use rdkv_storage::state_machine::RegionStateMachine;
@@ -32,6 +33,48 @@ pub struct Handler {
     sm: RegionStateMachine,
     peers: Arc<PeerContext>,
     limits: Limits,
+    shm_socket: Option<String>,
+    served: Served,
+}
+
+/// Requests answered, by kind (see `ServedCounts`).
+#[derive(Debug, Default)]
+struct Served {
+    get: AtomicU64,
+    mget: AtomicU64,
+    put: AtomicU64,
+    delete: AtomicU64,
+    cas: AtomicU64,
+    mput: AtomicU64,
+    admin: AtomicU64,
+}
+
+impl Served {
+    fn count(&self, request: &Request) {
+        let counter = match request {
+            Request::Get { .. } => &self.get,
+            Request::MGet { .. } => &self.mget,
+            Request::Put { .. } => &self.put,
+            Request::Delete { .. } => &self.delete,
+            Request::Cas { .. } => &self.cas,
+            Request::MPut { .. } => &self.mput,
+            _ => &self.admin,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> ServedCounts {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        ServedCounts {
+            get: get(&self.get),
+            mget: get(&self.mget),
+            put: get(&self.put),
+            delete: get(&self.delete),
+            cas: get(&self.cas),
+            mput: get(&self.mput),
+            admin: get(&self.admin),
+        }
+    }
 }
 
 type Reply = Result<Response, ErrorReply>;
@@ -42,13 +85,24 @@ impl Handler {
         sm: RegionStateMachine,
         peers: Arc<PeerContext>,
         limits: Limits,
+        shm_socket: Option<String>,
     ) -> Self {
         Handler {
             raft,
             sm,
             peers,
             limits,
+            shm_socket,
+            served: Served::default(),
         }
+    }
+
+    pub(super) fn shm_socket(&self) -> Option<String> {
+        self.shm_socket.clone()
+    }
+
+    pub fn served(&self) -> ServedCounts {
+        self.served.snapshot()
     }
 
     pub fn token(&self) -> Option<&str> {
@@ -76,6 +130,7 @@ impl Handler {
     }
 
     pub async fn handle(&self, request: Request) -> Response {
+        self.served.count(&request);
         let reply = match request {
             Request::Ping => Ok(Response::Pong),
             Request::Get { key, consistency } => self.get(&key, consistency).await,

@@ -72,6 +72,8 @@ impl Handler {
             },
             members: self.members(),
             replication,
+            shm_socket: self.shm_socket(),
+            served: self.served(),
         }
     }
 
