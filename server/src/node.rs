@@ -170,6 +170,17 @@ impl Node {
             Arc::clone(&handler),
             shutdown_rx.clone(),
         )));
+        if let Some(path) = &config.shm_socket {
+            let listener = bind_unix(path)?;
+            let sm_for_shm = sm.clone();
+            tasks.push(tokio::spawn(rdkv_fabric::serve_shm(
+                listener,
+                config.token.clone(),
+                config.id,
+                move || Some(sm_for_shm.region_memory()),
+                shutdown_rx.clone(),
+            )));
+        }
         if let Some(listener) = http_listener {
             tasks.push(tokio::spawn(crate::http::serve_http(
                 listener,
@@ -223,6 +234,18 @@ impl Node {
             .map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?;
         Ok(())
     }
+}
+
+/// Binds the shm socket, replacing a stale socket file left by a previous
+/// run (the data-directory lock guarantees no live server owns it).
+fn bind_unix(path: &std::path::Path) -> Result<tokio::net::UnixListener> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("removing {}", path.display())),
+    }
+    tokio::net::UnixListener::bind(path)
+        .with_context(|| format!("binding the shm socket {}", path.display()))
 }
 
 /// Initializes the cluster from `--initial-cluster` unless this node already
