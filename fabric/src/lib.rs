@@ -23,7 +23,7 @@ pub mod shm;
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use memory::{MemoryError, RegionMemory};
 pub use read_stats::{ReadCounters, ReadStats, RetryCause};
-pub use reader::{ReadError, ReadProblem, ReaderOptions, RegionReader};
+pub use reader::{CachedLocation, IndexCache, ReadError, ReadProblem, ReaderOptions, RegionReader};
 pub use shm::{
     ReceivedGrant, SHM_ATTACH_TIMEOUT, SHM_HANDSHAKE_TIMEOUT, SHM_MAX_CONCURRENT_HANDSHAKES,
     SHM_MAX_HELLO_BYTES, ShmAttachment, ShmError, attach_shm, request_shm_grant, serve_shm,

@@ -29,6 +29,8 @@ pub struct ReadCounters {
     pub retries_moved: AtomicU64,
     pub retries_slow: AtomicU64,
     pub exhausted: AtomicU64,
+    pub cache_hits: AtomicU64,
+    pub cache_misses: AtomicU64,
 }
 
 /// A point-in-time copy of [`ReadCounters`].
@@ -43,6 +45,8 @@ pub struct ReadStats {
     pub retries_moved: u64,
     pub retries_slow: u64,
     pub exhausted: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
 }
 
 impl ReadStats {
@@ -81,6 +85,8 @@ impl ReadCounters {
             retries_moved: get(&self.retries_moved),
             retries_slow: get(&self.retries_slow),
             exhausted: get(&self.exhausted),
+            cache_hits: get(&self.cache_hits),
+            cache_misses: get(&self.cache_misses),
         }
     }
 }

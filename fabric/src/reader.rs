@@ -95,6 +95,77 @@ pub enum ReadError {
     Memory(#[from] MemoryError),
 }
 
+/// A value and where its block was.
+struct Found {
+    value: Versioned,
+    location: CachedLocation,
+}
+
+/// Where a key's block was, and which version it held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CachedLocation {
+    pub epoch: u64,
+    pub block_offset: u64,
+    pub block_len: u64,
+    pub version: u64,
+}
+
+/// A client's map from key to block location, bounded in entries. Shared by
+/// the readers of all regions (entries carry the region epoch).
+#[derive(Debug)]
+pub struct IndexCache {
+    entries: std::sync::Mutex<std::collections::HashMap<Bytes, CachedLocation>>,
+    max_entries: usize,
+}
+
+impl IndexCache {
+    pub fn new(max_entries: usize) -> IndexCache {
+        IndexCache {
+            entries: std::sync::Mutex::new(std::collections::HashMap::new()),
+            max_entries,
+        }
+    }
+
+    fn entries(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<Bytes, CachedLocation>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lookup(&self, key: &[u8], epoch: u64) -> Option<CachedLocation> {
+        self.entries()
+            .get(key)
+            .copied()
+            .filter(|l| l.epoch == epoch)
+    }
+
+    fn forget(&self, key: &[u8]) {
+        self.entries().remove(key);
+    }
+
+    fn remember(&self, key: &[u8], location: CachedLocation) {
+        let mut entries = self.entries();
+        if entries.len() >= self.max_entries && !entries.contains_key(key) {
+            // Bounded memory: drop an arbitrary entry (the map's iteration
+            // order is effectively random).
+            if let Some(victim) = entries.keys().next().cloned() {
+                entries.remove(&victim);
+            }
+        }
+        if self.max_entries > 0 {
+            entries.insert(Bytes::copy_from_slice(key), location);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 enum AttemptError {
     Retry(ReadProblem),
     Fatal(MemoryError),
@@ -159,6 +230,14 @@ impl RegionReader {
         &self.layout
     }
 
+    /// The dynamic header words (term, applied index, lease, state) without
+    /// re-validating the static part: the per-GET check of a lease read.
+    pub fn dynamic_header(&self) -> Result<DynamicHeader, ReadError> {
+        let mut header = [0u8; HEADER_USED_BYTES];
+        self.memory.read_bytes(0, &mut header)?;
+        Ok(DynamicHeader::decode(&header)?)
+    }
+
     /// Re-validates the header (a remote client does this on its header
     /// refresh); an error means the cached geometry must not be used.
     pub fn check_header(&self) -> Result<DynamicHeader, ReadError> {
@@ -181,6 +260,10 @@ impl RegionReader {
     /// One committed version of `key`, `None` if absent, or an error after
     /// `max_attempts` failed validations. Never returns unvalidated bytes.
     pub fn get(&self, key: &[u8]) -> Result<Option<Versioned>, ReadError> {
+        Ok(self.get_located(key)?.map(|found| found.value))
+    }
+
+    fn get_located(&self, key: &[u8]) -> Result<Option<Found>, ReadError> {
         let mut last = None;
         for _ in 0..self.options.max_attempts {
             match self.attempt(key) {
@@ -207,7 +290,7 @@ impl RegionReader {
         })
     }
 
-    fn attempt(&self, key: &[u8]) -> Result<Option<Versioned>, AttemptError> {
+    fn attempt(&self, key: &[u8]) -> Result<Option<Found>, AttemptError> {
         if key.len() > self.layout.max_key_bytes as usize {
             return Ok(None);
         }
@@ -251,9 +334,70 @@ impl RegionReader {
                 }
             };
             let value = Bytes::from(block).slice(value_start..value_start + value_len);
-            return Ok(Some(Versioned { value, version }));
+            return Ok(Some(Found {
+                value: Versioned { value, version },
+                location: CachedLocation {
+                    epoch: self.layout.region_epoch,
+                    block_offset: offset,
+                    block_len,
+                    version,
+                },
+            }));
         }
         verify_neighbourhood(slots).map_err(|e| AttemptError::Retry(ReadProblem::Slot(e)))?;
         Ok(None)
+    }
+
+    /// Like [`RegionReader::get`], but first tries the key's cached block
+    /// location: one read instead of two. The cached block must still hold
+    /// this key at the cached version (a writer invalidates a block before
+    /// replacing it, so a valid block at the cached version is current);
+    /// anything else falls back to the slot read and refreshes the cache.
+    pub fn get_cached(
+        &self,
+        key: &[u8],
+        cache: &IndexCache,
+    ) -> Result<Option<Versioned>, ReadError> {
+        if let Some(location) = cache.lookup(key, self.layout.region_epoch) {
+            if let Some(found) = self.read_cached(key, location)? {
+                self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
+                self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(Some(found));
+            }
+            cache.forget(key);
+        }
+        self.counters.cache_misses.fetch_add(1, Ordering::Relaxed);
+        let found = self.get_located(key)?;
+        Ok(found.map(|found| {
+            cache.remember(key, found.location);
+            found.value
+        }))
+    }
+
+    fn read_cached(
+        &self,
+        key: &[u8],
+        location: CachedLocation,
+    ) -> Result<Option<Versioned>, ReadError> {
+        let started_us = self.clock.now_us();
+        let mut block = vec![0u8; location.block_len as usize];
+        self.memory.read_bytes(location.block_offset, &mut block)?;
+        if let Some(limit_us) = self.options.abandon_after_us
+            && self.clock.now_us().saturating_sub(started_us) > limit_us
+        {
+            return Ok(None);
+        }
+        match examine_block(&self.layout, key, &block) {
+            BlockVerdict::Match(found) if found.version == location.version => {
+                let start = BLOCK_HEADER_BYTES + found.key.len();
+                let len = found.value.len();
+                let version = found.version;
+                Ok(Some(Versioned {
+                    value: Bytes::from(block).slice(start..start + len),
+                    version,
+                }))
+            }
+            _ => Ok(None),
+        }
     }
 }

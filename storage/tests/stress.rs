@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 
 use rdkv_proto::region::HashSeed;
+use rdkv_storage::region::IndexCache;
 use rdkv_storage::{
     MonotonicClock, ReadError, ReadStats, ReaderOptions, RegionConfig, RegionError, RegionReader,
     RegionWriter,
@@ -60,7 +61,7 @@ struct Outcome {
     writes: u64,
 }
 
-fn run(grace_period_us: u64, abandon_after_us: Option<u64>) -> Outcome {
+fn run(grace_period_us: u64, abandon_after_us: Option<u64>, cached: bool) -> Outcome {
     let config = RegionConfig {
         region_bytes: 32 * 1024 * 1024,
         grace_period_us,
@@ -75,6 +76,7 @@ fn run(grace_period_us: u64, abandon_after_us: Option<u64>) -> Outcome {
         })
         .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
+    let cache = Arc::new(IndexCache::new(1024));
 
     let writer_thread = {
         let stop = Arc::clone(&stop);
@@ -102,6 +104,7 @@ fn run(grace_period_us: u64, abandon_after_us: Option<u64>) -> Outcome {
     let readers: Vec<_> = (0..READERS)
         .map(|r| {
             let reader: RegionReader = reader.clone();
+            let cache = Arc::clone(&cache);
             thread::spawn(move || {
                 let mut rng = 0x2545_f491_4f6c_dd1d_u64 ^ (r as u64 + 1);
                 let mut last_seen = [0u64; HOT_KEYS as usize];
@@ -111,7 +114,12 @@ fn run(grace_period_us: u64, abandon_after_us: Option<u64>) -> Outcome {
                     rng ^= rng >> 7;
                     rng ^= rng << 17;
                     let k = rng % HOT_KEYS;
-                    match reader.get(&key(k)) {
+                    let got = if cached {
+                        reader.get_cached(&key(k), &cache)
+                    } else {
+                        reader.get(&key(k))
+                    };
+                    match got {
                         Ok(Some(found)) => {
                             if !is_written_value(k, found.version, &found.value) {
                                 wrong += 1;
@@ -173,7 +181,7 @@ fn report(name: &str, o: &Outcome) {
 
 #[test]
 fn torn_reads_are_caught() {
-    let o = run(0, None);
+    let o = run(0, None, false);
     report("grace 0, no abandon", &o);
     assert_eq!(o.stats.reads, READERS as u64 * READS_PER_READER);
     assert_eq!(
@@ -189,7 +197,7 @@ fn torn_reads_are_caught() {
 
 #[test]
 fn grace_period_protects_readers() {
-    let o = run(2_000, Some(1_000));
+    let o = run(2_000, Some(1_000), false);
     report("grace 2 ms, abandon after 1 ms", &o);
     assert_eq!(o.stats.reads, READERS as u64 * READS_PER_READER);
     assert_eq!(
@@ -203,5 +211,28 @@ fn grace_period_protects_readers() {
     assert_eq!(
         o.stats.retries_block, 0,
         "a block changed under a reader within its grace period"
+    );
+}
+
+#[test]
+fn cached_reads_are_never_stale() {
+    // One READ per GET through the index cache: a cached block that the
+    // writer replaced is invalidated first, so no reader ever gets an older
+    // version than one it already saw.
+    let o = run(2_000, Some(1_000), true);
+    report("grace 2 ms, index cache", &o);
+    assert_eq!(o.stats.reads, READERS as u64 * READS_PER_READER);
+    assert_eq!(
+        o.wrong, 0,
+        "a reader returned a value that was never written"
+    );
+    assert_eq!(
+        o.went_backwards, 0,
+        "a cached read returned a replaced version"
+    );
+    assert!(o.stats.cache_hits > 0, "the cache was never used");
+    assert!(
+        o.stats.cache_misses > 0,
+        "updates never invalidated a cached block"
     );
 }

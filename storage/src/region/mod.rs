@@ -12,8 +12,8 @@ pub mod writer;
 pub use config::{DEFAULT_REGION_BYTES, RegionConfig, random_seed};
 pub use error::RegionError;
 pub use rdkv_fabric::{
-    Clock, ManualClock, MonotonicClock, ReadError, ReadProblem, ReadStats, ReaderOptions,
-    RegionReader, RetryCause,
+    CachedLocation, Clock, IndexCache, ManualClock, MonotonicClock, ReadError, ReadProblem,
+    ReadStats, ReaderOptions, RegionReader, RetryCause,
 };
 pub use rdkv_fabric::{MemoryError, RegionMemory};
 pub use stats::RegionStats;
