@@ -16,6 +16,7 @@ use tokio::time::{Instant, sleep_until};
 
 use crate::conn::{CallError, Connection};
 use crate::error::{Error, Result};
+use crate::one_sided::{OneSided, OneSidedStats};
 use crate::options::ClientOptions;
 
 const BACKOFF_START: Duration = Duration::from_millis(50);
@@ -88,6 +89,7 @@ type Slot = Arc<tokio::sync::Mutex<Option<Arc<Connection>>>>;
 
 #[derive(Debug)]
 struct Inner {
+    one_sided: OneSided,
     options: ClientOptions,
     hello: ClientHello,
     route: Mutex<RouteState>,
@@ -158,6 +160,7 @@ impl Client {
         let hello = ClientHello::new(options.client_name.clone(), options.token.clone());
         Ok(Self {
             inner: Arc::new(Inner {
+                one_sided: OneSided::new(options.index_cache_entries, options.max_clock_drift),
                 options,
                 hello,
                 route: Mutex::new(RouteState {
@@ -182,6 +185,11 @@ impl Client {
         self.route().leader.clone()
     }
 
+    /// What the one-sided (`shm`) read path has done so far.
+    pub async fn one_sided_stats(&self) -> OneSidedStats {
+        self.inner.one_sided.stats().await
+    }
+
     pub fn options(&self) -> &ClientOptions {
         &self.inner.options
     }
@@ -199,10 +207,16 @@ impl Client {
         key: impl Into<Bytes>,
         consistency: Consistency,
     ) -> Result<Option<Versioned>> {
-        let request = Request::Get {
-            key: key.into(),
-            consistency,
-        };
+        let key = key.into();
+        if let Some(mut values) = self
+            .inner
+            .one_sided
+            .try_get(self, std::slice::from_ref(&key), consistency)
+            .await
+        {
+            return Ok(values.pop().flatten());
+        }
+        let request = Request::Get { key, consistency };
         match self
             .request(request, read_route(consistency), Idempotence::Read)
             .await?
@@ -279,6 +293,9 @@ impl Client {
         K: Into<Bytes>,
     {
         let keys: Vec<Bytes> = keys.into_iter().map(Into::into).collect();
+        if let Some(values) = self.inner.one_sided.try_get(self, &keys, consistency).await {
+            return Ok(values);
+        }
         let n = keys.len();
         let request = Request::MGet { keys, consistency };
         match self

@@ -79,12 +79,14 @@
 mod client;
 mod conn;
 mod error;
+mod one_sided;
 mod options;
 
 /// Re-exported so that callers need not depend on `bytes` themselves.
 pub use bytes::Bytes;
 pub use client::{CasOutcome, Client, DeleteOutcome, SnapshotInfo};
 pub use error::{Error, Result};
+pub use one_sided::{OneSidedStats, Transport};
 pub use options::ClientOptions;
 pub use rdkv_proto::wire::{
     Consistency, ErrorCode, ErrorReply, Health, LeaderHint, MemberInfo, NodeStatus, RegionFill,

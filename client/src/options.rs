@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use rdkv_proto::wire::Consistency;
 
+use crate::one_sided::Transport;
+
 /// How a [`Client`](crate::Client) connects, authenticates and retries.
 ///
 /// ```
@@ -35,6 +37,15 @@ pub struct ClientOptions {
     /// Consistency of [`Client::get`](crate::Client::get) and
     /// [`Client::mget`](crate::Client::mget). Default [`Consistency::Lease`].
     pub default_consistency: Consistency,
+    /// Which transport serves GETs. Default [`Transport::Auto`]: one-sided
+    /// through `shm` when the server is on this host, else TCP.
+    pub transport: Transport,
+    /// Bound on the difference between this host's clock and the leader's:
+    /// a one-sided lease read is served only while the leader's published
+    /// lease runs at least this long beyond now. Default 50 ms.
+    pub max_clock_drift: Duration,
+    /// Keys whose block location is remembered (one-read GETs). Default 65 536.
+    pub index_cache_entries: usize,
 }
 
 impl Default for ClientOptions {
@@ -46,6 +57,9 @@ impl Default for ClientOptions {
             max_attempts: 16,
             client_name: concat!("rdkv-client/", env!("CARGO_PKG_VERSION")).to_owned(),
             default_consistency: Consistency::Lease,
+            transport: Transport::Auto,
+            max_clock_drift: Duration::from_millis(50),
+            index_cache_entries: 65_536,
         }
     }
 }

@@ -13,9 +13,12 @@ use rdkv_client::{Client, ClientOptions, Consistency, Error, ErrorCode, ErrorRep
 use rdkv_proto::wire::{Request, Response, SnapshotChunk, Versioned};
 use tokio::sync::mpsc;
 
+/// These tests pin the RPC path's behaviour request by request, so GETs must
+/// not try the one-sided path (whose topology refresh adds Status requests).
 fn options(timeout_ms: u64) -> ClientOptions {
     ClientOptions {
         request_timeout: Duration::from_millis(timeout_ms),
+        transport: rdkv_client::Transport::Tcp,
         ..ClientOptions::default()
     }
 }
@@ -62,7 +65,9 @@ async fn pipelined_gets_complete_out_of_order_on_one_connection() {
     })
     .await;
 
-    let client = Client::connect(&[fake.endpoint()]).await.unwrap();
+    let client = Client::connect_with(&[fake.endpoint()], options(5_000))
+        .await
+        .unwrap();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..N {
         let client = client.clone();
@@ -98,7 +103,9 @@ async fn not_leader_with_hint_redirects_and_remembers_the_leader() {
     })
     .await;
 
-    let client = Client::connect(&[follower.endpoint()]).await.unwrap();
+    let client = Client::connect_with(&[follower.endpoint()], options(5_000))
+        .await
+        .unwrap();
     assert_eq!(client.put("k", "v").await.unwrap(), 7);
     assert_eq!(client.leader(), Some(leader.endpoint()));
     assert!(client.endpoints().contains(&leader.endpoint()));
@@ -126,7 +133,7 @@ async fn not_leader_without_hint_backs_off_and_tries_other_endpoints() {
     })
     .await;
 
-    let client = Client::connect(&[electing.endpoint(), leader.endpoint()])
+    let client = Client::connect_with(&[electing.endpoint(), leader.endpoint()], options(5_000))
         .await
         .unwrap();
     let start = std::time::Instant::now();
@@ -171,7 +178,9 @@ async fn handshake_rejection_is_a_typed_error() {
     })
     .await;
 
-    let err = Client::connect(&[fake.endpoint()]).await.unwrap_err();
+    let err = Client::connect_with(&[fake.endpoint()], options(5_000))
+        .await
+        .unwrap_err();
     assert!(
         matches!(
             &err,
@@ -249,7 +258,9 @@ async fn server_timeout_reply_on_a_write_is_outcome_unknown() {
         answer_all(conn, reply, Arc::clone(&seen))
     })
     .await;
-    let client = Client::connect(&[fake.endpoint()]).await.unwrap();
+    let client = Client::connect_with(&[fake.endpoint()], options(5_000))
+        .await
+        .unwrap();
     let err = client.delete("k").await.unwrap_err();
     assert!(matches!(err, Error::OutcomeUnknown { .. }), "{err:?}");
 }
@@ -276,7 +287,9 @@ async fn broken_connection_retries_reads_but_not_writes() {
         }
     })
     .await;
-    let client = Client::connect(&[fake.endpoint()]).await.unwrap();
+    let client = Client::connect_with(&[fake.endpoint()], options(5_000))
+        .await
+        .unwrap();
     assert_eq!(client.get("k").await.unwrap(), value("v", 1));
 
     healthy.store(false, Ordering::SeqCst);
@@ -322,7 +335,9 @@ async fn credits_bound_outstanding_requests() {
     })
     .await;
 
-    let client = Client::connect(&[fake.endpoint()]).await.unwrap();
+    let client = Client::connect_with(&[fake.endpoint()], options(5_000))
+        .await
+        .unwrap();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..24 {
         let client = client.clone();
@@ -423,7 +438,9 @@ async fn key_value_calls_map_onto_the_protocol() {
         }
     })
     .await;
-    let client = Client::connect(&[fake.endpoint()]).await.unwrap();
+    let client = Client::connect_with(&[fake.endpoint()], options(5_000))
+        .await
+        .unwrap();
 
     client.ping().await.unwrap();
     let v1 = client.put("a", "1").await.unwrap();
@@ -499,7 +516,9 @@ async fn snapshot_fake(versions: Vec<(u64, Vec<u8>)>, switch_after_first: bool) 
 async fn snapshot_streams_all_chunks() {
     let data = b"0123456789".to_vec();
     let fake = snapshot_fake(vec![(12, data.clone())], false).await;
-    let client = Client::connect(&[fake.endpoint()]).await.unwrap();
+    let client = Client::connect_with(&[fake.endpoint()], options(5_000))
+        .await
+        .unwrap();
     let mut out = Vec::new();
     let info = client.snapshot_to(&mut out).await.unwrap();
     assert_eq!(info.last_log_index, 12);
@@ -512,7 +531,9 @@ async fn snapshot_to_file_restarts_when_the_snapshot_changes() {
     let old = b"old-snapshot".to_vec();
     let new = b"the newer snapshot".to_vec();
     let fake = snapshot_fake(vec![(5, old), (9, new.clone())], true).await;
-    let client = Client::connect(&[fake.endpoint()]).await.unwrap();
+    let client = Client::connect_with(&[fake.endpoint()], options(5_000))
+        .await
+        .unwrap();
 
     let dir = std::env::temp_dir().join(format!("rdkv-client-snap-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -525,7 +546,9 @@ async fn snapshot_to_file_restarts_when_the_snapshot_changes() {
 
     // A plain writer cannot be rewound: the change is reported.
     let fake = snapshot_fake(vec![(5, b"aaaaaa".to_vec()), (6, b"bbbbbb".to_vec())], true).await;
-    let client = Client::connect(&[fake.endpoint()]).await.unwrap();
+    let client = Client::connect_with(&[fake.endpoint()], options(5_000))
+        .await
+        .unwrap();
     let err = client.snapshot_to(&mut Vec::new()).await.unwrap_err();
     assert!(
         matches!(err, Error::SnapshotChanged { from: 5, to: 6 }),

@@ -1,0 +1,310 @@
+//! One-sided GETs: the client maps the regions of the servers on its host
+//! (the `shm` transport: a read-only memfd handed over after the token check)
+//! and reads keys itself, with the same validation as every other reader
+//! (`rdkv_fabric::RegionReader`), so a GET costs the server no CPU.
+//!
+//! Consistency, per read:
+//! - `Lease`: only from the leader's region, and only while the lease word
+//!   in its header says the lease runs at least `max_clock_drift` beyond the
+//!   client's clock. Clock assumption: the client's and the leader's wall
+//!   clocks differ by less than `max_clock_drift`. Otherwise (no lease, a
+//!   retired region, a node that stopped leading) the read goes to the
+//!   server by RPC, which confirms leadership itself.
+//! - `Follower { max_lag_entries }`: from any mapped replica whose applied
+//!   index trails the leader's by at most the bound.
+//! - `Linearizable`: always by RPC (ReadIndex).
+//!
+//! A read that keeps failing validation falls back to RPC as well.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use rdkv_fabric::{
+    Clock, IndexCache, MonotonicClock, ReadError, ReadStats, ReaderOptions, RegionReader,
+    attach_shm,
+};
+use rdkv_proto::region::RegionState;
+use rdkv_proto::wire::{Consistency, Versioned};
+
+use crate::Client;
+
+/// How often the client re-learns which nodes exist and which one leads.
+const TOPOLOGY_TTL: Duration = Duration::from_secs(1);
+/// How long a node whose region could not be attached is left alone.
+const ATTACH_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Which transport serves GETs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// One-sided through `shm` where the server is on this host and the
+    /// consistency level allows it, RPC over TCP otherwise.
+    #[default]
+    Auto,
+    /// Always RPC over TCP.
+    Tcp,
+}
+
+/// What the one-sided path did, for metrics and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OneSidedStats {
+    /// GETs (keys of an MGet count one each) answered from a mapped region.
+    pub served: u64,
+    /// Reads that fell back to RPC because validation kept failing.
+    pub fallbacks: u64,
+    /// Lease reads refused because the leader's lease was absent or too close
+    /// to expiry (served by RPC instead).
+    pub lease_refusals: u64,
+    /// Follower reads refused because no mapped replica was within the lag.
+    pub lag_refusals: u64,
+    /// Validation statistics of all region readers (retries by cause, cache
+    /// hits and misses).
+    pub reads: ReadStats,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    served: AtomicU64,
+    fallbacks: AtomicU64,
+    lease_refusals: AtomicU64,
+    lag_refusals: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Node {
+    reader: Option<RegionReader>,
+    retry_attach_at: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+struct Topology {
+    refreshed_at: Option<Instant>,
+    leader: Option<u64>,
+    nodes: BTreeMap<u64, Node>,
+    /// Readers of regions replaced since, kept for their statistics.
+    retired_stats: ReadStats,
+}
+
+#[derive(Debug)]
+pub(crate) struct OneSided {
+    topology: tokio::sync::Mutex<Topology>,
+    cache: IndexCache,
+    counters: Counters,
+    clock: Arc<dyn Clock>,
+    spread: AtomicUsize,
+    max_clock_drift_us: u64,
+}
+
+fn unix_now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+fn add_stats(total: &mut ReadStats, s: ReadStats) {
+    total.reads += s.reads;
+    total.hits += s.hits;
+    total.misses += s.misses;
+    total.retries_slot += s.retries_slot;
+    total.retries_block += s.retries_block;
+    total.retries_invalidated += s.retries_invalidated;
+    total.retries_moved += s.retries_moved;
+    total.retries_slow += s.retries_slow;
+    total.exhausted += s.exhausted;
+    total.cache_hits += s.cache_hits;
+    total.cache_misses += s.cache_misses;
+}
+
+impl OneSided {
+    pub(crate) fn new(cache_entries: usize, max_clock_drift: Duration) -> OneSided {
+        OneSided {
+            max_clock_drift_us: u64::try_from(max_clock_drift.as_micros()).unwrap_or(u64::MAX),
+            topology: tokio::sync::Mutex::new(Topology::default()),
+            cache: IndexCache::new(cache_entries),
+            counters: Counters::default(),
+            clock: Arc::new(MonotonicClock::new()),
+            spread: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) async fn stats(&self) -> OneSidedStats {
+        let topology = self.topology.lock().await;
+        let mut reads = topology.retired_stats;
+        for reader in topology.nodes.values().filter_map(|n| n.reader.as_ref()) {
+            add_stats(&mut reads, reader.stats());
+        }
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        OneSidedStats {
+            served: get(&self.counters.served),
+            fallbacks: get(&self.counters.fallbacks),
+            lease_refusals: get(&self.counters.lease_refusals),
+            lag_refusals: get(&self.counters.lag_refusals),
+            reads,
+        }
+    }
+
+    /// Learns members, leader and shm sockets, and maps the regions of the
+    /// nodes on this host.
+    async fn refresh(&self, client: &Client, topology: &mut Topology) {
+        topology.refreshed_at = Some(Instant::now());
+        let Ok(status) = client.status().await else {
+            return;
+        };
+        topology.leader = status.leader_id;
+        let now = Instant::now();
+        for member in &status.members {
+            let node = topology.nodes.entry(member.id).or_default();
+            let usable = node.reader.as_ref().is_some_and(|r| {
+                r.dynamic_header()
+                    .is_ok_and(|h| h.state == RegionState::Serving)
+            });
+            if usable || node.retry_attach_at.is_some_and(|at| at > now) {
+                continue;
+            }
+            if let Some(old) = node.reader.take() {
+                add_stats(&mut topology.retired_stats, old.stats());
+            }
+            let socket = if member.id == status.id {
+                status.shm_socket.clone()
+            } else {
+                match client.status_of(&member.client_addr).await {
+                    Ok(s) => s.shm_socket,
+                    Err(_) => None,
+                }
+            };
+            let attached = match socket.filter(|p| Path::new(p).exists()) {
+                Some(path) => self.attach(client, Path::new(&path)).await,
+                None => None,
+            };
+            let node = topology.nodes.entry(member.id).or_default();
+            node.retry_attach_at = attached.is_none().then_some(now + ATTACH_BACKOFF);
+            node.reader = attached;
+        }
+        topology
+            .nodes
+            .retain(|id, _| status.members.iter().any(|m| m.id == *id));
+    }
+
+    async fn attach(&self, client: &Client, path: &Path) -> Option<RegionReader> {
+        let options = client.options();
+        let attachment = attach_shm(path, options.token.as_deref(), &options.client_name)
+            .await
+            .map_err(|e| tracing::debug!(path = %path.display(), "no shm attachment: {e}"))
+            .ok()?;
+        let probe = RegionReader::attach(
+            Arc::clone(&attachment.memory),
+            Arc::clone(&self.clock),
+            ReaderOptions {
+                max_attempts: ReaderOptions::DEFAULT_MAX_ATTEMPTS,
+                abandon_after_us: None,
+            },
+        )
+        .ok()?;
+        let reader_options = ReaderOptions::for_layout(probe.layout());
+        RegionReader::attach(attachment.memory, Arc::clone(&self.clock), reader_options).ok()
+    }
+
+    /// Reads `keys` one-sided if `consistency` allows it right now; `None`
+    /// means "ask the server".
+    pub(crate) async fn try_get(
+        &self,
+        client: &Client,
+        keys: &[Bytes],
+        consistency: Consistency,
+    ) -> Option<Vec<Option<Versioned>>> {
+        if client.options().transport == Transport::Tcp {
+            return None;
+        }
+        let mut topology = self.topology.lock().await;
+        if topology
+            .refreshed_at
+            .is_none_or(|at| at.elapsed() > TOPOLOGY_TTL)
+        {
+            self.refresh(client, &mut topology).await;
+        }
+        let reader = match consistency {
+            Consistency::Linearizable => return None,
+            Consistency::Lease => self.lease_reader(&mut topology),
+            Consistency::Follower { max_lag_entries } => {
+                self.follower_reader(&topology, max_lag_entries)
+            }
+        }?;
+        drop(topology);
+        let mut values = Vec::with_capacity(keys.len());
+        for key in keys {
+            match reader.get_cached(key, &self.cache) {
+                Ok(value) => values.push(value),
+                Err(ReadError::Exhausted { .. }) => {
+                    self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+                    return None;
+                }
+                Err(e) => {
+                    tracing::debug!("one-sided read failed: {e}");
+                    return None;
+                }
+            }
+        }
+        self.counters
+            .served
+            .fetch_add(keys.len() as u64, Ordering::Relaxed);
+        Some(values)
+    }
+
+    fn lease_reader(&self, topology: &mut Topology) -> Option<RegionReader> {
+        let leader = topology.leader?;
+        let reader = topology.nodes.get(&leader)?.reader.clone()?;
+        let header = reader.dynamic_header().ok()?;
+        let valid = header.state == RegionState::Serving
+            && header.lease_deadline_unix_us.is_some_and(|deadline| {
+                unix_now_us().saturating_add(self.max_clock_drift_us) < deadline
+            });
+        if valid {
+            Some(reader)
+        } else {
+            self.counters.lease_refusals.fetch_add(1, Ordering::Relaxed);
+            // The leader may have changed: look again on the next read.
+            topology.refreshed_at = None;
+            None
+        }
+    }
+
+    fn follower_reader(&self, topology: &Topology, max_lag_entries: u64) -> Option<RegionReader> {
+        let leader_applied = topology
+            .leader
+            .and_then(|id| {
+                topology
+                    .nodes
+                    .get(&id)?
+                    .reader
+                    .as_ref()?
+                    .dynamic_header()
+                    .ok()
+            })
+            .map(|h| h.applied_index);
+        let candidates: Vec<&RegionReader> = topology
+            .nodes
+            .values()
+            .filter_map(|n| n.reader.as_ref())
+            .filter(|r| {
+                let Ok(header) = r.dynamic_header() else {
+                    return false;
+                };
+                let within = match leader_applied {
+                    Some(leader) => leader.saturating_sub(header.applied_index) <= max_lag_entries,
+                    // Without the leader's position only "any lag" is safe.
+                    None => max_lag_entries == u64::MAX,
+                };
+                header.state == RegionState::Serving && within
+            })
+            .collect();
+        if candidates.is_empty() {
+            self.counters.lag_refusals.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let pick = self.spread.fetch_add(1, Ordering::Relaxed) % candidates.len();
+        Some(candidates[pick].clone())
+    }
+}
