@@ -1,0 +1,74 @@
+//! One-sided GETs through `shm` against a real cluster: no server RPC per
+//! GET, correct values, and the consistency checks that make them safe.
+
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use bytes::Bytes;
+use rdkv_client::{Client, ClientOptions, Consistency, Transport};
+use rdkv_tests::Cluster;
+
+const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
+
+async fn served_gets(cluster: &Cluster) -> Result<u64> {
+    let mut total = 0;
+    for id in cluster.nodes.keys() {
+        let status = cluster.client_of(*id).await?.status().await?;
+        total += status.served.get + status.served.mget;
+    }
+    Ok(total)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
+    let mut cluster = Cluster::start(3)?;
+    let result = async {
+        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+        let client = cluster.client().await?;
+        for i in 0..100 {
+            client.put(format!("key-{i:03}"), format!("value-{i}")).await?;
+        }
+        // Warm up: the client learns the topology and maps the regions.
+        client.get("key-000").await?;
+        let before = served_gets(&cluster).await?;
+        let stats_before = client.one_sided_stats().await;
+        for round in 0..10 {
+            for i in 0..100 {
+                let got = client.get(format!("key-{i:03}")).await?;
+                let expected = format!("value-{i}");
+                match got {
+                    Some(v) if v.value == expected.as_bytes() => {}
+                    other => bail!("round {round} key {i}: {other:?}"),
+                }
+            }
+        }
+        let values = client
+            .mget((0..100).map(|i| format!("key-{i:03}")))
+            .await?;
+        assert!(values.iter().all(Option::is_some));
+        let after = served_gets(&cluster).await?;
+        let stats = client.one_sided_stats().await;
+        println!("one-sided: {stats:?}");
+        assert_eq!(after, before, "GETs reached the servers");
+        assert_eq!(stats.served - stats_before.served, 1_100);
+        assert!(stats.reads.cache_hits > 0, "the index cache was not used");
+
+        // Forced TCP reads do reach the servers (a follower that redirects
+        // counts the request too).
+        let tcp = Client::new(
+            &cluster.endpoints(),
+            ClientOptions {
+                transport: Transport::Tcp,
+                ..ClientOptions::default()
+            },
+        )?;
+        tcp.get_with(Bytes::from_static(b"key-001"), Consistency::Lease).await?;
+        assert!(served_gets(&cluster).await? > after);
+        Ok(())
+    }
+    .await;
+    if result.is_err() {
+        eprintln!("{}", cluster.logs());
+    }
+    result
+}
