@@ -57,9 +57,15 @@ pub enum Command {
     Get {
         key: OsString,
         /// linearizable: leader confirms with a quorum; lease: leader lease
-        /// (default); local: whichever node answers, however far behind.
+        /// (default); follower: any replica within --max-lag entries of the
+        /// leader; local: whichever node answers, however far behind. Lease
+        /// and follower reads are one-sided (no server CPU) when the servers
+        /// run on this host.
         #[arg(long, value_enum, default_value_t = ConsistencyArg::Lease)]
         consistency: ConsistencyArg,
+        /// Log entries a follower read may trail the leader by.
+        #[arg(long, default_value_t = 100)]
+        max_lag: u64,
     },
     /// Deletes a key; prints the number of keys deleted (1 or 0).
     Del { key: OsString },
@@ -80,6 +86,7 @@ pub enum Command {
 pub enum ConsistencyArg {
     Linearizable,
     Lease,
+    Follower,
     Local,
 }
 

@@ -53,11 +53,18 @@ pub async fn run(client: &Client, command: Command) -> Result<Outcome> {
                 .context("put failed")?;
             Ok(Outcome::ok(PutView { version }))
         }
-        Command::Get { key, consistency } => {
+        Command::Get {
+            key,
+            consistency,
+            max_lag,
+        } => {
             let key = arg_bytes(key);
             let consistency = match consistency {
                 ConsistencyArg::Linearizable => Consistency::Linearizable,
                 ConsistencyArg::Lease => Consistency::Lease,
+                ConsistencyArg::Follower => Consistency::Follower {
+                    max_lag_entries: max_lag,
+                },
                 ConsistencyArg::Local => Consistency::Follower {
                     max_lag_entries: u64::MAX,
                 },
