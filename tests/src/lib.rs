@@ -23,7 +23,12 @@ pub fn binary(name: &str) -> PathBuf {
     if !built.iter().any(|b| b == name) {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut command = Command::new(cargo);
-        let package = if name == "rdkvctl" { "rdkv-cli" } else { name };
+        let package = match name {
+            "rdkvctl" => "rdkv-cli",
+            // Helper processes of the tests themselves (`tests/src/bin`).
+            "shm_reader" => "rdkv-tests",
+            other => other,
+        };
         command.args(["build", "--quiet", "-p", package, "--bin", name]);
         if !cfg!(debug_assertions) {
             command.arg("--release");
@@ -287,5 +292,126 @@ impl Cluster {
             .values()
             .map(|n| format!("==== node {} ====\n{}", n.id, n.log()))
             .collect()
+    }
+}
+
+// ---- helpers shared by the fault, membership, crash, CLI and bad-input tests ----
+
+/// Client options the harness uses: a 10 s budget per call, optionally a token.
+pub fn client_options(token: Option<&str>) -> ClientOptions {
+    ClientOptions {
+        token: token.map(str::to_owned),
+        request_timeout: Duration::from_secs(10),
+        ..ClientOptions::default()
+    }
+}
+
+/// Retries `attempt` every 100 ms until it succeeds or `timeout` passes; then
+/// fails with the last error, saying what was awaited.
+pub async fn eventually<T>(
+    timeout: Duration,
+    what: &str,
+    mut attempt: impl AsyncFnMut() -> Result<T>,
+) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match attempt().await {
+            Ok(value) => return Ok(value),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(e.context(format!("{what}: not within {timeout:?}")));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Runs a test body against `cluster` with a time bound, then checks that no
+/// node panicked; on any failure dumps every node's log.
+pub async fn check(
+    cluster: &mut Cluster,
+    limit: Duration,
+    body: impl AsyncFnOnce(&mut Cluster) -> Result<()>,
+) -> Result<()> {
+    let result = match tokio::time::timeout(limit, body(cluster)).await {
+        Ok(result) => result,
+        Err(_) => Err(anyhow::anyhow!("the test did not finish within {limit:?}")),
+    };
+    let result = result.and_then(|()| cluster.check_no_panics());
+    if let Err(e) = &result {
+        eprintln!("test failed: {e:#}\n{}", cluster.logs());
+    }
+    result
+}
+
+impl Cluster {
+    /// A lazy client of node `id` alone, with the given options (e.g. a token).
+    pub fn client_of_with(&self, id: u64, options: ClientOptions) -> Result<Client> {
+        let endpoint = self.node(id)?.client_addr.to_string();
+        Ok(Client::new(&[endpoint], options)?)
+    }
+
+    /// A lazy client of every node, with the given options.
+    pub fn client_with(&self, options: ClientOptions) -> Result<Client> {
+        Ok(Client::new(&self.endpoints(), options)?)
+    }
+
+    /// Node `id`'s own status, asked directly.
+    pub async fn status_of(&self, id: u64) -> Result<rdkv_client::NodeStatus> {
+        let endpoint = self.node(id)?.client_addr.to_string();
+        let client = self.client_of(id).await?;
+        Ok(client.status_of(&endpoint).await?)
+    }
+
+    /// Fails if any node's log shows a panic.
+    pub fn check_no_panics(&self) -> Result<()> {
+        for node in self.nodes.values() {
+            let log = node.log();
+            if let Some(line) = log.lines().find(|l| l.contains("panicked")) {
+                bail!("node {} panicked: {line}", node.id);
+            }
+        }
+        Ok(())
+    }
+
+    /// The temporary directory holding every node's data directory and log.
+    pub fn root(&self) -> &Path {
+        self.root.path()
+    }
+}
+
+// ---- freezing a node: SIGSTOP / SIGCONT ----
+
+impl NodeProc {
+    /// The running child's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGSTOP: the process freezes where it is (no shutdown path runs, its
+    /// sockets stay open, its region keeps the last state it published)
+    /// until [`NodeProc::resume`]. A paused node is still killed by `kill`
+    /// and on drop (SIGKILL ends a stopped process too).
+    pub fn pause(&mut self) -> Result<()> {
+        self.signal("STOP")
+    }
+
+    /// SIGCONT: undoes [`NodeProc::pause`]; harmless on a running node.
+    pub fn resume(&mut self) -> Result<()> {
+        self.signal("CONT")
+    }
+
+    fn signal(&self, name: &str) -> Result<()> {
+        let pid = self
+            .pid()
+            .with_context(|| format!("node {} is not running", self.id))?;
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(pid.to_string())
+            .status()
+            .context("running kill")?;
+        if !status.success() {
+            bail!("kill -{name} {pid} (node {}) failed: {status}", self.id);
+        }
+        Ok(())
     }
 }

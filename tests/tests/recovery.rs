@@ -1,0 +1,137 @@
+//! A single node holding 100 000 keys restarts with every one of them: once
+//! after SIGKILL (recovery by replaying the Raft log), once after a clean
+//! stop with a snapshot on disk (recovery from the snapshot). The time from
+//! process start to the first successful read is printed, not asserted
+//! (numbers come from benchmarks: `cargo run --release -p rdkv-tests
+//! --example recovery`).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, ensure};
+use bytes::Bytes;
+use rdkv_client::{Client, ClientOptions};
+use rdkv_proto::wire::Consistency;
+use rdkv_tests::{Cluster, check};
+
+const KEYS: usize = 100_000;
+const BATCH: usize = 1_000;
+const VALUE_BYTES: usize = 100;
+
+fn key(i: usize) -> Bytes {
+    Bytes::from(format!("key-{i:06}"))
+}
+
+fn value(i: usize) -> Bytes {
+    let mut v = format!("{i:010}-").into_bytes();
+    v.resize(VALUE_BYTES, b'0' + (i % 10) as u8);
+    Bytes::from(v)
+}
+
+/// Every key, read back in batches, and the node's live key count.
+async fn all_keys_present(client: &Client, cluster: &Cluster) -> Result<()> {
+    for start in (0..KEYS).step_by(BATCH) {
+        let values = client
+            .mget_with((start..start + BATCH).map(key), Consistency::Linearizable)
+            .await?;
+        for (i, got) in (start..).zip(values) {
+            let got = got.map(|v| v.value);
+            ensure!(
+                got.as_ref() == Some(&value(i)),
+                "key {i} reads back as {got:?}"
+            );
+        }
+    }
+    let status = cluster.status_of(1).await?;
+    ensure!(
+        status.region.live_keys == KEYS as u64,
+        "live_keys = {}",
+        status.region.live_keys
+    );
+    Ok(())
+}
+
+/// Restarts node 1 and returns the time from its start to the first read
+/// that succeeds.
+async fn restart_and_time_first_read(cluster: &mut Cluster) -> Result<Duration> {
+    let probe = cluster.client_of_with(
+        1,
+        ClientOptions {
+            request_timeout: Duration::from_millis(500),
+            connect_timeout: Duration::from_millis(200),
+            max_attempts: 2,
+            ..ClientOptions::default()
+        },
+    )?;
+    let started = Instant::now();
+    cluster.restart(1)?;
+    let last = key(KEYS - 1);
+    loop {
+        if let Ok(Some(v)) = probe
+            .get_with(last.clone(), Consistency::Linearizable)
+            .await
+        {
+            ensure!(v.value == value(KEYS - 1), "first read: {v:?}");
+            return Ok(started.elapsed());
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(60),
+            "no successful read within 60 s of the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_thousand_keys_survive_restarts() -> Result<()> {
+    let mut cluster = Cluster::start(1)?;
+    check(&mut cluster, Duration::from_secs(180), async |cluster| {
+        let client = cluster.client_of(1).await?;
+        let loading = Instant::now();
+        for start in (0..KEYS).step_by(BATCH) {
+            client
+                .mput((start..start + BATCH).map(|i| (key(i), value(i))))
+                .await?;
+        }
+        println!(
+            "loaded {KEYS} keys in {:?}; status {:?}",
+            loading.elapsed(),
+            cluster.status_of(1).await?.region
+        );
+        all_keys_present(&client, cluster).await?;
+
+        // 1. SIGKILL: everything comes back from the log.
+        cluster.node_mut(1)?.kill();
+        let took = restart_and_time_first_read(cluster).await?;
+        println!("after SIGKILL (log replay): first read {took:?} after the process started");
+        all_keys_present(&client, cluster).await?;
+        ensure!(
+            cluster.status_of(1).await?.snapshot_index == 0,
+            "expected no snapshot yet"
+        );
+
+        // 2. Take a snapshot (reading one builds it), stop cleanly, restart:
+        // recovery from the snapshot.
+        let mut sink = tokio::io::sink();
+        let info = client.snapshot_to(&mut sink).await?;
+        println!(
+            "snapshot at index {} ({} bytes)",
+            info.last_log_index, info.total_bytes
+        );
+        cluster.node_mut(1)?.stop()?;
+        let took = restart_and_time_first_read(cluster).await?;
+        println!("after SIGTERM (snapshot): first read {took:?} after the process started");
+        all_keys_present(&client, cluster).await?;
+        let status = cluster.status_of(1).await?;
+        ensure!(
+            status.snapshot_index >= info.last_log_index && status.snapshot_index > 0,
+            "snapshot_index {} after restart, snapshot taken at {}",
+            status.snapshot_index,
+            info.last_log_index
+        );
+
+        // It takes writes again.
+        client.put("after-restarts", "yes").await?;
+        Ok(())
+    })
+    .await
+}
