@@ -30,6 +30,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
+    /// Changes the largest frame accepted from now on: a handshake is read
+    /// under a small limit, the traffic it authenticates under a larger one.
+    pub fn set_max_frame_bytes(&mut self, max_frame_bytes: u32) {
+        self.decoder = FrameDecoder::new(max_frame_bytes);
+    }
+
     /// The next frame; `None` on a clean end of stream between frames.
     pub async fn next(&mut self) -> Result<Option<Frame>, FramedError> {
         loop {

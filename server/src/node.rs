@@ -62,6 +62,10 @@ fn raft_config(config: &Config) -> Result<openraft::Config> {
         max_in_snapshot_log_to_keep: config.snapshot_keep_entries,
         purge_batch_size: 256,
         install_snapshot_timeout: 60_000,
+        // A follower whose disk lost acknowledged entries (a torn or
+        // corrupted tail cut off on restart) is repaired by resending them,
+        // instead of the leader treating it as impossible.
+        allow_log_reversion: Some(true),
         ..openraft::Config::default()
     };
     raft.validate().context("raft configuration")

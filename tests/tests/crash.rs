@@ -435,8 +435,6 @@ async fn torn_log_tail_is_truncated_on_restart() -> Result<()> {
 /// This stages that state (last record of a follower cut in half, the
 /// committed file left as it is) and restarts the follower.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "server bug: a follower whose saved committed index is past its torn log tail \
-            refuses to start (openraft: Failed to get log entries); see the report"]
 async fn follower_with_torn_tail_below_its_committed_index_rejoins() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
     check(&mut cluster, Duration::from_secs(60), async |cluster| {

@@ -26,7 +26,9 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
         let client = cluster.client().await?;
         for i in 0..100 {
-            client.put(format!("key-{i:03}"), format!("value-{i}")).await?;
+            client
+                .put(format!("key-{i:03}"), format!("value-{i}"))
+                .await?;
         }
         // Warm up: the client learns the topology and maps the regions.
         client.get("key-000").await?;
@@ -42,9 +44,7 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
                 }
             }
         }
-        let values = client
-            .mget((0..100).map(|i| format!("key-{i:03}")))
-            .await?;
+        let values = client.mget((0..100).map(|i| format!("key-{i:03}"))).await?;
         assert!(values.iter().all(Option::is_some));
         let after = served_gets(&cluster).await?;
         let stats = client.one_sided_stats().await;
@@ -62,7 +62,8 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
                 ..ClientOptions::default()
             },
         )?;
-        tcp.get_with(Bytes::from_static(b"key-001"), Consistency::Lease).await?;
+        tcp.get_with(Bytes::from_static(b"key-001"), Consistency::Lease)
+            .await?;
         assert!(served_gets(&cluster).await? > after);
         Ok(())
     }

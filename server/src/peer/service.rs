@@ -22,6 +22,7 @@ use crate::Raft;
 use crate::framed::{FrameReader, FrameWriter};
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+const HANDSHAKE_MAX_FRAME_BYTES: u32 = 64 * 1024;
 
 pub async fn serve_peers(
     listener: TcpListener,
@@ -77,7 +78,8 @@ fn refusal(hello: &PeerHello, raft: &Raft, ctx: &PeerContext) -> Option<String> 
 async fn handle(stream: TcpStream, raft: Raft, ctx: Arc<PeerContext>) -> Result<()> {
     let _ = stream.set_nodelay(true);
     let (read, write) = stream.into_split();
-    let mut reader = FrameReader::new(read, PEER_MAX_FRAME_BYTES);
+    // Nothing large is read before the peer has proven it holds the token.
+    let mut reader = FrameReader::new(read, HANDSHAKE_MAX_FRAME_BYTES);
     let mut writer = FrameWriter::new(write, PEER_MAX_FRAME_BYTES);
     let frame = tokio::time::timeout(HANDSHAKE_TIMEOUT, reader.next())
         .await
@@ -103,6 +105,7 @@ async fn handle(stream: TcpStream, raft: Raft, ctx: Arc<PeerContext>) -> Result<
         client_addr: ctx.client_addr.clone(),
     };
     writer.send(FrameKind::ServerHello, 0, &accepted).await?;
+    reader.set_max_frame_bytes(PEER_MAX_FRAME_BYTES);
 
     let mut incoming: Option<(SnapshotMeta, BytesMut)> = None;
     while let Some(frame) = reader.next().await? {

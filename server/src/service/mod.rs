@@ -24,6 +24,7 @@ use crate::framed::{FrameReader, FrameWriter, FramedError};
 pub use handlers::Handler;
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+const HANDSHAKE_MAX_FRAME_BYTES: u32 = 64 * 1024;
 /// Requests one connection may have in the server at once.
 pub const MAX_IN_FLIGHT: u32 = 128;
 
@@ -80,7 +81,9 @@ async fn connection(stream: TcpStream, addr: SocketAddr, handler: Arc<Handler>) 
     let _ = stream.set_nodelay(true);
     let limits: Limits = handler.limits();
     let (read, write) = stream.into_split();
-    let mut reader = FrameReader::new(read, limits.max_frame_bytes);
+    // The hello is read under a small limit: nothing large is buffered for a
+    // client that has not authenticated.
+    let mut reader = FrameReader::new(read, HANDSHAKE_MAX_FRAME_BYTES);
     let mut writer = FrameWriter::new(write, limits.max_frame_bytes);
 
     let frame = tokio::time::timeout(HANDSHAKE_TIMEOUT, reader.next())
@@ -111,6 +114,7 @@ async fn connection(stream: TcpStream, addr: SocketAddr, handler: Arc<Handler>) 
                 max_in_flight: MAX_IN_FLIGHT,
             };
             writer.send(FrameKind::ServerHello, 0, &accepted).await?;
+            reader.set_max_frame_bytes(limits.max_frame_bytes);
         }
         Err(reply) => {
             tracing::warn!(%addr, client = %hello.client_name, "refused a client: {reply:?}");
@@ -177,7 +181,10 @@ async fn read_requests(
             Ok(None) => return Ok(()),
             Err(e) => {
                 // The stream cannot be resynchronised: say why, then close.
-                let reply = ErrorReply::new(ErrorCode::Malformed, e.to_string());
+                let reply = match &e {
+                    FramedError::Wire(wire) => ErrorReply::from(wire),
+                    FramedError::Io(_) => ErrorReply::new(ErrorCode::Malformed, e.to_string()),
+                };
                 let _ = done.send((0, Response::Error(reply))).await;
                 bail!("framing: {e}");
             }

@@ -917,5 +917,20 @@ fn recover(
             });
         }
     }
+    // The committed index is saved without fsync and may name entries whose
+    // own write never became durable (a follower applies what the leader
+    // committed once the entry is submitted, not fsynced). An entry cut off
+    // above cannot be committed here: cap it, and the leader resends it.
+    let last = inner.last_log_id();
+    if let Some(committed) = inner.meta.committed
+        && last.is_none_or(|last| committed.index > last.index)
+    {
+        tracing::warn!(
+            committed = committed.index,
+            last = ?last.map(|l| l.index),
+            "the saved committed index is past the end of the recovered log; capping it"
+        );
+        inner.meta.committed = last;
+    }
     Ok(inner)
 }
