@@ -20,7 +20,9 @@ use crate::one_sided::{OneSided, OneSidedStats};
 use crate::options::ClientOptions;
 
 const BACKOFF_START: Duration = Duration::from_millis(50);
-const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// An election takes a few hundred milliseconds (5 to 10 heartbeats): a client
+/// backing off longer than that waits for nothing after a failover.
+const BACKOFF_MAX: Duration = Duration::from_millis(250);
 /// Largest snapshot chunk asked for (further bounded by the server's frame limit).
 const SNAPSHOT_CHUNK_BYTES: u32 = 1024 * 1024;
 /// Frame bytes a snapshot chunk needs besides its data.
@@ -102,7 +104,7 @@ struct Inner {
 /// One TCP connection per server, opened lazily and reopened after it breaks;
 /// requests on it are pipelined up to the server's `max_in_flight`. Writes go to
 /// the leader: a `NotLeader` reply with a hint redirects there at once, one
-/// without a hint (an election) backs off from 50 ms doubling to 1 s while trying
+/// without a hint (an election) backs off from 50 ms doubling to 250 ms while trying
 /// the other endpoints; `Unavailable`, `TooManyInFlight` and `StaleFollower` are
 /// retried the same way. Everything stays within `request_timeout` and
 /// `max_attempts`.

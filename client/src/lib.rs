@@ -54,7 +54,7 @@
 //! Writes, membership changes and `Linearizable`/`Lease` reads go to the leader.
 //! The client remembers the leader; a `NotLeader` reply with a hint sends the
 //! request to the hinted address at once (adding it to [`Client::endpoints`]); one
-//! without a hint (an election) backs off, 50 ms doubling up to 1 s, and tries the
+//! without a hint (an election) backs off, 50 ms doubling up to 250 ms, and tries the
 //! other endpoints. `Unavailable`, `TooManyInFlight` and `StaleFollower` are retried
 //! the same way. All of this happens within `request_timeout` and `max_attempts`.
 //!
