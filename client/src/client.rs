@@ -23,6 +23,8 @@ const BACKOFF_START: Duration = Duration::from_millis(50);
 /// An election takes a few hundred milliseconds (5 to 10 heartbeats): a client
 /// backing off longer than that waits for nothing after a failover.
 const BACKOFF_MAX: Duration = Duration::from_millis(250);
+/// How long a node that did not answer is tried only after the others.
+const SUSPECT_FOR: Duration = Duration::from_secs(5);
 /// Largest snapshot chunk asked for (further bounded by the server's frame limit).
 const SNAPSHOT_CHUNK_BYTES: u32 = 1024 * 1024;
 /// Frame bytes a snapshot chunk needs besides its data.
@@ -85,6 +87,9 @@ struct RouteState {
     leader: Option<String>,
     /// The node that answered last.
     current: Option<String>,
+    /// Nodes that recently failed to answer within a call's budget, and
+    /// since when: tried last until `SUSPECT_FOR` has passed.
+    suspects: HashMap<String, Instant>,
 }
 
 type Slot = Arc<tokio::sync::Mutex<Option<Arc<Connection>>>>;
@@ -169,6 +174,7 @@ impl Client {
                     endpoints: list,
                     leader: None,
                     current: None,
+                    suspects: HashMap::new(),
                 }),
                 pool: Mutex::new(HashMap::new()),
                 spread: AtomicUsize::new(0),
@@ -663,6 +669,7 @@ impl Client {
                 Ok(Response::Error(reply)) => reply,
                 Ok(response) => {
                     let mut state = self.route();
+                    state.suspects.remove(&addr);
                     if route == Route::Leader {
                         state.leader = Some(addr.clone());
                     }
@@ -673,6 +680,10 @@ impl Client {
                     return Err(Error::Protocol(e));
                 }
                 Err(CallError::TimedOut) => {
+                    // A node that does not answer (crashed, frozen, cut off)
+                    // must not stay the first choice of the next calls.
+                    self.forget(&addr);
+                    self.route().suspects.insert(addr.clone(), Instant::now());
                     return Err(match idempotence {
                         Idempotence::Write => Error::OutcomeUnknown {
                             addr,
@@ -786,7 +797,20 @@ impl Client {
             return addr;
         }
         let n = state.endpoints.len().max(1);
-        state.endpoints.get(cursor % n).cloned().unwrap_or_default()
+        let suspect = |addr: &String| {
+            state
+                .suspects
+                .get(addr)
+                .is_some_and(|since| since.elapsed() < SUSPECT_FOR)
+        };
+        // From the cursor on, the first endpoint not under suspicion; all
+        // suspect (or none left): plain rotation.
+        (0..n)
+            .filter_map(|k| state.endpoints.get((cursor + k) % n))
+            .find(|addr| !suspect(addr))
+            .or_else(|| state.endpoints.get(cursor % n))
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Whether the cursor has just gone through every endpoint once.
