@@ -1,0 +1,186 @@
+//! `Follower { max_lag_entries }` one-sided reads against a lagging replica:
+//! a follower frozen with SIGSTOP keeps publishing (in its mapped region) the
+//! applied index and the value it had; a client bounded to 10 entries of lag
+//! never returns anything older than the latest acknowledged write minus 10,
+//! while a client that accepts any lag does read the frozen replica's stale
+//! value: the lag check is what keeps the stale replica out.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use rdkv_client::{Client, ClientOptions, Consistency};
+use rdkv_tests::Cluster;
+
+const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
+const MAX_LAG: u64 = 10;
+const WRITES: u64 = 50;
+const READS: usize = 300;
+
+/// A client that talks to `leader` only (its status and RPCs never reach the
+/// frozen follower); it still maps every member's region on this host.
+fn client_of_leader(cluster: &Cluster, leader: u64) -> Result<Client> {
+    let endpoint = cluster.node(leader)?.client_addr.to_string();
+    Ok(Client::new(
+        &[endpoint],
+        ClientOptions {
+            request_timeout: Duration::from_secs(5),
+            ..ClientOptions::default()
+        },
+    )?)
+}
+
+async fn wait_applied(cluster: &Cluster, id: u64, index: u64) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let applied = cluster.client_of(id).await?.status().await?.applied_index;
+        if applied >= index {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("node {id} applied only {applied} of {index}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follower_reads_respect_max_lag() -> Result<()> {
+    let mut cluster = Cluster::start(3)?;
+    let mut paused: Option<u64> = None;
+    let result = async {
+        let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+        let writer = client_of_leader(&cluster, leader)?;
+        let bounded = client_of_leader(&cluster, leader)?;
+        let any = client_of_leader(&cluster, leader)?;
+        let bounded_level = Consistency::Follower {
+            max_lag_entries: MAX_LAG,
+        };
+        let any_level = Consistency::Follower {
+            max_lag_entries: u64::MAX,
+        };
+
+        // version -> value of every acknowledged write of `k`.
+        let mut written: BTreeMap<u64, String> = BTreeMap::new();
+        let first = writer.put("k", "v-0").await?;
+        written.insert(first, "v-0".to_owned());
+        for id in cluster.nodes.keys() {
+            wait_applied(&cluster, *id, first).await?;
+        }
+        // Both readers learn the topology and map all three regions now,
+        // while every node answers.
+        for _ in 0..6 {
+            for (client, level) in [(&bounded, bounded_level), (&any, any_level)] {
+                let got = client.get_with("k", level).await?.context("k is absent")?;
+                if got.version != first {
+                    bail!("warm-up read {got:?}, expected version {first}");
+                }
+            }
+        }
+
+        let follower = *cluster
+            .nodes
+            .keys()
+            .find(|id| **id != leader)
+            .context("no follower")?;
+        cluster.node_mut(follower)?.pause()?;
+        paused = Some(follower);
+        println!("leader {leader}; follower {follower} stopped at applied index {first}");
+
+        let before = bounded.one_sided_stats().await;
+        let mut bounded_reads = 0u64;
+        let mut oldest_gap = 0u64;
+        let check_bounded =
+            async |latest: u64, written: &BTreeMap<u64, String>, gap: &mut u64| -> Result<()> {
+                let got = bounded
+                    .get_with("k", bounded_level)
+                    .await?
+                    .context("k is absent")?;
+                if got.version + MAX_LAG < latest {
+                    bail!(
+                        "bounded read returned version {} with the latest acknowledged at {latest}",
+                        got.version
+                    );
+                }
+                match written.get(&got.version) {
+                    Some(value) if value.as_bytes() == got.value => {}
+                    _ => bail!("bounded read returned {got:?}, which was never written"),
+                }
+                *gap = (*gap).max(latest.saturating_sub(got.version));
+                Ok(())
+            };
+
+        // Writes through the leader, a bounded read after each one.
+        let mut latest = first;
+        for i in 1..=WRITES {
+            let value = format!("v-{i}");
+            latest = writer.put("k", value.clone()).await?;
+            written.insert(latest, value);
+            check_bounded(latest, &written, &mut oldest_gap).await?;
+            bounded_reads += 1;
+        }
+        // Many more bounded reads, spread over the replicas within the lag.
+        for _ in 0..READS {
+            check_bounded(latest, &written, &mut oldest_gap).await?;
+            bounded_reads += 1;
+        }
+        let stats = bounded.one_sided_stats().await;
+        println!(
+            "bounded (max_lag {MAX_LAG}): {bounded_reads} reads, largest gap to the latest \
+             write {oldest_gap} (the frozen replica serves while it is within the bound), \
+             stats {stats:?}"
+        );
+        // Every bounded read was served from a mapped region (a read whose
+        // validation kept failing may fall back to RPC, rarely); none was
+        // refused for want of a replica within the lag.
+        let served = stats.served - before.served;
+        let fallbacks = stats.fallbacks - before.fallbacks;
+        if served + fallbacks != bounded_reads || served * 10 < bounded_reads * 9 {
+            bail!("{served} of {bounded_reads} bounded reads one-sided, {fallbacks} fell back");
+        }
+
+        // Any lag: round-robin over all mapped replicas, the frozen one
+        // included, so its stale value comes back.
+        let mut stale = 0;
+        let mut fresh = 0;
+        for _ in 0..READS {
+            let got = any.get_with("k", any_level).await?.context("k is absent")?;
+            if got.version == first && got.value == "v-0" {
+                stale += 1;
+            } else if got.version + MAX_LAG >= latest
+                && written.get(&got.version).map(String::as_bytes) == Some(&got.value[..])
+            {
+                fresh += 1;
+            } else {
+                bail!("any-lag read returned {got:?} (latest {latest})");
+            }
+        }
+        println!(
+            "any lag: {READS} reads, {stale} stale (version {first} from node {follower}), \
+             {fresh} fresh; stats {:?}",
+            any.one_sided_stats().await
+        );
+        if stale == 0 {
+            bail!("no any-lag read returned the frozen follower's stale value");
+        }
+
+        // Thawed, the follower catches up and bounded reads stay fresh.
+        cluster.node_mut(follower)?.resume()?;
+        paused = None;
+        wait_applied(&cluster, follower, latest).await?;
+        for _ in 0..30 {
+            check_bounded(latest, &written, &mut oldest_gap).await?;
+        }
+        Ok(())
+    }
+    .await;
+    if let Some(id) = paused
+        && let Ok(node) = cluster.node_mut(id)
+    {
+        let _ = node.resume();
+    }
+    if result.is_err() {
+        eprintln!("{}", cluster.logs());
+    }
+    result
+}
