@@ -9,6 +9,8 @@
 //! - [`shm`]: the `shm` transport's attach protocol: a same-host client
 //!   authenticates over a Unix socket and receives the region's memfd
 //!   (SCM_RIGHTS), which it maps read-only.
+//! - [`transport`]: the [`Fabric`] trait (one-sided reads of a described
+//!   region, alone or batched) and [`MappedFabric`] (`mem` and `shm`).
 //! - [`clock`]: injectable monotonic time for grace periods and abandonment.
 
 #[cfg(target_endian = "big")]
@@ -19,6 +21,7 @@ pub mod memory;
 pub mod read_stats;
 pub mod reader;
 pub mod shm;
+pub mod transport;
 
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use memory::{MemoryError, RegionMemory};
@@ -27,4 +30,8 @@ pub use reader::{CachedLocation, IndexCache, ReadError, ReadProblem, ReaderOptio
 pub use shm::{
     ReceivedGrant, SHM_ATTACH_TIMEOUT, SHM_HANDSHAKE_TIMEOUT, SHM_MAX_CONCURRENT_HANDSHAKES,
     SHM_MAX_HELLO_BYTES, ShmAttachment, ShmError, attach_shm, request_shm_grant, serve_shm,
+};
+pub use transport::{
+    Fabric, FabricError, MappedFabric, MappedRegion, ReadOp, RegionDescriptor, RemoteRegion,
+    check_range,
 };

@@ -1,4 +1,4 @@
-//! The lock-free reader: what a one-sided GET does, run against local memory.
+//! The lock-free reader: what a one-sided GET does, through any [`Fabric`].
 //! It uses exactly the validation steps of `rdkv_proto::region::lookup` that a
 //! remote reader uses, copies with atomic loads only (invariant 5), and either
 //! returns one committed version of the key or retries (invariant 2).
@@ -15,8 +15,9 @@ use rdkv_proto::wire::Versioned;
 use thiserror::Error;
 
 use crate::clock::Clock;
-use crate::memory::{MemoryError, RegionMemory};
+use crate::memory::RegionMemory;
 use crate::read_stats::{ReadCounters, ReadStats, RetryCause};
+use crate::transport::{Fabric, FabricError, MappedFabric, RegionDescriptor, RemoteRegion};
 
 /// Most slots a neighbourhood can have (8 buckets, the layout's limit).
 pub const MAX_NEIGHBOURHOOD_SLOTS: usize = 8 * rdkv_proto::region::SLOTS_PER_BUCKET;
@@ -92,7 +93,7 @@ pub enum ReadError {
     #[error("read gave up after {attempts} attempts; last problem: {last}")]
     Exhausted { attempts: u32, last: ReadProblem },
     #[error(transparent)]
-    Memory(#[from] MemoryError),
+    Fabric(#[from] FabricError),
 }
 
 /// A value and where its block was.
@@ -168,31 +169,32 @@ impl IndexCache {
 
 enum AttemptError {
     Retry(ReadProblem),
-    Fatal(MemoryError),
+    Fatal(FabricError),
 }
 
-impl From<MemoryError> for AttemptError {
-    fn from(error: MemoryError) -> Self {
+impl From<FabricError> for AttemptError {
+    fn from(error: FabricError) -> Self {
         AttemptError::Fatal(error)
     }
 }
 
 #[derive(Debug, Clone)]
 pub struct RegionReader {
-    memory: Arc<RegionMemory>,
+    region: Arc<dyn RemoteRegion>,
     layout: RegionLayout,
     options: ReaderOptions,
     clock: Arc<dyn Clock>,
     counters: Arc<ReadCounters>,
 }
 
-fn read_layout(memory: &RegionMemory) -> Result<RegionLayout, ReadError> {
+fn read_layout(region: &dyn RemoteRegion) -> Result<RegionLayout, ReadError> {
     let mut header = [0u8; HEADER_USED_BYTES];
-    memory.read_bytes(0, &mut header)?;
+    region.read(0, &mut header)?;
     let layout = RegionLayout::decode(&header)?;
-    if (memory.len_bytes() as u64) < layout.region_bytes {
+    let len_bytes = region.descriptor().len_bytes;
+    if len_bytes < layout.region_bytes {
         return Err(ReadError::ShortMapping {
-            len_bytes: memory.len_bytes() as u64,
+            len_bytes,
             region_bytes: layout.region_bytes,
         });
     }
@@ -200,14 +202,31 @@ fn read_layout(memory: &RegionMemory) -> Result<RegionLayout, ReadError> {
 }
 
 impl RegionReader {
-    /// Validates the region's header and caches its geometry, as a remote
-    /// client does when it connects.
+    /// A reader of memory mapped into this process (the `mem` transport, or
+    /// a mapping obtained over `shm`): registers it with a private
+    /// [`MappedFabric`] and attaches through that.
     pub fn attach(
         memory: Arc<RegionMemory>,
         clock: Arc<dyn Clock>,
         options: ReaderOptions,
     ) -> Result<RegionReader, ReadError> {
-        let layout = read_layout(&memory)?;
+        let fabric = Arc::new(MappedFabric::new());
+        // The epoch is not known before the header is read; the private
+        // registry has this one region only.
+        let remote = fabric.register(memory, 0, 0);
+        RegionReader::over(fabric, remote, clock, options)
+    }
+
+    /// Validates the header of the region `remote` names on `fabric` and
+    /// caches its geometry, as a remote client does when it connects.
+    pub fn over(
+        fabric: Arc<dyn Fabric>,
+        remote: RegionDescriptor,
+        clock: Arc<dyn Clock>,
+        options: ReaderOptions,
+    ) -> Result<RegionReader, ReadError> {
+        let region = fabric.open(&remote)?;
+        let layout = read_layout(region.as_ref())?;
         if let Some(abandon_after_us) = options
             .abandon_after_us
             .filter(|&a| a > layout.grace_period_us / 2)
@@ -218,7 +237,7 @@ impl RegionReader {
             });
         }
         Ok(RegionReader {
-            memory,
+            region,
             layout,
             options,
             clock,
@@ -234,14 +253,14 @@ impl RegionReader {
     /// re-validating the static part: the per-GET check of a lease read.
     pub fn dynamic_header(&self) -> Result<DynamicHeader, ReadError> {
         let mut header = [0u8; HEADER_USED_BYTES];
-        self.memory.read_bytes(0, &mut header)?;
+        self.region.read(0, &mut header)?;
         Ok(DynamicHeader::decode(&header)?)
     }
 
     /// Re-validates the header (a remote client does this on its header
     /// refresh); an error means the cached geometry must not be used.
     pub fn check_header(&self) -> Result<DynamicHeader, ReadError> {
-        let layout = read_layout(&self.memory)?;
+        let layout = read_layout(self.region.as_ref())?;
         if layout != self.layout {
             return Err(ReadError::EpochChanged {
                 attached: self.layout.region_epoch,
@@ -249,7 +268,7 @@ impl RegionReader {
             });
         }
         let mut header = [0u8; HEADER_USED_BYTES];
-        self.memory.read_bytes(0, &mut header)?;
+        self.region.read(0, &mut header)?;
         Ok(DynamicHeader::decode(&header)?)
     }
 
@@ -299,7 +318,17 @@ impl RegionReader {
         let mut slots = [0u64; MAX_NEIGHBOURHOOD_SLOTS];
         let slots = &mut slots[..(len / SLOT_BYTES) as usize];
         let started_us = self.clock.now_us();
-        self.memory.read_words(start, slots, Ordering::Acquire)?;
+        let mut slot_bytes = [0u8; MAX_NEIGHBOURHOOD_SLOTS * SLOT_BYTES as usize];
+        let slot_bytes = &mut slot_bytes[..len as usize];
+        self.region.read(start, slot_bytes)?;
+        // With the loads of the copy before it, an acquire fence makes them
+        // acquire loads: a block published by a slot seen here is seen whole.
+        fence(Ordering::Acquire);
+        for (word, bytes) in slots.iter_mut().zip(slot_bytes.chunks_exact(8)) {
+            let mut le = [0u8; 8];
+            le.copy_from_slice(bytes);
+            *word = u64::from_le_bytes(le);
+        }
         for (position, slot) in neighbourhood_slots(slots, hash.fingerprint) {
             let slot = slot.map_err(|e| AttemptError::Retry(ReadProblem::Slot(e)))?;
             let (offset, block_len) = self
@@ -307,7 +336,7 @@ impl RegionReader {
                 .block_range(slot)
                 .map_err(|e| AttemptError::Retry(ReadProblem::Slot(e)))?;
             let mut block = vec![0u8; block_len as usize];
-            self.memory.read_bytes(offset, &mut block)?;
+            self.region.read(offset, &mut block)?;
             // Keeps the slot re-read below (and the clock read) after the copy.
             fence(Ordering::Acquire);
             if let Some(limit_us) = self.options.abandon_after_us {
@@ -324,7 +353,10 @@ impl RegionReader {
                 ),
                 BlockVerdict::OtherKey => {
                     let slot_offset = start + position as u64 * SLOT_BYTES;
-                    if self.memory.load_u64(slot_offset, Ordering::Acquire)? != slots[position] {
+                    let mut again = [0u8; 8];
+                    self.region.read(slot_offset, &mut again)?;
+                    fence(Ordering::Acquire);
+                    if u64::from_le_bytes(again) != slots[position] {
                         return Err(AttemptError::Retry(ReadProblem::Moved));
                     }
                     continue;
@@ -381,7 +413,7 @@ impl RegionReader {
     ) -> Result<Option<Versioned>, ReadError> {
         let started_us = self.clock.now_us();
         let mut block = vec![0u8; location.block_len as usize];
-        self.memory.read_bytes(location.block_offset, &mut block)?;
+        self.region.read(location.block_offset, &mut block)?;
         if let Some(limit_us) = self.options.abandon_after_us
             && self.clock.now_us().saturating_sub(started_us) > limit_us
         {
