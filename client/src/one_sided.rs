@@ -96,6 +96,7 @@ pub(crate) struct OneSided {
     clock: Arc<dyn Clock>,
     spread: AtomicUsize,
     max_clock_drift_us: u64,
+    use_cache: bool,
 }
 
 fn unix_now_us() -> u64 {
@@ -122,6 +123,7 @@ impl OneSided {
     pub(crate) fn new(cache_entries: usize, max_clock_drift: Duration) -> OneSided {
         OneSided {
             max_clock_drift_us: u64::try_from(max_clock_drift.as_micros()).unwrap_or(u64::MAX),
+            use_cache: cache_entries > 0,
             topology: tokio::sync::Mutex::new(Topology::default()),
             cache: IndexCache::new(cache_entries),
             counters: Counters::default(),
@@ -235,7 +237,12 @@ impl OneSided {
         drop(topology);
         let mut values = Vec::with_capacity(keys.len());
         for key in keys {
-            match reader.get_cached(key, &self.cache) {
+            let read = if self.use_cache {
+                reader.get_cached(key, &self.cache)
+            } else {
+                reader.get(key)
+            };
+            match read {
                 Ok(value) => values.push(value),
                 Err(ReadError::Exhausted { .. }) => {
                     self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);

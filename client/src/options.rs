@@ -44,7 +44,11 @@ pub struct ClientOptions {
     /// a one-sided lease read is served only while the leader's published
     /// lease runs at least this long beyond now. Default 50 ms.
     pub max_clock_drift: Duration,
-    /// Keys whose block location is remembered (one-read GETs). Default 65 536.
+    /// Keys whose block location is remembered, so that a repeated GET is one
+    /// read instead of two. Default 0 (off): over `shm` a read is a local
+    /// memory copy and the cache's lookup costs more than the slot read it
+    /// saves (docs/benchmarks.md); it pays where a read is a network round
+    /// trip (RDMA).
     pub index_cache_entries: usize,
 }
 
@@ -59,7 +63,7 @@ impl Default for ClientOptions {
             default_consistency: Consistency::Lease,
             transport: Transport::Auto,
             max_clock_drift: Duration::from_millis(50),
-            index_cache_entries: 65_536,
+            index_cache_entries: 0,
         }
     }
 }

@@ -24,7 +24,10 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
     let result = async {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
-        let client = cluster.client().await?;
+        let client = cluster.client_with(ClientOptions {
+            index_cache_entries: 1024,
+            ..ClientOptions::default()
+        })?;
         for i in 0..100 {
             client
                 .put(format!("key-{i:03}"), format!("value-{i}"))
