@@ -235,25 +235,31 @@ impl OneSided {
             }
         }?;
         drop(topology);
-        let mut values = Vec::with_capacity(keys.len());
-        for key in keys {
-            let read = if self.use_cache {
-                reader.get_cached(key, &self.cache)
-            } else {
-                reader.get(key)
-            };
-            match read {
-                Ok(value) => values.push(value),
-                Err(ReadError::Exhausted { .. }) => {
-                    self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
-                    return None;
-                }
-                Err(e) => {
-                    tracing::debug!("one-sided read failed: {e}");
-                    return None;
-                }
+        let read = if keys.len() > 1 && !self.use_cache {
+            // An MGet: its reads go out in two batches.
+            reader.get_many(keys)
+        } else {
+            keys.iter()
+                .map(|key| {
+                    if self.use_cache {
+                        reader.get_cached(key, &self.cache)
+                    } else {
+                        reader.get(key)
+                    }
+                })
+                .collect()
+        };
+        let values = match read {
+            Ok(values) => values,
+            Err(ReadError::Exhausted { .. }) => {
+                self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
+                return None;
             }
-        }
+            Err(e) => {
+                tracing::debug!("one-sided read failed: {e}");
+                return None;
+            }
+        };
         self.counters
             .served
             .fetch_add(keys.len() as u64, Ordering::Relaxed);

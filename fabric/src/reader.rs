@@ -8,8 +8,9 @@ use std::sync::atomic::{Ordering, fence};
 
 use bytes::Bytes;
 use rdkv_proto::region::{
-    BLOCK_HEADER_BYTES, BlockError, BlockVerdict, DynamicHeader, HEADER_USED_BYTES, HeaderError,
-    RegionLayout, SLOT_BYTES, SlotError, examine_block, neighbourhood_slots, verify_neighbourhood,
+    BLOCK_HEADER_BYTES, BUCKET_BYTES, BlockError, BlockVerdict, DynamicHeader, HEADER_USED_BYTES,
+    HeaderError, RegionLayout, SLOT_BYTES, SlotError, examine_block, neighbourhood_slots,
+    verify_neighbourhood,
 };
 use rdkv_proto::wire::Versioned;
 use thiserror::Error;
@@ -17,7 +18,7 @@ use thiserror::Error;
 use crate::clock::Clock;
 use crate::memory::RegionMemory;
 use crate::read_stats::{ReadCounters, ReadStats, RetryCause};
-use crate::transport::{Fabric, FabricError, MappedFabric, RegionDescriptor, RemoteRegion};
+use crate::transport::{Fabric, FabricError, MappedFabric, ReadOp, RegionDescriptor, RemoteRegion};
 
 /// Most slots a neighbourhood can have (8 buckets, the layout's limit).
 pub const MAX_NEIGHBOURHOOD_SLOTS: usize = 8 * rdkv_proto::region::SLOTS_PER_BUCKET;
@@ -94,6 +95,16 @@ pub enum ReadError {
     Exhausted { attempts: u32, last: ReadProblem },
     #[error(transparent)]
     Fabric(#[from] FabricError),
+}
+
+/// What the first round of a batched read decided for one key.
+enum Plan {
+    /// No candidate slot and every slot checked: absent.
+    Absent,
+    /// One candidate: read this block in the second round.
+    Block { offset: u64, len: u64 },
+    /// Anything else: read the key on its own.
+    Alone,
 }
 
 /// A value and where its block was.
@@ -274,6 +285,118 @@ impl RegionReader {
 
     pub fn stats(&self) -> ReadStats {
         self.counters.snapshot()
+    }
+
+    /// Several keys with two batched rounds of reads (like one doorbell per
+    /// round on RDMA): every key's neighbourhood, then every candidate block.
+    /// A key whose first try does not settle cleanly (a fingerprint
+    /// collision, a torn or invalidated block, a slow round) is read again on
+    /// its own with [`RegionReader::get`]: same validation, same answers.
+    pub fn get_many(&self, keys: &[Bytes]) -> Result<Vec<Option<Versioned>>, ReadError> {
+        let started_us = self.clock.now_us();
+        let slot_bytes = (self.layout.neighbourhood_buckets * BUCKET_BYTES) as usize;
+        let mut neighbourhoods = vec![0u8; slot_bytes * keys.len()];
+        let hashes: Vec<_> = keys.iter().map(|k| self.layout.key_hash(k)).collect();
+        let mut ops: Vec<ReadOp<'_>> = neighbourhoods
+            .chunks_mut(slot_bytes)
+            .zip(&hashes)
+            .map(|(buf, hash)| ReadOp {
+                offset: self.layout.neighbourhood_range(*hash).0,
+                buf,
+            })
+            .collect();
+        self.region.read_batch(&mut ops)?;
+        drop(ops);
+        fence(Ordering::Acquire);
+
+        // Round two: the first candidate block of each key, if it has one.
+        let mut plans: Vec<Plan> = Vec::with_capacity(keys.len());
+        for ((key, hash), bytes) in keys
+            .iter()
+            .zip(&hashes)
+            .zip(neighbourhoods.chunks(slot_bytes))
+        {
+            let words: Vec<u64> = bytes
+                .chunks_exact(8)
+                .map(|w| {
+                    let mut le = [0u8; 8];
+                    le.copy_from_slice(w);
+                    u64::from_le_bytes(le)
+                })
+                .collect();
+            let plan = if key.len() > self.layout.max_key_bytes as usize {
+                Plan::Absent
+            } else {
+                let mut candidates = neighbourhood_slots(&words, hash.fingerprint);
+                match (candidates.next(), candidates.next()) {
+                    (None, _) if verify_neighbourhood(&words).is_ok() => Plan::Absent,
+                    (Some((_, Ok(slot))), None) => match self.layout.block_range(slot) {
+                        Ok((offset, len)) => Plan::Block { offset, len },
+                        Err(_) => Plan::Alone,
+                    },
+                    _ => Plan::Alone,
+                }
+            };
+            plans.push(plan);
+        }
+        let mut blocks: Vec<Vec<u8>> = plans
+            .iter()
+            .map(|p| match p {
+                Plan::Block { len, .. } => vec![0u8; *len as usize],
+                _ => Vec::new(),
+            })
+            .collect();
+        let mut ops: Vec<ReadOp<'_>> = plans
+            .iter()
+            .zip(blocks.iter_mut())
+            .filter_map(|(plan, buf)| match plan {
+                Plan::Block { offset, .. } => Some(ReadOp {
+                    offset: *offset,
+                    buf: buf.as_mut_slice(),
+                }),
+                _ => None,
+            })
+            .collect();
+        self.region.read_batch(&mut ops)?;
+        drop(ops);
+        fence(Ordering::Acquire);
+        let too_slow = self
+            .options
+            .abandon_after_us
+            .is_some_and(|limit| self.clock.now_us().saturating_sub(started_us) > limit);
+
+        let mut values = Vec::with_capacity(keys.len());
+        for ((key, plan), block) in keys.iter().zip(&plans).zip(blocks) {
+            let settled = match plan {
+                Plan::Absent if !too_slow => Some(None),
+                Plan::Block { .. } if !too_slow => match examine_block(&self.layout, key, &block) {
+                    BlockVerdict::Match(found) => {
+                        let start = BLOCK_HEADER_BYTES + found.key.len();
+                        let len = found.value.len();
+                        let version = found.version;
+                        Some(Some(Versioned {
+                            value: Bytes::from(block).slice(start..start + len),
+                            version,
+                        }))
+                    }
+                    _ => None,
+                },
+                _ => None,
+            };
+            match settled {
+                Some(value) => {
+                    let counter = if value.is_some() {
+                        &self.counters.hits
+                    } else {
+                        &self.counters.misses
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    values.push(value);
+                }
+                None => values.push(self.get(key)?),
+            }
+        }
+        Ok(values)
     }
 
     /// One committed version of `key`, `None` if absent, or an error after

@@ -159,6 +159,17 @@ fn run_case(tiny_index: bool, ops: &[Op], events: &Events) -> Result<(), TestCas
             .map(|v| (v.value.to_vec(), v.version));
         prop_assert_eq!(got, model.get(&key).cloned());
     }
+    // A batched read of every key agrees too.
+    let all: Vec<bytes::Bytes> = (0..KEYS)
+        .map(|k| bytes::Bytes::from(key_bytes(k)))
+        .collect();
+    let batched = reader.get_many(&all).unwrap();
+    for (key, got) in all.iter().zip(batched) {
+        prop_assert_eq!(
+            got.map(|v| (v.value.to_vec(), v.version)),
+            model.get(&key[..]).cloned()
+        );
+    }
     // A full scan (what snapshots use) sees exactly the model.
     let mut scanned = HashMap::new();
     writer

@@ -236,3 +236,63 @@ fn cached_reads_are_never_stale() {
         "updates never invalidated a cached block"
     );
 }
+
+#[test]
+fn batched_reads_are_never_torn_or_stale() {
+    // get_many: every neighbourhood in one batch, then every block in one
+    // batch, with anything unclear re-read alone; under a writer flat out.
+    let config = RegionConfig {
+        region_bytes: 32 * 1024 * 1024,
+        grace_period_us: 2_000,
+        hash_seed: HashSeed(1, 2),
+        ..RegionConfig::default()
+    };
+    let mut writer = RegionWriter::create(&config, Arc::new(MonotonicClock::new())).unwrap();
+    let reader = writer
+        .reader(ReaderOptions::for_layout(writer.layout()))
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer_thread = {
+        let stop = Arc::clone(&stop);
+        thread::spawn(move || {
+            let mut version = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                version += 1;
+                let k = version % HOT_KEYS;
+                let result = if version.is_multiple_of(7) {
+                    writer.delete(&key(k)).map(drop)
+                } else {
+                    writer.put(&key(k), &value(k, version), version).map(drop)
+                };
+                if let Err(e) = result {
+                    assert!(matches!(e, RegionError::RegionFull { .. }), "writer: {e}");
+                    thread::yield_now();
+                }
+            }
+        })
+    };
+    let keys: Vec<bytes::Bytes> = (0..HOT_KEYS).map(|k| bytes::Bytes::from(key(k))).collect();
+    let mut last_seen = [0u64; HOT_KEYS as usize];
+    let (mut wrong, mut backwards, mut values) = (0u64, 0u64, 0u64);
+    for _ in 0..100_000 {
+        for (k, got) in reader.get_many(&keys).unwrap().into_iter().enumerate() {
+            if let Some(found) = got {
+                values += 1;
+                if !is_written_value(k as u64, found.version, &found.value) {
+                    wrong += 1;
+                }
+                if found.version < last_seen[k] {
+                    backwards += 1;
+                }
+                last_seen[k] = found.version;
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer_thread.join().unwrap();
+    let stats = reader.stats();
+    println!("batched: {values} values, {stats:?}");
+    assert_eq!(wrong, 0);
+    assert_eq!(backwards, 0);
+    assert!(values > 100_000);
+}

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Result, bail, ensure};
 use bytes::Bytes;
 use rdkv_client::{Client, ClientOptions, Consistency, Transport};
 use rdkv_tests::Cluster;
@@ -49,6 +49,19 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
         }
         let values = client.mget((0..100).map(|i| format!("key-{i:03}"))).await?;
         assert!(values.iter().all(Option::is_some));
+        // Without the index cache an MGet's reads go out in two batches.
+        let batched = cluster.client_with(ClientOptions::default())?;
+        let values = batched
+            .mget((0..100).map(|i| format!("key-{i:03}")))
+            .await?;
+        for (i, v) in values.iter().enumerate() {
+            ensure!(
+                v.as_ref()
+                    .is_some_and(|v| v.value == format!("value-{i}").as_bytes()),
+                "batched mget key {i}: {v:?}"
+            );
+        }
+        ensure!(batched.one_sided_stats().await.served == 100);
         let after = served_gets(&cluster).await?;
         let stats = client.one_sided_stats().await;
         println!("one-sided: {stats:?}");
