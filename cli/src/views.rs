@@ -170,7 +170,7 @@ impl StatusRow {
         (r.capacity_bytes > 0).then(|| r.used_bytes as f64 * 100.0 / r.capacity_bytes as f64)
     }
 
-    fn cells(&self) -> [String; 9] {
+    fn cells(&self) -> [String; 10] {
         let s = &self.status;
         [
             self.endpoint.clone(),
@@ -185,6 +185,7 @@ impl StatusRow {
                 .map_or_else(|| "-".to_owned(), |p| format!("{p:.1}%")),
             self.lag_entries
                 .map_or_else(|| "-".to_owned(), |l| l.to_string()),
+            s.shm_socket.clone().unwrap_or_else(|| "-".to_owned()),
         ]
     }
 }
@@ -245,6 +246,7 @@ impl View for StatusView {
             "APPLIED INDEX",
             "REGION FILL",
             "LAG",
+            "SHM SOCKET",
         ]);
         for row in &self.rows {
             t.row(row.cells());
@@ -289,6 +291,10 @@ impl View for StatusView {
                             ]),
                         ),
                         ("lag_entries", Json::opt_u64(row.lag_entries)),
+                        (
+                            "shm_socket",
+                            s.shm_socket.as_ref().map_or(Json::Null, Json::str),
+                        ),
                     ])
                 })
                 .collect(),
@@ -500,9 +506,9 @@ mod tests {
         let view = StatusView { rows };
         assert_eq!(
             render(&view, Format::Simple),
-            "10.0.0.1:7379, 1, leader, 4, 1, 120, 118, 12.5%, 0\n\
-             10.0.0.2:7379, 2, follower, 4, 1, 120, 118, 12.5%, 5\n\
-             10.0.0.3:7379, 3, learner, 4, 1, 120, 118, 12.5%, -\n"
+            "10.0.0.1:7379, 1, leader, 4, 1, 120, 118, 12.5%, 0, -\n\
+             10.0.0.2:7379, 2, follower, 4, 1, 120, 118, 12.5%, 5, -\n\
+             10.0.0.3:7379, 3, learner, 4, 1, 120, 118, 12.5%, -, -\n"
         );
         let table = render(&view, Format::Table);
         let widths: Vec<usize> = table.lines().map(|l| l.chars().count()).collect();
