@@ -16,7 +16,7 @@ use tokio::time::{Instant, sleep_until};
 
 use crate::conn::{CallError, Connection};
 use crate::error::{Error, Result};
-use crate::one_sided::{OneSided, OneSidedStats};
+use crate::one_sided::{OneSided, OneSidedStats, Transport};
 use crate::options::ClientOptions;
 
 const BACKOFF_START: Duration = Duration::from_millis(50);
@@ -224,6 +224,9 @@ impl Client {
         {
             return Ok(values.pop().flatten());
         }
+        if self.inner.options.transport == Transport::Shm {
+            return Err(Error::OneSidedUnavailable);
+        }
         let request = Request::Get { key, consistency };
         match self
             .request(request, read_route(consistency), Idempotence::Read)
@@ -303,6 +306,9 @@ impl Client {
         let keys: Vec<Bytes> = keys.into_iter().map(Into::into).collect();
         if let Some(values) = self.inner.one_sided.try_get(self, &keys, consistency).await {
             return Ok(values);
+        }
+        if self.inner.options.transport == Transport::Shm {
+            return Err(Error::OneSidedUnavailable);
         }
         let n = keys.len();
         let request = Request::MGet { keys, consistency };

@@ -42,6 +42,12 @@ pub enum Error {
     /// the retry budget or the request timeout ran out.
     #[error("no leader available (election in progress or no quorum)")]
     NoLeader,
+
+    /// `Transport::Shm` was forced but no mapped region could serve the read
+    /// at its consistency level right now (no local server, lease lapsed,
+    /// replicas beyond the lag bound).
+    #[error("no one-sided read possible: no mapped region can serve it at this consistency now")]
+    OneSidedUnavailable,
     /// A write (or membership change) was sent but its reply never came: the
     /// connection broke, the request timed out, or the server answered `Timeout`.
     /// It may or may not have been applied. The client never retries such a request
@@ -85,6 +91,7 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Connect { .. } | Self::Timeout(_) | Self::NoLeader => true,
+            Self::OneSidedUnavailable => true,
             Self::ConnectionLost { .. } => true,
             Self::Server(reply) => reply.code.is_retryable(),
             Self::Handshake { code, .. } => *code == ErrorCode::Unavailable,

@@ -46,6 +46,11 @@ pub enum Transport {
     Auto,
     /// Always RPC over TCP.
     Tcp,
+    /// Only one-sided through `shm`: a GET that cannot be served from a
+    /// mapped region fails with `Error::OneSidedUnavailable` instead of
+    /// going to the server (for benchmarks and for tests that must not touch
+    /// the server's CPU).
+    Shm,
 }
 
 /// What the one-sided path did, for metrics and tests.

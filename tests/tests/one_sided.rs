@@ -69,6 +69,25 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
         assert_eq!(stats.served - stats_before.served, 1_100);
         assert!(stats.reads.cache_hits > 0, "the index cache was not used");
 
+        // Forced shm: one-sided or an error, never the server.
+        let shm_only = cluster.client_with(ClientOptions {
+            transport: Transport::Shm,
+            ..ClientOptions::default()
+        })?;
+        ensure!(
+            shm_only
+                .get("key-002")
+                .await?
+                .is_some_and(|v| v.value == "value-2")
+        );
+        ensure!(matches!(
+            shm_only
+                .get_with(Bytes::from_static(b"key-002"), Consistency::Linearizable)
+                .await,
+            Err(rdkv_client::Error::OneSidedUnavailable)
+        ));
+        ensure!(served_gets(&cluster).await? == after);
+
         // Forced TCP reads do reach the servers (a follower that redirects
         // counts the request too).
         let tcp = Client::new(
