@@ -419,8 +419,15 @@ impl RegionReader {
                     return Ok(found);
                 }
                 Err(AttemptError::Retry(problem)) => {
-                    self.counters.retry(problem.cause());
+                    let cause = problem.cause();
+                    self.counters.retry(cause);
                     last = Some(problem);
+                    if cause == RetryCause::Invalidated {
+                        // The writer is between invalidating the old block
+                        // and publishing the new slot; if it was preempted
+                        // there, spinning through the attempts cannot help.
+                        std::thread::yield_now();
+                    }
                 }
                 Err(AttemptError::Fatal(error)) => return Err(error.into()),
             }
