@@ -97,6 +97,33 @@ pub enum ReadError {
     Fabric(#[from] FabricError),
 }
 
+/// Where a validated block's value lies, so that the block's buffer becomes
+/// the returned `Bytes` without a second copy.
+#[derive(Debug, Clone, Copy)]
+pub struct ValueShape {
+    start: usize,
+    len: usize,
+    pub version: u64,
+}
+
+impl ValueShape {
+    pub fn of(block: &rdkv_proto::region::BlockRef<'_>) -> ValueShape {
+        ValueShape {
+            start: BLOCK_HEADER_BYTES + block.key.len(),
+            len: block.value.len(),
+            version: block.version,
+        }
+    }
+
+    /// The value, sharing `block`'s allocation.
+    pub fn take(self, block: Vec<u8>) -> Versioned {
+        Versioned {
+            value: Bytes::from(block).slice(self.start..self.start + self.len),
+            version: self.version,
+        }
+    }
+}
+
 /// What the first round of a batched read decided for one key.
 enum Plan {
     /// No candidate slot and every slot checked: absent.
@@ -371,13 +398,8 @@ impl RegionReader {
                 Plan::Absent if !too_slow => Some(None),
                 Plan::Block { .. } if !too_slow => match examine_block(&self.layout, key, &block) {
                     BlockVerdict::Match(found) => {
-                        let start = BLOCK_HEADER_BYTES + found.key.len();
-                        let len = found.value.len();
-                        let version = found.version;
-                        Some(Some(Versioned {
-                            value: Bytes::from(block).slice(start..start + len),
-                            version,
-                        }))
+                        let shape = ValueShape::of(&found);
+                        Some(Some(shape.take(block)))
                     }
                     _ => None,
                 },
@@ -475,12 +497,8 @@ impl RegionReader {
                     return Err(AttemptError::Retry(ReadProblem::Slow { elapsed_us }));
                 }
             }
-            let (value_start, value_len, version) = match examine_block(&self.layout, key, &block) {
-                BlockVerdict::Match(found) => (
-                    BLOCK_HEADER_BYTES + found.key.len(),
-                    found.value.len(),
-                    found.version,
-                ),
+            let shape = match examine_block(&self.layout, key, &block) {
+                BlockVerdict::Match(found) => ValueShape::of(&found),
                 BlockVerdict::OtherKey => {
                     let slot_offset = start + position as u64 * SLOT_BYTES;
                     let mut again = [0u8; 8];
@@ -495,9 +513,9 @@ impl RegionReader {
                     return Err(AttemptError::Retry(ReadProblem::Block(error)));
                 }
             };
-            let value = Bytes::from(block).slice(value_start..value_start + value_len);
+            let version = shape.version;
             return Ok(Some(Found {
-                value: Versioned { value, version },
+                value: shape.take(block),
                 location: CachedLocation {
                     epoch: self.layout.region_epoch,
                     block_offset: offset,
@@ -551,13 +569,8 @@ impl RegionReader {
         }
         match examine_block(&self.layout, key, &block) {
             BlockVerdict::Match(found) if found.version == location.version => {
-                let start = BLOCK_HEADER_BYTES + found.key.len();
-                let len = found.value.len();
-                let version = found.version;
-                Ok(Some(Versioned {
-                    value: Bytes::from(block).slice(start..start + len),
-                    version,
-                }))
+                let shape = ValueShape::of(&found);
+                Ok(Some(shape.take(block)))
             }
             _ => Ok(None),
         }

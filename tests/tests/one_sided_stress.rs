@@ -24,42 +24,7 @@ const STRESS: Duration = Duration::from_secs(5);
 /// One write in this many is a delete.
 const DELETE_EVERY: u64 = 8;
 
-// ---- the value format; kept in step with `tests/src/bin/shm_reader.rs` ----
-
-fn splitmix64(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
-fn filler(key: &[u8], seq: u64) -> Vec<u8> {
-    let mut state = splitmix64(fnv1a(key) ^ seq.rotate_left(32));
-    let len = 16 + (state % 1009) as usize;
-    let mut out = Vec::with_capacity(len);
-    while out.len() < len {
-        state = splitmix64(state);
-        for b in state.to_le_bytes() {
-            if out.len() < len {
-                out.push(b'a' + b % 26);
-            }
-        }
-    }
-    out
-}
-
-/// `<key>|<seq>|<filler>`: a torn or foreign value does not decode.
-fn encode(key: &str, seq: u64) -> Vec<u8> {
-    let mut value = format!("{key}|{seq}|").into_bytes();
-    value.extend_from_slice(&filler(key.as_bytes(), seq));
-    value
-}
+use rdkv_tests::stress_value::{encode, fnv1a, splitmix64};
 
 // ---- reader processes ----
 

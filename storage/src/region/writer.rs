@@ -10,7 +10,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use std::sync::atomic::{Ordering, fence};
 
 use rdkv_proto::region::{
@@ -26,7 +25,7 @@ use crate::region::grace::{GraceQueue, RetiredBlock};
 use crate::region::stats::RegionStats;
 use rdkv_fabric::Clock;
 use rdkv_fabric::RegionMemory;
-use rdkv_fabric::reader::MAX_NEIGHBOURHOOD_SLOTS;
+use rdkv_fabric::reader::{MAX_NEIGHBOURHOOD_SLOTS, ValueShape};
 use rdkv_fabric::{ReadError, ReaderOptions, RegionReader};
 use rdkv_proto::wire::Versioned;
 
@@ -229,15 +228,8 @@ impl RegionWriter {
             self.layout.max_key_bytes,
             self.layout.max_value_bytes,
         )?;
-        let (start, value_len, version) = (
-            BLOCK_HEADER_BYTES + valid.key.len(),
-            valid.value.len(),
-            valid.version,
-        );
-        Ok(Some(Versioned {
-            value: Bytes::from(block).slice(start..start + value_len),
-            version,
-        }))
+        let shape = ValueShape::of(&valid);
+        Ok(Some(shape.take(block)))
     }
 
     /// The version of `key`, for compare-and-swap.
