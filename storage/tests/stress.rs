@@ -61,6 +61,30 @@ struct Outcome {
     writes: u64,
 }
 
+/// Updates (and every 7th time deletes) the hot keys as fast as it can until
+/// `stop`; returns how many writes it made.
+fn spawn_writer(mut writer: RegionWriter, stop: Arc<AtomicBool>) -> thread::JoinHandle<u64> {
+    thread::spawn(move || {
+        let mut version = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            version += 1;
+            let k = version % HOT_KEYS;
+            let result = if version.is_multiple_of(7) {
+                writer.delete(&key(k)).map(drop)
+            } else {
+                writer.put(&key(k), &value(k, version), version).map(drop)
+            };
+            match result {
+                Ok(()) => {}
+                // Retired blocks still in their grace period: wait.
+                Err(RegionError::RegionFull { .. }) => thread::yield_now(),
+                Err(other) => panic!("writer: {other}"),
+            }
+        }
+        version
+    })
+}
+
 fn run(grace_period_us: u64, abandon_after_us: Option<u64>, cached: bool) -> Outcome {
     let config = RegionConfig {
         region_bytes: 32 * 1024 * 1024,
@@ -68,7 +92,7 @@ fn run(grace_period_us: u64, abandon_after_us: Option<u64>, cached: bool) -> Out
         hash_seed: HashSeed(1, 2),
         ..RegionConfig::default()
     };
-    let mut writer = RegionWriter::create(&config, Arc::new(MonotonicClock::new())).unwrap();
+    let writer = RegionWriter::create(&config, Arc::new(MonotonicClock::new())).unwrap();
     let reader = writer
         .reader(ReaderOptions {
             max_attempts: ReaderOptions::DEFAULT_MAX_ATTEMPTS,
@@ -78,28 +102,7 @@ fn run(grace_period_us: u64, abandon_after_us: Option<u64>, cached: bool) -> Out
     let stop = Arc::new(AtomicBool::new(false));
     let cache = Arc::new(IndexCache::new(1024));
 
-    let writer_thread = {
-        let stop = Arc::clone(&stop);
-        thread::spawn(move || {
-            let mut version = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                version += 1;
-                let k = version % HOT_KEYS;
-                let result = if version.is_multiple_of(7) {
-                    writer.delete(&key(k)).map(drop)
-                } else {
-                    writer.put(&key(k), &value(k, version), version).map(drop)
-                };
-                match result {
-                    Ok(()) => {}
-                    // Retired blocks still in their grace period: wait.
-                    Err(RegionError::RegionFull { .. }) => thread::yield_now(),
-                    Err(other) => panic!("writer: {other}"),
-                }
-            }
-            version
-        })
-    };
+    let writer_thread = spawn_writer(writer, Arc::clone(&stop));
 
     let readers: Vec<_> = (0..READERS)
         .map(|r| {
@@ -247,30 +250,12 @@ fn batched_reads_are_never_torn_or_stale() {
         hash_seed: HashSeed(1, 2),
         ..RegionConfig::default()
     };
-    let mut writer = RegionWriter::create(&config, Arc::new(MonotonicClock::new())).unwrap();
+    let writer = RegionWriter::create(&config, Arc::new(MonotonicClock::new())).unwrap();
     let reader = writer
         .reader(ReaderOptions::for_layout(writer.layout()))
         .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let writer_thread = {
-        let stop = Arc::clone(&stop);
-        thread::spawn(move || {
-            let mut version = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                version += 1;
-                let k = version % HOT_KEYS;
-                let result = if version.is_multiple_of(7) {
-                    writer.delete(&key(k)).map(drop)
-                } else {
-                    writer.put(&key(k), &value(k, version), version).map(drop)
-                };
-                if let Err(e) = result {
-                    assert!(matches!(e, RegionError::RegionFull { .. }), "writer: {e}");
-                    thread::yield_now();
-                }
-            }
-        })
-    };
+    let writer_thread = spawn_writer(writer, Arc::clone(&stop));
     let keys: Vec<bytes::Bytes> = (0..HOT_KEYS).map(|k| bytes::Bytes::from(key(k))).collect();
     let mut last_seen = [0u64; HOT_KEYS as usize];
     let (mut wrong, mut backwards, mut values, mut exhausted) = (0u64, 0u64, 0u64, 0u64);
