@@ -394,6 +394,7 @@ mod tests {
             replication,
             shm_socket: None,
             served: Default::default(),
+            rpc_socket: None,
         }
     }
 

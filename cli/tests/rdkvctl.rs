@@ -51,6 +51,7 @@ fn status(addr: SocketAddr) -> NodeStatus {
         }],
         shm_socket: None,
         served: Default::default(),
+        rpc_socket: None,
     }
 }
 

@@ -572,6 +572,23 @@ impl Client {
             .map(|(_, response)| response)
     }
 
+    /// Routes requests for the node at client address `addr` through its
+    /// local Unix socket from now on (until that connection breaks; then TCP).
+    pub(crate) async fn use_unix_socket(&self, addr: &str, path: &Path) -> Result<()> {
+        let slot: Slot = {
+            let mut pool = self
+                .inner
+                .pool
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            Arc::clone(pool.entry(addr.to_owned()).or_default())
+        };
+        let deadline = Instant::now() + self.inner.options.connect_timeout;
+        let conn = Connection::open_unix(path, addr, &self.inner.hello, deadline).await?;
+        *slot.lock().await = Some(Arc::new(conn));
+        Ok(())
+    }
+
     /// Returns the connection to `addr`, opening it if needed.
     async fn connection(&self, addr: &str, deadline: Instant) -> Result<Arc<Connection>> {
         let slot: Slot = {

@@ -17,9 +17,8 @@ use rdkv_proto::wire::{
     ClientHello, DEFAULT_MAX_FRAME_BYTES, Frame, FrameDecoder, FrameKind, Request, Response,
     ServerHello, WireError, decode_payload, encode_frame,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout_at};
@@ -189,7 +188,48 @@ impl Connection {
             .map_err(|_| connect_err(timed_out()))?
             .map_err(connect_err)?;
         stream.set_nodelay(true).map_err(connect_err)?;
-        let (mut rd, mut wr) = stream.into_split();
+        let (rd, wr) = stream.into_split();
+        Self::start(addr, rd, wr, hello, deadline).await
+    }
+
+    /// Connects to a server's local Unix socket (same protocol as TCP);
+    /// `addr` is the server's client address, under which the connection is
+    /// pooled and reported.
+    pub(crate) async fn open_unix(
+        path: &std::path::Path,
+        addr: &str,
+        hello: &ClientHello,
+        deadline: Instant,
+    ) -> Result<Self, Error> {
+        let connect_err = |source: io::Error| Error::Connect {
+            addr: format!("{addr} (unix socket {})", path.display()),
+            source,
+        };
+        let stream = timeout_at(deadline, tokio::net::UnixStream::connect(path))
+            .await
+            .map_err(|_| connect_err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")))?
+            .map_err(connect_err)?;
+        let (rd, wr) = stream.into_split();
+        Self::start(addr, rd, wr, hello, deadline).await
+    }
+
+    /// Handshake, then the reader and writer tasks.
+    async fn start<R, W>(
+        addr: &str,
+        mut rd: R,
+        mut wr: W,
+        hello: &ClientHello,
+        deadline: Instant,
+    ) -> Result<Self, Error>
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let connect_err = |source: io::Error| Error::Connect {
+            addr: addr.to_owned(),
+            source,
+        };
+        let timed_out = || io::Error::new(io::ErrorKind::TimedOut, "connect timed out");
 
         let mut out = BytesMut::new();
         encode_frame(
@@ -401,8 +441,8 @@ impl Connection {
     }
 }
 
-async fn read_loop(
-    mut rd: OwnedReadHalf,
+async fn read_loop<R: AsyncRead + Unpin>(
+    mut rd: R,
     mut buf: BytesMut,
     mut decoder: FrameDecoder,
     shared: Arc<Shared>,
@@ -442,8 +482,8 @@ async fn read_loop(
     }
 }
 
-async fn write_loop(
-    mut wr: OwnedWriteHalf,
+async fn write_loop<W: AsyncWrite + Unpin>(
+    mut wr: W,
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     shared: Arc<Shared>,
 ) {

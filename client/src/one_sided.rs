@@ -174,18 +174,27 @@ impl OneSided {
             if let Some(old) = node.reader.take() {
                 add_stats(&mut topology.retired_stats, old.stats());
             }
-            let socket = if member.id == status.id {
-                status.shm_socket.clone()
+            let (socket, rpc_socket) = if member.id == status.id {
+                (status.shm_socket.clone(), status.rpc_socket.clone())
             } else {
                 match client.status_of(&member.client_addr).await {
-                    Ok(s) => s.shm_socket,
-                    Err(_) => None,
+                    Ok(s) => (s.shm_socket, s.rpc_socket),
+                    Err(_) => (None, None),
                 }
             };
             let attached = match socket.filter(|p| Path::new(p).exists()) {
                 Some(path) => self.attach(client, Path::new(&path)).await,
                 None => None,
             };
+            // A node whose region this client can map is on this host: talk
+            // to it over its Unix socket too (writes and control skip TCP).
+            if let Some(rpc) = rpc_socket.filter(|p| attached.is_some() && Path::new(p).exists())
+                && let Err(e) = client
+                    .use_unix_socket(&member.client_addr, Path::new(&rpc))
+                    .await
+            {
+                tracing::debug!(rpc, "unix socket unusable, staying on tcp: {e}");
+            }
             let node = topology.nodes.entry(member.id).or_default();
             node.retry_attach_at = attached.is_none().then_some(now + ATTACH_BACKOFF);
             node.reader = attached;

@@ -46,6 +46,11 @@ pub struct Args {
     /// read-only). Default `<data-dir>/rdkv.sock`; `off` disables.
     #[arg(long, env = "RDKV_SHM_SOCKET")]
     pub shm_socket: Option<String>,
+    /// Unix socket serving the native protocol to clients on this host
+    /// (their writes and control requests skip TCP). Default
+    /// `<data-dir>/rdkv-rpc.sock`; `off` disables.
+    #[arg(long, env = "RDKV_RPC_SOCKET")]
+    pub rpc_socket: Option<String>,
     /// `1=PEER_ADDR,2=PEER_ADDR,...`: every node started with the same list
     /// forms that cluster. Default: a single-node cluster of this node.
     #[arg(long, env = "RDKV_INITIAL_CLUSTER")]
@@ -90,6 +95,7 @@ struct FileConfig {
     peer_listen: Option<SocketAddr>,
     http_listen: Option<String>,
     shm_socket: Option<String>,
+    rpc_socket: Option<String>,
     initial_cluster: Option<String>,
     join: Option<String>,
     token: Option<String>,
@@ -117,6 +123,7 @@ pub struct Config {
     pub peer_listen: SocketAddr,
     pub http_listen: Option<SocketAddr>,
     pub shm_socket: Option<PathBuf>,
+    pub rpc_socket: Option<PathBuf>,
     /// id -> peer address; empty when joining.
     pub initial_cluster: BTreeMap<u64, String>,
     pub join: Option<String>,
@@ -248,15 +255,18 @@ impl Config {
             .data_dir
             .or(file.data_dir)
             .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
-        let shm_socket = match args.shm_socket.or(file.shm_socket).as_deref() {
+        let socket = |setting: Option<String>, default: &str| match setting.as_deref() {
             Some("off") => None,
             Some(path) => Some(PathBuf::from(path)),
-            None => Some(data_dir.join("rdkv.sock")),
+            None => Some(data_dir.join(default)),
         };
+        let shm_socket = socket(args.shm_socket.or(file.shm_socket), "rdkv.sock");
+        let rpc_socket = socket(args.rpc_socket.or(file.rpc_socket), "rdkv-rpc.sock");
         Ok(Config {
             id,
             data_dir,
             shm_socket,
+            rpc_socket,
             listen,
             peer_listen,
             http_listen,

@@ -172,6 +172,19 @@ fn metrics_text(handler: &Handler) -> String {
     ] {
         let _ = writeln!(out, "rdkv_requests_total{{op=\"{op}\"}} {count}");
     }
+    let _ = writeln!(
+        out,
+        "# HELP rdkv_client_connections_total Client connections accepted.\n# TYPE rdkv_client_connections_total counter"
+    );
+    for (transport, count) in [
+        ("tcp", served.tcp_connections),
+        ("unix", served.unix_connections),
+    ] {
+        let _ = writeln!(
+            out,
+            "rdkv_client_connections_total{{transport=\"{transport}\"}} {count}"
+        );
+    }
     out
 }
 

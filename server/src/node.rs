@@ -168,7 +168,16 @@ impl Node {
             Arc::clone(&peers),
             limits,
             config.shm_socket.as_ref().map(|p| p.display().to_string()),
+            config.rpc_socket.as_ref().map(|p| p.display().to_string()),
         ));
+        if let Some(path) = &config.rpc_socket {
+            let listener = bind_unix(path)?;
+            tasks.push(tokio::spawn(crate::service::serve_unix_clients(
+                listener,
+                Arc::clone(&handler),
+                shutdown_rx.clone(),
+            )));
+        }
         tasks.push(tokio::spawn(serve_clients(
             client_listener,
             Arc::clone(&handler),

@@ -88,6 +88,14 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
         ));
         ensure!(served_gets(&cluster).await? == after);
 
+        // The client maps the regions of local servers and talks to them
+        // over their Unix sockets too: its writes skip TCP.
+        let mut unix = 0;
+        for id in cluster.nodes.keys() {
+            unix += cluster.status_of(*id).await?.served.unix_connections;
+        }
+        ensure!(unix >= 1, "no client connection used a unix socket");
+
         // Forced TCP reads do reach the servers (a follower that redirects
         // counts the request too).
         let tcp = Client::new(

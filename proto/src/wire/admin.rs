@@ -65,6 +65,8 @@ pub struct NodeStatus {
     pub shm_socket: Option<String>,
     /// Requests this node has answered over the native protocol, by kind.
     pub served: ServedCounts,
+    /// Unix socket serving the native protocol to clients on this host.
+    pub rpc_socket: Option<String>,
 }
 
 /// Requests answered by one node since it started. One-sided reads never
@@ -78,6 +80,9 @@ pub struct ServedCounts {
     pub cas: u64,
     pub mput: u64,
     pub admin: u64,
+    /// Client connections accepted over TCP and over the local Unix socket.
+    pub tcp_connections: u64,
+    pub unix_connections: u64,
 }
 
 /// A node's answer to "are you healthy?": healthy when it knows a leader and

@@ -34,6 +34,7 @@ pub struct Handler {
     peers: Arc<PeerContext>,
     limits: Limits,
     shm_socket: Option<String>,
+    rpc_socket: Option<String>,
     served: Served,
 }
 
@@ -47,6 +48,8 @@ struct Served {
     cas: AtomicU64,
     mput: AtomicU64,
     admin: AtomicU64,
+    tcp_connections: AtomicU64,
+    unix_connections: AtomicU64,
 }
 
 impl Served {
@@ -73,6 +76,8 @@ impl Served {
             cas: get(&self.cas),
             mput: get(&self.mput),
             admin: get(&self.admin),
+            tcp_connections: get(&self.tcp_connections),
+            unix_connections: get(&self.unix_connections),
         }
     }
 }
@@ -86,6 +91,7 @@ impl Handler {
         peers: Arc<PeerContext>,
         limits: Limits,
         shm_socket: Option<String>,
+        rpc_socket: Option<String>,
     ) -> Self {
         Handler {
             raft,
@@ -93,6 +99,7 @@ impl Handler {
             peers,
             limits,
             shm_socket,
+            rpc_socket,
             served: Served::default(),
         }
     }
@@ -101,8 +108,22 @@ impl Handler {
         self.shm_socket.clone()
     }
 
+    pub(super) fn rpc_socket(&self) -> Option<String> {
+        self.rpc_socket.clone()
+    }
+
     pub fn served(&self) -> ServedCounts {
         self.served.snapshot()
+    }
+
+    /// Counts an accepted client connection (after its handshake).
+    pub(super) fn connected(&self, unix: bool) {
+        let counter = if unix {
+            &self.served.unix_connections
+        } else {
+            &self.served.tcp_connections
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn token(&self) -> Option<&str> {

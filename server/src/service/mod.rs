@@ -16,6 +16,7 @@ use rdkv_proto::wire::{
     ClientHello, ErrorCode, ErrorReply, FrameKind, Limits, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
     Request, Response, ServerHello, WireError, decode_payload, negotiate, tokens_match,
 };
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc, watch};
 
@@ -79,8 +80,51 @@ fn accept_hello(hello: &ClientHello, handler: &Handler) -> Result<u16, ServerHel
 
 async fn connection(stream: TcpStream, addr: SocketAddr, handler: Arc<Handler>) -> Result<()> {
     let _ = stream.set_nodelay(true);
-    let limits: Limits = handler.limits();
     let (read, write) = stream.into_split();
+    serve_stream(read, write, &addr.to_string(), false, handler).await
+}
+
+/// The native protocol over a local Unix socket: same handshake, same
+/// requests, no TCP (clients on this host send their writes here).
+pub async fn serve_unix_clients(
+    listener: tokio::net::UnixListener,
+    handler: Arc<Handler>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let handler = Arc::clone(&handler);
+                    tokio::spawn(async move {
+                        let (read, write) = stream.into_split();
+                        if let Err(e) = serve_stream(read, write, "unix socket", true, handler).await {
+                            tracing::debug!("unix client connection closed: {e:#}");
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!("accepting a unix client connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+async fn serve_stream<R, W>(
+    read: R,
+    write: W,
+    addr: &str,
+    unix: bool,
+    handler: Arc<Handler>,
+) -> Result<()>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let limits: Limits = handler.limits();
     // The hello is read under a small limit: nothing large is buffered for a
     // client that has not authenticated.
     let mut reader = FrameReader::new(read, HANDSHAKE_MAX_FRAME_BYTES);
@@ -115,6 +159,7 @@ async fn connection(stream: TcpStream, addr: SocketAddr, handler: Arc<Handler>) 
             };
             writer.send(FrameKind::ServerHello, 0, &accepted).await?;
             reader.set_max_frame_bytes(limits.max_frame_bytes);
+            handler.connected(unix);
         }
         Err(reply) => {
             tracing::warn!(%addr, client = %hello.client_name, "refused a client: {reply:?}");
@@ -145,8 +190,8 @@ async fn connection(stream: TcpStream, addr: SocketAddr, handler: Arc<Handler>) 
 }
 
 /// Queues a response; one too large for a frame becomes an error reply.
-fn queue_response(
-    writer: &mut FrameWriter<tokio::net::tcp::OwnedWriteHalf>,
+fn queue_response<W: AsyncWrite + Unpin>(
+    writer: &mut FrameWriter<W>,
     request_id: u64,
     response: &Response,
 ) -> Result<(), FramedError> {
@@ -167,8 +212,8 @@ fn queue_response(
     }
 }
 
-async fn read_requests(
-    reader: &mut FrameReader<tokio::net::tcp::OwnedReadHalf>,
+async fn read_requests<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
     handler: &Arc<Handler>,
     limits: &Limits,
     credits: &Arc<Semaphore>,

@@ -74,6 +74,7 @@ impl Handler {
             replication,
             shm_socket: self.shm_socket(),
             served: self.served(),
+            rpc_socket: self.rpc_socket(),
         }
     }
 
