@@ -81,6 +81,8 @@ struct Shared {
     applied_index: AtomicU64,
     config: StateMachineConfig,
     clock: Arc<dyn Clock>,
+    /// Serializes writing snapshot files and adopting them as current.
+    persist_lock: tokio::sync::Mutex<()>,
 }
 
 /// A cheap-clone handle: openraft owns one, the server keeps others for reads.
@@ -146,6 +148,7 @@ impl RegionStateMachine {
                 applied_index: AtomicU64::new(last_applied.map_or(0, |l| l.index)),
                 config,
                 clock,
+                persist_lock: tokio::sync::Mutex::new(()),
             }),
         })
     }
@@ -234,6 +237,20 @@ impl RegionStateMachine {
             }
             (meta, Bytes::from(writer.finish()?))
         };
+        // Builds run beside applies and installs: persist under the
+        // snapshot lock, and never let an older snapshot replace a newer one.
+        let _persisting = self.shared.persist_lock.lock().await;
+        if let Some(current) = self
+            .lock()
+            .snapshot
+            .clone()
+            .filter(|(m, _)| index_of(m) >= index_of(&meta))
+        {
+            return Ok(Snapshot {
+                meta: current.0,
+                snapshot: current.1,
+            });
+        }
         self.persist(&meta, &bytes).await?;
         self.lock().snapshot = Some((meta.clone(), bytes.clone()));
         Ok(Snapshot {
@@ -254,6 +271,10 @@ impl RegionStateMachine {
             })??;
         Ok(())
     }
+}
+
+fn index_of(meta: &SnapshotMeta) -> u64 {
+    meta.last_log_id.map_or(0, |l| l.index)
 }
 
 /// Builds a fresh region from snapshot bytes, validating all of it first.
@@ -361,6 +382,7 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
                 "snapshot bytes describe a different log position than their meta",
             ));
         }
+        let _persisting = self.shared.persist_lock.lock().await;
         self.persist(meta, &snapshot).await?;
         let reader = writer
             .reader(ReaderOptions::for_layout(writer.layout()))

@@ -179,7 +179,10 @@ fn io_error(path: &Path) -> impl FnOnce(io::Error) -> SnapshotError + '_ {
 pub fn persist(dir: &Path, last_index: u64, bytes: &[u8]) -> Result<PathBuf, SnapshotError> {
     fs::create_dir_all(dir).map_err(io_error(dir))?;
     let path = dir.join(format!("{FILE_PREFIX}{last_index:020}{FILE_SUFFIX}"));
-    let tmp = path.with_extension("tmp");
+    // Unique per write: two writers of the same index never share a temp file.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("{}-{n}.tmp", std::process::id()));
     {
         let mut file = fs::File::create(&tmp).map_err(io_error(&tmp))?;
         file.write_all(bytes).map_err(io_error(&tmp))?;
@@ -189,8 +192,10 @@ pub fn persist(dir: &Path, last_index: u64, bytes: &[u8]) -> Result<PathBuf, Sna
     fs::File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io_error(dir))?;
+    // Only older snapshots go: a newer one written meanwhile must stay (file
+    // names sort by index).
     for old in snapshot_files(dir)? {
-        if old != path {
+        if old < path {
             fs::remove_file(&old).map_err(io_error(&old))?;
         }
     }
@@ -224,4 +229,32 @@ pub fn load_latest(dir: &Path) -> Result<Option<Vec<u8>>, SnapshotError> {
         return Ok(None);
     };
     fs::read(&path).map(Some).map_err(io_error(&path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_older_snapshot_never_replaces_a_newer_file() {
+        let dir = tempfile::tempdir().unwrap();
+        persist(dir.path(), 10, b"ten").unwrap();
+        // A slow build of an older index finishing later:
+        persist(dir.path(), 5, b"five").unwrap();
+        assert_eq!(
+            load_latest(dir.path()).unwrap().as_deref(),
+            Some(&b"ten"[..])
+        );
+        persist(dir.path(), 12, b"twelve").unwrap();
+        assert_eq!(
+            load_latest(dir.path()).unwrap().as_deref(),
+            Some(&b"twelve"[..])
+        );
+        // Older files are cleaned up, no temp files are left behind.
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names, vec!["snap-00000000000000000012.bin".to_owned()]);
+    }
 }
