@@ -395,6 +395,7 @@ mod tests {
             shm_socket: None,
             served: Default::default(),
             rpc_socket: None,
+            region_epoch: 1,
         }
     }
 

@@ -34,6 +34,8 @@ use crate::Client;
 
 /// How often the client re-learns which nodes exist and which one leads.
 const TOPOLOGY_TTL: Duration = Duration::from_secs(1);
+/// Budget of each status call of a refresh (GETs wait behind a refresh).
+const STATUS_TIMEOUT: Duration = Duration::from_millis(500);
 /// How long a node whose region could not be attached is left alone.
 const ATTACH_BACKOFF: Duration = Duration::from_secs(2);
 
@@ -157,31 +159,39 @@ impl OneSided {
     /// nodes on this host.
     async fn refresh(&self, client: &Client, topology: &mut Topology) {
         topology.refreshed_at = Some(Instant::now());
-        let Ok(status) = client.status().await else {
+        let Ok(Ok(status)) = tokio::time::timeout(STATUS_TIMEOUT, client.status()).await else {
             return;
         };
         topology.leader = status.leader_id;
         let now = Instant::now();
         for member in &status.members {
+            // Each member's own view: its sockets and its current region's
+            // epoch (a restarted or snapshot-rebuilt node has a new one).
+            let member_status = if member.id == status.id {
+                Some(status.clone())
+            } else {
+                tokio::time::timeout(STATUS_TIMEOUT, client.status_of(&member.client_addr))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+            };
             let node = topology.nodes.entry(member.id).or_default();
-            let usable = node.reader.as_ref().is_some_and(|r| {
+            let current = node.reader.as_ref().is_some_and(|r| {
                 r.dynamic_header()
                     .is_ok_and(|h| h.state == RegionState::Serving)
+                    && member_status
+                        .as_ref()
+                        .is_none_or(|s| s.region_epoch == r.layout().region_epoch)
             });
-            if usable || node.retry_attach_at.is_some_and(|at| at > now) {
+            if current || node.retry_attach_at.is_some_and(|at| at > now) {
                 continue;
             }
             if let Some(old) = node.reader.take() {
                 add_stats(&mut topology.retired_stats, old.stats());
             }
-            let (socket, rpc_socket) = if member.id == status.id {
-                (status.shm_socket.clone(), status.rpc_socket.clone())
-            } else {
-                match client.status_of(&member.client_addr).await {
-                    Ok(s) => (s.shm_socket, s.rpc_socket),
-                    Err(_) => (None, None),
-                }
-            };
+            let (socket, rpc_socket) = member_status
+                .map(|s| (s.shm_socket, s.rpc_socket))
+                .unwrap_or_default();
             let attached = match socket.filter(|p| Path::new(p).exists()) {
                 Some(path) => self.attach(client, Path::new(&path)).await,
                 None => None,
@@ -231,7 +241,8 @@ impl OneSided {
         keys: &[Bytes],
         consistency: Consistency,
     ) -> Option<Vec<Option<Versioned>>> {
-        if client.options().transport == Transport::Tcp {
+        if client.options().transport == Transport::Tcp || consistency == Consistency::Linearizable
+        {
             return None;
         }
         let mut topology = self.topology.lock().await;

@@ -22,11 +22,15 @@ pub async fn serve_http(
 ) {
     loop {
         tokio::select! {
-            accepted = listener.accept() => if let Ok((stream, _)) = accepted {
-                let handler = Arc::clone(&handler);
-                tokio::spawn(async move {
-                    let _ = tokio::time::timeout(REQUEST_TIMEOUT, respond(stream, &handler)).await;
-                });
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let handler = Arc::clone(&handler);
+                    tokio::spawn(async move {
+                        let _ = tokio::time::timeout(REQUEST_TIMEOUT, respond(stream, &handler)).await;
+                    });
+                }
+                // Out of file descriptors and the like: back off, do not spin.
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             },
             _ = shutdown.changed() => return,
         }

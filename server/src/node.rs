@@ -27,6 +27,7 @@ use crate::service::{Handler, serve_clients};
 #[derive(Debug)]
 pub struct Node {
     pub raft: Raft,
+    sm: RegionStateMachine,
     pub handler: Arc<Handler>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -66,6 +67,11 @@ fn raft_config(config: &Config) -> Result<openraft::Config> {
         // corrupted tail cut off on restart) is repaired by resending them,
         // instead of the leader treating it as impossible.
         allow_log_reversion: Some(true),
+        // A restarted leader must not resume leading at once: the region of
+        // its previous incarnation may still be mapped by clients with a lease
+        // that has not run out. Winning an election takes at least the minimum
+        // election timeout, which is exactly the lease's length.
+        enable_leader_restore: Some(false),
         ..openraft::Config::default()
     };
     raft.validate().context("raft configuration")
@@ -79,6 +85,14 @@ fn lease_deadline_us(
     election_timeout_min_ms: u64,
 ) -> Option<u64> {
     if metrics.state != ServerState::Leader {
+        return None;
+    }
+    // A new leader's region may still lack entries its predecessor
+    // committed: it serves one-sided reads only once it has applied an entry
+    // of its own term (its first blank entry), as openraft's own lease reads
+    // wait for it too.
+    let applied_term = metrics.last_applied.map(|l| l.leader_id.term);
+    if applied_term != Some(metrics.current_term) {
         return None;
     }
     let acked = metrics.last_quorum_acked.as_ref()?;
@@ -201,6 +215,7 @@ impl Node {
                 shutdown_rx.clone(),
             )));
         }
+        let sm_handle = sm.clone();
         tasks.push(tokio::spawn(publish_leadership(
             raft.clone(),
             sm,
@@ -228,6 +243,7 @@ impl Node {
         );
         Ok(Node {
             raft,
+            sm: sm_handle,
             handler,
             shutdown,
             tasks,
@@ -237,6 +253,10 @@ impl Node {
 
     /// Stops serving and shuts Raft down (its log is already durable).
     pub async fn stop(self) -> Result<()> {
+        // Clients mapping the region stop trusting it before anything else.
+        if let Err(e) = self.sm.retire() {
+            tracing::warn!("retiring the region: {e}");
+        }
         let _ = self.shutdown.send(true);
         for task in self.tasks {
             task.abort();

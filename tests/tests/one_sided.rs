@@ -116,3 +116,58 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
     }
     result
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_is_mapped_anew() -> Result<()> {
+    // SIGKILL leaves the old region's memfd mapped in the client, still
+    // saying "serving": the new incarnation's region has a new epoch, and
+    // the client must move to it rather than read the dead one.
+    let mut cluster = Cluster::start(1)?;
+    let result = async {
+        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+        let client = cluster.client_with(ClientOptions {
+            request_timeout: Duration::from_secs(3),
+            ..ClientOptions::default()
+        })?;
+        client.put("a", "1").await?;
+        ensure!(client.get("a").await?.is_some_and(|v| v.value == "1"));
+        let epoch_before = cluster.status_of(1).await?.region_epoch;
+        cluster.node_mut(1)?.kill();
+        cluster.restart(1)?;
+        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+        ensure!(cluster.status_of(1).await?.region_epoch != epoch_before);
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while client.put("a", "2").await.is_err() {
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "no write after the restart"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let served_before = client.one_sided_stats().await.served;
+        let mut fresh = 0;
+        while fresh < 50 {
+            match client.get("a").await {
+                Ok(Some(v)) if v.value == "2" => fresh += 1,
+                Ok(other) => bail!("read {other:?} after the restart's write"),
+                Err(_) => {
+                    ensure!(
+                        std::time::Instant::now() < deadline,
+                        "reads never recovered"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+        ensure!(
+            client.one_sided_stats().await.served > served_before,
+            "reads did not go one-sided to the new region"
+        );
+        Ok(())
+    }
+    .await;
+    if result.is_err() {
+        eprintln!("{}", cluster.logs());
+    }
+    result
+}

@@ -67,6 +67,9 @@ pub struct NodeStatus {
     pub served: ServedCounts,
     /// Unix socket serving the native protocol to clients on this host.
     pub rpc_socket: Option<String>,
+    /// Epoch of the region this node serves now (new per process start and
+    /// per installed snapshot): a client mapping another epoch re-attaches.
+    pub region_epoch: u64,
 }
 
 /// Requests answered by one node since it started. One-sided reads never

@@ -241,6 +241,8 @@ impl Handler {
                 }
                 return Ok(());
             }
+            // During a transfer the lease is not trusted (see move_leader).
+            Consistency::Lease if self.sm.lease_suppressed() => ReadPolicy::ReadIndex,
             Consistency::Lease => ReadPolicy::LeaseRead,
             Consistency::Linearizable => ReadPolicy::ReadIndex,
         };
@@ -287,10 +289,22 @@ impl Handler {
 
     async fn mget(&self, keys: &[Bytes], consistency: Consistency) -> Reply {
         self.read_barrier(consistency).await?;
-        let values = keys
-            .iter()
-            .map(|k| self.local(k))
-            .collect::<Result<_, _>>()?;
+        // Stop as soon as the reply could not fit a frame: a batch of large
+        // values must not be gathered in memory just to be refused.
+        let budget = u64::from(self.limits.max_frame_bytes);
+        let mut bytes = 0u64;
+        let mut values = Vec::with_capacity(keys.len());
+        for key in keys {
+            let value = self.local(key)?;
+            bytes += value.as_ref().map_or(0, |v| v.value.len() as u64);
+            if bytes > budget {
+                return Err(ErrorReply::new(
+                    ErrorCode::FrameTooLarge,
+                    format!("the values exceed the {budget}-byte frame limit; ask for fewer keys"),
+                ));
+            }
+            values.push(value);
+        }
         Ok(Response::Values(values))
     }
 
@@ -493,6 +507,15 @@ impl Handler {
             return Ok(Response::Done);
         }
         tracing::info!(to, "transferring leadership");
+        // openraft lets the target win its election while followers' leases
+        // still run, and this node keeps believing it leads until it hears of
+        // the new term: no lease reads from here until an election timeout
+        // after the transfer could have completed.
+        let hold_ms = self.raft.config().election_timeout_max * 2;
+        let until_us = rdkv_storage::state_machine::unix_now_us() + hold_ms * 1000;
+        self.sm
+            .suppress_lease_until(until_us)
+            .map_err(|e| ErrorReply::new(ErrorCode::Internal, e.to_string()))?;
         self.raft
             .trigger()
             .transfer_leader(to)

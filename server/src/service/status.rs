@@ -75,6 +75,7 @@ impl Handler {
             shm_socket: self.shm_socket(),
             served: self.served(),
             rpc_socket: self.rpc_socket(),
+            region_epoch: self.sm().region_epoch(),
         }
     }
 

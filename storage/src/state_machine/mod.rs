@@ -83,6 +83,8 @@ struct Shared {
     clock: Arc<dyn Clock>,
     /// Serializes writing snapshot files and adopting them as current.
     persist_lock: tokio::sync::Mutex<()>,
+    /// No lease is published before this (unix µs): see `suppress_lease_until`.
+    lease_suppressed_until_us: AtomicU64,
 }
 
 /// A cheap-clone handle: openraft owns one, the server keeps others for reads.
@@ -120,12 +122,16 @@ impl RegionStateMachine {
     /// Creates the region and loads the newest persisted snapshot, if any.
     pub fn open(config: StateMachineConfig) -> Result<RegionStateMachine, StateMachineError> {
         let clock: Arc<dyn Clock> = Arc::new(MonotonicClock::new());
+        // Every process incarnation starts at a new epoch (later regions of
+        // it count up from there), so a client still mapping the region of a
+        // previous incarnation can tell it is not the current one.
+        let first_epoch = unix_now_us().max(1);
         let (writer, meta, data) = match snapshot::load_latest(&config.snapshot_dir)? {
             Some(bytes) => {
-                let (writer, meta) = load_region(&config, &clock, 1, &bytes)?;
+                let (writer, meta) = load_region(&config, &clock, first_epoch, &bytes)?;
                 (writer, Some(meta), Some(Bytes::from(bytes)))
             }
-            None => (new_region(&config, &clock, 1)?, None, None),
+            None => (new_region(&config, &clock, first_epoch)?, None, None),
         };
         let reader = writer.reader(ReaderOptions::for_layout(writer.layout()))?;
         let last_applied = meta.as_ref().and_then(|m| m.last_log_id);
@@ -149,6 +155,7 @@ impl RegionStateMachine {
                 config,
                 clock,
                 persist_lock: tokio::sync::Mutex::new(()),
+                lease_suppressed_until_us: AtomicU64::new(0),
             }),
         })
     }
@@ -188,6 +195,20 @@ impl RegionStateMachine {
         Arc::clone(self.lock().writer.memory())
     }
 
+    /// The current region's epoch.
+    pub fn region_epoch(&self) -> u64 {
+        self.lock().writer.layout().region_epoch
+    }
+
+    /// Marks the current region retired and withdraws its lease: on a clean
+    /// shutdown, so that clients mapping it stop reading it at once.
+    pub fn retire(&self) -> Result<(), StateMachineError> {
+        let state = self.lock();
+        state.writer.publish_lease(None)?;
+        state.writer.retire_region()?;
+        Ok(())
+    }
+
     pub fn applied_index(&self) -> u64 {
         self.shared.applied_index.load(Ordering::Acquire)
     }
@@ -196,12 +217,33 @@ impl RegionStateMachine {
         self.lock().writer.stats()
     }
 
+    /// Withdraws the lease now and keeps it withdrawn until `until_unix_us`:
+    /// during a leadership transfer the target may be elected (and commit)
+    /// while this node still believes it leads.
+    pub fn suppress_lease_until(&self, until_unix_us: u64) -> Result<(), StateMachineError> {
+        self.shared
+            .lease_suppressed_until_us
+            .fetch_max(until_unix_us, Ordering::AcqRel);
+        self.lock().writer.publish_lease(None)?;
+        Ok(())
+    }
+
+    /// Whether lease reads must not be served (a transfer is under way).
+    pub fn lease_suppressed(&self) -> bool {
+        unix_now_us()
+            < self
+                .shared
+                .lease_suppressed_until_us
+                .load(Ordering::Acquire)
+    }
+
     /// Publishes the Raft term and the leader lease in the region header.
     pub fn publish_leadership(
         &self,
         term: u64,
         lease_deadline_unix_us: Option<u64>,
     ) -> Result<(), StateMachineError> {
+        let lease_deadline_unix_us = lease_deadline_unix_us.filter(|_| !self.lease_suppressed());
         let state = self.lock();
         state.writer.publish_term(term)?;
         state.writer.publish_lease(lease_deadline_unix_us)?;
