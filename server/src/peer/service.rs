@@ -165,7 +165,8 @@ async fn snapshot_chunk(
         ));
     }
     if offset == 0 {
-        *incoming = Some((meta.clone(), BytesMut::with_capacity(total_bytes as usize)));
+        // Grown as chunks arrive, not reserved up front for the announced size.
+        *incoming = Some((meta.clone(), BytesMut::new()));
     }
     let Some((expected_meta, buf)) = incoming.as_mut() else {
         return Err("snapshot chunk without a first chunk".into());

@@ -26,6 +26,8 @@ const MAX_SNAPSHOT_CHUNK_BYTES: u32 = 4 * 1024 * 1024;
 /// periods), and a follower must never be the one that runs out.
 const WRITE_HEADROOM_PERCENT: u64 = 5;
 const MOVE_LEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a write may wait to commit, or a read to confirm leadership.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug)]
 pub struct Handler {
@@ -247,14 +249,32 @@ impl Handler {
             Consistency::Linearizable => ReadPolicy::ReadIndex,
         };
         let lease = matches!(consistency, Consistency::Lease);
-        match self.raft.ensure_linearizable(policy).await {
+        let confirmed =
+            tokio::time::timeout(REQUEST_TIMEOUT, self.raft.ensure_linearizable(policy))
+                .await
+                .map_err(|_| {
+                    ErrorReply::new(
+                        ErrorCode::Unavailable,
+                        format!("leadership not confirmed within {REQUEST_TIMEOUT:?}"),
+                    )
+                })?;
+        match confirmed {
             Ok(_) => Ok(()),
             // The lease has lapsed (no quorum contact lately): a ReadIndex
             // round confirms leadership instead.
             Err(RaftError::APIError(LinearizableReadError::QuorumNotEnough(_))) if lease => {
-                match self.raft.ensure_linearizable(ReadPolicy::ReadIndex).await {
-                    Ok(_) => Ok(()),
-                    Err(e) => Err(self.read_error(e)),
+                match tokio::time::timeout(
+                    REQUEST_TIMEOUT,
+                    self.raft.ensure_linearizable(ReadPolicy::ReadIndex),
+                )
+                .await
+                {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(e)) => Err(self.read_error(e)),
+                    Err(_) => Err(ErrorReply::new(
+                        ErrorCode::Unavailable,
+                        format!("leadership not confirmed within {REQUEST_TIMEOUT:?}"),
+                    )),
                 }
             }
             Err(e) => Err(self.read_error(e)),
@@ -342,10 +362,18 @@ impl Handler {
             return Err(self.current_leader_error());
         }
         self.admit(&command)?;
-        let response = self
-            .raft
-            .client_write(command)
+        // A leader cut off from its quorum would hold the request (and the
+        // connection's credit) forever: bound it; the outcome is then unknown.
+        let response = tokio::time::timeout(REQUEST_TIMEOUT, self.raft.client_write(command))
             .await
+            .map_err(|_| {
+                ErrorReply::new(
+                    ErrorCode::Timeout,
+                    format!(
+                        "not committed within {REQUEST_TIMEOUT:?}: it may or may not be applied"
+                    ),
+                )
+            })?
             .map_err(|e| self.write_error(e))?;
         match response.data {
             CommandResult::Written { version } => Ok(Response::Written { version }),
