@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use rdkv_proto::wire::{
     ClientHello, Consistency, ErrorCode, Health, MemberInfo, NodeStatus, Request, Response,
-    SnapshotChunk, Versioned,
+    SnapshotChunk, Update, UpdateOutcome, Versioned,
 };
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::time::{Instant, sleep_until};
@@ -335,6 +335,19 @@ impl Client {
         match self.write(Request::MPut { pairs }).await? {
             Response::MWritten { version } => Ok(version),
             other => Err(unexpected("MPut", &other)),
+        }
+    }
+
+    /// A read-modify-write of `key` applied atomically by the leader's state
+    /// machine (INCR, APPEND, conditional SET).
+    pub async fn update(&self, key: impl Into<Bytes>, update: Update) -> Result<UpdateOutcome> {
+        let request = Request::Update {
+            key: key.into(),
+            update,
+        };
+        match self.write(request).await? {
+            Response::Updated(outcome) => Ok(outcome),
+            other => Err(unexpected("Update", &other)),
         }
     }
 

@@ -8,11 +8,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use rdkv_proto::wire::Consistency;
 use serde::Deserialize;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7379";
 pub const DEFAULT_PEER_LISTEN: &str = "127.0.0.1:7380";
 pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:9379";
+pub const DEFAULT_RESP_LISTEN: &str = "127.0.0.1:6380";
 pub const DEFAULT_DATA_DIR: &str = "rdkv-data";
 /// A grace period below this cannot cover a slow reader (see ARCHITECTURE.md).
 pub const MIN_GRACE_PERIOD_MS: u64 = 10;
@@ -42,6 +44,13 @@ pub struct Args {
     /// Health and status HTTP address. Default 127.0.0.1:9379; `off` disables.
     #[arg(long, env = "RDKV_HTTP_LISTEN")]
     pub http_listen: Option<String>,
+    /// RESP (Redis protocol) address. Default 127.0.0.1:6380; `off` disables.
+    #[arg(long, env = "RDKV_RESP_LISTEN")]
+    pub resp_listen: Option<String>,
+    /// Consistency of reads through the RESP port: `linearizable` (default),
+    /// `lease`, or `follower:N` (this replica if at most N entries behind).
+    #[arg(long, env = "RDKV_RESP_READ_CONSISTENCY")]
+    pub resp_read_consistency: Option<String>,
     /// Unix socket of the `shm` transport (local clients map the region
     /// read-only). Default `<data-dir>/rdkv.sock`; `off` disables.
     #[arg(long, env = "RDKV_SHM_SOCKET")]
@@ -94,6 +103,8 @@ struct FileConfig {
     listen: Option<SocketAddr>,
     peer_listen: Option<SocketAddr>,
     http_listen: Option<String>,
+    resp_listen: Option<String>,
+    resp_read_consistency: Option<String>,
     shm_socket: Option<String>,
     rpc_socket: Option<String>,
     initial_cluster: Option<String>,
@@ -122,6 +133,9 @@ pub struct Config {
     pub listen: SocketAddr,
     pub peer_listen: SocketAddr,
     pub http_listen: Option<SocketAddr>,
+    /// The RESP front end's address; `None`: off.
+    pub resp_listen: Option<SocketAddr>,
+    pub resp_read_consistency: Consistency,
     pub shm_socket: Option<PathBuf>,
     pub rpc_socket: Option<PathBuf>,
     /// id -> peer address; empty when joining.
@@ -163,6 +177,18 @@ pub fn parse_initial_cluster(spec: &str) -> Result<BTreeMap<u64, String>> {
     Ok(members)
 }
 
+/// `linearizable`, `lease` or `follower:N`.
+pub fn parse_consistency(text: &str) -> Result<Consistency> {
+    match text {
+        "linearizable" => Ok(Consistency::Linearizable),
+        "lease" => Ok(Consistency::Lease),
+        other => match other.strip_prefix("follower:").map(str::parse::<u64>) {
+            Some(Ok(max_lag_entries)) => Ok(Consistency::Follower { max_lag_entries }),
+            _ => bail!("read consistency {other:?} is not linearizable, lease or follower:N"),
+        },
+    }
+}
+
 fn read_file(path: &Path) -> Result<FileConfig> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading config file {}", path.display()))?;
@@ -202,6 +228,21 @@ impl Config {
             "off" => None,
             addr => Some(parse_addr("http-listen", addr)?),
         };
+        let resp_listen = match args
+            .resp_listen
+            .or(file.resp_listen)
+            .unwrap_or_else(|| DEFAULT_RESP_LISTEN.to_owned())
+            .as_str()
+        {
+            "off" => None,
+            addr => Some(parse_addr("resp-listen", addr)?),
+        };
+        let resp_read_consistency = parse_consistency(
+            args.resp_read_consistency
+                .or(file.resp_read_consistency)
+                .as_deref()
+                .unwrap_or("linearizable"),
+        )?;
         let join = args.join.or(file.join);
         let initial_cluster = match (args.initial_cluster.or(file.initial_cluster), &join) {
             (Some(_), Some(_)) => bail!("--initial-cluster and --join are exclusive"),
@@ -214,7 +255,7 @@ impl Config {
         }
         let token = args.token.or(file.token).filter(|t| !t.is_empty());
         let insecure = args.insecure || file.insecure.unwrap_or(false);
-        let exposed = [Some(listen), Some(peer_listen), http_listen]
+        let exposed = [Some(listen), Some(peer_listen), http_listen, resp_listen]
             .into_iter()
             .flatten()
             .any(|addr| !addr.ip().is_loopback());
@@ -270,6 +311,8 @@ impl Config {
             listen,
             peer_listen,
             http_listen,
+            resp_listen,
+            resp_read_consistency,
             initial_cluster,
             join,
             token,
@@ -325,6 +368,22 @@ mod tests {
         assert!(Config::resolve(args(&open)).is_err());
         assert!(Config::resolve(args(&[&open[..], &["--token", "s3cret"]].concat())).is_ok());
         assert!(Config::resolve(args(&[&open[..], &["--insecure"]].concat())).is_ok());
+    }
+
+    #[test]
+    fn resp_listen_defaults_and_can_be_turned_off() {
+        let config = Config::resolve(args(&[])).unwrap();
+        assert_eq!(config.resp_listen.unwrap().to_string(), DEFAULT_RESP_LISTEN);
+        assert_eq!(config.resp_read_consistency, Consistency::Linearizable);
+        let config = Config::resolve(args(&["--resp-listen", "off"])).unwrap();
+        assert!(config.resp_listen.is_none());
+        assert!(Config::resolve(args(&["--resp-listen", "0.0.0.0:6380"])).is_err());
+        let config = Config::resolve(args(&["--resp-read-consistency", "follower:5"])).unwrap();
+        assert_eq!(
+            config.resp_read_consistency,
+            Consistency::Follower { max_lag_entries: 5 }
+        );
+        assert!(Config::resolve(args(&["--resp-read-consistency", "eventual"])).is_err());
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! - [`peer`]: Raft traffic between nodes.
 //! - [`service`]: the native client protocol.
 //! - [`http`]: health, status and metrics for probes.
+//! - [`resp`]: the RESP (Redis protocol) front end.
 
 pub mod config;
 mod framed;
@@ -13,6 +14,7 @@ pub mod http;
 mod join;
 pub mod node;
 pub mod peer;
+pub mod resp;
 pub mod service;
 
 use rdkv_storage::raft::TypeConfig;

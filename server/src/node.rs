@@ -23,6 +23,25 @@ use crate::config::Config;
 use crate::peer::{PeerContext, PeerNetwork, SNAPSHOT_CHUNK_BYTES, serve_peers};
 use crate::service::{Handler, serve_clients};
 
+/// Background tasks of a node, aborted when dropped: a start that fails
+/// half-way leaves nothing running.
+#[derive(Debug, Default)]
+struct Tasks(Vec<tokio::task::JoinHandle<()>>);
+
+impl Tasks {
+    fn push(&mut self, task: tokio::task::JoinHandle<()>) {
+        self.0.push(task);
+    }
+}
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
 /// What a started node exposes to its owner (main, or a test).
 #[derive(Debug)]
 pub struct Node {
@@ -30,7 +49,7 @@ pub struct Node {
     sm: RegionStateMachine,
     pub handler: Arc<Handler>,
     shutdown: watch::Sender<bool>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    tasks: Tasks,
     /// Held for the node's lifetime: a second process on the same data
     /// directory would corrupt it.
     _lock: File,
@@ -112,6 +131,14 @@ impl Node {
         let peer_listener = TcpListener::bind(config.peer_listen)
             .await
             .with_context(|| format!("binding the peer address {}", config.peer_listen))?;
+        let resp_listener = match config.resp_listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the resp address {addr}"))?,
+            ),
+            None => None,
+        };
         let http_listener = match config.http_listen {
             Some(addr) => Some(
                 TcpListener::bind(addr)
@@ -162,9 +189,47 @@ impl Node {
         )
         .await
         .context("starting raft")?;
+        match Self::serve(
+            config,
+            raft.clone(),
+            sm,
+            peers,
+            election_timeout_min_ms,
+            limits,
+            client_listener,
+            peer_listener,
+            http_listener,
+            resp_listener,
+            lock,
+        )
+        .await
+        {
+            Ok(node) => Ok(node),
+            Err(e) => {
+                // Raft is running and owns the log: stop it before giving up.
+                let _ = raft.shutdown().await;
+                Err(e)
+            }
+        }
+    }
 
+    #[allow(clippy::too_many_arguments)]
+    async fn serve(
+        config: Config,
+        raft: Raft,
+        sm: RegionStateMachine,
+        peers: Arc<PeerContext>,
+        election_timeout_min_ms: u64,
+        limits: Limits,
+        client_listener: TcpListener,
+        peer_listener: TcpListener,
+        http_listener: Option<TcpListener>,
+        resp_listener: Option<TcpListener>,
+        lock: File,
+    ) -> Result<Node> {
+        let client_addr = config.listen.to_string();
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let mut tasks = Vec::new();
+        let mut tasks = Tasks::default();
         tasks.push(tokio::spawn(serve_peers(
             peer_listener,
             raft.clone(),
@@ -205,6 +270,20 @@ impl Node {
                 config.token.clone(),
                 config.id,
                 move || Some(sm_for_shm.region_memory()),
+                shutdown_rx.clone(),
+            )));
+        }
+        if let Some(listener) = resp_listener {
+            let port = listener.local_addr().map_or(0, |a| a.port());
+            let resp = Arc::new(crate::resp::RespServer::new(
+                Arc::clone(&handler),
+                config.resp_read_consistency,
+                config.token.clone(),
+                port,
+            ));
+            tasks.push(tokio::spawn(crate::resp::serve_resp(
+                listener,
+                resp,
                 shutdown_rx.clone(),
             )));
         }
@@ -258,9 +337,7 @@ impl Node {
             tracing::warn!("retiring the region: {e}");
         }
         let _ = self.shutdown.send(true);
-        for task in self.tasks {
-            task.abort();
-        }
+        drop(self.tasks);
         self.raft
             .shutdown()
             .await

@@ -195,3 +195,100 @@ async fn corrupt_or_truncated_snapshots_are_refused_and_change_nothing() {
     assert_eq!(value_of(&other, "z"), Some(("9".into(), 9)));
     assert_eq!(other.applied_index(), 9);
 }
+
+fn update(key: &str, update: rdkv_proto::wire::Update) -> Command {
+    Command::Update {
+        key: b(key),
+        update,
+    }
+}
+
+/// Read-modify-write commands decide from the region's current value, so
+/// every replica applying the same entries ends with the same values.
+#[tokio::test]
+async fn updates_apply_atomically_from_the_current_value() {
+    use rdkv_proto::wire::{SetCondition, Update};
+    let set_if = |value: &str, condition, return_old| Update::SetIf {
+        value: b(value),
+        condition,
+        return_old,
+    };
+    let entries = || {
+        vec![
+            // Absent counts as 0.
+            normal(1, update("n", Update::Incr { delta: 5 })),
+            normal(2, update("n", Update::Incr { delta: -7 })),
+            normal(
+                3,
+                Command::Put {
+                    key: b("s"),
+                    value: b("abc"),
+                },
+            ),
+            // Not an integer: nothing changes.
+            normal(4, update("s", Update::Incr { delta: 1 })),
+            normal(
+                5,
+                Command::Put {
+                    key: b("z"),
+                    value: b("007"),
+                },
+            ),
+            normal(6, update("z", Update::Incr { delta: 1 })),
+            // Overflow: nothing changes.
+            normal(
+                7,
+                Command::Put {
+                    key: b("max"),
+                    value: b(&i64::MAX.to_string()),
+                },
+            ),
+            normal(8, update("max", Update::Incr { delta: 1 })),
+            normal(9, update("s", Update::Append { suffix: b("de") })),
+            normal(10, update("new", Update::Append { suffix: b("x") })),
+            // NX on an existing key and XX on an absent one do nothing.
+            normal(11, update("s", set_if("no", SetCondition::IfAbsent, false))),
+            normal(
+                12,
+                update("absent", set_if("no", SetCondition::IfPresent, true)),
+            ),
+            normal(
+                13,
+                update("nx", set_if("yes", SetCondition::IfAbsent, false)),
+            ),
+            normal(
+                14,
+                update("new", set_if("xx", SetCondition::IfPresent, true)),
+            ),
+            normal(15, update("g", set_if("first", SetCondition::Always, true))),
+            // Too large an append is refused.
+            normal(
+                16,
+                update(
+                    "new",
+                    Update::Append {
+                        suffix: Bytes::from(vec![b'a'; 1024 * 1024]),
+                    },
+                ),
+            ),
+        ]
+    };
+    let check = |sm: &RegionStateMachine| {
+        assert_eq!(value_of(sm, "n"), Some(("-2".into(), 2)));
+        assert_eq!(value_of(sm, "s"), Some(("abcde".into(), 9)));
+        assert_eq!(value_of(sm, "z"), Some(("007".into(), 5)));
+        assert_eq!(value_of(sm, "max"), Some((i64::MAX.to_string(), 7)));
+        assert_eq!(value_of(sm, "absent"), None);
+        assert_eq!(value_of(sm, "nx"), Some(("yes".into(), 13)));
+        assert_eq!(value_of(sm, "new"), Some(("xx".into(), 14)));
+        assert_eq!(value_of(sm, "g"), Some(("first".into(), 15)));
+    };
+    // Two replicas: the same entries give the same region.
+    for _ in 0..2 {
+        let dir = tempfile::tempdir().unwrap();
+        let mut sm = RegionStateMachine::open(config(dir.path())).unwrap();
+        apply(&mut sm, entries()).await;
+        check(&sm);
+        assert_eq!(sm.applied_index(), 16);
+    }
+}

@@ -134,6 +134,14 @@ impl Request {
                     limits.check_value(value)
                 })
             }
+            Self::Update { key, update } => {
+                limits.check_key(key)?;
+                match update {
+                    super::message::Update::Incr { .. } => Ok(()),
+                    super::message::Update::Append { suffix: value }
+                    | super::message::Update::SetIf { value, .. } => limits.check_value(value),
+                }
+            }
             // Admin requests carry no keys or values; the server checks their
             // arguments against the cluster state.
             Self::Ping

@@ -91,6 +91,59 @@ pub enum Request {
     /// snapshot is built if the node has none); answered with
     /// [`Response::Snapshot`].
     SnapshotRead { offset: u64, max_bytes: u32 },
+    /// A read-modify-write of one key applied atomically by the state machine
+    /// (INCR, APPEND, SET NX/XX/GET of the RESP front end); answered with
+    /// [`Response::Updated`].
+    Update { key: Bytes, update: Update },
+}
+
+/// What a [`Request::Update`] does to its key. Append-only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Update {
+    /// Adds `delta` to the key's value read as a decimal `i64` (an absent key
+    /// counts as 0) and stores the result in decimal.
+    Incr { delta: i64 },
+    /// Appends `suffix` to the key's value (an absent key counts as empty).
+    Append { suffix: Bytes },
+    /// Writes `value` if `condition` holds; with `return_old` the outcome
+    /// carries the previous value.
+    SetIf {
+        value: Bytes,
+        condition: SetCondition,
+        return_old: bool,
+    },
+}
+
+/// When a [`Update::SetIf`] writes. Append-only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SetCondition {
+    Always,
+    /// Only if the key is absent (Redis NX).
+    IfAbsent,
+    /// Only if the key exists (Redis XX).
+    IfPresent,
+}
+
+/// The outcome of a [`Request::Update`]; `version` is the log index of the
+/// entry that applied it (also when nothing was written). Append-only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UpdateOutcome {
+    /// `Incr`: the new value.
+    Integer { value: i64, version: u64 },
+    /// `Append`: the value's new length.
+    Length { len: u64, version: u64 },
+    /// `SetIf`: whether it wrote, and (with `return_old`) the previous value.
+    Set {
+        written: bool,
+        old: Option<Bytes>,
+        version: u64,
+    },
+    /// `Incr` on a value that is not a decimal `i64`, or an overflow; nothing
+    /// was written.
+    NotAnInteger { version: u64 },
+    /// `Append` would make the value larger than the value limit; nothing
+    /// was written.
+    TooLarge { len: u64, version: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -131,6 +184,7 @@ pub enum Response {
     Members(Vec<MemberInfo>),
     Done,
     Snapshot(SnapshotChunk),
+    Updated(UpdateOutcome),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -37,5 +37,8 @@ pub use limits::{
     DEFAULT_MAX_BATCH_KEYS, DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, Limits,
     SINGLE_ENTRY_OVERHEAD_BYTES,
 };
-pub use message::{Consistency, ErrorCode, ErrorReply, LeaderHint, Request, Response, Versioned};
+pub use message::{
+    Consistency, ErrorCode, ErrorReply, LeaderHint, Request, Response, SetCondition, Update,
+    UpdateOutcome, Versioned,
+};
 pub use shm::{MAX_SHM_GRANT_BYTES, SHM_GRANT_PREFIX_BYTES, ShmGrant};

@@ -11,7 +11,7 @@ use openraft::errors::{ClientWriteError, LinearizableReadError, RaftError};
 use openraft::{ChangeMembers, ReadPolicy};
 use rdkv_proto::wire::{
     Consistency, ErrorCode, ErrorReply, LeaderHint, Limits, MemberInfo, Request, Response,
-    ServedCounts, SnapshotChunk,
+    ServedCounts, SnapshotChunk, Update,
 };
 use rdkv_storage::raft::{Command, CommandResult, NodeAddr, TypeConfig};
 use rdkv_storage::state_machine::RegionStateMachine;
@@ -63,6 +63,7 @@ impl Served {
             Request::Delete { .. } => &self.delete,
             Request::Cas { .. } => &self.cas,
             Request::MPut { .. } => &self.mput,
+            Request::Update { .. } => &self.put,
             _ => &self.admin,
         };
         counter.fetch_add(1, Ordering::Relaxed);
@@ -140,6 +141,11 @@ impl Handler {
         self.limits
     }
 
+    /// Keys held by this node's region (DBSIZE).
+    pub fn live_keys(&self) -> u64 {
+        self.sm.region_stats().live_keys
+    }
+
     pub(super) fn raft(&self) -> &Raft {
         &self.raft
     }
@@ -188,6 +194,7 @@ impl Handler {
             Request::SnapshotRead { offset, max_bytes } => {
                 self.snapshot_read(offset, max_bytes).await
             }
+            Request::Update { key, update } => self.write(Command::Update { key, update }).await,
         };
         reply.unwrap_or_else(Response::Error)
     }
@@ -338,6 +345,14 @@ impl Handler {
                 ..
             } => (key.len() + value.len()) as u64,
             Command::MPut { pairs } => pairs.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum(),
+            Command::Update { key, update } => {
+                let grows = match update {
+                    Update::Incr { .. } => 20,
+                    Update::Append { suffix } => suffix.len(),
+                    Update::SetIf { value, .. } => value.len(),
+                };
+                (key.len() + grows) as u64
+            }
             Command::Delete { .. }
             | Command::Cas {
                 new_value: None, ..
@@ -390,6 +405,7 @@ impl Handler {
                 current,
             }),
             CommandResult::MWritten { version } => Ok(Response::MWritten { version }),
+            CommandResult::Updated(outcome) => Ok(Response::Updated(outcome)),
             CommandResult::Failed {
                 region_full,
                 message,
@@ -430,7 +446,7 @@ impl Handler {
         }
     }
 
-    pub(super) fn members(&self) -> Vec<MemberInfo> {
+    pub(crate) fn members(&self) -> Vec<MemberInfo> {
         let metrics = self.raft.metrics().borrow_watched().clone();
         let membership = metrics.membership_config.membership();
         let voters: BTreeSet<u64> = membership.voter_ids().collect();

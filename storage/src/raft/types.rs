@@ -5,7 +5,7 @@
 use std::fmt;
 
 use bytes::Bytes;
-use rdkv_proto::wire::Versioned;
+use rdkv_proto::wire::{Update, UpdateOutcome, Versioned};
 use serde::{Deserialize, Serialize};
 
 /// A state-machine command. Append-only (postcard encodes the variant index,
@@ -30,6 +30,12 @@ pub enum Command {
     MPut {
         pairs: Vec<(Bytes, Bytes)>,
     },
+    /// A read-modify-write of one key (INCR, APPEND, SET NX/XX/GET), decided
+    /// and applied by the state machine so that it is atomic.
+    Update {
+        key: Bytes,
+        update: Update,
+    },
 }
 
 impl fmt::Display for Command {
@@ -46,6 +52,7 @@ impl fmt::Display for Command {
             Command::Delete { key } => write!(f, "delete {} bytes key", key.len()),
             Command::Cas { key, .. } => write!(f, "cas {} bytes key", key.len()),
             Command::MPut { pairs } => write!(f, "mput {} pairs", pairs.len()),
+            Command::Update { key, .. } => write!(f, "update {} bytes key", key.len()),
         }
     }
 }
@@ -76,6 +83,8 @@ pub enum CommandResult {
     },
     /// For blank and membership entries, which have no client.
     None,
+    /// The outcome of a `Command::Update`.
+    Updated(UpdateOutcome),
 }
 
 /// How to reach a member: Raft traffic and client traffic use different ports.

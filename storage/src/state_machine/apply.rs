@@ -1,6 +1,8 @@
 //! Applying one log entry to the region.
 
+use bytes::Bytes;
 use openraft::EntryPayload;
+use rdkv_proto::wire::{SetCondition, Update, UpdateOutcome};
 
 use super::State;
 use crate::raft::{Command, CommandResult, Entry, StoredMembership};
@@ -132,6 +134,113 @@ fn apply_command(
                 }
             }
             Applied::Done(CommandResult::MWritten { version })
+        }
+        Command::Update { key, update } => apply_update(writer, key, update, version, give_up),
+    }
+}
+
+/// Reads a value as Redis reads an integer: canonical decimal `i64` only
+/// (no spaces, no `+`, no leading zeros).
+pub fn parse_integer(value: &[u8]) -> Option<i64> {
+    let text = std::str::from_utf8(value).ok()?;
+    let n: i64 = text.parse().ok()?;
+    (n.to_string() == text).then_some(n)
+}
+
+/// A read-modify-write: decided from the key's current value in the region,
+/// so every replica reaches the same outcome.
+fn apply_update(
+    writer: &mut RegionWriter,
+    key: &Bytes,
+    update: &Update,
+    version: u64,
+    give_up: bool,
+) -> Applied {
+    let current = match writer.get(key) {
+        Ok(current) => current.map(|v| v.value),
+        Err(e) => return Applied::Done(failed(&e)),
+    };
+    let (new_value, outcome) = match update {
+        Update::Incr { delta } => {
+            let base = match current.as_deref().map(parse_integer) {
+                None => 0,
+                Some(Some(n)) => n,
+                Some(None) => {
+                    return Applied::Done(CommandResult::Updated(UpdateOutcome::NotAnInteger {
+                        version,
+                    }));
+                }
+            };
+            let Some(value) = base.checked_add(*delta) else {
+                return Applied::Done(CommandResult::Updated(UpdateOutcome::NotAnInteger {
+                    version,
+                }));
+            };
+            (
+                Bytes::from(value.to_string()),
+                UpdateOutcome::Integer { value, version },
+            )
+        }
+        Update::Append { suffix } => {
+            let mut value = current.map(|c| c.to_vec()).unwrap_or_default();
+            let len = (value.len() + suffix.len()) as u64;
+            if len > u64::from(writer.layout().max_value_bytes) {
+                return Applied::Done(CommandResult::Updated(UpdateOutcome::TooLarge {
+                    len,
+                    version,
+                }));
+            }
+            value.extend_from_slice(suffix);
+            (Bytes::from(value), UpdateOutcome::Length { len, version })
+        }
+        Update::SetIf {
+            value,
+            condition,
+            return_old,
+        } => {
+            let write = match condition {
+                SetCondition::Always => true,
+                SetCondition::IfAbsent => current.is_none(),
+                SetCondition::IfPresent => current.is_some(),
+            };
+            let outcome = UpdateOutcome::Set {
+                written: write,
+                old: if *return_old { current } else { None },
+                version,
+            };
+            if !write {
+                return Applied::Done(CommandResult::Updated(outcome));
+            }
+            (value.clone(), outcome)
+        }
+    };
+    match writer.put(key, &new_value, version) {
+        Ok(_) => Applied::Done(CommandResult::Updated(outcome)),
+        Err(e) => on_error(writer, &e, 0, give_up),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_integer;
+
+    #[test]
+    fn integers_are_read_as_redis_reads_them() {
+        assert_eq!(parse_integer(b"0"), Some(0));
+        assert_eq!(parse_integer(b"-12"), Some(-12));
+        assert_eq!(parse_integer(b"9223372036854775807"), Some(i64::MAX));
+        for bad in [
+            &b""[..],
+            b"+1",
+            b" 1",
+            b"1 ",
+            b"01",
+            b"-0",
+            b"1.5",
+            b"9223372036854775808",
+            b"\xff",
+        ] {
+            assert_eq!(parse_integer(bad), None, "{bad:?}");
         }
     }
 }

@@ -1,0 +1,475 @@
+//! RESP2 request parsing: arrays of bulk strings and inline commands.
+//!
+//! Incremental: [`parse_command`] looks at the bytes received so far and
+//! either returns one complete command (and how many bytes it used), says it
+//! needs more, or reports a protocol error (the connection is then closed).
+//! Every length is checked against [`ParseLimits`] before anything is
+//! allocated or waited for, so a peer cannot make the server buffer more than
+//! one bounded command.
+
+use bytes::{Bytes, BytesMut};
+
+/// Bounds on one command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ParseLimits {
+    /// Largest bulk string (the value limit plus slack for keys and options).
+    pub max_bulk_bytes: usize,
+    /// Most elements in one command array.
+    pub max_array_len: usize,
+    /// Longest inline command line (and longest `*`/`$` header line).
+    pub max_inline_bytes: usize,
+    /// Largest whole command, headers included.
+    pub max_command_bytes: usize,
+}
+
+impl ParseLimits {
+    /// Limits derived from the node's value and batch limits.
+    pub fn for_values(max_value_bytes: u32, max_batch_keys: u32) -> ParseLimits {
+        let max_bulk_bytes = max_value_bytes as usize + 4096;
+        let max_array_len = max_batch_keys as usize * 2 + 16;
+        ParseLimits {
+            max_bulk_bytes,
+            max_array_len,
+            max_inline_bytes: 64 * 1024,
+            // An MSET of a full batch of maximal values is refused anyway by
+            // the batch limits; a command may carry a few large values.
+            max_command_bytes: max_bulk_bytes * 4 + max_array_len * 64,
+        }
+    }
+}
+
+impl Default for ParseLimits {
+    fn default() -> Self {
+        ParseLimits::for_values(
+            rdkv_proto::wire::DEFAULT_MAX_VALUE_BYTES,
+            rdkv_proto::wire::DEFAULT_MAX_BATCH_KEYS,
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("invalid multibulk length")]
+    BadArrayLength,
+    #[error("invalid bulk length")]
+    BadBulkLength,
+    #[error("expected '$', got '{0}'")]
+    ExpectedBulk(char),
+    #[error("too big inline request")]
+    InlineTooLong,
+    #[error("too big mbulk count string")]
+    HeaderTooLong,
+    #[error("command of {0} bytes or more exceeds the {1}-byte limit")]
+    CommandTooLarge(usize, usize),
+    #[error("unbalanced quotes in request")]
+    UnbalancedQuotes,
+    #[error("expected CRLF after a bulk string")]
+    MissingCrlf,
+}
+
+/// Outcome of looking at the buffered bytes.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Parsed {
+    /// Not enough bytes yet.
+    Incomplete,
+    /// A command (possibly empty: an empty inline line), using `len` bytes.
+    Command { args: Vec<Bytes>, len: usize },
+}
+
+/// Position of the `\n` ending the line starting at `start`, looking at no
+/// more than `max` bytes; `Err(())` if the line is longer.
+fn find_line(buf: &[u8], start: usize, max: usize) -> Result<Option<usize>, ()> {
+    let end = buf.len().min(start.saturating_add(max + 2));
+    match buf[start..end].iter().position(|&b| b == b'\n') {
+        Some(i) => Ok(Some(start + i)),
+        None if end - start >= max + 2 => Err(()),
+        None => Ok(None),
+    }
+}
+
+/// Parses a decimal integer header (after its type byte), `\r\n` ended.
+fn header_number(line: &[u8]) -> Option<i64> {
+    let line = line.strip_suffix(b"\r")?;
+    if line.is_empty() || line.len() > 20 {
+        return None;
+    }
+    std::str::from_utf8(line).ok()?.parse().ok()
+}
+
+/// Looks for one complete command at the start of `buf` without consuming it.
+pub fn parse_command(buf: &[u8], limits: &ParseLimits) -> Result<Parsed, ProtocolError> {
+    // A lone slice of offsets first: nothing is copied until the command is complete.
+    match buf.first() {
+        None => Ok(Parsed::Incomplete),
+        Some(b'*') => parse_array(buf, limits),
+        Some(_) => parse_inline(buf, limits),
+    }
+}
+
+fn parse_array(buf: &[u8], limits: &ParseLimits) -> Result<Parsed, ProtocolError> {
+    let Some(nl) = find_line(buf, 0, 32).map_err(|()| ProtocolError::HeaderTooLong)? else {
+        return Ok(Parsed::Incomplete);
+    };
+    let count = header_number(&buf[1..nl]).ok_or(ProtocolError::BadArrayLength)?;
+    if count > limits.max_array_len as i64 {
+        return Err(ProtocolError::BadArrayLength);
+    }
+    if count <= 0 {
+        // `*0` and `*-1`: an empty command, ignored as Redis does.
+        return Ok(Parsed::Command {
+            args: Vec::new(),
+            len: nl + 1,
+        });
+    }
+    let count = count as usize;
+    let mut pos = nl + 1;
+    let mut spans = Vec::with_capacity(count.min(64));
+    for _ in 0..count {
+        if pos >= buf.len() {
+            return Ok(Parsed::Incomplete);
+        }
+        if buf[pos] != b'$' {
+            return Err(ProtocolError::ExpectedBulk(buf[pos] as char));
+        }
+        let Some(nl) = find_line(buf, pos, 32).map_err(|()| ProtocolError::BadBulkLength)? else {
+            return Ok(Parsed::Incomplete);
+        };
+        let len = header_number(&buf[pos + 1..nl]).ok_or(ProtocolError::BadBulkLength)?;
+        if len < 0 || len > limits.max_bulk_bytes as i64 {
+            return Err(ProtocolError::BadBulkLength);
+        }
+        let len = len as usize;
+        let start = nl + 1;
+        let end = start + len;
+        if end + 2 > limits.max_command_bytes {
+            return Err(ProtocolError::CommandTooLarge(
+                end + 2,
+                limits.max_command_bytes,
+            ));
+        }
+        if buf.len() < end + 2 {
+            return Ok(Parsed::Incomplete);
+        }
+        if &buf[end..end + 2] != b"\r\n" {
+            return Err(ProtocolError::MissingCrlf);
+        }
+        spans.push((start, end));
+        pos = end + 2;
+    }
+    let whole = Bytes::copy_from_slice(&buf[..pos]);
+    let args = spans.into_iter().map(|(s, e)| whole.slice(s..e)).collect();
+    Ok(Parsed::Command { args, len: pos })
+}
+
+fn parse_inline(buf: &[u8], limits: &ParseLimits) -> Result<Parsed, ProtocolError> {
+    let Some(nl) =
+        find_line(buf, 0, limits.max_inline_bytes).map_err(|()| ProtocolError::InlineTooLong)?
+    else {
+        return Ok(Parsed::Incomplete);
+    };
+    let line = &buf[..nl];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let args = split_inline(line)?;
+    if args.len() > limits.max_array_len {
+        return Err(ProtocolError::BadArrayLength);
+    }
+    Ok(Parsed::Command { args, len: nl + 1 })
+}
+
+/// Splits an inline line into arguments: whitespace separated, with
+/// double-quoted (`\n`, `\"`, `\xHH` escapes) and single-quoted strings.
+fn split_inline(line: &[u8]) -> Result<Vec<Bytes>, ProtocolError> {
+    let mut args = Vec::new();
+    let mut i = 0;
+    while i < line.len() {
+        while i < line.len() && line[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if i >= line.len() {
+            break;
+        }
+        let mut arg = Vec::new();
+        match line[i] {
+            b'"' => {
+                i += 1;
+                loop {
+                    let Some(&c) = line.get(i) else {
+                        return Err(ProtocolError::UnbalancedQuotes);
+                    };
+                    i += 1;
+                    match c {
+                        b'"' => break,
+                        b'\\' => {
+                            let Some(&e) = line.get(i) else {
+                                return Err(ProtocolError::UnbalancedQuotes);
+                            };
+                            i += 1;
+                            match e {
+                                b'n' => arg.push(b'\n'),
+                                b'r' => arg.push(b'\r'),
+                                b't' => arg.push(b'\t'),
+                                b'x' if i + 2 <= line.len() => {
+                                    let hex = std::str::from_utf8(&line[i..i + 2])
+                                        .ok()
+                                        .and_then(|h| u8::from_str_radix(h, 16).ok());
+                                    match hex {
+                                        Some(v) => {
+                                            arg.push(v);
+                                            i += 2;
+                                        }
+                                        None => arg.push(b'x'),
+                                    }
+                                }
+                                other => arg.push(other),
+                            }
+                        }
+                        other => arg.push(other),
+                    }
+                }
+                if line.get(i).is_some_and(|c| !c.is_ascii_whitespace()) {
+                    return Err(ProtocolError::UnbalancedQuotes);
+                }
+            }
+            b'\'' => {
+                i += 1;
+                loop {
+                    let Some(&c) = line.get(i) else {
+                        return Err(ProtocolError::UnbalancedQuotes);
+                    };
+                    i += 1;
+                    match c {
+                        b'\'' => break,
+                        b'\\' if line.get(i) == Some(&b'\'') => {
+                            arg.push(b'\'');
+                            i += 1;
+                        }
+                        other => arg.push(other),
+                    }
+                }
+                if line.get(i).is_some_and(|c| !c.is_ascii_whitespace()) {
+                    return Err(ProtocolError::UnbalancedQuotes);
+                }
+            }
+            _ => {
+                while i < line.len() && !line[i].is_ascii_whitespace() {
+                    arg.push(line[i]);
+                    i += 1;
+                }
+            }
+        }
+        args.push(Bytes::from(arg));
+    }
+    Ok(args)
+}
+
+/// Takes one complete command off the front of `buf`, if there is one.
+pub fn next_command(
+    buf: &mut BytesMut,
+    limits: &ParseLimits,
+) -> Result<Option<Vec<Bytes>>, ProtocolError> {
+    match parse_command(buf, limits)? {
+        Parsed::Incomplete => Ok(None),
+        Parsed::Command { args, len } => {
+            let _ = buf.split_to(len);
+            Ok(Some(args))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> ParseLimits {
+        ParseLimits {
+            max_bulk_bytes: 100,
+            max_array_len: 8,
+            max_inline_bytes: 64,
+            max_command_bytes: 400,
+        }
+    }
+
+    fn parse(input: &[u8]) -> Result<Parsed, ProtocolError> {
+        parse_command(input, &limits())
+    }
+
+    fn command(args: &[&str], len: usize) -> Parsed {
+        Parsed::Command {
+            args: args
+                .iter()
+                .map(|a| Bytes::copy_from_slice(a.as_bytes()))
+                .collect(),
+            len,
+        }
+    }
+
+    #[test]
+    fn arrays_of_bulk_strings() {
+        let input = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\nhello\r\n";
+        assert_eq!(
+            parse(input).unwrap(),
+            command(&["SET", "k", "hello"], input.len())
+        );
+        // Every strict prefix is incomplete.
+        for cut in 0..input.len() {
+            assert_eq!(
+                parse(&input[..cut]).unwrap(),
+                Parsed::Incomplete,
+                "cut {cut}"
+            );
+        }
+        // Binary values and an empty bulk string.
+        let input = b"*2\r\n$3\r\na\r\n\r\n$0\r\n\r\n";
+        assert_eq!(
+            parse(input).unwrap(),
+            Parsed::Command {
+                args: vec![Bytes::from_static(b"a\r\n"), Bytes::new()],
+                len: input.len()
+            }
+        );
+        assert_eq!(parse(b"*0\r\n").unwrap(), command(&[], 4));
+    }
+
+    #[test]
+    fn pipelined_commands_come_one_at_a_time() {
+        let mut buf = BytesMut::from(&b"*1\r\n$4\r\nPING\r\nPING\r\n*1\r\n$4\r\nPI"[..]);
+        let l = limits();
+        assert_eq!(
+            next_command(&mut buf, &l).unwrap().unwrap(),
+            vec![Bytes::from("PING")]
+        );
+        assert_eq!(
+            next_command(&mut buf, &l).unwrap().unwrap(),
+            vec![Bytes::from("PING")]
+        );
+        assert_eq!(next_command(&mut buf, &l).unwrap(), None);
+        buf.extend_from_slice(b"NG\r\n");
+        assert_eq!(
+            next_command(&mut buf, &l).unwrap().unwrap(),
+            vec![Bytes::from("PING")]
+        );
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn inline_commands() {
+        assert_eq!(parse(b"PING\r\n").unwrap(), command(&["PING"], 6));
+        assert_eq!(
+            parse(b"set  a b\n").unwrap(),
+            command(&["set", "a", "b"], 9)
+        );
+        assert_eq!(parse(b"\r\n").unwrap(), command(&[], 2));
+        assert_eq!(
+            parse(b"SET k \"a b\\x41\\n\" 'c d'\r\n").unwrap(),
+            command(&["SET", "k", "a bA\n", "c d"], 25)
+        );
+        assert_eq!(parse(b"PING").unwrap(), Parsed::Incomplete);
+        assert_eq!(parse(b"SET \"a\r\n"), Err(ProtocolError::UnbalancedQuotes));
+        assert_eq!(
+            parse(b"SET \"a\"b\r\n"),
+            Err(ProtocolError::UnbalancedQuotes)
+        );
+    }
+
+    #[test]
+    fn limits_are_checked_before_waiting_for_the_bytes() {
+        // A bulk length over the limit fails at its header.
+        assert_eq!(parse(b"*1\r\n$101\r\n"), Err(ProtocolError::BadBulkLength));
+        assert!(parse(b"*1\r\n$100\r\n").unwrap() == Parsed::Incomplete);
+        assert_eq!(parse(b"*9\r\n"), Err(ProtocolError::BadArrayLength));
+        assert_eq!(parse(b"*-5\r\n").unwrap(), command(&[], 5));
+        // The whole command is bounded too.
+        let mut big = b"*5\r\n".to_vec();
+        for _ in 0..3 {
+            big.extend_from_slice(b"$100\r\n");
+            big.extend_from_slice(&[b'x'; 100]);
+            big.extend_from_slice(b"\r\n");
+        }
+        big.extend_from_slice(b"$100\r\n");
+        assert!(matches!(
+            parse(&big),
+            Err(ProtocolError::CommandTooLarge(..))
+        ));
+        // Lines without an end are bounded.
+        assert_eq!(parse(&[b'a'; 70]), Err(ProtocolError::InlineTooLong));
+        assert_eq!(parse(&[b'a'; 60]).unwrap(), Parsed::Incomplete);
+        let mut header = b"*".to_vec();
+        header.extend_from_slice(&[b'1'; 40]);
+        assert_eq!(parse(&header), Err(ProtocolError::HeaderTooLong));
+    }
+
+    #[test]
+    fn garbage_is_a_protocol_error() {
+        assert_eq!(parse(b"*x\r\n"), Err(ProtocolError::BadArrayLength));
+        assert_eq!(
+            parse(b"*1\r\n:3\r\n"),
+            Err(ProtocolError::ExpectedBulk(':'))
+        );
+        assert_eq!(parse(b"*1\r\n$-1\r\n"), Err(ProtocolError::BadBulkLength));
+        assert_eq!(
+            parse(b"*1\r\n$1\r\nab\r\n"),
+            Err(ProtocolError::MissingCrlf)
+        );
+        assert_eq!(parse(b"*1\n"), Err(ProtocolError::BadArrayLength));
+    }
+
+    mod props {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2000))]
+
+            /// Arbitrary bytes never panic, and anything returned stays
+            /// within the limits and within the input.
+            #[test]
+            fn arbitrary_bytes_never_panic(input in proptest::collection::vec(any::<u8>(), 0..600)) {
+                let l = limits();
+                if let Ok(Parsed::Command { args, len }) = parse_command(&input, &l) {
+                    prop_assert!(len <= input.len());
+                    prop_assert!(len <= l.max_command_bytes.max(l.max_inline_bytes + 2));
+                    prop_assert!(args.len() <= l.max_array_len);
+                    for arg in &args {
+                        prop_assert!(arg.len() <= l.max_bulk_bytes.max(l.max_inline_bytes));
+                    }
+                }
+            }
+
+            /// Arbitrary bytes after a valid header: same guarantees.
+            #[test]
+            fn arbitrary_bodies_never_panic(
+                count in 0u32..20,
+                body in proptest::collection::vec(any::<u8>(), 0..400),
+            ) {
+                let mut input = format!("*{count}\r\n").into_bytes();
+                input.extend_from_slice(&body);
+                let l = limits();
+                let mut buf = BytesMut::from(&input[..]);
+                // Draining a buffer always terminates and never grows it.
+                for _ in 0..input.len() + 1 {
+                    match next_command(&mut buf, &l) {
+                        Ok(Some(args)) => prop_assert!(args.len() <= l.max_array_len),
+                        Ok(None) | Err(_) => break,
+                    }
+                }
+                prop_assert!(buf.len() <= input.len());
+            }
+
+            /// Valid commands round-trip whatever their bytes.
+            #[test]
+            fn encoded_arrays_parse_back(args in proptest::collection::vec(
+                proptest::collection::vec(any::<u8>(), 0..40), 1..8)) {
+                let mut input = format!("*{}\r\n", args.len()).into_bytes();
+                for a in &args {
+                    input.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+                    input.extend_from_slice(a);
+                    input.extend_from_slice(b"\r\n");
+                }
+                let parsed = parse_command(&input, &limits()).unwrap();
+                let expected: Vec<Bytes> = args.iter().map(|a| Bytes::copy_from_slice(a)).collect();
+                prop_assert_eq!(parsed, Parsed::Command { args: expected, len: input.len() });
+            }
+        }
+    }
+}
