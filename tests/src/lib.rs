@@ -63,6 +63,8 @@ pub struct NodeProc {
     pub client_addr: SocketAddr,
     pub peer_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    /// The RESP (Redis protocol) port.
+    pub resp_addr: SocketAddr,
     pub data_dir: PathBuf,
     pub log_path: PathBuf,
     pub extra_args: Vec<String>,
@@ -78,6 +80,7 @@ impl NodeProc {
             client_addr: addr(free_port(&ip)),
             peer_addr: addr(free_port(&ip)),
             http_addr: addr(free_port(&ip)),
+            resp_addr: addr(free_port(&ip)),
             data_dir: root.join(format!("node-{id}")),
             log_path: root.join(format!("node-{id}.log")),
             extra_args: Vec::new(),
@@ -105,6 +108,8 @@ impl NodeProc {
             .arg(self.peer_addr.to_string())
             .arg("--http-listen")
             .arg(self.http_addr.to_string())
+            .arg("--resp-listen")
+            .arg(self.resp_addr.to_string())
             .args(["--heartbeat-ms", "50", "--region-mib", "64"])
             .args(cluster_args)
             .args(&self.extra_args)

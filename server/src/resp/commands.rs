@@ -105,6 +105,9 @@ fn error_reply(error: &ErrorReply) -> Reply {
     }
 }
 
+/// Longest a command waits for an election to produce a leader.
+const ELECTION_WAIT: Duration = Duration::from_secs(10);
+
 /// The commands the front end knows: name, arity (negative: at least),
 /// flags (for COMMAND).
 const COMMANDS: &[(&str, i64, &[&str])] = &[
@@ -441,29 +444,43 @@ impl<'a> Session<'a> {
     }
 
     /// Serves `request` here, or at the leader when this node does not lead.
+    /// While no leader is known (an election), waits and tries again, for
+    /// at most [`ELECTION_WAIT`].
     async fn call(&self, request: Request) -> Result<Response, Reply> {
         let handler = &self.server.handler;
         request
             .validate(&handler.limits())
             .map_err(|e| Reply::err(e.to_string()))?;
-        match handler.handle(request.clone()).await {
-            Response::Error(error) if error.code == ErrorCode::NotLeader => {
-                let mut endpoints: Vec<String> = handler
-                    .members()
-                    .into_iter()
-                    .map(|m| m.client_addr)
-                    .filter(|a| !a.is_empty())
-                    .collect();
-                if let Some(hint) = &error.leader_hint
-                    && !endpoints.contains(&hint.client_addr)
-                {
-                    endpoints.push(hint.client_addr.clone());
+        let deadline = tokio::time::Instant::now() + ELECTION_WAIT;
+        let mut backoff = Duration::from_millis(20);
+        loop {
+            let error = match handler.handle(request.clone()).await {
+                Response::Error(error) if error.code == ErrorCode::NotLeader => error,
+                Response::Error(error) => return Err(error_reply(&error)),
+                response => return Ok(response),
+            };
+            match &error.leader_hint {
+                Some(hint) if hint.node_id != handler.node_id() => {
+                    let mut endpoints: Vec<String> = handler
+                        .members()
+                        .into_iter()
+                        .map(|m| m.client_addr)
+                        .filter(|a| !a.is_empty())
+                        .collect();
+                    if !endpoints.contains(&hint.client_addr) {
+                        endpoints.push(hint.client_addr.clone());
+                    }
+                    endpoints.sort();
+                    return self.server.forwarder.forward(endpoints, request).await;
                 }
-                endpoints.sort();
-                self.server.forwarder.forward(endpoints, request).await
+                _ if tokio::time::Instant::now() + backoff > deadline => {
+                    return Err(error_reply(&error));
+                }
+                _ => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(250));
+                }
             }
-            Response::Error(error) => Err(error_reply(&error)),
-            response => Ok(response),
         }
     }
 

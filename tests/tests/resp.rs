@@ -1,0 +1,267 @@
+//! The RESP (Redis protocol) front end against a real 3-node cluster, driven
+//! by a real Redis client (the `redis` crate): commands through every node
+//! (followers forward to the leader), exact totals from concurrent INCRs,
+//! Redis-style errors that keep the connection usable, protocol garbage that
+//! closes only its own connection, and the token rule.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use rdkv_tests::{Cluster, check, client_options};
+
+const TEST_LIMIT: Duration = Duration::from_secs(120);
+const TOKEN: &str = "s3cret";
+
+fn connect(addr: SocketAddr, password: Option<&str>) -> Result<redis::Connection> {
+    let url = match password {
+        Some(p) => format!("redis://:{p}@{addr}/"),
+        None => format!("redis://{addr}/"),
+    };
+    let client = redis::Client::open(url)?;
+    let con = client.get_connection_with_timeout(Duration::from_secs(10))?;
+    con.set_read_timeout(Some(Duration::from_secs(15)))?;
+    Ok(con)
+}
+
+fn resp_addrs(cluster: &Cluster) -> Vec<SocketAddr> {
+    cluster.nodes.values().map(|n| n.resp_addr).collect()
+}
+
+fn query<T: redis::FromRedisValue>(
+    con: &mut redis::Connection,
+    args: &[&str],
+) -> redis::RedisResult<T> {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query(con)
+}
+
+/// Sends raw bytes and reads until the server closes the connection.
+fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> Result<Vec<u8>> {
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    stream.write_all(bytes)?;
+    let mut out = Vec::new();
+    stream
+        .read_to_end(&mut out)
+        .context("the server did not close the connection")?;
+    Ok(out)
+}
+
+fn commands_through_every_node(addrs: &[SocketAddr]) -> Result<()> {
+    let mut cons = addrs
+        .iter()
+        .map(|a| connect(*a, None))
+        .collect::<Result<Vec<_>>>()?;
+    // SET through each node, GET through every node.
+    for (i, key) in ["k1", "k2", "k3"].iter().enumerate() {
+        let value = format!("v{i}");
+        let reply: String = query(&mut cons[i], &["SET", key, &value])?;
+        ensure!(reply == "OK");
+        for con in cons.iter_mut() {
+            let got: Option<String> = query(con, &["GET", key])?;
+            ensure!(got.as_deref() == Some(value.as_str()), "{key}: {got:?}");
+        }
+    }
+    // MSET through one node, MGET and EXISTS through another, DEL through a third.
+    let reply: String = query(&mut cons[1], &["MSET", "a", "1", "b", "2"])?;
+    ensure!(reply == "OK");
+    let got: Vec<Option<String>> = query(&mut cons[2], &["MGET", "a", "b", "nope"])?;
+    ensure!(
+        got == vec![Some("1".into()), Some("2".into()), None],
+        "{got:?}"
+    );
+    let n: i64 = query(&mut cons[0], &["EXISTS", "a", "b", "nope", "a"])?;
+    ensure!(n == 3, "EXISTS {n}");
+    let n: i64 = query(&mut cons[2], &["DEL", "a", "b", "nope"])?;
+    ensure!(n == 2, "DEL {n}");
+    let got: Option<String> = query(&mut cons[0], &["GET", "a"])?;
+    ensure!(got.is_none());
+    // INCR through every node: one counter.
+    for (i, con) in cons.iter_mut().enumerate() {
+        let n: i64 = query(con, &["INCR", "counter"])?;
+        ensure!(n == i as i64 + 1, "INCR gave {n}");
+    }
+    let n: i64 = query(&mut cons[1], &["INCRBY", "counter", "10"])?;
+    ensure!(n == 13);
+    let n: i64 = query(&mut cons[2], &["DECRBY", "counter", "20"])?;
+    ensure!(n == -7);
+    // APPEND, STRLEN, SETNX, SET NX/XX/GET, GETSET.
+    let n: i64 = query(&mut cons[0], &["APPEND", "s", "ab"])?;
+    ensure!(n == 2);
+    let n: i64 = query(&mut cons[1], &["APPEND", "s", "cd"])?;
+    ensure!(n == 4);
+    let n: i64 = query(&mut cons[2], &["STRLEN", "s"])?;
+    ensure!(n == 4);
+    let n: i64 = query(&mut cons[0], &["SETNX", "s", "x"])?;
+    ensure!(n == 0);
+    let got: Option<String> = query(&mut cons[1], &["SET", "s", "x", "NX"])?;
+    ensure!(got.is_none());
+    let got: Option<String> = query(&mut cons[1], &["SET", "fresh", "x", "XX"])?;
+    ensure!(got.is_none());
+    let got: Option<String> = query(&mut cons[2], &["SET", "s", "new", "GET"])?;
+    ensure!(got.as_deref() == Some("abcd"));
+    let got: Option<String> = query(&mut cons[0], &["GETSET", "s", "newer"])?;
+    ensure!(got.as_deref() == Some("new"));
+    // A pipeline: answered in order.
+    let mut pipe = redis::pipe();
+    for _ in 0..200 {
+        pipe.cmd("INCR").arg("piped");
+    }
+    pipe.cmd("GET").arg("piped");
+    // The GET's "200" reads as an integer too.
+    let mut replies: Vec<i64> = pipe.query(&mut cons[1])?;
+    let last = replies.pop().context("no replies")?;
+    ensure!(replies == (1..=200).collect::<Vec<i64>>());
+    ensure!(last == 200);
+    let n: i64 = query(&mut cons[0], &["DBSIZE"])?;
+    ensure!(n >= 5, "DBSIZE {n}");
+    let info: String = query(&mut cons[0], &["INFO"])?;
+    ensure!(
+        info.contains("# Replication") && info.contains("raft_role:"),
+        "{info}"
+    );
+    let saved: Vec<String> = query(&mut cons[0], &["CONFIG", "GET", "save"])?;
+    ensure!(saved == vec!["save".to_owned(), String::new()]);
+    Ok(())
+}
+
+fn errors_keep_the_connection_usable(addrs: &[SocketAddr]) -> Result<()> {
+    let mut con = connect(addrs[0], None)?;
+    let error = |result: redis::RedisResult<redis::Value>| match result {
+        Err(e) => Ok(e.to_string()),
+        Ok(v) => anyhow::bail!("expected an error, got {v:?}"),
+    };
+    let e = error(query(&mut con, &["NOSUCHCOMMAND", "x"]))?;
+    ensure!(e.contains("unknown command"), "{e}");
+    let e = error(query(&mut con, &["GET"]))?;
+    ensure!(e.contains("wrong number of arguments"), "{e}");
+    let _: String = query(&mut con, &["SET", "text", "hello"])?;
+    let e = error(query(&mut con, &["INCR", "text"]))?;
+    ensure!(e.contains("not an integer"), "{e}");
+    let e = error(query(&mut con, &["INCRBY", "n", "x"]))?;
+    ensure!(e.contains("not an integer"), "{e}");
+    let e = error(query(&mut con, &["SET", "k", "v", "EX", "10"]))?;
+    ensure!(e.contains("expiry is not supported"), "{e}");
+    let e = error(query(&mut con, &["SET", "k", "v", "NX", "XX"]))?;
+    ensure!(e.contains("syntax error"), "{e}");
+    let big = "x".repeat(1024 * 1024 + 1);
+    let e = error(query(&mut con, &["SET", "big", &big]))?;
+    ensure!(e.contains("exceeds the maximum value size"), "{e}");
+    // Still usable after every error.
+    let got: Option<String> = query(&mut con, &["GET", "text"])?;
+    ensure!(got.as_deref() == Some("hello"));
+
+    // Protocol garbage closes that connection only, with an error first.
+    let out = raw_exchange(addrs[1], b"*1\r\n$x\r\n")?;
+    ensure!(out.starts_with(b"-ERR Protocol error"), "{out:?}");
+    let mut oversized = b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n".to_vec();
+    oversized.extend_from_slice(format!("${}\r\n", 1u64 << 40).as_bytes());
+    let out = raw_exchange(addrs[1], &oversized)?;
+    ensure!(out.starts_with(b"-ERR Protocol error"), "{out:?}");
+    let out = raw_exchange(addrs[1], &[0xff; 100_000])?;
+    ensure!(out.starts_with(b"-ERR Protocol error"), "{out:?}");
+    // Inline commands work too (and QUIT closes).
+    let out = raw_exchange(addrs[2], b"PING\r\nECHO hi\r\nQUIT\r\n")?;
+    ensure!(out == b"+PONG\r\n$2\r\nhi\r\n+OK\r\n", "{out:?}");
+    let got: Option<String> = query(&mut con, &["GET", "text"])?;
+    ensure!(got.as_deref() == Some("hello"));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_commands_work_through_every_node() -> Result<()> {
+    let mut cluster = Cluster::start(3)?;
+    check(&mut cluster, TEST_LIMIT, async |cluster| {
+        cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        let addrs = resp_addrs(cluster);
+        let run = addrs.clone();
+        tokio::task::spawn_blocking(move || commands_through_every_node(&run)).await??;
+        let run = addrs.clone();
+        tokio::task::spawn_blocking(move || errors_keep_the_connection_usable(&run)).await??;
+        // What RESP wrote, the native client reads.
+        let client = cluster.client().await?;
+        let value = client.get("piped").await?.context("piped is missing")?;
+        ensure!(value.value.as_ref() == b"200");
+        let value = client.get("counter").await?.context("counter is missing")?;
+        ensure!(value.value.as_ref() == b"-7");
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_incr_through_every_node_is_exact() -> Result<()> {
+    const CLIENTS_PER_NODE: usize = 2;
+    const INCRS: i64 = 40;
+    let mut cluster = Cluster::start(3)?;
+    check(&mut cluster, TEST_LIMIT, async |cluster| {
+        cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        let addrs = resp_addrs(cluster);
+        let mut workers = Vec::new();
+        for addr in &addrs {
+            for _ in 0..CLIENTS_PER_NODE {
+                let addr = *addr;
+                workers.push(tokio::task::spawn_blocking(move || -> Result<()> {
+                    let mut con = connect(addr, None)?;
+                    for _ in 0..INCRS {
+                        let _: i64 = query(&mut con, &["INCR", "total"])?;
+                    }
+                    Ok(())
+                }));
+            }
+        }
+        for worker in workers {
+            worker.await??;
+        }
+        let expected = INCRS * (addrs.len() * CLIENTS_PER_NODE) as i64;
+        let addr = addrs[2];
+        let got: i64 = tokio::task::spawn_blocking(move || -> Result<i64> {
+            let mut con = connect(addr, None)?;
+            Ok(query(&mut con, &["GET", "total"])?)
+        })
+        .await??;
+        ensure!(got == expected, "INCR total {got}, expected {expected}");
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_is_required_on_the_resp_port() -> Result<()> {
+    let mut cluster = Cluster::start_with(1, &["--token", TOKEN])?;
+    check(&mut cluster, TEST_LIMIT, async |cluster| {
+        let client = cluster.client_with(client_options(Some(TOKEN)))?;
+        rdkv_tests::eventually(Duration::from_secs(20), "a leader", async || {
+            Ok(client.ping().await?)
+        })
+        .await?;
+        let addr = resp_addrs(cluster)[0];
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            let out = raw_exchange(
+                addr,
+                b"GET k\r\nPING\r\nAUTH wrong\r\nAUTH s3cret\r\nGET k\r\nQUIT\r\n",
+            )?;
+            let text = String::from_utf8_lossy(&out);
+            ensure!(
+                text == "-NOAUTH Authentication required.\r\n+PONG\r\n-WRONGPASS invalid username-password pair or user is disabled.\r\n+OK\r\n$-1\r\n+OK\r\n",
+                "{text:?}"
+            );
+            let out = raw_exchange(addr, b"HELLO 2 AUTH default s3cret\r\nGET k\r\nQUIT\r\n")?;
+            ensure!(out.starts_with(b"*14\r\n") && out.ends_with(b"$-1\r\n+OK\r\n"), "{out:?}");
+            // A client library with the password in its URL.
+            let mut con = connect(addr, Some(TOKEN))?;
+            let _: String = query(&mut con, &["SET", "k", "v"])?;
+            let got: String = query(&mut con, &["GET", "k"])?;
+            ensure!(got == "v");
+            Ok(())
+        })
+        .await??;
+        Ok(())
+    })
+    .await
+}
