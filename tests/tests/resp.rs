@@ -173,6 +173,42 @@ fn errors_keep_the_connection_usable(addrs: &[SocketAddr]) -> Result<()> {
     Ok(())
 }
 
+/// A large pipeline written at once while the replies are read: every reply
+/// comes back, in order.
+fn large_pipelines_are_answered_in_order(addrs: &[SocketAddr]) -> Result<()> {
+    const PINGS: usize = 20_000;
+    const INCRS: usize = 300;
+    let mut stream = TcpStream::connect(addrs[1])?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut writer = stream.try_clone()?;
+    let sender = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut batch = Vec::new();
+        for _ in 0..PINGS {
+            batch.extend_from_slice(b"PING\r\n");
+        }
+        for _ in 0..INCRS {
+            batch.extend_from_slice(b"*2\r\n$4\r\nINCR\r\n$9\r\npipelined\r\n");
+        }
+        batch.extend_from_slice(b"QUIT\r\n");
+        writer.write_all(&batch)
+    });
+    let mut out = Vec::new();
+    stream.read_to_end(&mut out)?;
+    sender.join().expect("sender thread")?;
+    let mut expected = b"+PONG\r\n".repeat(PINGS);
+    for i in 1..=INCRS {
+        expected.extend_from_slice(format!(":{i}\r\n").as_bytes());
+    }
+    expected.extend_from_slice(b"+OK\r\n");
+    ensure!(
+        out == expected,
+        "{} bytes of replies, {} expected",
+        out.len(),
+        expected.len()
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_commands_work_through_every_node() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
@@ -183,6 +219,8 @@ async fn redis_commands_work_through_every_node() -> Result<()> {
         tokio::task::spawn_blocking(move || commands_through_every_node(&run)).await??;
         let run = addrs.clone();
         tokio::task::spawn_blocking(move || errors_keep_the_connection_usable(&run)).await??;
+        let run = addrs.clone();
+        tokio::task::spawn_blocking(move || large_pipelines_are_answered_in_order(&run)).await??;
         // What RESP wrote, the native client reads.
         let client = cluster.client().await?;
         let value = client.get("piped").await?.context("piped is missing")?;
