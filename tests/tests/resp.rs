@@ -291,6 +291,9 @@ async fn the_token_is_required_on_the_resp_port() -> Result<()> {
             );
             let out = raw_exchange(addr, b"HELLO 2 AUTH default s3cret\r\nGET k\r\nQUIT\r\n")?;
             ensure!(out.starts_with(b"*14\r\n") && out.ends_with(b"$-1\r\n+OK\r\n"), "{out:?}");
+            // Before AUTH, large commands are refused unread.
+            let out = raw_exchange(addr, b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$100000\r\n")?;
+            ensure!(out.starts_with(b"-ERR Protocol error"), "{out:?}");
             // A client library with the password in its URL.
             let mut con = connect(addr, Some(TOKEN))?;
             let _: String = query(&mut con, &["SET", "k", "v"])?;

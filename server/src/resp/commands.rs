@@ -162,6 +162,10 @@ impl<'a> Session<'a> {
         }
     }
 
+    pub fn authenticated(&self) -> bool {
+        self.authenticated
+    }
+
     /// Runs one command; `true` closes the connection after the reply.
     pub async fn execute(&mut self, args: &[Bytes]) -> (Reply, bool) {
         let name = upper(&args[0]);

@@ -44,6 +44,13 @@ use reply::Reply;
 /// Replies buffered before they are written even if more commands wait.
 pub const FLUSH_BYTES: usize = 64 * 1024;
 const READ_CHUNK_BYTES: usize = 16 * 1024;
+/// What a connection may send before it has authenticated (AUTH, HELLO, PING).
+const UNAUTHENTICATED_LIMITS: ParseLimits = ParseLimits {
+    max_bulk_bytes: 4096,
+    max_array_len: 16,
+    max_inline_bytes: 4096,
+    max_command_bytes: 16 * 1024,
+};
 
 /// What every RESP connection of a node shares.
 #[derive(Debug)]
@@ -107,7 +114,14 @@ async fn connection(stream: TcpStream, server: Arc<RespServer>) -> Result<()> {
     let mut session = Session::new(&server);
     loop {
         loop {
-            match next_command(&mut input, &server.limits) {
+            // Before AUTH only small commands are read: nothing large is
+            // buffered for a client that has not authenticated.
+            let limits = if session.authenticated() {
+                &server.limits
+            } else {
+                &UNAUTHENTICATED_LIMITS
+            };
+            match next_command(&mut input, limits) {
                 Ok(Some(args)) => {
                     if args.is_empty() {
                         continue;
