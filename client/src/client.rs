@@ -351,6 +351,15 @@ impl Client {
         }
     }
 
+    /// Deletes every key in one log entry (FLUSHDB); returns how many keys
+    /// were removed and the entry's version.
+    pub async fn clear(&self) -> Result<(u64, u64)> {
+        match self.write(Request::Clear).await? {
+            Response::Cleared { removed, version } => Ok((removed, version)),
+            other => Err(unexpected("Clear", &other)),
+        }
+    }
+
     /// Round trip to the current node.
     pub async fn ping(&self) -> Result<()> {
         match self

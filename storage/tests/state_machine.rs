@@ -292,3 +292,27 @@ async fn updates_apply_atomically_from_the_current_value() {
         assert_eq!(sm.applied_index(), 16);
     }
 }
+
+#[tokio::test]
+async fn clear_deletes_every_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sm = populated(dir.path()).await;
+    assert_eq!(sm.region_stats().live_keys, 4);
+    apply(&mut sm, vec![normal(9, Command::Clear)]).await;
+    assert_eq!(sm.region_stats().live_keys, 0);
+    assert_eq!(value_of(&sm, "b"), None);
+    assert_eq!(sm.applied_index(), 9);
+    // Writes go on afterwards.
+    apply(
+        &mut sm,
+        vec![normal(
+            10,
+            Command::Put {
+                key: b("b"),
+                value: b("again"),
+            },
+        )],
+    )
+    .await;
+    assert_eq!(value_of(&sm, "b"), Some(("again".into(), 10)));
+}

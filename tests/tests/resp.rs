@@ -227,9 +227,41 @@ async fn redis_commands_work_through_every_node() -> Result<()> {
         ensure!(value.value.as_ref() == b"200");
         let value = client.get("counter").await?.context("counter is missing")?;
         ensure!(value.value.as_ref() == b"-7");
+        // FLUSHDB through every node (followers forward it) empties every
+        // replica.
+        let run = addrs.clone();
+        tokio::task::spawn_blocking(move || flush_through_every_node(&run)).await??;
+        ensure!(
+            client.get("piped").await?.is_none(),
+            "piped survived FLUSHDB"
+        );
         Ok(())
     })
     .await
+}
+
+fn flush_through_every_node(addrs: &[SocketAddr]) -> Result<()> {
+    for (i, addr) in addrs.iter().enumerate() {
+        let mut con = connect(*addr, None)?;
+        let _: () = query(&mut con, &["SET", &format!("flush-{i}"), "x"])?;
+        let reply: String = query(&mut con, &["FLUSHDB"])?;
+        ensure!(reply == "OK", "FLUSHDB through node {i}: {reply}");
+        let mut con = connect(addrs[0], None)?;
+        let size: i64 = query(&mut con, &["DBSIZE"])?;
+        // DBSIZE is this node's region: it follows the leader quickly, but
+        // not instantly.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut size = size;
+        while size != 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+            size = query(&mut con, &["DBSIZE"])?;
+        }
+        ensure!(size == 0, "{size} keys left after FLUSHDB through node {i}");
+    }
+    let mut con = connect(addrs[0], None)?;
+    let bad: redis::RedisResult<String> = query(&mut con, &["FLUSHDB", "NOW"]);
+    ensure!(bad.is_err(), "FLUSHDB NOW accepted");
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -152,7 +152,8 @@ impl Request {
             | Self::PromoteMember { .. }
             | Self::RemoveMember { .. }
             | Self::MoveLeader { .. }
-            | Self::SnapshotRead { .. } => Ok(()),
+            | Self::SnapshotRead { .. }
+            | Self::Clear => Ok(()),
         }
     }
 }

@@ -95,6 +95,9 @@ pub enum Request {
     /// (INCR, APPEND, SET NX/XX/GET of the RESP front end); answered with
     /// [`Response::Updated`].
     Update { key: Bytes, update: Update },
+    /// Deletes every key (FLUSHDB), as one log entry; answered with
+    /// [`Response::Cleared`]. Needs the cluster token when the servers have one.
+    Clear,
 }
 
 /// What a [`Request::Update`] does to its key. Append-only.
@@ -185,6 +188,11 @@ pub enum Response {
     Done,
     Snapshot(SnapshotChunk),
     Updated(UpdateOutcome),
+    /// `removed` keys were deleted by the entry at `version`.
+    Cleared {
+        removed: u64,
+        version: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

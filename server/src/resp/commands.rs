@@ -90,6 +90,11 @@ impl Forwarder {
                 .await
                 .map(Response::Updated)
                 .map_err(failed),
+            Request::Clear => client
+                .clear()
+                .await
+                .map(|(removed, version)| Response::Cleared { removed, version })
+                .map_err(failed),
             other => Err(Reply::err(format!("cannot forward {other:?}"))),
         }
     }
@@ -132,6 +137,8 @@ const COMMANDS: &[(&str, i64, &[&str])] = &[
     ("append", 3, &["write", "fast"]),
     ("strlen", 2, &["readonly", "fast"]),
     ("dbsize", 1, &["readonly", "fast"]),
+    ("flushdb", -1, &["write"]),
+    ("flushall", -1, &["write"]),
     ("info", -1, &["stale"]),
     ("command", -1, &["stale"]),
     ("config", -2, &["admin"]),
@@ -314,6 +321,18 @@ impl<'a> Session<'a> {
                 }
             }
             "DBSIZE" => Reply::Integer(self.server.handler.live_keys() as i64),
+            // Replicated like any write; with a token configured the
+            // connection is authenticated by now (AUTH gates every command).
+            "FLUSHDB" | "FLUSHALL" => match args {
+                [] => self.flush().await,
+                [mode]
+                    if mode.eq_ignore_ascii_case(b"sync")
+                        || mode.eq_ignore_ascii_case(b"async") =>
+                {
+                    self.flush().await
+                }
+                _ => Reply::err("syntax error"),
+            },
             "INFO" => self.info(args),
             "COMMAND" => command(args),
             "CONFIG" => config(args),
@@ -450,6 +469,14 @@ impl<'a> Session<'a> {
     /// Serves `request` here, or at the leader when this node does not lead.
     /// While no leader is known (an election), waits and tries again, for
     /// at most [`ELECTION_WAIT`].
+    async fn flush(&self) -> Reply {
+        match self.call(Request::Clear).await {
+            Ok(Response::Cleared { .. }) => Reply::ok(),
+            Ok(other) => unexpected(&other),
+            Err(e) => e,
+        }
+    }
+
     async fn call(&self, request: Request) -> Result<Response, Reply> {
         let handler = &self.server.handler;
         request

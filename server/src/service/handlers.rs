@@ -195,6 +195,7 @@ impl Handler {
                 self.snapshot_read(offset, max_bytes).await
             }
             Request::Update { key, update } => self.write(Command::Update { key, update }).await,
+            Request::Clear => self.write(Command::Clear).await,
         };
         reply.unwrap_or_else(Response::Error)
     }
@@ -354,6 +355,7 @@ impl Handler {
                 (key.len() + grows) as u64
             }
             Command::Delete { .. }
+            | Command::Clear
             | Command::Cas {
                 new_value: None, ..
             } => return Ok(()),
@@ -406,6 +408,9 @@ impl Handler {
             }),
             CommandResult::MWritten { version } => Ok(Response::MWritten { version }),
             CommandResult::Updated(outcome) => Ok(Response::Updated(outcome)),
+            CommandResult::Cleared { removed, version } => {
+                Ok(Response::Cleared { removed, version })
+            }
             CommandResult::Failed {
                 region_full,
                 message,

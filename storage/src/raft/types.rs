@@ -36,6 +36,8 @@ pub enum Command {
         key: Bytes,
         update: Update,
     },
+    /// Deletes every key.
+    Clear,
 }
 
 impl fmt::Display for Command {
@@ -53,6 +55,7 @@ impl fmt::Display for Command {
             Command::Cas { key, .. } => write!(f, "cas {} bytes key", key.len()),
             Command::MPut { pairs } => write!(f, "mput {} pairs", pairs.len()),
             Command::Update { key, .. } => write!(f, "update {} bytes key", key.len()),
+            Command::Clear => write!(f, "clear"),
         }
     }
 }
@@ -85,6 +88,10 @@ pub enum CommandResult {
     None,
     /// The outcome of a `Command::Update`.
     Updated(UpdateOutcome),
+    Cleared {
+        removed: u64,
+        version: u64,
+    },
 }
 
 /// How to reach a member: Raft traffic and client traffic use different ports.

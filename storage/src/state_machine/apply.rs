@@ -136,6 +136,24 @@ fn apply_command(
             Applied::Done(CommandResult::MWritten { version })
         }
         Command::Update { key, update } => apply_update(writer, key, update, version, give_up),
+        Command::Clear => {
+            let mut keys = Vec::new();
+            if let Err(e) = writer.for_each_live(|key, _, _| {
+                keys.push(key.to_vec());
+                Ok(())
+            }) {
+                return Applied::Done(failed(&e));
+            }
+            let mut removed = 0;
+            for key in &keys {
+                match writer.delete(key) {
+                    Ok(Some(_)) => removed += 1,
+                    Ok(None) => {}
+                    Err(e) => return Applied::Done(failed(&e)),
+                }
+            }
+            Applied::Done(CommandResult::Cleared { removed, version })
+        }
     }
 }
 
