@@ -10,6 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use crate::accept::accept_until;
 use crate::service::Handler;
 
 const MAX_REQUEST_BYTES: usize = 8 * 1024;
@@ -18,23 +19,16 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub async fn serve_http(
     listener: TcpListener,
     handler: Arc<Handler>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let handler = Arc::clone(&handler);
-                    tokio::spawn(async move {
-                        let _ = tokio::time::timeout(REQUEST_TIMEOUT, respond(stream, &handler)).await;
-                    });
-                }
-                // Out of file descriptors and the like: back off, do not spin.
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            },
-            _ = shutdown.changed() => return,
+    accept_until(listener, "http", shutdown, |stream, _| {
+        let handler = Arc::clone(&handler);
+        async move {
+            let _ = tokio::time::timeout(REQUEST_TIMEOUT, respond(stream, &handler)).await;
+            Ok(())
         }
-    }
+    })
+    .await;
 }
 
 async fn respond(mut stream: TcpStream, handler: &Handler) -> std::io::Result<()> {

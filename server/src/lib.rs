@@ -8,6 +8,7 @@
 //! - [`http`]: health, status and metrics for probes.
 //! - [`resp`]: the RESP (Redis protocol) front end.
 
+mod accept;
 pub mod config;
 mod framed;
 pub mod http;

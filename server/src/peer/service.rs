@@ -19,6 +19,7 @@ use super::{
     PeerHelloReply, PeerRequest, PeerResponse,
 };
 use crate::Raft;
+use crate::accept::accept_until;
 use crate::framed::{FrameReader, FrameWriter};
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -28,27 +29,12 @@ pub async fn serve_peers(
     listener: TcpListener,
     raft: Raft,
     ctx: Arc<PeerContext>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, addr)) => {
-                    let (raft, ctx) = (raft.clone(), Arc::clone(&ctx));
-                    tokio::spawn(async move {
-                        if let Err(e) = handle(stream, raft, ctx).await {
-                            tracing::debug!(%addr, "peer connection closed: {e:#}");
-                        }
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!("accepting a peer connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            },
-            _ = shutdown.changed() => return,
-        }
-    }
+    accept_until(listener, "peer", shutdown, |stream, _| {
+        handle(stream, raft.clone(), Arc::clone(&ctx))
+    })
+    .await;
 }
 
 /// Why a peer is refused, if it is.

@@ -7,7 +7,6 @@
 mod handlers;
 mod status;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +19,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc, watch};
 
+use crate::accept::accept_until;
 use crate::framed::{FrameReader, FrameWriter, FramedError};
 
 pub use handlers::Handler;
@@ -32,27 +32,12 @@ pub const MAX_IN_FLIGHT: u32 = 128;
 pub async fn serve_clients(
     listener: TcpListener,
     handler: Arc<Handler>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, addr)) => {
-                    let handler = Arc::clone(&handler);
-                    tokio::spawn(async move {
-                        if let Err(e) = connection(stream, addr, handler).await {
-                            tracing::debug!(%addr, "client connection closed: {e:#}");
-                        }
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!("accepting a client connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            },
-            _ = shutdown.changed() => return,
-        }
-    }
+    accept_until(listener, "client", shutdown, |stream, peer| {
+        connection(stream, peer, Arc::clone(&handler))
+    })
+    .await;
 }
 
 fn rejected(code: ErrorCode, message: impl Into<String>) -> ServerHello {
@@ -78,10 +63,10 @@ fn accept_hello(hello: &ClientHello, handler: &Handler) -> Result<u16, ServerHel
     Ok(version)
 }
 
-async fn connection(stream: TcpStream, addr: SocketAddr, handler: Arc<Handler>) -> Result<()> {
+async fn connection(stream: TcpStream, peer: String, handler: Arc<Handler>) -> Result<()> {
     let _ = stream.set_nodelay(true);
     let (read, write) = stream.into_split();
-    serve_stream(read, write, &addr.to_string(), false, handler).await
+    serve_stream(read, write, &peer, false, handler).await
 }
 
 /// The native protocol over a local Unix socket: same handshake, same
@@ -89,28 +74,14 @@ async fn connection(stream: TcpStream, addr: SocketAddr, handler: Arc<Handler>) 
 pub async fn serve_unix_clients(
     listener: tokio::net::UnixListener,
     handler: Arc<Handler>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let handler = Arc::clone(&handler);
-                    tokio::spawn(async move {
-                        let (read, write) = stream.into_split();
-                        if let Err(e) = serve_stream(read, write, "unix socket", true, handler).await {
-                            tracing::debug!("unix client connection closed: {e:#}");
-                        }
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!("accepting a unix client connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            },
-            _ = shutdown.changed() => return,
-        }
-    }
+    accept_until(listener, "unix client", shutdown, |stream, peer| {
+        let (read, write) = stream.into_split();
+        let handler = Arc::clone(&handler);
+        async move { serve_stream(read, write, &peer, true, handler).await }
+    })
+    .await;
 }
 
 async fn serve_stream<R, W>(
