@@ -27,7 +27,6 @@ pub mod parse;
 pub mod reply;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Result;
 use bytes::BytesMut;
@@ -83,27 +82,12 @@ impl RespServer {
 pub async fn serve_resp(
     listener: TcpListener,
     server: Arc<RespServer>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, addr)) => {
-                    let server = Arc::clone(&server);
-                    tokio::spawn(async move {
-                        if let Err(e) = connection(stream, server).await {
-                            tracing::debug!(%addr, "resp connection closed: {e:#}");
-                        }
-                    });
-                }
-                Err(e) => {
-                    tracing::warn!("accepting a resp connection: {e}");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            },
-            _ = shutdown.changed() => return,
-        }
-    }
+    crate::accept::accept_until(listener, "resp", shutdown, |stream, _| {
+        connection(stream, Arc::clone(&server))
+    })
+    .await;
 }
 
 async fn connection(stream: TcpStream, server: Arc<RespServer>) -> Result<()> {
