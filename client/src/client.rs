@@ -14,10 +14,10 @@ use rdkv_proto::wire::{
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::time::{Instant, sleep_until};
 
-use crate::conn::{CallError, Connection};
 use crate::error::{Error, Result};
 use crate::one_sided::{OneSided, OneSidedStats, Transport};
 use crate::options::ClientOptions;
+use rdkv_fabric::rpc::{CallError, Connection};
 
 const BACKOFF_START: Duration = Duration::from_millis(50);
 /// An election takes a few hundred milliseconds (5 to 10 heartbeats): a client

@@ -100,6 +100,24 @@ impl Error {
     }
 }
 
+impl From<rdkv_fabric::ConnectError> for Error {
+    fn from(e: rdkv_fabric::ConnectError) -> Self {
+        match e {
+            rdkv_fabric::ConnectError::Connect { addr, source } => Self::Connect { addr, source },
+            rdkv_fabric::ConnectError::Handshake {
+                addr,
+                code,
+                message,
+            } => Self::Handshake {
+                addr,
+                code,
+                message,
+            },
+            rdkv_fabric::ConnectError::Protocol(e) => Self::Protocol(e),
+        }
+    }
+}
+
 // Not `#[from]`: the message already shows the cause, and a `source()` as well
 // would print it twice in error chains (anyhow's `{:#}`).
 impl From<WireError> for Error {

@@ -77,7 +77,6 @@
 //! [`Consistency::Follower`] to spread reads over replicas with a bounded lag.
 
 mod client;
-mod conn;
 mod error;
 mod one_sided;
 mod options;

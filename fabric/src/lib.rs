@@ -9,6 +9,9 @@
 //! - [`shm`]: the `shm` transport's attach protocol: a same-host client
 //!   authenticates over a Unix socket and receives the region's memfd
 //!   (SCM_RIGHTS), which it maps read-only.
+//! - [`rpc`]: two-sided request/response: [`RpcChannel`], implemented by
+//!   [`Connection`] (`tcp`, and the local Unix socket) and [`MemChannel`]
+//!   (`mem`: in process).
 //! - [`transport`]: the [`Fabric`] trait (one-sided reads of a described
 //!   region, alone or batched) and [`MappedFabric`] (`mem` and `shm`).
 //! - [`clock`]: injectable monotonic time for grace periods and abandonment.
@@ -20,6 +23,7 @@ pub mod clock;
 pub mod memory;
 pub mod read_stats;
 pub mod reader;
+pub mod rpc;
 pub mod shm;
 pub mod transport;
 
@@ -27,6 +31,9 @@ pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use memory::{MemoryError, RegionMemory};
 pub use read_stats::{ReadCounters, ReadStats, RetryCause};
 pub use reader::{CachedLocation, IndexCache, ReadError, ReadProblem, ReaderOptions, RegionReader};
+pub use rpc::{
+    CallError, ConnectError, Connection, MemChannel, RpcChannel, RpcHandler, ServerInfo,
+};
 pub use shm::{
     ReceivedGrant, SHM_ATTACH_TIMEOUT, SHM_HANDSHAKE_TIMEOUT, SHM_MAX_CONCURRENT_HANDSHAKES,
     SHM_MAX_HELLO_BYTES, ShmAttachment, ShmError, attach_shm, request_shm_grant, serve_shm,

@@ -87,6 +87,22 @@ impl Served {
 
 type Reply = Result<Response, ErrorReply>;
 
+/// The `mem` transport's server side: an in-process `MemChannel` calls the
+/// handler directly, with no framing or socket.
+impl rdkv_fabric::RpcHandler for Handler {
+    fn handle(
+        &self,
+        request: Request,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send + '_>> {
+        Box::pin(async move {
+            match request.validate(&self.limits) {
+                Err(e) => Response::Error(ErrorReply::from(&e)),
+                Ok(()) => Handler::handle(self, request).await,
+            }
+        })
+    }
+}
+
 impl Handler {
     pub fn new(
         raft: Raft,

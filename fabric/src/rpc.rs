@@ -1,4 +1,8 @@
-//! One pipelined connection to one server.
+//! Two-sided request/response (RPC): the [`RpcChannel`] trait, and its
+//! implementations: [`Connection`] (the native protocol over TCP or a local
+//! Unix socket) and [`MemChannel`] (in process, straight to a handler).
+//!
+//! A [`Connection`] is one pipelined connection to one server.
 //!
 //! A writer task drains a queue of encoded frames (coalescing what is queued into
 //! one `write_all`); a reader task decodes response frames and completes the
@@ -14,8 +18,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::{Bytes, BytesMut};
 use rdkv_proto::wire::{
-    ClientHello, DEFAULT_MAX_FRAME_BYTES, Frame, FrameDecoder, FrameKind, Request, Response,
-    ServerHello, WireError, decode_payload, encode_frame,
+    ClientHello, DEFAULT_MAX_FRAME_BYTES, ErrorCode, Frame, FrameDecoder, FrameKind, Request,
+    Response, ServerHello, WireError, decode_payload, encode_frame,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -23,7 +27,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout_at};
 
-use crate::error::Error;
+use std::future::Future;
+use std::pin::Pin;
+
+use thiserror::Error;
 
 /// Bytes the writer coalesces into one write.
 const MAX_COALESCE_BYTES: usize = 256 * 1024;
@@ -32,7 +39,7 @@ const READ_CHUNK_BYTES: usize = 64 * 1024;
 
 /// What the server told us in its `ServerHello::Accepted`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ServerInfo {
+pub struct ServerInfo {
     pub version: u16,
     pub node_id: u64,
     pub cluster_id: u64,
@@ -40,9 +47,92 @@ pub(crate) struct ServerInfo {
     pub max_in_flight: u32,
 }
 
+/// Why a connection could not be opened.
+#[derive(Debug, Error)]
+pub enum ConnectError {
+    #[error("cannot connect to {addr}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{addr} rejected the handshake ({code:?}): {message}")]
+    Handshake {
+        addr: String,
+        code: ErrorCode,
+        message: String,
+    },
+    #[error("protocol error: {0}")]
+    Protocol(#[from] WireError),
+}
+
+/// A two-sided transport: one request, one response, before a deadline.
+/// The error says whether the request may have reached the server.
+pub trait RpcChannel: Send + Sync + std::fmt::Debug {
+    fn call_boxed<'a>(
+        &'a self,
+        request: &'a Request,
+        deadline: Instant,
+    ) -> Pin<Box<dyn Future<Output = Result<Response, CallError>> + Send + 'a>>;
+
+    fn is_closed(&self) -> bool;
+}
+
+impl RpcChannel for Connection {
+    fn call_boxed<'a>(
+        &'a self,
+        request: &'a Request,
+        deadline: Instant,
+    ) -> Pin<Box<dyn Future<Output = Result<Response, CallError>> + Send + 'a>> {
+        Box::pin(self.call(request, deadline))
+    }
+
+    fn is_closed(&self) -> bool {
+        Connection::is_closed(self)
+    }
+}
+
+/// What an in-process channel calls: a server's request handler.
+pub trait RpcHandler: Send + Sync + std::fmt::Debug {
+    fn handle(&self, request: Request) -> Pin<Box<dyn Future<Output = Response> + Send + '_>>;
+}
+
+/// The `mem` transport's two-sided half: requests go straight to a handler
+/// in this process (an embedded node), with the same deadline semantics.
+#[derive(Debug, Clone)]
+pub struct MemChannel {
+    handler: Arc<dyn RpcHandler>,
+}
+
+impl MemChannel {
+    pub fn new(handler: Arc<dyn RpcHandler>) -> MemChannel {
+        MemChannel { handler }
+    }
+}
+
+impl RpcChannel for MemChannel {
+    fn call_boxed<'a>(
+        &'a self,
+        request: &'a Request,
+        deadline: Instant,
+    ) -> Pin<Box<dyn Future<Output = Result<Response, CallError>> + Send + 'a>> {
+        Box::pin(async move {
+            // Handed over whole: once the handler runs, the request has
+            // reached the server, so a deadline is an unknown outcome.
+            timeout_at(deadline, self.handler.handle(request.clone()))
+                .await
+                .map_err(|_| CallError::TimedOut)
+        })
+    }
+
+    fn is_closed(&self) -> bool {
+        false
+    }
+}
+
 /// Why a call on a connection did not produce a response.
 #[derive(Debug)]
-pub(crate) enum CallError {
+pub enum CallError {
     /// The request never left this process (no credit before the deadline, the
     /// connection was already closed, or it was still queued when it broke).
     NotSent {
@@ -155,7 +245,7 @@ struct Outgoing {
 
 /// A live, handshaken connection. Dropping it stops its tasks.
 #[derive(Debug)]
-pub(crate) struct Connection {
+pub struct Connection {
     info: ServerInfo,
     shared: Arc<Shared>,
     queue: mpsc::UnboundedSender<Outgoing>,
@@ -173,12 +263,12 @@ impl Drop for Connection {
 
 impl Connection {
     /// Connects to `addr` and performs the handshake, both before `deadline`.
-    pub(crate) async fn open(
+    pub async fn open(
         addr: &str,
         hello: &ClientHello,
         deadline: Instant,
-    ) -> Result<Self, Error> {
-        let connect_err = |source: io::Error| Error::Connect {
+    ) -> Result<Self, ConnectError> {
+        let connect_err = |source: io::Error| ConnectError::Connect {
             addr: addr.to_owned(),
             source,
         };
@@ -195,13 +285,13 @@ impl Connection {
     /// Connects to a server's local Unix socket (same protocol as TCP);
     /// `addr` is the server's client address, under which the connection is
     /// pooled and reported.
-    pub(crate) async fn open_unix(
+    pub async fn open_unix(
         path: &std::path::Path,
         addr: &str,
         hello: &ClientHello,
         deadline: Instant,
-    ) -> Result<Self, Error> {
-        let connect_err = |source: io::Error| Error::Connect {
+    ) -> Result<Self, ConnectError> {
+        let connect_err = |source: io::Error| ConnectError::Connect {
             addr: format!("{addr} (unix socket {})", path.display()),
             source,
         };
@@ -220,12 +310,12 @@ impl Connection {
         mut wr: W,
         hello: &ClientHello,
         deadline: Instant,
-    ) -> Result<Self, Error>
+    ) -> Result<Self, ConnectError>
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let connect_err = |source: io::Error| Error::Connect {
+        let connect_err = |source: io::Error| ConnectError::Connect {
             addr: addr.to_owned(),
             source,
         };
@@ -245,7 +335,7 @@ impl Connection {
             wr.write_all(&out).await.map_err(connect_err)?;
             loop {
                 if let Some(frame) = decoder.decode(&mut buf)? {
-                    return Ok::<_, Error>(frame);
+                    return Ok::<_, ConnectError>(frame);
                 }
                 buf.reserve(READ_CHUNK_BYTES);
                 let n = rd.read_buf(&mut buf).await.map_err(connect_err)?;
@@ -275,7 +365,7 @@ impl Connection {
                 max_in_flight,
             },
             ServerHello::Rejected { code, message } => {
-                return Err(Error::Handshake {
+                return Err(ConnectError::Handshake {
                     addr: addr.to_owned(),
                     code,
                     message,
@@ -283,7 +373,7 @@ impl Connection {
             }
         };
         if info.max_in_flight == 0 || info.max_frame_bytes < rdkv_proto::wire::MIN_BODY_BYTES {
-            return Err(Error::Handshake {
+            return Err(ConnectError::Handshake {
                 addr: addr.to_owned(),
                 code: rdkv_proto::wire::ErrorCode::Malformed,
                 message: format!(
@@ -319,20 +409,16 @@ impl Connection {
         })
     }
 
-    pub(crate) fn info(&self) -> ServerInfo {
+    pub fn info(&self) -> ServerInfo {
         self.info
     }
 
-    pub(crate) fn is_closed(&self) -> bool {
+    pub fn is_closed(&self) -> bool {
         self.shared.closed.load(Ordering::Acquire)
     }
 
     /// Sends `request` and waits for its response until `deadline`.
-    pub(crate) async fn call(
-        &self,
-        request: &Request,
-        deadline: Instant,
-    ) -> Result<Response, CallError> {
+    pub async fn call(&self, request: &Request, deadline: Instant) -> Result<Response, CallError> {
         let credit =
             match timeout_at(deadline, Arc::clone(&self.shared.credits).acquire_owned()).await {
                 Ok(Ok(credit)) => credit,
