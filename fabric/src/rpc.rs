@@ -597,3 +597,29 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     // Every sender is gone: the connection is being dropped.
     let _ = wr.shutdown().await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A server that takes the request and never answers.
+    #[derive(Debug)]
+    struct Silent;
+
+    impl RpcHandler for Silent {
+        fn handle(&self, _: Request) -> Pin<Box<dyn Future<Output = Response> + Send + '_>> {
+            Box::pin(std::future::pending())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_mem_call_past_its_deadline_is_an_unknown_outcome() {
+        let channel = MemChannel::new(Arc::new(Silent));
+        let deadline = Instant::now() + Duration::from_millis(20);
+        let result = channel.call_boxed(&Request::Ping, deadline).await;
+        // The handler had the request: not "not sent", but timed out.
+        assert!(matches!(result, Err(CallError::TimedOut)), "{result:?}");
+        assert!(!channel.is_closed());
+    }
+}
