@@ -245,6 +245,15 @@ impl Handler {
         ErrorReply::not_leader(self.hint(leader, node))
     }
 
+    /// Writes and membership changes are the leader's: elsewhere, say who leads.
+    fn require_leader(&self) -> Result<(), ErrorReply> {
+        if self.raft.is_leader() {
+            Ok(())
+        } else {
+            Err(self.current_leader_error())
+        }
+    }
+
     fn current_leader_error(&self) -> ErrorReply {
         let leader = self.raft.metrics().borrow_watched().current_leader;
         self.not_leader(leader, None)
@@ -391,9 +400,7 @@ impl Handler {
     }
 
     async fn write(&self, command: Command) -> Reply {
-        if !self.raft.is_leader() {
-            return Err(self.current_leader_error());
-        }
+        self.require_leader()?;
         self.admit(&command)?;
         // A leader cut off from its quorum would hold the request (and the
         // connection's credit) forever: bound it; the outcome is then unknown.
@@ -489,9 +496,7 @@ impl Handler {
         client_addr: String,
         learner: bool,
     ) -> Reply {
-        if !self.raft.is_leader() {
-            return Err(self.current_leader_error());
-        }
+        self.require_leader()?;
         if id == 0 {
             return Err(ErrorReply::new(
                 ErrorCode::InvalidRequest,
@@ -519,9 +524,7 @@ impl Handler {
     }
 
     async fn promote_member(&self, id: u64) -> Reply {
-        if !self.raft.is_leader() {
-            return Err(self.current_leader_error());
-        }
+        self.require_leader()?;
         if !self.members().iter().any(|m| m.id == id) {
             return Err(ErrorReply::new(
                 ErrorCode::NotFound,
@@ -536,9 +539,7 @@ impl Handler {
     }
 
     async fn remove_member(&self, id: u64) -> Reply {
-        if !self.raft.is_leader() {
-            return Err(self.current_leader_error());
-        }
+        self.require_leader()?;
         let Some(member) = self.members().into_iter().find(|m| m.id == id) else {
             return Err(ErrorReply::new(
                 ErrorCode::NotFound,
@@ -559,9 +560,7 @@ impl Handler {
     }
 
     async fn move_leader(&self, to: u64) -> Reply {
-        if !self.raft.is_leader() {
-            return Err(self.current_leader_error());
-        }
+        self.require_leader()?;
         if !self.members().iter().any(|m| m.id == to && m.voter) {
             return Err(ErrorReply::new(
                 ErrorCode::NotFound,
