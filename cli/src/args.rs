@@ -97,6 +97,16 @@ pub enum Command {
     /// Snapshots of a node's state.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// A live view of every member (role, term, applied index, lag, ops/s,
+    /// p99, error rate, region fill), refreshed until Ctrl-C.
+    Top {
+        /// Milliseconds between refreshes.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+        interval_ms: u64,
+        /// Stop after this many refreshes (default: run until Ctrl-C).
+        #[arg(long)]
+        iterations: Option<u64>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -111,6 +111,7 @@ pub async fn run(client: &Client, command: Command) -> Result<Outcome> {
                 Json::obj([("leader_id", Json::U64(id))]),
             ))
         }
+        Command::Top { .. } => bail!("top runs on its own (see main)"),
         Command::Snapshot(SnapshotCommand::Save { file }) => {
             let info = client
                 .snapshot_to_file(&file)

@@ -8,6 +8,7 @@
 mod args;
 mod commands;
 mod output;
+mod top;
 mod views;
 
 use std::io::Write;
@@ -25,6 +26,21 @@ fn main() -> ExitCode {
         Err(e) => return fail(&anyhow::Error::new(e).context("cannot start the runtime")),
     };
     let format = cli.global.write_out;
+    if let args::Command::Top {
+        interval_ms,
+        iterations,
+    } = cli.command
+    {
+        let interval = std::time::Duration::from_millis(interval_ms);
+        let ran = runtime.block_on(async {
+            let client = commands::client(&cli.global)?;
+            top::run(&client, interval, iterations).await
+        });
+        return match ran {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(&e),
+        };
+    }
     let outcome = runtime.block_on(async {
         let client = commands::client(&cli.global)?;
         commands::run(&client, cli.command).await

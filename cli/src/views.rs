@@ -443,6 +443,8 @@ mod tests {
             served: Default::default(),
             rpc_socket: None,
             region_epoch: 1,
+            ops: Vec::new(),
+            open_connections: Default::default(),
         }
     }
 

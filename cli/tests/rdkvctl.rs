@@ -53,6 +53,8 @@ fn status(addr: SocketAddr) -> NodeStatus {
         served: Default::default(),
         rpc_socket: None,
         region_epoch: 1,
+        ops: Vec::new(),
+        open_connections: Default::default(),
     }
 }
 

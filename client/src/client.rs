@@ -198,6 +198,14 @@ impl Client {
         self.inner.one_sided.stats().await
     }
 
+    /// Reports the one-sided reads not yet reported to the servers whose
+    /// regions they read (the `rdkv_one_sided_*{source="client"}` metrics).
+    /// The client does this by itself about once a second while it reads;
+    /// call this before exiting, or before checking the metrics.
+    pub async fn flush_read_reports(&self) {
+        self.inner.one_sided.flush_reports(self).await;
+    }
+
     pub fn options(&self) -> &ClientOptions {
         &self.inner.options
     }
@@ -721,7 +729,8 @@ impl Client {
     }
 
     /// One request to exactly `addr`: no redirects, no retries elsewhere.
-    async fn request_to(&self, addr: &str, request: Request) -> Result<Response> {
+    /// One request to one node, no redirects or retries.
+    pub(crate) async fn request_to(&self, addr: &str, request: Request) -> Result<Response> {
         let start = Instant::now();
         let deadline = start + self.inner.options.request_timeout;
         let conn = self.connection(addr, deadline).await?;

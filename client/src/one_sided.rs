@@ -28,7 +28,7 @@ use rdkv_fabric::{
     attach_shm,
 };
 use rdkv_proto::region::RegionState;
-use rdkv_proto::wire::{Consistency, Versioned};
+use rdkv_proto::wire::{Consistency, ReadReport, Request, Versioned};
 
 use crate::Client;
 
@@ -84,6 +84,11 @@ struct Counters {
 struct Node {
     reader: Option<RegionReader>,
     retry_attach_at: Option<Instant>,
+    client_addr: String,
+    /// The reader's counters when they were last reported to the node.
+    reported: ReadStats,
+    /// Counts of replaced readers not yet reported.
+    unreported: ReadStats,
 }
 
 #[derive(Debug, Default)]
@@ -93,6 +98,9 @@ struct Topology {
     nodes: BTreeMap<u64, Node>,
     /// Readers of regions replaced since, kept for their statistics.
     retired_stats: ReadStats,
+    /// Refusal counters when last reported (to the leader).
+    reported_lease_refusals: u64,
+    reported_lag_refusals: u64,
 }
 
 #[derive(Debug)]
@@ -112,6 +120,41 @@ fn unix_now_us() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
+/// What happened since `before` (counters only grow between reports).
+fn stats_since(now: ReadStats, before: ReadStats) -> ReadStats {
+    ReadStats {
+        reads: now.reads.saturating_sub(before.reads),
+        hits: now.hits.saturating_sub(before.hits),
+        misses: now.misses.saturating_sub(before.misses),
+        retries_slot: now.retries_slot.saturating_sub(before.retries_slot),
+        retries_block: now.retries_block.saturating_sub(before.retries_block),
+        retries_invalidated: now
+            .retries_invalidated
+            .saturating_sub(before.retries_invalidated),
+        retries_moved: now.retries_moved.saturating_sub(before.retries_moved),
+        retries_slow: now.retries_slow.saturating_sub(before.retries_slow),
+        exhausted: now.exhausted.saturating_sub(before.exhausted),
+        cache_hits: now.cache_hits.saturating_sub(before.cache_hits),
+        cache_misses: now.cache_misses.saturating_sub(before.cache_misses),
+    }
+}
+
+fn report_of(stats: ReadStats) -> ReadReport {
+    ReadReport {
+        reads: stats.reads,
+        retries_slot: stats.retries_slot,
+        retries_block: stats.retries_block,
+        retries_invalidated: stats.retries_invalidated,
+        retries_moved: stats.retries_moved,
+        retries_slow: stats.retries_slow,
+        rpc_fallbacks: stats.exhausted,
+        cache_hits: stats.cache_hits,
+        cache_misses: stats.cache_misses,
+        lease_refusals: 0,
+        lag_refusals: 0,
+    }
+}
+
 fn add_stats(total: &mut ReadStats, s: ReadStats) {
     total.reads += s.reads;
     total.hits += s.hits;
@@ -124,6 +167,20 @@ fn add_stats(total: &mut ReadStats, s: ReadStats) {
     total.exhausted += s.exhausted;
     total.cache_hits += s.cache_hits;
     total.cache_misses += s.cache_misses;
+}
+
+/// Best effort: a report that cannot be delivered is dropped (metrics, not data).
+async fn send_reports(client: &Client, reports: Vec<(String, ReadReport)>) {
+    for (addr, report) in reports {
+        let sent = tokio::time::timeout(
+            STATUS_TIMEOUT,
+            client.request_to(&addr, Request::ReportReads(report)),
+        )
+        .await;
+        if !matches!(sent, Ok(Ok(_))) {
+            tracing::debug!(addr, "one-sided read report not delivered");
+        }
+    }
 }
 
 impl OneSided {
@@ -187,7 +244,10 @@ impl OneSided {
                 continue;
             }
             if let Some(old) = node.reader.take() {
-                add_stats(&mut topology.retired_stats, old.stats());
+                let old_stats = old.stats();
+                add_stats(&mut node.unreported, stats_since(old_stats, node.reported));
+                node.reported = ReadStats::default();
+                add_stats(&mut topology.retired_stats, old_stats);
             }
             let (socket, rpc_socket) = member_status
                 .map(|s| (s.shm_socket, s.rpc_socket))
@@ -209,9 +269,58 @@ impl OneSided {
             node.retry_attach_at = attached.is_none().then_some(now + ATTACH_BACKOFF);
             node.reader = attached;
         }
+        for member in &status.members {
+            if let Some(node) = topology.nodes.get_mut(&member.id) {
+                node.client_addr.clone_from(&member.client_addr);
+            }
+        }
         topology
             .nodes
             .retain(|id, _| status.members.iter().any(|m| m.id == *id));
+        // Servers never see one-sided reads: tell each node what was read
+        // from its region, in the background, at most once per refresh.
+        let reports = self.take_reports(topology);
+        if !reports.is_empty() {
+            let client = client.clone();
+            tokio::spawn(async move { send_reports(&client, reports).await });
+        }
+    }
+
+    /// Deltas since the last report, per node address: each node's region
+    /// reads, and the refusals for the leader.
+    fn take_reports(&self, topology: &mut Topology) -> Vec<(String, ReadReport)> {
+        let leader = topology.leader;
+        let mut reports = Vec::new();
+        for (id, node) in &mut topology.nodes {
+            let mut delta = std::mem::take(&mut node.unreported);
+            if let Some(reader) = &node.reader {
+                let now = reader.stats();
+                add_stats(&mut delta, stats_since(now, node.reported));
+                node.reported = now;
+            }
+            let mut report = report_of(delta);
+            if Some(*id) == leader {
+                let lease = self.counters.lease_refusals.load(Ordering::Relaxed);
+                let lag = self.counters.lag_refusals.load(Ordering::Relaxed);
+                report.lease_refusals = lease.saturating_sub(topology.reported_lease_refusals);
+                report.lag_refusals = lag.saturating_sub(topology.reported_lag_refusals);
+                topology.reported_lease_refusals = lease;
+                topology.reported_lag_refusals = lag;
+            }
+            if !report.is_empty() && !node.client_addr.is_empty() {
+                reports.push((node.client_addr.clone(), report));
+            }
+        }
+        reports
+    }
+
+    /// Sends what has not been reported yet, now.
+    pub(crate) async fn flush_reports(&self, client: &Client) {
+        let reports = {
+            let mut topology = self.topology.lock().await;
+            self.take_reports(&mut topology)
+        };
+        send_reports(client, reports).await;
     }
 
     async fn attach(&self, client: &Client, path: &Path) -> Option<RegionReader> {

@@ -10,6 +10,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use rdkv_proto::wire::NodeStatus;
+use serde::Serialize;
+
 use crate::accept::accept_until;
 use crate::service::Handler;
 
@@ -63,7 +66,11 @@ async fn respond(mut stream: TcpStream, handler: &Handler) -> std::io::Result<()
             (status, "application/json", body)
         }
         (b"GET", b"/status") => ("200 OK", "application/json", status_json(handler)),
-        (b"GET", b"/metrics") => ("200 OK", "text/plain; version=0.0.4", metrics_text(handler)),
+        (b"GET", b"/metrics") => (
+            "200 OK",
+            "text/plain; version=0.0.4",
+            crate::telemetry::scrape::render(handler),
+        ),
         _ => ("404 Not Found", "text/plain", "not found\n".to_owned()),
     };
     let head = format!(
@@ -90,100 +97,50 @@ fn json_escape(text: &str) -> String {
     out
 }
 
-fn status_json(handler: &Handler) -> String {
-    let s = handler.status();
-    let opt = |v: Option<u64>| v.map_or_else(|| "null".to_owned(), |v| v.to_string());
-    format!(
-        "{{\"id\":{},\"client_addr\":\"{}\",\"role\":\"{:?}\",\"term\":{},\"leader_id\":{},\
-         \"last_log_index\":{},\"commit_index\":{},\"applied_index\":{},\"snapshot_index\":{},\
-         \"region\":{{\"capacity_bytes\":{},\"used_bytes\":{},\"live_keys\":{}}},\"members\":{}}}\n",
-        s.id,
-        json_escape(&s.client_addr),
-        s.role,
-        s.term,
-        opt(s.leader_id),
-        s.last_log_index,
-        s.commit_index,
-        s.applied_index,
-        s.snapshot_index,
-        s.region.capacity_bytes,
-        s.region.used_bytes,
-        s.region.live_keys,
-        s.members.len()
-    )
+/// `/status`: the node's `endpoint status` plus its health, where it
+/// listens and what it is serving now.
+#[derive(Debug, Serialize)]
+struct StatusView {
+    #[serde(flatten)]
+    node: NodeStatus,
+    healthy: bool,
+    health_reason: String,
+    listeners: Listeners,
+    in_flight_requests: u64,
 }
 
-fn metrics_text(handler: &Handler) -> String {
-    let s = handler.status();
-    let mut out = String::new();
-    let mut gauge = |name: &str, help: &str, value: u64| {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
-        );
+#[derive(Debug, Serialize)]
+struct Listeners {
+    client_tcp: String,
+    client_unix: Option<String>,
+    shm: Option<String>,
+    resp: Option<String>,
+    http: Option<String>,
+}
+
+fn status_json(handler: &Handler) -> String {
+    let health = handler.health();
+    let endpoints = handler.endpoints();
+    let view = StatusView {
+        node: handler.status(),
+        healthy: health.healthy,
+        health_reason: health.reason,
+        listeners: Listeners {
+            client_tcp: endpoints.client.clone(),
+            client_unix: endpoints.rpc_socket.clone(),
+            shm: endpoints.shm_socket.clone(),
+            resp: endpoints.resp.clone(),
+            http: endpoints.http.clone(),
+        },
+        in_flight_requests: handler.stats().in_flight(),
     };
-    gauge("rdkv_raft_term", "Current Raft term.", s.term);
-    gauge(
-        "rdkv_raft_is_leader",
-        "1 if this node is the leader.",
-        u64::from(s.role == rdkv_proto::wire::Role::Leader),
-    );
-    gauge(
-        "rdkv_raft_last_log_index",
-        "Last log index.",
-        s.last_log_index,
-    );
-    gauge(
-        "rdkv_raft_commit_index",
-        "Cluster commit index known here.",
-        s.commit_index,
-    );
-    gauge(
-        "rdkv_raft_applied_index",
-        "Last index applied to the region.",
-        s.applied_index,
-    );
-    gauge(
-        "rdkv_region_capacity_bytes",
-        "Data area size.",
-        s.region.capacity_bytes,
-    );
-    gauge(
-        "rdkv_region_used_bytes",
-        "Bytes in live blocks.",
-        s.region.used_bytes,
-    );
-    gauge("rdkv_region_live_keys", "Live keys.", s.region.live_keys);
-    let _ = writeln!(
-        out,
-        "# HELP rdkv_requests_total Requests answered over the native protocol.\n# TYPE rdkv_requests_total counter"
-    );
-    let served = s.served;
-    for (op, count) in [
-        ("get", served.get),
-        ("mget", served.mget),
-        ("put", served.put),
-        ("delete", served.delete),
-        ("cas", served.cas),
-        ("mput", served.mput),
-        ("admin", served.admin),
-    ] {
-        let _ = writeln!(out, "rdkv_requests_total{{op=\"{op}\"}} {count}");
+    match serde_json::to_string(&view) {
+        Ok(mut json) => {
+            json.push('\n');
+            json
+        }
+        Err(e) => format!("{{\"error\":\"{}\"}}\n", json_escape(&e.to_string())),
     }
-    let _ = writeln!(
-        out,
-        "# HELP rdkv_client_connections_total Client connections accepted.\n# TYPE rdkv_client_connections_total counter"
-    );
-    for (transport, count) in [
-        ("tcp", served.tcp_connections),
-        ("unix", served.unix_connections),
-    ] {
-        let _ = writeln!(
-            out,
-            "rdkv_client_connections_total{{transport=\"{transport}\"}} {count}"
-        );
-    }
-    out
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! - [`service`]: the native client protocol.
 //! - [`http`]: health, status and metrics for probes.
 //! - [`resp`]: the RESP (Redis protocol) front end.
+//! - [`telemetry`]: Prometheus metrics, per-op statistics, Raft event logs.
 
 mod accept;
 pub mod config;
@@ -17,6 +18,7 @@ pub mod node;
 pub mod peer;
 pub mod resp;
 pub mod service;
+pub mod telemetry;
 
 use rdkv_storage::raft::TypeConfig;
 use rdkv_storage::state_machine::RegionStateMachine;

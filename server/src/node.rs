@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use crate::Raft;
 use crate::config::Config;
 use crate::peer::{PeerContext, PeerNetwork, SNAPSHOT_CHUNK_BYTES, serve_peers};
-use crate::service::{Handler, serve_clients};
+use crate::service::{Endpoints, Handler, serve_clients};
 
 /// Background tasks of a node, aborted when dropped: a start that fails
 /// half-way leaves nothing running.
@@ -123,6 +123,8 @@ fn lease_deadline_us(
 
 impl Node {
     pub async fn start(config: Config) -> Result<Node> {
+        // Before anything records a metric.
+        crate::telemetry::prometheus();
         let lock = lock_data_dir(&config)?;
         // Bind first: a port in use fails the start before Raft runs.
         let client_listener = TcpListener::bind(config.listen)
@@ -184,7 +186,7 @@ impl Node {
             config.id,
             raft_config,
             PeerNetwork::new(Arc::clone(&peers)),
-            log,
+            log.clone(),
             sm.clone(),
         )
         .await
@@ -194,6 +196,7 @@ impl Node {
             raft.clone(),
             sm,
             peers,
+            log,
             election_timeout_min_ms,
             limits,
             client_listener,
@@ -219,6 +222,7 @@ impl Node {
         raft: Raft,
         sm: RegionStateMachine,
         peers: Arc<PeerContext>,
+        log: LogStore,
         election_timeout_min_ms: u64,
         limits: Limits,
         client_listener: TcpListener,
@@ -241,14 +245,34 @@ impl Node {
             initialize(&raft, &config, &client_addr).await?;
         }
 
+        let endpoints = Endpoints {
+            client: client_addr.clone(),
+            rpc_socket: config.rpc_socket.as_ref().map(|p| p.display().to_string()),
+            shm_socket: config.shm_socket.as_ref().map(|p| p.display().to_string()),
+            resp: resp_listener
+                .as_ref()
+                .and_then(|l| l.local_addr().ok())
+                .map(|a| a.to_string()),
+            http: http_listener
+                .as_ref()
+                .and_then(|l| l.local_addr().ok())
+                .map(|a| a.to_string()),
+        };
         let handler = Arc::new(Handler::new(
             raft.clone(),
             sm.clone(),
             Arc::clone(&peers),
             limits,
-            config.shm_socket.as_ref().map(|p| p.display().to_string()),
-            config.rpc_socket.as_ref().map(|p| p.display().to_string()),
+            log,
+            endpoints,
         ));
+        tasks.push(tokio::spawn(crate::telemetry::raft_events::watch_raft(
+            raft.clone(),
+            shutdown_rx.clone(),
+        )));
+        tasks.push(tokio::spawn(crate::telemetry::recorder::upkeep(
+            shutdown_rx.clone(),
+        )));
         if let Some(path) = &config.rpc_socket {
             let listener = bind_unix(path)?;
             tasks.push(tokio::spawn(crate::service::serve_unix_clients(

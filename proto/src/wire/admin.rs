@@ -70,6 +70,58 @@ pub struct NodeStatus {
     /// Epoch of the region this node serves now (new per process start and
     /// per installed snapshot): a client mapping another epoch re-attaches.
     pub region_epoch: u64,
+    /// Per request kind (data ops and admin), since the node started.
+    pub ops: Vec<OpStats>,
+    /// Open client connections now: native TCP, native Unix socket, RESP.
+    pub open_connections: OpenConnections,
+}
+
+/// One request kind's counters on one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpStats {
+    /// [`Op::name`](super::op::Op::name).
+    pub op: String,
+    pub requests: u64,
+    /// Requests answered with an error.
+    pub errors: u64,
+    /// 99th percentile of the service time over the last 10-20 s (0: no
+    /// request in that window).
+    pub recent_p99_us: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenConnections {
+    pub tcp: u64,
+    pub unix: u64,
+    pub resp: u64,
+}
+
+/// One-sided read counters a client reports for one node's region (deltas
+/// since its previous report). Append-only.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadReport {
+    /// Reads answered from the mapped region (hit or miss).
+    pub reads: u64,
+    pub retries_slot: u64,
+    pub retries_block: u64,
+    pub retries_invalidated: u64,
+    pub retries_moved: u64,
+    pub retries_slow: u64,
+    /// Reads that gave up validating and went to the server by RPC.
+    pub rpc_fallbacks: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    /// Lease reads refused (lease absent or too close to expiry) and served
+    /// by RPC; reported to the leader whose lease it was.
+    pub lease_refusals: u64,
+    /// Follower reads refused because no replica was within the lag bound.
+    pub lag_refusals: u64,
+}
+
+impl ReadReport {
+    pub fn is_empty(&self) -> bool {
+        *self == ReadReport::default()
+    }
 }
 
 /// Requests answered by one node since it started. One-sided reads never

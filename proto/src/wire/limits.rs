@@ -163,6 +163,7 @@ impl Request {
             | Self::RemoveMember { .. }
             | Self::MoveLeader { .. }
             | Self::SnapshotRead { .. }
+            | Self::ReportReads(_)
             | Self::Clear => Ok(()),
         }
     }

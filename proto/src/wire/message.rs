@@ -8,7 +8,7 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::admin::{Health, MemberInfo, NodeStatus, SnapshotChunk};
+use super::admin::{Health, MemberInfo, NodeStatus, ReadReport, SnapshotChunk};
 use super::batch::bounded_vec;
 
 /// How fresh a read must be.
@@ -108,6 +108,10 @@ pub enum Request {
         limit: u32,
         consistency: Consistency,
     },
+    /// A client's one-sided read counters for this node's region since its
+    /// last report (the server never sees those reads otherwise); answered
+    /// with [`Response::Done`].
+    ReportReads(ReadReport),
 }
 
 /// What a [`Request::Update`] does to its key. Append-only.
@@ -340,6 +344,30 @@ impl From<u32> for ErrorCode {
 }
 
 impl ErrorCode {
+    /// The code as a metrics label: lower snake case.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::NotLeader => "not_leader",
+            Self::KeyTooLarge => "key_too_large",
+            Self::ValueTooLarge => "value_too_large",
+            Self::BatchTooLarge => "batch_too_large",
+            Self::EmptyBatch => "empty_batch",
+            Self::FrameTooLarge => "frame_too_large",
+            Self::RegionFull => "region_full",
+            Self::Unauthenticated => "unauthenticated",
+            Self::Unavailable => "unavailable",
+            Self::Timeout => "timeout",
+            Self::StaleFollower => "stale_follower",
+            Self::Malformed => "malformed",
+            Self::TooManyInFlight => "too_many_in_flight",
+            Self::UnsupportedVersion => "unsupported_version",
+            Self::Internal => "internal",
+            Self::Unknown => "unknown",
+            Self::NotFound => "not_found",
+            Self::InvalidRequest => "invalid_request",
+        }
+    }
+
     /// Whether repeating the same request (possibly at another node) may succeed.
     /// `Timeout` is excluded: the write may have happened, so only the caller knows
     /// whether a retry is safe.

@@ -18,10 +18,12 @@ pub mod frame;
 pub mod handshake;
 pub mod limits;
 pub mod message;
+pub mod op;
 pub mod shm;
 
 pub use admin::{
-    Health, MemberInfo, NodeStatus, RegionFill, ReplicationLag, Role, ServedCounts, SnapshotChunk,
+    Health, MemberInfo, NodeStatus, OpStats, OpenConnections, ReadReport, RegionFill,
+    ReplicationLag, Role, ServedCounts, SnapshotChunk,
 };
 pub use batch::HARD_MAX_BATCH_ENTRIES;
 pub use error::{LimitError, LimitsConfigError, WireError};
@@ -41,4 +43,5 @@ pub use message::{
     Consistency, ErrorCode, ErrorReply, LeaderHint, Request, Response, SetCondition, Update,
     UpdateOutcome, Versioned,
 };
+pub use op::Op;
 pub use shm::{MAX_SHM_GRANT_BYTES, SHM_GRANT_PREFIX_BYTES, ShmGrant};

@@ -21,6 +21,7 @@ use super::{
 use crate::Raft;
 use crate::accept::accept_until;
 use crate::framed::{FrameReader, FrameWriter};
+use crate::telemetry::{RateLimitedLog, RequestStats};
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const HANDSHAKE_MAX_FRAME_BYTES: u32 = 64 * 1024;
@@ -61,6 +62,9 @@ fn refusal(hello: &PeerHello, raft: &Raft, ctx: &PeerContext) -> Option<String> 
     None
 }
 
+/// See `service::AUTH_FAILURE_LOG`.
+static PEER_REFUSAL_LOG: RateLimitedLog = RateLimitedLog::new(10);
+
 async fn handle(stream: TcpStream, raft: Raft, ctx: Arc<PeerContext>) -> Result<()> {
     let _ = stream.set_nodelay(true);
     let (read, write) = stream.into_split();
@@ -73,7 +77,11 @@ async fn handle(stream: TcpStream, raft: Raft, ctx: Arc<PeerContext>) -> Result<
         .context("peer closed before its handshake")?;
     let hello: PeerHello = decode_payload(&frame).context("decoding the peer handshake")?;
     if let Some(message) = refusal(&hello, &raft, &ctx) {
-        tracing::warn!(from = hello.from_id, "refused a peer connection: {message}");
+        RequestStats::auth_failure("peer");
+        PEER_REFUSAL_LOG.warn(format_args!(
+            "refused a peer connection from node {}: {message}",
+            hello.from_id
+        ));
         writer
             .send(
                 FrameKind::ServerHello,

@@ -12,6 +12,7 @@ use rdkv_proto::wire::{
 
 use super::RespServer;
 use super::reply::Reply;
+use crate::telemetry::{RequestStats, Via};
 
 /// Sends requests this node cannot serve (it does not lead) to the leader
 /// through a native client over the cluster's client addresses.
@@ -361,6 +362,7 @@ impl<'a> Session<'a> {
                 Reply::ok()
             }
             Some(_) => {
+                RequestStats::auth_failure("resp");
                 Reply::Error("WRONGPASS invalid username-password pair or user is disabled.".into())
             }
         }
@@ -485,7 +487,7 @@ impl<'a> Session<'a> {
         let deadline = tokio::time::Instant::now() + ELECTION_WAIT;
         let mut backoff = Duration::from_millis(20);
         loop {
-            let error = match handler.handle(request.clone()).await {
+            let error = match handler.handle(request.clone(), Via::Resp).await {
                 Response::Error(error) if error.code == ErrorCode::NotLeader => error,
                 Response::Error(error) => return Err(error_reply(&error)),
                 response => return Ok(response),

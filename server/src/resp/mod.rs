@@ -36,6 +36,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::service::Handler;
+use crate::telemetry::Via;
 use commands::{Forwarder, Session};
 use parse::{ParseLimits, next_command};
 use reply::Reply;
@@ -93,6 +94,7 @@ pub async fn serve_resp(
 async fn connection(stream: TcpStream, server: Arc<RespServer>) -> Result<()> {
     let _ = stream.set_nodelay(true);
     let (mut read, mut write) = stream.into_split();
+    let _open = server.handler.stats().connection(Via::Resp);
     let mut input = BytesMut::with_capacity(READ_CHUNK_BYTES);
     let mut output = BytesMut::new();
     let mut session = Session::new(&server);

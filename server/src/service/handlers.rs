@@ -2,7 +2,6 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -10,14 +9,16 @@ use openraft::async_runtime::WatchReceiver;
 use openraft::errors::{ClientWriteError, LinearizableReadError, RaftError};
 use openraft::{ChangeMembers, ReadPolicy};
 use rdkv_proto::wire::{
-    Consistency, ErrorCode, ErrorReply, LeaderHint, Limits, MemberInfo, Request, Response,
+    Consistency, ErrorCode, ErrorReply, LeaderHint, Limits, MemberInfo, Op, Request, Response,
     SINGLE_ENTRY_OVERHEAD_BYTES, ServedCounts, SnapshotChunk, Update,
 };
 use rdkv_storage::raft::{Command, CommandResult, NodeAddr, TypeConfig};
+use rdkv_storage::raft_log::LogStore;
 use rdkv_storage::state_machine::RegionStateMachine;
 
 use crate::Raft;
 use crate::peer::PeerContext;
+use crate::telemetry::{RequestStats, Via};
 
 /// Largest snapshot piece one `SnapshotRead` returns.
 const MAX_SNAPSHOT_CHUNK_BYTES: u32 = 4 * 1024 * 1024;
@@ -29,63 +30,28 @@ const MOVE_LEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a write may wait to commit, or a read to confirm leadership.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Where this node can be reached, for `/status` and `endpoint status`.
+#[derive(Debug, Clone, Default)]
+pub struct Endpoints {
+    /// Native protocol over TCP.
+    pub client: String,
+    /// Native protocol over the local Unix socket.
+    pub rpc_socket: Option<String>,
+    /// `shm` attach socket.
+    pub shm_socket: Option<String>,
+    pub resp: Option<String>,
+    pub http: Option<String>,
+}
+
 #[derive(Debug)]
 pub struct Handler {
     raft: Raft,
     sm: RegionStateMachine,
     peers: Arc<PeerContext>,
     limits: Limits,
-    shm_socket: Option<String>,
-    rpc_socket: Option<String>,
-    served: Served,
-}
-
-/// Requests answered, by kind (see `ServedCounts`).
-#[derive(Debug, Default)]
-struct Served {
-    get: AtomicU64,
-    mget: AtomicU64,
-    put: AtomicU64,
-    delete: AtomicU64,
-    cas: AtomicU64,
-    mput: AtomicU64,
-    admin: AtomicU64,
-    tcp_connections: AtomicU64,
-    unix_connections: AtomicU64,
-    scan: AtomicU64,
-}
-
-impl Served {
-    fn count(&self, request: &Request) {
-        let counter = match request {
-            Request::Get { .. } => &self.get,
-            Request::MGet { .. } => &self.mget,
-            Request::Put { .. } => &self.put,
-            Request::Delete { .. } => &self.delete,
-            Request::Cas { .. } => &self.cas,
-            Request::MPut { .. } => &self.mput,
-            Request::Update { .. } => &self.put,
-            Request::Scan { .. } => &self.scan,
-            _ => &self.admin,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn snapshot(&self) -> ServedCounts {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        ServedCounts {
-            get: get(&self.get),
-            mget: get(&self.mget),
-            put: get(&self.put),
-            delete: get(&self.delete),
-            cas: get(&self.cas),
-            mput: get(&self.mput),
-            admin: get(&self.admin),
-            tcp_connections: get(&self.tcp_connections),
-            unix_connections: get(&self.unix_connections),
-            scan: get(&self.scan),
-        }
-    }
+    log: LogStore,
+    endpoints: Endpoints,
+    stats: RequestStats,
 }
 
 type Reply = Result<Response, ErrorReply>;
@@ -97,12 +63,7 @@ impl rdkv_fabric::RpcHandler for Handler {
         &self,
         request: Request,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send + '_>> {
-        Box::pin(async move {
-            match request.validate(&self.limits) {
-                Err(e) => Response::Error(ErrorReply::from(&e)),
-                Ok(()) => Handler::handle(self, request).await,
-            }
-        })
+        Box::pin(Handler::handle(self, request, Via::Mem))
     }
 }
 
@@ -112,40 +73,64 @@ impl Handler {
         sm: RegionStateMachine,
         peers: Arc<PeerContext>,
         limits: Limits,
-        shm_socket: Option<String>,
-        rpc_socket: Option<String>,
+        log: LogStore,
+        endpoints: Endpoints,
     ) -> Self {
         Handler {
             raft,
             sm,
             peers,
             limits,
-            shm_socket,
-            rpc_socket,
-            served: Served::default(),
+            log,
+            endpoints,
+            stats: RequestStats::default(),
         }
     }
 
-    pub(super) fn shm_socket(&self) -> Option<String> {
-        self.shm_socket.clone()
+    pub fn endpoints(&self) -> &Endpoints {
+        &self.endpoints
     }
 
-    pub(super) fn rpc_socket(&self) -> Option<String> {
-        self.rpc_socket.clone()
+    pub fn stats(&self) -> &RequestStats {
+        &self.stats
     }
 
+    pub(crate) fn log(&self) -> &LogStore {
+        &self.log
+    }
+
+    /// Requests answered over the native protocol, by kind (the older,
+    /// coarser view of [`RequestStats`]).
     pub fn served(&self) -> ServedCounts {
-        self.served.snapshot()
-    }
-
-    /// Counts an accepted client connection (after its handshake).
-    pub(super) fn connected(&self, unix: bool) {
-        let counter = if unix {
-            &self.served.unix_connections
-        } else {
-            &self.served.tcp_connections
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+        let n = |op| self.stats.requests_of(op);
+        let (tcp_connections, unix_connections) = self.stats.accepted();
+        let data = [
+            Op::Get,
+            Op::MGet,
+            Op::Put,
+            Op::Update,
+            Op::Delete,
+            Op::Cas,
+            Op::MPut,
+            Op::Scan,
+        ];
+        let admin = Op::ALL
+            .iter()
+            .filter(|op| !data.contains(op))
+            .map(|&op| n(op))
+            .sum();
+        ServedCounts {
+            get: n(Op::Get),
+            mget: n(Op::MGet),
+            put: n(Op::Put) + n(Op::Update),
+            delete: n(Op::Delete),
+            cas: n(Op::Cas),
+            mput: n(Op::MPut),
+            admin,
+            tcp_connections,
+            unix_connections,
+            scan: n(Op::Scan),
+        }
     }
 
     pub fn token(&self) -> Option<&str> {
@@ -158,6 +143,16 @@ impl Handler {
 
     pub fn limits(&self) -> Limits {
         self.limits
+    }
+
+    pub fn region_stats(&self) -> rdkv_storage::RegionStats {
+        self.sm.region_stats()
+    }
+
+    /// Validation counters of this node's own lock-free reader (current
+    /// region; they restart when a snapshot install replaces the region).
+    pub fn local_read_stats(&self) -> rdkv_fabric::ReadStats {
+        self.sm.reader().stats()
     }
 
     /// Keys held by this node's region (DBSIZE).
@@ -177,8 +172,24 @@ impl Handler {
         &self.peers
     }
 
-    pub async fn handle(&self, request: Request) -> Response {
-        self.served.count(&request);
+    /// Serves one request that arrived `via` a transport: checks its limits,
+    /// answers it, and accounts for it in the metrics.
+    pub async fn handle(&self, request: Request, via: Via) -> Response {
+        let op = request.op();
+        let flight = self.stats.start();
+        let response = match request.validate(&self.limits) {
+            Err(e) => Response::Error(ErrorReply::from(&e)),
+            Ok(()) => self.dispatch(request).await,
+        };
+        let error = match &response {
+            Response::Error(reply) => Some(reply.code),
+            _ => None,
+        };
+        self.stats.finish(flight, op, via, error);
+        response
+    }
+
+    async fn dispatch(&self, request: Request) -> Response {
         let reply = match request {
             Request::Ping => Ok(Response::Pong),
             Request::Get { key, consistency } => self.get(&key, consistency).await,
@@ -215,6 +226,10 @@ impl Handler {
             }
             Request::Update { key, update } => self.write(Command::Update { key, update }).await,
             Request::Clear => self.write(Command::Clear).await,
+            Request::ReportReads(report) => {
+                crate::telemetry::scrape::client_reads(&report);
+                Ok(Response::Done)
+            }
             Request::Scan {
                 start_key,
                 end_key,

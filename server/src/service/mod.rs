@@ -21,8 +21,14 @@ use tokio::sync::{Semaphore, mpsc, watch};
 
 use crate::accept::accept_until;
 use crate::framed::{FrameReader, FrameWriter, FramedError};
+use crate::telemetry::{RateLimitedLog, RequestStats, Via};
 
-pub use handlers::Handler;
+/// Refused handshakes are logged at most once per this period (with a count
+/// of the ones not logged): a client retrying a bad token must not flood
+/// the log.
+static AUTH_FAILURE_LOG: RateLimitedLog = RateLimitedLog::new(10);
+
+pub use handlers::{Endpoints, Handler};
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const HANDSHAKE_MAX_FRAME_BYTES: u32 = 64 * 1024;
@@ -66,7 +72,7 @@ fn accept_hello(hello: &ClientHello, handler: &Handler) -> Result<u16, ServerHel
 async fn connection(stream: TcpStream, peer: String, handler: Arc<Handler>) -> Result<()> {
     let _ = stream.set_nodelay(true);
     let (read, write) = stream.into_split();
-    serve_stream(read, write, &peer, false, handler).await
+    serve_stream(read, write, &peer, Via::Tcp, handler).await
 }
 
 /// The native protocol over a local Unix socket: same handshake, same
@@ -79,7 +85,7 @@ pub async fn serve_unix_clients(
     accept_until(listener, "unix client", shutdown, |stream, peer| {
         let (read, write) = stream.into_split();
         let handler = Arc::clone(&handler);
-        async move { serve_stream(read, write, &peer, true, handler).await }
+        async move { serve_stream(read, write, &peer, Via::Unix, handler).await }
     })
     .await;
 }
@@ -88,7 +94,7 @@ async fn serve_stream<R, W>(
     read: R,
     write: W,
     addr: &str,
-    unix: bool,
+    via: Via,
     handler: Arc<Handler>,
 ) -> Result<()>
 where
@@ -130,15 +136,28 @@ where
             };
             writer.send(FrameKind::ServerHello, 0, &accepted).await?;
             reader.set_max_frame_bytes(limits.max_frame_bytes);
-            handler.connected(unix);
         }
         Err(reply) => {
-            tracing::warn!(%addr, client = %hello.client_name, "refused a client: {reply:?}");
+            if matches!(
+                reply,
+                ServerHello::Rejected {
+                    code: ErrorCode::Unauthenticated,
+                    ..
+                }
+            ) {
+                RequestStats::auth_failure("client");
+            }
+            AUTH_FAILURE_LOG.warn(format_args!(
+                "refused a client from {addr} ({}): {reply:?}",
+                hello.client_name
+            ));
             writer.send(FrameKind::ServerHello, 0, &reply).await?;
             bail!("handshake refused");
         }
     }
 
+    let handler_for_guard = Arc::clone(&handler);
+    let _open = handler_for_guard.stats().connection(via);
     let credits = Arc::new(Semaphore::new(MAX_IN_FLIGHT as usize));
     let (done_tx, mut done_rx) = mpsc::channel::<(u64, Response)>(MAX_IN_FLIGHT as usize);
     let write_task = tokio::spawn(async move {
@@ -153,7 +172,7 @@ where
         Ok::<_, FramedError>(())
     });
 
-    let result = read_requests(&mut reader, &handler, &limits, &credits, &done_tx).await;
+    let result = read_requests(&mut reader, &handler, via, &credits, &done_tx).await;
     drop(done_tx);
     // Let the answers to requests already read go out.
     let _ = write_task.await;
@@ -186,12 +205,18 @@ fn queue_response<W: AsyncWrite + Unpin>(
 async fn read_requests<R: AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
     handler: &Arc<Handler>,
-    limits: &Limits,
+    via: Via,
     credits: &Arc<Semaphore>,
     done: &mpsc::Sender<(u64, Response)>,
 ) -> Result<()> {
     loop {
-        let permit = Arc::clone(credits).acquire_owned().await?;
+        let permit = match Arc::clone(credits).try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                handler.stats().backpressure(via);
+                Arc::clone(credits).acquire_owned().await?
+            }
+        };
         let frame = match reader.next().await {
             Ok(Some(frame)) => frame,
             Ok(None) => return Ok(()),
@@ -214,14 +239,13 @@ async fn read_requests<R: AsyncRead + Unpin>(
         let request = decode_payload::<Request>(&frame);
         let handler = Arc::clone(handler);
         let done = done.clone();
-        let limits = *limits;
         tokio::spawn(async move {
             let response = match request {
-                Err(e) => Response::Error(ErrorReply::new(ErrorCode::Malformed, e.to_string())),
-                Ok(request) => match request.validate(&limits) {
-                    Err(e) => Response::Error(ErrorReply::from(&e)),
-                    Ok(()) => handler.handle(request).await,
-                },
+                Err(e) => {
+                    handler.stats().malformed(via);
+                    Response::Error(ErrorReply::new(ErrorCode::Malformed, e.to_string()))
+                }
+                Ok(request) => handler.handle(request, via).await,
             };
             let _ = done.send((request_id, response)).await;
             drop(permit);

@@ -72,24 +72,41 @@ impl Handler {
             },
             members: self.members(),
             replication,
-            shm_socket: self.shm_socket(),
+            shm_socket: self.endpoints().shm_socket.clone(),
             served: self.served(),
-            rpc_socket: self.rpc_socket(),
+            rpc_socket: self.endpoints().rpc_socket.clone(),
             region_epoch: self.sm().region_epoch(),
+            ops: self.stats().ops(),
+            open_connections: self.stats().open_connections(),
         }
     }
 
     pub fn health(&self) -> Health {
         let metrics = self.raft().metrics().borrow_watched().clone();
+        let quorum_contact_bound_ms = self.raft().config().election_timeout_max;
+        let voters = metrics.membership_config.membership().voter_ids().count();
         let reason = if let Err(e) = &metrics.running_state {
             format!("raft stopped: {e}")
         } else if metrics.current_leader.is_none() {
-            "no leader known".to_owned()
+            format!(
+                "no leader known (term {}, role {:?})",
+                metrics.current_term, metrics.state
+            )
+        } else if let Some(silent_ms) =
+            leader_silence_ms(&metrics, voters).filter(|&ms| ms > quorum_contact_bound_ms)
+        {
+            format!(
+                "leading without a quorum's acknowledgement for {silent_ms} ms \
+                 (over the {quorum_contact_bound_ms} ms election timeout): partitioned?"
+            )
         } else {
             let committed = metrics.cluster_committed.map_or(0, |l| l.index);
             let lag = committed.saturating_sub(self.sm().applied_index());
             if lag > HEALTHY_APPLY_LAG_ENTRIES {
-                format!("applied index trails the commit index by {lag} entries")
+                format!(
+                    "applied index trails the commit index by {lag} entries \
+                     (over {HEALTHY_APPLY_LAG_ENTRIES})"
+                )
             } else {
                 String::new()
             }
@@ -99,4 +116,21 @@ impl Handler {
             reason,
         }
     }
+}
+
+/// How long a leader of a multi-voter cluster has gone without a quorum's
+/// acknowledgement (`None` when not leading, or alone: a single voter is
+/// its own quorum).
+fn leader_silence_ms(
+    metrics: &openraft::RaftMetrics<rdkv_storage::raft::TypeConfig>,
+    voters: usize,
+) -> Option<u64> {
+    if metrics.state != ServerState::Leader || voters <= 1 {
+        return None;
+    }
+    // Not yet acknowledged: just elected (the first heartbeat is on its
+    // way), so not reported as silent.
+    let acked = metrics.last_quorum_acked.as_ref()?;
+    let age = openraft::Instant::elapsed(&**acked);
+    Some(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))
 }

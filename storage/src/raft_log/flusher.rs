@@ -34,7 +34,9 @@ impl Counters {
     pub fn sync(&self, file: &File) -> io::Result<()> {
         let start = Instant::now();
         let result = file.sync_data();
-        let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let elapsed = start.elapsed();
+        metrics::histogram!("rdkv_raft_log_fsync_duration_seconds").record(elapsed.as_secs_f64());
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         self.fsyncs.fetch_add(1, Ordering::Relaxed);
         self.fsync_nanos.fetch_add(nanos, Ordering::Relaxed);
         result
@@ -161,6 +163,7 @@ fn run(queue: &Queue, counters: &Counters) {
             counters
                 .entries_flushed
                 .fetch_add(entries, Ordering::Relaxed);
+            metrics::histogram!("rdkv_raft_log_entries_per_fsync").record(entries as f64);
         }
         for callback in callbacks {
             let r = match &result {

@@ -323,6 +323,12 @@ impl RegionStateMachine {
         }
         self.persist(&meta, &bytes).await?;
         self.lock().snapshot = Some((meta.clone(), bytes.clone()));
+        metrics::counter!("rdkv_snapshot_builds_total").increment(1);
+        tracing::info!(
+            last_log_index = index_of(&meta),
+            bytes = bytes.len(),
+            "snapshot built and persisted"
+        );
         Ok(Snapshot {
             meta,
             snapshot: bytes,
@@ -477,6 +483,8 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
         self.shared.applied_index.store(index, Ordering::Release);
         // Remote readers holding the old region see it retired and re-attach.
         old.retire_region().map_err(StateMachineError::from)?;
+        metrics::counter!("rdkv_snapshot_installs_total").increment(1);
+        tracing::info!(last_log_index = index, "snapshot installed");
         Ok(())
     }
 

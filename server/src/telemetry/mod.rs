@@ -1,0 +1,26 @@
+//! What a node tells its operators: Prometheus metrics, per-op statistics
+//! for `endpoint status` / `rdkvctl top`, and log lines for Raft events.
+//!
+//! Two kinds of figures, kept apart on purpose:
+//!
+//! - **Events** are recorded where they happen, through the `metrics`
+//!   facade (requests, errors, latencies, fsyncs, snapshots, client read
+//!   reports): counters and histograms in the node's Prometheus recorder
+//!   ([`recorder`]).
+//! - **State** (Raft indexes, region fill, log size, per-follower lag, open
+//!   connections) is read when `/metrics` is scraped ([`scrape`]), so it is
+//!   never stale and a node that stops leading stops reporting follower lag.
+//!
+//! A process has one recorder; every metric carries no node label (the
+//! scraper adds `instance`). Nodes embedded several to a process (tests)
+//! share it.
+
+mod log_limit;
+pub mod raft_events;
+pub mod recorder;
+pub mod requests;
+pub mod scrape;
+
+pub use log_limit::RateLimitedLog;
+pub use recorder::prometheus;
+pub use requests::{ConnectionGuard, RequestStats, Via};

@@ -1,0 +1,233 @@
+//! The process's Prometheus recorder, installed on first use.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Latency buckets, 10 µs to 10 s: a one-sided miss on a busy node and a
+/// stalled fsync both land in a real bucket.
+const SECONDS_BUCKETS: [f64; 19] = [
+    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+const ENTRIES_BUCKETS: [f64; 12] = [
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
+];
+/// Histogram samples are buffered until drained; drain at least this often
+/// even when nobody scrapes, so memory stays bounded.
+pub const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The handle that renders this process's metrics. The first call installs
+/// the recorder as the global one; if another recorder is already installed
+/// (a test harness), metrics recorded through the facade go there and this
+/// handle renders only what is described.
+pub fn prometheus() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let builder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full("rdkv_raft_log_entries_per_fsync".into()),
+                    &ENTRIES_BUCKETS,
+                )
+            });
+        // Only an empty bucket list fails, and ours are constants.
+        let builder = builder.unwrap_or_else(|_| PrometheusBuilder::new());
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        if metrics::set_global_recorder(recorder).is_err() {
+            tracing::warn!("a metrics recorder was already installed; /metrics shows only part");
+        }
+        describe();
+        register_zeroes();
+        handle
+    })
+}
+
+/// Counters of rare events exist from the start at 0, so that a dashboard
+/// or an alert on them has a series to read before the first event.
+fn register_zeroes() {
+    for name in [
+        "rdkv_raft_elections_total",
+        "rdkv_raft_leader_changes_total",
+        "rdkv_snapshot_builds_total",
+        "rdkv_snapshot_installs_total",
+    ] {
+        counter!(name).increment(0);
+    }
+    for transport in ["tcp", "unix"] {
+        counter!("rdkv_backpressure_events_total", "transport" => transport).increment(0);
+    }
+    for path in ["client", "peer", "resp"] {
+        counter!("rdkv_auth_failures_total", "path" => path).increment(0);
+    }
+    for reason in ["lease", "lag"] {
+        counter!("rdkv_one_sided_refusals_total", "reason" => reason).increment(0);
+    }
+}
+
+fn describe() {
+    describe_counter!(
+        "rdkv_requests_total",
+        "Requests received, by op and transport (tcp, unix, mem, resp)."
+    );
+    describe_counter!(
+        "rdkv_request_errors_total",
+        "Requests answered with an error, by op, transport and error code."
+    );
+    describe_histogram!(
+        "rdkv_request_duration_seconds",
+        Unit::Seconds,
+        "Time from a request's arrival to its answer, by op."
+    );
+    describe_counter!(
+        "rdkv_connections_accepted_total",
+        "Client connections accepted, by transport."
+    );
+    describe_counter!(
+        "rdkv_backpressure_events_total",
+        "Times a connection used all its credits and the server stopped reading it until one came back."
+    );
+    describe_counter!(
+        "rdkv_auth_failures_total",
+        "Handshakes refused for a wrong or missing token, by path (client, peer, shm, resp)."
+    );
+    describe_counter!(
+        "rdkv_one_sided_reads_total",
+        "One-sided reads of this node's region: source=client as reported by clients, source=server by the node's own reader."
+    );
+    describe_counter!(
+        "rdkv_one_sided_retries_total",
+        "One-sided read attempts that started over, by source and cause."
+    );
+    describe_counter!(
+        "rdkv_one_sided_cache_total",
+        "Index cache lookups of one-sided readers, by source and result."
+    );
+    describe_counter!(
+        "rdkv_one_sided_rpc_fallbacks_total",
+        "One-sided reads that gave up validating and were served by RPC, by source."
+    );
+    describe_counter!(
+        "rdkv_one_sided_refusals_total",
+        "Client one-sided reads refused before reading (reason=lease: lease absent or near expiry; reason=lag: no replica within the lag bound) and sent by RPC."
+    );
+    describe_counter!(
+        "rdkv_raft_elections_total",
+        "Term changes seen by this node (each is an election somewhere in the cluster)."
+    );
+    describe_counter!(
+        "rdkv_raft_leader_changes_total",
+        "Times the leader this node knows changed (including to none)."
+    );
+    describe_counter!(
+        "rdkv_snapshot_builds_total",
+        "Snapshots built from the region."
+    );
+    describe_counter!(
+        "rdkv_snapshot_installs_total",
+        "Snapshots received from the leader and installed."
+    );
+    describe_histogram!(
+        "rdkv_raft_log_fsync_duration_seconds",
+        Unit::Seconds,
+        "Duration of each fdatasync of a raft log segment."
+    );
+    describe_histogram!(
+        "rdkv_raft_log_entries_per_fsync",
+        "Log entries made durable by one group-commit fsync."
+    );
+    describe_gauge!("rdkv_in_flight_requests", "Requests being served now.");
+    for (name, help) in [
+        ("rdkv_raft_term", "Current Raft term."),
+        ("rdkv_raft_is_leader", "1 if this node leads."),
+        ("rdkv_raft_has_leader", "1 if this node knows a leader."),
+        (
+            "rdkv_raft_last_log_index",
+            "Index of the last entry in this node's log.",
+        ),
+        (
+            "rdkv_raft_commit_index",
+            "Cluster commit index known to this node.",
+        ),
+        (
+            "rdkv_raft_applied_index",
+            "Last log index applied to the region.",
+        ),
+        (
+            "rdkv_raft_snapshot_index",
+            "Last log index covered by the current snapshot.",
+        ),
+        (
+            "rdkv_raft_members",
+            "Members (voters and learners) in the configuration.",
+        ),
+        ("rdkv_region_live_keys", "Live keys in the region."),
+        (
+            "rdkv_region_index_slots",
+            "Slots in the region's hash index.",
+        ),
+        (
+            "rdkv_region_fragmentation_ratio",
+            "1 - largest free extent / free bytes (0: free space is one piece).",
+        ),
+        (
+            "rdkv_region_grace_queue_blocks",
+            "Freed blocks waiting for their grace period.",
+        ),
+        ("rdkv_raft_log_segments", "Segment files of the raft log."),
+        (
+            "rdkv_open_connections",
+            "Client connections open now, by transport (tcp, unix, resp).",
+        ),
+        ("rdkv_limit", "Configured limits, by name."),
+    ] {
+        describe_gauge!(name, help);
+    }
+    for (name, help) in [
+        ("rdkv_raft_log_bytes", "Bytes of raft log segments on disk."),
+        (
+            "rdkv_region_capacity_bytes",
+            "Size of the region's data area.",
+        ),
+        (
+            "rdkv_region_used_bytes",
+            "Bytes in live blocks (size classes).",
+        ),
+        (
+            "rdkv_region_payload_bytes",
+            "Bytes of live keys and values.",
+        ),
+        ("rdkv_region_free_bytes", "Free bytes in the data area."),
+        (
+            "rdkv_region_grace_queue_bytes",
+            "Bytes of freed blocks waiting for their grace period.",
+        ),
+    ] {
+        describe_gauge!(name, Unit::Bytes, help);
+    }
+    describe_counter!(
+        "rdkv_region_reclaimed_blocks_total",
+        "Blocks returned to the allocator after their grace period (current region)."
+    );
+    describe_counter!(
+        "rdkv_region_reclaimed_bytes_total",
+        Unit::Bytes,
+        "Bytes returned to the allocator after their grace period (current region)."
+    );
+}
+
+/// Drains buffered histogram samples every [`UPKEEP_INTERVAL`] until shutdown.
+pub async fn upkeep(mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let handle = prometheus();
+    let mut tick = tokio::time::interval(UPKEEP_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => handle.run_upkeep(),
+            _ = shutdown.changed() => return,
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! Per-request accounting: one call per answered request feeds both the
+//! Prometheus metrics and the per-op figures of `endpoint status`.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use metrics::{counter, gauge, histogram};
+use rdkv_proto::wire::{ErrorCode, Op, OpStats, OpenConnections};
+
+/// How a request reached the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    Tcp,
+    Unix,
+    /// In process (`mem` transport).
+    Mem,
+    /// The RESP front end.
+    Resp,
+}
+
+impl Via {
+    pub fn name(self) -> &'static str {
+        match self {
+            Via::Tcp => "tcp",
+            Via::Unix => "unix",
+            Via::Mem => "mem",
+            Via::Resp => "resp",
+        }
+    }
+}
+
+/// The recent-latency window of `endpoint status`: two histograms, the
+/// current one and the one before, swapped every `WINDOW`; a p99 covers the
+/// last 10-20 s. Bounded memory whatever the load.
+const WINDOW: Duration = Duration::from_secs(10);
+/// Latencies are clamped to this (µs) so recording never fails.
+const MAX_TRACKED_US: u64 = 60_000_000;
+
+#[derive(Debug)]
+struct Window {
+    current: Histogram<u64>,
+    previous: Histogram<u64>,
+    started: Instant,
+}
+
+impl Window {
+    fn new() -> Option<Window> {
+        let histogram = Histogram::new_with_bounds(1, MAX_TRACKED_US, 2).ok()?;
+        Some(Window {
+            current: histogram.clone(),
+            previous: histogram,
+            started: Instant::now(),
+        })
+    }
+
+    fn rotate(&mut self, now: Instant) {
+        let age = now.saturating_duration_since(self.started);
+        if age >= WINDOW * 2 {
+            self.previous.reset();
+            self.current.reset();
+            self.started = now;
+        } else if age >= WINDOW {
+            std::mem::swap(&mut self.previous, &mut self.current);
+            self.current.reset();
+            self.started = now;
+        }
+    }
+
+    fn record(&mut self, now: Instant, us: u64) {
+        self.rotate(now);
+        self.current.saturating_record(us.clamp(1, MAX_TRACKED_US));
+    }
+
+    fn p99_us(&mut self, now: Instant) -> u64 {
+        self.rotate(now);
+        let mut both = self.previous.clone();
+        if both.add(&self.current).is_err() || both.is_empty() {
+            return 0;
+        }
+        both.value_at_quantile(0.99)
+    }
+}
+
+#[derive(Debug)]
+struct PerOp {
+    requests: AtomicU64,
+    errors: AtomicU64,
+    window: Mutex<Option<Window>>,
+}
+
+/// Request and connection accounting of one node.
+#[derive(Debug)]
+pub struct RequestStats {
+    ops: Vec<PerOp>,
+    open_tcp: AtomicU64,
+    open_unix: AtomicU64,
+    open_resp: AtomicU64,
+    accepted_tcp: AtomicU64,
+    accepted_unix: AtomicU64,
+    in_flight: AtomicU64,
+}
+
+impl Default for RequestStats {
+    fn default() -> Self {
+        RequestStats {
+            ops: Op::ALL
+                .iter()
+                .map(|_| PerOp {
+                    requests: AtomicU64::new(0),
+                    errors: AtomicU64::new(0),
+                    window: Mutex::new(Window::new()),
+                })
+                .collect(),
+            open_tcp: AtomicU64::new(0),
+            open_unix: AtomicU64::new(0),
+            open_resp: AtomicU64::new(0),
+            accepted_tcp: AtomicU64::new(0),
+            accepted_unix: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+        }
+    }
+}
+
+impl RequestStats {
+    /// A request is being served until the guard drops.
+    pub fn start(&self) -> InFlight<'_> {
+        let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        gauge!("rdkv_in_flight_requests").set(now as f64);
+        InFlight {
+            stats: self,
+            started: Instant::now(),
+        }
+    }
+
+    /// Records an answered request: `error` is the code it was answered
+    /// with, if it failed.
+    pub fn finish(&self, flight: InFlight<'_>, op: Op, via: Via, error: Option<ErrorCode>) {
+        let elapsed = flight.started.elapsed();
+        drop(flight);
+        let labels = [("op", op.name()), ("transport", via.name())];
+        counter!("rdkv_requests_total", &labels).increment(1);
+        histogram!("rdkv_request_duration_seconds", "op" => op.name())
+            .record(elapsed.as_secs_f64());
+        let Some(per_op) = self.ops.get(op.index()) else {
+            return;
+        };
+        per_op.requests.fetch_add(1, Ordering::Relaxed);
+        if let Some(code) = error {
+            per_op.errors.fetch_add(1, Ordering::Relaxed);
+            counter!(
+                "rdkv_request_errors_total",
+                "op" => op.name(),
+                "transport" => via.name(),
+                "code" => code.name()
+            )
+            .increment(1);
+        }
+        let us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        let mut window = per_op
+            .window
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(window) = window.as_mut() {
+            window.record(Instant::now(), us);
+        }
+    }
+
+    /// A request that could not even be decoded (no op to charge it to).
+    pub fn malformed(&self, via: Via) {
+        counter!(
+            "rdkv_request_errors_total",
+            "op" => "unknown",
+            "transport" => via.name(),
+            "code" => ErrorCode::Malformed.name()
+        )
+        .increment(1);
+    }
+
+    /// A connection used all its credits: the server stops reading it.
+    pub fn backpressure(&self, via: Via) {
+        counter!("rdkv_backpressure_events_total", "transport" => via.name()).increment(1);
+    }
+
+    pub fn auth_failure(path: &'static str) {
+        counter!("rdkv_auth_failures_total", "path" => path).increment(1);
+    }
+
+    /// Counts an accepted connection as open until the guard drops.
+    pub fn connection(&self, via: Via) -> ConnectionGuard<'_> {
+        counter!("rdkv_connections_accepted_total", "transport" => via.name()).increment(1);
+        match via {
+            Via::Tcp => self.accepted_tcp.fetch_add(1, Ordering::Relaxed),
+            Via::Unix => self.accepted_unix.fetch_add(1, Ordering::Relaxed),
+            Via::Mem | Via::Resp => 0,
+        };
+        self.open(via).fetch_add(1, Ordering::Relaxed);
+        ConnectionGuard { stats: self, via }
+    }
+
+    fn open(&self, via: Via) -> &AtomicU64 {
+        match via {
+            Via::Tcp | Via::Mem => &self.open_tcp,
+            Via::Unix => &self.open_unix,
+            Via::Resp => &self.open_resp,
+        }
+    }
+
+    pub fn open_connections(&self) -> OpenConnections {
+        OpenConnections {
+            tcp: self.open_tcp.load(Ordering::Relaxed),
+            unix: self.open_unix.load(Ordering::Relaxed),
+            resp: self.open_resp.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Requests of kind `op` answered since start.
+    pub fn requests_of(&self, op: Op) -> u64 {
+        self.ops
+            .get(op.index())
+            .map_or(0, |per_op| per_op.requests.load(Ordering::Relaxed))
+    }
+
+    /// Native-protocol connections accepted since start: (TCP, Unix socket).
+    pub fn accepted(&self) -> (u64, u64) {
+        (
+            self.accepted_tcp.load(Ordering::Relaxed),
+            self.accepted_unix.load(Ordering::Relaxed),
+        )
+    }
+
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Per-op figures for `endpoint status`: ops that have been used.
+    pub fn ops(&self) -> Vec<OpStats> {
+        let now = Instant::now();
+        Op::ALL
+            .iter()
+            .zip(&self.ops)
+            .filter_map(|(op, per_op)| {
+                let requests = per_op.requests.load(Ordering::Relaxed);
+                (requests > 0).then(|| OpStats {
+                    op: op.name().to_owned(),
+                    requests,
+                    errors: per_op.errors.load(Ordering::Relaxed),
+                    recent_p99_us: per_op
+                        .window
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .as_mut()
+                        .map_or(0, |w| w.p99_us(now)),
+                })
+            })
+            .collect()
+    }
+}
+
+/// A request in service; see [`RequestStats::start`].
+#[derive(Debug)]
+pub struct InFlight<'a> {
+    stats: &'a RequestStats,
+    started: Instant,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let now = self.stats.in_flight.fetch_sub(1, Ordering::Relaxed) - 1;
+        gauge!("rdkv_in_flight_requests").set(now as f64);
+    }
+}
+
+/// An open connection; see [`RequestStats::connection`].
+#[derive(Debug)]
+pub struct ConnectionGuard<'a> {
+    stats: &'a RequestStats,
+    via: Via,
+}
+
+impl Drop for ConnectionGuard<'_> {
+    fn drop(&mut self) {
+        self.stats.open(self.via).fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_forgets_old_latencies() {
+        let mut window = Window::new().unwrap();
+        let t0 = window.started;
+        for _ in 0..100 {
+            window.record(t0, 5_000);
+        }
+        assert!((4_900..=5_100).contains(&window.p99_us(t0)));
+        // Still counted one window later (it is the previous window now)...
+        let t1 = t0 + WINDOW;
+        window.record(t1, 10);
+        assert!(window.p99_us(t1) >= 4_900);
+        // ...and gone two windows later.
+        let t2 = t1 + WINDOW;
+        window.record(t2, 10);
+        assert!(window.p99_us(t2) < 100);
+        assert_eq!(window.p99_us(t2 + WINDOW * 2), 0);
+    }
+
+    #[test]
+    fn ops_count_requests_errors_and_connections() {
+        let stats = RequestStats::default();
+        for error in [None, None, Some(ErrorCode::NotLeader)] {
+            let flight = stats.start();
+            assert_eq!(stats.in_flight(), 1);
+            stats.finish(flight, Op::Put, Via::Tcp, error);
+        }
+        assert_eq!(stats.in_flight(), 0);
+        let ops = stats.ops();
+        assert_eq!(ops.len(), 1);
+        assert_eq!(
+            (ops[0].op.as_str(), ops[0].requests, ops[0].errors),
+            ("put", 3, 1)
+        );
+        assert!(ops[0].recent_p99_us >= 1);
+        {
+            let _a = stats.connection(Via::Unix);
+            let _b = stats.connection(Via::Resp);
+            assert_eq!(stats.open_connections().unix, 1);
+            assert_eq!(stats.open_connections().resp, 1);
+        }
+        assert_eq!(stats.open_connections(), OpenConnections::default());
+    }
+}
