@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rdkv_proto::wire::{
-    ClientHello, Consistency, DEFAULT_MAX_BATCH_KEYS, ErrorCode, Health, MemberInfo, NodeStatus,
-    Request, Response, SnapshotChunk, Update, UpdateOutcome, Versioned,
+    ClientHello, Consistency, DEFAULT_MAX_BATCH_KEYS, ErrorCode, Fault, Health, MemberInfo,
+    NodeStatus, Request, Response, SnapshotChunk, Update, UpdateOutcome, Versioned,
 };
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::time::{Instant, sleep_until};
@@ -196,6 +196,19 @@ impl Client {
     /// What the one-sided (`shm`) read path has done so far.
     pub async fn one_sided_stats(&self) -> OneSidedStats {
         self.inner.one_sided.stats().await
+    }
+
+    /// Injects a fault into the node at `endpoint` (a partition from some
+    /// peers, a slow disk, or healing), for fault tests against nodes
+    /// started with `--fault-injection`; other nodes refuse it.
+    pub async fn inject_fault(&self, endpoint: &str, fault: Fault) -> Result<()> {
+        match self
+            .request_to(endpoint, Request::InjectFault(fault))
+            .await?
+        {
+            Response::Done => Ok(()),
+            other => Err(unexpected("InjectFault", &other)),
+        }
     }
 
     /// Reports the one-sided reads not yet reported to the servers whose

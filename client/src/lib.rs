@@ -88,6 +88,6 @@ pub use error::{Error, Result};
 pub use one_sided::{OneSidedStats, Transport};
 pub use options::ClientOptions;
 pub use rdkv_proto::wire::{
-    Consistency, ErrorCode, ErrorReply, Health, LeaderHint, MemberInfo, NodeStatus, OpStats,
+    Consistency, ErrorCode, ErrorReply, Fault, Health, LeaderHint, MemberInfo, NodeStatus, OpStats,
     OpenConnections, RegionFill, ReplicationLag, Role, Versioned,
 };

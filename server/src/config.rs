@@ -73,6 +73,10 @@ pub struct Args {
     /// Allow binding non-loopback addresses without a token.
     #[arg(long, env = "RDKV_INSECURE")]
     pub insecure: bool,
+    /// Accept fault-injection requests (partition, slow fsync) from
+    /// authenticated clients. For fault tests only; never in production.
+    #[arg(long, env = "RDKV_FAULT_INJECTION", hide = true)]
+    pub fault_injection: bool,
     /// Region size in MiB. Default 256.
     #[arg(long, env = "RDKV_REGION_MIB")]
     pub region_mib: Option<u64>,
@@ -148,6 +152,7 @@ pub struct Config {
     pub snapshot_entries: u64,
     pub snapshot_keep_entries: u64,
     pub log_format: LogFormat,
+    pub fault_injection: bool,
 }
 
 pub fn parse_initial_cluster(spec: &str) -> Result<BTreeMap<u64, String>> {
@@ -325,6 +330,7 @@ impl Config {
                 .or(file.snapshot_keep_entries)
                 .unwrap_or(1000),
             log_format,
+            fault_injection: args.fault_injection,
         })
     }
 }

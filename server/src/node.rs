@@ -265,6 +265,7 @@ impl Node {
             limits,
             log,
             endpoints,
+            config.fault_injection,
         ));
         tasks.push(tokio::spawn(crate::telemetry::raft_events::watch_raft(
             raft.clone(),

@@ -4,6 +4,7 @@
 //! Every node gets its own 127.0.0.x address (x = 10 + node id) with ports
 //! chosen per test run, so concurrent tests do not collide.
 
+pub mod netns;
 pub mod prometheus;
 pub mod stress_value;
 
@@ -15,7 +16,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use rdkv_client::{Client, ClientOptions};
+use rdkv_client::{Client, ClientOptions, Fault};
 
 /// Path of a workspace binary (`rdkv-server`, `rdkvctl`), built once per
 /// test process with the profile this test was built with: cargo builds only
@@ -69,6 +70,8 @@ pub struct NodeProc {
     pub data_dir: PathBuf,
     pub log_path: PathBuf,
     pub extra_args: Vec<String>,
+    /// The network namespace the node runs in (fault tests), if any.
+    pub netns: Option<String>,
     child: Option<Child>,
 }
 
@@ -85,6 +88,25 @@ impl NodeProc {
             data_dir: root.join(format!("node-{id}")),
             log_path: root.join(format!("node-{id}.log")),
             extra_args: Vec::new(),
+            netns: None,
+            child: None,
+        }
+    }
+
+    /// A node in its own network namespace at `ip`: the address is its
+    /// own, so the ports can be the defaults.
+    fn in_namespace(id: u64, root: &Path, ip: std::net::Ipv4Addr, netns: String) -> NodeProc {
+        let addr = |port: u16| SocketAddr::new(ip.into(), port);
+        NodeProc {
+            id,
+            client_addr: addr(7379),
+            peer_addr: addr(7380),
+            http_addr: addr(9379),
+            resp_addr: addr(6380),
+            data_dir: root.join(format!("node-{id}")),
+            log_path: root.join(format!("node-{id}.log")),
+            extra_args: Vec::new(),
+            netns: Some(netns),
             child: None,
         }
     }
@@ -98,7 +120,18 @@ impl NodeProc {
             .append(true)
             .open(&self.log_path)
             .context("opening the node log")?;
-        let child = Command::new(binary("rdkv-server"))
+        let mut command = match &self.netns {
+            // `ip netns exec` execs the server: the child's pid is the server's.
+            Some(ns) => {
+                let mut command = Command::new("ip");
+                command
+                    .args(["netns", "exec", ns])
+                    .arg(binary("rdkv-server"));
+                command
+            }
+            None => Command::new(binary("rdkv-server")),
+        };
+        let child = command
             .arg("--id")
             .arg(self.id.to_string())
             .arg("--data-dir")
@@ -173,6 +206,9 @@ impl Drop for NodeProc {
 #[derive(Debug)]
 pub struct Cluster {
     pub nodes: BTreeMap<u64, NodeProc>,
+    /// Dropped after the nodes (field order): namespaces go once the
+    /// processes in them are gone.
+    lab: Option<netns::Lab>,
     root: tempfile::TempDir,
     initial_cluster: String,
     extra_args: Vec<String>,
@@ -203,6 +239,7 @@ impl Cluster {
             .join(",");
         let mut cluster = Cluster {
             nodes,
+            lab: None,
             root,
             initial_cluster,
             extra_args: extra,
@@ -211,6 +248,117 @@ impl Cluster {
             cluster.restart(id)?;
         }
         Ok(cluster)
+    }
+
+    /// A cluster for fault tests: nodes accept fault injection, and where
+    /// this host allows it (root, iproute2) each runs in its own network
+    /// namespace so that [`Cluster::partition`] cuts real links; otherwise
+    /// they run on 127.0.0.x and partitions use the peer network's
+    /// fault-injection hook. [`Cluster::network_kind`] says which.
+    pub fn start_faulty(n: u64, extra_args: &[&str]) -> Result<Cluster> {
+        let mut extra: Vec<&str> = vec!["--fault-injection"];
+        extra.extend_from_slice(extra_args);
+        if !netns::Lab::available() {
+            return Cluster::start_with(n, &extra);
+        }
+        // The bridge is a private network, but not loopback: the server
+        // wants a token or --insecure for that.
+        extra.push("--insecure");
+        let lab = netns::Lab::create(n)?;
+        let root = tempfile::tempdir()?;
+        let extra: Vec<String> = extra.iter().map(|a| (*a).to_owned()).collect();
+        let nodes: BTreeMap<u64, NodeProc> = (1..=n)
+            .map(|id| {
+                let mut node =
+                    NodeProc::in_namespace(id, root.path(), lab.node_ip(id), lab.namespace(id));
+                node.extra_args = extra.clone();
+                (id, node)
+            })
+            .collect();
+        let initial_cluster = nodes
+            .values()
+            .map(|node| format!("{}={}", node.id, node.peer_addr))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = Cluster {
+            nodes,
+            lab: Some(lab),
+            root,
+            initial_cluster,
+            extra_args: extra,
+        };
+        for id in 1..=n {
+            cluster.restart(id)?;
+        }
+        Ok(cluster)
+    }
+
+    /// `"netns"` or `"loopback"`: how partitions are made in this cluster.
+    pub fn network_kind(&self) -> &'static str {
+        if self.lab.is_some() {
+            "netns"
+        } else {
+            "loopback"
+        }
+    }
+
+    /// Cuts Raft traffic between every pair of nodes in different groups
+    /// (both directions); clients still reach every node. Replaces any
+    /// previous partition.
+    pub async fn partition(&self, groups: &[&[u64]]) -> Result<()> {
+        if let Some(lab) = &self.lab {
+            return lab.partition(groups);
+        }
+        for group in groups {
+            let others: Vec<u64> = groups
+                .iter()
+                .filter(|g| !std::ptr::eq(**g, *group))
+                .flat_map(|g| g.iter().copied())
+                .collect();
+            for &id in *group {
+                self.inject(
+                    id,
+                    Fault::Isolate {
+                        peers: others.clone(),
+                    },
+                )
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes partitions and slow disks.
+    pub async fn heal(&self) -> Result<()> {
+        if let Some(lab) = &self.lab {
+            lab.heal()?;
+        }
+        for id in self.nodes.keys() {
+            if self.nodes.get(id).is_some_and(|n| n.child.is_some()) {
+                self.inject(*id, Fault::Heal).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes node `id`'s log fsyncs `delay_ms` slower (0: normal again).
+    pub async fn slow_fsync(&self, id: u64, delay_ms: u64) -> Result<()> {
+        self.inject(id, Fault::SlowFsync { delay_ms }).await
+    }
+
+    async fn inject(&self, id: u64, fault: Fault) -> Result<()> {
+        let endpoint = self.node(id)?.client_addr.to_string();
+        let client = Client::new(
+            std::slice::from_ref(&endpoint),
+            ClientOptions {
+                request_timeout: Duration::from_secs(5),
+                ..ClientOptions::default()
+            },
+        )?;
+        client
+            .inject_fault(&endpoint, fault)
+            .await
+            .with_context(|| format!("injecting a fault into node {id}"))
     }
 
     /// (Re)starts node `id` with the cluster's initial membership.
@@ -222,7 +370,13 @@ impl Cluster {
     /// Starts a new node that joins through `seed`'s client address.
     pub fn join(&mut self, id: u64, seed: u64) -> Result<()> {
         let seed_addr = self.node(seed)?.client_addr.to_string();
-        let mut node = NodeProc::new(id, self.root.path());
+        let mut node = match &mut self.lab {
+            Some(lab) => {
+                lab.add_node(id)?;
+                NodeProc::in_namespace(id, self.root.path(), lab.node_ip(id), lab.namespace(id))
+            }
+            None => NodeProc::new(id, self.root.path()),
+        };
         node.extra_args = self.extra_args.clone();
         node.start(&["--join".to_owned(), seed_addr])?;
         self.nodes.insert(id, node);

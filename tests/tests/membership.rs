@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use bytes::Bytes;
+use rdkv_client::{ClientOptions, Transport};
 use rdkv_proto::wire::{Consistency, ErrorCode};
 use rdkv_tests::{Cluster, check, eventually};
 
@@ -39,7 +40,16 @@ fn first_segment_index(data_dir: &Path) -> Result<u64> {
 
 /// Reads every key from node `id` alone (follower read) and compares.
 async fn node_has_all_keys(cluster: &Cluster, id: u64) -> Result<()> {
-    let client = cluster.client_of(id).await?;
+    // By RPC to that node: a one-sided follower read could be served from
+    // another replica's region mapped on this host.
+    let client = cluster.client_of_with(
+        id,
+        ClientOptions {
+            transport: Transport::Tcp,
+            request_timeout: Duration::from_secs(10),
+            ..ClientOptions::default()
+        },
+    )?;
     let keys: Vec<Bytes> = (0..KEYS).map(|i| Bytes::from(key(i))).collect();
     let values = client
         .mget_with(
@@ -119,15 +129,19 @@ async fn joiner_catches_up_by_snapshot_then_is_removed() -> Result<()> {
             async || node_has_all_keys(cluster, 4).await,
         )
         .await?;
-        let status = cluster.status_of(4).await?;
         // It holds at least the leader's snapshot from before the join, and
         // its log starts after a snapshot, not at index 0: it never received
         // the entries the snapshot covers (segments are named after their
         // first index).
-        ensure!(
-            status.snapshot_index >= leader_snapshot,
-            "node 4 has no snapshot covering {leader_snapshot}: {status:?}"
-        );
+        let status = eventually(Duration::from_secs(15), "node 4's snapshot", async || {
+            let status = cluster.status_of(4).await?;
+            ensure!(
+                status.snapshot_index >= leader_snapshot,
+                "node 4 has no snapshot covering {leader_snapshot}: {status:?}"
+            );
+            Ok(status)
+        })
+        .await?;
         let first = first_segment_index(&cluster.node(4)?.data_dir)?;
         ensure!(
             first > 0,

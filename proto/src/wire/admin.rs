@@ -160,3 +160,18 @@ pub struct SnapshotChunk {
     pub offset: u64,
     pub data: bytes::Bytes,
 }
+
+/// A fault a test injects into a node started with `--fault-injection`
+/// (refused otherwise). Append-only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Fault {
+    /// Drop all Raft traffic between this node and these members, both
+    /// directions: outgoing RPCs fail as unreachable, incoming ones are not
+    /// answered and their connection is closed. Replaces the previous set.
+    Isolate { peers: Vec<u64> },
+    /// Undo every fault.
+    Heal,
+    /// Delay every raft log fsync by this much (0: no delay), as a slow or
+    /// overloaded disk would.
+    SlowFsync { delay_ms: u64 },
+}

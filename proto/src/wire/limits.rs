@@ -164,6 +164,7 @@ impl Request {
             | Self::MoveLeader { .. }
             | Self::SnapshotRead { .. }
             | Self::ReportReads(_)
+            | Self::InjectFault(_)
             | Self::Clear => Ok(()),
         }
     }

@@ -8,7 +8,7 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::admin::{Health, MemberInfo, NodeStatus, ReadReport, SnapshotChunk};
+use super::admin::{Fault, Health, MemberInfo, NodeStatus, ReadReport, SnapshotChunk};
 use super::batch::bounded_vec;
 
 /// How fresh a read must be.
@@ -112,6 +112,9 @@ pub enum Request {
     /// last report (the server never sees those reads otherwise); answered
     /// with [`Response::Done`].
     ReportReads(ReadReport),
+    /// Test-only fault injection (nodes started with `--fault-injection`);
+    /// answered with [`Response::Done`].
+    InjectFault(Fault),
 }
 
 /// What a [`Request::Update`] does to its key. Append-only.

@@ -22,7 +22,7 @@ pub mod op;
 pub mod shm;
 
 pub use admin::{
-    Health, MemberInfo, NodeStatus, OpStats, OpenConnections, ReadReport, RegionFill,
+    Fault, Health, MemberInfo, NodeStatus, OpStats, OpenConnections, ReadReport, RegionFill,
     ReplicationLag, Role, ServedCounts, SnapshotChunk,
 };
 pub use batch::HARD_MAX_BATCH_ENTRIES;

@@ -24,11 +24,12 @@ pub enum Op {
     MoveLeader,
     SnapshotRead,
     ReportReads,
+    InjectFault,
 }
 
 impl Op {
     /// Every op, in a fixed order (indexes of per-op tables).
-    pub const ALL: [Op; 19] = [
+    pub const ALL: [Op; 20] = [
         Op::Get,
         Op::MGet,
         Op::Put,
@@ -48,6 +49,7 @@ impl Op {
         Op::MoveLeader,
         Op::SnapshotRead,
         Op::ReportReads,
+        Op::InjectFault,
     ];
 
     pub fn name(self) -> &'static str {
@@ -71,6 +73,7 @@ impl Op {
             Op::MoveLeader => "move_leader",
             Op::SnapshotRead => "snapshot_read",
             Op::ReportReads => "report_reads",
+            Op::InjectFault => "inject_fault",
         }
     }
 
@@ -119,6 +122,7 @@ impl Request {
             Request::MoveLeader { .. } => Op::MoveLeader,
             Request::SnapshotRead { .. } => Op::SnapshotRead,
             Request::ReportReads(_) => Op::ReportReads,
+            Request::InjectFault(_) => Op::InjectFault,
         }
     }
 }

@@ -6,7 +6,7 @@
 mod network;
 mod service;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
 use bytes::Bytes;
@@ -80,9 +80,27 @@ pub struct PeerContext {
     /// Max bytes of a snapshot this node accepts (bounded by its region).
     pub max_snapshot_bytes: u64,
     client_addrs: Mutex<HashMap<u64, String>>,
+    /// Members this node must not talk to (fault injection, tests only).
+    isolated_from: Mutex<BTreeSet<u64>>,
 }
 
 impl PeerContext {
+    /// Fault injection: from now on, drop all Raft traffic with `peers`.
+    pub fn isolate_from(&self, peers: impl IntoIterator<Item = u64>) {
+        *self
+            .isolated_from
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = peers.into_iter().collect();
+    }
+
+    /// Whether traffic with node `id` is being dropped (fault injection).
+    pub fn is_isolated_from(&self, id: u64) -> bool {
+        self.isolated_from
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .contains(&id)
+    }
+
     pub fn new(
         node_id: u64,
         client_addr: String,
@@ -95,6 +113,7 @@ impl PeerContext {
             token,
             max_snapshot_bytes,
             client_addrs: Mutex::new(HashMap::new()),
+            isolated_from: Mutex::new(BTreeSet::new()),
         }
     }
 

@@ -147,6 +147,13 @@ impl PeerConn {
         request: &PeerRequest,
         timeout: Duration,
     ) -> Result<PeerResponse, RPCError<TypeConfig>> {
+        if self.ctx.is_isolated_from(self.target) {
+            self.conn = None;
+            return Err(unreachable(format!(
+                "node {} is cut off by fault injection",
+                self.target
+            )));
+        }
         let (mut reader, mut writer) = match self.conn.take() {
             Some(conn) => conn,
             None => self.connect().await?,

@@ -103,6 +103,11 @@ async fn handle(stream: TcpStream, raft: Raft, ctx: Arc<PeerContext>) -> Result<
 
     let mut incoming: Option<(SnapshotMeta, BytesMut)> = None;
     while let Some(frame) = reader.next().await? {
+        if ctx.is_isolated_from(hello.from_id) {
+            // As if the network lost it: no answer, and the sender's
+            // connection goes away.
+            bail!("node {} is cut off by fault injection", hello.from_id);
+        }
         let response = match decode_payload::<PeerRequest>(&frame) {
             Err(e) => PeerResponse::Failed(format!("undecodable request: {e}")),
             Ok(request) => dispatch(request, &raft, &ctx, &mut incoming).await,

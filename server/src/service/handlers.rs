@@ -9,8 +9,8 @@ use openraft::async_runtime::WatchReceiver;
 use openraft::errors::{ClientWriteError, LinearizableReadError, RaftError};
 use openraft::{ChangeMembers, ReadPolicy};
 use rdkv_proto::wire::{
-    Consistency, ErrorCode, ErrorReply, LeaderHint, Limits, MemberInfo, Op, Request, Response,
-    SINGLE_ENTRY_OVERHEAD_BYTES, ServedCounts, SnapshotChunk, Update,
+    Consistency, ErrorCode, ErrorReply, Fault, LeaderHint, Limits, MemberInfo, Op, Request,
+    Response, SINGLE_ENTRY_OVERHEAD_BYTES, ServedCounts, SnapshotChunk, Update,
 };
 use rdkv_storage::raft::{Command, CommandResult, NodeAddr, TypeConfig};
 use rdkv_storage::raft_log::LogStore;
@@ -52,6 +52,7 @@ pub struct Handler {
     log: LogStore,
     endpoints: Endpoints,
     stats: RequestStats,
+    fault_injection: bool,
 }
 
 type Reply = Result<Response, ErrorReply>;
@@ -75,6 +76,7 @@ impl Handler {
         limits: Limits,
         log: LogStore,
         endpoints: Endpoints,
+        fault_injection: bool,
     ) -> Self {
         Handler {
             raft,
@@ -84,6 +86,7 @@ impl Handler {
             log,
             endpoints,
             stats: RequestStats::default(),
+            fault_injection,
         }
     }
 
@@ -226,6 +229,7 @@ impl Handler {
             }
             Request::Update { key, update } => self.write(Command::Update { key, update }).await,
             Request::Clear => self.write(Command::Clear).await,
+            Request::InjectFault(fault) => self.inject_fault(fault),
             Request::ReportReads(report) => {
                 crate::telemetry::scrape::client_reads(&report);
                 Ok(Response::Done)
@@ -407,6 +411,27 @@ impl Handler {
             pairs: page.pairs,
             more: page.more,
         })
+    }
+
+    fn inject_fault(&self, fault: Fault) -> Reply {
+        if !self.fault_injection {
+            return Err(ErrorReply::new(
+                ErrorCode::InvalidRequest,
+                "fault injection is disabled (start the node with --fault-injection)",
+            ));
+        }
+        tracing::warn!(?fault, "fault injected");
+        match fault {
+            Fault::Isolate { peers } => self.peers.isolate_from(peers),
+            Fault::Heal => {
+                self.peers.isolate_from([]);
+                self.log.set_fsync_delay(Duration::ZERO);
+            }
+            Fault::SlowFsync { delay_ms } => {
+                self.log.set_fsync_delay(Duration::from_millis(delay_ms));
+            }
+        }
+        Ok(Response::Done)
     }
 
     /// Refuses a write the region could not take with headroom to spare.

@@ -27,12 +27,18 @@ pub(crate) struct Counters {
     pub entries_flushed: AtomicU64,
     pub flush_rounds: AtomicU64,
     pub max_batch: AtomicU64,
+    /// Failpoint (tests only): every segment fsync first sleeps this long.
+    pub fsync_delay_us: AtomicU64,
 }
 
 impl Counters {
     /// `sync_data` on a segment, counted and timed.
     pub fn sync(&self, file: &File) -> io::Result<()> {
         let start = Instant::now();
+        let delay_us = self.fsync_delay_us.load(Ordering::Relaxed);
+        if delay_us > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(delay_us));
+        }
         let result = file.sync_data();
         let elapsed = start.elapsed();
         metrics::histogram!("rdkv_raft_log_fsync_duration_seconds").record(elapsed.as_secs_f64());

@@ -293,6 +293,15 @@ impl LogStore {
         &self.shared.options
     }
 
+    /// Failpoint for fault tests: every segment fsync from now on takes at
+    /// least `delay` longer (zero removes the delay), as on a slow disk.
+    pub fn set_fsync_delay(&self, delay: std::time::Duration) {
+        self.shared.counters.fsync_delay_us.store(
+            u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
     pub fn stats(&self) -> LogStats {
         self.shared.stats()
     }

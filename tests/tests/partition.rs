@@ -1,0 +1,162 @@
+//! Real partitions (network namespaces where the host allows, else the
+//! peer network's fault hook): an isolated leader loses its leadership and
+//! its health, the majority elects another and keeps taking writes, and
+//! after healing every replica converges; a slow disk slows writes but
+//! loses nothing.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use rdkv_client::{Client, ClientOptions, Consistency, Transport};
+use rdkv_tests::prometheus::http_get;
+use rdkv_tests::{Cluster, check};
+
+const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
+
+fn client_of(cluster: &Cluster, ids: &[u64]) -> Result<Client> {
+    let endpoints = ids
+        .iter()
+        .map(|id| Ok(cluster.node(*id)?.client_addr.to_string()))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Client::new(
+        &endpoints,
+        ClientOptions {
+            transport: Transport::Tcp,
+            request_timeout: Duration::from_secs(10),
+            ..ClientOptions::default()
+        },
+    )?)
+}
+
+async fn leader_among(cluster: &Cluster, ids: &[u64], not: u64) -> Result<u64> {
+    let deadline = Instant::now() + LEADER_TIMEOUT;
+    loop {
+        for &id in ids {
+            if let Ok(status) = cluster.status_of(id).await
+                && let Some(leader) = status.leader_id
+                && leader != not
+                && ids.contains(&leader)
+            {
+                return Ok(leader);
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("no leader among {ids:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_leader_is_replaced_and_the_cluster_converges() -> Result<()> {
+    let mut cluster = Cluster::start_faulty(3, &[])?;
+    println!("network: {}", cluster.network_kind());
+    check(&mut cluster, Duration::from_secs(120), async |cluster| {
+        let old = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+        let majority: Vec<u64> = (1..=3).filter(|&id| id != old).collect();
+        let all = client_of(cluster, &[1, 2, 3])?;
+        all.put("before", "1").await?;
+
+        cluster.partition(&[&[old], &majority]).await?;
+        let new = leader_among(cluster, &majority, old).await?;
+        let writer = client_of(cluster, &majority)?;
+        for i in 0..20 {
+            writer.put(format!("during{i}"), "x").await?;
+        }
+        // The old leader cannot serve linearizable reads or writes.
+        let cut_off = client_of(cluster, &[old])?;
+        let read = tokio::time::timeout(
+            Duration::from_secs(15),
+            cut_off.get_with("during0", Consistency::Linearizable),
+        )
+        .await;
+        ensure!(
+            !matches!(read, Ok(Ok(Some(_)))),
+            "the isolated old leader served a linearizable read: {read:?}"
+        );
+        let health = tokio::task::spawn_blocking({
+            let addr = cluster.node(old)?.http_addr;
+            move || http_get(addr, "/health")
+        })
+        .await??;
+        ensure!(
+            health.0 == 503,
+            "the isolated node reports healthy: {health:?}"
+        );
+
+        cluster.heal().await?;
+        let last = writer.put("after", "1").await?;
+        for id in 1..=3 {
+            let node = client_of(cluster, &[id])?;
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let status = node.status().await;
+                if status.as_ref().is_ok_and(|s| s.applied_index >= last) {
+                    break;
+                }
+                ensure!(
+                    Instant::now() < deadline,
+                    "node {id} never caught up: {status:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let level = Consistency::Follower {
+                max_lag_entries: u64::MAX,
+            };
+            for i in 0..20 {
+                let got = node.get_with(format!("during{i}"), level).await?;
+                ensure!(got.is_some(), "node {id} lacks during{i}");
+            }
+        }
+        println!("leader {old} isolated, {new} elected, converged at {last}");
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_disk_slows_writes_but_loses_none() -> Result<()> {
+    let mut cluster = Cluster::start_faulty(3, &[])?;
+    check(&mut cluster, Duration::from_secs(90), async |cluster| {
+        let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+        let client = client_of(cluster, &[1, 2, 3])?;
+        for id in 1..=3 {
+            cluster.slow_fsync(id, 30).await?;
+        }
+        let mut acknowledged = Vec::new();
+        for i in 0..30 {
+            let key = format!("slow{i}");
+            client.put(key.clone(), "v").await?;
+            acknowledged.push(key);
+        }
+        let log = tokio::task::spawn_blocking({
+            let addr = cluster.node(leader)?.http_addr;
+            move || http_get(addr, "/metrics")
+        })
+        .await??
+        .1;
+        let parsed = rdkv_tests::prometheus::parse(&log)?;
+        let slow = parsed.sum(
+            "rdkv_raft_log_fsync_duration_seconds_bucket",
+            &[("le", "0.025")],
+        );
+        let count = parsed.sum("rdkv_raft_log_fsync_duration_seconds_count", &[]);
+        ensure!(
+            count > slow,
+            "no fsync took longer than 25 ms under a 30 ms delay"
+        );
+        cluster.heal().await?;
+        cluster.node_mut(leader)?.kill();
+        cluster.restart(leader)?;
+        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+        for key in &acknowledged {
+            let got = client
+                .get_with(key.clone(), Consistency::Linearizable)
+                .await
+                .with_context(|| format!("reading {key}"))?;
+            ensure!(got.is_some(), "acknowledged {key} lost");
+        }
+        Ok(())
+    })
+    .await
+}
