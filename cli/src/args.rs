@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use rdkv_client::Consistency;
 
 use crate::output::Format;
 
@@ -67,6 +68,22 @@ pub enum Command {
         #[arg(long, default_value_t = 100)]
         max_lag: u64,
     },
+    /// Lists pairs in key order from START (inclusive): key and value lines.
+    Scan {
+        start: OsString,
+        /// Stop before this key (exclusive); default: the end of the key space.
+        #[arg(long)]
+        end: Option<OsString>,
+        /// At most this many pairs.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// As for `get`; scans are always served by a node (RPC).
+        #[arg(long, value_enum, default_value_t = ConsistencyArg::Lease)]
+        consistency: ConsistencyArg,
+        /// Log entries a follower scan may trail the leader by.
+        #[arg(long, default_value_t = 100)]
+        max_lag: u64,
+    },
     /// Deletes a key; prints the number of keys deleted (1 or 0).
     Del { key: OsString },
     /// Membership: list, add, promote, remove.
@@ -88,6 +105,20 @@ pub enum ConsistencyArg {
     Lease,
     Follower,
     Local,
+}
+
+impl ConsistencyArg {
+    /// The read level; `max_lag_entries` applies to `follower` only.
+    pub fn level(self, max_lag_entries: u64) -> Consistency {
+        match self {
+            Self::Linearizable => Consistency::Linearizable,
+            Self::Lease => Consistency::Lease,
+            Self::Follower => Consistency::Follower { max_lag_entries },
+            Self::Local => Consistency::Follower {
+                max_lag_entries: u64::MAX,
+            },
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]

@@ -3,14 +3,13 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use rdkv_client::{Client, ClientOptions, Consistency};
+use rdkv_client::{Client, ClientOptions};
 
-use crate::args::{
-    Command, ConsistencyArg, EndpointCommand, Global, MemberCommand, SnapshotCommand, arg_bytes,
-};
+use crate::args::{Command, EndpointCommand, Global, MemberCommand, SnapshotCommand, arg_bytes};
 use crate::output::{Json, Message, View};
 use crate::views::{
-    DelView, GetView, HealthRow, HealthView, MembersView, PutView, StatusRow, StatusView, fill_lag,
+    DelView, GetView, HealthRow, HealthView, MembersView, PutView, ScanView, StatusRow, StatusView,
+    fill_lag,
 };
 
 /// What a command produced: something to print, and whether it failed anyway
@@ -59,21 +58,32 @@ pub async fn run(client: &Client, command: Command) -> Result<Outcome> {
             max_lag,
         } => {
             let key = arg_bytes(key);
-            let consistency = match consistency {
-                ConsistencyArg::Linearizable => Consistency::Linearizable,
-                ConsistencyArg::Lease => Consistency::Lease,
-                ConsistencyArg::Follower => Consistency::Follower {
-                    max_lag_entries: max_lag,
-                },
-                ConsistencyArg::Local => Consistency::Follower {
-                    max_lag_entries: u64::MAX,
-                },
-            };
+            let consistency = consistency.level(max_lag);
             let value = client
                 .get_with(key.clone(), consistency)
                 .await
                 .context("get failed")?;
             Ok(Outcome::ok(GetView { key, value }))
+        }
+        Command::Scan {
+            start,
+            end,
+            limit,
+            consistency,
+            max_lag,
+        } => {
+            let pairs = client
+                .scan_range(
+                    arg_bytes(start),
+                    end.map(|end| arg_bytes(end).into()),
+                    limit,
+                    consistency.level(max_lag),
+                )
+                .await
+                .context("scan failed")?;
+            Ok(Outcome::ok(ScanView {
+                pairs: pairs.into_iter().map(|(k, v)| (k.to_vec(), v)).collect(),
+            }))
         }
         Command::Del { key } => {
             let deleted = client.delete(arg_bytes(key)).await.context("del failed")?;

@@ -72,6 +72,53 @@ impl View for GetView {
     }
 }
 
+/// `scan`: each pair as two lines, key then value (as `etcdctl get --prefix`).
+#[derive(Debug)]
+pub struct ScanView {
+    pub pairs: Vec<(Vec<u8>, Versioned)>,
+}
+
+impl View for ScanView {
+    fn simple(&self) -> String {
+        let mut lines = Vec::with_capacity(self.pairs.len() * 2);
+        for (key, v) in &self.pairs {
+            lines.push(show_bytes(key).0.into_owned());
+            lines.push(show_bytes(&v.value).0.into_owned());
+        }
+        lines.join("\n")
+    }
+
+    fn table(&self) -> String {
+        let mut t = Table::new(["KEY", "VALUE", "VERSION"]);
+        for (key, v) in &self.pairs {
+            t.row([
+                show_bytes(key).0.into_owned(),
+                show_bytes(&v.value).0.into_owned(),
+                v.version.to_string(),
+            ]);
+        }
+        t.render()
+    }
+
+    fn json(&self) -> Json {
+        let kvs = self
+            .pairs
+            .iter()
+            .map(|(key, v)| {
+                let mut fields = Vec::new();
+                Json::push_bytes(&mut fields, "key", key);
+                Json::push_bytes(&mut fields, "value", &v.value);
+                fields.push(("version".into(), Json::U64(v.version)));
+                Json::Obj(fields)
+            })
+            .collect();
+        Json::obj([
+            ("count", Json::U64(self.pairs.len() as u64)),
+            ("kvs", Json::Arr(kvs)),
+        ])
+    }
+}
+
 /// `del`: how many keys were deleted (1 or 0), as etcdctl prints it.
 #[derive(Debug)]
 pub struct DelView {

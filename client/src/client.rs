@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rdkv_proto::wire::{
-    ClientHello, Consistency, ErrorCode, Health, MemberInfo, NodeStatus, Request, Response,
-    SnapshotChunk, Update, UpdateOutcome, Versioned,
+    ClientHello, Consistency, DEFAULT_MAX_BATCH_KEYS, ErrorCode, Health, MemberInfo, NodeStatus,
+    Request, Response, SnapshotChunk, Update, UpdateOutcome, Versioned,
 };
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::time::{Instant, sleep_until};
@@ -319,6 +319,87 @@ impl Client {
             Response::Values(values) if values.len() == n => Ok(values),
             other => Err(unexpected("MGet", &other)),
         }
+    }
+
+    /// Up to `limit` pairs in key order (bytewise) from `start_key` (inclusive),
+    /// with the default consistency. See [`Client::scan_range`].
+    pub async fn scan(
+        &self,
+        start_key: impl Into<Bytes>,
+        limit: usize,
+    ) -> Result<Vec<(Bytes, Versioned)>> {
+        self.scan_range(
+            start_key,
+            None,
+            limit,
+            self.inner.options.default_consistency,
+        )
+        .await
+    }
+
+    pub async fn scan_with(
+        &self,
+        start_key: impl Into<Bytes>,
+        limit: usize,
+        consistency: Consistency,
+    ) -> Result<Vec<(Bytes, Versioned)>> {
+        self.scan_range(start_key, None, limit, consistency).await
+    }
+
+    /// Up to `limit` pairs in key order from `start_key` (inclusive) to
+    /// `end_key` (exclusive; `None`: no end). Always served by RPC from the
+    /// server's ordered key index (the region's hash index has no order).
+    ///
+    /// One reply is one consistent view at the serving node's applied index.
+    /// A scan larger than one reply (more than 1024 pairs, or more bytes than
+    /// a frame holds) continues after the last key it got, in further
+    /// requests, each consistent on its own but not with each other, like
+    /// paging through etcd with a limit.
+    pub async fn scan_range(
+        &self,
+        start_key: impl Into<Bytes>,
+        end_key: Option<Bytes>,
+        limit: usize,
+        consistency: Consistency,
+    ) -> Result<Vec<(Bytes, Versioned)>> {
+        let mut start_key = start_key.into();
+        let mut out: Vec<(Bytes, Versioned)> = Vec::new();
+        while out.len() < limit {
+            let page_limit = (limit - out.len()).min(DEFAULT_MAX_BATCH_KEYS as usize);
+            let request = Request::Scan {
+                start_key: start_key.clone(),
+                end_key: end_key.clone(),
+                limit: u32::try_from(page_limit).unwrap_or(DEFAULT_MAX_BATCH_KEYS),
+                consistency,
+            };
+            let (pairs, more) = match self
+                .request(request, read_route(consistency), Idempotence::Read)
+                .await?
+            {
+                Response::Pairs { pairs, more } if pairs.len() <= page_limit => (pairs, more),
+                other => return Err(unexpected("Scan", &other)),
+            };
+            let page_full = pairs.len() == page_limit;
+            let Some((last, _)) = pairs.last() else {
+                break;
+            };
+            let in_order = pairs.windows(2).all(|w| w[0].0 < w[1].0);
+            if !in_order || pairs[0].0 < start_key {
+                return Err(Error::UnexpectedResponse {
+                    request: "Scan",
+                    response: "pairs out of key order or before the start key".to_owned(),
+                });
+            }
+            // The smallest key after `last`.
+            let mut next = last.to_vec();
+            next.push(0);
+            start_key = Bytes::from(next);
+            out.extend(pairs);
+            if !more && !page_full {
+                break;
+            }
+        }
+        Ok(out)
     }
 
     /// Writes several pairs atomically (one log entry); returns its version.

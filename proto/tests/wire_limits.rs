@@ -120,6 +120,21 @@ fn batch_at_max_is_accepted_over_max_and_empty_are_rejected() {
     assert_eq!(ErrorCode::from(&over), ErrorCode::BatchTooLarge);
     assert_eq!(mget(0).validate(&limits), Err(LimitError::EmptyBatch));
     assert_eq!(mput(0).validate(&limits), Err(LimitError::EmptyBatch));
+
+    // A scan's limit is a batch size; its keys are keys.
+    let scan = |limit: u32, end_key: Option<Bytes>| Request::Scan {
+        start_key: key(1),
+        end_key,
+        limit,
+        consistency: Consistency::Lease,
+    };
+    assert_eq!(scan(4, Some(key(8))).validate(&limits), Ok(()));
+    assert_eq!(scan(5, None).validate(&limits), Err(over));
+    assert_eq!(scan(0, None).validate(&limits), Err(LimitError::EmptyBatch));
+    assert!(matches!(
+        scan(1, Some(key(9))).validate(&limits),
+        Err(LimitError::KeyTooLarge { len_bytes: 9, .. })
+    ));
 }
 
 #[test]

@@ -70,6 +70,18 @@ fn any_request() -> impl Strategy<Value = Request> {
             .prop_map(|(keys, consistency)| Request::MGet { keys, consistency }),
         vec((any_bytes(), any_bytes()), 0..8).prop_map(|pairs| Request::MPut { pairs }),
         Just(Request::Ping),
+        (
+            any_bytes(),
+            proptest::option::of(any_bytes()),
+            any::<u32>(),
+            any_consistency()
+        )
+            .prop_map(|(start_key, end_key, limit, consistency)| Request::Scan {
+                start_key,
+                end_key,
+                limit,
+                consistency,
+            }),
     ]
 }
 
@@ -107,6 +119,8 @@ fn any_response() -> impl Strategy<Value = Response> {
             }),
         vec(proptest::option::of(any_versioned()), 0..8).prop_map(Response::Values),
         any::<u64>().prop_map(|version| Response::MWritten { version }),
+        (vec((any_bytes(), any_versioned()), 0..8), any::<bool>())
+            .prop_map(|(pairs, more)| Response::Pairs { pairs, more }),
         Just(Response::Pong),
         any_error_reply().prop_map(Response::Error),
     ]

@@ -112,6 +112,26 @@ async fn rdkvctl_against_one_node() -> Result<()> {
         );
         ensure!(ok(ep, &["get", "b"]).await? == "two words\n");
 
+        // Scan: key and value lines in key order; --end is exclusive.
+        for (k, v) in [("s/2", "two"), ("s/1", "one"), ("s/3", "three")] {
+            ok(ep, &["put", k, v]).await?;
+        }
+        let scanned = ok(ep, &["scan", "s/", "--end", "s/3"]).await?;
+        ensure!(
+            scanned == "s/1\none\ns/2\ntwo\n",
+            "scan printed {scanned:?}"
+        );
+        let scanned = ok(ep, &["scan", "s/2", "--limit", "5", "-w", "table"]).await?;
+        ensure!(
+            scanned.lines().count() == 6 && scanned.contains("| s/2 ") && scanned.contains("three"),
+            "scan -w table printed {scanned:?}"
+        );
+        let json = ok(ep, &["scan", "s/", "--limit", "1", "-w", "json"]).await?;
+        ensure!(
+            json.contains("\"count\":1") && json.contains("\"key\":\"s/1\""),
+            "scan -w json printed {json:?}"
+        );
+
         // Status: one JSON array with this node as the leader.
         let status = ok(ep, &["endpoint", "status", "-w", "json"]).await?;
         for needle in [
@@ -120,7 +140,7 @@ async fn rdkvctl_against_one_node() -> Result<()> {
             "\"id\":1".to_owned(),
             "\"role\":\"leader\"".to_owned(),
             "\"leader_id\":1".to_owned(),
-            "\"live_keys\":1".to_owned(),
+            "\"live_keys\":4".to_owned(),
         ] {
             ensure!(status.contains(&needle), "status lacks {needle}: {status}");
         }

@@ -86,6 +86,7 @@ pub struct ServedCounts {
     /// Client connections accepted over TCP and over the local Unix socket.
     pub tcp_connections: u64,
     pub unix_connections: u64,
+    pub scan: u64,
 }
 
 /// A node's answer to "are you healthy?": healthy when it knows a leader and

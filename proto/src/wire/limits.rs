@@ -142,6 +142,16 @@ impl Request {
                     | super::message::Update::SetIf { value, .. } => limits.check_value(value),
                 }
             }
+            Self::Scan {
+                start_key,
+                end_key,
+                limit,
+                ..
+            } => {
+                limits.check_batch(usize::try_from(*limit).unwrap_or(usize::MAX))?;
+                limits.check_key(start_key)?;
+                end_key.as_ref().map_or(Ok(()), |key| limits.check_key(key))
+            }
             // Admin requests carry no keys or values; the server checks their
             // arguments against the cluster state.
             Self::Ping

@@ -98,6 +98,16 @@ pub enum Request {
     /// Deletes every key (FLUSHDB), as one log entry; answered with
     /// [`Response::Cleared`]. Needs the cluster token when the servers have one.
     Clear,
+    /// Reads up to `limit` live pairs in key order (bytewise), from
+    /// `start_key` (inclusive) to `end_key` (exclusive; `None`: to the end).
+    /// Answered with [`Response::Pairs`]; one reply is one consistent view at
+    /// the node's applied index.
+    Scan {
+        start_key: Bytes,
+        end_key: Option<Bytes>,
+        limit: u32,
+        consistency: Consistency,
+    },
 }
 
 /// What a [`Request::Update`] does to its key. Append-only.
@@ -192,6 +202,14 @@ pub enum Response {
     Cleared {
         removed: u64,
         version: u64,
+    },
+    /// The answer to [`Request::Scan`]: pairs in key order. `more` is set when
+    /// the reply stopped early, before `limit` and before `end_key`, because the
+    /// next pair would not fit the frame; continue after the last key returned.
+    Pairs {
+        #[serde(deserialize_with = "bounded_vec")]
+        pairs: Vec<(Bytes, Versioned)>,
+        more: bool,
     },
 }
 

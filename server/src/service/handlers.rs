@@ -11,7 +11,7 @@ use openraft::errors::{ClientWriteError, LinearizableReadError, RaftError};
 use openraft::{ChangeMembers, ReadPolicy};
 use rdkv_proto::wire::{
     Consistency, ErrorCode, ErrorReply, LeaderHint, Limits, MemberInfo, Request, Response,
-    ServedCounts, SnapshotChunk, Update,
+    SINGLE_ENTRY_OVERHEAD_BYTES, ServedCounts, SnapshotChunk, Update,
 };
 use rdkv_storage::raft::{Command, CommandResult, NodeAddr, TypeConfig};
 use rdkv_storage::state_machine::RegionStateMachine;
@@ -52,6 +52,7 @@ struct Served {
     admin: AtomicU64,
     tcp_connections: AtomicU64,
     unix_connections: AtomicU64,
+    scan: AtomicU64,
 }
 
 impl Served {
@@ -64,6 +65,7 @@ impl Served {
             Request::Cas { .. } => &self.cas,
             Request::MPut { .. } => &self.mput,
             Request::Update { .. } => &self.put,
+            Request::Scan { .. } => &self.scan,
             _ => &self.admin,
         };
         counter.fetch_add(1, Ordering::Relaxed);
@@ -81,6 +83,7 @@ impl Served {
             admin: get(&self.admin),
             tcp_connections: get(&self.tcp_connections),
             unix_connections: get(&self.unix_connections),
+            scan: get(&self.scan),
         }
     }
 }
@@ -212,6 +215,15 @@ impl Handler {
             }
             Request::Update { key, update } => self.write(Command::Update { key, update }).await,
             Request::Clear => self.write(Command::Clear).await,
+            Request::Scan {
+                start_key,
+                end_key,
+                limit,
+                consistency,
+            } => {
+                self.scan(&start_key, end_key.as_deref(), limit, consistency)
+                    .await
+            }
         };
         reply.unwrap_or_else(Response::Error)
     }
@@ -359,6 +371,27 @@ impl Handler {
             values.push(value);
         }
         Ok(Response::Values(values))
+    }
+
+    async fn scan(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: u32,
+        consistency: Consistency,
+    ) -> Reply {
+        self.read_barrier(consistency).await?;
+        let budget = u64::from(self.limits.max_frame_bytes)
+            .saturating_sub(u64::from(SINGLE_ENTRY_OVERHEAD_BYTES));
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        let page = self
+            .sm
+            .scan_local(start, end, limit, budget)
+            .map_err(|e| ErrorReply::new(ErrorCode::Internal, e.to_string()))?;
+        Ok(Response::Pairs {
+            pairs: page.pairs,
+            more: page.more,
+        })
     }
 
     /// Refuses a write the region could not take with headroom to spare.

@@ -5,8 +5,9 @@ use openraft::EntryPayload;
 use rdkv_proto::wire::{SetCondition, Update, UpdateOutcome};
 
 use super::State;
+use super::keyed::KeyedRegion;
 use crate::raft::{Command, CommandResult, Entry, StoredMembership};
-use crate::region::{RegionError, RegionWriter};
+use crate::region::RegionError;
 
 pub(super) enum Applied {
     Done(CommandResult),
@@ -50,12 +51,7 @@ fn failed(error: &RegionError) -> CommandResult {
 }
 
 /// What to do with an error from one write of a command.
-fn on_error(
-    writer: &RegionWriter,
-    error: &RegionError,
-    next_pair: usize,
-    give_up: bool,
-) -> Applied {
+fn on_error(writer: &KeyedRegion, error: &RegionError, next_pair: usize, give_up: bool) -> Applied {
     if let (RegionError::RegionFull { .. }, false, Some(at_us)) =
         (error, give_up, writer.next_reclaim_at_us())
     {
@@ -65,7 +61,7 @@ fn on_error(
 }
 
 fn apply_command(
-    writer: &mut RegionWriter,
+    writer: &mut KeyedRegion,
     command: &Command,
     version: u64,
     resume_at: usize,
@@ -136,24 +132,10 @@ fn apply_command(
             Applied::Done(CommandResult::MWritten { version })
         }
         Command::Update { key, update } => apply_update(writer, key, update, version, give_up),
-        Command::Clear => {
-            let mut keys = Vec::new();
-            if let Err(e) = writer.for_each_live(|key, _, _| {
-                keys.push(key.to_vec());
-                Ok(())
-            }) {
-                return Applied::Done(failed(&e));
-            }
-            let mut removed = 0;
-            for key in &keys {
-                match writer.delete(key) {
-                    Ok(Some(_)) => removed += 1,
-                    Ok(None) => {}
-                    Err(e) => return Applied::Done(failed(&e)),
-                }
-            }
-            Applied::Done(CommandResult::Cleared { removed, version })
-        }
+        Command::Clear => match writer.clear() {
+            Ok(removed) => Applied::Done(CommandResult::Cleared { removed, version }),
+            Err(e) => Applied::Done(failed(&e)),
+        },
     }
 }
 
@@ -168,7 +150,7 @@ pub fn parse_integer(value: &[u8]) -> Option<i64> {
 /// A read-modify-write: decided from the key's current value in the region,
 /// so every replica reaches the same outcome.
 fn apply_update(
-    writer: &mut RegionWriter,
+    writer: &mut KeyedRegion,
     key: &Bytes,
     update: &Update,
     version: u64,

@@ -7,6 +7,7 @@
 //! there up to the committed index the log store saved.
 
 mod apply;
+mod keyed;
 pub mod snapshot;
 
 use std::io;
@@ -30,6 +31,8 @@ use crate::region::{
     RegionStats, RegionWriter, random_seed,
 };
 use apply::{Applied, apply_entry};
+use keyed::KeyedRegion;
+pub use keyed::ScanPage;
 use snapshot::{SnapshotError, SnapshotWriter};
 
 pub type SnapshotData = Bytes;
@@ -57,6 +60,8 @@ pub enum StateMachineError {
     Snapshot(#[from] SnapshotError),
     #[error("snapshot encoding: {0}")]
     Encode(#[from] postcard::Error),
+    #[error("the ordered key index names a {key_len}-byte key the region does not hold")]
+    KeyIndexMismatch { key_len: usize },
 }
 
 impl From<StateMachineError> for io::Error {
@@ -67,7 +72,7 @@ impl From<StateMachineError> for io::Error {
 
 #[derive(Debug)]
 struct State {
-    writer: RegionWriter,
+    writer: KeyedRegion,
     last_applied: Option<LogId>,
     last_membership: StoredMembership,
     snapshot: Option<(SnapshotMeta, SnapshotData)>,
@@ -131,7 +136,11 @@ impl RegionStateMachine {
                 let (writer, meta) = load_region(&config, &clock, first_epoch, &bytes)?;
                 (writer, Some(meta), Some(Bytes::from(bytes)))
             }
-            None => (new_region(&config, &clock, first_epoch)?, None, None),
+            None => (
+                KeyedRegion::new(new_region(&config, &clock, first_epoch)?)?,
+                None,
+                None,
+            ),
         };
         let reader = writer.reader(ReaderOptions::for_layout(writer.layout()))?;
         let last_applied = meta.as_ref().and_then(|m| m.last_log_id);
@@ -215,6 +224,25 @@ impl RegionStateMachine {
 
     pub fn region_stats(&self) -> RegionStats {
         self.lock().writer.stats()
+    }
+
+    /// Up to `limit` pairs in key order from `start` (inclusive) to `end`
+    /// (exclusive), as of one applied index: the ordered index and the
+    /// region are read under the lock that applies take. `limit` is small
+    /// (a request's batch limit), so the lock is held briefly.
+    pub fn scan_local(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+        max_bytes: u64,
+    ) -> Result<ScanPage, StateMachineError> {
+        self.lock().writer.scan(start, end, limit, max_bytes)
+    }
+
+    /// Keys in the ordered scan index; always equal to the region's live keys.
+    pub fn indexed_keys(&self) -> usize {
+        self.lock().writer.indexed_keys()
     }
 
     /// Withdraws the lease now and keeps it withdrawn until `until_unix_us`:
@@ -325,8 +353,8 @@ fn load_region(
     clock: &Arc<dyn Clock>,
     epoch: u64,
     bytes: &[u8],
-) -> Result<(RegionWriter, SnapshotMeta), StateMachineError> {
-    let mut writer = new_region(config, clock, epoch)?;
+) -> Result<(KeyedRegion, SnapshotMeta), StateMachineError> {
+    let mut writer = KeyedRegion::new(new_region(config, clock, epoch)?)?;
     let mut region_error = None;
     let meta = snapshot::read_snapshot(
         bytes,

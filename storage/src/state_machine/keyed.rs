@@ -1,0 +1,136 @@
+//! The region plus an ordered index of its live keys, for range scans.
+//!
+//! The region's hash index answers point lookups (and is what one-sided
+//! readers walk); it has no order. Scans need one, so the state machine keeps
+//! a `BTreeSet` of the live keys beside the region, changed by the same
+//! applies. Writes go through [`KeyedRegion`] only (it derefs to the writer
+//! read-only), so the two cannot disagree: a key is in the set exactly when
+//! the region holds it (invariant 13, tested in `tests/scan.rs` of storage).
+//!
+//! Cost: each live key is stored a second time, on the heap, plus the set's
+//! per-entry overhead (about 40 bytes); the `Bytes` handles own their bytes
+//! so a key never pins the log entry it came from.
+
+use std::collections::BTreeSet;
+use std::ops::{Bound, Deref};
+
+use bytes::Bytes;
+use rdkv_proto::wire::Versioned;
+
+use super::StateMachineError;
+use crate::region::{RegionError, RegionWriter};
+
+/// Reply bytes a pair costs besides its key and value: two length varints,
+/// the version varint and the tuple framing, rounded up.
+const PAIR_OVERHEAD_BYTES: u64 = 32;
+
+#[derive(Debug)]
+pub(super) struct KeyedRegion {
+    writer: RegionWriter,
+    keys: BTreeSet<Bytes>,
+}
+
+/// One page of a scan: pairs in key order; `more` when the byte budget cut it
+/// short before the limit and before the end of the range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanPage {
+    pub pairs: Vec<(Bytes, Versioned)>,
+    pub more: bool,
+}
+
+impl Deref for KeyedRegion {
+    type Target = RegionWriter;
+
+    fn deref(&self) -> &RegionWriter {
+        &self.writer
+    }
+}
+
+impl KeyedRegion {
+    /// Wraps a region, indexing the keys it already holds.
+    pub(super) fn new(writer: RegionWriter) -> Result<KeyedRegion, RegionError> {
+        let mut keys = BTreeSet::new();
+        writer.for_each_live(|key, _, _| {
+            keys.insert(Bytes::copy_from_slice(key));
+            Ok(())
+        })?;
+        Ok(KeyedRegion { writer, keys })
+    }
+
+    pub(super) fn put(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        version: u64,
+    ) -> Result<Option<u64>, RegionError> {
+        let replaced = self.writer.put(key, value, version)?;
+        if replaced.is_none() {
+            self.keys.insert(Bytes::copy_from_slice(key));
+        }
+        Ok(replaced)
+    }
+
+    pub(super) fn delete(&mut self, key: &[u8]) -> Result<Option<u64>, RegionError> {
+        let removed = self.writer.delete(key)?;
+        if removed.is_some() {
+            self.keys.remove(key);
+        }
+        Ok(removed)
+    }
+
+    /// Deletes every key; returns how many there were.
+    pub(super) fn clear(&mut self) -> Result<u64, RegionError> {
+        let mut removed = 0;
+        while let Some(key) = self.keys.first().cloned() {
+            if self.writer.delete(&key)?.is_some() {
+                removed += 1;
+            }
+            self.keys.remove(&key);
+        }
+        Ok(removed)
+    }
+
+    /// Live keys in the ordered index (equals the region's live key count).
+    pub(super) fn indexed_keys(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Up to `limit` pairs from `start` (inclusive) to `end` (exclusive), read
+    /// from the region; stops early (with `more`) once the keys and values
+    /// gathered would exceed `max_bytes`, but always returns at least one pair
+    /// when there is one, so a scan always makes progress.
+    pub(super) fn scan(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        limit: usize,
+        max_bytes: u64,
+    ) -> Result<ScanPage, StateMachineError> {
+        let upper = end.map_or(Bound::Unbounded, Bound::Excluded);
+        if end.is_some_and(|end| end <= start) {
+            return Ok(ScanPage {
+                pairs: Vec::new(),
+                more: false,
+            });
+        }
+        let mut pairs = Vec::new();
+        let mut bytes = 0u64;
+        for key in self
+            .keys
+            .range::<[u8], _>((Bound::Included(start), upper))
+            .take(limit)
+        {
+            let Some(value) = self.writer.get(key)? else {
+                // The set and the region change together under the state
+                // machine's lock; a key missing from the region is a bug.
+                return Err(StateMachineError::KeyIndexMismatch { key_len: key.len() });
+            };
+            bytes += (key.len() + value.value.len()) as u64 + PAIR_OVERHEAD_BYTES;
+            if bytes > max_bytes && !pairs.is_empty() {
+                return Ok(ScanPage { pairs, more: true });
+            }
+            pairs.push((key.clone(), value));
+        }
+        Ok(ScanPage { pairs, more: false })
+    }
+}
