@@ -156,6 +156,11 @@ pub fn run(args: YcsbArgs, stop: Arc<AtomicBool>) -> Result<ExitCode> {
         bail!("recordcount is 0: set it in the workload file or with -p recordcount=N");
     }
     let targets = resolve_targets(&args)?;
+    for target in &targets {
+        if let Target::Rdkv(transport) = target {
+            transport.check_available()?;
+        }
+    }
     let sla = args.sla.as_deref().map(Sla::parse).transpose()?;
     let redis_fsync = RedisFsync::parse(&args.redis_fsync).with_context(|| {
         format!(

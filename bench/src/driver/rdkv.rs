@@ -40,6 +40,11 @@ impl TransportChoice {
         }
     }
 
+    /// Fails with a clear message for a transport this client lacks.
+    pub fn check_available(self) -> Result<(), DriverError> {
+        self.client_transport().map(drop)
+    }
+
     fn client_transport(self) -> Result<Transport, DriverError> {
         match self {
             TransportChoice::Auto => Ok(Transport::Auto),
@@ -120,9 +125,9 @@ impl DriverFactory for RdkvFactory {
     }
 }
 
-/// Whether this client can scan (workload E); false until `Client::scan`
-/// reaches this branch.
-pub const SUPPORTS_SCAN: bool = false;
+/// Whether this client can scan (workload E): `Client::scan_with`, served
+/// by RPC from the server's ordered key index at the read consistency.
+pub const SUPPORTS_SCAN: bool = true;
 
 #[derive(Debug)]
 pub struct RdkvDriver {
@@ -164,12 +169,16 @@ impl Driver for RdkvDriver {
         self.update(key, record).await
     }
 
-    async fn scan(&self, _start_key: &str, _count: usize) -> Result<Vec<Bytes>, DriverError> {
-        Err(DriverError::Unsupported(
-            "scan: this rdkv-client has no Client::scan yet (the ordered key index is on its way \
-             to main); workload E cannot run against rdkv"
-                .into(),
-        ))
+    async fn scan(&self, start_key: &str, count: usize) -> Result<Vec<Bytes>, DriverError> {
+        let pairs = self
+            .client
+            .scan_with(
+                Bytes::copy_from_slice(start_key.as_bytes()),
+                count,
+                self.consistency,
+            )
+            .await?;
+        Ok(pairs.into_iter().map(|(_, v)| v.value).collect())
     }
 }
 
