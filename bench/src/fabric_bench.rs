@@ -291,7 +291,22 @@ async fn bench_server(
                 Err(e) => Err(client_err(e)),
             }
         };
-        for _ in 0..options.warmup_iterations.max(1) {
+        // A new leader publishes its lease only after applying an entry of
+        // its term and hearing from a quorum again: until then a shm GET has
+        // no lease to check and is refused. Wait for it (bounded) before timing.
+        let lease_deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match get().await {
+                Err(FabricBenchError::Client {
+                    source: rdkv_client::Error::OneSidedUnavailable,
+                    ..
+                }) if Instant::now() < lease_deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                other => break other?,
+            }
+        }
+        for _ in 0..options.warmup_iterations {
             get().await?;
         }
         let mut samples = Vec::with_capacity(options.iterations);
