@@ -1,0 +1,108 @@
+//! `rdkv-bench fabric`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use rdkv_bench::embedded::{ClusterOptions, EmbeddedCluster};
+use rdkv_bench::fabric_bench::{
+    FabricOptions, FabricTransport, default_sizes, format_table, run_fabric,
+};
+
+#[derive(Debug, Args)]
+pub struct FabricArgs {
+    /// Transports to measure, comma separated: mem, shm, shm-get, tcp.
+    #[arg(long, value_delimiter = ',', default_value = "mem,shm,shm-get,tcp")]
+    transports: Vec<String>,
+    /// Message sizes in bytes, comma separated (default: powers of two from 8 B to 1 MiB).
+    #[arg(long, value_delimiter = ',')]
+    sizes: Vec<usize>,
+    /// Timed operations per size (perftest's -n).
+    #[arg(long, default_value_t = 1000)]
+    iterations: usize,
+    /// Untimed operations per size before timing.
+    #[arg(long, default_value_t = 100)]
+    warmup_iterations: usize,
+    /// GETs in flight during the tcp bandwidth test.
+    #[arg(long, default_value_t = 16)]
+    bw_inflight: usize,
+    /// rdkv servers for shm-get and tcp; without them a 1-node cluster is started.
+    #[arg(long, value_delimiter = ',', env = "RDKV_ENDPOINTS")]
+    endpoints: Vec<String>,
+    /// rdkv cluster token.
+    #[arg(long, env = "RDKV_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Nodes of the cluster started when no --endpoints are given. Three by
+    /// default: a 1-node leader was seen never to publish a lease for shm
+    /// GETs in this run's time (docs/benchmarks.md).
+    #[arg(long, default_value_t = 3)]
+    embedded: u64,
+    /// Also write the tables as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+}
+
+pub fn run(args: FabricArgs, stop: Arc<AtomicBool>) -> Result<ExitCode> {
+    let transports = args
+        .transports
+        .iter()
+        .map(|t| FabricTransport::parse(t))
+        .collect::<Result<Vec<_>, _>>()?;
+    let sizes = if args.sizes.is_empty() {
+        default_sizes()
+    } else {
+        args.sizes.clone()
+    };
+    if let Some(bad) = sizes.iter().find(|&&s| s == 0 || s > 1 << 20) {
+        bail!("--sizes: {bad} is outside 1 B .. 1 MiB");
+    }
+    if args.iterations == 0 {
+        bail!("--iterations must be at least 1");
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting a tokio runtime")?;
+    let mut cluster = None;
+    let mut endpoints = args.endpoints.clone();
+    if endpoints.is_empty() && transports.iter().any(|t| t.needs_server()) {
+        eprintln!(
+            "rdkv-bench: starting an embedded {}-node rdkv cluster",
+            args.embedded
+        );
+        let mut c = EmbeddedCluster::start(&ClusterOptions {
+            nodes: args.embedded,
+            // Room for one value of every size.
+            region_mib: 64,
+            extra_args: Vec::new(),
+        })
+        .context("starting the embedded cluster")?;
+        runtime
+            .block_on(c.wait_for_leader(Duration::from_secs(30), &stop))
+            .context("waiting for the embedded cluster's leader")?;
+        endpoints = c.endpoints().to_vec();
+        cluster = Some(c);
+    }
+    let options = FabricOptions {
+        sizes,
+        iterations: args.iterations,
+        warmup_iterations: args.warmup_iterations,
+        bw_inflight: args.bw_inflight,
+        endpoints,
+        token: args.token.clone(),
+    };
+    let tables = runtime.block_on(run_fabric(&transports, &options))?;
+    for table in &tables {
+        print!("{}", format_table(table));
+    }
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&tables)?;
+        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    drop(cluster);
+    Ok(ExitCode::SUCCESS)
+}

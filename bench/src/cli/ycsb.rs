@@ -1,0 +1,364 @@
+//! `rdkv-bench ycsb`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use rdkv_bench::driver::DriverFactory;
+use rdkv_bench::driver::rdkv::{self, RdkvFactory, TransportChoice};
+use rdkv_bench::driver::redis::RedisFactory;
+use rdkv_bench::embedded::{ClusterOptions, EmbeddedCluster, LocalRedis, RedisFsync};
+use rdkv_bench::properties::Properties;
+use rdkv_bench::report::{self, PhaseResult};
+use rdkv_bench::runner::{Phase, RunError, RunOptions, run_phase};
+use rdkv_bench::sla::{Sla, SlaReport};
+use rdkv_bench::workload::{OpKind, Workload, WorkloadSpec};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PhaseArg {
+    Load,
+    Run,
+    Both,
+}
+
+#[derive(Debug, Args)]
+pub struct YcsbArgs {
+    /// A YCSB workload property file (e.g. bench/workloads/workloada); later files override earlier ones.
+    #[arg(short = 'P', value_name = "FILE")]
+    property_files: Vec<PathBuf>,
+    /// Sets one property, as YCSB's -p (e.g. -p recordcount=100000); overrides the files.
+    #[arg(short = 'p', value_name = "NAME=VALUE")]
+    properties: Vec<String>,
+    /// Which phases to run: load (insert recordcount records), run (operationcount operations) or both.
+    #[arg(long, value_enum, default_value = "both")]
+    phase: PhaseArg,
+    /// Store(s) to benchmark, one after another with the same seed and records:
+    /// rdkv (with --transport), rdkv-shm, rdkv-tcp, rdkv-auto, rdkv-rdma or redis. Repeatable.
+    #[arg(long = "target", value_name = "TARGET", default_value = "rdkv")]
+    targets: Vec<String>,
+
+    /// rdkv client endpoints (host:port, comma separated).
+    #[arg(long, value_delimiter = ',', env = "RDKV_ENDPOINTS")]
+    endpoints: Vec<String>,
+    /// How rdkv GETs travel: auto, shm (one-sided from mapped regions), tcp (RPC) or rdma.
+    #[arg(long, default_value = "auto")]
+    transport: String,
+    /// rdkv read consistency: linearizable, lease or follower[:max_lag_entries].
+    #[arg(long, default_value = "lease")]
+    consistency: String,
+    /// rdkv cluster token.
+    #[arg(long, env = "RDKV_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Start an N-node rdkv cluster of local rdkv-server processes for this run.
+    #[arg(long, value_name = "N")]
+    embedded: Option<u64>,
+    /// Region size of each embedded node.
+    #[arg(long, default_value_t = 256)]
+    embedded_region_mib: u64,
+
+    /// Redis endpoint for --target redis.
+    #[arg(long, default_value = "redis://127.0.0.1:6379/")]
+    redis_url: String,
+    /// Start a local redis-server for this run (on a free port) and stop it afterwards.
+    #[arg(long)]
+    start_redis: bool,
+    /// Persistence of the started redis-server: none (--save '' --appendonly no),
+    /// everysec or always (appendonly yes with that appendfsync).
+    #[arg(long, default_value = "none")]
+    redis_fsync: String,
+
+    /// Benchmark threads, each with its own client (default: YCSB's threadcount property, else 1).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Operations in flight per thread.
+    #[arg(long, default_value_t = 1)]
+    concurrency: usize,
+    /// Target throughput in operations per second over all threads; latencies are then also
+    /// reported from the intended start times (Intended-*). Default: YCSB's target property,
+    /// else unthrottled.
+    #[arg(long)]
+    target_ops: Option<f64>,
+    /// Run phase: seconds of operations before measuring starts (not reported).
+    #[arg(long, default_value_t = 0.0)]
+    warmup_secs: f64,
+    /// Run phase: measure for this long instead of operationcount operations.
+    #[arg(long)]
+    duration_secs: Option<f64>,
+    /// Seed of every random choice (keys, operations, values).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Also write every result as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Pass/fail thresholds on the run phase, e.g. 'read.p99<500us,throughput>100000'.
+    #[arg(long)]
+    sla: Option<String>,
+    /// No progress bar (it is only drawn on a terminal anyway).
+    #[arg(long)]
+    no_progress: bool,
+}
+
+/// A target to run, resolved from `--target`.
+#[derive(Debug, Clone)]
+enum Target {
+    Rdkv(TransportChoice),
+    Redis,
+}
+
+fn resolve_targets(args: &YcsbArgs) -> Result<Vec<Target>> {
+    let default_transport = TransportChoice::parse(&args.transport)?;
+    args.targets
+        .iter()
+        .map(|t| {
+            Ok(match t.as_str() {
+                "rdkv" => Target::Rdkv(default_transport),
+                "redis" => Target::Redis,
+                other => match other.strip_prefix("rdkv-") {
+                    Some(transport) => Target::Rdkv(TransportChoice::parse(transport)?),
+                    None => bail!(
+                        "unknown target {other:?}: expected rdkv, rdkv-shm, rdkv-tcp, rdkv-auto, rdkv-rdma or redis"
+                    ),
+                },
+            })
+        })
+        .collect()
+}
+
+fn positive(name: &str, value: f64) -> Result<f64> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(value)
+    } else {
+        bail!("{name} must be a non-negative number of seconds, got {value}")
+    }
+}
+
+pub fn run(args: YcsbArgs, stop: Arc<AtomicBool>) -> Result<ExitCode> {
+    let mut properties = Properties::new();
+    for file in &args.property_files {
+        properties
+            .load_file(file)
+            .with_context(|| format!("reading workload file {}", file.display()))?;
+    }
+    for p in &args.properties {
+        properties.set_override(p)?;
+    }
+    for name in WorkloadSpec::unknown_properties(&properties) {
+        eprintln!(
+            "rdkv-bench: warning: property {name} is not used by CoreWorkload (typo?); ignored"
+        );
+    }
+    let spec = WorkloadSpec::from_properties(&properties).context("workload properties")?;
+    if spec.record_count == 0 {
+        bail!("recordcount is 0: set it in the workload file or with -p recordcount=N");
+    }
+    let targets = resolve_targets(&args)?;
+    for target in &targets {
+        if let Target::Rdkv(transport) = target {
+            transport.check_available()?;
+        }
+    }
+    let sla = args.sla.as_deref().map(Sla::parse).transpose()?;
+    let redis_fsync = RedisFsync::parse(&args.redis_fsync).with_context(|| {
+        format!(
+            "--redis-fsync {:?}: expected none, everysec or always",
+            args.redis_fsync
+        )
+    })?;
+    let consistency = rdkv::parse_consistency(&args.consistency)?;
+    let threads = match args.threads {
+        Some(t) => t,
+        None => properties.u64("threadcount", 1)? as usize,
+    };
+    if threads == 0 || args.concurrency == 0 {
+        bail!("--threads and --concurrency must be at least 1");
+    }
+    let target_ops = match args.target_ops {
+        Some(t) => Some(t),
+        None => match properties.f64("target", 0.0)? {
+            t if t > 0.0 => Some(t),
+            _ => None,
+        },
+    };
+    if target_ops.is_some_and(|t| !(t.is_finite() && t > 0.0)) {
+        bail!("--target-ops must be a positive number of operations per second");
+    }
+    let duration = args
+        .duration_secs
+        .map(|d| positive("--duration-secs", d).map(Duration::from_secs_f64))
+        .transpose()?;
+    let run_options = RunOptions {
+        threads,
+        concurrency: args.concurrency,
+        target_ops_per_sec: target_ops,
+        warmup: Duration::from_secs_f64(positive("--warmup-secs", args.warmup_secs)?),
+        duration,
+        seed: args.seed,
+        progress: !args.no_progress,
+        stop: Arc::clone(&stop),
+    };
+    let phases: &[Phase] = match args.phase {
+        PhaseArg::Load => &[Phase::Load],
+        PhaseArg::Run => &[Phase::Run],
+        PhaseArg::Both => &[Phase::Load, Phase::Run],
+    };
+    let scans = spec.scan_proportion > 0.0 && phases.contains(&Phase::Run);
+    if scans && targets.iter().any(|t| matches!(t, Target::Rdkv(_))) && !rdkv::SUPPORTS_SCAN {
+        bail!(
+            "this workload scans (scanproportion={}) and this rdkv-client has no scan yet: \
+             run it with --target redis only",
+            spec.scan_proportion
+        );
+    }
+
+    // Servers: started before anything runs, removed when these go out of scope.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting a tokio runtime")?;
+    let wants_rdkv = targets.iter().any(|t| matches!(t, Target::Rdkv(_)));
+    let wants_redis = targets.iter().any(|t| matches!(t, Target::Redis));
+    let mut cluster = None;
+    let mut endpoints = args.endpoints.clone();
+    if wants_rdkv && let Some(n) = args.embedded {
+        eprintln!("rdkv-bench: starting an embedded {n}-node rdkv cluster");
+        let mut c = EmbeddedCluster::start(&ClusterOptions {
+            nodes: n,
+            region_mib: args.embedded_region_mib,
+            extra_args: Vec::new(),
+        })
+        .context("starting the embedded cluster")?;
+        let leader = runtime
+            .block_on(c.wait_for_leader(Duration::from_secs(30), &stop))
+            .context("waiting for the embedded cluster's leader")?;
+        eprintln!(
+            "rdkv-bench: embedded cluster ready, leader node {leader}: {}",
+            c.endpoints().join(",")
+        );
+        endpoints = c.endpoints().to_vec();
+        cluster = Some(c);
+    }
+    let mut redis_url = args.redis_url.clone();
+    let mut redis = None;
+    if wants_redis && args.start_redis {
+        let r = LocalRedis::start(redis_fsync).context("starting redis-server")?;
+        redis_url = r.url();
+        eprintln!(
+            "rdkv-bench: started redis-server at {redis_url} with {}",
+            redis_fsync.describe()
+        );
+        redis = Some(r);
+    }
+
+    let mut results: Vec<PhaseResult> = Vec::new();
+    for target in &targets {
+        // Every target gets a fresh workload: the same seed, keys and records.
+        let workload = Arc::new(Workload::new(spec.clone())?);
+        for &phase in phases {
+            let result = match target {
+                Target::Rdkv(transport) => {
+                    let factory = RdkvFactory {
+                        endpoints: endpoints.clone(),
+                        transport: *transport,
+                        consistency,
+                        token: args.token.clone(),
+                        request_timeout: Duration::from_secs(10),
+                    };
+                    factory.validate()?;
+                    run_one(phase, &workload, &factory, &run_options)?
+                }
+                Target::Redis => {
+                    let factory = RedisFactory {
+                        url: redis_url.clone(),
+                    };
+                    run_one(phase, &workload, &factory, &run_options)?
+                }
+            };
+            println!(
+                "# {} {} phase: {} threads x {} in flight{}",
+                result.target,
+                result.phase,
+                result.threads,
+                result.concurrency,
+                match result.target_ops_per_sec {
+                    Some(t) => format!(
+                        ", target {t} ops/s (Intended-* series: latency from the intended start)"
+                    ),
+                    None => ", unthrottled".into(),
+                }
+            );
+            print!("{}", report::ycsb_text(&result));
+            for e in &result.first_errors {
+                eprintln!("rdkv-bench: {} {}: error: {e}", result.target, result.phase);
+            }
+            results.push(result);
+        }
+    }
+
+    if targets.len() > 1 {
+        for &phase in phases {
+            let same: Vec<&PhaseResult> =
+                results.iter().filter(|r| r.phase == phase.name()).collect();
+            println!(
+                "\n# comparison, {} phase (service-time latencies; ratio = first target / other)",
+                phase.name()
+            );
+            print!("{}", report::comparison_table(&same));
+        }
+    }
+
+    let mut sla_reports: Vec<SlaReport> = Vec::new();
+    if let Some(sla) = &sla {
+        let judged = if phases.contains(&Phase::Run) {
+            "run"
+        } else {
+            "load"
+        };
+        for r in results.iter().filter(|r| r.phase == judged) {
+            let report = sla.evaluate(r);
+            println!();
+            print!("{report}");
+            sla_reports.push(report);
+        }
+    }
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({
+            "seed": args.seed,
+            "properties": properties.names().map(|n| (n.to_owned(), properties.get(n).unwrap_or_default().to_owned())).collect::<std::collections::BTreeMap<_, _>>(),
+            "results": results,
+            "sla_passed": sla.as_ref().map(|_| sla_reports.iter().all(SlaReport::passed)),
+        });
+        let text = serde_json::to_string_pretty(&json)?;
+        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    drop(redis);
+    drop(cluster);
+    if sla_reports.iter().any(|r| !r.passed()) {
+        eprintln!("rdkv-bench: SLA missed");
+        return Ok(ExitCode::from(3));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_one<F: DriverFactory>(
+    phase: Phase,
+    workload: &Arc<Workload>,
+    factory: &F,
+    options: &RunOptions,
+) -> Result<PhaseResult> {
+    let scans = phase == Phase::Run && workload.issues(OpKind::Scan);
+    eprintln!(
+        "rdkv-bench: {} {} phase{}",
+        factory.label(),
+        phase.name(),
+        if scans { " (with scans)" } else { "" }
+    );
+    match run_phase(phase, workload, factory, options) {
+        Ok(r) => Ok(r),
+        Err(RunError::Interrupted) => bail!("interrupted"),
+        Err(e) => Err(e).with_context(|| format!("{} {} phase", factory.label(), phase.name())),
+    }
+}

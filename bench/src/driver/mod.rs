@@ -1,0 +1,60 @@
+//! The stores a benchmark drives, behind one trait: [`rdkv::RdkvDriver`]
+//! (the `rdkv-client` crate) and [`redis::RedisDriver`] (any
+//! Redis-compatible endpoint). Both store a record as one value with the
+//! same bytes (see [`crate::record`]).
+
+pub mod rdkv;
+pub mod redis;
+
+use bytes::Bytes;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum DriverError {
+    #[error("rdkv: {0}")]
+    Rdkv(#[from] rdkv_client::Error),
+    #[error("redis: {0}")]
+    Redis(#[from] ::redis::RedisError),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("{0}")]
+    Config(String),
+}
+
+/// One store's operations, as YCSB's `DB` class has them (delete is not
+/// needed by the core workloads). Records are opaque encoded values.
+///
+/// Drivers run on a current-thread runtime, one per benchmark thread, so
+/// their futures need not be `Send`.
+#[allow(async_fn_in_trait)]
+pub trait Driver {
+    /// `rdkv` or `redis`, for reports.
+    fn name(&self) -> &str;
+
+    /// Whether `scan` is available (workload E needs it).
+    fn supports_scan(&self) -> bool;
+
+    /// The record stored under `key`, if any.
+    async fn read(&self, key: &str) -> Result<Option<Bytes>, DriverError>;
+
+    /// Replaces the record of an existing key.
+    async fn update(&self, key: &str, record: Bytes) -> Result<(), DriverError>;
+
+    /// Stores a new record.
+    async fn insert(&self, key: &str, record: Bytes) -> Result<(), DriverError>;
+
+    /// Up to `count` records in key order from `start_key` (inclusive).
+    async fn scan(&self, start_key: &str, count: usize) -> Result<Vec<Bytes>, DriverError>;
+}
+
+/// Builds one driver per benchmark thread, inside that thread's runtime
+/// (connections belong to the runtime that made them).
+#[allow(async_fn_in_trait)]
+pub trait DriverFactory: Sync {
+    type Driver: Driver;
+
+    /// Label of the target in reports (`rdkv-shm`, `redis`, ...).
+    fn label(&self) -> String;
+
+    async fn connect(&self) -> Result<Self::Driver, DriverError>;
+}

@@ -1,0 +1,206 @@
+//! The rdkv driver: one `rdkv_client::Client` per benchmark thread; GETs at
+//! the chosen consistency over the chosen transport, writes through the
+//! leader (Raft, fsynced on a quorum).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use rdkv_client::{Client, ClientOptions, Consistency, Transport};
+
+use super::{Driver, DriverError, DriverFactory};
+
+/// `--transport`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportChoice {
+    Auto,
+    Shm,
+    Tcp,
+    Rdma,
+}
+
+impl TransportChoice {
+    pub fn parse(s: &str) -> Result<TransportChoice, DriverError> {
+        match s {
+            "auto" => Ok(TransportChoice::Auto),
+            "shm" => Ok(TransportChoice::Shm),
+            "tcp" => Ok(TransportChoice::Tcp),
+            "rdma" => Ok(TransportChoice::Rdma),
+            other => Err(DriverError::Config(format!(
+                "unknown transport {other:?}: expected auto, shm, tcp or rdma"
+            ))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportChoice::Auto => "auto",
+            TransportChoice::Shm => "shm",
+            TransportChoice::Tcp => "tcp",
+            TransportChoice::Rdma => "rdma",
+        }
+    }
+
+    /// Fails with a clear message for a transport this client lacks.
+    pub fn check_available(self) -> Result<(), DriverError> {
+        self.client_transport().map(drop)
+    }
+
+    fn client_transport(self) -> Result<Transport, DriverError> {
+        match self {
+            TransportChoice::Auto => Ok(Transport::Auto),
+            TransportChoice::Shm => Ok(Transport::Shm),
+            TransportChoice::Tcp => Ok(Transport::Tcp),
+            TransportChoice::Rdma => Err(DriverError::Unsupported(
+                "transport rdma: this rdkv-client has no RDMA transport yet (issue 5); \
+                 use --transport shm, tcp or auto"
+                    .into(),
+            )),
+        }
+    }
+}
+
+/// `--consistency`: linearizable, lease, or follower[:max_lag_entries].
+pub fn parse_consistency(s: &str) -> Result<Consistency, DriverError> {
+    match s {
+        "linearizable" => Ok(Consistency::Linearizable),
+        "lease" => Ok(Consistency::Lease),
+        "follower" => Ok(Consistency::Follower {
+            max_lag_entries: 1000,
+        }),
+        other => match other.strip_prefix("follower:").map(str::parse::<u64>) {
+            Some(Ok(max_lag_entries)) => Ok(Consistency::Follower { max_lag_entries }),
+            _ => Err(DriverError::Config(format!(
+                "unknown consistency {other:?}: expected linearizable, lease, follower \
+                 or follower:<max lag entries>"
+            ))),
+        },
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RdkvFactory {
+    pub endpoints: Vec<String>,
+    pub transport: TransportChoice,
+    pub consistency: Consistency,
+    pub token: Option<String>,
+    pub request_timeout: Duration,
+}
+
+impl RdkvFactory {
+    /// Checks what can be checked before any connection (an unavailable
+    /// transport), so the user hears it at once.
+    pub fn validate(&self) -> Result<(), DriverError> {
+        self.transport.client_transport()?;
+        if self.endpoints.is_empty() {
+            return Err(DriverError::Config(
+                "no rdkv endpoints: pass --endpoints host:port,... or --embedded N".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl DriverFactory for RdkvFactory {
+    type Driver = RdkvDriver;
+
+    fn label(&self) -> String {
+        format!("rdkv-{}", self.transport.name())
+    }
+
+    async fn connect(&self) -> Result<RdkvDriver, DriverError> {
+        let options = ClientOptions {
+            token: self.token.clone(),
+            request_timeout: self.request_timeout,
+            transport: self.transport.client_transport()?,
+            default_consistency: self.consistency,
+            ..ClientOptions::default()
+        };
+        let client = Client::new(&self.endpoints, options)?;
+        // Fail now, not on the first timed operation, if nothing answers.
+        client.ping().await?;
+        Ok(RdkvDriver {
+            client,
+            consistency: self.consistency,
+        })
+    }
+}
+
+/// Whether this client can scan (workload E): `Client::scan_with`, served
+/// by RPC from the server's ordered key index at the read consistency.
+pub const SUPPORTS_SCAN: bool = true;
+
+#[derive(Debug)]
+pub struct RdkvDriver {
+    client: Client,
+    consistency: Consistency,
+}
+
+impl RdkvDriver {
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl Driver for RdkvDriver {
+    fn name(&self) -> &str {
+        "rdkv"
+    }
+
+    fn supports_scan(&self) -> bool {
+        SUPPORTS_SCAN
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<Bytes>, DriverError> {
+        let got = self
+            .client
+            .get_with(Bytes::copy_from_slice(key.as_bytes()), self.consistency)
+            .await?;
+        Ok(got.map(|v| v.value))
+    }
+
+    async fn update(&self, key: &str, record: Bytes) -> Result<(), DriverError> {
+        self.client
+            .put(Bytes::copy_from_slice(key.as_bytes()), record)
+            .await?;
+        Ok(())
+    }
+
+    async fn insert(&self, key: &str, record: Bytes) -> Result<(), DriverError> {
+        self.update(key, record).await
+    }
+
+    async fn scan(&self, start_key: &str, count: usize) -> Result<Vec<Bytes>, DriverError> {
+        let pairs = self
+            .client
+            .scan_with(
+                Bytes::copy_from_slice(start_key.as_bytes()),
+                count,
+                self.consistency,
+            )
+            .await?;
+        Ok(pairs.into_iter().map(|(_, v)| v.value).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_parse_and_rdma_is_reported_clearly() {
+        assert_eq!(TransportChoice::parse("shm").unwrap(), TransportChoice::Shm);
+        assert!(TransportChoice::parse("infiniband").is_err());
+        let err = TransportChoice::Rdma
+            .client_transport()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no RDMA transport"), "{err}");
+        assert_eq!(parse_consistency("lease").unwrap(), Consistency::Lease);
+        assert_eq!(
+            parse_consistency("follower:5").unwrap(),
+            Consistency::Follower { max_lag_entries: 5 }
+        );
+        assert!(parse_consistency("strong").is_err());
+        assert!(parse_consistency("follower:x").is_err());
+    }
+}

@@ -1,0 +1,29 @@
+//! rdkv-bench: the benchmark rdkv is judged by.
+//!
+//! - [`workload`]: YCSB's CoreWorkload (properties, key and operation
+//!   choosers, records), with YCSB's [`generator`]s ported from its Java
+//!   source; [`properties`] reads YCSB property files and `-p` overrides;
+//!   [`record`] is the one-value encoding of a record.
+//! - [`driver`]: the stores behind one async trait: [`driver::rdkv`] and
+//!   [`driver::redis`].
+//! - [`runner`]: threads x in-flight tasks, target rate with
+//!   coordinated-omission-corrected latencies, warm-up, duration or count.
+//! - [`report`]: hdrhistogram measurements, YCSB's text output, JSON,
+//!   comparison tables; [`sla`]: pass/fail thresholds.
+//! - [`embedded`]: a local rdkv cluster (real `rdkv-server` processes) and
+//!   a local `redis-server`, removed on drop.
+//! - [`fabric_bench`]: perftest-style read latency and bandwidth by size.
+//!
+//! The binary `rdkv-bench` (`src/main.rs`, `src/cli/`) wires these to
+//! the command line.
+
+pub mod driver;
+pub mod embedded;
+pub mod fabric_bench;
+pub mod generator;
+pub mod properties;
+pub mod record;
+pub mod report;
+pub mod runner;
+pub mod sla;
+pub mod workload;

@@ -1,0 +1,114 @@
+//! How a YCSB record (fieldcount named fields) is stored: one value, the
+//! fields one after another as `name length (u16 LE), name, value length
+//! (u32 LE), value`. The same bytes go to rdkv and to Redis, so both move
+//! the same payload; a reader decodes them, so a damaged record is counted
+//! as an error instead of passing unnoticed.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use thiserror::Error;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum RecordError {
+    #[error("record truncated at byte {offset} of {len}")]
+    Truncated { offset: usize, len: usize },
+    #[error("record field name is not UTF-8 at byte {offset}")]
+    BadName { offset: usize },
+    #[error("record has no field {0}")]
+    MissingField(String),
+}
+
+/// Bytes of the encoding of `fields`.
+pub fn encoded_len<'a>(fields: impl IntoIterator<Item = (&'a str, usize)>) -> usize {
+    fields
+        .into_iter()
+        .map(|(name, value_len)| 2 + name.len() + 4 + value_len)
+        .sum()
+}
+
+pub fn encode<'a>(fields: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> Bytes {
+    let mut out = BytesMut::new();
+    for (name, value) in fields {
+        // Field names are "field<N>" and values at most a few KiB: the
+        // casts cannot truncate for records this workload builds.
+        out.put_u16_le(name.len() as u16);
+        out.put_slice(name.as_bytes());
+        out.put_u32_le(value.len() as u32);
+        out.put_slice(value);
+    }
+    out.freeze()
+}
+
+/// The fields of a record, borrowed from it.
+pub fn decode(record: &[u8]) -> Result<Vec<(&str, &[u8])>, RecordError> {
+    let mut fields = Vec::new();
+    let mut offset = 0;
+    let len = record.len();
+    let take = |offset: usize, n: usize| -> Result<&[u8], RecordError> {
+        record
+            .get(offset..offset + n)
+            .ok_or(RecordError::Truncated { offset, len })
+    };
+    while offset < len {
+        let name_len = u16::from_le_bytes([take(offset, 2)?[0], take(offset, 2)?[1]]) as usize;
+        offset += 2;
+        let name = std::str::from_utf8(take(offset, name_len)?)
+            .map_err(|_| RecordError::BadName { offset })?;
+        offset += name_len;
+        let header = take(offset, 4)?;
+        let value_len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+        offset += 4;
+        let value = take(offset, value_len)?;
+        offset += value_len;
+        fields.push((name, value));
+    }
+    Ok(fields)
+}
+
+/// Checks a record read back: all fields, or the one asked for must decode.
+/// Returns the bytes of field data delivered.
+pub fn check(record: &[u8], field: Option<&str>) -> Result<usize, RecordError> {
+    let fields = decode(record)?;
+    match field {
+        None => Ok(fields.iter().map(|(_, v)| v.len()).sum()),
+        Some(wanted) => fields
+            .iter()
+            .find(|(name, _)| *name == wanted)
+            .map(|(_, v)| v.len())
+            .ok_or_else(|| RecordError::MissingField(wanted.to_owned())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_finds_fields() {
+        let fields: Vec<(String, Vec<u8>)> = (0..3)
+            .map(|i| (format!("field{i}"), vec![b'a' + i as u8; 10 + i]))
+            .collect();
+        let record = encode(fields.iter().map(|(n, v)| (n.as_str(), v.as_slice())));
+        assert_eq!(
+            record.len(),
+            encoded_len(fields.iter().map(|(n, v)| (n.as_str(), v.len())))
+        );
+        let decoded = decode(&record).unwrap();
+        assert_eq!(decoded.len(), 3);
+        assert_eq!(decoded[1], ("field1", &[b'b'; 11][..]));
+        assert_eq!(check(&record, None), Ok(33));
+        assert_eq!(check(&record, Some("field2")), Ok(12));
+        assert_eq!(
+            check(&record, Some("field9")),
+            Err(RecordError::MissingField("field9".into()))
+        );
+    }
+
+    #[test]
+    fn damaged_records_are_errors() {
+        let record = encode([("field0", &b"hello"[..])]);
+        for cut in 1..record.len() {
+            assert!(decode(&record[..cut]).is_err(), "cut at {cut}");
+        }
+        assert_eq!(decode(&[]), Ok(vec![]));
+    }
+}

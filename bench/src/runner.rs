@@ -1,0 +1,582 @@
+//! Runs one phase of a workload against one target: `--threads` OS threads,
+//! each with its own current-thread tokio runtime and its own driver
+//! (client), each running `--concurrency` tasks that issue one operation at
+//! a time.
+//!
+//! With `--target-ops`, every task follows a fixed schedule (its share of
+//! the rate, phase-shifted so tasks interleave); an operation's intended
+//! start is its slot in that schedule, whether or not the previous one
+//! finished in time, so latencies measured from it (`Intended-*`) are
+//! corrected for coordinated omission as in YCSB's
+//! `measurement.interval=intended` and wrk2.
+
+use std::cell::RefCell;
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use thiserror::Error;
+
+use crate::driver::{Driver, DriverError, DriverFactory};
+use crate::record;
+use crate::report::{Measurements, PhaseResult, Status};
+use crate::workload::{OpKind, Operation, Workload};
+
+#[derive(Debug, Error)]
+pub enum RunError {
+    #[error("{target}: connecting: {source}")]
+    Connect { target: String, source: DriverError },
+    #[error("{target}: {message}")]
+    Unsupported { target: String, message: String },
+    #[error("starting a benchmark thread: {0}")]
+    Thread(std::io::Error),
+    #[error("a benchmark thread panicked")]
+    Panicked,
+    #[error("{0}")]
+    Fatal(String),
+    #[error("interrupted")]
+    Interrupted,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Load,
+    Run,
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Load => "load",
+            Phase::Run => "run",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub threads: usize,
+    /// Operations in flight per thread.
+    pub concurrency: usize,
+    /// Total operations per second over all threads; `None`: as fast as possible.
+    pub target_ops_per_sec: Option<f64>,
+    /// Run phase only: operations during this time are issued but not measured.
+    pub warmup: Duration,
+    /// Run phase only: stop after this long (after the warm-up) instead of
+    /// after `operationcount` operations.
+    pub duration: Option<Duration>,
+    pub seed: u64,
+    /// Show a progress bar (only ever drawn on a terminal).
+    pub progress: bool,
+    /// Set by Ctrl-C: tasks stop issuing operations.
+    pub stop: Arc<AtomicBool>,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            threads: 1,
+            concurrency: 1,
+            target_ops_per_sec: None,
+            warmup: Duration::ZERO,
+            duration: None,
+            seed: 1,
+            progress: false,
+            stop: Arc::default(),
+        }
+    }
+}
+
+/// What every task of a phase shares.
+struct Shared<'a> {
+    phase: Phase,
+    workload: &'a Arc<Workload>,
+    options: &'a RunOptions,
+    /// Operations to measure (count mode); `u64::MAX` in duration mode.
+    operation_count: u64,
+    claimed: AtomicU64,
+    completed: AtomicU64,
+    start: OnceLock<Instant>,
+    fatal: Mutex<Option<String>>,
+    stop: AtomicBool,
+    tasks_total: usize,
+}
+
+impl Shared<'_> {
+    fn start(&self) -> Instant {
+        *self.start.get_or_init(Instant::now)
+    }
+
+    fn warmup_end(&self) -> Instant {
+        self.start() + self.options.warmup
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed) || self.options.stop.load(Ordering::Relaxed)
+    }
+
+    fn fail(&self, message: String) {
+        let mut fatal = self.fatal.lock().unwrap_or_else(|p| p.into_inner());
+        fatal.get_or_insert(message);
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Runs `phase` of `workload` against the target `factory` builds.
+pub fn run_phase<F: DriverFactory>(
+    phase: Phase,
+    workload: &Arc<Workload>,
+    factory: &F,
+    options: &RunOptions,
+) -> Result<PhaseResult, RunError> {
+    let target = factory.label();
+    let spec = &workload.spec;
+    let (operation_count, warmup, duration) = match phase {
+        Phase::Load => (spec.insert_count, Duration::ZERO, None),
+        Phase::Run => match options.duration {
+            Some(d) => (u64::MAX, options.warmup, Some(d)),
+            None => (spec.operation_count, options.warmup, None),
+        },
+    };
+    let options = RunOptions {
+        warmup,
+        duration,
+        ..options.clone()
+    };
+    let threads = options.threads.max(1);
+    let concurrency = options.concurrency.max(1);
+    let shared = Shared {
+        phase,
+        workload,
+        options: &options,
+        operation_count,
+        claimed: AtomicU64::new(0),
+        completed: AtomicU64::new(0),
+        start: OnceLock::new(),
+        fatal: Mutex::new(None),
+        stop: AtomicBool::new(false),
+        tasks_total: threads * concurrency,
+    };
+    let barrier = Barrier::new(threads + 1);
+    let connect_error: Mutex<Option<DriverError>> = Mutex::new(None);
+    let unsupported: Mutex<Option<String>> = Mutex::new(None);
+    let running = AtomicUsize::new(threads);
+
+    let outcome = std::thread::scope(|scope| -> Result<Vec<(Measurements, Instant)>, RunError> {
+        let mut handles = Vec::with_capacity(threads);
+        for thread_index in 0..threads {
+            let (shared, barrier, connect_error, unsupported, running) =
+                (&shared, &barrier, &connect_error, &unsupported, &running);
+            let handle = std::thread::Builder::new()
+                .name(format!("bench-{thread_index}"))
+                .spawn_scoped(scope, move || {
+                    let result = bench_thread(
+                        shared,
+                        factory,
+                        thread_index,
+                        concurrency,
+                        barrier,
+                        connect_error,
+                        unsupported,
+                    );
+                    running.fetch_sub(1, Ordering::Relaxed);
+                    result
+                })
+                .map_err(RunError::Thread);
+            match handle {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    // The threads already started wait at the barrier: let them go.
+                    shared.stop.store(true, Ordering::Relaxed);
+                    for _ in handles.len()..threads {
+                        barrier.wait();
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        barrier.wait();
+        let started = shared.start();
+        show_progress(&shared, &running, started);
+        let mut per_thread = Vec::with_capacity(threads);
+        for handle in handles {
+            match handle.join() {
+                Ok(Some(result)) => per_thread.push(result),
+                Ok(None) => {}
+                Err(_) => return Err(RunError::Panicked),
+            }
+        }
+        Ok(per_thread)
+    })?;
+
+    if let Some(source) = connect_error
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner())
+    {
+        return Err(RunError::Connect { target, source });
+    }
+    if let Some(message) = unsupported.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(RunError::Unsupported { target, message });
+    }
+    if let Some(message) = shared.fatal.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(RunError::Fatal(message));
+    }
+    if options.stop.load(Ordering::Relaxed) {
+        return Err(RunError::Interrupted);
+    }
+    let measure_start = shared.start.get().copied().unwrap_or_else(Instant::now) + warmup;
+    let mut merged = Measurements::default();
+    let mut end = measure_start;
+    for (m, finished) in outcome {
+        merged.merge(m);
+        end = end.max(finished);
+    }
+    let runtime = end.saturating_duration_since(measure_start);
+    let runtime_ms = runtime.as_secs_f64() * 1000.0;
+    let with_intended = options.target_ops_per_sec.is_some();
+    let (ops, intended) = merged.summarize(with_intended);
+    Ok(PhaseResult {
+        target,
+        phase: phase.name().into(),
+        threads,
+        concurrency,
+        target_ops_per_sec: options.target_ops_per_sec,
+        warmup_secs: warmup.as_secs_f64(),
+        runtime_ms,
+        operations: merged.operations,
+        throughput_ops_sec: if runtime_ms > 0.0 {
+            merged.operations as f64 * 1000.0 / runtime_ms
+        } else {
+            0.0
+        },
+        ops,
+        intended,
+        first_errors: merged.errors,
+    })
+}
+
+fn show_progress(shared: &Shared<'_>, running: &AtomicUsize, started: Instant) {
+    let visible = shared.options.progress && std::io::stderr().is_terminal();
+    let bar = if !visible {
+        ProgressBar::hidden()
+    } else if shared.operation_count != u64::MAX {
+        let bar = ProgressBar::new(shared.operation_count);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{prefix} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar
+    } else {
+        let bar = ProgressBar::new_spinner();
+        bar.set_style(
+            ProgressStyle::with_template("{prefix} {spinner} [{elapsed_precise}] {pos} ops {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+        bar
+    };
+    bar.set_prefix(shared.phase.name());
+    let mut last = (started, 0u64);
+    while running.load(Ordering::Relaxed) > 0 {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = Instant::now();
+        let done = shared.completed.load(Ordering::Relaxed);
+        let measured = shared
+            .claimed
+            .load(Ordering::Relaxed)
+            .min(shared.operation_count);
+        if shared.operation_count != u64::MAX {
+            bar.set_position(measured);
+        } else {
+            bar.set_position(done);
+        }
+        let elapsed = now - last.0;
+        if elapsed >= Duration::from_secs(1) {
+            let rate = (done - last.1) as f64 / elapsed.as_secs_f64();
+            let warming = now < shared.warmup_end();
+            bar.set_message(format!(
+                "{rate:.0} ops/s{}",
+                if warming { " (warm-up)" } else { "" }
+            ));
+            last = (now, done);
+        }
+    }
+    bar.finish_and_clear();
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench_thread<F: DriverFactory>(
+    shared: &Shared<'_>,
+    factory: &F,
+    thread_index: usize,
+    concurrency: usize,
+    barrier: &Barrier,
+    connect_error: &Mutex<Option<DriverError>>,
+    unsupported: &Mutex<Option<String>>,
+) -> Option<(Measurements, Instant)> {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => Some(r),
+        Err(e) => {
+            connect_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert(DriverError::Config(format!(
+                    "starting a tokio runtime: {e}"
+                )));
+            None
+        }
+    };
+    let driver = runtime
+        .as_ref()
+        .and_then(|rt| match rt.block_on(factory.connect()) {
+            Ok(driver) => Some(driver),
+            Err(e) => {
+                connect_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get_or_insert(e);
+                None
+            }
+        });
+    if let Some(driver) = &driver
+        && shared.phase == Phase::Run
+        && shared.workload.issues(OpKind::Scan)
+        && !driver.supports_scan()
+    {
+        unsupported
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert_with(|| {
+                "this workload scans (scanproportion > 0) and this driver cannot scan".into()
+            });
+    }
+    let ready = driver.is_some()
+        && connect_error.lock().map(|e| e.is_none()).unwrap_or(false)
+        && unsupported.lock().map(|e| e.is_none()).unwrap_or(false);
+    if !ready {
+        shared.stop.store(true, Ordering::Relaxed);
+    }
+    // Every thread connects before any starts, so connection set-up is not
+    // measured and the start time is common.
+    barrier.wait();
+    let (runtime, driver) = (runtime?, driver?);
+    if shared.stopped() {
+        return None;
+    }
+    let measurements = RefCell::new(Measurements::default());
+    let finished = runtime.block_on(async {
+        let tasks = (0..concurrency).map(|task| {
+            let global = thread_index * concurrency + task;
+            run_task(shared, &driver, global, &measurements)
+        });
+        let ends = futures::future::join_all(tasks).await;
+        ends.into_iter().max().unwrap_or_else(Instant::now)
+    });
+    Some((measurements.into_inner(), finished))
+}
+
+/// One task: issues operations one after another until the count, the
+/// duration or a stop ends the phase. Returns when it finished.
+async fn run_task<D: Driver>(
+    shared: &Shared<'_>,
+    driver: &D,
+    global_task: usize,
+    measurements: &RefCell<Measurements>,
+) -> Instant {
+    let options = shared.options;
+    let mut generator = shared.workload.generator(options.seed, global_task as u64);
+    let start = shared.start();
+    let warmup_end = shared.warmup_end();
+    let deadline = options.duration.map(|d| warmup_end + d);
+    // Each task's share of the target rate, offset so tasks interleave.
+    let interval = options
+        .target_ops_per_sec
+        .filter(|r| *r > 0.0)
+        .map(|rate| Duration::from_secs_f64(shared.tasks_total as f64 / rate));
+    let offset = interval
+        .map(|i| i.mul_f64(global_task as f64 / shared.tasks_total as f64))
+        .unwrap_or_default();
+    let mut slot: u32 = 0;
+    let mut last_end = Instant::now();
+    // Warm-up operations are recorded here and dropped.
+    let warmup = RefCell::new(Measurements::default());
+    loop {
+        if shared.stopped() {
+            break;
+        }
+        let intended = match interval {
+            Some(interval) => {
+                let at = start + offset + interval.mul_f64(f64::from(slot));
+                slot = slot.saturating_add(1);
+                tokio::time::sleep_until(at.into()).await;
+                Some(at)
+            }
+            None => None,
+        };
+        let issued = Instant::now();
+        if deadline.is_some_and(|d| issued >= d) {
+            break;
+        }
+        let measuring = issued >= warmup_end;
+        if measuring && shared.claimed.fetch_add(1, Ordering::Relaxed) >= shared.operation_count {
+            break;
+        }
+        let operation = match shared.phase {
+            Phase::Load => generator.next_load_insert(),
+            Phase::Run => generator.next_transaction(),
+        };
+        let intended = intended.unwrap_or(issued);
+        let record_into = if measuring { measurements } else { &warmup };
+        if let Err(message) = execute(shared, driver, operation, intended, record_into).await {
+            shared.fail(message);
+            break;
+        }
+        if measuring {
+            record_into.borrow_mut().operations += 1;
+        }
+        shared.completed.fetch_add(1, Ordering::Relaxed);
+        last_end = Instant::now();
+    }
+    last_end
+}
+
+fn status_of<T, E: std::fmt::Display>(
+    op: &str,
+    result: &Result<T, E>,
+    measurements: &RefCell<Measurements>,
+) -> Option<Status> {
+    match result {
+        Ok(_) => None,
+        Err(e) => {
+            measurements
+                .borrow_mut()
+                .note_error(|| format!("{op}: {e}"));
+            Some(Status::Error)
+        }
+    }
+}
+
+async fn timed_read<D: Driver>(
+    driver: &D,
+    key: &str,
+    field: Option<&str>,
+    intended: Instant,
+    measurements: &RefCell<Measurements>,
+) {
+    let start = Instant::now();
+    let result = driver.read(key).await;
+    let end = Instant::now();
+    let status = status_of("READ", &result, measurements).unwrap_or_else(|| match result {
+        Ok(Some(value)) => match record::check(&value, field) {
+            Ok(_) => Status::Ok,
+            Err(e) => {
+                measurements
+                    .borrow_mut()
+                    .note_error(|| format!("READ {key}: bad record: {e}"));
+                Status::Error
+            }
+        },
+        _ => Status::NotFound,
+    });
+    measurements
+        .borrow_mut()
+        .measure("READ", status, intended, start, end);
+}
+
+async fn timed_write<D: Driver>(
+    driver: &D,
+    op: &str,
+    key: &str,
+    value: bytes::Bytes,
+    intended: Instant,
+    measurements: &RefCell<Measurements>,
+) {
+    let start = Instant::now();
+    let result = if op == "INSERT" {
+        driver.insert(key, value).await
+    } else {
+        driver.update(key, value).await
+    };
+    let end = Instant::now();
+    let status = status_of(op, &result, measurements).unwrap_or(Status::Ok);
+    measurements
+        .borrow_mut()
+        .measure(op, status, intended, start, end);
+}
+
+/// Issues one operation and records it. `Err` is fatal for the run.
+async fn execute<D: Driver>(
+    shared: &Shared<'_>,
+    driver: &D,
+    operation: Operation,
+    intended: Instant,
+    measurements: &RefCell<Measurements>,
+) -> Result<(), String> {
+    match operation {
+        Operation::Read { key, field } => {
+            timed_read(driver, &key, field.as_deref(), intended, measurements).await;
+        }
+        Operation::Update { key, value } => {
+            timed_write(driver, "UPDATE", &key, value, intended, measurements).await;
+        }
+        Operation::Insert {
+            key,
+            keynum,
+            value,
+            acknowledge,
+        } => {
+            timed_write(driver, "INSERT", &key, value, intended, measurements).await;
+            if acknowledge {
+                shared
+                    .workload
+                    .acknowledge_insert(keynum)
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        Operation::Scan {
+            start_key,
+            count,
+            field,
+        } => {
+            let start = Instant::now();
+            let result = driver.scan(&start_key, count).await;
+            let end = Instant::now();
+            let status = status_of("SCAN", &result, measurements).unwrap_or_else(|| {
+                let records = result.as_deref().unwrap_or_default();
+                match records
+                    .iter()
+                    .try_for_each(|r| record::check(r, field.as_deref()).map(drop))
+                {
+                    Ok(()) => Status::Ok,
+                    Err(e) => {
+                        measurements
+                            .borrow_mut()
+                            .note_error(|| format!("SCAN {start_key}: bad record: {e}"));
+                        Status::Error
+                    }
+                }
+            });
+            measurements
+                .borrow_mut()
+                .measure("SCAN", status, intended, start, end);
+        }
+        Operation::ReadModifyWrite { key, field, value } => {
+            // As YCSB: the read and the update are measured on their own and
+            // together, and the update happens whatever the read returned.
+            let start = Instant::now();
+            timed_read(driver, &key, field.as_deref(), intended, measurements).await;
+            timed_write(driver, "UPDATE", &key, value, intended, measurements).await;
+            let end = Instant::now();
+            measurements
+                .borrow_mut()
+                .record_latency("READ-MODIFY-WRITE", intended, start, end);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,226 @@
+//! Runs the built `rdkv-bench` end to end against real local servers, with
+//! tiny counts (seconds). No timing is asserted: only that the output is
+//! YCSB's, the counts add up and nothing failed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn bench_binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_rdkv-bench"))
+}
+
+/// `rdkv-server` next to `rdkv-bench`, built with the same profile: cargo
+/// builds only this package's binaries for its tests.
+fn build_server() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut command = Command::new(cargo);
+    command.args([
+        "build",
+        "--quiet",
+        "-p",
+        "rdkv-server",
+        "--bin",
+        "rdkv-server",
+    ]);
+    if !cfg!(debug_assertions) {
+        command.arg("--release");
+    }
+    let status = command.status().expect("running cargo build");
+    assert!(status.success(), "building rdkv-server: {status}");
+    let server = bench_binary()
+        .parent()
+        .map(|dir| dir.join("rdkv-server"))
+        .expect("rdkv-bench has a directory");
+    assert!(server.is_file(), "{} missing", server.display());
+}
+
+fn workload(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("workloads")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn run(args: &[&str]) -> (Output, String) {
+    let output = Command::new(bench_binary())
+        .args(args)
+        .env_remove("RDKV_SERVER_BIN")
+        .output()
+        .expect("running rdkv-bench");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    eprintln!(
+        "---- stdout ----\n{stdout}\n---- stderr ----\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output, stdout)
+}
+
+/// The value of `[section], name, value` lines, in order.
+fn values(stdout: &str, section: &str, name: &str) -> Vec<f64> {
+    let prefix = format!("[{section}], {name}, ");
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .map(|v| v.trim().parse::<f64>().expect("a number"))
+        .collect()
+}
+
+#[test]
+fn ycsb_against_an_embedded_node() {
+    build_server();
+    let json = tempfile::NamedTempFile::new().expect("temp file");
+    let json_path = json.path().display().to_string();
+    let file = workload("workloada");
+    let (output, stdout) = run(&[
+        "ycsb",
+        "--embedded",
+        "1",
+        "-P",
+        &file,
+        "-p",
+        "recordcount=200",
+        "-p",
+        "operationcount=500",
+        "--json",
+        &json_path,
+        // One threshold that always holds and one that cannot: exit code 3.
+        "--sla",
+        "update.max>=0us,throughput<0",
+    ]);
+    assert_eq!(
+        output.status.code(),
+        Some(3),
+        "the impossible SLA must fail the run"
+    );
+
+    // Load, then run: two [OVERALL] blocks with sane values.
+    let runtimes = values(&stdout, "OVERALL", "RunTime(ms)");
+    let throughputs = values(&stdout, "OVERALL", "Throughput(ops/sec)");
+    assert_eq!(runtimes.len(), 2, "{stdout}");
+    assert_eq!(throughputs.len(), 2);
+    assert!(runtimes.iter().all(|r| *r >= 0.0));
+    assert!(throughputs.iter().all(|t| *t > 0.0));
+    assert_eq!(values(&stdout, "INSERT", "Return=OK"), vec![200.0]);
+    let reads = values(&stdout, "READ", "Return=OK");
+    let updates = values(&stdout, "UPDATE", "Return=OK");
+    assert_eq!(reads.len(), 1);
+    assert_eq!(updates.len(), 1);
+    assert_eq!(reads[0] + updates[0], 500.0);
+    assert_eq!(values(&stdout, "READ", "Operations"), reads);
+    for line in [
+        "[READ], 50thPercentileLatency(us), ",
+        "[READ], 99.9PercentileLatency(us), ",
+        "[UPDATE], AverageLatency(us), ",
+    ] {
+        assert!(stdout.contains(line), "missing {line:?}");
+    }
+    assert!(!stdout.contains("Return=ERROR"), "errors in:\n{stdout}");
+    assert!(
+        !stdout.contains("Return=NOT_FOUND"),
+        "missing records in:\n{stdout}"
+    );
+    assert!(stdout.contains("pass update.max>=0us"), "{stdout}");
+    assert!(stdout.contains("FAIL throughput<0"), "{stdout}");
+
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(json.path()).expect("json written"))
+            .expect("valid JSON");
+    let results = report["results"].as_array().expect("results");
+    assert_eq!(results.len(), 2);
+    assert_eq!(results[1]["phase"], "run");
+    assert_eq!(results[1]["operations"], 500);
+    assert_eq!(report["sla_passed"], false);
+}
+
+#[test]
+fn ycsb_compares_rdkv_with_redis() {
+    let Some(_) = rdkv_bench::embedded::find_on_path("redis-server") else {
+        eprintln!("skipped: redis-server is not on PATH (apt-get install redis-server)");
+        return;
+    };
+    build_server();
+    // Workload E: inserts and scans, so both drivers' scans run too.
+    let file = workload("workloade");
+    let (output, stdout) = run(&[
+        "ycsb",
+        "--embedded",
+        "1",
+        "--start-redis",
+        "-P",
+        &file,
+        "-p",
+        "recordcount=200",
+        "-p",
+        "operationcount=300",
+        "-p",
+        "maxscanlength=10",
+        "--target",
+        "rdkv",
+        "--target",
+        "redis",
+    ]);
+    assert!(output.status.success(), "exit {:?}", output.status);
+    for target in ["rdkv-auto", "redis"] {
+        assert!(
+            stdout.contains(&format!("# {target} load phase")),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains(&format!("# {target} run phase")),
+            "{stdout}"
+        );
+    }
+    assert_eq!(values(&stdout, "OVERALL", "RunTime(ms)").len(), 4);
+    let scans = values(&stdout, "SCAN", "Return=OK");
+    let inserts = values(&stdout, "INSERT", "Return=OK");
+    // Per target: 200 loaded, then run-phase inserts; scans + inserts = 300.
+    assert_eq!(scans.len(), 2, "{stdout}");
+    assert_eq!(inserts.len(), 4);
+    assert_eq!(inserts[0], 200.0);
+    assert_eq!(inserts[2], 200.0);
+    assert_eq!(scans[0] + inserts[1], 300.0);
+    assert_eq!(scans[1] + inserts[3], 300.0);
+    assert!(!stdout.contains("Return=ERROR"), "{stdout}");
+    assert!(
+        stdout.contains("| metric | rdkv-auto | redis | rdkv-auto/redis |"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("| throughput (ops/s) |"), "{stdout}");
+    assert!(stdout.contains("| SCAN p99 (us) |"), "{stdout}");
+}
+
+#[test]
+fn bad_input_gets_clear_errors() {
+    let (output, _) = run(&["ycsb", "--sla", "read.p99<500", "-p", "recordcount=10"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("needs a unit"), "{stderr}");
+
+    let (output, _) = run(&["ycsb", "-p", "recordcount=ten"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("property recordcount = \"ten\"")
+            && stderr.contains("non-negative integer"),
+        "{stderr}"
+    );
+
+    let (output, _) = run(&["ycsb", "-P", "/nonexistent/workload"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("/nonexistent/workload"), "{stderr}");
+
+    let (output, _) = run(&[
+        "ycsb",
+        "-p",
+        "recordcount=10",
+        "--transport",
+        "rdma",
+        "--endpoints",
+        "127.0.0.1:1",
+    ]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("no RDMA transport"), "{stderr}");
+}
