@@ -28,9 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
-use rdkv_client::{
-    CasOutcome, Client, Consistency, DeleteOutcome, Error, ErrorCode, Versioned,
-};
+use rdkv_client::{CasOutcome, Client, Consistency, DeleteOutcome, Error, ErrorCode, Versioned};
 
 /// A logical client. Operations of one process never overlap in time when a
 /// process waits for each reply before its next call (not required by the
@@ -44,8 +42,12 @@ pub type Tick = u64;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Operation {
     /// A read, at the given consistency level.
-    Get { consistency: Consistency },
-    Put { value: Bytes },
+    Get {
+        consistency: Consistency,
+    },
+    Put {
+        value: Bytes,
+    },
     Delete,
     /// Succeeds iff the key's version equals `expected_version` (`None`: the
     /// key is absent); then writes `new_value` (`None`: deletes the key).
@@ -195,7 +197,12 @@ impl Recorder {
     }
 
     /// Records an invocation; call this just before sending the request.
-    pub fn invoke(&self, process: ProcessId, key: impl Into<Bytes>, operation: Operation) -> PendingOp {
+    pub fn invoke(
+        &self,
+        process: ProcessId,
+        key: impl Into<Bytes>,
+        operation: Operation,
+    ) -> PendingOp {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (invoked_at, invoked_ns) = self.tick();
         PendingOp {
@@ -221,14 +228,22 @@ impl Recorder {
         record.completed_ns = completed_ns;
         // A poisoned lock only means another recording thread panicked; the
         // records already pushed are intact.
-        let mut completed = self.inner.completed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut completed = self
+            .inner
+            .completed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         completed.push(record);
     }
 
     /// Everything completed so far, in order of invocation. Operations still
     /// pending are not included (complete or drop them first).
     pub fn history(&self) -> History {
-        let completed = self.inner.completed.lock().unwrap_or_else(|p| p.into_inner());
+        let completed = self
+            .inner
+            .completed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let mut ops = completed.clone();
         ops.sort_by_key(|op| op.invoked_at);
         History { ops }
@@ -371,15 +386,19 @@ impl RecordingClient {
         consistency: Consistency,
     ) -> rdkv_client::Result<Option<Versioned>> {
         let key = key.into();
-        let pending = self
-            .recorder
-            .invoke(self.process, key.clone(), Operation::Get { consistency });
+        let pending =
+            self.recorder
+                .invoke(self.process, key.clone(), Operation::Get { consistency });
         let result = self.client.get_with(key, consistency).await;
         pending.complete_get(&result);
         result
     }
 
-    pub async fn put(&self, key: impl Into<Bytes>, value: impl Into<Bytes>) -> rdkv_client::Result<u64> {
+    pub async fn put(
+        &self,
+        key: impl Into<Bytes>,
+        value: impl Into<Bytes>,
+    ) -> rdkv_client::Result<u64> {
         let key = key.into();
         let value = value.into();
         let pending = self.recorder.invoke(

@@ -84,8 +84,8 @@
 //! Cas) were then removed in chunks while it stayed non-linearizable. A
 //! prefix, and a history with fewer reads, can only be *more* linearizable,
 //! so the witness proves the whole history is not. The `culprit` is the
-//! operation whose completion ends that prefix: everything before it was
-//! still explainable.
+//! witness's last operation to complete: up to just before its completion
+//! the shrunk history was still explainable.
 //!
 //! # The follower-read bound ([`check_follower_reads`])
 //!
@@ -145,7 +145,9 @@ pub enum Verdict {
     Linearizable,
     NotLinearizable(Box<Violation>),
     /// No violation found, but these keys ran out of steps.
-    Timeout { keys: Vec<Bytes> },
+    Timeout {
+        keys: Vec<Bytes>,
+    },
 }
 
 /// Why a key's history is not linearizable.
@@ -156,7 +158,8 @@ pub struct Violation {
     /// order of invocation. Outcomes of operations cut off by the prefix are
     /// shown as `Unknown`.
     pub witness: Vec<OpRecord>,
-    /// The operation whose completion made the history non-linearizable.
+    /// The last operation of the witness to complete: the witness without
+    /// the operations invoked after that completion was still linearizable.
     pub culprit: Option<OpRecord>,
     /// The longest sequence of operation ids the search could linearize in
     /// the witness before it got stuck.
@@ -171,16 +174,28 @@ impl fmt::Display for Violation {
             f,
             "key {:?} is not linearizable{}",
             self.key.escape_ascii().to_string(),
-            if self.minimized { "" } else { " (witness not fully shrunk)" }
+            if self.minimized {
+                ""
+            } else {
+                " (witness not fully shrunk)"
+            }
         )?;
         if let Some(culprit) = &self.culprit {
-            writeln!(f, "  history explainable until the completion of: {}", describe(culprit))?;
+            writeln!(
+                f,
+                "  explainable until the completion of: {}",
+                describe(culprit)
+            )?;
         }
         writeln!(f, "  witness:")?;
         for op in &self.witness {
             writeln!(f, "    {}", describe(op))?;
         }
-        writeln!(f, "  longest linearization found: {:?}", self.longest_linearized)
+        writeln!(
+            f,
+            "  longest linearization found: {:?}",
+            self.longest_linearized
+        )
     }
 }
 
@@ -189,7 +204,9 @@ impl fmt::Display for Verdict {
         match self {
             Verdict::Linearizable => write!(f, "linearizable"),
             Verdict::NotLinearizable(v) => write!(f, "{v}"),
-            Verdict::Timeout { keys } => write!(f, "unknown: step budget ran out on {} key(s)", keys.len()),
+            Verdict::Timeout { keys } => {
+                write!(f, "unknown: step budget ran out on {} key(s)", keys.len())
+            }
         }
     }
 }
@@ -269,7 +286,10 @@ enum Version {
     Known(u64),
     /// Written by an operation with an unknown outcome: its log index is in
     /// the open interval (after, before).
-    Unknown { after: u64, before: u64 },
+    Unknown {
+        after: u64,
+        before: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -326,7 +346,9 @@ enum ModelOp {
         version: Option<u64>,
     },
     /// `result`: (existed, version) when known.
-    Delete { result: Option<(bool, u64)> },
+    Delete {
+        result: Option<(bool, u64)>,
+    },
     CasSucceeded {
         expected: Option<u64>,
         new: Option<ValueId>,
@@ -466,7 +488,8 @@ fn is_checked(op: &OpRecord) -> bool {
     match (&op.operation, &op.outcome) {
         (_, Outcome::Fail) => false,
         (Operation::Get { consistency }, outcome) => {
-            !matches!(consistency, Consistency::Follower { .. }) && matches!(outcome, Outcome::Ok(_))
+            !matches!(consistency, Consistency::Follower { .. })
+                && matches!(outcome, Outcome::Ok(_))
         }
         _ => true,
     }
@@ -475,7 +498,10 @@ fn is_checked(op: &OpRecord) -> bool {
 fn model_op(op: &OpRecord, interner: &mut Interner) -> Result<ModelOp, HistoryError> {
     let mismatch = || HistoryError {
         op_id: op.id,
-        reason: format!("outcome {:?} does not belong to {:?}", op.outcome, op.operation),
+        reason: format!(
+            "outcome {:?} does not belong to {:?}",
+            op.outcome, op.operation
+        ),
     };
     Ok(match (&op.operation, &op.outcome) {
         (Operation::Get { .. }, Outcome::Ok(Returned::Value(v))) => {
@@ -651,7 +677,9 @@ impl EventList {
 enum KeyVerdict {
     Linearizable,
     /// Op indexes (into the `KeyOp`s) of the longest linearization found.
-    NotLinearizable { longest: Vec<usize> },
+    NotLinearizable {
+        longest: Vec<usize>,
+    },
     Timeout,
 }
 
@@ -675,7 +703,11 @@ fn search(ops: &[KeyOp], budget: &mut u64) -> KeyVerdict {
             return KeyVerdict::Timeout;
         }
         *budget -= 1;
-        let node = if entry == NONE { None } else { Some(list.nodes[entry]) };
+        let node = if entry == NONE {
+            None
+        } else {
+            Some(list.nodes[entry])
+        };
         if let Some(node) = node.filter(|n| n.is_call) {
             let op = ops[node.op];
             if let Some(next_state) = step(state, op.model) {
@@ -750,8 +782,8 @@ fn fails(records: &[OpRecord], budget: &mut u64) -> bool {
     )
 }
 
-/// Shrinks a non-linearizable key history; returns (witness, culprit,
-/// finished within budget).
+/// Shrinks a non-linearizable key history; returns (witness, its last
+/// operation to complete, finished within budget).
 fn shrink(records: &[OpRecord], mut budget: u64) -> (Vec<OpRecord>, Option<OpRecord>, bool) {
     // 1. The shortest failing prefix, by binary search over completion ticks
     // (a prefix of a linearizable history is linearizable, so failure is
@@ -777,12 +809,9 @@ fn shrink(records: &[OpRecord], mut budget: u64) -> (Vec<OpRecord>, Option<OpRec
             low = middle + 1;
         }
     }
-    let (mut witness, culprit) = match cuts.get(high) {
-        Some(&cut) => (
-            prefix(records, cut),
-            records.iter().find(|op| op.effective_completion() == cut).cloned(),
-        ),
-        None => (records.to_vec(), None),
+    let mut witness = match cuts.get(high) {
+        Some(&cut) => prefix(records, cut),
+        None => records.to_vec(),
     };
     // 2. Drop read-like operations in halving chunks while it still fails.
     let read_like = |op: &OpRecord| {
@@ -794,15 +823,17 @@ fn shrink(records: &[OpRecord], mut budget: u64) -> (Vec<OpRecord>, Option<OpRec
         let mut start = 0;
         while start < witness.len() {
             if budget == 0 {
-                return (witness, culprit, false);
+                complete = false;
+                break;
             }
-            // The next `chunk` read-like operations from `start`, but never
-            // the culprit.
+            // The next `chunk` read-like operations from `start`.
             let candidates: Vec<usize> = (start..witness.len())
-                .filter(|&i| read_like(&witness[i]) && Some(witness[i].id) != culprit.as_ref().map(|c| c.id))
+                .filter(|&i| read_like(&witness[i]))
                 .take(chunk)
                 .collect();
-            let Some(&last) = candidates.last() else { break };
+            let Some(&last) = candidates.last() else {
+                break;
+            };
             let trial: Vec<OpRecord> = witness
                 .iter()
                 .enumerate()
@@ -816,11 +847,16 @@ fn shrink(records: &[OpRecord], mut budget: u64) -> (Vec<OpRecord>, Option<OpRec
                 start = last + 1;
             }
         }
-        if chunk == 1 {
+        if chunk == 1 || !complete {
             break;
         }
         chunk = chunk.div_ceil(2);
     }
+    let culprit = witness
+        .iter()
+        .filter(|op| !matches!(op.outcome, Outcome::Unknown))
+        .max_by_key(|op| op.completed_at)
+        .cloned();
     (witness, culprit, complete)
 }
 
@@ -982,9 +1018,12 @@ pub fn check_follower_reads(history: &History) -> FollowerReport {
 
     let mut report = FollowerReport::default();
     for read in &history.ops {
-        let (Operation::Get {
-            consistency: Consistency::Follower { max_lag_entries },
-        }, Outcome::Ok(Returned::Value(returned))) = (&read.operation, &read.outcome)
+        let (
+            Operation::Get {
+                consistency: Consistency::Follower { max_lag_entries },
+            },
+            Outcome::Ok(Returned::Value(returned)),
+        ) = (&read.operation, &read.outcome)
         else {
             continue;
         };
@@ -1021,9 +1060,7 @@ pub fn check_follower_reads(history: &History) -> FollowerReport {
                     if w.value.as_ref() != Some(&got.value) {
                         violation(format!(
                             "returned {:?} at version {}, but that index wrote {:?}",
-                            got.value,
-                            got.version,
-                            w.value
+                            got.value, got.version, w.value
                         ));
                     } else if w.invoked_at > read.completed_at {
                         violation(format!(
