@@ -23,10 +23,10 @@
 //! # The model: a versioned register per key
 //!
 //! State: `value`: absent, or (value, version) where the version is
-//! `Known(n)` or `Unknown { after, before }` (written by an operation whose
-//! outcome we do not know: its log index lies strictly between the two
-//! bounds); and `floor`: the largest log index known among the operations
-//! linearized so far.
+//! `Known(n)` or `Unknown { after }` (written by an operation whose outcome
+//! we do not know: its log index is greater than `after`, the floor when it
+//! was linearized); and `floor`: the largest log index known among the
+//! operations linearized so far.
 //!
 //! Versions are Raft log indexes. Every rdkv write command (Put, Delete, Cas,
 //! whether the Cas succeeds or not) is its own log entry, and applying the
@@ -46,11 +46,13 @@
 //! - `Get -> Ok(None)`: the state must be absent. `Get -> Ok((v, n))`: the
 //!   state's value must be `v` and its version must match `n`.
 //!
-//! A version "matches" `n` if it is `Known(n)`, or `Unknown { after, before }`
-//! with `after < n < before`; in the second case the operation also *refines*
-//! the state to `Known(n)` (a read that returned the version of a write whose
-//! outcome we did not know tells us its log index). Values are compared by
-//! bytes (interned to small integers for the search).
+//! A version "matches" `n` if it is `Known(n)`, or `Unknown { after }` with
+//! `n > after`; in the second case the operation also *refines* the state to
+//! `Known(n)` and the floor to `n` (a read or failed Cas that returned the
+//! version of a write whose outcome we did not know tells us its log index;
+//! no operation with a known index can have been linearized since that write
+//! without overwriting or refining it, so `n` is the floor). Values are
+//! compared by bytes (interned to small integers for the search).
 //!
 //! # Unknown and failed operations
 //!
@@ -65,15 +67,17 @@
 //! linearize it anywhere after its call; and the search succeeds as soon as
 //! every operation *with* a known outcome is linearized, so an unknown one
 //! left over "never happened". When linearized, an unknown Put(v) makes the
-//! state `(v, Unknown { after: floor, before: ∞ })` without moving the floor;
-//! an unknown Delete makes it absent; an unknown Cas needs its condition to be
-//! possible (for an `Unknown` version: `after < expected < before`) and then
-//! acts like a successful one with an unknown version (an unknown Cas whose
+//! state `(v, Unknown { after: floor })` without moving the floor; an unknown
+//! Delete makes it absent; an unknown Cas needs its condition to be possible
+//! (for an `Unknown` version: `expected > after`, refining it) and then acts
+//! like a successful one with an unknown version (an unknown Cas whose
 //! condition failed changed nothing, which is the same as never happening).
-//! When a failed Cas with a known index `f` is linearized while the state's
-//! version is `Unknown`, `before` becomes `min(before, f)`: that write came
-//! first. This model is sound: the true execution (log order, each value with
-//! its real index) is always one of the linearizations it accepts.
+//! This model is sound: the true execution (log order, each value with its
+//! real index) is always one of the linearizations it accepts. It relies on
+//! the server putting every write command, a failing Cas included, in its own
+//! log entry and answering with that entry's index (`Command::Cas` in
+//! `storage/src/state_machine/apply.rs`); a server that answered a failing
+//! Cas from its applied state without a log entry would need `>=` there.
 //!
 //! # Explanations
 //!
@@ -284,11 +288,10 @@ type ValueId = u32;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Version {
     Known(u64),
-    /// Written by an operation with an unknown outcome: its log index is in
-    /// the open interval (after, before).
+    /// Written by an operation with an unknown outcome: its log index is
+    /// greater than `after`.
     Unknown {
         after: u64,
-        before: u64,
     },
 }
 
@@ -311,7 +314,7 @@ impl RegisterState {
         let (value, version) = self.value?;
         match version {
             Version::Known(k) if k == n => Some(self),
-            Version::Unknown { after, before } if after < n && n < before => Some(RegisterState {
+            Version::Unknown { after } if n > after => Some(RegisterState {
                 value: Some((value, Version::Known(n))),
                 floor: self.floor.max(n),
             }),
@@ -375,10 +378,7 @@ impl ModelOp {
 
 /// The next state if `op` can be linearized in `state`.
 fn step(state: RegisterState, op: ModelOp) -> Option<RegisterState> {
-    let unknown_after = |s: RegisterState| Version::Unknown {
-        after: s.floor,
-        before: u64::MAX,
-    };
+    let unknown_after = |s: RegisterState| Version::Unknown { after: s.floor };
     match op {
         ModelOp::Read(current) => state.with_current(current),
         ModelOp::Put {
@@ -429,18 +429,9 @@ fn step(state: RegisterState, op: ModelOp) -> Option<RegisterState> {
             if version <= refined.floor {
                 return None;
             }
-            let value = refined.value.map(|(v, ver)| match ver {
-                Version::Unknown { after, before } => (
-                    v,
-                    Version::Unknown {
-                        after,
-                        before: before.min(version),
-                    },
-                ),
-                known @ Version::Known(_) => (v, known),
-            });
+            // `with_current` left the value's version known (or absent).
             Some(RegisterState {
-                value,
+                value: refined.value,
                 floor: version,
             })
         }

@@ -454,6 +454,17 @@ fn an_unknown_write_cannot_explain_a_read_before_its_invocation() {
 }
 
 #[test]
+fn an_unknown_write_revealed_with_an_index_older_than_a_completed_write() {
+    let mut b = Builder::default();
+    b.put(1, (0, 1), "a", 1);
+    b.put_unknown(2, 2, "b");
+    b.put(1, (3, 4), "c", 3);
+    // Only b's revealed index (2 < 3) rules out "b took effect after c".
+    let read = b.get(3, (5, 6), Some(("b", 2)));
+    assert_violation(&b, &[read]);
+}
+
+#[test]
 fn malformed_outcomes_are_reported() {
     let mut b = Builder::default();
     b.op(
