@@ -4,6 +4,8 @@
 //! Every node gets its own 127.0.0.x address (x = 10 + node id) with ports
 //! chosen per test run, so concurrent tests do not collide.
 
+pub mod history;
+pub mod linearizability;
 pub mod netns;
 pub mod prometheus;
 pub mod stress_value;

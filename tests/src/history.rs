@@ -1,0 +1,484 @@
+//! Recording client histories for the linearizability checker
+//! ([`crate::linearizability`]).
+//!
+//! Every client operation becomes one [`OpRecord`]: who ran it (a process id,
+//! one per logical client), on which key, what it asked ([`Operation`]), what
+//! came back ([`Outcome`]) and when it was invoked and completed.
+//!
+//! **Time.** The checker needs the exact real-time order of "A completed
+//! before B was invoked". Wall clocks read on different threads can tie or be
+//! coarse, so each invocation and completion takes a *tick* from one shared
+//! atomic counter (`fetch_add`, `SeqCst`): the invocation tick is taken before
+//! the request is sent and the completion tick after the reply arrived, so if
+//! A's reply came before B was started, A's completion tick is smaller than
+//! B's invocation tick. Ticks are unique, so there are no ties. The
+//! nanoseconds since the recorder started are kept beside them for humans.
+//!
+//! **Outcomes.** `Ok` carries what the server returned. `Fail` means the
+//! operation definitely had no effect (a write that never left the client or
+//! was refused before it reached the log; any failed read); the checker drops
+//! it. `Unknown` means it may have taken effect at any time after its
+//! invocation, or never ([`rdkv_client::Error::OutcomeUnknown`], and any error
+//! that does not prove the opposite); its completion tick is recorded but the
+//! checker treats it as infinity. A [`PendingOp`] dropped without being
+//! completed (its task was cancelled or panicked) is recorded as `Unknown`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use rdkv_client::{CasOutcome, Client, Consistency, DeleteOutcome, Error, ErrorCode, Versioned};
+
+/// A logical client. Operations of one process never overlap in time when a
+/// process waits for each reply before its next call (not required by the
+/// checker).
+pub type ProcessId = u64;
+
+/// A point on the recorder's logical clock (see the module documentation).
+pub type Tick = u64;
+
+/// What a client asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Operation {
+    /// A read, at the given consistency level.
+    Get {
+        consistency: Consistency,
+    },
+    Put {
+        value: Bytes,
+    },
+    Delete,
+    /// Succeeds iff the key's version equals `expected_version` (`None`: the
+    /// key is absent); then writes `new_value` (`None`: deletes the key).
+    Cas {
+        expected_version: Option<u64>,
+        new_value: Option<Bytes>,
+    },
+}
+
+impl Operation {
+    pub fn is_read(&self) -> bool {
+        matches!(self, Operation::Get { .. })
+    }
+}
+
+/// What a completed operation returned (one variant per [`Operation`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Returned {
+    /// Of a `Get`: the value and the log index that wrote it, or absent.
+    Value(Option<Versioned>),
+    /// Of a `Put`: its log index.
+    Written { version: u64 },
+    /// Of a `Delete`: whether the key existed, and the delete's log index.
+    Deleted { existed: bool, version: u64 },
+    /// Of a `Cas`: see [`rdkv_client::CasOutcome`] (`version` is the Cas
+    /// command's own log index whether or not it succeeded).
+    Cas {
+        succeeded: bool,
+        version: u64,
+        current: Option<Versioned>,
+    },
+}
+
+impl Returned {
+    /// The log index this result proves committed: a write's (or failed
+    /// Cas's) own index, or the index of the write a read observed.
+    pub fn committed_index(&self) -> Option<u64> {
+        match self {
+            Returned::Value(value) => value.as_ref().map(|v| v.version),
+            Returned::Written { version }
+            | Returned::Deleted { version, .. }
+            | Returned::Cas { version, .. } => Some(*version),
+        }
+    }
+}
+
+/// How an operation ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Ok(Returned),
+    /// Definitely not applied (writes), or no information (reads).
+    Fail,
+    /// May or may not have been applied, at any time after invocation.
+    Unknown,
+}
+
+/// One client operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpRecord {
+    /// Index of the invocation in the recorder (unique within a history).
+    pub id: usize,
+    pub process: ProcessId,
+    pub key: Bytes,
+    pub operation: Operation,
+    pub outcome: Outcome,
+    pub invoked_at: Tick,
+    /// For `Unknown` outcomes: when the client gave up (the checker uses
+    /// infinity instead).
+    pub completed_at: Tick,
+    /// Nanoseconds since the recorder started (diagnostics only).
+    pub invoked_ns: u64,
+    pub completed_ns: u64,
+}
+
+impl OpRecord {
+    /// The completion time the checker uses: infinity for `Unknown`.
+    pub fn effective_completion(&self) -> Tick {
+        match self.outcome {
+            Outcome::Unknown => Tick::MAX,
+            _ => self.completed_at,
+        }
+    }
+}
+
+/// A recorded history: operations in order of invocation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct History {
+    pub ops: Vec<OpRecord>,
+}
+
+impl History {
+    /// Builds a history from records (e.g. hand-written ones); renumbers the
+    /// ids in the given order.
+    pub fn from_records(records: impl IntoIterator<Item = OpRecord>) -> History {
+        let mut ops: Vec<OpRecord> = records.into_iter().collect();
+        for (id, op) in ops.iter_mut().enumerate() {
+            op.id = id;
+        }
+        History { ops }
+    }
+
+    /// The distinct keys, in byte order.
+    pub fn keys(&self) -> Vec<Bytes> {
+        let mut keys: Vec<Bytes> = self.ops.iter().map(|op| op.key.clone()).collect();
+        keys.sort();
+        keys.dedup();
+        keys
+    }
+}
+
+#[derive(Debug)]
+struct RecorderInner {
+    started: Instant,
+    clock: AtomicU64,
+    next_id: AtomicU64,
+    completed: Mutex<Vec<OpRecord>>,
+}
+
+/// A thread-safe history recorder; clones share one history.
+#[derive(Debug, Clone)]
+pub struct Recorder {
+    inner: Arc<RecorderInner>,
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Recorder::new()
+    }
+}
+
+impl Recorder {
+    pub fn new() -> Recorder {
+        Recorder {
+            inner: Arc::new(RecorderInner {
+                started: Instant::now(),
+                clock: AtomicU64::new(0),
+                next_id: AtomicU64::new(0),
+                completed: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    fn tick(&self) -> (Tick, u64) {
+        let tick = self.inner.clock.fetch_add(1, Ordering::SeqCst);
+        let ns = u64::try_from(self.inner.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        (tick, ns)
+    }
+
+    /// Records an invocation; call this just before sending the request.
+    pub fn invoke(
+        &self,
+        process: ProcessId,
+        key: impl Into<Bytes>,
+        operation: Operation,
+    ) -> PendingOp {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let (invoked_at, invoked_ns) = self.tick();
+        PendingOp {
+            recorder: self.clone(),
+            record: Some(OpRecord {
+                id: usize::try_from(id).unwrap_or(usize::MAX),
+                process,
+                key: key.into(),
+                operation,
+                outcome: Outcome::Unknown,
+                invoked_at,
+                completed_at: Tick::MAX,
+                invoked_ns,
+                completed_ns: u64::MAX,
+            }),
+        }
+    }
+
+    fn finish(&self, mut record: OpRecord, outcome: Outcome) {
+        let (completed_at, completed_ns) = self.tick();
+        record.outcome = outcome;
+        record.completed_at = completed_at;
+        record.completed_ns = completed_ns;
+        // A poisoned lock only means another recording thread panicked; the
+        // records already pushed are intact.
+        let mut completed = self
+            .inner
+            .completed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        completed.push(record);
+    }
+
+    /// Everything completed so far, in order of invocation. Operations still
+    /// pending are not included (complete or drop them first).
+    pub fn history(&self) -> History {
+        let completed = self
+            .inner
+            .completed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let mut ops = completed.clone();
+        ops.sort_by_key(|op| op.invoked_at);
+        History { ops }
+    }
+
+    /// A client wrapper that records every call as `process`.
+    pub fn client(&self, client: Client, process: ProcessId) -> RecordingClient {
+        RecordingClient {
+            client,
+            process,
+            recorder: self.clone(),
+        }
+    }
+}
+
+/// An invoked operation waiting for its outcome. Dropping it without
+/// [`PendingOp::complete`] records the outcome as `Unknown` (a cancelled
+/// write may still have been sent).
+#[derive(Debug)]
+pub struct PendingOp {
+    recorder: Recorder,
+    record: Option<OpRecord>,
+}
+
+impl PendingOp {
+    pub fn complete(mut self, outcome: Outcome) {
+        if let Some(record) = self.record.take() {
+            self.recorder.finish(record, outcome);
+        }
+    }
+
+    pub fn complete_get(self, result: &rdkv_client::Result<Option<Versioned>>) {
+        let outcome = match result {
+            Ok(value) => Outcome::Ok(Returned::Value(value.clone())),
+            // A failed read changed nothing and told nothing.
+            Err(_) => Outcome::Fail,
+        };
+        self.complete(outcome);
+    }
+
+    pub fn complete_put(self, result: &rdkv_client::Result<u64>) {
+        let outcome = match result {
+            Ok(version) => Outcome::Ok(Returned::Written { version: *version }),
+            Err(e) => write_error_outcome(e),
+        };
+        self.complete(outcome);
+    }
+
+    pub fn complete_delete(self, result: &rdkv_client::Result<DeleteOutcome>) {
+        let outcome = match result {
+            Ok(d) => Outcome::Ok(Returned::Deleted {
+                existed: d.existed,
+                version: d.version,
+            }),
+            Err(e) => write_error_outcome(e),
+        };
+        self.complete(outcome);
+    }
+
+    pub fn complete_cas(self, result: &rdkv_client::Result<CasOutcome>) {
+        let outcome = match result {
+            Ok(c) => Outcome::Ok(Returned::Cas {
+                succeeded: c.succeeded,
+                version: c.version,
+                current: c.current.clone(),
+            }),
+            Err(e) => write_error_outcome(e),
+        };
+        self.complete(outcome);
+    }
+}
+
+impl Drop for PendingOp {
+    fn drop(&mut self) {
+        if let Some(record) = self.record.take() {
+            self.recorder.finish(record, Outcome::Unknown);
+        }
+    }
+}
+
+/// Classifies a failed write: `Fail` only when the error proves the write
+/// never reached the log; everything else (including error kinds added
+/// later) is `Unknown`, which is always sound (it only weakens the check).
+pub fn write_error_outcome(error: &Error) -> Outcome {
+    match error {
+        // Never sent, or refused before reaching Raft.
+        Error::NoEndpoints
+        | Error::Connect { .. }
+        | Error::Handshake { .. }
+        | Error::Timeout(_)
+        | Error::NoLeader
+        | Error::OneSidedUnavailable => Outcome::Fail,
+        Error::Server(reply) => match reply.code {
+            // Refused by validation, routing or backpressure before the log.
+            ErrorCode::NotLeader
+            | ErrorCode::KeyTooLarge
+            | ErrorCode::ValueTooLarge
+            | ErrorCode::BatchTooLarge
+            | ErrorCode::EmptyBatch
+            | ErrorCode::FrameTooLarge
+            | ErrorCode::Unauthenticated
+            | ErrorCode::Unavailable
+            | ErrorCode::StaleFollower
+            | ErrorCode::Malformed
+            | ErrorCode::TooManyInFlight
+            | ErrorCode::UnsupportedVersion
+            | ErrorCode::NotFound
+            | ErrorCode::InvalidRequest => Outcome::Fail,
+            // RegionFull may come from an apply of a committed entry that
+            // other replicas applied; Timeout, Internal, Unknown say nothing.
+            ErrorCode::RegionFull
+            | ErrorCode::Timeout
+            | ErrorCode::Internal
+            | ErrorCode::Unknown => Outcome::Unknown,
+        },
+        _ => Outcome::Unknown,
+    }
+}
+
+/// A [`Client`] that records each call into a [`Recorder`] as one process.
+#[derive(Debug, Clone)]
+pub struct RecordingClient {
+    client: Client,
+    process: ProcessId,
+    recorder: Recorder,
+}
+
+impl RecordingClient {
+    pub fn process(&self) -> ProcessId {
+        self.process
+    }
+
+    pub fn inner(&self) -> &Client {
+        &self.client
+    }
+
+    pub async fn get(
+        &self,
+        key: impl Into<Bytes>,
+        consistency: Consistency,
+    ) -> rdkv_client::Result<Option<Versioned>> {
+        let key = key.into();
+        let pending =
+            self.recorder
+                .invoke(self.process, key.clone(), Operation::Get { consistency });
+        let result = self.client.get_with(key, consistency).await;
+        pending.complete_get(&result);
+        result
+    }
+
+    pub async fn put(
+        &self,
+        key: impl Into<Bytes>,
+        value: impl Into<Bytes>,
+    ) -> rdkv_client::Result<u64> {
+        let key = key.into();
+        let value = value.into();
+        let pending = self.recorder.invoke(
+            self.process,
+            key.clone(),
+            Operation::Put {
+                value: value.clone(),
+            },
+        );
+        let result = self.client.put(key, value).await;
+        pending.complete_put(&result);
+        result
+    }
+
+    pub async fn delete(&self, key: impl Into<Bytes>) -> rdkv_client::Result<DeleteOutcome> {
+        let key = key.into();
+        let pending = self
+            .recorder
+            .invoke(self.process, key.clone(), Operation::Delete);
+        let result = self.client.delete(key).await;
+        pending.complete_delete(&result);
+        result
+    }
+
+    pub async fn cas(
+        &self,
+        key: impl Into<Bytes>,
+        expected_version: Option<u64>,
+        new_value: Option<Bytes>,
+    ) -> rdkv_client::Result<CasOutcome> {
+        let key = key.into();
+        let pending = self.recorder.invoke(
+            self.process,
+            key.clone(),
+            Operation::Cas {
+                expected_version,
+                new_value: new_value.clone(),
+            },
+        );
+        let result = self.client.cas(key, expected_version, new_value).await;
+        pending.complete_cas(&result);
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_order_invocations_and_completions() {
+        let recorder = Recorder::new();
+        let a = recorder.invoke(1, "k", Operation::Delete);
+        a.complete(Outcome::Ok(Returned::Deleted {
+            existed: false,
+            version: 3,
+        }));
+        let b = recorder.invoke(2, "k", Operation::Put { value: "v".into() });
+        drop(b); // cancelled: recorded as Unknown
+        let history = recorder.history();
+        assert_eq!(history.ops.len(), 2);
+        let (a, b) = (&history.ops[0], &history.ops[1]);
+        assert!(a.invoked_at < a.completed_at);
+        assert!(a.completed_at < b.invoked_at);
+        assert_eq!(b.outcome, Outcome::Unknown);
+        assert_eq!(b.effective_completion(), Tick::MAX);
+    }
+
+    #[test]
+    fn only_proven_failures_are_fail() {
+        assert_eq!(write_error_outcome(&Error::NoLeader), Outcome::Fail);
+        let unknown = Error::OutcomeUnknown {
+            addr: "a".into(),
+            reason: "r".into(),
+        };
+        assert_eq!(write_error_outcome(&unknown), Outcome::Unknown);
+        let lost = Error::ConnectionLost {
+            addr: "a".into(),
+            reason: "r".into(),
+        };
+        assert_eq!(write_error_outcome(&lost), Outcome::Unknown);
+    }
+}

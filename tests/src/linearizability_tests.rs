@@ -1,0 +1,882 @@
+//! Tests of the linearizability checker: hand-written histories both ways,
+//! randomized histories from real sequential executions (with a planted
+//! violation), the follower bound both ways, and a size sanity check.
+
+use super::*;
+use crate::history::{History, OpRecord, Operation, Outcome, ProcessId, Returned};
+use crate::stress_value::splitmix64;
+
+const KEY: &str = "k";
+
+fn versioned(value: &str, version: u64) -> Versioned {
+    Versioned {
+        value: Bytes::copy_from_slice(value.as_bytes()),
+        version,
+    }
+}
+
+fn current(v: Option<(&str, u64)>) -> Option<Versioned> {
+    v.map(|(value, version)| versioned(value, version))
+}
+
+/// Hand-written histories: times are explicit ticks; `None` completion =
+/// unknown outcome.
+#[derive(Default)]
+struct Builder {
+    ops: Vec<OpRecord>,
+}
+
+impl Builder {
+    fn op(
+        &mut self,
+        process: ProcessId,
+        key: &str,
+        span: (Tick, Tick),
+        operation: Operation,
+        outcome: Outcome,
+    ) -> usize {
+        let id = self.ops.len();
+        self.ops.push(OpRecord {
+            id,
+            process,
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            operation,
+            outcome,
+            invoked_at: span.0,
+            completed_at: span.1,
+            invoked_ns: span.0,
+            completed_ns: span.1,
+        });
+        id
+    }
+
+    fn put(&mut self, p: ProcessId, span: (Tick, Tick), value: &str, version: u64) -> usize {
+        self.put_on(p, KEY, span, value, version)
+    }
+
+    fn put_on(
+        &mut self,
+        p: ProcessId,
+        key: &str,
+        span: (Tick, Tick),
+        value: &str,
+        version: u64,
+    ) -> usize {
+        let value = Bytes::copy_from_slice(value.as_bytes());
+        self.op(
+            p,
+            key,
+            span,
+            Operation::Put { value },
+            Outcome::Ok(Returned::Written { version }),
+        )
+    }
+
+    fn put_unknown(&mut self, p: ProcessId, invoked: Tick, value: &str) -> usize {
+        let value = Bytes::copy_from_slice(value.as_bytes());
+        self.op(
+            p,
+            KEY,
+            (invoked, invoked + 1),
+            Operation::Put { value },
+            Outcome::Unknown,
+        )
+    }
+
+    fn put_failed(&mut self, p: ProcessId, span: (Tick, Tick), value: &str) -> usize {
+        let value = Bytes::copy_from_slice(value.as_bytes());
+        self.op(p, KEY, span, Operation::Put { value }, Outcome::Fail)
+    }
+
+    fn get(&mut self, p: ProcessId, span: (Tick, Tick), got: Option<(&str, u64)>) -> usize {
+        self.get_with(p, KEY, span, Consistency::Linearizable, got)
+    }
+
+    fn get_with(
+        &mut self,
+        p: ProcessId,
+        key: &str,
+        span: (Tick, Tick),
+        consistency: Consistency,
+        got: Option<(&str, u64)>,
+    ) -> usize {
+        self.op(
+            p,
+            key,
+            span,
+            Operation::Get { consistency },
+            Outcome::Ok(Returned::Value(current(got))),
+        )
+    }
+
+    fn follower_get(
+        &mut self,
+        p: ProcessId,
+        key: &str,
+        span: (Tick, Tick),
+        lag: u64,
+        got: Option<(&str, u64)>,
+    ) -> usize {
+        self.get_with(
+            p,
+            key,
+            span,
+            Consistency::Follower {
+                max_lag_entries: lag,
+            },
+            got,
+        )
+    }
+
+    fn delete(&mut self, p: ProcessId, span: (Tick, Tick), existed: bool, version: u64) -> usize {
+        self.op(
+            p,
+            KEY,
+            span,
+            Operation::Delete,
+            Outcome::Ok(Returned::Deleted { existed, version }),
+        )
+    }
+
+    fn delete_unknown(&mut self, p: ProcessId, invoked: Tick) -> usize {
+        self.op(
+            p,
+            KEY,
+            (invoked, invoked + 1),
+            Operation::Delete,
+            Outcome::Unknown,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn cas(
+        &mut self,
+        p: ProcessId,
+        span: (Tick, Tick),
+        expected: Option<u64>,
+        new: Option<&str>,
+        succeeded: bool,
+        version: u64,
+        now: Option<(&str, u64)>,
+    ) -> usize {
+        self.op(
+            p,
+            KEY,
+            span,
+            Operation::Cas {
+                expected_version: expected,
+                new_value: new.map(|v| Bytes::copy_from_slice(v.as_bytes())),
+            },
+            Outcome::Ok(Returned::Cas {
+                succeeded,
+                version,
+                current: current(now),
+            }),
+        )
+    }
+
+    fn cas_unknown(
+        &mut self,
+        p: ProcessId,
+        invoked: Tick,
+        expected: Option<u64>,
+        new: Option<&str>,
+    ) -> usize {
+        self.op(
+            p,
+            KEY,
+            (invoked, invoked + 1),
+            Operation::Cas {
+                expected_version: expected,
+                new_value: new.map(|v| Bytes::copy_from_slice(v.as_bytes())),
+            },
+            Outcome::Unknown,
+        )
+    }
+
+    fn history(&self) -> History {
+        History {
+            ops: self.ops.clone(),
+        }
+    }
+
+    fn verdict(&self) -> Verdict {
+        check_history(&self.history(), CheckOptions::default()).expect("well-formed history")
+    }
+}
+
+fn assert_linearizable(b: &Builder) {
+    let verdict = b.verdict();
+    assert_eq!(verdict, Verdict::Linearizable, "{verdict}");
+}
+
+/// Asserts a violation whose witness contains `involved` and returns it.
+fn assert_violation(b: &Builder, involved: &[usize]) -> Violation {
+    match b.verdict() {
+        Verdict::NotLinearizable(violation) => {
+            let ids: Vec<usize> = violation.witness.iter().map(|op| op.id).collect();
+            for id in involved {
+                assert!(
+                    ids.contains(id),
+                    "op #{id} not in the witness:\n{violation}"
+                );
+            }
+            *violation
+        }
+        other => panic!("expected a violation, got {other:?}"),
+    }
+}
+
+// ---- linearizable histories ----
+
+#[test]
+fn empty_history_is_linearizable() {
+    assert_linearizable(&Builder::default());
+}
+
+#[test]
+fn concurrent_overlapping_puts_and_gets() {
+    let mut b = Builder::default();
+    b.put(1, (0, 10), "a", 1);
+    b.put(2, (1, 11), "b", 2);
+    b.get(3, (2, 3), None); // before either put took effect
+    b.get(4, (4, 12), Some(("a", 1)));
+    b.get(5, (5, 13), Some(("b", 2)));
+    b.get(3, (14, 15), Some(("b", 2)));
+    assert_linearizable(&b);
+}
+
+#[test]
+fn concurrent_reads_may_see_either_order_of_a_concurrent_put() {
+    let mut b = Builder::default();
+    b.put(1, (0, 1), "a", 1);
+    b.put(2, (2, 20), "b", 2);
+    // Both reads overlap the put: one before, one after it is fine, and
+    // the earlier-invoked read may see the newer value.
+    b.get(3, (3, 10), Some(("b", 2)));
+    b.get(4, (4, 11), Some(("a", 1)));
+    assert_linearizable(&b);
+}
+
+#[test]
+fn cas_chain_with_failures_and_deletes() {
+    let mut b = Builder::default();
+    b.cas(1, (0, 1), None, Some("a"), true, 1, None);
+    b.cas(2, (2, 3), Some(1), Some("b"), true, 2, None);
+    b.cas(3, (4, 5), Some(1), Some("c"), false, 3, Some(("b", 2)));
+    b.cas(1, (6, 7), Some(2), None, true, 4, None);
+    b.get(2, (8, 9), None);
+    b.cas(3, (10, 11), Some(2), Some("x"), false, 5, None);
+    b.cas(1, (12, 13), None, Some("d"), true, 6, None);
+    b.get(2, (14, 15), Some(("d", 6)));
+    b.delete(3, (16, 17), true, 7);
+    b.delete(3, (18, 19), false, 8);
+    assert_linearizable(&b);
+}
+
+#[test]
+fn unknown_write_that_took_effect() {
+    let mut b = Builder::default();
+    b.put(1, (0, 1), "a", 1);
+    b.put_unknown(2, 2, "b");
+    b.get(3, (5, 6), Some(("b", 3))); // reveals its log index
+    b.get(3, (7, 8), Some(("b", 3)));
+    b.cas(4, (9, 10), Some(3), Some("c"), true, 4, None);
+    assert_linearizable(&b);
+}
+
+#[test]
+fn unknown_write_that_never_took_effect() {
+    let mut b = Builder::default();
+    b.put(1, (0, 1), "a", 1);
+    b.put_unknown(2, 2, "b");
+    b.get(3, (5, 6), Some(("a", 1)));
+    b.put(1, (7, 8), "c", 3);
+    b.get(3, (9, 10), Some(("c", 3)));
+    assert_linearizable(&b);
+}
+
+#[test]
+fn unknown_write_may_take_effect_long_after_invocation() {
+    let mut b = Builder::default();
+    b.put(1, (0, 1), "a", 1);
+    b.put_unknown(2, 2, "b");
+    b.get(3, (3, 4), Some(("a", 1)));
+    b.get(3, (50, 51), Some(("a", 1)));
+    b.get(3, (60, 61), Some(("b", 2)));
+    assert_linearizable(&b);
+}
+
+#[test]
+fn unknown_cas_and_delete() {
+    let mut b = Builder::default();
+    b.put(1, (0, 1), "a", 1);
+    b.cas_unknown(2, 2, Some(1), Some("b"));
+    b.delete_unknown(3, 3);
+    b.get(4, (10, 11), Some(("b", 2)));
+    b.get(4, (12, 13), None);
+    b.put(1, (14, 15), "c", 4);
+    assert_linearizable(&b);
+}
+
+#[test]
+fn failed_writes_are_ignored_and_follower_reads_are_not_checked_here() {
+    let mut b = Builder::default();
+    b.put(1, (0, 1), "a", 1);
+    b.put_failed(2, (2, 3), "never");
+    b.put(1, (4, 5), "b", 2);
+    // Stale, but a follower read: only the follower check looks at it.
+    b.follower_get(3, KEY, (6, 7), 10, Some(("a", 1)));
+    b.get_with(3, KEY, (8, 9), Consistency::Lease, Some(("b", 2)));
+    assert_linearizable(&b);
+}
+
+// ---- non-linearizable histories ----
+
+#[test]
+fn stale_read_after_a_completed_write() {
+    let mut b = Builder::default();
+    b.put(1, (0, 1), "a", 1);
+    let put = b.put(1, (2, 3), "b", 2);
+    let read = b.get(2, (4, 5), Some(("a", 1)));
+    let violation = assert_violation(&b, &[put, read]);
+    assert_eq!(violation.culprit.map(|op| op.id), Some(read));
+    assert!(violation.minimized);
+}
+
+#[test]
+fn stale_lease_read_is_checked() {
+    let mut b = Builder::default();
+    b.put(1, (0, 1), "a", 1);
+    b.put(1, (2, 3), "b", 2);
+    let read = b.get_with(2, KEY, (4, 5), Consistency::Lease, Some(("a", 1)));
+    assert_violation(&b, &[read]);
+}
+
+#[test]
+fn read_of_a_value_never_written() {
+    let mut b = Builder::default();
+    b.put(1, (0, 1), "a", 1);
+    let read = b.get(2, (2, 3), Some(("z", 7)));
+    assert_violation(&b, &[read]);
+}
+
+#[test]
+fn read_of_the_right_value_with_a_wrong_version() {
+    let mut b = Builder::default();
+    b.put(1, (0, 1), "a", 1);
+    let read = b.get(2, (2, 3), Some(("a", 2)));
+    assert_violation(&b, &[read]);
+}
+
+#[test]
+fn two_reads_seeing_writes_in_opposite_orders() {
+    let mut b = Builder::default();
+    b.put(1, (0, 100), "a", 1);
+    b.put(2, (0, 100), "b", 2);
+    b.get(3, (1, 2), Some(("a", 1)));
+    b.get(3, (3, 4), Some(("b", 2)));
+    let r3 = b.get(4, (1, 2), Some(("b", 2)));
+    let r4 = b.get(4, (3, 4), Some(("a", 1)));
+    // Versions are log indexes, so process 4 alone already saw time run
+    // backwards; the witness shrinks to its two reads.
+    let violation = assert_violation(&b, &[r3, r4]);
+    let reads = violation
+        .witness
+        .iter()
+        .filter(|op| op.operation.is_read())
+        .count();
+    assert_eq!(reads, 2, "{violation}");
+}
+
+#[test]
+fn opposite_orders_of_unknown_writes_are_caught_by_values_alone() {
+    let mut b = Builder::default();
+    b.put_unknown(1, 0, "a");
+    b.put_unknown(2, 0, "b");
+    b.get(3, (1, 2), Some(("a", 5)));
+    b.get(3, (3, 4), Some(("b", 6)));
+    b.get(4, (1, 2), Some(("b", 6)));
+    b.get(4, (3, 4), Some(("a", 5)));
+    let verdict = b.verdict();
+    assert!(matches!(verdict, Verdict::NotLinearizable(_)), "{verdict}");
+}
+
+#[test]
+fn cas_succeeding_on_the_wrong_version() {
+    let mut b = Builder::default();
+    b.put(1, (0, 1), "a", 1);
+    b.put(1, (2, 3), "b", 2);
+    let cas = b.cas(2, (4, 5), Some(1), Some("c"), true, 3, None);
+    let violation = assert_violation(&b, &[cas]);
+    assert_eq!(violation.culprit.map(|op| op.id), Some(cas));
+}
+
+#[test]
+fn cas_reported_failed_although_the_comparison_held() {
+    let mut b = Builder::default();
+    b.put(1, (0, 1), "a", 1);
+    let cas = b.cas(2, (2, 3), Some(1), Some("c"), false, 2, Some(("a", 1)));
+    assert_violation(&b, &[cas]);
+}
+
+#[test]
+fn lost_acknowledged_write() {
+    let mut b = Builder::default();
+    let put = b.put(1, (0, 1), "a", 1);
+    let read = b.get(2, (2, 3), None);
+    assert_violation(&b, &[put, read]);
+}
+
+#[test]
+fn versions_going_backwards() {
+    let mut b = Builder::default();
+    b.put(1, (0, 1), "a", 5);
+    let later = b.put(1, (2, 3), "b", 3);
+    let violation = assert_violation(&b, &[later]);
+    assert_eq!(violation.culprit.map(|op| op.id), Some(later));
+}
+
+#[test]
+fn delete_reporting_a_missing_key_as_existing() {
+    let mut b = Builder::default();
+    let delete = b.delete(1, (0, 1), true, 1);
+    assert_violation(&b, &[delete]);
+}
+
+#[test]
+fn an_unknown_write_cannot_explain_a_read_before_its_invocation() {
+    let mut b = Builder::default();
+    b.put(1, (0, 1), "a", 1);
+    let read = b.get(2, (2, 3), Some(("b", 2)));
+    b.put_unknown(3, 4, "b");
+    assert_violation(&b, &[read]);
+}
+
+#[test]
+fn an_unknown_write_revealed_with_an_index_older_than_a_completed_write() {
+    let mut b = Builder::default();
+    b.put(1, (0, 1), "a", 1);
+    b.put_unknown(2, 2, "b");
+    b.put(1, (3, 4), "c", 3);
+    // Only b's revealed index (2 < 3) rules out "b took effect after c".
+    let read = b.get(3, (5, 6), Some(("b", 2)));
+    assert_violation(&b, &[read]);
+}
+
+#[test]
+fn malformed_outcomes_are_reported() {
+    let mut b = Builder::default();
+    b.op(
+        1,
+        KEY,
+        (0, 1),
+        Operation::Delete,
+        Outcome::Ok(Returned::Written { version: 1 }),
+    );
+    assert!(check_history(&b.history(), CheckOptions::default()).is_err());
+}
+
+#[test]
+fn tiny_step_budget_gives_timeout() {
+    let mut b = Builder::default();
+    for i in 0..20 {
+        b.put(i, (0, 100), &format!("v{i}"), i + 1);
+    }
+    b.get(99, (101, 102), Some(("v19", 20)));
+    let options = CheckOptions {
+        max_steps_per_key: 5,
+        max_minimize_steps: 5,
+    };
+    let verdict = check_history(&b.history(), options).expect("well-formed");
+    assert!(matches!(verdict, Verdict::Timeout { .. }), "{verdict}");
+}
+
+// ---- follower bound ----
+
+#[test]
+fn follower_read_within_the_bound() {
+    let mut b = Builder::default();
+    b.put(1, (0, 1), "a", 1);
+    b.put(1, (2, 3), "b", 2);
+    // Committed up to 2 before the read; lag 1 allows a replica at index 1.
+    b.follower_get(2, KEY, (4, 5), 1, Some(("a", 1)));
+    // Lag 2: even a replica that applied nothing.
+    b.follower_get(2, KEY, (6, 7), 2, None);
+    // Concurrent with nothing newer: the newest value is fine too.
+    b.follower_get(2, KEY, (8, 9), 0, Some(("b", 2)));
+    let report = check_follower_reads(&b.history());
+    assert_eq!(report.reads_checked, 3);
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+}
+
+#[test]
+fn follower_read_beyond_the_bound() {
+    let mut b = Builder::default();
+    b.put(1, (0, 1), "a", 1);
+    b.put(1, (2, 3), "b", 2);
+    let stale = b.follower_get(2, KEY, (4, 5), 0, Some(("a", 1)));
+    let absent = b.follower_get(2, KEY, (6, 7), 1, None);
+    let report = check_follower_reads(&b.history());
+    let flagged: Vec<usize> = report.violations.iter().map(|v| v.read.id).collect();
+    assert_eq!(flagged, vec![stale, absent], "{:?}", report.violations);
+}
+
+#[test]
+fn follower_bound_counts_commits_on_other_keys() {
+    let mut b = Builder::default();
+    b.put_on(1, KEY, (0, 1), "a", 1);
+    b.put_on(1, "other", (2, 3), "z", 10);
+    // Committed 10 before the read: lag 5 means applied >= 5 > 1.
+    let flagged = b.follower_get(2, KEY, (4, 5), 5, None);
+    // Lag 10: the replica may have applied nothing.
+    b.follower_get(2, KEY, (6, 7), 10, None);
+    let report = check_follower_reads(&b.history());
+    let ids: Vec<usize> = report.violations.iter().map(|v| v.read.id).collect();
+    assert_eq!(ids, vec![flagged], "{:?}", report.violations);
+}
+
+#[test]
+fn follower_absent_read_explained_by_a_possible_delete() {
+    let mut b = Builder::default();
+    b.put(1, (0, 1), "a", 1);
+    b.delete_unknown(3, 2);
+    b.follower_get(2, KEY, (4, 5), 0, None);
+    let report = check_follower_reads(&b.history());
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+}
+
+#[test]
+fn follower_read_of_a_wrong_value_or_a_future_write() {
+    let mut b = Builder::default();
+    b.put(1, (0, 1), "a", 1);
+    let wrong = b.follower_get(2, KEY, (2, 3), 100, Some(("x", 1)));
+    let future = b.follower_get(2, KEY, (4, 5), 100, Some(("b", 2)));
+    b.put(1, (6, 7), "b", 2);
+    let report = check_follower_reads(&b.history());
+    let ids: Vec<usize> = report.violations.iter().map(|v| v.read.id).collect();
+    assert_eq!(ids, vec![wrong, future], "{:?}", report.violations);
+}
+
+// ---- randomized histories from real sequential executions ----
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = splitmix64(self.0);
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn chance(&mut self, permille: u64) -> bool {
+        self.below(1000) < permille
+    }
+}
+
+struct Shape {
+    processes: u64,
+    keys: u64,
+    ops: usize,
+    /// Writes whose outcome becomes unknown (half of them take effect).
+    unknown_permille: u64,
+    /// Writes that definitely fail (never applied).
+    fail_permille: u64,
+}
+
+/// A history of `shape.ops` operations of `shape.processes` clients that
+/// each wait for one reply before the next call, with random durations; each
+/// operation takes effect at a random point of its interval, in a real
+/// sequential execution of the store (global log index per write).
+fn generate(seed: u64, shape: &Shape) -> History {
+    struct Planned {
+        process: ProcessId,
+        call: Tick,
+        ret: Tick,
+        point: Tick,
+        tiebreak: u64,
+    }
+    let mut rng = Rng(seed);
+    let mut cursor: Vec<Tick> = (0..shape.processes).map(|_| rng.below(10)).collect();
+    let mut planned = Vec::with_capacity(shape.ops);
+    for i in 0..shape.ops {
+        let process = (i as u64) % shape.processes;
+        let call = cursor[process as usize] + 1 + rng.below(20);
+        let duration = if rng.chance(50) {
+            50 + rng.below(200)
+        } else {
+            1 + rng.below(40)
+        };
+        let ret = call + duration;
+        cursor[process as usize] = ret;
+        planned.push(Planned {
+            process,
+            call,
+            ret,
+            point: call + rng.below(duration + 1),
+            tiebreak: rng.next(),
+        });
+    }
+    let mut order: Vec<usize> = (0..planned.len()).collect();
+    order.sort_by_key(|&i| (planned[i].point, planned[i].tiebreak));
+
+    let mut store: HashMap<Bytes, Versioned> = HashMap::new();
+    let mut log_index = 0u64;
+    let mut ops = Vec::with_capacity(planned.len());
+    for (n, &i) in order.iter().enumerate() {
+        let plan = &planned[i];
+        let key = Bytes::from(format!("key-{}", rng.below(shape.keys)));
+        let value = Bytes::from(format!("p{}-{n}", plan.process));
+        let now = store.get(&key).cloned();
+        let kind = rng.below(100);
+        let operation = match kind {
+            0..40 => Operation::Get {
+                consistency: if rng.chance(500) {
+                    Consistency::Lease
+                } else {
+                    Consistency::Linearizable
+                },
+            },
+            40..65 => Operation::Put { value },
+            65..75 => Operation::Delete,
+            _ => Operation::Cas {
+                expected_version: match rng.below(10) {
+                    0..6 => now.as_ref().map(|v| v.version),
+                    6..8 => None,
+                    _ => Some(rng.below(log_index + 2)),
+                },
+                new_value: (!rng.chance(200)).then_some(value),
+            },
+        };
+        let unknown = !operation.is_read() && rng.chance(shape.unknown_permille);
+        let failed = !operation.is_read() && !unknown && rng.chance(shape.fail_permille);
+        let applied = !failed && (!unknown || rng.chance(500));
+        let returned = if applied {
+            Some(match &operation {
+                Operation::Get { .. } => Returned::Value(now),
+                Operation::Put { value } => {
+                    log_index += 1;
+                    store.insert(
+                        key.clone(),
+                        Versioned {
+                            value: value.clone(),
+                            version: log_index,
+                        },
+                    );
+                    Returned::Written { version: log_index }
+                }
+                Operation::Delete => {
+                    log_index += 1;
+                    Returned::Deleted {
+                        existed: store.remove(&key).is_some(),
+                        version: log_index,
+                    }
+                }
+                Operation::Cas {
+                    expected_version,
+                    new_value,
+                } => {
+                    log_index += 1;
+                    if now.as_ref().map(|v| v.version) == *expected_version {
+                        match new_value {
+                            Some(value) => {
+                                store.insert(
+                                    key.clone(),
+                                    Versioned {
+                                        value: value.clone(),
+                                        version: log_index,
+                                    },
+                                );
+                            }
+                            None => {
+                                store.remove(&key);
+                            }
+                        }
+                        Returned::Cas {
+                            succeeded: true,
+                            version: log_index,
+                            current: None,
+                        }
+                    } else {
+                        Returned::Cas {
+                            succeeded: false,
+                            version: log_index,
+                            current: now,
+                        }
+                    }
+                }
+            })
+        } else {
+            None
+        };
+        let outcome = match (unknown, failed, returned) {
+            (true, _, _) => Outcome::Unknown,
+            (_, true, _) => Outcome::Fail,
+            (_, _, Some(returned)) => Outcome::Ok(returned),
+            (_, _, None) => Outcome::Fail,
+        };
+        ops.push(OpRecord {
+            id: 0,
+            process: plan.process,
+            key,
+            operation,
+            outcome,
+            invoked_at: plan.call,
+            completed_at: plan.ret,
+            invoked_ns: plan.call,
+            completed_ns: plan.ret,
+        });
+    }
+    ops.sort_by_key(|op| op.invoked_at);
+    History::from_records(ops)
+}
+
+/// A write that left a value or removed it, with a known log index.
+fn known_state_change(op: &OpRecord) -> Option<(u64, Option<Bytes>)> {
+    match (&op.operation, &op.outcome) {
+        (Operation::Put { value }, Outcome::Ok(Returned::Written { version })) => {
+            Some((*version, Some(value.clone())))
+        }
+        (Operation::Delete, Outcome::Ok(Returned::Deleted { version, .. })) => {
+            Some((*version, None))
+        }
+        (
+            Operation::Cas { new_value, .. },
+            Outcome::Ok(Returned::Cas {
+                succeeded: true,
+                version,
+                ..
+            }),
+        ) => Some((*version, new_value.clone())),
+        _ => None,
+    }
+}
+
+/// Replaces one linearizable read's result by a value from strictly before a
+/// write that completed before the read was invoked; returns the read's id.
+fn plant_stale_read(history: &mut History, rng: &mut Rng) -> Option<usize> {
+    let reads: Vec<usize> = history
+        .ops
+        .iter()
+        .filter(|op| {
+            matches!(op.operation, Operation::Get { .. }) && matches!(op.outcome, Outcome::Ok(_))
+        })
+        .map(|op| op.id)
+        .collect();
+    let start = rng.below(reads.len().max(1) as u64) as usize;
+    for &read_id in reads.iter().cycle().skip(start).take(reads.len()) {
+        let read = history.ops[read_id].clone();
+        // The newest state change of this key completed before the read.
+        let Some((overwritten_at, _)) = history
+            .ops
+            .iter()
+            .filter(|op| op.key == read.key && op.completed_at < read.invoked_at)
+            .filter_map(known_state_change)
+            .max_by_key(|(version, _)| *version)
+        else {
+            continue;
+        };
+        // A known value written before it.
+        let stale = history
+            .ops
+            .iter()
+            .filter(|op| op.key == read.key)
+            .filter_map(known_state_change)
+            .filter(|(version, value)| *version < overwritten_at && value.is_some())
+            .max_by_key(|(version, _)| *version);
+        let Some((version, Some(value))) = stale else {
+            continue;
+        };
+        let planted = Outcome::Ok(Returned::Value(Some(Versioned { value, version })));
+        if planted == read.outcome {
+            continue;
+        }
+        history.ops[read_id].outcome = planted;
+        return Some(read_id);
+    }
+    None
+}
+
+#[test]
+fn random_histories_are_linearizable_and_planted_stale_reads_are_caught() {
+    let shape = Shape {
+        processes: 4,
+        keys: 3,
+        ops: 300,
+        unknown_permille: 60,
+        fail_permille: 30,
+    };
+    let mut planted = 0;
+    for seed in 0..40u64 {
+        let mut history = generate(seed, &shape);
+        let verdict = check_history(&history, CheckOptions::default()).expect("well-formed");
+        assert_eq!(verdict, Verdict::Linearizable, "seed {seed}: {verdict}");
+        let mut rng = Rng(seed ^ 0x5eed);
+        let Some(read) = plant_stale_read(&mut history, &mut rng) else {
+            continue;
+        };
+        planted += 1;
+        match check_history(&history, CheckOptions::default()).expect("well-formed") {
+            Verdict::NotLinearizable(violation) => {
+                assert!(
+                    violation.witness.iter().any(|op| op.id == read),
+                    "seed {seed}: the planted read #{read} is not in the witness:\n{violation}"
+                );
+            }
+            other => panic!("seed {seed}: planted stale read #{read} not caught: {other}"),
+        }
+    }
+    assert!(
+        planted >= 30,
+        "only {planted} histories had a read to plant"
+    );
+}
+
+#[test]
+fn follower_reads_of_the_true_state_pass_the_bound() {
+    // In the generated histories every read returns the current state, so
+    // the same reads declared as follower reads with any lag must pass.
+    for seed in 0..10u64 {
+        let mut history = generate(
+            seed,
+            &Shape {
+                processes: 4,
+                keys: 3,
+                ops: 300,
+                unknown_permille: 60,
+                fail_permille: 30,
+            },
+        );
+        for op in &mut history.ops {
+            if let Operation::Get { consistency } = &mut op.operation {
+                *consistency = Consistency::Follower {
+                    max_lag_entries: op.id as u64 % 3,
+                };
+            }
+        }
+        let report = check_follower_reads(&history);
+        assert!(report.reads_checked > 50);
+        assert!(
+            report.violations.is_empty(),
+            "seed {seed}: {:?}",
+            report.violations
+        );
+    }
+}
+
+#[test]
+fn five_clients_two_thousand_ops_five_keys_check_within_budget() {
+    let shape = Shape {
+        processes: 5,
+        keys: 5,
+        ops: 2000,
+        unknown_permille: 20,
+        fail_permille: 10,
+    };
+    let history = generate(7, &shape);
+    let verdict = check_history(&history, CheckOptions::default()).expect("well-formed");
+    assert_eq!(verdict, Verdict::Linearizable, "{verdict}");
+}
