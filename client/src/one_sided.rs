@@ -419,6 +419,10 @@ impl OneSided {
     }
 
     fn follower_reader(&self, topology: &Topology, max_lag_entries: u64) -> Option<RegionReader> {
+        // The leader's published applied index is the reference only while
+        // its lease holds: a leader cut off from its quorum (which may not
+        // know it has been replaced) publishes a stale one.
+        let now_us = unix_now_us();
         let leader_applied = topology
             .leader
             .and_then(|id| {
@@ -429,6 +433,12 @@ impl OneSided {
                     .as_ref()?
                     .dynamic_header()
                     .ok()
+            })
+            .filter(|h| {
+                h.state == RegionState::Serving
+                    && h.lease_deadline_unix_us.is_some_and(|deadline| {
+                        now_us.saturating_add(self.max_clock_drift_us) < deadline
+                    })
             })
             .map(|h| h.applied_index);
         let candidates: Vec<&RegionReader> = topology

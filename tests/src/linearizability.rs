@@ -977,12 +977,33 @@ fn may_delete_above(op: &OpRecord, above: u64) -> bool {
 
 /// Checks every `Ok` follower read against its lag bound.
 pub fn check_follower_reads(history: &History) -> FollowerReport {
-    // Completion tick -> largest index returned up to then (prefix maximum).
+    follower_reads(history, None)
+}
+
+/// Like [`check_follower_reads`], for the bound as rdkv states it: a
+/// replica is at most `max_lag_entries` behind the commit index *as of its
+/// last contact with the leader*, and it refuses follower reads once that
+/// contact is older than a freshness bound (the election timeout). So only
+/// indexes returned at least `freshness_ns` (wall clock) before a read was
+/// invoked are taken as committed for that read.
+pub fn check_follower_reads_within(history: &History, freshness_ns: u64) -> FollowerReport {
+    follower_reads(history, Some(freshness_ns))
+}
+
+fn follower_reads(history: &History, freshness_ns: Option<u64>) -> FollowerReport {
+    // Completion time -> largest index returned up to then (prefix maximum);
+    // logical ticks, or wall-clock ns when a freshness bound applies.
     let mut completions: Vec<(Tick, u64)> = history
         .ops
         .iter()
         .filter_map(|op| match &op.outcome {
-            Outcome::Ok(returned) => returned.committed_index().map(|i| (op.completed_at, i)),
+            Outcome::Ok(returned) => returned.committed_index().map(|i| {
+                let at = match freshness_ns {
+                    None => op.completed_at,
+                    Some(_) => op.completed_ns,
+                };
+                (at, i)
+            }),
             _ => None,
         })
         .collect();
@@ -1019,7 +1040,10 @@ pub fn check_follower_reads(history: &History) -> FollowerReport {
             continue;
         };
         report.reads_checked += 1;
-        let committed = committed_before(read.invoked_at);
+        let committed = match freshness_ns {
+            None => committed_before(read.invoked_at),
+            Some(ns) => committed_before(read.invoked_ns.saturating_sub(ns)),
+        };
         let applied_at_least = committed.saturating_sub(*max_lag_entries);
         let key_writes = writes.get(&read.key).map(Vec::as_slice).unwrap_or_default();
         let required = key_writes

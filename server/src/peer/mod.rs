@@ -82,6 +82,9 @@ pub struct PeerContext {
     client_addrs: Mutex<HashMap<u64, String>>,
     /// Members this node must not talk to (fault injection, tests only).
     isolated_from: Mutex<BTreeSet<u64>>,
+    /// When a leader's AppendEntries (heartbeats included) was last
+    /// accepted: how fresh this follower's view of the commit index is.
+    last_leader_contact: Mutex<Option<std::time::Instant>>,
 }
 
 impl PeerContext {
@@ -91,6 +94,22 @@ impl PeerContext {
             .isolated_from
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = peers.into_iter().collect();
+    }
+
+    /// Records that a current leader's AppendEntries was just accepted.
+    pub fn leader_contact(&self) {
+        *self
+            .last_leader_contact
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(std::time::Instant::now());
+    }
+
+    /// Time since a leader's AppendEntries was last accepted (`None`: never).
+    pub fn since_leader_contact(&self) -> Option<std::time::Duration> {
+        self.last_leader_contact
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .map(|at| at.elapsed())
     }
 
     /// Whether traffic with node `id` is being dropped (fault injection).
@@ -114,6 +133,7 @@ impl PeerContext {
             max_snapshot_bytes,
             client_addrs: Mutex::new(HashMap::new()),
             isolated_from: Mutex::new(BTreeSet::new()),
+            last_leader_contact: Mutex::new(None),
         }
     }
 

@@ -8,6 +8,7 @@ use anyhow::{Context, Result, bail};
 use bytes::BytesMut;
 use openraft::async_runtime::WatchReceiver;
 use openraft::errors::RaftError;
+use openraft::raft::AppendEntriesResponse;
 use rdkv_proto::wire::{FrameKind, decode_payload, tokens_match};
 use rdkv_storage::raft::SnapshotMeta;
 use rdkv_storage::state_machine::Snapshot;
@@ -126,7 +127,14 @@ async fn dispatch(
     incoming: &mut Option<(SnapshotMeta, BytesMut)>,
 ) -> PeerResponse {
     match request {
-        PeerRequest::Append(rpc) => PeerResponse::Append(raft.append_entries(rpc).await),
+        PeerRequest::Append(rpc) => {
+            let response = raft.append_entries(rpc).await;
+            // Any answer but a higher vote means the sender leads now.
+            if matches!(&response, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
+                ctx.leader_contact();
+            }
+            PeerResponse::Append(response)
+        }
         PeerRequest::Vote(rpc) => PeerResponse::Vote(raft.vote(rpc).await),
         PeerRequest::PreVote(rpc) => PeerResponse::Vote(raft.pre_vote(rpc).await),
         PeerRequest::TransferLeader(rpc) => PeerResponse::TransferLeader(

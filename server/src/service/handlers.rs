@@ -295,6 +295,39 @@ impl Handler {
         let policy = match consistency {
             Consistency::Follower { max_lag_entries } => {
                 let metrics = self.raft.metrics().borrow_watched().clone();
+                // The lag is judged against this node's view of the commit
+                // index; that view is only as fresh as its last contact with
+                // the leader (a follower) or with a quorum (a leader). A node
+                // cut off for longer stops answering instead of serving an
+                // unbounded staleness.
+                let freshness = Duration::from_millis(self.raft.config().election_timeout_min);
+                let contact = if metrics.state == openraft::ServerState::Leader {
+                    metrics
+                        .last_quorum_acked
+                        .as_ref()
+                        .map(|acked| openraft::Instant::elapsed(&**acked))
+                        .or_else(|| {
+                            // A single voter is its own quorum.
+                            (metrics.membership_config.membership().voter_ids().count() <= 1)
+                                .then_some(Duration::ZERO)
+                        })
+                } else {
+                    self.peers.since_leader_contact()
+                };
+                if contact.is_none_or(|age| age > freshness) {
+                    return Err(ErrorReply::new(
+                        ErrorCode::StaleFollower,
+                        format!(
+                            "no contact with the {} for {}; follower reads need it within {freshness:?}",
+                            if metrics.state == openraft::ServerState::Leader {
+                                "quorum"
+                            } else {
+                                "leader"
+                            },
+                            contact.map_or("ever".to_owned(), |age| format!("{age:?}")),
+                        ),
+                    ));
+                }
                 let committed = metrics.cluster_committed.map_or(0, |l| l.index);
                 let lag = committed.saturating_sub(self.sm.applied_index());
                 if lag > max_lag_entries {

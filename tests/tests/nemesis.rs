@@ -1,0 +1,386 @@
+//! Randomized fault suite, Jepsen style: clients do get/put/cas/delete on a
+//! few keys at every consistency level while a nemesis partitions, pauses,
+//! kills and restarts nodes and slows disks; the recorded history must be
+//! linearizable (Linearizable and Lease reads, all writes) and every
+//! Follower read within its lag bound.
+//!
+//! Short by default (a few seconds of load per scenario); set
+//! `RDKV_SOAK_SECS` for a long soak. With `RDKV_RELIABILITY_REPORT=path` the
+//! suite appends one markdown table row per scenario to that file (the table
+//! in `docs/reliability.md` comes from such a run).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use bytes::Bytes;
+use rdkv_client::{Client, ClientOptions, Consistency, Transport};
+use rdkv_tests::history::{Outcome, Recorder, RecordingClient};
+use rdkv_tests::linearizability::{
+    CheckOptions, Verdict, check_follower_reads_within, check_history,
+};
+use rdkv_tests::stress_value::splitmix64;
+use rdkv_tests::{Cluster, check};
+
+const LEADER_TIMEOUT: Duration = Duration::from_secs(30);
+const CLIENTS: u64 = 4;
+const KEYS: u64 = 3;
+const FOLLOWER_LAG: u64 = 50;
+const FOLLOWER_FRESHNESS_NS: u64 = 1_000_000_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scenario {
+    PartitionLeader,
+    PartitionMinority,
+    PauseLeader,
+    KillLeaderLoop,
+    SlowFsync,
+    RestartAll,
+}
+
+impl Scenario {
+    const ALL: [Scenario; 6] = [
+        Scenario::PartitionLeader,
+        Scenario::PartitionMinority,
+        Scenario::PauseLeader,
+        Scenario::KillLeaderLoop,
+        Scenario::SlowFsync,
+        Scenario::RestartAll,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::PartitionLeader => "partition leader",
+            Scenario::PartitionMinority => "partition minority",
+            Scenario::PauseLeader => "pause leader (SIGSTOP)",
+            Scenario::KillLeaderLoop => "kill -9 leader loop",
+            Scenario::SlowFsync => "slow fsync (+25 ms)",
+            Scenario::RestartAll => "restart all (kill -9)",
+        }
+    }
+}
+
+fn load_secs() -> u64 {
+    std::env::var("RDKV_SOAK_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4)
+}
+
+async fn current_leader(cluster: &mut Cluster) -> Result<u64> {
+    cluster.wait_for_leader(LEADER_TIMEOUT).await
+}
+
+/// One fault, held for `hold`, then undone.
+async fn inject(cluster: &mut Cluster, scenario: Scenario, hold: Duration) -> Result<()> {
+    let leader = current_leader(cluster).await?;
+    // Partitions last well past the follower-read freshness bound (1 s), so
+    // a replica that kept serving on a stale view would be caught.
+    let partition_hold = hold.max(Duration::from_millis(2500));
+    let others: Vec<u64> = (1..=3).filter(|&id| id != leader).collect();
+    match scenario {
+        Scenario::PartitionLeader => {
+            cluster.partition(&[&[leader], &others]).await?;
+            tokio::time::sleep(partition_hold).await;
+            cluster.heal().await?;
+        }
+        Scenario::PartitionMinority => {
+            let minority = others[0];
+            let rest: Vec<u64> = (1..=3).filter(|&id| id != minority).collect();
+            cluster.partition(&[&[minority], &rest]).await?;
+            tokio::time::sleep(partition_hold).await;
+            cluster.heal().await?;
+        }
+        Scenario::PauseLeader => {
+            cluster.node_mut(leader)?.pause()?;
+            tokio::time::sleep(hold).await;
+            cluster.node_mut(leader)?.resume()?;
+        }
+        Scenario::KillLeaderLoop => {
+            cluster.node_mut(leader)?.kill();
+            tokio::time::sleep(hold / 2).await;
+            cluster.restart(leader)?;
+        }
+        Scenario::SlowFsync => {
+            cluster.slow_fsync(leader, 25).await?;
+            tokio::time::sleep(hold).await;
+            cluster.heal().await?;
+        }
+        Scenario::RestartAll => {
+            for id in 1..=3 {
+                cluster.node_mut(id)?.kill();
+            }
+            tokio::time::sleep(hold / 4).await;
+            for id in 1..=3 {
+                cluster.restart(id)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    ok: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// One client process: random operations until `stop`.
+async fn worker(
+    client: RecordingClient,
+    process: u64,
+    prefix: String,
+    stop: Arc<AtomicBool>,
+    counts: Arc<Counts>,
+) {
+    let mut state = splitmix64(process + 1);
+    let mut seen: [Option<u64>; KEYS as usize] = [None; KEYS as usize];
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        state = splitmix64(state);
+        let k = (state % KEYS) as usize;
+        let key = Bytes::from(format!("{prefix}/k{k}"));
+        let choice = (state >> 8) % 100;
+        n += 1;
+        let value = Bytes::from(format!("p{process}-{n}"));
+        let ok = match choice {
+            0..=24 => client
+                .get(key, Consistency::Linearizable)
+                .await
+                .map(|v| seen[k] = v.map(|v| v.version))
+                .is_ok(),
+            25..=44 => client
+                .get(key, Consistency::Lease)
+                .await
+                .map(|v| seen[k] = v.map(|v| v.version))
+                .is_ok(),
+            45..=54 => client
+                .get(
+                    key,
+                    Consistency::Follower {
+                        max_lag_entries: FOLLOWER_LAG,
+                    },
+                )
+                .await
+                .is_ok(),
+            55..=79 => client.put(key, value).await.is_ok(),
+            80..=94 => client
+                .cas(key, seen[k], Some(value))
+                .await
+                .map(|c| {
+                    seen[k] = if c.succeeded {
+                        Some(c.version)
+                    } else {
+                        c.current.map(|v| v.version)
+                    }
+                })
+                .is_ok(),
+            _ => client.delete(key).await.is_ok(),
+        };
+        let counter = if ok { &counts.ok } else { &counts.failed };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if !ok {
+            // Do not spin while the cluster is unavailable.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+struct Row {
+    scenario: &'static str,
+    network: &'static str,
+    operations: usize,
+    ok: usize,
+    unknown: usize,
+    verdict: String,
+    follower_reads: usize,
+    follower_violations: usize,
+    acknowledged_writes: usize,
+    lost: usize,
+}
+
+async fn run_scenario(cluster: &mut Cluster, scenario: Scenario, round: usize) -> Result<Row> {
+    let prefix = format!("s{round}");
+    let recorder = Recorder::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    let counts = Arc::new(Counts::default());
+    let endpoints = cluster.endpoints();
+    let mut workers = Vec::new();
+    for process in 0..CLIENTS {
+        // Half the clients read one-sided where they can (lease and
+        // follower reads from the mapped regions), half only by RPC.
+        let transport = if process % 2 == 0 {
+            Transport::Auto
+        } else {
+            Transport::Tcp
+        };
+        let client = Client::new(
+            &endpoints,
+            ClientOptions {
+                transport,
+                request_timeout: Duration::from_secs(3),
+                ..ClientOptions::default()
+            },
+        )?;
+        workers.push(tokio::spawn(worker(
+            recorder.client(client, process),
+            process,
+            prefix.clone(),
+            Arc::clone(&stop),
+            Arc::clone(&counts),
+        )));
+    }
+    let load = Duration::from_secs(load_secs());
+    let started = Instant::now();
+    tokio::time::sleep(load / 4).await;
+    let mut faults = 0;
+    while started.elapsed() < load {
+        inject(cluster, scenario, load / 4).await?;
+        faults += 1;
+        tokio::time::sleep(load / 8).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for worker in workers {
+        worker.await.context("a client task panicked")?;
+    }
+    // Final reads, recorded: every acknowledged write must be explained.
+    cluster.heal().await?;
+    current_leader(cluster).await?;
+    let reader = recorder.client(
+        Client::new(
+            &endpoints,
+            ClientOptions {
+                request_timeout: Duration::from_secs(10),
+                ..ClientOptions::default()
+            },
+        )?,
+        CLIENTS,
+    );
+    for k in 0..KEYS {
+        reader
+            .get(format!("{prefix}/k{k}"), Consistency::Linearizable)
+            .await
+            .with_context(|| format!("final read of key {k}"))?;
+    }
+
+    let history = recorder.history();
+    let verdict = tokio::task::spawn_blocking({
+        let history = history.clone();
+        move || check_history(&history, CheckOptions::default())
+    })
+    .await??;
+    // The harness runs 50 ms heartbeats: a replica's view of the commit
+    // index is at most one election timeout (250-500 ms) old before it stops
+    // serving follower reads; the lease margin adds 50 ms. 1 s covers both.
+    let follower = check_follower_reads_within(&history, FOLLOWER_FRESHNESS_NS);
+    let unknown = history
+        .ops
+        .iter()
+        .filter(|op| op.outcome == Outcome::Unknown)
+        .count();
+    let acknowledged_writes = history
+        .ops
+        .iter()
+        .filter(|op| !op.operation.is_read() && matches!(op.outcome, Outcome::Ok(_)))
+        .count();
+    let row = Row {
+        scenario: scenario.name(),
+        network: cluster.network_kind(),
+        operations: history.ops.len(),
+        ok: history
+            .ops
+            .iter()
+            .filter(|op| matches!(op.outcome, Outcome::Ok(_)))
+            .count(),
+        unknown,
+        verdict: match &verdict {
+            Verdict::Linearizable => "linearizable".to_owned(),
+            Verdict::NotLinearizable(_) => "NOT linearizable".to_owned(),
+            Verdict::Timeout { .. } => "unknown (budget)".to_owned(),
+        },
+        follower_reads: follower.reads_checked,
+        follower_violations: follower.violations.len(),
+        acknowledged_writes,
+        // A lost acknowledged write makes the history non-linearizable
+        // (the final linearizable reads cannot be explained).
+        lost: usize::from(!matches!(verdict, Verdict::Linearizable)),
+    };
+    println!(
+        "{}: {faults} faults, {} ops ({} ok, {} unknown), {}, follower reads {} ({} violations)",
+        row.scenario,
+        row.operations,
+        row.ok,
+        row.unknown,
+        row.verdict,
+        row.follower_reads,
+        row.follower_violations
+    );
+    match verdict {
+        Verdict::Linearizable => {}
+        Verdict::NotLinearizable(violation) => bail!("{}: {violation}", scenario.name()),
+        Verdict::Timeout { keys } => bail!(
+            "{}: the checker ran out of steps on {} key(s)",
+            scenario.name(),
+            keys.len()
+        ),
+    }
+    if let Some(v) = follower.violations.first() {
+        bail!(
+            "{}: follower read out of bound: {} ({})",
+            scenario.name(),
+            rdkv_tests::linearizability::describe(&v.read),
+            v.reason
+        );
+    }
+    ensure!(
+        counts.ok.load(Ordering::Relaxed) > 0,
+        "{}: no operation succeeded",
+        scenario.name()
+    );
+    Ok(row)
+}
+
+fn report(rows: &[Row]) -> Result<()> {
+    let Ok(path) = std::env::var("RDKV_RELIABILITY_REPORT") else {
+        return Ok(());
+    };
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .with_context(|| format!("opening {path}"))?;
+    for r in rows {
+        writeln!(
+            file,
+            "| {} | {} | {} | {} | {} | {} | {} / {} | {} | {} |",
+            r.scenario,
+            r.network,
+            r.operations,
+            r.ok,
+            r.unknown,
+            r.verdict,
+            r.follower_reads,
+            r.follower_violations,
+            r.acknowledged_writes,
+            r.lost
+        )?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn histories_stay_linearizable_under_faults() -> Result<()> {
+    let mut cluster = Cluster::start_faulty(3, &[])?;
+    let limit = Duration::from_secs(60 + 30 * load_secs());
+    check(&mut cluster, limit, async |cluster| {
+        current_leader(cluster).await?;
+        let mut rows = Vec::new();
+        for (round, scenario) in Scenario::ALL.into_iter().enumerate() {
+            rows.push(run_scenario(cluster, scenario, round).await?);
+        }
+        report(&rows)
+    })
+    .await
+}
