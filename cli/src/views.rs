@@ -395,6 +395,7 @@ mod tests {
             shm_socket: None,
             served: Default::default(),
             rpc_socket: None,
+            rdma: String::new(),
             region_epoch: 1,
         }
     }

@@ -7,6 +7,8 @@
 //! - [`service`]: the native client protocol.
 //! - [`http`]: health, status and metrics for probes.
 //! - [`resp`]: the RESP (Redis protocol) front end.
+//! - [`rdma`]: the RDMA transport's node side (feature `rdma`): device,
+//!   region grant, a queue pair per client connection.
 
 mod accept;
 pub mod config;
@@ -15,6 +17,7 @@ pub mod http;
 mod join;
 pub mod node;
 pub mod peer;
+pub mod rdma;
 pub mod resp;
 pub mod service;
 

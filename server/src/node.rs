@@ -241,6 +241,15 @@ impl Node {
             initialize(&raft, &config, &client_addr).await?;
         }
 
+        let rdma = Arc::new(crate::rdma::RdmaState::start(
+            config.rdma_device.as_deref(),
+            config.grace_period_ms,
+        ));
+        tasks.push(tokio::spawn(Arc::clone(&rdma).maintain(
+            sm.clone(),
+            config.id,
+            shutdown_rx.clone(),
+        )));
         let handler = Arc::new(Handler::new(
             raft.clone(),
             sm.clone(),
@@ -248,6 +257,7 @@ impl Node {
             limits,
             config.shm_socket.as_ref().map(|p| p.display().to_string()),
             config.rpc_socket.as_ref().map(|p| p.display().to_string()),
+            rdma,
         ));
         if let Some(path) = &config.rpc_socket {
             let listener = bind_unix(path)?;

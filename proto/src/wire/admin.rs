@@ -70,6 +70,8 @@ pub struct NodeStatus {
     /// Epoch of the region this node serves now (new per process start and
     /// per installed snapshot): a client mapping another epoch re-attaches.
     pub region_epoch: u64,
+    /// The RDMA transport: `on: <device, port, GID, MTU>` or `off: <why>`.
+    pub rdma: String,
 }
 
 /// Requests answered by one node since it started. One-sided reads never

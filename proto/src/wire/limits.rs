@@ -153,7 +153,9 @@ impl Request {
             | Self::RemoveMember { .. }
             | Self::MoveLeader { .. }
             | Self::SnapshotRead { .. }
-            | Self::Clear => Ok(()),
+            | Self::Clear
+            | Self::RdmaConnect { .. }
+            | Self::RdmaRegion => Ok(()),
         }
     }
 }

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::admin::{Health, MemberInfo, NodeStatus, SnapshotChunk};
 use super::batch::bounded_vec;
+use super::rdma::{QpEndpoint, RdmaRegionGrant};
 
 /// How fresh a read must be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -98,6 +99,14 @@ pub enum Request {
     /// Deletes every key (FLUSHDB), as one log entry; answered with
     /// [`Response::Cleared`]. Needs the cluster token when the servers have one.
     Clear,
+    /// Opens the `rdma` transport on this (authenticated) connection: the
+    /// client's queue-pair endpoint; answered with [`Response::RdmaConnected`]
+    /// (the server's endpoint and region grant), or an error reply
+    /// (`InvalidRequest`) when RDMA is off on the node.
+    RdmaConnect { endpoint: QpEndpoint },
+    /// The current region's grant (after an epoch change), answered with
+    /// [`Response::RdmaRegion`].
+    RdmaRegion,
 }
 
 /// What a [`Request::Update`] does to its key. Append-only.
@@ -193,6 +202,12 @@ pub enum Response {
         removed: u64,
         version: u64,
     },
+    /// The server's queue pair is in RTS, connected to the client's endpoint.
+    RdmaConnected {
+        endpoint: QpEndpoint,
+        region: RdmaRegionGrant,
+    },
+    RdmaRegion(RdmaRegionGrant),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -18,6 +18,7 @@ pub mod frame;
 pub mod handshake;
 pub mod limits;
 pub mod message;
+pub mod rdma;
 pub mod shm;
 
 pub use admin::{
@@ -40,5 +41,10 @@ pub use limits::{
 pub use message::{
     Consistency, ErrorCode, ErrorReply, LeaderHint, Request, Response, SetCondition, Update,
     UpdateOutcome, Versioned,
+};
+pub use rdma::{
+    MAX_QP_ENDPOINT_BYTES, MAX_RDMA_RECV_BUFFER_BYTES, MAX_RDMA_RECV_CREDITS,
+    MIN_RDMA_RECV_BUFFER_BYTES, MIN_RDMA_RECV_CREDITS, QpEndpoint, RDMA_ENDPOINT_VERSION,
+    RDMA_MTU_BYTES, RdmaRegionGrant, RdmaWireError,
 };
 pub use shm::{MAX_SHM_GRANT_BYTES, SHM_GRANT_PREFIX_BYTES, ShmGrant};

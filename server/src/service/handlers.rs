@@ -38,6 +38,7 @@ pub struct Handler {
     shm_socket: Option<String>,
     rpc_socket: Option<String>,
     served: Served,
+    rdma: Arc<crate::rdma::RdmaState>,
 }
 
 /// Requests answered, by kind (see `ServedCounts`).
@@ -111,6 +112,7 @@ impl Handler {
         limits: Limits,
         shm_socket: Option<String>,
         rpc_socket: Option<String>,
+        rdma: Arc<crate::rdma::RdmaState>,
     ) -> Self {
         Handler {
             raft,
@@ -120,7 +122,12 @@ impl Handler {
             shm_socket,
             rpc_socket,
             served: Served::default(),
+            rdma,
         }
+    }
+
+    pub fn rdma(&self) -> &crate::rdma::RdmaState {
+        &self.rdma
     }
 
     pub(super) fn shm_socket(&self) -> Option<String> {
@@ -212,6 +219,16 @@ impl Handler {
             }
             Request::Update { key, update } => self.write(Command::Update { key, update }).await,
             Request::Clear => self.write(Command::Clear).await,
+            // Needs the client connection it belongs to (its queue pair lives
+            // as long as that connection): handled in `service`.
+            Request::RdmaConnect { .. } => Err(ErrorReply::new(
+                ErrorCode::InvalidRequest,
+                "rdma sessions are opened on a native client connection",
+            )),
+            Request::RdmaRegion => self
+                .rdma
+                .region_grant(&self.sm, self.node_id())
+                .map(Response::RdmaRegion),
         };
         reply.unwrap_or_else(Response::Error)
     }

@@ -76,6 +76,7 @@ impl Handler {
             served: self.served(),
             rpc_socket: self.rpc_socket(),
             region_epoch: self.sm().region_epoch(),
+            rdma: self.rdma().status().to_owned(),
         }
     }
 
