@@ -9,14 +9,19 @@
 
 use std::sync::{Arc, Mutex};
 
-use rdkv_proto::wire::{QpEndpoint, RdmaRegionGrant};
+use std::future::Future;
+use std::pin::Pin;
+
+use rdkv_proto::wire::{QpEndpoint, RdmaRegionGrant, Request, Response};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use super::connection::{ConnShared, Incoming, Prepared, QpConnection, ReadPool};
 use super::context::RdmaContext;
 use super::read::RdmaFabric;
 use super::rpc::RdmaChannel;
 use crate::rdma::error::RdmaError;
+use crate::rpc::{CallError, RpcChannel};
 
 /// Read slots: 256 x 64 KiB = 16 MiB registered once per client, enough for
 /// a default-size value (1 MiB) sixteen times over, or an MGet's batch.
@@ -79,6 +84,7 @@ impl PendingSession {
             connection,
             channel,
             grant: Mutex::new(grant),
+            max_frame_bytes,
         }))
     }
 }
@@ -89,6 +95,7 @@ pub struct RdmaSession {
     client: Arc<RdmaClient>,
     channel: RdmaChannel,
     grant: Mutex<RdmaRegionGrant>,
+    max_frame_bytes: u32,
     // Dropped last: tears the queue pair down.
     connection: QpConnection,
 }
@@ -126,5 +133,25 @@ impl RdmaSession {
 
     pub(crate) fn pool(&self) -> &Arc<ReadPool> {
         &self.client.pool
+    }
+}
+
+/// Writes and control requests of a client go over the session's SEND/RECV
+/// channel like over any other [`RpcChannel`].
+impl RpcChannel for RdmaSession {
+    fn call_boxed<'a>(
+        &'a self,
+        request: &'a Request,
+        deadline: Instant,
+    ) -> Pin<Box<dyn Future<Output = Result<Response, CallError>> + Send + 'a>> {
+        Box::pin(self.channel.call(request, deadline))
+    }
+
+    fn is_closed(&self) -> bool {
+        RdmaSession::is_closed(self)
+    }
+
+    fn max_frame_bytes(&self) -> u32 {
+        self.max_frame_bytes
     }
 }

@@ -287,3 +287,23 @@ impl RdmaContext {
         self.register(Arc::new(memory), AccessFlags::LocalWrite)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rdma::device::SelectError;
+
+    /// On a host without rdma-core or without that device, opening says why
+    /// (the node logs it and falls back) instead of panicking.
+    #[test]
+    fn a_missing_device_is_a_reason_not_a_crash() {
+        match RdmaContext::open(Some("rdkv-no-such-device")) {
+            Err(RdmaError::Unavailable(reason)) => {
+                assert!(!reason.is_empty());
+                eprintln!("rdma unavailable here: {reason}");
+            }
+            Err(RdmaError::Select(SelectError::NoDevices | SelectError::NoSuchDevice { .. })) => {}
+            other => panic!("unexpected: {other:?}"),
+        }
+    }
+}

@@ -81,7 +81,12 @@ impl Poller {
     pub(crate) fn stop(mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+            // The last reference to the context can be dropped by the poller
+            // itself (a completion that held the last connection): it then
+            // just exits its loop; a thread cannot join itself.
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
         }
     }
 }
