@@ -96,7 +96,8 @@ fn status_json(handler: &Handler) -> String {
     format!(
         "{{\"id\":{},\"client_addr\":\"{}\",\"role\":\"{:?}\",\"term\":{},\"leader_id\":{},\
          \"last_log_index\":{},\"commit_index\":{},\"applied_index\":{},\"snapshot_index\":{},\
-         \"region\":{{\"capacity_bytes\":{},\"used_bytes\":{},\"live_keys\":{}}},\"members\":{}}}\n",
+         \"region\":{{\"capacity_bytes\":{},\"used_bytes\":{},\"live_keys\":{}}},\"members\":{},\
+         \"rdma\":\"{}\"}}\n",
         s.id,
         json_escape(&s.client_addr),
         s.role,
@@ -109,7 +110,8 @@ fn status_json(handler: &Handler) -> String {
         s.region.capacity_bytes,
         s.region.used_bytes,
         s.region.live_keys,
-        s.members.len()
+        s.members.len(),
+        json_escape(&s.rdma)
     )
 }
 
