@@ -122,6 +122,24 @@ impl Drop for RdmaContext {
     }
 }
 
+/// Why the device list could not be read, in an operator's words.
+fn list_error(e: &sideway::ibverbs::device::GetDeviceListError) -> String {
+    let sideway::ibverbs::device::GetDeviceListErrorKind::Ibverbs(io) = &e.0 else {
+        return format!("listing rdma devices: {e}");
+    };
+    match rustix::io::Errno::from_io_error(io) {
+        // rdma-mummy-sys's answer when it could not dlopen libibverbs.
+        Some(rustix::io::Errno::OPNOTSUPP) => {
+            "rdma-core (libibverbs.so.1) is not installed".to_owned()
+        }
+        // rdma-core's answer when the kernel has no RDMA devices or modules.
+        Some(rustix::io::Errno::NOSYS) => {
+            "no RDMA support in the kernel (no device, no rdma modules loaded)".to_owned()
+        }
+        _ => format!("listing rdma devices: {io}"),
+    }
+}
+
 /// Every port of every device, with its state (for [`select_port`]).
 fn discover(list: &DeviceList) -> Vec<(PortCandidate, usize)> {
     let mut ports = Vec::new();
@@ -156,18 +174,7 @@ impl RdmaContext {
     /// Opens the device named `wanted` (or the first with an active port),
     /// or says why RDMA is unavailable here.
     pub fn open(wanted: Option<&str>) -> Result<Arc<RdmaContext>, RdmaError> {
-        let list = DeviceList::new().map_err(|e| {
-            let source = std::error::Error::source(&e).map(ToString::to_string);
-            RdmaError::Unavailable(match source {
-                // rdma-mummy-sys answers EOPNOTSUPP when it could not dlopen
-                // libibverbs.
-                Some(s) if s.contains("not supported") => {
-                    "rdma-core (libibverbs.so.1) is not installed".to_owned()
-                }
-                Some(s) => format!("listing rdma devices: {s}"),
-                None => format!("listing rdma devices: {e}"),
-            })
-        })?;
+        let list = DeviceList::new().map_err(|e| RdmaError::Unavailable(list_error(&e)))?;
         let found = discover(&list);
         let ports: Vec<PortCandidate> = found.iter().map(|(p, _)| p.clone()).collect();
         let chosen = select_port(&ports, wanted)?;
