@@ -288,7 +288,8 @@ impl ConnShared {
         let mut guard = lock(&self.qp);
         let Some(qp) = guard.as_mut() else {
             drop(guard);
-            if let Some(kind) = self.ctx.table().take(wr_id) {
+            let kind = self.ctx.table().take(wr_id);
+            if let Some(kind) = kind {
                 kind.abandon(&RdmaError::Closed("connection closed".into()));
             }
             return Err(self.closed_error());
@@ -601,10 +602,13 @@ impl ConnShared {
             // Completes the batch's entries (they are in the table).
             let e = self.closed_error();
             self.fail(e.clone());
-            for id in &ids {
-                if let Some(kind) = self.ctx.table().take(*id) {
-                    kind.abandon(&e);
-                }
+            // Taken under the table lock, completed after it is released.
+            let kinds: Vec<WrKind> = {
+                let mut table = self.ctx.table();
+                ids.iter().filter_map(|id| table.take(*id)).collect()
+            };
+            for kind in kinds {
+                kind.abandon(&e);
             }
             return Err(e);
         };
