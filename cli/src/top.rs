@@ -309,6 +309,7 @@ mod tests {
                 })
                 .collect(),
             open_connections: Default::default(),
+            rdma: String::new(),
         }
     }
 

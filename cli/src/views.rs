@@ -442,6 +442,7 @@ mod tests {
             shm_socket: None,
             served: Default::default(),
             rpc_socket: None,
+            rdma: String::new(),
             region_epoch: 1,
             ops: Vec::new(),
             open_connections: Default::default(),

@@ -52,6 +52,7 @@ fn status(addr: SocketAddr) -> NodeStatus {
         shm_socket: None,
         served: Default::default(),
         rpc_socket: None,
+        rdma: String::new(),
         region_epoch: 1,
         ops: Vec::new(),
         open_connections: Default::default(),

@@ -15,9 +15,9 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::time::{Instant, sleep_until};
 
 use crate::error::{Error, Result};
-use crate::one_sided::{OneSided, OneSidedStats, Transport};
+use crate::one_sided::{OneSided, OneSidedStats};
 use crate::options::ClientOptions;
-use rdkv_fabric::rpc::{CallError, Connection};
+use rdkv_fabric::rpc::{CallError, Connection, RpcChannel};
 
 const BACKOFF_START: Duration = Duration::from_millis(50);
 /// An election takes a few hundred milliseconds (5 to 10 heartbeats): a client
@@ -92,7 +92,7 @@ struct RouteState {
     suspects: HashMap<String, Instant>,
 }
 
-type Slot = Arc<tokio::sync::Mutex<Option<Arc<Connection>>>>;
+type Slot = Arc<tokio::sync::Mutex<Option<Arc<dyn RpcChannel>>>>;
 
 #[derive(Debug)]
 struct Inner {
@@ -245,7 +245,7 @@ impl Client {
         {
             return Ok(values.pop().flatten());
         }
-        if self.inner.options.transport == Transport::Shm {
+        if self.inner.options.transport.is_one_sided_only() {
             return Err(Error::OneSidedUnavailable);
         }
         let request = Request::Get { key, consistency };
@@ -328,7 +328,7 @@ impl Client {
         if let Some(values) = self.inner.one_sided.try_get(self, &keys, consistency).await {
             return Ok(values);
         }
-        if self.inner.options.transport == Transport::Shm {
+        if self.inner.options.transport.is_one_sided_only() {
             return Err(Error::OneSidedUnavailable);
         }
         let n = keys.len();
@@ -663,7 +663,7 @@ impl Client {
     async fn snapshot_chunk_bytes(&self, addr: &str) -> u32 {
         let deadline = Instant::now() + self.inner.options.request_timeout;
         let frame_max = match self.connection(addr, deadline).await {
-            Ok(conn) => conn.info().max_frame_bytes,
+            Ok(conn) => conn.max_frame_bytes(),
             Err(_) => SNAPSHOT_CHUNK_BYTES,
         };
         frame_max
@@ -713,8 +713,31 @@ impl Client {
         Ok(())
     }
 
+    /// Routes requests for the node at client address `addr` through
+    /// `channel` (an RDMA session) until it breaks; then TCP again.
+    #[cfg(feature = "rdma")]
+    pub(crate) async fn use_channel(&self, addr: &str, channel: Arc<dyn RpcChannel>) {
+        let slot: Slot = {
+            let mut pool = self
+                .inner
+                .pool
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            Arc::clone(pool.entry(addr.to_owned()).or_default())
+        };
+        *slot.lock().await = Some(channel);
+    }
+
+    /// A fresh, dedicated connection to `addr` (not pooled): the control
+    /// connection an RDMA session lives on.
+    #[cfg(feature = "rdma")]
+    pub(crate) async fn dedicated_connection(&self, addr: &str) -> Result<Connection> {
+        let deadline = Instant::now() + self.inner.options.connect_timeout;
+        Ok(Connection::open(addr, &self.inner.hello, deadline).await?)
+    }
+
     /// Returns the connection to `addr`, opening it if needed.
-    async fn connection(&self, addr: &str, deadline: Instant) -> Result<Arc<Connection>> {
+    async fn connection(&self, addr: &str, deadline: Instant) -> Result<Arc<dyn RpcChannel>> {
         let slot: Slot = {
             let mut pool = self
                 .inner
@@ -736,7 +759,8 @@ impl Client {
             return Ok(Arc::clone(conn));
         }
         *guard = None;
-        let conn = Arc::new(Connection::open(addr, &self.inner.hello, connect_deadline).await?);
+        let conn: Arc<dyn RpcChannel> =
+            Arc::new(Connection::open(addr, &self.inner.hello, connect_deadline).await?);
         *guard = Some(Arc::clone(&conn));
         Ok(conn)
     }
@@ -747,7 +771,7 @@ impl Client {
         let start = Instant::now();
         let deadline = start + self.inner.options.request_timeout;
         let conn = self.connection(addr, deadline).await?;
-        match conn.call(&request, deadline).await {
+        match conn.call_boxed(&request, deadline).await {
             Ok(Response::Error(reply)) => Err(Error::Server(reply)),
             Ok(response) => Ok(response),
             Err(CallError::NotSent {
@@ -813,7 +837,7 @@ impl Client {
                 }
             };
 
-            let reply = match conn.call(&request, deadline).await {
+            let reply = match conn.call_boxed(&request, deadline).await {
                 Ok(Response::Error(reply)) => reply,
                 Ok(response) => {
                     let mut state = self.route();

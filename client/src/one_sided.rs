@@ -1,7 +1,12 @@
-//! One-sided GETs: the client maps the regions of the servers on its host
-//! (the `shm` transport: a read-only memfd handed over after the token check)
-//! and reads keys itself, with the same validation as every other reader
-//! (`rdkv_fabric::RegionReader`), so a GET costs the server no CPU.
+//! One-sided GETs: the client reads the servers' regions itself, with the
+//! same validation as every other reader (`rdkv_fabric::RegionReader`), so a
+//! GET costs the server no CPU. Per server, the first transport that works:
+//! - `rdma` (feature `rdma`, a device on both sides): RDMA READs of the
+//!   region granted over an authenticated control connection; the session's
+//!   SEND/RECV channel then carries this client's requests to that server.
+//! - `shm` (servers on this host): the region mapped read-only (a memfd
+//!   handed over after the token check).
+//! - otherwise none: GETs are RPCs over TCP.
 //!
 //! Consistency, per read:
 //! - `Lease`: only from the leader's region, and only while the lease word
@@ -39,11 +44,17 @@ const STATUS_TIMEOUT: Duration = Duration::from_millis(500);
 /// How long a node whose region could not be attached is left alone.
 const ATTACH_BACKOFF: Duration = Duration::from_secs(2);
 
+/// How long a node whose RDMA session could not be set up is read through
+/// the other transports before RDMA is tried again.
+#[cfg(feature = "rdma")]
+const RDMA_BACKOFF: Duration = Duration::from_secs(10);
+
 /// Which transport serves GETs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Transport {
-    /// One-sided through `shm` where the server is on this host and the
-    /// consistency level allows it, RPC over TCP otherwise.
+    /// One-sided through `rdma` where both sides have a device, else through
+    /// `shm` where the server is on this host, when the consistency level
+    /// allows it; RPC over TCP otherwise.
     #[default]
     Auto,
     /// Always RPC over TCP.
@@ -53,6 +64,25 @@ pub enum Transport {
     /// going to the server (for benchmarks and for tests that must not touch
     /// the server's CPU).
     Shm,
+    /// Only one-sided through `rdma`, like `Shm` otherwise. Needs the
+    /// client built with the `rdma` feature.
+    Rdma,
+}
+
+impl Transport {
+    /// GETs that cannot be served one-sided fail instead of using RPC.
+    pub fn is_one_sided_only(self) -> bool {
+        matches!(self, Transport::Shm | Transport::Rdma)
+    }
+
+    #[cfg(feature = "rdma")]
+    fn allows_rdma(self) -> bool {
+        matches!(self, Transport::Auto | Transport::Rdma)
+    }
+
+    fn allows_shm(self) -> bool {
+        matches!(self, Transport::Auto | Transport::Shm)
+    }
 }
 
 /// What the one-sided path did, for metrics and tests.
@@ -89,6 +119,12 @@ struct Node {
     reported: ReadStats,
     /// Counts of replaced readers not yet reported.
     unreported: ReadStats,
+    /// The RDMA session `reader` reads through, if any, with its control
+    /// connection (the server drops the queue pair when it closes).
+    #[cfg(feature = "rdma")]
+    rdma: Option<rdma::Attached>,
+    #[cfg(feature = "rdma")]
+    retry_rdma_at: Option<Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -105,6 +141,8 @@ struct Topology {
 
 #[derive(Debug)]
 pub(crate) struct OneSided {
+    #[cfg(feature = "rdma")]
+    rdma: rdma::Device,
     topology: tokio::sync::Mutex<Topology>,
     cache: IndexCache,
     counters: Counters,
@@ -186,6 +224,8 @@ async fn send_reports(client: &Client, reports: Vec<(String, ReadReport)>) {
 impl OneSided {
     pub(crate) fn new(cache_entries: usize, max_clock_drift: Duration) -> OneSided {
         OneSided {
+            #[cfg(feature = "rdma")]
+            rdma: rdma::Device::default(),
             max_clock_drift_us: u64::try_from(max_clock_drift.as_micros()).unwrap_or(u64::MAX),
             use_cache: cache_entries > 0,
             topology: tokio::sync::Mutex::new(Topology::default()),
@@ -249,10 +289,39 @@ impl OneSided {
                 node.reported = ReadStats::default();
                 add_stats(&mut topology.retired_stats, old_stats);
             }
+            #[cfg(feature = "rdma")]
+            {
+                node.rdma = None;
+                let transport = client.options().transport;
+                if transport.allows_rdma() && node.retry_rdma_at.is_none_or(|at| at <= now) {
+                    match self
+                        .rdma
+                        .attach(client, &member.client_addr, &self.clock)
+                        .await
+                    {
+                        Some(attached) => {
+                            client
+                                .use_channel(&member.client_addr, attached.channel())
+                                .await;
+                            let node = topology.nodes.entry(member.id).or_default();
+                            node.reader = Some(attached.reader.clone());
+                            node.rdma = Some(attached);
+                            node.retry_attach_at = None;
+                            node.retry_rdma_at = None;
+                            continue;
+                        }
+                        None => {
+                            let node = topology.nodes.entry(member.id).or_default();
+                            node.retry_rdma_at = Some(now + RDMA_BACKOFF);
+                        }
+                    }
+                }
+            }
             let (socket, rpc_socket) = member_status
                 .map(|s| (s.shm_socket, s.rpc_socket))
                 .unwrap_or_default();
-            let attached = match socket.filter(|p| Path::new(p).exists()) {
+            let shm_allowed = client.options().transport.allows_shm();
+            let attached = match socket.filter(|p| shm_allowed && Path::new(p).exists()) {
                 Some(path) => self.attach(client, Path::new(&path)).await,
                 None => None,
             };
@@ -391,6 +460,9 @@ impl OneSided {
             }
             Err(e) => {
                 tracing::debug!("one-sided read failed: {e}");
+                // A lost RDMA session or a re-registered region: look again
+                // (and reconnect) on the next read.
+                self.topology.lock().await.refreshed_at = None;
                 return None;
             }
         };
@@ -463,5 +535,116 @@ impl OneSided {
         }
         let pick = self.spread.fetch_add(1, Ordering::Relaxed) % candidates.len();
         Some(candidates[pick].clone())
+    }
+}
+
+#[cfg(feature = "rdma")]
+mod rdma {
+    //! Attaching to a node over RDMA: a dedicated control connection, the
+    //! queue-pair exchange (`Request::RdmaConnect`), then a `RegionReader`
+    //! over the session's RDMA fabric.
+
+    use std::sync::{Arc, Mutex};
+
+    use rdkv_fabric::rdma::verbs::read::descriptor_of;
+    use rdkv_fabric::rdma::verbs::{RdmaClient, RdmaSession};
+    use rdkv_fabric::rpc::{Connection, RpcChannel};
+    use rdkv_fabric::{Clock, ReaderOptions, RegionReader};
+    use rdkv_proto::wire::{Request, Response};
+
+    use crate::Client;
+
+    /// The client's device, opened on first use; `Err` remembers why RDMA
+    /// is off for this client (logged once).
+    #[derive(Debug, Default)]
+    pub(super) struct Device {
+        opened: Mutex<Option<Result<Arc<RdmaClient>, String>>>,
+    }
+
+    #[derive(Debug)]
+    pub(super) struct Attached {
+        pub(super) reader: RegionReader,
+        session: Arc<RdmaSession>,
+        _control: Connection,
+    }
+
+    impl Attached {
+        pub(super) fn channel(&self) -> Arc<dyn RpcChannel> {
+            Arc::clone(&self.session) as Arc<dyn RpcChannel>
+        }
+    }
+
+    impl Device {
+        fn get(&self, client: &Client) -> Option<Arc<RdmaClient>> {
+            let mut opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
+            let result = opened.get_or_insert_with(|| {
+                let wanted = client.options().rdma_device.clone();
+                RdmaClient::open(wanted.as_deref()).map_err(|e| {
+                    tracing::info!("rdma transport off for this client: {e}");
+                    e.to_string()
+                })
+            });
+            result.as_ref().ok().cloned()
+        }
+
+        pub(super) async fn attach(
+            &self,
+            client: &Client,
+            addr: &str,
+            clock: &Arc<dyn Clock>,
+        ) -> Option<Attached> {
+            let device = self.get(client)?;
+            let control = client
+                .dedicated_connection(addr)
+                .await
+                .map_err(|e| tracing::debug!(addr, "no rdma control connection: {e}"))
+                .ok()?;
+            let pending = device
+                .prepare()
+                .map_err(|e| tracing::debug!(addr, "no rdma queue pair: {e}"))
+                .ok()?;
+            let deadline = tokio::time::Instant::now() + client.options().connect_timeout;
+            let request = Request::RdmaConnect {
+                endpoint: pending.endpoint(),
+            };
+            let (endpoint, region) = match control.call(&request, deadline).await {
+                Ok(Response::RdmaConnected { endpoint, region }) => (endpoint, region),
+                Ok(other) => {
+                    tracing::debug!(addr, "server refused rdma: {other:?}");
+                    return None;
+                }
+                Err(e) => {
+                    tracing::debug!(addr, "rdma connect failed: {e:?}");
+                    return None;
+                }
+            };
+            let session = pending
+                .complete(endpoint, region, control.info().max_frame_bytes)
+                .map_err(|e| tracing::debug!(addr, "rdma connect failed: {e}"))
+                .ok()?;
+            let fabric = session.fabric();
+            let descriptor = descriptor_of(&region);
+            let probe = RegionReader::over(
+                Arc::clone(&fabric) as _,
+                descriptor,
+                Arc::clone(clock),
+                ReaderOptions {
+                    max_attempts: ReaderOptions::DEFAULT_MAX_ATTEMPTS,
+                    abandon_after_us: None,
+                },
+            )
+            .map_err(|e| tracing::debug!(addr, "rdma region unreadable: {e}"))
+            .ok()?;
+            let options = ReaderOptions::for_layout(probe.layout());
+            let reader = RegionReader::over(fabric as _, descriptor, Arc::clone(clock), options)
+                .map_err(|e| tracing::debug!(addr, "rdma region unreadable: {e}"))
+                .ok()?;
+            tracing::debug!(addr, "reading over rdma");
+            Some(Attached {
+                reader,
+                session,
+                _control: control,
+            })
+        }
     }
 }

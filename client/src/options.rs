@@ -38,7 +38,8 @@ pub struct ClientOptions {
     /// [`Client::mget`](crate::Client::mget). Default [`Consistency::Lease`].
     pub default_consistency: Consistency,
     /// Which transport serves GETs. Default [`Transport::Auto`]: one-sided
-    /// through `shm` when the server is on this host, else TCP.
+    /// through `rdma` when both sides have a device, else through `shm`
+    /// when the server is on this host, else TCP.
     pub transport: Transport,
     /// Bound on the difference between this host's clock and the leader's:
     /// a one-sided lease read is served only while the leader's published
@@ -50,6 +51,10 @@ pub struct ClientOptions {
     /// saves (docs/benchmarks.md); it pays where a read is a network round
     /// trip (RDMA).
     pub index_cache_entries: usize,
+    /// RDMA device for [`Transport::Auto`] and [`Transport::Rdma`]: `None`
+    /// is the first device with an active port. Default: `RDKV_RDMA_DEVICE`
+    /// from the environment. Used only when built with the `rdma` feature.
+    pub rdma_device: Option<String>,
 }
 
 impl Default for ClientOptions {
@@ -64,6 +69,9 @@ impl Default for ClientOptions {
             transport: Transport::Auto,
             max_clock_drift: Duration::from_millis(50),
             index_cache_entries: 0,
+            rdma_device: std::env::var("RDKV_RDMA_DEVICE")
+                .ok()
+                .filter(|d| !d.is_empty()),
         }
     }
 }

@@ -14,6 +14,9 @@
 //!   (`mem`: in process).
 //! - [`transport`]: the [`Fabric`] trait (one-sided reads of a described
 //!   region, alone or batched) and [`MappedFabric`] (`mem` and `shm`).
+//! - [`rdma`]: the RDMA verbs transport (feature `rdma`; its protocol logic
+//!   is always built): one-sided READs through the same [`Fabric`] trait,
+//!   SEND/RECV as an [`RpcChannel`].
 //! - [`clock`]: injectable monotonic time for grace periods and abandonment.
 
 #[cfg(target_endian = "big")]
@@ -21,6 +24,7 @@ compile_error!("rdkv regions are little-endian; big-endian targets are not suppo
 
 pub mod clock;
 pub mod memory;
+pub mod rdma;
 pub mod read_stats;
 pub mod reader;
 pub mod rpc;

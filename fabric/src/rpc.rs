@@ -76,6 +76,11 @@ pub trait RpcChannel: Send + Sync + std::fmt::Debug {
     ) -> Pin<Box<dyn Future<Output = Result<Response, CallError>> + Send + 'a>>;
 
     fn is_closed(&self) -> bool;
+
+    /// Largest frame body the server accepts on this channel.
+    fn max_frame_bytes(&self) -> u32 {
+        DEFAULT_MAX_FRAME_BYTES
+    }
 }
 
 impl RpcChannel for Connection {
@@ -89,6 +94,10 @@ impl RpcChannel for Connection {
 
     fn is_closed(&self) -> bool {
         Connection::is_closed(self)
+    }
+
+    fn max_frame_bytes(&self) -> u32 {
+        self.info.max_frame_bytes
     }
 }
 

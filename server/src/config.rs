@@ -96,6 +96,11 @@ pub struct Args {
     /// Log format: text or json.
     #[arg(long, env = "RDKV_LOG_FORMAT")]
     pub log_format: Option<String>,
+    /// RDMA device for one-sided reads (e.g. `mlx5_0`, `rxe0`). Default: the
+    /// first device with an active port; `off` disables RDMA. Without the
+    /// `rdma` build feature, rdma-core or a device, RDMA is off (logged).
+    #[arg(long, env = "RDKV_RDMA_DEVICE")]
+    pub rdma_device: Option<String>,
 }
 
 /// The TOML file: the same settings, snake_case.
@@ -121,6 +126,7 @@ struct FileConfig {
     snapshot_entries: Option<u64>,
     snapshot_keep_entries: Option<u64>,
     log_format: Option<String>,
+    rdma_device: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,6 +159,8 @@ pub struct Config {
     pub snapshot_keep_entries: u64,
     pub log_format: LogFormat,
     pub fault_injection: bool,
+    /// `None`: the first device with an active port; `Some("off")`: no RDMA.
+    pub rdma_device: Option<String>,
 }
 
 pub fn parse_initial_cluster(spec: &str) -> Result<BTreeMap<u64, String>> {
@@ -331,6 +339,10 @@ impl Config {
                 .unwrap_or(1000),
             log_format,
             fault_injection: args.fault_injection,
+            rdma_device: args
+                .rdma_device
+                .or(file.rdma_device)
+                .filter(|d| !d.is_empty()),
         })
     }
 }
@@ -353,6 +365,9 @@ mod tests {
         assert_eq!(config.initial_cluster.len(), 1);
         assert_eq!(config.initial_cluster[&1], DEFAULT_PEER_LISTEN);
         assert_eq!(config.data_dir, PathBuf::from("rdkv-data"));
+        assert_eq!(config.rdma_device, None);
+        let config = Config::resolve(args(&["--rdma-device", "rxe0"])).unwrap();
+        assert_eq!(config.rdma_device.as_deref(), Some("rxe0"));
     }
 
     #[test]

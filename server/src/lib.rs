@@ -8,6 +8,8 @@
 //! - [`http`]: health, status and metrics for probes.
 //! - [`resp`]: the RESP (Redis protocol) front end.
 //! - [`telemetry`]: Prometheus metrics, per-op statistics, Raft event logs.
+//! - [`rdma`]: the RDMA transport's node side (feature `rdma`): device,
+//!   region grant, a queue pair per client connection.
 
 mod accept;
 pub mod config;
@@ -16,6 +18,7 @@ pub mod http;
 mod join;
 pub mod node;
 pub mod peer;
+pub mod rdma;
 pub mod resp;
 pub mod service;
 pub mod telemetry;

@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use crate::Raft;
 use crate::config::Config;
 use crate::peer::{PeerContext, PeerNetwork, SNAPSHOT_CHUNK_BYTES, serve_peers};
-use crate::service::{Endpoints, Handler, serve_clients};
+use crate::service::{Endpoints, Handler, HandlerSettings, serve_clients};
 
 /// Background tasks of a node, aborted when dropped: a start that fails
 /// half-way leaves nothing running.
@@ -258,14 +258,26 @@ impl Node {
                 .and_then(|l| l.local_addr().ok())
                 .map(|a| a.to_string()),
         };
+        let rdma = Arc::new(crate::rdma::RdmaState::start(
+            config.rdma_device.as_deref(),
+            config.grace_period_ms,
+        ));
+        tasks.push(tokio::spawn(Arc::clone(&rdma).maintain(
+            sm.clone(),
+            config.id,
+            shutdown_rx.clone(),
+        )));
         let handler = Arc::new(Handler::new(
             raft.clone(),
             sm.clone(),
             Arc::clone(&peers),
-            limits,
             log,
-            endpoints,
-            config.fault_injection,
+            HandlerSettings {
+                limits,
+                endpoints,
+                fault_injection: config.fault_injection,
+            },
+            rdma,
         ));
         tasks.push(tokio::spawn(crate::telemetry::raft_events::watch_raft(
             raft.clone(),

@@ -36,6 +36,10 @@ pub fn binary(name: &str) -> PathBuf {
             other => other,
         };
         command.args(["build", "--quiet", "-p", package, "--bin", name]);
+        // Tests built with the rdma feature run servers built with it.
+        if cfg!(feature = "rdma") {
+            command.args(["--features", "rdma"]);
+        }
         if !cfg!(debug_assertions) {
             command.arg("--release");
         }

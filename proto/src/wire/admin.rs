@@ -74,6 +74,8 @@ pub struct NodeStatus {
     pub ops: Vec<OpStats>,
     /// Open client connections now: native TCP, native Unix socket, RESP.
     pub open_connections: OpenConnections,
+    /// The RDMA transport: `on: <device, port, GID, MTU>` or `off: <why>`.
+    pub rdma: String,
 }
 
 /// One request kind's counters on one node.

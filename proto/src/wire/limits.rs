@@ -165,7 +165,9 @@ impl Request {
             | Self::SnapshotRead { .. }
             | Self::ReportReads(_)
             | Self::InjectFault(_)
-            | Self::Clear => Ok(()),
+            | Self::Clear
+            | Self::RdmaConnect { .. }
+            | Self::RdmaRegion => Ok(()),
         }
     }
 }

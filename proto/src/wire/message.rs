@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::admin::{Fault, Health, MemberInfo, NodeStatus, ReadReport, SnapshotChunk};
 use super::batch::bounded_vec;
+use super::rdma::{QpEndpoint, RdmaRegionGrant};
 
 /// How fresh a read must be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -115,6 +116,14 @@ pub enum Request {
     /// Test-only fault injection (nodes started with `--fault-injection`);
     /// answered with [`Response::Done`].
     InjectFault(Fault),
+    /// Opens the `rdma` transport on this (authenticated) connection: the
+    /// client's queue-pair endpoint; answered with [`Response::RdmaConnected`]
+    /// (the server's endpoint and region grant), or an error reply
+    /// (`InvalidRequest`) when RDMA is off on the node.
+    RdmaConnect { endpoint: QpEndpoint },
+    /// The current region's grant (after an epoch change), answered with
+    /// [`Response::RdmaRegion`].
+    RdmaRegion,
 }
 
 /// What a [`Request::Update`] does to its key. Append-only.
@@ -218,6 +227,12 @@ pub enum Response {
         pairs: Vec<(Bytes, Versioned)>,
         more: bool,
     },
+    /// The server's queue pair is in RTS, connected to the client's endpoint.
+    RdmaConnected {
+        endpoint: QpEndpoint,
+        region: RdmaRegionGrant,
+    },
+    RdmaRegion(RdmaRegionGrant),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

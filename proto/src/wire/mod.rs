@@ -19,6 +19,7 @@ pub mod handshake;
 pub mod limits;
 pub mod message;
 pub mod op;
+pub mod rdma;
 pub mod shm;
 
 pub use admin::{
@@ -44,4 +45,9 @@ pub use message::{
     UpdateOutcome, Versioned,
 };
 pub use op::Op;
+pub use rdma::{
+    MAX_QP_ENDPOINT_BYTES, MAX_RDMA_RECV_BUFFER_BYTES, MAX_RDMA_RECV_CREDITS,
+    MIN_RDMA_RECV_BUFFER_BYTES, MIN_RDMA_RECV_CREDITS, QpEndpoint, RDMA_ENDPOINT_VERSION,
+    RDMA_MTU_BYTES, RdmaRegionGrant, RdmaWireError,
+};
 pub use shm::{MAX_SHM_GRANT_BYTES, SHM_GRANT_PREFIX_BYTES, ShmGrant};

@@ -25,11 +25,13 @@ pub enum Op {
     SnapshotRead,
     ReportReads,
     InjectFault,
+    RdmaConnect,
+    RdmaRegion,
 }
 
 impl Op {
     /// Every op, in a fixed order (indexes of per-op tables).
-    pub const ALL: [Op; 20] = [
+    pub const ALL: [Op; 22] = [
         Op::Get,
         Op::MGet,
         Op::Put,
@@ -50,6 +52,8 @@ impl Op {
         Op::SnapshotRead,
         Op::ReportReads,
         Op::InjectFault,
+        Op::RdmaConnect,
+        Op::RdmaRegion,
     ];
 
     pub fn name(self) -> &'static str {
@@ -74,6 +78,8 @@ impl Op {
             Op::SnapshotRead => "snapshot_read",
             Op::ReportReads => "report_reads",
             Op::InjectFault => "inject_fault",
+            Op::RdmaConnect => "rdma_connect",
+            Op::RdmaRegion => "rdma_region",
         }
     }
 
@@ -123,6 +129,8 @@ impl Request {
             Request::SnapshotRead { .. } => Op::SnapshotRead,
             Request::ReportReads(_) => Op::ReportReads,
             Request::InjectFault(_) => Op::InjectFault,
+            Request::RdmaConnect { .. } => Op::RdmaConnect,
+            Request::RdmaRegion => Op::RdmaRegion,
         }
     }
 }

@@ -43,6 +43,15 @@ pub struct Endpoints {
     pub http: Option<String>,
 }
 
+/// What a handler is configured with.
+#[derive(Debug, Clone)]
+pub struct HandlerSettings {
+    pub limits: Limits,
+    pub endpoints: Endpoints,
+    /// Accept `InjectFault` (fault tests only).
+    pub fault_injection: bool,
+}
+
 #[derive(Debug)]
 pub struct Handler {
     raft: Raft,
@@ -53,6 +62,7 @@ pub struct Handler {
     endpoints: Endpoints,
     stats: RequestStats,
     fault_injection: bool,
+    rdma: Arc<crate::rdma::RdmaState>,
 }
 
 type Reply = Result<Response, ErrorReply>;
@@ -73,25 +83,29 @@ impl Handler {
         raft: Raft,
         sm: RegionStateMachine,
         peers: Arc<PeerContext>,
-        limits: Limits,
         log: LogStore,
-        endpoints: Endpoints,
-        fault_injection: bool,
+        settings: HandlerSettings,
+        rdma: Arc<crate::rdma::RdmaState>,
     ) -> Self {
         Handler {
             raft,
             sm,
             peers,
-            limits,
+            limits: settings.limits,
             log,
-            endpoints,
+            endpoints: settings.endpoints,
             stats: RequestStats::default(),
-            fault_injection,
+            fault_injection: settings.fault_injection,
+            rdma,
         }
     }
 
     pub fn endpoints(&self) -> &Endpoints {
         &self.endpoints
+    }
+
+    pub fn rdma(&self) -> &crate::rdma::RdmaState {
+        &self.rdma
     }
 
     pub fn stats(&self) -> &RequestStats {
@@ -243,6 +257,16 @@ impl Handler {
                 self.scan(&start_key, end_key.as_deref(), limit, consistency)
                     .await
             }
+            // Needs the client connection it belongs to (its queue pair lives
+            // as long as that connection): handled in `service`.
+            Request::RdmaConnect { .. } => Err(ErrorReply::new(
+                ErrorCode::InvalidRequest,
+                "rdma sessions are opened on a native client connection",
+            )),
+            Request::RdmaRegion => self
+                .rdma
+                .region_grant(&self.sm, self.node_id())
+                .map(Response::RdmaRegion),
         };
         reply.unwrap_or_else(Response::Error)
     }

@@ -28,7 +28,7 @@ use crate::telemetry::{RateLimitedLog, RequestStats, Via};
 /// the log.
 static AUTH_FAILURE_LOG: RateLimitedLog = RateLimitedLog::new(10);
 
-pub use handlers::{Endpoints, Handler};
+pub use handlers::{Endpoints, Handler, HandlerSettings};
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const HANDSHAKE_MAX_FRAME_BYTES: u32 = 64 * 1024;
@@ -172,11 +172,58 @@ where
         Ok::<_, FramedError>(())
     });
 
-    let result = read_requests(&mut reader, &handler, via, &credits, &done_tx).await;
+    // Queue pairs opened on this connection: torn down when it closes.
+    let rdma_sessions = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let result = read_requests(
+        &mut reader,
+        &handler,
+        via,
+        &credits,
+        &done_tx,
+        &rdma_sessions,
+    )
+    .await;
     drop(done_tx);
     // Let the answers to requests already read go out.
     let _ = write_task.await;
     result
+}
+
+type RdmaSessions = Arc<std::sync::Mutex<Vec<crate::rdma::RdmaConnectionGuard>>>;
+
+/// Opens a queue pair for this (authenticated) connection: the region's
+/// rkey is handed out here only.
+fn rdma_connect(
+    handler: &Arc<Handler>,
+    endpoint: rdkv_proto::wire::QpEndpoint,
+    limits: &Limits,
+    sessions: &RdmaSessions,
+) -> Response {
+    let mut sessions = sessions.lock().unwrap_or_else(|p| p.into_inner());
+    if sessions.len() >= crate::rdma::MAX_RDMA_SESSIONS_PER_CONNECTION {
+        return Response::Error(ErrorReply::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "at most {} rdma sessions per connection",
+                crate::rdma::MAX_RDMA_SESSIONS_PER_CONNECTION
+            ),
+        ));
+    }
+    let rpc_handler: Arc<dyn rdkv_fabric::RpcHandler> = Arc::clone(handler) as _;
+    match handler.rdma().connect(
+        endpoint,
+        rpc_handler,
+        handler.sm(),
+        handler.node_id(),
+        limits.max_frame_bytes,
+        MAX_IN_FLIGHT,
+    ) {
+        Ok((endpoint, region, guard)) => {
+            sessions.push(guard);
+            Response::RdmaConnected { endpoint, region }
+        }
+        Err(reply) => Response::Error(reply),
+    }
 }
 
 /// Queues a response; one too large for a frame becomes an error reply.
@@ -208,6 +255,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
     via: Via,
     credits: &Arc<Semaphore>,
     done: &mpsc::Sender<(u64, Response)>,
+    rdma_sessions: &RdmaSessions,
 ) -> Result<()> {
     loop {
         let permit = match Arc::clone(credits).try_acquire_owned() {
@@ -239,11 +287,15 @@ async fn read_requests<R: AsyncRead + Unpin>(
         let request = decode_payload::<Request>(&frame);
         let handler = Arc::clone(handler);
         let done = done.clone();
+        let rdma_sessions = Arc::clone(rdma_sessions);
         tokio::spawn(async move {
             let response = match request {
                 Err(e) => {
                     handler.stats().malformed(via);
                     Response::Error(ErrorReply::new(ErrorCode::Malformed, e.to_string()))
+                }
+                Ok(Request::RdmaConnect { endpoint }) => {
+                    rdma_connect(&handler, endpoint, &handler.limits(), &rdma_sessions)
                 }
                 Ok(request) => handler.handle(request, via).await,
             };

@@ -78,6 +78,7 @@ impl Handler {
             region_epoch: self.sm().region_epoch(),
             ops: self.stats().ops(),
             open_connections: self.stats().open_connections(),
+            rdma: self.rdma().status().to_owned(),
         }
     }
 

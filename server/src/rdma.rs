@@ -1,0 +1,177 @@
+//! The node's side of the `rdma` transport: whether it is on (and why not),
+//! the region grant handed to authenticated clients, and the queue pairs of
+//! their connections.
+//!
+//! One binary runs everywhere: without the cargo feature, without rdma-core,
+//! or without an active device, the node logs one line saying why RDMA is
+//! off and serves over tcp and shm; `Request::RdmaConnect` then gets an
+//! `InvalidRequest` reply, on which clients fall back.
+
+use std::sync::Arc;
+#[cfg(feature = "rdma")]
+use std::time::Duration;
+
+use rdkv_proto::wire::{ErrorCode, ErrorReply, QpEndpoint, RdmaRegionGrant};
+use rdkv_storage::state_machine::RegionStateMachine;
+
+/// Queue pairs one client connection may open (each pins receive and send
+/// buffers on the node: a bound, not a quota anyone should reach).
+pub const MAX_RDMA_SESSIONS_PER_CONNECTION: usize = 4;
+
+/// A client connection's queue pair: dropped with the connection.
+#[derive(Debug)]
+pub struct RdmaConnectionGuard {
+    #[cfg(feature = "rdma")]
+    _connection: rdkv_fabric::rdma::verbs::ServerConnection,
+}
+
+#[derive(Debug)]
+pub struct RdmaState {
+    /// `on: <device line>` or `off: <reason>`, as logged and reported in
+    /// the node's status.
+    status: String,
+    #[cfg(feature = "rdma")]
+    server: Option<Arc<rdkv_fabric::rdma::verbs::RdmaServer>>,
+}
+
+fn off(reason: &str) -> ErrorReply {
+    ErrorReply::new(
+        ErrorCode::InvalidRequest,
+        format!("rdma is off on this node: {reason}"),
+    )
+}
+
+impl RdmaState {
+    /// Opens the device (`device`: a name, or `None` for the first with an
+    /// active port; `Some("off")` disables RDMA) and logs the outcome.
+    #[cfg_attr(not(feature = "rdma"), allow(unused_variables))]
+    pub fn start(device: Option<&str>, grace_period_ms: u64) -> RdmaState {
+        if device == Some("off") {
+            tracing::info!(
+                "rdma transport off: disabled by --rdma-device off (serving over tcp and shm)"
+            );
+            return RdmaState::disabled("disabled by --rdma-device off");
+        }
+        #[cfg(feature = "rdma")]
+        {
+            let grace = Duration::from_millis(grace_period_ms);
+            match rdkv_fabric::rdma::verbs::RdmaServer::open(device, grace) {
+                Ok(server) => {
+                    let line = server.describe();
+                    tracing::info!(device = %line, "rdma transport on");
+                    RdmaState {
+                        status: format!("on: {line}"),
+                        server: Some(Arc::new(server)),
+                    }
+                }
+                Err(e) => {
+                    tracing::info!("rdma transport off: {e} (serving over tcp and shm)");
+                    RdmaState::disabled(&e.to_string())
+                }
+            }
+        }
+        #[cfg(not(feature = "rdma"))]
+        {
+            let reason = "this binary was built without the rdma feature";
+            tracing::info!("rdma transport off: {reason} (serving over tcp and shm)");
+            RdmaState::disabled(reason)
+        }
+    }
+
+    pub fn disabled(reason: &str) -> RdmaState {
+        RdmaState {
+            status: format!("off: {reason}"),
+            #[cfg(feature = "rdma")]
+            server: None,
+        }
+    }
+
+    pub fn status(&self) -> &str {
+        &self.status
+    }
+
+    fn reason_off(&self) -> &str {
+        self.status.strip_prefix("off: ").unwrap_or(&self.status)
+    }
+
+    /// The current region's grant (registering it on first use).
+    #[cfg_attr(not(feature = "rdma"), allow(unused_variables))]
+    pub fn region_grant(
+        &self,
+        sm: &RegionStateMachine,
+        node_id: u64,
+    ) -> Result<RdmaRegionGrant, ErrorReply> {
+        #[cfg(feature = "rdma")]
+        if let Some(server) = &self.server {
+            return server
+                .grant(&sm.region_memory(), node_id, sm.region_epoch())
+                .map_err(|e| ErrorReply::new(ErrorCode::Internal, format!("rdma region: {e}")));
+        }
+        Err(off(self.reason_off()))
+    }
+
+    /// A queue pair towards `client`, serving its requests with `handler`.
+    #[cfg_attr(not(feature = "rdma"), allow(unused_variables))]
+    pub fn connect(
+        &self,
+        client: QpEndpoint,
+        handler: Arc<dyn rdkv_fabric::RpcHandler>,
+        sm: &RegionStateMachine,
+        node_id: u64,
+        max_frame_bytes: u32,
+        max_in_flight: u32,
+    ) -> Result<(QpEndpoint, RdmaRegionGrant, RdmaConnectionGuard), ErrorReply> {
+        #[cfg(feature = "rdma")]
+        if let Some(server) = &self.server {
+            let grant = self.region_grant(sm, node_id)?;
+            let (endpoint, connection) = server
+                .accept(client, handler, max_frame_bytes, max_in_flight)
+                .map_err(|e| ErrorReply::new(ErrorCode::Internal, format!("rdma connect: {e}")))?;
+            return Ok((
+                endpoint,
+                grant,
+                RdmaConnectionGuard {
+                    _connection: connection,
+                },
+            ));
+        }
+        Err(off(self.reason_off()))
+    }
+
+    /// Keeps the current region registered (a new epoch after a snapshot
+    /// install) and deregisters retired ones after their grace period.
+    #[cfg_attr(not(feature = "rdma"), allow(unused_variables, unused_mut))]
+    pub async fn maintain(
+        self: Arc<Self>,
+        sm: RegionStateMachine,
+        node_id: u64,
+        mut shutdown: tokio::sync::watch::Receiver<bool>,
+    ) {
+        #[cfg(feature = "rdma")]
+        {
+            let Some(server) = self.server.clone() else {
+                return;
+            };
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = shutdown.changed() => return,
+                }
+                let server = Arc::clone(&server);
+                let sm = sm.clone();
+                // Registration pins the whole region: off the runtime threads.
+                let done = tokio::task::spawn_blocking(move || {
+                    if let Err(e) = server.grant(&sm.region_memory(), node_id, sm.region_epoch()) {
+                        tracing::warn!("registering the region for rdma: {e}");
+                    }
+                    server.sweep();
+                })
+                .await;
+                if let Err(e) = done {
+                    tracing::warn!("rdma region maintenance: {e}");
+                }
+            }
+        }
+    }
+}

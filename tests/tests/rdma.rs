@@ -1,0 +1,332 @@
+//! The `rdma` transport against real server processes.
+//!
+//! - Without a device (every CI run): a node says why RDMA is off, in its
+//!   log and its status, and clients with `Transport::Auto` work over
+//!   shm/tcp; a client forcing `Transport::Rdma` gets
+//!   `OneSidedUnavailable`, never a hang.
+//! - With a device (`RDKV_RDMA_DEVICE=<name>`, tests built with
+//!   `--features rdma`): GETs over RDMA READs with zero server GET RPCs,
+//!   writes over SEND/RECV (large values fragmented), torn-read stress, and
+//!   connection loss. Without the variable they print why they were skipped
+//!   and return.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail, ensure};
+use bytes::Bytes;
+use rdkv_client::{ClientOptions, Consistency, Transport};
+use rdkv_tests::Cluster;
+use rdkv_tests::stress_value::{check, encode};
+
+const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The device named by `RDKV_RDMA_DEVICE`, or `None` after saying why the
+/// test is skipped.
+fn rdma_device(test: &str) -> Option<String> {
+    match std::env::var("RDKV_RDMA_DEVICE") {
+        Ok(device) if !device.is_empty() => {
+            if !cfg!(feature = "rdma") {
+                eprintln!(
+                    "{test}: skipped: RDKV_RDMA_DEVICE is set but the tests were built \
+                     without --features rdma"
+                );
+                return None;
+            }
+            Some(device)
+        }
+        _ => {
+            eprintln!("{test}: skipped: RDKV_RDMA_DEVICE not set (no RDMA device on this host)");
+            None
+        }
+    }
+}
+
+fn rdma_options(device: &str) -> ClientOptions {
+    ClientOptions {
+        transport: Transport::Rdma,
+        rdma_device: Some(device.to_owned()),
+        request_timeout: Duration::from_secs(10),
+        ..ClientOptions::default()
+    }
+}
+
+async fn served_gets(cluster: &Cluster) -> Result<u64> {
+    let mut total = 0;
+    for id in cluster.nodes.keys() {
+        let status = cluster.status_of(*id).await?;
+        total += status.served.get + status.served.mget;
+    }
+    Ok(total)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_device_the_node_says_why_and_auto_clients_still_work() -> Result<()> {
+    // A device named here but absent must turn RDMA off, not stop the node.
+    let mut cluster = Cluster::start_with(1, &["--rdma-device", "rdkv-no-such-device"])?;
+    rdkv_tests::check(&mut cluster, Duration::from_secs(60), async |cluster| {
+        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+        let status = cluster.status_of(1).await?;
+        ensure!(
+            status.rdma.starts_with("off: "),
+            "status says rdma is {:?}",
+            status.rdma
+        );
+        if cfg!(feature = "rdma") {
+            // Built with the verbs backend: the reason is the host's.
+            ensure!(
+                !status.rdma.contains("built without"),
+                "a binary built with the rdma feature says {:?}",
+                status.rdma
+            );
+        } else {
+            ensure!(status.rdma.contains("built without the rdma feature"));
+        }
+        let log = cluster.node(1)?.log();
+        ensure!(
+            log.contains("rdma transport off:"),
+            "the node did not log why rdma is off:\n{log}"
+        );
+
+        let auto = cluster.client_with(ClientOptions {
+            rdma_device: Some("rdkv-no-such-device".into()),
+            ..rdkv_tests::client_options(None)
+        })?;
+        for i in 0..20 {
+            auto.put(format!("k{i}"), format!("v{i}")).await?;
+        }
+        let before = served_gets(cluster).await?;
+        for i in 0..20 {
+            let got = auto.get(format!("k{i}")).await?;
+            ensure!(got.is_some_and(|v| v.value == format!("v{i}").as_bytes()));
+        }
+        // Same host: the reads were one-sided through shm.
+        let stats = auto.one_sided_stats().await;
+        ensure!(stats.served >= 20, "one-sided stats {stats:?}");
+        ensure!(
+            served_gets(cluster).await? == before,
+            "GETs reached the server"
+        );
+
+        // Forcing rdma where there is none fails fast, it does not fall back.
+        let forced = cluster.client_with(ClientOptions {
+            transport: Transport::Rdma,
+            rdma_device: Some("rdkv-no-such-device".into()),
+            ..rdkv_tests::client_options(None)
+        })?;
+        let started = Instant::now();
+        let got = forced.get("k1").await;
+        ensure!(
+            matches!(got, Err(rdkv_client::Error::OneSidedUnavailable)),
+            "forced rdma without a device: {got:?}"
+        );
+        ensure!(started.elapsed() < Duration::from_secs(5));
+        // Writes still go by RPC.
+        forced.put("k1", "again").await?;
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdma_gets_cost_the_servers_no_rpc() -> Result<()> {
+    let Some(device) = rdma_device("rdma_gets_cost_the_servers_no_rpc") else {
+        return Ok(());
+    };
+    let mut cluster = Cluster::start_with(3, &["--rdma-device", &device])?;
+    rdkv_tests::check(&mut cluster, Duration::from_secs(120), async |cluster| {
+        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+        for id in 1..=3 {
+            let status = cluster.status_of(id).await?;
+            ensure!(
+                status.rdma.starts_with("on: "),
+                "node {id}: {}",
+                status.rdma
+            );
+        }
+        let client = cluster.client_with(ClientOptions {
+            index_cache_entries: 1024,
+            ..rdma_options(&device)
+        })?;
+        for i in 0..100 {
+            client
+                .put(format!("key-{i:03}"), format!("value-{i}"))
+                .await?;
+        }
+        client.get("key-000").await?;
+        let before = served_gets(cluster).await?;
+        for round in 0..10 {
+            for i in 0..100 {
+                match client.get(format!("key-{i:03}")).await? {
+                    Some(v) if v.value == format!("value-{i}").as_bytes() => {}
+                    other => bail!("round {round} key {i}: {other:?}"),
+                }
+            }
+        }
+        // An MGet without the index cache: two batches of chained READs.
+        let batched = cluster.client_with(rdma_options(&device))?;
+        let values = batched
+            .mget((0..100).map(|i| format!("key-{i:03}")))
+            .await?;
+        for (i, v) in values.iter().enumerate() {
+            ensure!(
+                v.as_ref()
+                    .is_some_and(|v| v.value == format!("value-{i}").as_bytes()),
+                "mget key {i}: {v:?}"
+            );
+        }
+        ensure!(
+            served_gets(cluster).await? == before,
+            "GETs reached the servers"
+        );
+        let stats = client.one_sided_stats().await;
+        ensure!(stats.served >= 1_000, "{stats:?}");
+        ensure!(stats.reads.cache_hits > 0, "{stats:?}");
+        // Linearizable reads are never one-sided.
+        ensure!(matches!(
+            client
+                .get_with(Bytes::from_static(b"key-001"), Consistency::Linearizable)
+                .await,
+            Err(rdkv_client::Error::OneSidedUnavailable)
+        ));
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdma_writes_go_over_send_recv() -> Result<()> {
+    let Some(device) = rdma_device("rdma_writes_go_over_send_recv") else {
+        return Ok(());
+    };
+    let mut cluster = Cluster::start_with(1, &["--rdma-device", &device])?;
+    rdkv_tests::check(&mut cluster, Duration::from_secs(120), async |cluster| {
+        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+        let client = cluster.client_with(rdma_options(&device))?;
+        client.put("warm", "up").await?;
+        // Attaching over rdma moves this client's requests to the session.
+        ensure!(client.get("warm").await?.is_some());
+        let tcp_before = cluster.status_of(1).await?.served.tcp_connections;
+        // Values of every size, up to several receive buffers (fragments).
+        for (i, len) in [0usize, 1, 1000, 64 * 1024, 300 * 1024, 1024 * 1024 - 64]
+            .into_iter()
+            .enumerate()
+        {
+            let value: Vec<u8> = (0..len).map(|b| (b * 31 + i) as u8).collect();
+            let version = client.put(format!("big-{i}"), value.clone()).await?;
+            let got = client.get(format!("big-{i}")).await?;
+            ensure!(
+                got.as_ref()
+                    .is_some_and(|v| v.value == value.as_slice() && v.version == version),
+                "value of {len} bytes did not round trip"
+            );
+        }
+        let pairs: Vec<(String, String)> = (0..200)
+            .map(|i| (format!("m{i}"), format!("{i}")))
+            .collect();
+        client.mput(pairs).await?;
+        ensure!(client.get("m199").await?.is_some_and(|v| v.value == "199"));
+        let status = cluster.status_of(1).await?;
+        ensure!(status.served.put >= 7 && status.served.mput >= 1);
+        // The status call above is this test's own; the writes opened no
+        // new TCP connection.
+        ensure!(
+            status.served.tcp_connections <= tcp_before + 1,
+            "writes opened tcp connections: {} -> {}",
+            tcp_before,
+            status.served.tcp_connections
+        );
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdma_reads_under_a_writer_flat_out_are_never_torn() -> Result<()> {
+    let Some(device) = rdma_device("rdma_reads_under_a_writer_flat_out_are_never_torn") else {
+        return Ok(());
+    };
+    let mut cluster =
+        Cluster::start_with(1, &["--rdma-device", &device, "--grace-period-ms", "20"])?;
+    rdkv_tests::check(&mut cluster, Duration::from_secs(120), async |cluster| {
+        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+        let keys: Vec<String> = (0..8).map(|i| format!("hot-{i}")).collect();
+        let writer = cluster.client_with(rdkv_tests::client_options(None))?;
+        for key in &keys {
+            writer.put(key.clone(), encode(key, 0)).await?;
+        }
+        let reader = cluster.client_with(rdma_options(&device))?;
+        let stop = Instant::now() + Duration::from_secs(5);
+        let write_keys = keys.clone();
+        let writing = tokio::spawn(async move {
+            let mut seq = 1u64;
+            while Instant::now() < stop {
+                for key in &write_keys {
+                    writer.put(key.clone(), encode(key, seq)).await?;
+                }
+                seq += 1;
+            }
+            anyhow::Ok(seq)
+        });
+        let mut last = vec![0u64; keys.len()];
+        let mut reads = 0u64;
+        while Instant::now() < stop {
+            for (i, key) in keys.iter().enumerate() {
+                let Some(v) = reader.get(key.clone()).await? else {
+                    bail!("{key} vanished");
+                };
+                let seq = check(key.as_bytes(), &v.value).map_err(anyhow::Error::msg)?;
+                ensure!(seq >= last[i], "{key} went back from {} to {seq}", last[i]);
+                last[i] = seq;
+                reads += 1;
+            }
+        }
+        let written = writing.await??;
+        let stats = reader.one_sided_stats().await;
+        println!("{reads} reads over rdma, {written} write rounds, {stats:?}");
+        ensure!(stats.served > 0, "no read was served over rdma: {stats:?}");
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_rdma_connection_falls_back_and_reconnects() -> Result<()> {
+    let Some(device) = rdma_device("a_lost_rdma_connection_falls_back_and_reconnects") else {
+        return Ok(());
+    };
+    let mut cluster = Cluster::start_with(1, &["--rdma-device", &device])?;
+    rdkv_tests::check(&mut cluster, Duration::from_secs(120), async |cluster| {
+        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+        let client = cluster.client_with(ClientOptions {
+            rdma_device: Some(device.clone()),
+            ..rdkv_tests::client_options(None)
+        })?;
+        client.put("k", "v1").await?;
+        ensure!(client.get("k").await?.is_some_and(|v| v.value == "v1"));
+        let served_before = client.one_sided_stats().await.served;
+        // The node dies: its queue pairs and its region registration go.
+        cluster.node_mut(1)?.kill();
+        cluster.restart(1)?;
+        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+        // The client notices (failed completions or a new epoch), falls
+        // back, then attaches again; values stay right throughout.
+        rdkv_tests::eventually(
+            Duration::from_secs(30),
+            "reads after restart",
+            async || match client.get("k").await? {
+                Some(v) if v.value == "v1" => Ok(()),
+                other => bail!("after restart: {other:?}"),
+            },
+        )
+        .await?;
+        client.put("k", "v2").await?;
+        rdkv_tests::eventually(Duration::from_secs(30), "one-sided again", async || {
+            ensure!(client.get("k").await?.is_some_and(|v| v.value == "v2"));
+            ensure!(client.one_sided_stats().await.served > served_before + 1);
+            Ok(())
+        })
+        .await?;
+        Ok(())
+    })
+    .await
+}
