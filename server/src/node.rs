@@ -114,9 +114,18 @@ fn lease_deadline_us(
     if applied_term != Some(metrics.current_term) {
         return None;
     }
+    let now_us = rdkv_storage::state_machine::unix_now_us();
+    // A sole voter is its own quorum: no other node can be elected unless
+    // this leader first appends a configuration with more voters, and from
+    // that moment the rule below applies. (Its quorum-ack time is only
+    // refreshed by writes, so an idle single node would otherwise lose its
+    // lease.)
+    let voters = metrics.membership_config.membership().voter_ids().count();
+    if voters == 1 {
+        return Some(now_us + election_timeout_min_ms * 1000);
+    }
     let acked = metrics.last_quorum_acked.as_ref()?;
     let age = openraft::Instant::elapsed(&**acked);
-    let now_us = rdkv_storage::state_machine::unix_now_us();
     let acked_us = now_us.saturating_sub(u64::try_from(age.as_micros()).unwrap_or(u64::MAX));
     Some(acked_us + election_timeout_min_ms * 1000)
 }
@@ -182,6 +191,15 @@ impl Node {
         ));
         let raft_config = Arc::new(raft_config(&config)?);
         let election_timeout_min_ms = raft_config.election_timeout_min;
+        // A previous incarnation may have led and published a lease (at most
+        // one minimum election timeout long) into a region clients still map.
+        // Nothing this incarnation commits may become visible before that
+        // lease has run out: in a cluster the other voters guarantee it (they
+        // vote for no one that soon), but a sole voter elects itself at once.
+        // So a restarted node waits the lease out before it starts Raft.
+        if log.stats().last_index.is_some() || sm.applied_index() > 0 {
+            tokio::time::sleep(Duration::from_millis(election_timeout_min_ms)).await;
+        }
         let raft = Raft::new(
             config.id,
             raft_config,

@@ -61,8 +61,17 @@ pub fn binary(name: &str) -> PathBuf {
 
 /// A free TCP port on `ip` (bound then released; good enough for tests).
 pub fn free_port(ip: &str) -> u16 {
-    let listener = TcpListener::bind((ip, 0)).expect("binding an ephemeral port");
-    listener.local_addr().expect("local address").port()
+    let [port] = free_ports(ip);
+    port
+}
+
+/// `N` distinct free TCP ports on `ip`: all are held until all are chosen,
+/// so the kernel cannot hand the same one out twice.
+pub fn free_ports<const N: usize>(ip: &str) -> [u16; N] {
+    let listeners: Vec<TcpListener> = (0..N)
+        .map(|_| TcpListener::bind((ip, 0)).expect("binding an ephemeral port"))
+        .collect();
+    std::array::from_fn(|i| listeners[i].local_addr().expect("local address").port())
 }
 
 #[derive(Debug)]
@@ -85,12 +94,13 @@ impl NodeProc {
     fn new(id: u64, root: &Path) -> NodeProc {
         let ip = format!("127.0.0.{}", 10 + id);
         let addr = |port: u16| SocketAddr::new(ip.parse().expect("loopback ip"), port);
+        let [client, peer, http, resp] = free_ports(&ip);
         NodeProc {
             id,
-            client_addr: addr(free_port(&ip)),
-            peer_addr: addr(free_port(&ip)),
-            http_addr: addr(free_port(&ip)),
-            resp_addr: addr(free_port(&ip)),
+            client_addr: addr(client),
+            peer_addr: addr(peer),
+            http_addr: addr(http),
+            resp_addr: addr(resp),
             data_dir: root.join(format!("node-{id}")),
             log_path: root.join(format!("node-{id}.log")),
             extra_args: Vec::new(),

@@ -171,3 +171,35 @@ async fn a_restarted_node_is_mapped_anew() -> Result<()> {
     }
     result
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_idle_node_keeps_serving_lease_reads_one_sided() -> Result<()> {
+    // A sole voter is its own quorum: its lease must not lapse while it is
+    // idle (no writes refresh its quorum acknowledgement).
+    let mut cluster = Cluster::start(1)?;
+    let result = async {
+        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+        let writer = cluster.client().await?;
+        writer.put("idle", "1").await?;
+        // Several election timeouts (50 ms heartbeats: 250-500 ms) of idling.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let shm = cluster.client_with(ClientOptions {
+            transport: Transport::Shm,
+            request_timeout: Duration::from_secs(3),
+            ..ClientOptions::default()
+        })?;
+        for _ in 0..20 {
+            let got = shm.get("idle").await?;
+            ensure!(got.is_some_and(|v| v.value == "1"), "wrong value");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let stats = shm.one_sided_stats().await;
+        ensure!(stats.served == 20 && stats.lease_refusals == 0, "{stats:?}");
+        Ok(())
+    }
+    .await;
+    if result.is_err() {
+        eprintln!("{}", cluster.logs());
+    }
+    result
+}
