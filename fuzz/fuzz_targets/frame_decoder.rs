@@ -37,7 +37,11 @@ fuzz_target!(|data: &[u8]| {
     let (chunked, chunked_err, chunked_rest) = decode_stream(stream, &chunk_sizes(split, stream));
     assert_eq!(whole, chunked, "chunking changed the frames");
     assert_eq!(whole_err, chunked_err, "chunking changed the error");
-    assert_eq!(whole_rest, chunked_rest, "chunking changed what is left");
+    if whole_err.is_none() {
+        // (After an error the stream is dead and what sits in the buffer
+        // depends on how much had arrived, so only compare clean runs.)
+        assert_eq!(whole_rest, chunked_rest, "chunking changed what is left");
+    }
 
     // Re-encoding the frames gives back the consumed prefix of the stream.
     let mut reencoded = Vec::new();
@@ -53,7 +57,9 @@ fuzz_target!(|data: &[u8]| {
         reencoded.extend_from_slice(&frame.payload);
     }
     assert_eq!(&stream[..reencoded.len()], &reencoded[..]);
-    assert_eq!(&stream[reencoded.len()..], &whole_rest[..]);
+    if whole_err.is_none() {
+        assert_eq!(&stream[reencoded.len()..], &whole_rest[..]);
+    }
 
     for frame in &whole {
         check_payload::<Request>(frame, |request| {
