@@ -77,10 +77,7 @@ fuzz_target!(|data: &[u8]| {
 /// What the connection loop does: append what arrived, then take commands
 /// until one is incomplete; stop at the first protocol error (the server
 /// closes the connection). Returns the commands, the error and what is left.
-fn run(
-    pieces: &[&[u8]],
-    limits: &ParseLimits,
-) -> (Vec<Vec<Bytes>>, Option<ProtocolError>, Vec<u8>) {
+fn run(pieces: &[&[u8]], limits: &ParseLimits) -> Outcome {
     let mut buf = BytesMut::new();
     let mut commands = Vec::new();
     for piece in pieces {
