@@ -37,16 +37,18 @@ enum Scenario {
     KillLeaderLoop,
     SlowFsync,
     RestartAll,
+    MembershipChange,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 6] = [
+    const ALL: [Scenario; 7] = [
         Scenario::PartitionLeader,
         Scenario::PartitionMinority,
         Scenario::PauseLeader,
         Scenario::KillLeaderLoop,
         Scenario::SlowFsync,
         Scenario::RestartAll,
+        Scenario::MembershipChange,
     ];
 
     fn name(self) -> &'static str {
@@ -57,6 +59,7 @@ impl Scenario {
             Scenario::KillLeaderLoop => "kill -9 leader loop",
             Scenario::SlowFsync => "slow fsync (+25 ms)",
             Scenario::RestartAll => "restart all (kill -9)",
+            Scenario::MembershipChange => "membership change (join, promote, remove)",
         }
     }
 }
@@ -106,6 +109,34 @@ async fn inject(cluster: &mut Cluster, scenario: Scenario, hold: Duration) -> Re
             cluster.slow_fsync(leader, 25).await?;
             tokio::time::sleep(hold).await;
             cluster.heal().await?;
+        }
+        Scenario::MembershipChange => {
+            // A new member each time (a removed one does not come back).
+            static NEXT_ID: AtomicU64 = AtomicU64::new(4);
+            let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+            let admin = Client::new(
+                &cluster.endpoints(),
+                ClientOptions {
+                    request_timeout: Duration::from_secs(10),
+                    ..ClientOptions::default()
+                },
+            )?;
+            cluster.join(id, leader)?;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let members = admin.members().await.unwrap_or_default();
+                if members.iter().any(|m| m.id == id && m.voter) {
+                    break;
+                }
+                ensure!(Instant::now() < deadline, "node {id} never became a voter");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            tokio::time::sleep(hold).await;
+            admin
+                .remove_member(id)
+                .await
+                .with_context(|| format!("removing node {id}"))?;
+            cluster.node_mut(id)?.kill();
         }
         Scenario::RestartAll => {
             for id in 1..=3 {
@@ -372,7 +403,13 @@ fn report(rows: &[Row]) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn histories_stay_linearizable_under_faults() -> Result<()> {
-    let mut cluster = Cluster::start_faulty(3, &[])?;
+    // Frequent snapshots and log purges, so that kills also land during
+    // snapshot builds, installs (a restarted or new node behind the purged
+    // log) and purges.
+    let mut cluster = Cluster::start_faulty(
+        3,
+        &["--snapshot-entries", "100", "--snapshot-keep-entries", "20"],
+    )?;
     let limit = Duration::from_secs(60 + 30 * load_secs());
     check(&mut cluster, limit, async |cluster| {
         current_leader(cluster).await?;
