@@ -248,19 +248,30 @@ impl Cluster {
                 (id, node)
             })
             .collect();
+        Cluster::launch(nodes, None, root, extra)
+    }
+
+    /// Starts `nodes` with an `--initial-cluster` naming all of them.
+    fn launch(
+        nodes: BTreeMap<u64, NodeProc>,
+        lab: Option<netns::Lab>,
+        root: tempfile::TempDir,
+        extra_args: Vec<String>,
+    ) -> Result<Cluster> {
         let initial_cluster = nodes
             .values()
             .map(|node| format!("{}={}", node.id, node.peer_addr))
             .collect::<Vec<_>>()
             .join(",");
+        let ids: Vec<u64> = nodes.keys().copied().collect();
         let mut cluster = Cluster {
             nodes,
-            lab: None,
+            lab,
             root,
             initial_cluster,
-            extra_args: extra,
+            extra_args,
         };
-        for id in 1..=n {
+        for id in ids {
             cluster.restart(id)?;
         }
         Ok(cluster)
@@ -291,22 +302,7 @@ impl Cluster {
                 (id, node)
             })
             .collect();
-        let initial_cluster = nodes
-            .values()
-            .map(|node| format!("{}={}", node.id, node.peer_addr))
-            .collect::<Vec<_>>()
-            .join(",");
-        let mut cluster = Cluster {
-            nodes,
-            lab: Some(lab),
-            root,
-            initial_cluster,
-            extra_args: extra,
-        };
-        for id in 1..=n {
-            cluster.restart(id)?;
-        }
-        Ok(cluster)
+        Cluster::launch(nodes, Some(lab), root, extra)
     }
 
     /// `"netns"` or `"loopback"`: how partitions are made in this cluster.
