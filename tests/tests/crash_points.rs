@@ -1,0 +1,132 @@
+//! Kill -9 during catch-up with snapshot churn: a follower is killed, the
+//! cluster writes on (every node snapshots every 20 entries and purges its
+//! log behind), and the follower is restarted and killed again at a random
+//! point of its catch-up, six times. Every acknowledged write must end up on
+//! every node, and the victim must come back from whatever its disk holds.
+//! openraft keeps the log a lagging follower still needs, so most catch-ups
+//! replay the log; the test requires at least one to have been a snapshot
+//! install (one per run so far). Kills timed to land inside an install are
+//! not guaranteed.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use rdkv_client::{Client, ClientOptions, Consistency, Transport};
+use rdkv_tests::stress_value::splitmix64;
+use rdkv_tests::{Cluster, check};
+
+const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
+
+fn rpc_client(cluster: &Cluster, id: u64) -> Result<Client> {
+    let endpoint = cluster.node(id)?.client_addr.to_string();
+    Ok(Client::new(
+        &[endpoint],
+        ClientOptions {
+            transport: Transport::Tcp,
+            request_timeout: Duration::from_secs(5),
+            ..ClientOptions::default()
+        },
+    )?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_during_snapshot_install_and_purge_loses_nothing() -> Result<()> {
+    // Snapshot every 20 entries and keep no log behind it: a node that
+    // misses a few dozen entries needs a snapshot, and the leader purges
+    // constantly while it writes.
+    let mut cluster = Cluster::start_with(
+        3,
+        &["--snapshot-entries", "20", "--snapshot-keep-entries", "0"],
+    )?;
+    check(&mut cluster, Duration::from_secs(150), async |cluster| {
+        let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+        let victim = (1..=3).find(|&id| id != leader).context("a follower")?;
+        let writer = Client::new(
+            &cluster.endpoints(),
+            ClientOptions {
+                request_timeout: Duration::from_secs(10),
+                ..ClientOptions::default()
+            },
+        )?;
+        let mut acknowledged: Vec<(String, String)> = Vec::new();
+        let mut n = 0u64;
+        let mut write =
+            async |count: u64, acknowledged: &mut Vec<(String, String)>| -> Result<()> {
+                for _ in 0..count {
+                    n += 1;
+                    // A value large enough that the snapshot takes a few chunks'
+                    // worth of time to send and install.
+                    let key = format!("k{}", n % 400);
+                    let value = format!("{n}-{}", "x".repeat(2000));
+                    writer.put(key.clone(), value.clone()).await?;
+                    acknowledged.retain(|(k, _)| *k != key);
+                    acknowledged.push((key, value));
+                }
+                Ok(())
+            };
+
+        write(100, &mut acknowledged).await?;
+        let mut seed = 7;
+        for round in 0..6 {
+            cluster.node_mut(victim)?.kill();
+            // The leader moves past the victim's log and purges it.
+            write(60, &mut acknowledged).await?;
+            cluster.restart(victim)?;
+            // Kill it again at a random point of its catch-up (snapshot
+            // transfer or install), except in the last round.
+            seed = splitmix64(seed);
+            let delay = Duration::from_millis(50 + seed % 400);
+            tokio::time::sleep(delay).await;
+            if round < 5 {
+                cluster.node_mut(victim)?.kill();
+                write(20, &mut acknowledged).await?;
+                cluster.restart(victim)?;
+            }
+        }
+        let last = writer.put("last", "1").await?;
+
+        // Every node, the victim included, holds every acknowledged write,
+        // read from its own region by RPC.
+        for id in 1..=3 {
+            let node = rpc_client(cluster, id)?;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let status = node.status().await;
+                if status.as_ref().is_ok_and(|s| s.applied_index >= last) {
+                    break;
+                }
+                ensure!(
+                    Instant::now() < deadline,
+                    "node {id} never caught up to {last}: {status:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let level = Consistency::Follower {
+                max_lag_entries: u64::MAX,
+            };
+            for (key, value) in &acknowledged {
+                let got = node.get_with(key.clone(), level).await?;
+                ensure!(
+                    got.as_ref().is_some_and(|v| v.value == value.as_bytes()),
+                    "node {id}: {key} lost or stale: {:?}",
+                    got.map(|v| v.version)
+                );
+            }
+        }
+        let victim_status = rpc_client(cluster, victim)?.status().await?;
+        ensure!(
+            victim_status.snapshot_index > 0,
+            "the victim never installed a snapshot: {victim_status:?}"
+        );
+        // It caught up by snapshot installs (not only its own builds).
+        let installs = cluster.node(victim)?.log().matches("snapshot installed").count();
+        ensure!(installs > 0, "the victim never installed a snapshot");
+        println!(
+            "victim {victim}: {} acknowledged keys checked, {installs} snapshot installs, snapshot at {}",
+            acknowledged.len(),
+            victim_status.snapshot_index
+        );
+        Ok(())
+    })
+    .await
+}
