@@ -80,6 +80,15 @@ pub struct Args {
     /// Region size in MiB. Default 256.
     #[arg(long, env = "RDKV_REGION_MIB")]
     pub region_mib: Option<u64>,
+    /// Client connections (TCP and Unix socket together) served at once;
+    /// more are refused at the handshake with `Unavailable`. Default 1024.
+    #[arg(long, env = "RDKV_MAX_CLIENT_CONNECTIONS")]
+    pub max_client_connections: Option<u32>,
+    /// MiB of large requests (over 64 KiB each) the node holds at once,
+    /// across all connections; beyond it, connections are not read until
+    /// some are answered (backpressure). Default 256.
+    #[arg(long, env = "RDKV_MAX_IN_FLIGHT_MIB")]
+    pub max_in_flight_mib: Option<u32>,
     /// Grace period before a freed block is reused, ms. Default 250.
     #[arg(long, env = "RDKV_GRACE_PERIOD_MS")]
     pub grace_period_ms: Option<u64>,
@@ -121,6 +130,8 @@ struct FileConfig {
     token: Option<String>,
     insecure: Option<bool>,
     region_mib: Option<u64>,
+    max_client_connections: Option<u32>,
+    max_in_flight_mib: Option<u32>,
     grace_period_ms: Option<u64>,
     heartbeat_ms: Option<u64>,
     snapshot_entries: Option<u64>,
@@ -159,6 +170,8 @@ pub struct Config {
     pub snapshot_keep_entries: u64,
     pub log_format: LogFormat,
     pub fault_injection: bool,
+    pub max_client_connections: u32,
+    pub max_in_flight_mib: u32,
     /// `None`: the first device with an active port; `Some("off")`: no RDMA.
     pub rdma_device: Option<String>,
 }
@@ -282,6 +295,20 @@ impl Config {
         if !(1..=1024 * 1024).contains(&region_mib) {
             bail!("--region-mib must be between 1 and 1048576");
         }
+        let max_client_connections = args
+            .max_client_connections
+            .or(file.max_client_connections)
+            .unwrap_or(1024);
+        if !(1..=1_000_000).contains(&max_client_connections) {
+            bail!("--max-client-connections must be between 1 and 1000000");
+        }
+        let max_in_flight_mib = args
+            .max_in_flight_mib
+            .or(file.max_in_flight_mib)
+            .unwrap_or(256);
+        if !(1..=1024 * 1024).contains(&max_in_flight_mib) {
+            bail!("--max-in-flight-mib must be between 1 and 1048576");
+        }
         let grace_period_ms = args.grace_period_ms.or(file.grace_period_ms).unwrap_or(250);
         if grace_period_ms < MIN_GRACE_PERIOD_MS {
             bail!("--grace-period-ms must be at least {MIN_GRACE_PERIOD_MS}");
@@ -339,6 +366,8 @@ impl Config {
                 .unwrap_or(1000),
             log_format,
             fault_injection: args.fault_injection,
+            max_client_connections,
+            max_in_flight_mib,
             rdma_device: args
                 .rdma_device
                 .or(file.rdma_device)

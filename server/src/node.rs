@@ -294,6 +294,8 @@ impl Node {
                 limits,
                 endpoints,
                 fault_injection: config.fault_injection,
+                max_client_connections: config.max_client_connections,
+                max_in_flight_bytes: u64::from(config.max_in_flight_mib) * 1024 * 1024,
             },
             rdma,
         ));

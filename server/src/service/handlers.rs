@@ -50,7 +50,16 @@ pub struct HandlerSettings {
     pub endpoints: Endpoints,
     /// Accept `InjectFault` (fault tests only).
     pub fault_injection: bool,
+    /// Client connections served at once (TCP and Unix socket together).
+    pub max_client_connections: u32,
+    /// Bytes of large requests held at once, across connections.
+    pub max_in_flight_bytes: u64,
 }
+
+/// Requests up to this size do not take from the in-flight budget: a node
+/// at its budget still answers reads and small writes (each connection's
+/// credits bound those).
+pub const SMALL_REQUEST_BYTES: usize = 64 * 1024;
 
 #[derive(Debug)]
 pub struct Handler {
@@ -63,6 +72,12 @@ pub struct Handler {
     stats: RequestStats,
     fault_injection: bool,
     rdma: Arc<crate::rdma::RdmaState>,
+    /// One permit per client connection allowed.
+    connection_slots: Arc<tokio::sync::Semaphore>,
+    max_client_connections: u32,
+    /// One permit per KiB of large requests allowed in flight.
+    in_flight_kib: Arc<tokio::sync::Semaphore>,
+    max_in_flight_kib: u32,
 }
 
 type Reply = Result<Response, ErrorReply>;
@@ -97,7 +112,56 @@ impl Handler {
             stats: RequestStats::default(),
             fault_injection: settings.fault_injection,
             rdma,
+            connection_slots: Arc::new(tokio::sync::Semaphore::new(
+                settings.max_client_connections as usize,
+            )),
+            max_client_connections: settings.max_client_connections,
+            in_flight_kib: Arc::new(tokio::sync::Semaphore::new(
+                usize::try_from(settings.max_in_flight_bytes / 1024).unwrap_or(usize::MAX),
+            )),
+            max_in_flight_kib: u32::try_from(settings.max_in_flight_bytes / 1024)
+                .unwrap_or(u32::MAX),
         }
+    }
+
+    /// A slot for one more client connection, if the limit allows.
+    pub(super) fn connection_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        Arc::clone(&self.connection_slots).try_acquire_owned().ok()
+    }
+
+    pub fn max_client_connections(&self) -> u32 {
+        self.max_client_connections
+    }
+
+    /// Takes `payload_bytes` from the node's in-flight budget for a large
+    /// request (`None` for a small one), waiting while the budget is spent;
+    /// `waited` is set if it had to.
+    pub(super) async fn in_flight_permit(
+        &self,
+        payload_bytes: usize,
+        waited: &mut bool,
+    ) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if payload_bytes <= SMALL_REQUEST_BYTES {
+            return None;
+        }
+        let kib = u32::try_from(payload_bytes.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .min(self.max_in_flight_kib);
+        if let Ok(permit) = Arc::clone(&self.in_flight_kib).try_acquire_many_owned(kib) {
+            return Some(permit);
+        }
+        *waited = true;
+        Arc::clone(&self.in_flight_kib)
+            .acquire_many_owned(kib)
+            .await
+            .ok()
+    }
+
+    /// (budget, in use) of large in-flight requests, in bytes.
+    pub fn in_flight_bytes(&self) -> (u64, u64) {
+        let total = u64::from(self.max_in_flight_kib) * 1024;
+        let free = self.in_flight_kib.available_permits() as u64 * 1024;
+        (total, total.saturating_sub(free))
     }
 
     pub fn endpoints(&self) -> &Endpoints {

@@ -125,8 +125,25 @@ where
             bail!("bad handshake: {e}");
         }
     };
-    match accept_hello(&hello, &handler) {
-        Ok(version) => {
+    // The connection limit is checked after the token: an unauthenticated
+    // client learns nothing, not even that the node is full.
+    let decision =
+        accept_hello(&hello, &handler).and_then(|version| match handler.connection_slot() {
+            Some(slot) => Ok((version, slot)),
+            None => {
+                RequestStats::connection_refused(via);
+                Err(rejected(
+                    ErrorCode::Unavailable,
+                    format!(
+                        "too many client connections (limit {}); try again later",
+                        handler.max_client_connections()
+                    ),
+                ))
+            }
+        });
+    // Held for as long as the connection is served.
+    let _slot = match decision {
+        Ok((version, slot)) => {
             let accepted = ServerHello::Accepted {
                 version,
                 node_id: handler.node_id(),
@@ -136,6 +153,7 @@ where
             };
             writer.send(FrameKind::ServerHello, 0, &accepted).await?;
             reader.set_max_frame_bytes(limits.max_frame_bytes);
+            slot
         }
         Err(reply) => {
             if matches!(
@@ -154,7 +172,7 @@ where
             writer.send(FrameKind::ServerHello, 0, &reply).await?;
             bail!("handshake refused");
         }
-    }
+    };
 
     let handler_for_guard = Arc::clone(&handler);
     let _open = handler_for_guard.stats().connection(via);
@@ -284,6 +302,15 @@ async fn read_requests<R: AsyncRead + Unpin>(
             bail!("unexpected frame kind {:?}", frame.kind);
         }
         let request_id = frame.request_id;
+        // Large requests take from the node-wide budget before they are
+        // decoded; while it is spent this connection is not read further.
+        let mut waited = false;
+        let budget = handler
+            .in_flight_permit(frame.payload.len(), &mut waited)
+            .await;
+        if waited {
+            handler.stats().backpressure(via);
+        }
         let request = decode_payload::<Request>(&frame);
         let handler = Arc::clone(handler);
         let done = done.clone();
@@ -301,6 +328,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
             };
             let _ = done.send((request_id, response)).await;
             drop(permit);
+            drop(budget);
         });
     }
 }

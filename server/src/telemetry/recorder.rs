@@ -61,6 +61,9 @@ fn register_zeroes() {
     for transport in ["tcp", "unix"] {
         counter!("rdkv_backpressure_events_total", "transport" => transport).increment(0);
     }
+    for transport in ["tcp", "unix"] {
+        counter!("rdkv_connections_refused_total", "transport" => transport).increment(0);
+    }
     for path in ["client", "peer", "resp"] {
         counter!("rdkv_auth_failures_total", "path" => path).increment(0);
     }
@@ -90,6 +93,10 @@ fn describe() {
     describe_counter!(
         "rdkv_backpressure_events_total",
         "Times a connection used all its credits and the server stopped reading it until one came back."
+    );
+    describe_counter!(
+        "rdkv_connections_refused_total",
+        "Client connections refused because the node was at --max-client-connections."
     );
     describe_counter!(
         "rdkv_auth_failures_total",

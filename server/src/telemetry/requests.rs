@@ -183,6 +183,11 @@ impl RequestStats {
         counter!("rdkv_backpressure_events_total", "transport" => via.name()).increment(1);
     }
 
+    /// A client connection refused because the node is at its limit.
+    pub fn connection_refused(via: Via) {
+        counter!("rdkv_connections_refused_total", "transport" => via.name()).increment(1);
+    }
+
     pub fn auth_failure(path: &'static str) {
         counter!("rdkv_auth_failures_total", "path" => path).increment(1);
     }

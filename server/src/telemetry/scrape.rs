@@ -106,8 +106,15 @@ pub fn render(handler: &Handler) -> String {
     for (transport, n) in [("tcp", open.tcp), ("unix", open.unix), ("resp", open.resp)] {
         gauge!("rdkv_open_connections", "transport" => transport).set(n as f64);
     }
+    let (in_flight_budget_bytes, in_flight_bytes) = handler.in_flight_bytes();
+    set("rdkv_in_flight_large_request_bytes", in_flight_bytes);
     let limits = handler.limits();
     for (name, value) in [
+        (
+            "max_client_connections",
+            u64::from(handler.max_client_connections()),
+        ),
+        ("max_in_flight_bytes", in_flight_budget_bytes),
         ("max_key_bytes", u64::from(limits.max_key_bytes)),
         ("max_value_bytes", u64::from(limits.max_value_bytes)),
         ("max_batch_keys", u64::from(limits.max_batch_keys)),
