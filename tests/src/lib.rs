@@ -87,6 +87,8 @@ pub struct NodeProc {
     pub extra_args: Vec<String>,
     /// The network namespace the node runs in (fault tests), if any.
     pub netns: Option<String>,
+    /// Extra environment for the next start (e.g. `RDKV_FAILPOINTS`).
+    pub env: Vec<(String, String)>,
     child: Option<Child>,
 }
 
@@ -105,6 +107,7 @@ impl NodeProc {
             log_path: root.join(format!("node-{id}.log")),
             extra_args: Vec::new(),
             netns: None,
+            env: Vec::new(),
             child: None,
         }
     }
@@ -123,13 +126,18 @@ impl NodeProc {
             log_path: root.join(format!("node-{id}.log")),
             extra_args: Vec::new(),
             netns: Some(netns),
+            env: Vec::new(),
             child: None,
         }
     }
 
     pub fn start(&mut self, cluster_args: &[String]) -> Result<()> {
-        if self.child.is_some() {
-            bail!("node {} is already running", self.id);
+        if let Some(child) = self.child.as_mut() {
+            if matches!(child.try_wait(), Ok(None)) {
+                bail!("node {} is already running", self.id);
+            }
+            // It exited on its own (a crash, a failpoint): start afresh.
+            self.child = None;
         }
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -164,6 +172,7 @@ impl NodeProc {
             .args(cluster_args)
             .args(&self.extra_args)
             .env("RUST_LOG", "info,openraft=warn")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -381,6 +390,11 @@ impl Cluster {
 
     /// Starts a new node that joins through `seed`'s client address.
     pub fn join(&mut self, id: u64, seed: u64) -> Result<()> {
+        self.join_with_env(id, seed, &[])
+    }
+
+    /// [`Cluster::join`] with extra environment for the new node's first start.
+    pub fn join_with_env(&mut self, id: u64, seed: u64, env: &[(&str, &str)]) -> Result<()> {
         let seed_addr = self.node(seed)?.client_addr.to_string();
         let mut node = match &mut self.lab {
             Some(lab) => {
@@ -390,6 +404,10 @@ impl Cluster {
             None => NodeProc::new(id, self.root.path()),
         };
         node.extra_args = self.extra_args.clone();
+        node.env = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
         node.start(&["--join".to_owned(), seed_addr])?;
         self.nodes.insert(id, node);
         Ok(())

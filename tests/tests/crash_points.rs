@@ -130,3 +130,138 @@ async fn killed_during_snapshot_install_and_purge_loses_nothing() -> Result<()> 
     })
     .await
 }
+
+/// Waits until node `id` is gone (it aborted at its failpoint).
+async fn wait_exit(cluster: &mut Cluster, id: u64, what: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.node_mut(id)?.is_running() {
+        ensure!(Instant::now() < deadline, "node {id} never reached {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+/// Checks that node `id` applies past `last` and holds every acknowledged
+/// pair (read from its own region by RPC).
+async fn holds_everything(
+    cluster: &Cluster,
+    id: u64,
+    last: u64,
+    acknowledged: &[(String, String)],
+) -> Result<()> {
+    let node = rpc_client(cluster, id)?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = node.status().await;
+        if status.as_ref().is_ok_and(|s| s.applied_index >= last) {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "node {id} never caught up to {last}: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let level = Consistency::Follower {
+        max_lag_entries: u64::MAX,
+    };
+    for (key, value) in acknowledged {
+        let got = node.get_with(key.clone(), level).await?;
+        ensure!(
+            got.as_ref().is_some_and(|v| v.value == value.as_bytes()),
+            "node {id}: {key} lost or stale"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashes_inside_a_log_purge_and_a_snapshot_install_lose_nothing() -> Result<()> {
+    let mut cluster = Cluster::start_with(
+        3,
+        &["--snapshot-entries", "20", "--snapshot-keep-entries", "0"],
+    )?;
+    check(&mut cluster, Duration::from_secs(120), async |cluster| {
+        let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+        let victim = (1..=3).find(|&id| id != leader).context("a follower")?;
+        let writer = Client::new(
+            &(1..=3)
+                .map(|id| Ok(cluster.node(id)?.client_addr.to_string()))
+                .collect::<Result<Vec<_>>>()?,
+            ClientOptions {
+                request_timeout: Duration::from_secs(10),
+                ..ClientOptions::default()
+            },
+        )?;
+        let mut acknowledged = Vec::new();
+        let mut n = 0;
+        let mut write =
+            async |count: usize, acknowledged: &mut Vec<(String, String)>| -> Result<u64> {
+                let mut last = 0;
+                for _ in 0..count {
+                    n += 1;
+                    let key = format!("k{n}");
+                    let value = format!("v{n}");
+                    last = writer.put(key.clone(), value.clone()).await?;
+                    acknowledged.push((key, value));
+                }
+                Ok(last)
+            };
+
+        // 1. A follower dies right after making a purge point durable, with
+        //    the purged segments still on disk; restarted, it recovers.
+        cluster.node_mut(victim)?.kill();
+        cluster.node_mut(victim)?.env =
+            vec![("RDKV_FAILPOINTS".into(), "log-purge-after-meta".into())];
+        cluster.restart(victim)?;
+        let mut last = write(30, &mut acknowledged).await?;
+        while cluster.node_mut(victim)?.is_running() {
+            last = write(10, &mut acknowledged).await?;
+            ensure!(acknowledged.len() < 2000, "node {victim} never purged");
+        }
+        wait_exit(cluster, victim, "the purge failpoint").await?;
+        ensure!(
+            cluster
+                .node(victim)?
+                .log()
+                .contains("failpoint log-purge-after-meta"),
+            "node {victim} stopped, but not at the failpoint"
+        );
+        cluster.node_mut(victim)?.env.clear();
+        cluster.restart(victim)?;
+        last = last.max(write(20, &mut acknowledged).await?);
+        holds_everything(cluster, victim, last, &acknowledged).await?;
+
+        // 2. A new member dies right after persisting the snapshot it was
+        //    sent, before swapping its region; restarted, it catches up.
+        cluster.join_with_env(
+            4,
+            leader,
+            &[("RDKV_FAILPOINTS", "snapshot-install-after-persist")],
+        )?;
+        wait_exit(cluster, 4, "the install failpoint").await?;
+        ensure!(
+            cluster
+                .node(4)?
+                .log()
+                .contains("failpoint snapshot-install-after-persist"),
+            "node 4 stopped, but not at the failpoint"
+        );
+        cluster.node_mut(4)?.env.clear();
+        let seed_addr = cluster.node(leader)?.client_addr.to_string();
+        cluster
+            .node_mut(4)?
+            .start(&["--join".to_owned(), seed_addr])?;
+        last = last.max(write(20, &mut acknowledged).await?);
+        holds_everything(cluster, 4, last, &acknowledged).await?;
+        for id in 1..=3 {
+            holds_everything(cluster, id, last, &acknowledged).await?;
+        }
+        println!(
+            "{} acknowledged writes on every node after both crashes",
+            acknowledged.len()
+        );
+        Ok(())
+    })
+    .await
+}

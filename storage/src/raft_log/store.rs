@@ -546,6 +546,7 @@ impl Shared {
         };
         // The purge point is durable before any file goes.
         format::write_meta(&self.dir, &self.dir_file, &meta)?;
+        crate::failpoint::hit(crate::failpoint::LOG_PURGE_AFTER_META);
         inner.meta = meta;
         inner.drop_through(log_id.index);
         self.remove_purged_segments(&mut inner)

@@ -460,6 +460,7 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
         }
         let _persisting = self.shared.persist_lock.lock().await;
         self.persist(meta, &snapshot).await?;
+        crate::failpoint::hit(crate::failpoint::SNAPSHOT_INSTALL_AFTER_PERSIST);
         let reader = writer
             .reader(ReaderOptions::for_layout(writer.layout()))
             .map_err(StateMachineError::from)?;
