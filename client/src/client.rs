@@ -696,17 +696,21 @@ impl Client {
             .map(|(_, response)| response)
     }
 
+    /// The pool slot holding the channel to the node at `addr` (created
+    /// empty on first use).
+    fn slot(&self, addr: &str) -> Slot {
+        let mut pool = self
+            .inner
+            .pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(pool.entry(addr.to_owned()).or_default())
+    }
+
     /// Routes requests for the node at client address `addr` through its
     /// local Unix socket from now on (until that connection breaks; then TCP).
     pub(crate) async fn use_unix_socket(&self, addr: &str, path: &Path) -> Result<()> {
-        let slot: Slot = {
-            let mut pool = self
-                .inner
-                .pool
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            Arc::clone(pool.entry(addr.to_owned()).or_default())
-        };
+        let slot = self.slot(addr);
         let deadline = Instant::now() + self.inner.options.connect_timeout;
         let conn = Connection::open_unix(path, addr, &self.inner.hello, deadline).await?;
         *slot.lock().await = Some(Arc::new(conn));
@@ -717,14 +721,7 @@ impl Client {
     /// `channel` (an RDMA session) until it breaks; then TCP again.
     #[cfg(feature = "rdma")]
     pub(crate) async fn use_channel(&self, addr: &str, channel: Arc<dyn RpcChannel>) {
-        let slot: Slot = {
-            let mut pool = self
-                .inner
-                .pool
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            Arc::clone(pool.entry(addr.to_owned()).or_default())
-        };
+        let slot = self.slot(addr);
         *slot.lock().await = Some(channel);
     }
 
@@ -738,14 +735,7 @@ impl Client {
 
     /// Returns the connection to `addr`, opening it if needed.
     async fn connection(&self, addr: &str, deadline: Instant) -> Result<Arc<dyn RpcChannel>> {
-        let slot: Slot = {
-            let mut pool = self
-                .inner
-                .pool
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            Arc::clone(pool.entry(addr.to_owned()).or_default())
-        };
+        let slot = self.slot(addr);
         let connect_deadline = deadline.min(Instant::now() + self.inner.options.connect_timeout);
         let timed_out = || Error::Connect {
             addr: addr.to_owned(),

@@ -554,6 +554,22 @@ impl Cluster {
         Ok(client.status_of(&endpoint).await?)
     }
 
+    /// Waits until node `id` has applied `index`, asking it directly (a node
+    /// that is restarting and cannot answer yet is asked again).
+    pub async fn wait_applied(&self, id: u64, index: u64, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let status = self.status_of(id).await;
+            if status.as_ref().is_ok_and(|s| s.applied_index >= index) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("node {id} never applied {index} within {timeout:?}: {status:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Fails if any node's log shows a panic.
     pub fn check_no_panics(&self) -> Result<()> {
         for node in self.nodes.values() {

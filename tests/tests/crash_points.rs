@@ -88,30 +88,7 @@ async fn killed_during_snapshot_install_and_purge_loses_nothing() -> Result<()> 
         // Every node, the victim included, holds every acknowledged write,
         // read from its own region by RPC.
         for id in 1..=3 {
-            let node = rpc_client(cluster, id)?;
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                let status = node.status().await;
-                if status.as_ref().is_ok_and(|s| s.applied_index >= last) {
-                    break;
-                }
-                ensure!(
-                    Instant::now() < deadline,
-                    "node {id} never caught up to {last}: {status:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            let level = Consistency::Follower {
-                max_lag_entries: u64::MAX,
-            };
-            for (key, value) in &acknowledged {
-                let got = node.get_with(key.clone(), level).await?;
-                ensure!(
-                    got.as_ref().is_some_and(|v| v.value == value.as_bytes()),
-                    "node {id}: {key} lost or stale: {:?}",
-                    got.map(|v| v.version)
-                );
-            }
+            holds_everything(cluster, id, last, &acknowledged).await?;
         }
         let victim_status = rpc_client(cluster, victim)?.status().await?;
         ensure!(
@@ -149,19 +126,10 @@ async fn holds_everything(
     last: u64,
     acknowledged: &[(String, String)],
 ) -> Result<()> {
+    cluster
+        .wait_applied(id, last, Duration::from_secs(30))
+        .await?;
     let node = rpc_client(cluster, id)?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let status = node.status().await;
-        if status.as_ref().is_ok_and(|s| s.applied_index >= last) {
-            break;
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "node {id} never caught up to {last}: {status:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
     let level = Consistency::Follower {
         max_lag_entries: u64::MAX,
     };

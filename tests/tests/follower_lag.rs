@@ -6,7 +6,7 @@
 //! value: the lag check is what keeps the stale replica out.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use rdkv_client::{Client, ClientOptions, Consistency};
@@ -30,20 +30,6 @@ fn client_of_leader(cluster: &Cluster, leader: u64) -> Result<Client> {
     )?)
 }
 
-async fn wait_applied(cluster: &Cluster, id: u64, index: u64) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let applied = cluster.client_of(id).await?.status().await?.applied_index;
-        if applied >= index {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("node {id} applied only {applied} of {index}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follower_reads_respect_max_lag() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
@@ -65,7 +51,9 @@ async fn follower_reads_respect_max_lag() -> Result<()> {
         let first = writer.put("k", "v-0").await?;
         written.insert(first, "v-0".to_owned());
         for id in cluster.nodes.keys() {
-            wait_applied(&cluster, *id, first).await?;
+            cluster
+                .wait_applied(*id, first, Duration::from_secs(10))
+                .await?;
         }
         // Both readers learn the topology and map all three regions now,
         // while every node answers.
@@ -167,7 +155,9 @@ async fn follower_reads_respect_max_lag() -> Result<()> {
         // Thawed, the follower catches up and bounded reads stay fresh.
         cluster.node_mut(follower)?.resume()?;
         paused = None;
-        wait_applied(&cluster, follower, latest).await?;
+        cluster
+            .wait_applied(follower, latest, Duration::from_secs(10))
+            .await?;
         for _ in 0..30 {
             check_bounded(latest, &written, &mut oldest_gap).await?;
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{Result, bail, ensure};
 use bytes::Bytes;
 use rdkv_client::{Client, ClientOptions, Consistency, Transport};
-use rdkv_tests::Cluster;
+use rdkv_tests::{Cluster, check};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -177,7 +177,7 @@ async fn a_single_idle_node_keeps_serving_lease_reads_one_sided() -> Result<()> 
     // A sole voter is its own quorum: its lease must not lapse while it is
     // idle (no writes refresh its quorum acknowledgement).
     let mut cluster = Cluster::start(1)?;
-    let result = async {
+    check(&mut cluster, Duration::from_secs(60), async |cluster| {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
         let writer = cluster.client().await?;
         writer.put("idle", "1").await?;
@@ -196,10 +196,6 @@ async fn a_single_idle_node_keeps_serving_lease_reads_one_sided() -> Result<()> 
         let stats = shm.one_sided_stats().await;
         ensure!(stats.served == 20 && stats.lease_refusals == 0, "{stats:?}");
         Ok(())
-    }
-    .await;
-    if result.is_err() {
-        eprintln!("{}", cluster.logs());
-    }
-    result
+    })
+    .await
 }

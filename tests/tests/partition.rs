@@ -88,18 +88,9 @@ async fn an_isolated_leader_is_replaced_and_the_cluster_converges() -> Result<()
         let last = writer.put("after", "1").await?;
         for id in 1..=3 {
             let node = client_of(cluster, &[id])?;
-            let deadline = Instant::now() + Duration::from_secs(20);
-            loop {
-                let status = node.status().await;
-                if status.as_ref().is_ok_and(|s| s.applied_index >= last) {
-                    break;
-                }
-                ensure!(
-                    Instant::now() < deadline,
-                    "node {id} never caught up: {status:?}"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            cluster
+                .wait_applied(id, last, Duration::from_secs(20))
+                .await?;
             let level = Consistency::Follower {
                 max_lag_entries: u64::MAX,
             };

@@ -95,14 +95,9 @@ async fn scans_are_ordered_and_consistent_on_every_node() -> Result<()> {
         // applied the last write.
         for id in 1..=3 {
             let node = cluster.client_of(id).await?;
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-            while node.status().await?.applied_index < last_write {
-                ensure!(
-                    tokio::time::Instant::now() < deadline,
-                    "node {id} never caught up"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            cluster
+                .wait_applied(id, last_write, Duration::from_secs(10))
+                .await?;
             let level = Consistency::Follower {
                 max_lag_entries: u64::MAX,
             };
