@@ -96,6 +96,28 @@ fn raft_config(config: &Config) -> Result<openraft::Config> {
     raft.validate().context("raft configuration")
 }
 
+/// How long ago a quorum last acknowledged this node as leader (`None`: it
+/// does not lead, or has not been acknowledged yet, just elected).
+///
+/// A sole voter is its own quorum, always current: no other node can be
+/// elected unless this leader first appends a configuration with more
+/// voters, and from that moment the quorum rule applies. (openraft refreshes
+/// a sole voter's acknowledgement only on writes, so an idle single node
+/// would otherwise look cut off.) The lease, `/health` and follower reads
+/// all judge leadership by this one answer.
+pub(crate) fn quorum_ack_age(
+    metrics: &openraft::RaftMetrics<rdkv_storage::raft::TypeConfig>,
+) -> Option<Duration> {
+    if metrics.state != ServerState::Leader {
+        return None;
+    }
+    if metrics.membership_config.membership().voter_ids().count() == 1 {
+        return Some(Duration::ZERO);
+    }
+    let acked = metrics.last_quorum_acked.as_ref()?;
+    Some(openraft::Instant::elapsed(&**acked))
+}
+
 /// The unix-µs deadline of the leader's lease, if this node leads: the last
 /// instant a quorum acknowledged it, plus the minimum election timeout (no
 /// follower votes for another candidate before that has passed).
@@ -103,9 +125,6 @@ fn lease_deadline_us(
     metrics: &openraft::RaftMetrics<rdkv_storage::raft::TypeConfig>,
     election_timeout_min_ms: u64,
 ) -> Option<u64> {
-    if metrics.state != ServerState::Leader {
-        return None;
-    }
     // A new leader's region may still lack entries its predecessor
     // committed: it serves one-sided reads only once it has applied an entry
     // of its own term (its first blank entry), as openraft's own lease reads
@@ -114,18 +133,8 @@ fn lease_deadline_us(
     if applied_term != Some(metrics.current_term) {
         return None;
     }
+    let age = quorum_ack_age(metrics)?;
     let now_us = rdkv_storage::state_machine::unix_now_us();
-    // A sole voter is its own quorum: no other node can be elected unless
-    // this leader first appends a configuration with more voters, and from
-    // that moment the rule below applies. (Its quorum-ack time is only
-    // refreshed by writes, so an idle single node would otherwise lose its
-    // lease.)
-    let voters = metrics.membership_config.membership().voter_ids().count();
-    if voters == 1 {
-        return Some(now_us + election_timeout_min_ms * 1000);
-    }
-    let acked = metrics.last_quorum_acked.as_ref()?;
-    let age = openraft::Instant::elapsed(&**acked);
     let acked_us = now_us.saturating_sub(u64::try_from(age.as_micros()).unwrap_or(u64::MAX));
     Some(acked_us + election_timeout_min_ms * 1000)
 }

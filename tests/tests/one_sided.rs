@@ -195,6 +195,18 @@ async fn a_single_idle_node_keeps_serving_lease_reads_one_sided() -> Result<()> 
         }
         let stats = shm.one_sided_stats().await;
         ensure!(stats.served == 20 && stats.lease_refusals == 0, "{stats:?}");
+        // Follower reads by RPC are served too: the idle leader's view of
+        // the commit index is current.
+        let tcp = cluster.client_with(ClientOptions {
+            transport: Transport::Tcp,
+            request_timeout: Duration::from_secs(3),
+            max_attempts: 1,
+            ..ClientOptions::default()
+        })?;
+        let got = tcp
+            .get_with("idle", Consistency::Follower { max_lag_entries: 0 })
+            .await?;
+        ensure!(got.is_some_and(|v| v.value == "1"), "wrong value");
         Ok(())
     })
     .await

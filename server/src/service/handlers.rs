@@ -390,15 +390,7 @@ impl Handler {
                 // unbounded staleness.
                 let freshness = Duration::from_millis(self.raft.config().election_timeout_min);
                 let contact = if metrics.state == openraft::ServerState::Leader {
-                    metrics
-                        .last_quorum_acked
-                        .as_ref()
-                        .map(|acked| openraft::Instant::elapsed(&**acked))
-                        .or_else(|| {
-                            // A single voter is its own quorum.
-                            (metrics.membership_config.membership().voter_ids().count() <= 1)
-                                .then_some(Duration::ZERO)
-                        })
+                    crate::node::quorum_ack_age(&metrics)
                 } else {
                     self.peers.since_leader_contact()
                 };

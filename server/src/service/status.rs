@@ -5,6 +5,7 @@ use openraft::async_runtime::WatchReceiver;
 use rdkv_proto::wire::{Health, NodeStatus, RegionFill, ReplicationLag, Role};
 
 use super::Handler;
+use crate::node::quorum_ack_age;
 
 /// A node that has applied everything but this many committed entries is
 /// healthy; more means it is falling behind.
@@ -85,7 +86,6 @@ impl Handler {
     pub fn health(&self) -> Health {
         let metrics = self.raft().metrics().borrow_watched().clone();
         let quorum_contact_bound_ms = self.raft().config().election_timeout_max;
-        let voters = metrics.membership_config.membership().voter_ids().count();
         let reason = if let Err(e) = &metrics.running_state {
             format!("raft stopped: {e}")
         } else if metrics.current_leader.is_none() {
@@ -93,8 +93,9 @@ impl Handler {
                 "no leader known (term {}, role {:?})",
                 metrics.current_term, metrics.state
             )
-        } else if let Some(silent_ms) =
-            leader_silence_ms(&metrics, voters).filter(|&ms| ms > quorum_contact_bound_ms)
+        } else if let Some(silent_ms) = quorum_ack_age(&metrics)
+            .map(|age| u64::try_from(age.as_millis()).unwrap_or(u64::MAX))
+            .filter(|&ms| ms > quorum_contact_bound_ms)
         {
             format!(
                 "leading without a quorum's acknowledgement for {silent_ms} ms \
@@ -117,21 +118,4 @@ impl Handler {
             reason,
         }
     }
-}
-
-/// How long a leader of a multi-voter cluster has gone without a quorum's
-/// acknowledgement (`None` when not leading, or alone: a single voter is
-/// its own quorum).
-fn leader_silence_ms(
-    metrics: &openraft::RaftMetrics<rdkv_storage::raft::TypeConfig>,
-    voters: usize,
-) -> Option<u64> {
-    if metrics.state != ServerState::Leader || voters <= 1 {
-        return None;
-    }
-    // Not yet acknowledged: just elected (the first heartbeat is on its
-    // way), so not reported as silent.
-    let acked = metrics.last_quorum_acked.as_ref()?;
-    let age = openraft::Instant::elapsed(&**acked);
-    Some(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))
 }
