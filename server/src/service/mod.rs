@@ -174,8 +174,7 @@ where
         }
     };
 
-    let handler_for_guard = Arc::clone(&handler);
-    let _open = handler_for_guard.stats().connection(via);
+    let _open = handler.stats().connection(via);
     let credits = Arc::new(Semaphore::new(MAX_IN_FLIGHT as usize));
     let (done_tx, mut done_rx) = mpsc::channel::<(u64, Response)>(MAX_IN_FLIGHT as usize);
     let write_task = tokio::spawn(async move {
