@@ -1,8 +1,10 @@
 //! Test harness: builds and starts real `rdkv-server` processes on loopback,
 //! each with its own data directory, and kills, restarts and stops them.
 //!
-//! Every node gets its own 127.0.0.x address (x = 10 + node id) with ports
-//! chosen per test run, so concurrent tests do not collide.
+//! Every node gets its own loopback address, 127.0.k.x (k: one per cluster
+//! of this test process, x = 10 + node id), with ports chosen per test run.
+//! A cluster's addresses are its own, so a port a killed node frees cannot
+//! be taken by another test's node before it restarts.
 
 pub mod history;
 pub mod linearizability;
@@ -93,8 +95,8 @@ pub struct NodeProc {
 }
 
 impl NodeProc {
-    fn new(id: u64, root: &Path) -> NodeProc {
-        let ip = format!("127.0.0.{}", 10 + id);
+    fn new(id: u64, root: &Path, subnet: u8) -> NodeProc {
+        let ip = format!("127.0.{subnet}.{}", 10 + id);
         let addr = |port: u16| SocketAddr::new(ip.parse().expect("loopback ip"), port);
         let [client, peer, http, resp] = free_ports(&ip);
         NodeProc {
@@ -248,11 +250,15 @@ impl Cluster {
     /// Like [`Cluster::start`], with extra `rdkv-server` flags for every node
     /// (also used when a node is restarted or joins).
     pub fn start_with(n: u64, extra_args: &[&str]) -> Result<Cluster> {
+        static NEXT_SUBNET: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let subnet =
+            u8::try_from(NEXT_SUBNET.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 250 + 1)
+                .unwrap_or(1);
         let root = tempfile::tempdir()?;
         let extra: Vec<String> = extra_args.iter().map(|a| (*a).to_owned()).collect();
         let nodes: BTreeMap<u64, NodeProc> = (1..=n)
             .map(|id| {
-                let mut node = NodeProc::new(id, root.path());
+                let mut node = NodeProc::new(id, root.path(), subnet);
                 node.extra_args = extra.clone();
                 (id, node)
             })
@@ -401,7 +407,19 @@ impl Cluster {
                 lab.add_node(id)?;
                 NodeProc::in_namespace(id, self.root.path(), lab.node_ip(id), lab.namespace(id))
             }
-            None => NodeProc::new(id, self.root.path()),
+            None => {
+                // Beside the cluster's other nodes (node 1's address, this id).
+                let subnet = self
+                    .nodes
+                    .values()
+                    .next()
+                    .and_then(|n| match n.client_addr.ip() {
+                        std::net::IpAddr::V4(ip) => Some(ip.octets()[2]),
+                        std::net::IpAddr::V6(_) => None,
+                    })
+                    .unwrap_or(1);
+                NodeProc::new(id, self.root.path(), subnet)
+            }
         };
         node.extra_args = self.extra_args.clone();
         node.env = env
