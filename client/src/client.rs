@@ -223,6 +223,32 @@ impl Client {
         &self.inner.options
     }
 
+    // ---- the one entry point ---------------------------------------------
+
+    /// Sends one native request where its kind must go: reads by their
+    /// consistency (a GET or MGET tries the one-sided path first), writes and
+    /// membership changes to the leader, status-like requests to any node;
+    /// with the retries and redirects described on [`Client`]. An error reply
+    /// comes back as [`Error::Server`]. The typed methods below wrap it.
+    pub async fn send(&self, request: Request) -> Result<Response> {
+        let response = match request {
+            Request::Get { key, consistency } => {
+                Response::Value(self.get_with(key, consistency).await?)
+            }
+            Request::MGet { keys, consistency } => {
+                Response::Values(self.mget_with(keys, consistency).await?)
+            }
+            other => {
+                let (route, idempotence) = route_of(&other);
+                self.request(other, route, idempotence).await?
+            }
+        };
+        match response {
+            Response::Error(reply) => Err(Error::Server(reply)),
+            ok => Ok(ok),
+        }
+    }
+
     // ---- key-value ---------------------------------------------------------
 
     /// Reads `key` with the default consistency (`None`: absent).
@@ -1005,6 +1031,35 @@ impl Client {
         let wake = (Instant::now() + *backoff).min(deadline);
         sleep_until(wake).await;
         *backoff = (*backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// Where a request of this kind may be served, and whether repeating it after
+/// an unknown outcome is harmless.
+fn route_of(request: &Request) -> (Route, Idempotence) {
+    match request {
+        Request::Get { consistency, .. }
+        | Request::MGet { consistency, .. }
+        | Request::Scan { consistency, .. } => (read_route(*consistency), Idempotence::Read),
+        Request::Ping
+        | Request::Status
+        | Request::Health
+        | Request::Members
+        | Request::SnapshotRead { .. }
+        | Request::ReportReads(_)
+        | Request::RdmaRegion => (Route::AnyPreferLeader, Idempotence::Read),
+        Request::Put { .. }
+        | Request::Delete { .. }
+        | Request::Cas { .. }
+        | Request::MPut { .. }
+        | Request::Update { .. }
+        | Request::Clear
+        | Request::AddMember { .. }
+        | Request::PromoteMember { .. }
+        | Request::RemoveMember { .. }
+        | Request::MoveLeader { .. }
+        | Request::InjectFault(_)
+        | Request::RdmaConnect { .. } => (Route::Leader, Idempotence::Write),
     }
 }
 

@@ -25,9 +25,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use rdkv_fabric::clock::unix_now_us;
 use rdkv_fabric::{
     Clock, IndexCache, MonotonicClock, ReadError, ReadStats, ReaderOptions, RegionReader,
     attach_shm,
@@ -152,31 +153,6 @@ pub(crate) struct OneSided {
     use_cache: bool,
 }
 
-fn unix_now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-}
-
-/// What happened since `before` (counters only grow between reports).
-fn stats_since(now: ReadStats, before: ReadStats) -> ReadStats {
-    ReadStats {
-        reads: now.reads.saturating_sub(before.reads),
-        hits: now.hits.saturating_sub(before.hits),
-        misses: now.misses.saturating_sub(before.misses),
-        retries_slot: now.retries_slot.saturating_sub(before.retries_slot),
-        retries_block: now.retries_block.saturating_sub(before.retries_block),
-        retries_invalidated: now
-            .retries_invalidated
-            .saturating_sub(before.retries_invalidated),
-        retries_moved: now.retries_moved.saturating_sub(before.retries_moved),
-        retries_slow: now.retries_slow.saturating_sub(before.retries_slow),
-        exhausted: now.exhausted.saturating_sub(before.exhausted),
-        cache_hits: now.cache_hits.saturating_sub(before.cache_hits),
-        cache_misses: now.cache_misses.saturating_sub(before.cache_misses),
-    }
-}
-
 fn report_of(stats: ReadStats) -> ReadReport {
     ReadReport {
         reads: stats.reads,
@@ -191,20 +167,6 @@ fn report_of(stats: ReadStats) -> ReadReport {
         lease_refusals: 0,
         lag_refusals: 0,
     }
-}
-
-fn add_stats(total: &mut ReadStats, s: ReadStats) {
-    total.reads += s.reads;
-    total.hits += s.hits;
-    total.misses += s.misses;
-    total.retries_slot += s.retries_slot;
-    total.retries_block += s.retries_block;
-    total.retries_invalidated += s.retries_invalidated;
-    total.retries_moved += s.retries_moved;
-    total.retries_slow += s.retries_slow;
-    total.exhausted += s.exhausted;
-    total.cache_hits += s.cache_hits;
-    total.cache_misses += s.cache_misses;
 }
 
 /// Best effort: a report that cannot be delivered is dropped (metrics, not data).
@@ -240,7 +202,7 @@ impl OneSided {
         let topology = self.topology.lock().await;
         let mut reads = topology.retired_stats;
         for reader in topology.nodes.values().filter_map(|n| n.reader.as_ref()) {
-            add_stats(&mut reads, reader.stats());
+            reads = reads.plus(reader.stats());
         }
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         OneSidedStats {
@@ -285,9 +247,9 @@ impl OneSided {
             }
             if let Some(old) = node.reader.take() {
                 let old_stats = old.stats();
-                add_stats(&mut node.unreported, stats_since(old_stats, node.reported));
+                node.unreported = node.unreported.plus(old_stats.since(node.reported));
                 node.reported = ReadStats::default();
-                add_stats(&mut topology.retired_stats, old_stats);
+                topology.retired_stats = topology.retired_stats.plus(old_stats);
             }
             #[cfg(feature = "rdma")]
             {
@@ -364,7 +326,7 @@ impl OneSided {
             let mut delta = std::mem::take(&mut node.unreported);
             if let Some(reader) = &node.reader {
                 let now = reader.stats();
-                add_stats(&mut delta, stats_since(now, node.reported));
+                delta = delta.plus(now.since(node.reported));
                 node.reported = now;
             }
             let mut report = report_of(delta);

@@ -3,7 +3,7 @@
 
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 pub trait Clock: Send + Sync + Debug {
     fn now_us(&self) -> u64;
@@ -50,4 +50,13 @@ impl Clock for ManualClock {
     fn now_us(&self) -> u64 {
         self.now_us.load(Ordering::SeqCst)
     }
+}
+
+/// Wall-clock microseconds since the unix epoch (0 if the clock is before it).
+/// The one reader of the wall clock for leases and apply stamps: every crate
+/// that compares against a region header's unix-microsecond fields uses it.
+pub fn unix_now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }

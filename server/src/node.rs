@@ -134,7 +134,7 @@ fn lease_deadline_us(
         return None;
     }
     let age = quorum_ack_age(metrics)?;
-    let now_us = rdkv_storage::state_machine::unix_now_us();
+    let now_us = rdkv_fabric::clock::unix_now_us();
     let acked_us = now_us.saturating_sub(u64::try_from(age.as_micros()).unwrap_or(u64::MAX));
     Some(acked_us + election_timeout_min_ms * 1000)
 }

@@ -12,16 +12,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use bytes::Bytes;
 use rdkv_client::{ClientOptions, Consistency, Transport};
+use rdkv_fabric::clock::unix_now_us;
 use rdkv_fabric::{MonotonicClock, ReaderOptions, RegionReader, attach_shm};
 use rdkv_tests::{Cluster, check};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
-
-fn unix_now_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_reads_never_return_a_deposed_leaders_value() -> Result<()> {

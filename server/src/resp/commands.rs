@@ -53,51 +53,10 @@ impl Forwarder {
 
     async fn forward(&self, endpoints: Vec<String>, request: Request) -> Result<Response, Reply> {
         let client = self.client(endpoints)?;
-        let failed = |e: rdkv_client::Error| match e {
+        client.send(request).await.map_err(|e| match e {
             rdkv_client::Error::Server(reply) => error_reply(&reply),
             other => Reply::err(other.to_string()),
-        };
-        match request {
-            Request::Get { key, consistency } => client
-                .get_with(key, consistency)
-                .await
-                .map(Response::Value)
-                .map_err(failed),
-            Request::MGet { keys, consistency } => client
-                .mget_with(keys, consistency)
-                .await
-                .map(Response::Values)
-                .map_err(failed),
-            Request::Put { key, value } => client
-                .put(key, value)
-                .await
-                .map(|version| Response::Written { version })
-                .map_err(failed),
-            Request::Delete { key } => client
-                .delete(key)
-                .await
-                .map(|d| Response::Deleted {
-                    existed: d.existed,
-                    version: d.version,
-                })
-                .map_err(failed),
-            Request::MPut { pairs } => client
-                .mput(pairs)
-                .await
-                .map(|version| Response::MWritten { version })
-                .map_err(failed),
-            Request::Update { key, update } => client
-                .update(key, update)
-                .await
-                .map(Response::Updated)
-                .map_err(failed),
-            Request::Clear => client
-                .clear()
-                .await
-                .map(|(removed, version)| Response::Cleared { removed, version })
-                .map_err(failed),
-            other => Err(Reply::err(format!("cannot forward {other:?}"))),
-        }
+        })
     }
 }
 

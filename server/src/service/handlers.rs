@@ -762,7 +762,7 @@ impl Handler {
         // the new term: no lease reads from here until an election timeout
         // after the transfer could have completed.
         let hold_ms = self.raft.config().election_timeout_max * 2;
-        let until_us = rdkv_storage::state_machine::unix_now_us() + hold_ms * 1000;
+        let until_us = rdkv_fabric::clock::unix_now_us() + hold_ms * 1000;
         self.sm
             .suppress_lease_until(until_us)
             .map_err(|e| ErrorReply::new(ErrorCode::Internal, e.to_string()))?;

@@ -14,7 +14,7 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{Stream, TryStreamExt};
@@ -98,12 +98,7 @@ pub struct RegionStateMachine {
     shared: Arc<Shared>,
 }
 
-/// Wall-clock microseconds since the unix epoch (0 if the clock is before it).
-pub fn unix_now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-}
+use rdkv_fabric::clock::unix_now_us;
 
 fn new_region(
     config: &StateMachineConfig,
