@@ -95,6 +95,12 @@ impl ReadStats {
 }
 
 impl ReadCounters {
+    /// Counts one read that ended with an answer: a hit or a miss.
+    pub fn finished(&self, hit: bool) {
+        let counter = if hit { &self.hits } else { &self.misses };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn retry(&self, cause: RetryCause) {
         let counter = match cause {
             RetryCause::Slot => &self.retries_slot,

@@ -13,11 +13,50 @@
 //! The CRC covers the lengths and the version, so a reader that copies a block
 //! while the writer reuses its space (after the grace period) sees a mismatch
 //! instead of a value stitched from two writes.
+//!
+//! Before a slot moves away from a block, the writer clears the block's
+//! invalidation word (value_len and magic, bytes 8..16) with one atomic store;
+//! a reader then finds it [`BlockError::Invalidated`] and reads the slot again.
+
+use bytes::Bytes;
 
 use crate::region::error::BlockError;
+use crate::region::size_class::UNIT_BYTES;
+use crate::wire::Versioned;
 
-pub const BLOCK_HEADER_BYTES: usize = 24;
+/// Byte offsets of the block header's fields.
+pub mod block_field {
+    pub const CRC: usize = 0;
+    pub const KEY_LEN: usize = 4;
+    pub const VALUE_LEN: usize = 8;
+    pub const MAGIC: usize = 12;
+    pub const VERSION: usize = 16;
+    /// The key bytes, then the value bytes.
+    pub const KEY: usize = 24;
+}
+
+pub const BLOCK_HEADER_BYTES: usize = block_field::KEY;
 pub const BLOCK_MAGIC: u32 = u32::from_le_bytes(*b"RKB1");
+/// The 8-aligned word (value_len and magic) the writer stores
+/// [`INVALIDATED_WORD`] into to take a block out of service.
+pub const INVALIDATION_WORD_OFFSET: u64 = block_field::VALUE_LEN as u64;
+pub const INVALIDATED_WORD: u64 = 0;
+/// The magic an invalidated block shows.
+const INVALIDATED_MAGIC: u32 = INVALIDATED_WORD as u32;
+
+// Four u32 fields, then the u64 version, then the key: no gaps.
+const _: () = assert!(block_field::KEY_LEN == block_field::CRC + 4);
+const _: () = assert!(block_field::VALUE_LEN == block_field::KEY_LEN + 4);
+const _: () = assert!(block_field::MAGIC == block_field::VALUE_LEN + 4);
+const _: () = assert!(block_field::VERSION == block_field::MAGIC + 4);
+const _: () = assert!(BLOCK_HEADER_BYTES == block_field::VERSION + 8);
+// The header fits the smallest block, and the invalidation word is one
+// aligned atomic store (blocks are unit aligned) that covers the magic.
+const _: () = assert!(BLOCK_HEADER_BYTES as u64 <= UNIT_BYTES);
+const _: () = assert!(INVALIDATION_WORD_OFFSET.is_multiple_of(8));
+const _: () = assert!(INVALIDATION_WORD_OFFSET <= block_field::MAGIC as u64);
+const _: () = assert!(block_field::MAGIC as u64 + 4 <= INVALIDATION_WORD_OFFSET + 8);
+const _: () = assert!(BLOCK_MAGIC != INVALIDATED_MAGIC);
 
 /// Size of the encoded block before padding to its size class.
 pub fn encoded_block_bytes(key_len: usize, value_len: usize) -> u64 {
@@ -36,8 +75,8 @@ pub fn encode_block(key: &[u8], value: &[u8], version: u64, out: &mut Vec<u8>) {
     out.extend_from_slice(&version.to_le_bytes());
     out.extend_from_slice(key);
     out.extend_from_slice(value);
-    let crc = crc32fast::hash(&out[4..]);
-    out[..4].copy_from_slice(&crc.to_le_bytes());
+    let crc = crc32fast::hash(&out[block_field::KEY_LEN..]);
+    out[..block_field::KEY_LEN].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// The fixed-size prefix of a block, enough to learn how much more to read.
@@ -69,16 +108,17 @@ impl BlockHeader {
             b.copy_from_slice(&head[at..at + 4]);
             u32::from_le_bytes(b)
         };
-        let magic = word32(12);
-        if magic != BLOCK_MAGIC {
-            return Err(BlockError::BadMagic { found: magic });
+        match word32(block_field::MAGIC) {
+            BLOCK_MAGIC => {}
+            INVALIDATED_MAGIC => return Err(BlockError::Invalidated),
+            found => return Err(BlockError::BadMagic { found }),
         }
         let mut v = [0u8; 8];
-        v.copy_from_slice(&head[16..24]);
+        v.copy_from_slice(&head[block_field::VERSION..BLOCK_HEADER_BYTES]);
         let header = BlockHeader {
-            crc: word32(0),
-            key_len: word32(4),
-            value_len: word32(8),
+            crc: word32(block_field::CRC),
+            key_len: word32(block_field::KEY_LEN),
+            value_len: word32(block_field::VALUE_LEN),
             version: u64::from_le_bytes(v),
         };
         if header.key_len > max_key_bytes || header.value_len > max_value_bytes {
@@ -126,7 +166,7 @@ impl<'a> BlockRef<'a> {
                 available: bytes.len(),
             });
         };
-        let Some(covered) = bytes.get(4..end) else {
+        let Some(covered) = bytes.get(block_field::KEY_LEN..end) else {
             return Err(BlockError::Length {
                 key_len: header.key_len,
                 value_len: header.value_len,
@@ -145,6 +185,34 @@ impl<'a> BlockRef<'a> {
             value: &bytes[key_end..end],
             version: header.version,
         })
+    }
+}
+
+/// Where a validated block's value lies, so that the block's buffer becomes
+/// the returned `Bytes` without a second copy.
+#[derive(Debug, Clone, Copy)]
+pub struct ValueShape {
+    start: usize,
+    len: usize,
+    pub version: u64,
+}
+
+impl ValueShape {
+    pub fn of(block: &BlockRef<'_>) -> ValueShape {
+        ValueShape {
+            start: BLOCK_HEADER_BYTES + block.key.len(),
+            len: block.value.len(),
+            version: block.version,
+        }
+    }
+
+    /// The value, sharing `block`'s allocation (`block` holds the bytes the
+    /// shape was taken from).
+    pub fn take(self, block: Vec<u8>) -> Versioned {
+        Versioned {
+            value: Bytes::from(block).slice(self.start..self.start + self.len),
+            version: self.version,
+        }
     }
 }
 
@@ -187,6 +255,34 @@ mod tests {
             let _ = BlockHeader::decode(&bytes, u32::MAX, u32::MAX);
             let _ = BlockRef::validate(&bytes, u32::MAX, u32::MAX);
         }
+    }
+
+    #[test]
+    fn a_cleared_invalidation_word_is_the_invalidated_verdict() {
+        let mut buf = Vec::new();
+        encode_block(b"key", b"value", 9, &mut buf);
+        let at = INVALIDATION_WORD_OFFSET as usize;
+        buf[at..at + 8].copy_from_slice(&INVALIDATED_WORD.to_le_bytes());
+        assert_eq!(
+            BlockRef::validate(&buf, 64, 64),
+            Err(BlockError::Invalidated)
+        );
+        buf[block_field::MAGIC] = 1;
+        assert!(matches!(
+            BlockRef::validate(&buf, 64, 64),
+            Err(BlockError::BadMagic { found: 1 })
+        ));
+    }
+
+    #[test]
+    fn the_value_shape_takes_the_value_out_of_the_block() {
+        let mut buf = Vec::new();
+        encode_block(b"key", b"value", 9, &mut buf);
+        buf.resize(64, 0);
+        let shape = ValueShape::of(&BlockRef::validate(&buf, 64, 64).unwrap());
+        let taken = shape.take(buf);
+        assert_eq!(&taken.value[..], b"value");
+        assert_eq!(taken.version, 9);
     }
 
     #[test]

@@ -35,6 +35,10 @@ pub enum SlotError {
 pub enum BlockError {
     #[error("block read too short: {len} bytes, need {need}")]
     Truncated { len: usize, need: usize },
+    /// Its writer took it out of service (the invalidation word is cleared):
+    /// the key is being replaced or deleted, so the slot is worth reading again.
+    #[error("block invalidated by its writer (being replaced or deleted)")]
+    Invalidated,
     #[error("bad block magic {found:#010x}")]
     BadMagic { found: u32 },
     #[error("block lengths out of range: key {key_len} value {value_len} in {available} bytes")]

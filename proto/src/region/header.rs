@@ -32,21 +32,47 @@
 //! | 152 | leader_lease | 0: not leader; else the lease deadline, unix µs (never 0) |
 //! | 160 | region_state | 1 serving, 2 retired (re-attach) |
 
-use crate::region::block::encoded_block_bytes;
-use crate::region::error::{HeaderError, SlotError};
+use crate::region::block::{BlockHeader, BlockRef, encoded_block_bytes};
+use crate::region::error::{BlockError, HeaderError, SlotError};
 use crate::region::hash::{HashSeed, KeyHash};
+use crate::region::neighbourhood::MAX_NEIGHBOURHOOD_BUCKETS;
 use crate::region::size_class::{SizeClass, UNIT_BYTES};
-use crate::region::slot::{BUCKET_BYTES, MAX_DATA_UNITS, Slot};
+use crate::region::slot::{BUCKET_BYTES, MAX_DATA_UNITS, SLOTS_PER_BUCKET, Slot};
 
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"RDKVREGN");
 pub const REGION_LAYOUT_VERSION: u64 = 1;
 /// The header occupies the first page; the index starts right after it.
 pub const HEADER_BYTES: u64 = 4096;
 /// Bytes covered by `static_crc`.
-pub const STATIC_HEADER_BYTES: usize = 120;
+pub const STATIC_HEADER_BYTES: usize = static_word::STATIC_CRC;
+/// The static part as stored: the covered bytes and the CRC word.
+pub const STATIC_ENCODED_BYTES: usize = static_word::STATIC_CRC + WORD_BYTES;
 /// Bytes a reader needs to decode the whole header (static + dynamic words).
-pub const HEADER_USED_BYTES: usize = 168;
+pub const HEADER_USED_BYTES: usize = dynamic_word::REGION_STATE as usize + WORD_BYTES;
 const DATA_ALIGN_BYTES: u64 = 4096;
+/// Every header field is one little-endian u64.
+const WORD_BYTES: usize = 8;
+
+/// Byte offsets of the static words (written once, covered by the CRC).
+pub mod static_word {
+    pub const MAGIC: usize = 0;
+    pub const LAYOUT_VERSION: usize = 8;
+    pub const REGION_EPOCH: usize = 16;
+    pub const NODE_ID: usize = 24;
+    pub const REGION_BYTES: usize = 32;
+    pub const INDEX_OFFSET: usize = 40;
+    pub const BUCKET_COUNT: usize = 48;
+    pub const NEIGHBOURHOOD_BUCKETS: usize = 56;
+    pub const DATA_OFFSET: usize = 64;
+    pub const DATA_BYTES: usize = 72;
+    pub const HASH_SEED_0: usize = 80;
+    pub const HASH_SEED_1: usize = 88;
+    pub const MAX_KEY_BYTES: usize = 96;
+    pub const MAX_VALUE_BYTES: usize = 104;
+    pub const GRACE_PERIOD_US: usize = 112;
+    /// CRC-32 of every byte before it, in the low 32 bits.
+    pub const STATIC_CRC: usize = 120;
+}
 
 /// Byte offsets of the dynamic words.
 pub mod dynamic_word {
@@ -56,6 +82,18 @@ pub mod dynamic_word {
     pub const LEADER_LEASE: u64 = 152;
     pub const REGION_STATE: u64 = 160;
 }
+
+// The CRC is the last static word; the dynamic words follow the static part,
+// each aligned for a single atomic access, and all of it fits the header page.
+const _: () = assert!(static_word::GRACE_PERIOD_US + WORD_BYTES == static_word::STATIC_CRC);
+const _: () = assert!(STATIC_ENCODED_BYTES as u64 <= dynamic_word::RAFT_TERM);
+const _: () = assert!(dynamic_word::RAFT_TERM.is_multiple_of(WORD_BYTES as u64));
+const _: () = assert!(dynamic_word::APPLIED_INDEX == dynamic_word::RAFT_TERM + 8);
+const _: () = assert!(dynamic_word::APPLIED_AT_UNIX_US == dynamic_word::APPLIED_INDEX + 8);
+const _: () = assert!(dynamic_word::LEADER_LEASE == dynamic_word::APPLIED_AT_UNIX_US + 8);
+const _: () = assert!(dynamic_word::REGION_STATE == dynamic_word::LEADER_LEASE + 8);
+const _: () = assert!(HEADER_USED_BYTES as u64 <= HEADER_BYTES);
+const _: () = assert!(HEADER_BYTES.is_multiple_of(BUCKET_BYTES));
 
 /// What the creator of a region chooses; [`RegionLayout::plan`] derives the rest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,8 +127,8 @@ pub struct RegionLayout {
 }
 
 fn read_u64(bytes: &[u8], at: usize) -> u64 {
-    let mut word = [0u8; 8];
-    if let Some(src) = bytes.get(at..at + 8) {
+    let mut word = [0u8; WORD_BYTES];
+    if let Some(src) = bytes.get(at..at + WORD_BYTES) {
         word.copy_from_slice(src);
     }
     u64::from_le_bytes(word)
@@ -137,7 +175,7 @@ impl RegionLayout {
         if self.index_offset != HEADER_BYTES {
             return Err(Geometry("index must start right after the header"));
         }
-        if self.neighbourhood_buckets == 0 || self.neighbourhood_buckets > 8 {
+        if !(1..=MAX_NEIGHBOURHOOD_BUCKETS).contains(&self.neighbourhood_buckets) {
             return Err(Geometry("neighbourhood must be 1..=8 buckets"));
         }
         if self.bucket_count < self.neighbourhood_buckets {
@@ -171,74 +209,79 @@ impl RegionLayout {
     }
 
     /// The static part as stored in the region, CRC included.
-    pub fn encode_static(&self) -> [u8; 128] {
+    pub fn encode_static(&self) -> [u8; STATIC_ENCODED_BYTES] {
+        use static_word as at;
         let words = [
-            REGION_MAGIC,
-            REGION_LAYOUT_VERSION,
-            self.region_epoch,
-            self.node_id,
-            self.region_bytes,
-            self.index_offset,
-            self.bucket_count,
-            self.neighbourhood_buckets,
-            self.data_offset,
-            self.data_bytes,
-            self.hash_seed.0,
-            self.hash_seed.1,
-            u64::from(self.max_key_bytes),
-            u64::from(self.max_value_bytes),
-            self.grace_period_us,
+            (at::MAGIC, REGION_MAGIC),
+            (at::LAYOUT_VERSION, REGION_LAYOUT_VERSION),
+            (at::REGION_EPOCH, self.region_epoch),
+            (at::NODE_ID, self.node_id),
+            (at::REGION_BYTES, self.region_bytes),
+            (at::INDEX_OFFSET, self.index_offset),
+            (at::BUCKET_COUNT, self.bucket_count),
+            (at::NEIGHBOURHOOD_BUCKETS, self.neighbourhood_buckets),
+            (at::DATA_OFFSET, self.data_offset),
+            (at::DATA_BYTES, self.data_bytes),
+            (at::HASH_SEED_0, self.hash_seed.0),
+            (at::HASH_SEED_1, self.hash_seed.1),
+            (at::MAX_KEY_BYTES, u64::from(self.max_key_bytes)),
+            (at::MAX_VALUE_BYTES, u64::from(self.max_value_bytes)),
+            (at::GRACE_PERIOD_US, self.grace_period_us),
         ];
-        let mut out = [0u8; 128];
-        for (chunk, word) in out.chunks_exact_mut(8).zip(words) {
-            chunk.copy_from_slice(&word.to_le_bytes());
+        let mut out = [0u8; STATIC_ENCODED_BYTES];
+        for (offset, word) in words {
+            out[offset..offset + WORD_BYTES].copy_from_slice(&word.to_le_bytes());
         }
         let crc = crc32fast::hash(&out[..STATIC_HEADER_BYTES]);
-        out[STATIC_HEADER_BYTES..].copy_from_slice(&u64::from(crc).to_le_bytes());
+        out[at::STATIC_CRC..].copy_from_slice(&u64::from(crc).to_le_bytes());
         out
     }
 
     /// Validates header bytes read from a region (at least the static part).
     pub fn decode(bytes: &[u8]) -> Result<RegionLayout, HeaderError> {
-        if bytes.len() < 128 {
+        use static_word as at;
+        if bytes.len() < STATIC_ENCODED_BYTES {
             return Err(HeaderError::Truncated {
                 len: bytes.len(),
-                need: 128,
+                need: STATIC_ENCODED_BYTES,
             });
         }
-        let magic = read_u64(bytes, 0);
+        let magic = read_u64(bytes, at::MAGIC);
         if magic != REGION_MAGIC {
             return Err(HeaderError::BadMagic { found: magic });
         }
-        let version = read_u64(bytes, 8);
+        let version = read_u64(bytes, at::LAYOUT_VERSION);
         if version != REGION_LAYOUT_VERSION {
             return Err(HeaderError::UnsupportedVersion {
                 found: version,
                 supported: REGION_LAYOUT_VERSION,
             });
         }
-        let stored = read_u64(bytes, STATIC_HEADER_BYTES);
+        let stored = read_u64(bytes, at::STATIC_CRC);
         let computed = u64::from(crc32fast::hash(&bytes[..STATIC_HEADER_BYTES]));
         if stored != computed {
             return Err(HeaderError::Checksum { stored, computed });
         }
-        let narrow = |at: usize| {
-            u32::try_from(read_u64(bytes, at))
+        let narrow = |offset: usize| {
+            u32::try_from(read_u64(bytes, offset))
                 .map_err(|_| HeaderError::Geometry("size limit does not fit u32"))
         };
         let layout = RegionLayout {
-            region_epoch: read_u64(bytes, 16),
-            node_id: read_u64(bytes, 24),
-            region_bytes: read_u64(bytes, 32),
-            index_offset: read_u64(bytes, 40),
-            bucket_count: read_u64(bytes, 48),
-            neighbourhood_buckets: read_u64(bytes, 56),
-            data_offset: read_u64(bytes, 64),
-            data_bytes: read_u64(bytes, 72),
-            hash_seed: HashSeed(read_u64(bytes, 80), read_u64(bytes, 88)),
-            max_key_bytes: narrow(96)?,
-            max_value_bytes: narrow(104)?,
-            grace_period_us: read_u64(bytes, 112),
+            region_epoch: read_u64(bytes, at::REGION_EPOCH),
+            node_id: read_u64(bytes, at::NODE_ID),
+            region_bytes: read_u64(bytes, at::REGION_BYTES),
+            index_offset: read_u64(bytes, at::INDEX_OFFSET),
+            bucket_count: read_u64(bytes, at::BUCKET_COUNT),
+            neighbourhood_buckets: read_u64(bytes, at::NEIGHBOURHOOD_BUCKETS),
+            data_offset: read_u64(bytes, at::DATA_OFFSET),
+            data_bytes: read_u64(bytes, at::DATA_BYTES),
+            hash_seed: HashSeed(
+                read_u64(bytes, at::HASH_SEED_0),
+                read_u64(bytes, at::HASH_SEED_1),
+            ),
+            max_key_bytes: narrow(at::MAX_KEY_BYTES)?,
+            max_value_bytes: narrow(at::MAX_VALUE_BYTES)?,
+            grace_period_us: read_u64(bytes, at::GRACE_PERIOD_US),
         };
         layout.check_geometry()?;
         Ok(layout)
@@ -257,8 +300,15 @@ impl RegionLayout {
     pub fn neighbourhood_range(&self, hash: KeyHash) -> (u64, u64) {
         (
             self.index_offset + hash.home_bucket * BUCKET_BYTES,
-            self.neighbourhood_buckets * BUCKET_BYTES,
+            self.neighbourhood_bytes(),
         )
+    }
+
+    /// Bytes of every neighbourhood read (at most [`MAX_NEIGHBOURHOOD_BYTES`]).
+    ///
+    /// [`MAX_NEIGHBOURHOOD_BYTES`]: crate::region::MAX_NEIGHBOURHOOD_BYTES
+    pub fn neighbourhood_bytes(&self) -> u64 {
+        self.neighbourhood_buckets * BUCKET_BYTES
     }
 
     /// The largest size class a block of this region can have: a slot naming
@@ -283,9 +333,25 @@ impl RegionLayout {
         Ok((self.data_offset + start, len))
     }
 
+    /// Whether a key of this length can be stored here at all: a longer key
+    /// is absent without a read.
+    pub fn admits_key(&self, key: &[u8]) -> bool {
+        key.len() <= self.max_key_bytes as usize
+    }
+
+    /// A block's fixed prefix, within this region's key and value limits.
+    pub fn decode_block_header(&self, bytes: &[u8]) -> Result<BlockHeader, BlockError> {
+        BlockHeader::decode(bytes, self.max_key_bytes, self.max_value_bytes)
+    }
+
+    /// A whole block read from this region, within its key and value limits.
+    pub fn validate_block<'a>(&self, bytes: &'a [u8]) -> Result<BlockRef<'a>, BlockError> {
+        BlockRef::validate(bytes, self.max_key_bytes, self.max_value_bytes)
+    }
+
     /// Total index slots.
     pub fn slot_count(&self) -> u64 {
-        self.bucket_count * crate::region::slot::SLOTS_PER_BUCKET as u64
+        self.bucket_count * SLOTS_PER_BUCKET as u64
     }
 }
 
@@ -369,9 +435,39 @@ mod tests {
     }
 
     #[test]
+    fn static_words_sit_at_the_documented_offsets() {
+        // ARCHITECTURE.md's table: fifteen consecutive words from 0, then the CRC.
+        let layout = RegionLayout::plan(params()).unwrap();
+        let bytes = layout.encode_static();
+        let word = |i: usize| read_u64(&bytes, i * 8);
+        let expected = [
+            REGION_MAGIC,
+            REGION_LAYOUT_VERSION,
+            7,
+            3,
+            1 << 20,
+            HEADER_BYTES,
+            512,
+            2,
+            layout.data_offset,
+            layout.data_bytes,
+            11,
+            12,
+            1024,
+            64 * 1024,
+            250_000,
+        ];
+        for (i, value) in expected.into_iter().enumerate() {
+            assert_eq!(word(i), value, "word {i}");
+        }
+        let crc = u64::from(crc32fast::hash(&bytes[..120]));
+        assert_eq!(word(15), crc);
+    }
+
+    #[test]
     fn a_flipped_static_bit_is_refused() {
         let bytes = RegionLayout::plan(params()).unwrap().encode_static();
-        for bit in 0..128 * 8 {
+        for bit in 0..STATIC_ENCODED_BYTES * 8 {
             let mut b = bytes;
             b[bit / 8] ^= 1 << (bit % 8);
             assert!(RegionLayout::decode(&b).is_err(), "bit {bit}");
@@ -421,12 +517,13 @@ mod tests {
             words in proptest::collection::vec(any::<u64>(), 15)) {
             // A header with a valid CRC but arbitrary geometry: decode either
             // refuses it or every neighbourhood lies inside the index.
-            let mut bytes = [0u8; 128];
+            let mut bytes = [0u8; STATIC_ENCODED_BYTES];
             for (chunk, w) in bytes.chunks_exact_mut(8).zip(&words) {
                 chunk.copy_from_slice(&w.to_le_bytes());
             }
             bytes[..8].copy_from_slice(&REGION_MAGIC.to_le_bytes());
-            bytes[8..16].copy_from_slice(&REGION_LAYOUT_VERSION.to_le_bytes());
+            bytes[static_word::LAYOUT_VERSION..static_word::REGION_EPOCH]
+                .copy_from_slice(&REGION_LAYOUT_VERSION.to_le_bytes());
             let crc = u64::from(crc32fast::hash(&bytes[..STATIC_HEADER_BYTES]));
             bytes[STATIC_HEADER_BYTES..].copy_from_slice(&crc.to_le_bytes());
             if let Ok(layout) = RegionLayout::decode(&bytes) {

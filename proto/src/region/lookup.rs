@@ -53,7 +53,7 @@ pub enum BlockVerdict<'a> {
 }
 
 pub fn examine_block<'a>(layout: &RegionLayout, key: &[u8], bytes: &'a [u8]) -> BlockVerdict<'a> {
-    match BlockRef::validate(bytes, layout.max_key_bytes, layout.max_value_bytes) {
+    match layout.validate_block(bytes) {
         Ok(block) if block.key == key => BlockVerdict::Match(block),
         Ok(_) => BlockVerdict::OtherKey,
         Err(error) => BlockVerdict::Torn(error),

@@ -18,16 +18,24 @@ pub mod error;
 pub mod hash;
 pub mod header;
 pub mod lookup;
+pub mod neighbourhood;
 pub mod size_class;
 pub mod slot;
 
-pub use block::{BLOCK_HEADER_BYTES, BlockHeader, BlockRef, encode_block, encoded_block_bytes};
+pub use block::{
+    BLOCK_HEADER_BYTES, BLOCK_MAGIC, BlockHeader, BlockRef, INVALIDATED_WORD,
+    INVALIDATION_WORD_OFFSET, ValueShape, block_field, encode_block, encoded_block_bytes,
+};
 pub use error::{BlockError, HeaderError, SlotError};
 pub use hash::{HashSeed, KeyHash};
 pub use header::{
     DynamicHeader, HEADER_BYTES, HEADER_USED_BYTES, LayoutParams, REGION_LAYOUT_VERSION,
-    REGION_MAGIC, RegionLayout, RegionState, STATIC_HEADER_BYTES, dynamic_word,
+    REGION_MAGIC, RegionLayout, RegionState, STATIC_ENCODED_BYTES, STATIC_HEADER_BYTES,
+    dynamic_word, static_word,
 };
 pub use lookup::{BlockVerdict, examine_block, neighbourhood_slots, verify_neighbourhood};
+pub use neighbourhood::{
+    MAX_NEIGHBOURHOOD_BUCKETS, MAX_NEIGHBOURHOOD_BYTES, MAX_NEIGHBOURHOOD_SLOTS, NeighbourhoodWords,
+};
 pub use size_class::{MAX_BLOCK_UNITS, SizeClass, UNIT_BYTES};
 pub use slot::{BUCKET_BYTES, MAX_DATA_UNITS, SLOT_BYTES, SLOTS_PER_BUCKET, Slot};

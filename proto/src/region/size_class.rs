@@ -11,11 +11,11 @@ const LINEAR_CLASSES: u32 = 16;
 const STEPS_PER_DOUBLING: u32 = 4;
 /// Largest block: 2^22 units = 256 MiB.
 pub const MAX_BLOCK_UNITS: u32 = 1 << 22;
-const CLASS_COUNT: usize = 16 + 4 * 18;
+/// Classes in the table (the slot's class field must be able to name each).
+pub(crate) const CLASS_COUNT: usize = 16 + 4 * 18;
 
 const TABLE: [u32; CLASS_COUNT] = build_table();
-// A class index must fit the slot's 7 class bits.
-const _: () = assert!(CLASS_COUNT <= 128);
+const _: () = assert!(TABLE[CLASS_COUNT - 1] == MAX_BLOCK_UNITS);
 
 const fn build_table() -> [u32; CLASS_COUNT] {
     let mut table = [0u32; CLASS_COUNT];

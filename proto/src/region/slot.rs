@@ -12,12 +12,15 @@
 //! slot from a key that is simply absent.
 
 use crate::region::error::SlotError;
-use crate::region::size_class::{SizeClass, UNIT_BYTES};
+use crate::region::size_class::{CLASS_COUNT, SizeClass, UNIT_BYTES};
 
+/// A slot is one aligned u64: published and read with single atomic accesses.
 pub const SLOT_BYTES: u64 = 8;
 pub const SLOTS_PER_BUCKET: usize = 8;
 /// One cache line: a bucket is read (and on RDMA, fetched) as a unit.
-pub const BUCKET_BYTES: u64 = SLOT_BYTES * SLOTS_PER_BUCKET as u64;
+pub const BUCKET_BYTES: u64 = 64;
+const _: () = assert!(SLOTS_PER_BUCKET as u64 * SLOT_BYTES == BUCKET_BYTES);
+const _: () = assert!(SLOT_BYTES == u64::BITS as u64 / 8);
 
 const FINGERPRINT_BITS: u32 = 15;
 const CLASS_BITS: u32 = 7;
@@ -26,6 +29,11 @@ const OFFSET_SHIFT: u32 = 0;
 const CLASS_SHIFT: u32 = OFFSET_BITS;
 const FINGERPRINT_SHIFT: u32 = CLASS_SHIFT + CLASS_BITS;
 const CHECK_SHIFT: u32 = 56;
+// The three fields fill the low 56 bits exactly; the check byte is the rest.
+const _: () = assert!(FINGERPRINT_BITS + CLASS_BITS + OFFSET_BITS == CHECK_SHIFT);
+const _: () = assert!(CHECK_SHIFT + 8 == u64::BITS);
+// Every size class index fits the class field.
+const _: () = assert!(CLASS_COUNT <= 1 << CLASS_BITS);
 
 /// Largest data area a slot can address: 2^34 units of 64 bytes = 1 TiB.
 pub const MAX_DATA_UNITS: u64 = 1 << OFFSET_BITS;

@@ -13,9 +13,10 @@ use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 
 use rdkv_proto::region::{
-    BLOCK_HEADER_BYTES, BlockHeader, BlockRef, KeyHash, RegionLayout, RegionState, SLOT_BYTES,
-    SLOTS_PER_BUCKET, SizeClass, Slot, UNIT_BYTES, dynamic_word, encode_block, encoded_block_bytes,
-    neighbourhood_slots, verify_neighbourhood,
+    BLOCK_HEADER_BYTES, BUCKET_BYTES, BlockHeader, BlockRef, INVALIDATED_WORD,
+    INVALIDATION_WORD_OFFSET, KeyHash, MAX_NEIGHBOURHOOD_SLOTS, RegionLayout, RegionState,
+    SLOT_BYTES, SizeClass, Slot, UNIT_BYTES, ValueShape, dynamic_word, encode_block,
+    encoded_block_bytes, neighbourhood_slots, verify_neighbourhood,
 };
 
 use crate::region::alloc::BlockAllocator;
@@ -25,13 +26,8 @@ use crate::region::grace::{GraceQueue, RetiredBlock};
 use crate::region::stats::RegionStats;
 use rdkv_fabric::Clock;
 use rdkv_fabric::RegionMemory;
-use rdkv_fabric::reader::{MAX_NEIGHBOURHOOD_SLOTS, ValueShape};
 use rdkv_fabric::{ReadError, ReaderOptions, RegionReader};
 use rdkv_proto::wire::Versioned;
-
-/// The block header word (value length and magic) cleared to take a block
-/// out of service.
-const INVALIDATION_WORD_OFFSET: u64 = 8;
 
 /// A key's current slot and block, as the writer found them.
 #[derive(Debug, Clone, Copy)]
@@ -107,7 +103,7 @@ impl RegionWriter {
     }
 
     fn check_limits(&self, key: &[u8], value: &[u8]) -> Result<(), RegionError> {
-        if key.len() > self.layout.max_key_bytes as usize {
+        if !self.layout.admits_key(key) {
             return Err(RegionError::KeyTooLarge {
                 len: key.len(),
                 max: self.layout.max_key_bytes,
@@ -195,7 +191,7 @@ impl RegionWriter {
 
     /// Removes `key`; returns the version it had, or `None` if absent.
     pub fn delete(&mut self, key: &[u8]) -> Result<Option<u64>, RegionError> {
-        if key.len() > self.layout.max_key_bytes as usize {
+        if !self.layout.admits_key(key) {
             return Ok(None);
         }
         let hash = self.layout.key_hash(key);
@@ -214,27 +210,32 @@ impl RegionWriter {
     /// retries needed as nothing else writes, but the block is still validated
     /// so that a corrupted block is reported, not served).
     pub fn get(&self, key: &[u8]) -> Result<Option<Versioned>, RegionError> {
-        if key.len() > self.layout.max_key_bytes as usize {
+        if !self.layout.admits_key(key) {
             return Ok(None);
         }
         let Some(found) = self.find(key, self.layout.key_hash(key))? else {
             return Ok(None);
         };
-        let (offset, len) = self.layout.block_range(found.slot)?;
-        let mut block = vec![0u8; len as usize];
-        self.memory.read_bytes(offset, &mut block)?;
-        let valid = BlockRef::validate(
-            &block,
-            self.layout.max_key_bytes,
-            self.layout.max_value_bytes,
-        )?;
-        let shape = ValueShape::of(&valid);
+        let mut block = Vec::new();
+        let shape = ValueShape::of(&self.read_block(found.slot, &mut block)?);
         Ok(Some(shape.take(block)))
+    }
+
+    /// Copies and validates the block `slot` points to, into `block`.
+    fn read_block<'a>(
+        &self,
+        slot: Slot,
+        block: &'a mut Vec<u8>,
+    ) -> Result<BlockRef<'a>, RegionError> {
+        let (offset, len) = self.layout.block_range(slot)?;
+        block.resize(len as usize, 0);
+        self.memory.read_bytes(offset, block)?;
+        Ok(self.layout.validate_block(block)?)
     }
 
     /// The version of `key`, for compare-and-swap.
     pub fn version_of(&self, key: &[u8]) -> Result<Option<u64>, RegionError> {
-        if key.len() > self.layout.max_key_bytes as usize {
+        if !self.layout.admits_key(key) {
             return Ok(None);
         }
         Ok(self
@@ -255,11 +256,7 @@ impl RegionWriter {
             let (block, _) = self.layout.block_range(slot)?;
             let mut head = [0u8; BLOCK_HEADER_BYTES];
             self.memory.read_bytes(block, &mut head)?;
-            let header = BlockHeader::decode(
-                &head,
-                self.layout.max_key_bytes,
-                self.layout.max_value_bytes,
-            )?;
+            let header = self.layout.decode_block_header(&head)?;
             if header.key_len as usize == key.len()
                 && self.key_at(block + BLOCK_HEADER_BYTES as u64, key)?
             {
@@ -277,10 +274,12 @@ impl RegionWriter {
     /// Compares the key stored at `offset` (8-aligned) with `key`, a chunk at a
     /// time, without allocating.
     fn key_at(&self, offset: u64, key: &[u8]) -> Result<bool, RegionError> {
-        let mut chunk = [0u8; 64];
-        for (i, expected) in key.chunks(chunk.len()).enumerate() {
+        const CHUNK_BYTES: usize = 64;
+        let mut chunk = [0u8; CHUNK_BYTES];
+        for (i, expected) in key.chunks(CHUNK_BYTES).enumerate() {
             let stored = &mut chunk[..expected.len()];
-            self.memory.read_bytes(offset + (i * 64) as u64, stored)?;
+            self.memory
+                .read_bytes(offset + (i * CHUNK_BYTES) as u64, stored)?;
             if stored != expected {
                 return Ok(false);
             }
@@ -291,12 +290,11 @@ impl RegionWriter {
     /// A free slot in the key's neighbourhood, in the bucket with the most room.
     fn free_slot(&self, hash: KeyHash) -> Result<u64, RegionError> {
         let (start, len) = self.layout.neighbourhood_range(hash);
-        let bucket_bytes = SLOT_BYTES * SLOTS_PER_BUCKET as u64;
         let mut best: Option<(usize, u64)> = None;
-        for bucket in (start..start + len).step_by(bucket_bytes as usize) {
+        for bucket in (start..start + len).step_by(BUCKET_BYTES as usize) {
             let mut free = 0;
             let mut first_free = None;
-            for slot_offset in (bucket..bucket + bucket_bytes).step_by(SLOT_BYTES as usize) {
+            for slot_offset in (bucket..bucket + BUCKET_BYTES).step_by(SLOT_BYTES as usize) {
                 if self.memory.load_u64(slot_offset, Ordering::Relaxed)? == 0 {
                     free += 1;
                     first_free.get_or_insert(slot_offset);
@@ -312,8 +310,8 @@ impl RegionWriter {
             })
     }
 
-    /// Makes a block that is about to be replaced fail validation (its
-    /// magic and value length become 0) before the slot moves away from it.
+    /// Makes a block that is about to be replaced fail validation (as
+    /// `BlockError::Invalidated`) before the slot moves away from it.
     /// A reader holding a cached location of this key then cannot return the
     /// old version once the new one is published; it falls back to the slot
     /// read. This is the one change a writer makes to a block a slot still
@@ -321,8 +319,11 @@ impl RegionWriter {
     /// block out of service.
     fn invalidate(&self, old: Found) -> Result<(), RegionError> {
         let (block, _) = self.layout.block_range(old.slot)?;
-        self.memory
-            .store_u64(block + INVALIDATION_WORD_OFFSET, 0, Ordering::Release)?;
+        self.memory.store_u64(
+            block + INVALIDATION_WORD_OFFSET,
+            INVALIDATED_WORD,
+            Ordering::Release,
+        )?;
         Ok(())
     }
 
@@ -358,14 +359,7 @@ impl RegionWriter {
             else {
                 continue;
             };
-            let (offset, len) = self.layout.block_range(slot)?;
-            block.resize(len as usize, 0);
-            self.memory.read_bytes(offset, &mut block)?;
-            let valid = BlockRef::validate(
-                &block,
-                self.layout.max_key_bytes,
-                self.layout.max_value_bytes,
-            )?;
+            let valid = self.read_block(slot, &mut block)?;
             f(valid.key, valid.value, valid.version)?;
         }
         Ok(())

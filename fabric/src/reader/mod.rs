@@ -6,11 +6,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 
-use bytes::Bytes;
 use rdkv_proto::region::{
-    BLOCK_HEADER_BYTES, BUCKET_BYTES, BlockError, BlockVerdict, DynamicHeader, HEADER_USED_BYTES,
-    HeaderError, RegionLayout, SLOT_BYTES, SlotError, examine_block, neighbourhood_slots,
-    verify_neighbourhood,
+    BlockError, BlockVerdict, DynamicHeader, HEADER_USED_BYTES, HeaderError,
+    MAX_NEIGHBOURHOOD_BYTES, NeighbourhoodWords, RegionLayout, SLOT_BYTES, SlotError, ValueShape,
+    examine_block, neighbourhood_slots, verify_neighbourhood,
 };
 use rdkv_proto::wire::Versioned;
 use thiserror::Error;
@@ -18,10 +17,12 @@ use thiserror::Error;
 use crate::clock::Clock;
 use crate::memory::RegionMemory;
 use crate::read_stats::{ReadCounters, ReadStats, RetryCause};
-use crate::transport::{Fabric, FabricError, MappedFabric, ReadOp, RegionDescriptor, RemoteRegion};
+use crate::transport::{Fabric, FabricError, MappedFabric, RegionDescriptor, RemoteRegion};
 
-/// Most slots a neighbourhood can have (8 buckets, the layout's limit).
-pub const MAX_NEIGHBOURHOOD_SLOTS: usize = 8 * rdkv_proto::region::SLOTS_PER_BUCKET;
+mod batch;
+mod index_cache;
+
+pub use index_cache::{CachedLocation, IndexCache};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReaderOptions {
@@ -62,9 +63,7 @@ impl ReadProblem {
     fn cause(self) -> RetryCause {
         match self {
             ReadProblem::Slot(_) => RetryCause::Slot,
-            // The writer clears the magic (and value length) word of a block
-            // it is replacing; anything else is a torn or corrupt block.
-            ReadProblem::Block(BlockError::BadMagic { found: 0 }) => RetryCause::Invalidated,
+            ReadProblem::Block(BlockError::Invalidated) => RetryCause::Invalidated,
             ReadProblem::Block(_) => RetryCause::Block,
             ReadProblem::Moved => RetryCause::Moved,
             ReadProblem::Slow { .. } => RetryCause::Slow,
@@ -97,112 +96,10 @@ pub enum ReadError {
     Fabric(#[from] FabricError),
 }
 
-/// Where a validated block's value lies, so that the block's buffer becomes
-/// the returned `Bytes` without a second copy.
-#[derive(Debug, Clone, Copy)]
-pub struct ValueShape {
-    start: usize,
-    len: usize,
-    pub version: u64,
-}
-
-impl ValueShape {
-    pub fn of(block: &rdkv_proto::region::BlockRef<'_>) -> ValueShape {
-        ValueShape {
-            start: BLOCK_HEADER_BYTES + block.key.len(),
-            len: block.value.len(),
-            version: block.version,
-        }
-    }
-
-    /// The value, sharing `block`'s allocation.
-    pub fn take(self, block: Vec<u8>) -> Versioned {
-        Versioned {
-            value: Bytes::from(block).slice(self.start..self.start + self.len),
-            version: self.version,
-        }
-    }
-}
-
-/// What the first round of a batched read decided for one key.
-enum Plan {
-    /// No candidate slot and every slot checked: absent.
-    Absent,
-    /// One candidate: read this block in the second round.
-    Block { offset: u64, len: u64 },
-    /// Anything else: read the key on its own.
-    Alone,
-}
-
 /// A value and where its block was.
 struct Found {
     value: Versioned,
     location: CachedLocation,
-}
-
-/// Where a key's block was, and which version it held.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CachedLocation {
-    pub epoch: u64,
-    pub block_offset: u64,
-    pub block_len: u64,
-    pub version: u64,
-}
-
-/// A client's map from key to block location, bounded in entries. Shared by
-/// the readers of all regions (entries carry the region epoch).
-#[derive(Debug)]
-pub struct IndexCache {
-    entries: std::sync::Mutex<std::collections::HashMap<Bytes, CachedLocation>>,
-    max_entries: usize,
-}
-
-impl IndexCache {
-    pub fn new(max_entries: usize) -> IndexCache {
-        IndexCache {
-            entries: std::sync::Mutex::new(std::collections::HashMap::new()),
-            max_entries,
-        }
-    }
-
-    fn entries(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<Bytes, CachedLocation>> {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn lookup(&self, key: &[u8], epoch: u64) -> Option<CachedLocation> {
-        self.entries()
-            .get(key)
-            .copied()
-            .filter(|l| l.epoch == epoch)
-    }
-
-    fn forget(&self, key: &[u8]) {
-        self.entries().remove(key);
-    }
-
-    fn remember(&self, key: &[u8], location: CachedLocation) {
-        let mut entries = self.entries();
-        if entries.len() >= self.max_entries && !entries.contains_key(key) {
-            // Bounded memory: drop an arbitrary entry (the map's iteration
-            // order is effectively random).
-            if let Some(victim) = entries.keys().next().cloned() {
-                entries.remove(&victim);
-            }
-        }
-        if self.max_entries > 0 {
-            entries.insert(Bytes::copy_from_slice(key), location);
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.entries().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 enum AttemptError {
@@ -314,111 +211,12 @@ impl RegionReader {
         self.counters.snapshot()
     }
 
-    /// Several keys with two batched rounds of reads (like one doorbell per
-    /// round on RDMA): every key's neighbourhood, then every candidate block.
-    /// A key whose first try does not settle cleanly (a fingerprint
-    /// collision, a torn or invalidated block, a slow round) is read again on
-    /// its own with [`RegionReader::get`]: same validation, same answers.
-    pub fn get_many(&self, keys: &[Bytes]) -> Result<Vec<Option<Versioned>>, ReadError> {
-        let started_us = self.clock.now_us();
-        let slot_bytes = (self.layout.neighbourhood_buckets * BUCKET_BYTES) as usize;
-        let mut neighbourhoods = vec![0u8; slot_bytes * keys.len()];
-        let hashes: Vec<_> = keys.iter().map(|k| self.layout.key_hash(k)).collect();
-        let mut ops: Vec<ReadOp<'_>> = neighbourhoods
-            .chunks_mut(slot_bytes)
-            .zip(&hashes)
-            .map(|(buf, hash)| ReadOp {
-                offset: self.layout.neighbourhood_range(*hash).0,
-                buf,
-            })
-            .collect();
-        self.region.read_batch(&mut ops)?;
-        drop(ops);
-        fence(Ordering::Acquire);
-
-        // Round two: the first candidate block of each key, if it has one.
-        let mut plans: Vec<Plan> = Vec::with_capacity(keys.len());
-        for ((key, hash), bytes) in keys
-            .iter()
-            .zip(&hashes)
-            .zip(neighbourhoods.chunks(slot_bytes))
-        {
-            let words: Vec<u64> = bytes
-                .chunks_exact(8)
-                .map(|w| {
-                    let mut le = [0u8; 8];
-                    le.copy_from_slice(w);
-                    u64::from_le_bytes(le)
-                })
-                .collect();
-            let plan = if key.len() > self.layout.max_key_bytes as usize {
-                Plan::Absent
-            } else {
-                let mut candidates = neighbourhood_slots(&words, hash.fingerprint);
-                match (candidates.next(), candidates.next()) {
-                    (None, _) if verify_neighbourhood(&words).is_ok() => Plan::Absent,
-                    (Some((_, Ok(slot))), None) => match self.layout.block_range(slot) {
-                        Ok((offset, len)) => Plan::Block { offset, len },
-                        Err(_) => Plan::Alone,
-                    },
-                    _ => Plan::Alone,
-                }
-            };
-            plans.push(plan);
-        }
-        let mut blocks: Vec<Vec<u8>> = plans
-            .iter()
-            .map(|p| match p {
-                Plan::Block { len, .. } => vec![0u8; *len as usize],
-                _ => Vec::new(),
-            })
-            .collect();
-        let mut ops: Vec<ReadOp<'_>> = plans
-            .iter()
-            .zip(blocks.iter_mut())
-            .filter_map(|(plan, buf)| match plan {
-                Plan::Block { offset, .. } => Some(ReadOp {
-                    offset: *offset,
-                    buf: buf.as_mut_slice(),
-                }),
-                _ => None,
-            })
-            .collect();
-        self.region.read_batch(&mut ops)?;
-        drop(ops);
-        fence(Ordering::Acquire);
-        let too_slow = self
-            .options
-            .abandon_after_us
-            .is_some_and(|limit| self.clock.now_us().saturating_sub(started_us) > limit);
-
-        let mut values = Vec::with_capacity(keys.len());
-        for ((key, plan), block) in keys.iter().zip(&plans).zip(blocks) {
-            let settled = match plan {
-                Plan::Absent if !too_slow => Some(None),
-                Plan::Block { .. } if !too_slow => match examine_block(&self.layout, key, &block) {
-                    BlockVerdict::Match(found) => {
-                        let shape = ValueShape::of(&found);
-                        Some(Some(shape.take(block)))
-                    }
-                    _ => None,
-                },
-                _ => None,
-            };
-            match settled {
-                Some(value) => {
-                    let counter = if value.is_some() {
-                        &self.counters.hits
-                    } else {
-                        &self.counters.misses
-                    };
-                    counter.fetch_add(1, Ordering::Relaxed);
-                    values.push(value);
-                }
-                None => values.push(self.get(key)?),
-            }
-        }
-        Ok(values)
+    /// The time since `started_us` when it exceeds the abandon bound: the
+    /// copy may overlap a block's reuse, so it must not be trusted.
+    fn past_abandon_bound(&self, started_us: u64) -> Option<u64> {
+        let limit_us = self.options.abandon_after_us?;
+        let elapsed_us = self.clock.now_us().saturating_sub(started_us);
+        (elapsed_us > limit_us).then_some(elapsed_us)
     }
 
     /// One committed version of `key`, `None` if absent, or an error after
@@ -432,12 +230,7 @@ impl RegionReader {
         for _ in 0..self.options.max_attempts {
             match self.attempt(key) {
                 Ok(found) => {
-                    let counter = if found.is_some() {
-                        &self.counters.hits
-                    } else {
-                        &self.counters.misses
-                    };
-                    counter.fetch_add(1, Ordering::Relaxed);
+                    self.counters.finished(found.is_some());
                     return Ok(found);
                 }
                 Err(AttemptError::Retry(problem)) => {
@@ -462,25 +255,20 @@ impl RegionReader {
     }
 
     fn attempt(&self, key: &[u8]) -> Result<Option<Found>, AttemptError> {
-        if key.len() > self.layout.max_key_bytes as usize {
+        if !self.layout.admits_key(key) {
             return Ok(None);
         }
         let hash = self.layout.key_hash(key);
         let (start, len) = self.layout.neighbourhood_range(hash);
-        let mut slots = [0u64; MAX_NEIGHBOURHOOD_SLOTS];
-        let slots = &mut slots[..(len / SLOT_BYTES) as usize];
         let started_us = self.clock.now_us();
-        let mut slot_bytes = [0u8; MAX_NEIGHBOURHOOD_SLOTS * SLOT_BYTES as usize];
+        let mut slot_bytes = [0u8; MAX_NEIGHBOURHOOD_BYTES];
         let slot_bytes = &mut slot_bytes[..len as usize];
         self.region.read(start, slot_bytes)?;
         // With the loads of the copy before it, an acquire fence makes them
         // acquire loads: a block published by a slot seen here is seen whole.
         fence(Ordering::Acquire);
-        for (word, bytes) in slots.iter_mut().zip(slot_bytes.chunks_exact(8)) {
-            let mut le = [0u8; 8];
-            le.copy_from_slice(bytes);
-            *word = u64::from_le_bytes(le);
-        }
+        let words = NeighbourhoodWords::decode(slot_bytes);
+        let slots = words.as_slice();
         for (position, slot) in neighbourhood_slots(slots, hash.fingerprint) {
             let slot = slot.map_err(|e| AttemptError::Retry(ReadProblem::Slot(e)))?;
             let (offset, block_len) = self
@@ -491,17 +279,14 @@ impl RegionReader {
             self.region.read(offset, &mut block)?;
             // Keeps the slot re-read below (and the clock read) after the copy.
             fence(Ordering::Acquire);
-            if let Some(limit_us) = self.options.abandon_after_us {
-                let elapsed_us = self.clock.now_us().saturating_sub(started_us);
-                if elapsed_us > limit_us {
-                    return Err(AttemptError::Retry(ReadProblem::Slow { elapsed_us }));
-                }
+            if let Some(elapsed_us) = self.past_abandon_bound(started_us) {
+                return Err(AttemptError::Retry(ReadProblem::Slow { elapsed_us }));
             }
             let shape = match examine_block(&self.layout, key, &block) {
                 BlockVerdict::Match(found) => ValueShape::of(&found),
                 BlockVerdict::OtherKey => {
                     let slot_offset = start + position as u64 * SLOT_BYTES;
-                    let mut again = [0u8; 8];
+                    let mut again = [0u8; SLOT_BYTES as usize];
                     self.region.read(slot_offset, &mut again)?;
                     fence(Ordering::Acquire);
                     if u64::from_le_bytes(again) != slots[position] {
@@ -562,9 +347,7 @@ impl RegionReader {
         let started_us = self.clock.now_us();
         let mut block = vec![0u8; location.block_len as usize];
         self.region.read(location.block_offset, &mut block)?;
-        if let Some(limit_us) = self.options.abandon_after_us
-            && self.clock.now_us().saturating_sub(started_us) > limit_us
-        {
+        if self.past_abandon_bound(started_us).is_some() {
             return Ok(None);
         }
         match examine_block(&self.layout, key, &block) {
