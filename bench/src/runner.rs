@@ -101,6 +101,8 @@ struct Shared<'a> {
     start: OnceLock<Instant>,
     fatal: Mutex<Option<String>>,
     stop: AtomicBool,
+    /// Tasks per thread.
+    concurrency: usize,
     tasks_total: usize,
 }
 
@@ -132,6 +134,48 @@ pub fn run_phase<F: DriverFactory>(
     options: &RunOptions,
 ) -> Result<PhaseResult, RunError> {
     let target = factory.label();
+    let (options, operation_count) = phase_options(phase, workload, options);
+    let threads = options.threads.max(1);
+    let concurrency = options.concurrency.max(1);
+    let shared = Shared {
+        phase,
+        workload,
+        options: &options,
+        operation_count,
+        claimed: AtomicU64::new(0),
+        completed: AtomicU64::new(0),
+        start: OnceLock::new(),
+        fatal: Mutex::new(None),
+        stop: AtomicBool::new(false),
+        concurrency,
+        tasks_total: threads * concurrency,
+    };
+    let start_line = StartLine::new(threads);
+    let outcome = run_threads(&shared, factory, &start_line, threads)?;
+    start_line.verdict(&target)?;
+    if let Some(message) = shared.fatal.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(RunError::Fatal(message));
+    }
+    if options.stop.load(Ordering::Relaxed) {
+        return Err(RunError::Interrupted);
+    }
+    let measure_start = shared.start.get().copied().unwrap_or_else(Instant::now) + options.warmup;
+    Ok(summarize(
+        PhaseShape {
+            target,
+            phase,
+            threads,
+            concurrency,
+            options: &options,
+        },
+        measure_start,
+        outcome,
+    ))
+}
+
+/// The options as `phase` uses them (a load has no warm-up and no duration),
+/// and the operations it measures (`u64::MAX` in duration mode).
+fn phase_options(phase: Phase, workload: &Workload, options: &RunOptions) -> (RunOptions, u64) {
     let spec = &workload.spec;
     let (operation_count, warmup, duration) = match phase {
         Phase::Load => (spec.insert_count, Duration::ZERO, None),
@@ -145,42 +189,26 @@ pub fn run_phase<F: DriverFactory>(
         duration,
         ..options.clone()
     };
-    let threads = options.threads.max(1);
-    let concurrency = options.concurrency.max(1);
-    let shared = Shared {
-        phase,
-        workload,
-        options: &options,
-        operation_count,
-        claimed: AtomicU64::new(0),
-        completed: AtomicU64::new(0),
-        start: OnceLock::new(),
-        fatal: Mutex::new(None),
-        stop: AtomicBool::new(false),
-        tasks_total: threads * concurrency,
-    };
-    let barrier = Barrier::new(threads + 1);
-    let connect_error: Mutex<Option<DriverError>> = Mutex::new(None);
-    let unsupported: Mutex<Option<String>> = Mutex::new(None);
-    let running = AtomicUsize::new(threads);
+    (options, operation_count)
+}
 
-    let outcome = std::thread::scope(|scope| -> Result<Vec<(Measurements, Instant)>, RunError> {
+/// Starts the phase's threads, shows progress until they end, and collects
+/// what each measured.
+fn run_threads<F: DriverFactory>(
+    shared: &Shared<'_>,
+    factory: &F,
+    start_line: &StartLine,
+    threads: usize,
+) -> Result<Vec<(Measurements, Instant)>, RunError> {
+    let running = AtomicUsize::new(threads);
+    std::thread::scope(|scope| {
         let mut handles = Vec::with_capacity(threads);
         for thread_index in 0..threads {
-            let (shared, barrier, connect_error, unsupported, running) =
-                (&shared, &barrier, &connect_error, &unsupported, &running);
+            let running = &running;
             let handle = std::thread::Builder::new()
                 .name(format!("bench-{thread_index}"))
                 .spawn_scoped(scope, move || {
-                    let result = bench_thread(
-                        shared,
-                        factory,
-                        thread_index,
-                        concurrency,
-                        barrier,
-                        connect_error,
-                        unsupported,
-                    );
+                    let result = bench_thread(shared, factory, thread_index, start_line);
                     running.fetch_sub(1, Ordering::Relaxed);
                     result
                 })
@@ -191,15 +219,15 @@ pub fn run_phase<F: DriverFactory>(
                     // The threads already started wait at the barrier: let them go.
                     shared.stop.store(true, Ordering::Relaxed);
                     for _ in handles.len()..threads {
-                        barrier.wait();
+                        start_line.barrier.wait();
                     }
                     return Err(e);
                 }
             }
         }
-        barrier.wait();
+        start_line.barrier.wait();
         let started = shared.start();
-        show_progress(&shared, &running, started);
+        show_progress(shared, &running, started);
         let mut per_thread = Vec::with_capacity(threads);
         for handle in handles {
             match handle.join() {
@@ -209,24 +237,25 @@ pub fn run_phase<F: DriverFactory>(
             }
         }
         Ok(per_thread)
-    })?;
+    })
+}
 
-    if let Some(source) = connect_error
-        .into_inner()
-        .unwrap_or_else(|p| p.into_inner())
-    {
-        return Err(RunError::Connect { target, source });
-    }
-    if let Some(message) = unsupported.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        return Err(RunError::Unsupported { target, message });
-    }
-    if let Some(message) = shared.fatal.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        return Err(RunError::Fatal(message));
-    }
-    if options.stop.load(Ordering::Relaxed) {
-        return Err(RunError::Interrupted);
-    }
-    let measure_start = shared.start.get().copied().unwrap_or_else(Instant::now) + warmup;
+/// What a phase ran as: the labels of its result.
+struct PhaseShape<'a> {
+    target: String,
+    phase: Phase,
+    threads: usize,
+    concurrency: usize,
+    options: &'a RunOptions,
+}
+
+/// Merges the threads' measurements into the phase's result; the runtime is
+/// from the end of the warm-up to the last task's end.
+fn summarize(
+    shape: PhaseShape<'_>,
+    measure_start: Instant,
+    outcome: Vec<(Measurements, Instant)>,
+) -> PhaseResult {
     let mut merged = Measurements::default();
     let mut end = measure_start;
     for (m, finished) in outcome {
@@ -235,15 +264,15 @@ pub fn run_phase<F: DriverFactory>(
     }
     let runtime = end.saturating_duration_since(measure_start);
     let runtime_ms = runtime.as_secs_f64() * 1000.0;
-    let with_intended = options.target_ops_per_sec.is_some();
-    let (ops, intended) = merged.summarize(with_intended);
-    Ok(PhaseResult {
-        target,
-        phase: phase.name().into(),
-        threads,
-        concurrency,
-        target_ops_per_sec: options.target_ops_per_sec,
-        warmup_secs: warmup.as_secs_f64(),
+    let target_ops_per_sec = shape.options.target_ops_per_sec;
+    let (ops, intended) = merged.summarize(target_ops_per_sec.is_some());
+    PhaseResult {
+        target: shape.target,
+        phase: shape.phase.name().into(),
+        threads: shape.threads,
+        concurrency: shape.concurrency,
+        target_ops_per_sec,
+        warmup_secs: shape.options.warmup.as_secs_f64(),
         runtime_ms,
         operations: merged.operations,
         throughput_ops_sec: if runtime_ms > 0.0 {
@@ -254,7 +283,7 @@ pub fn run_phase<F: DriverFactory>(
         ops,
         intended,
         first_errors: merged.errors,
-    })
+    }
 }
 
 fn show_progress(shared: &Shared<'_>, running: &AtomicUsize, started: Instant) {
@@ -307,15 +336,77 @@ fn show_progress(shared: &Shared<'_>, running: &AtomicUsize, started: Instant) {
     bar.finish_and_clear();
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Where the threads of a phase meet before any starts: each reports here
+/// that it could not connect or cannot run the workload, then waits for all,
+/// so that connection set-up is not measured and the start time is common.
+struct StartLine {
+    barrier: Barrier,
+    connect_error: Mutex<Option<DriverError>>,
+    unsupported: Mutex<Option<String>>,
+}
+
+impl StartLine {
+    /// For `threads` bench threads and the thread that shows progress.
+    fn new(threads: usize) -> StartLine {
+        StartLine {
+            barrier: Barrier::new(threads + 1),
+            connect_error: Mutex::new(None),
+            unsupported: Mutex::new(None),
+        }
+    }
+
+    /// Keeps the first connection error.
+    fn connect_failed(&self, error: DriverError) {
+        self.connect_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(error);
+    }
+
+    fn unsupported(&self, message: &str) {
+        self.unsupported
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert_with(|| message.into());
+    }
+
+    /// Whether no thread has reported a problem.
+    fn clear(&self) -> bool {
+        self.connect_error
+            .lock()
+            .map(|e| e.is_none())
+            .unwrap_or(false)
+            && self
+                .unsupported
+                .lock()
+                .map(|e| e.is_none())
+                .unwrap_or(false)
+    }
+
+    /// The first problem reported, as the phase's error.
+    fn verdict(self, target: &str) -> Result<(), RunError> {
+        let connect_error = self.connect_error.into_inner();
+        if let Some(source) = connect_error.unwrap_or_else(|p| p.into_inner()) {
+            let target = target.into();
+            return Err(RunError::Connect { target, source });
+        }
+        if let Some(message) = self
+            .unsupported
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner())
+        {
+            let target = target.into();
+            return Err(RunError::Unsupported { target, message });
+        }
+        Ok(())
+    }
+}
+
 fn bench_thread<F: DriverFactory>(
     shared: &Shared<'_>,
     factory: &F,
     thread_index: usize,
-    concurrency: usize,
-    barrier: &Barrier,
-    connect_error: &Mutex<Option<DriverError>>,
-    unsupported: &Mutex<Option<String>>,
+    start_line: &StartLine,
 ) -> Option<(Measurements, Instant)> {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -323,12 +414,9 @@ fn bench_thread<F: DriverFactory>(
     {
         Ok(r) => Some(r),
         Err(e) => {
-            connect_error
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get_or_insert(DriverError::Config(format!(
-                    "starting a tokio runtime: {e}"
-                )));
+            start_line.connect_failed(DriverError::Config(format!(
+                "starting a tokio runtime: {e}"
+            )));
             None
         }
     };
@@ -337,10 +425,7 @@ fn bench_thread<F: DriverFactory>(
         .and_then(|rt| match rt.block_on(factory.connect()) {
             Ok(driver) => Some(driver),
             Err(e) => {
-                connect_error
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get_or_insert(e);
+                start_line.connect_failed(e);
                 None
             }
         });
@@ -349,26 +434,18 @@ fn bench_thread<F: DriverFactory>(
         && shared.workload.issues(OpKind::Scan)
         && !driver.supports_scan()
     {
-        unsupported
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_or_insert_with(|| {
-                "this workload scans (scanproportion > 0) and this driver cannot scan".into()
-            });
+        start_line
+            .unsupported("this workload scans (scanproportion > 0) and this driver cannot scan");
     }
-    let ready = driver.is_some()
-        && connect_error.lock().map(|e| e.is_none()).unwrap_or(false)
-        && unsupported.lock().map(|e| e.is_none()).unwrap_or(false);
-    if !ready {
+    if driver.is_none() || !start_line.clear() {
         shared.stop.store(true, Ordering::Relaxed);
     }
-    // Every thread connects before any starts, so connection set-up is not
-    // measured and the start time is common.
-    barrier.wait();
+    start_line.barrier.wait();
     let (runtime, driver) = (runtime?, driver?);
     if shared.stopped() {
         return None;
     }
+    let concurrency = shared.concurrency;
     let measurements = RefCell::new(Measurements::default());
     let finished = runtime.block_on(async {
         let tasks = (0..concurrency).map(|task| {

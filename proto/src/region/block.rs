@@ -24,15 +24,17 @@ use crate::region::error::BlockError;
 use crate::region::size_class::UNIT_BYTES;
 use crate::wire::Versioned;
 
-/// Byte offsets of the block header's fields.
+/// Byte offsets of the block header's fields, each defined by the one before
+/// it and that one's size, so the header has no gaps by construction.
 pub mod block_field {
+    const U32_BYTES: usize = 4;
     pub const CRC: usize = 0;
-    pub const KEY_LEN: usize = 4;
-    pub const VALUE_LEN: usize = 8;
-    pub const MAGIC: usize = 12;
-    pub const VERSION: usize = 16;
+    pub const KEY_LEN: usize = CRC + U32_BYTES;
+    pub const VALUE_LEN: usize = KEY_LEN + U32_BYTES;
+    pub const MAGIC: usize = VALUE_LEN + U32_BYTES;
+    pub const VERSION: usize = MAGIC + U32_BYTES;
     /// The key bytes, then the value bytes.
-    pub const KEY: usize = 24;
+    pub const KEY: usize = VERSION + size_of::<u64>();
 }
 
 pub const BLOCK_HEADER_BYTES: usize = block_field::KEY;
@@ -44,12 +46,8 @@ pub const INVALIDATED_WORD: u64 = 0;
 /// The magic an invalidated block shows.
 const INVALIDATED_MAGIC: u32 = INVALIDATED_WORD as u32;
 
-// Four u32 fields, then the u64 version, then the key: no gaps.
-const _: () = assert!(block_field::KEY_LEN == block_field::CRC + 4);
-const _: () = assert!(block_field::VALUE_LEN == block_field::KEY_LEN + 4);
-const _: () = assert!(block_field::MAGIC == block_field::VALUE_LEN + 4);
-const _: () = assert!(block_field::VERSION == block_field::MAGIC + 4);
-const _: () = assert!(BLOCK_HEADER_BYTES == block_field::VERSION + 8);
+// The documented layout: 24 header bytes, the CRC covering from byte 4.
+const _: () = assert!(BLOCK_HEADER_BYTES == 24 && block_field::KEY_LEN == 4);
 // The header fits the smallest block, and the invalidation word is one
 // aligned atomic store (blocks are unit aligned) that covers the magic.
 const _: () = assert!(BLOCK_HEADER_BYTES as u64 <= UNIT_BYTES);

@@ -87,12 +87,27 @@ pub mod dynamic_word {
 // each aligned for a single atomic access, and all of it fits the header page.
 const _: () = assert!(static_word::GRACE_PERIOD_US + WORD_BYTES == static_word::STATIC_CRC);
 const _: () = assert!(STATIC_ENCODED_BYTES as u64 <= dynamic_word::RAFT_TERM);
-const _: () = assert!(dynamic_word::RAFT_TERM.is_multiple_of(WORD_BYTES as u64));
-const _: () = assert!(dynamic_word::APPLIED_INDEX == dynamic_word::RAFT_TERM + 8);
-const _: () = assert!(dynamic_word::APPLIED_AT_UNIX_US == dynamic_word::APPLIED_INDEX + 8);
-const _: () = assert!(dynamic_word::LEADER_LEASE == dynamic_word::APPLIED_AT_UNIX_US + 8);
-const _: () = assert!(dynamic_word::REGION_STATE == dynamic_word::LEADER_LEASE + 8);
+const _: () = assert!(words_in_order(&[
+    dynamic_word::RAFT_TERM,
+    dynamic_word::APPLIED_INDEX,
+    dynamic_word::APPLIED_AT_UNIX_US,
+    dynamic_word::LEADER_LEASE,
+    dynamic_word::REGION_STATE,
+]));
 const _: () = assert!(HEADER_USED_BYTES as u64 <= HEADER_BYTES);
+
+/// Whether each offset is word aligned and past the word before it.
+const fn words_in_order(offsets: &[u64]) -> bool {
+    let mut i = 0;
+    while i < offsets.len() {
+        let aligned = offsets[i].is_multiple_of(WORD_BYTES as u64);
+        if !aligned || (i > 0 && offsets[i] < offsets[i - 1] + WORD_BYTES as u64) {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
 const _: () = assert!(HEADER_BYTES.is_multiple_of(BUCKET_BYTES));
 
 /// What the creator of a region chooses; [`RegionLayout::plan`] derives the rest.
