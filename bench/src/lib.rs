@@ -17,6 +17,8 @@
 //! The binary `rdkv-bench` (`src/main.rs`, `src/cli/`) wires these to
 //! the command line.
 
+#![forbid(unsafe_code)]
+
 pub mod driver;
 pub mod embedded;
 pub mod fabric_bench;

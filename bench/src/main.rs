@@ -1,6 +1,8 @@
 //! `rdkv-bench`: YCSB workloads against rdkv and Redis, fabric
 //! micro-benchmarks. See `rdkv-bench --help` and docs/benchmarks.md.
 
+#![forbid(unsafe_code)]
+
 mod cli;
 
 use std::process::ExitCode;

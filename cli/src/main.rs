@@ -5,6 +5,8 @@
 //! exits 0 (as etcdctl does). `endpoint status`/`health` print what they could
 //! learn and exit 1 if any endpoint failed or is unhealthy.
 
+#![forbid(unsafe_code)]
+
 mod args;
 mod commands;
 mod output;

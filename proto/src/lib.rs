@@ -6,5 +6,7 @@
 //! - [`wire`]: the native protocol: length-prefixed frames, the version handshake
 //!   and the postcard-encoded request/response messages.
 
+#![forbid(unsafe_code)]
+
 pub mod region;
 pub mod wire;

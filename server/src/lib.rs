@@ -11,6 +11,8 @@
 //! - [`rdma`]: the RDMA transport's node side (feature `rdma`): device,
 //!   region grant, a queue pair per client connection.
 
+#![forbid(unsafe_code)]
+
 mod accept;
 pub mod config;
 mod framed;

@@ -2,6 +2,8 @@
 //! reclamation, lock-free reader), the Raft types, the durable Raft log and
 //! the state machine with its snapshots.
 
+#![forbid(unsafe_code)]
+
 pub mod failpoint;
 pub mod raft;
 pub mod raft_log;

@@ -6,6 +6,8 @@
 //! A cluster's addresses are its own, so a port a killed node frees cannot
 //! be taken by another test's node before it restarts.
 
+#![forbid(unsafe_code)]
+
 pub mod history;
 pub mod linearizability;
 pub mod netns;

@@ -7,6 +7,8 @@
 //! files libFuzzer added are left alone. Each file's layout matches its
 //! target (most targets read a leading control byte).
 
+#![forbid(unsafe_code)]
+
 use std::fs;
 use std::path::{Path, PathBuf};
 

@@ -17,6 +17,8 @@
 //! `<key>|<seq>|<filler>`, the filler being 16 to 1 024 lowercase letters drawn
 //! from a generator seeded by the key and the sequence number.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::process::ExitCode;
