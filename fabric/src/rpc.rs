@@ -66,6 +66,24 @@ pub enum ConnectError {
     Protocol(#[from] WireError),
 }
 
+/// The frame of one request, as every client channel sends it.
+pub(crate) fn request_frame(
+    request_id: u64,
+    request: &Request,
+    max_frame_bytes: u32,
+) -> Result<BytesMut, CallError> {
+    let mut frame = BytesMut::new();
+    encode_frame(
+        FrameKind::Request,
+        request_id,
+        request,
+        max_frame_bytes,
+        &mut frame,
+    )
+    .map_err(CallError::Encode)?;
+    Ok(frame)
+}
+
 /// A two-sided transport: one request, one response, before a deadline.
 /// The error says whether the request may have reached the server.
 pub trait RpcChannel: Send + Sync + std::fmt::Debug {
@@ -446,15 +464,7 @@ impl Connection {
                 }
             };
         let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut frame = BytesMut::new();
-        encode_frame(
-            FrameKind::Request,
-            request_id,
-            request,
-            self.info.max_frame_bytes,
-            &mut frame,
-        )
-        .map_err(CallError::Encode)?;
+        let frame = request_frame(request_id, request, self.info.max_frame_bytes)?;
 
         let (reply_tx, mut reply_rx) = oneshot::channel();
         {

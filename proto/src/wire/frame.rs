@@ -203,10 +203,16 @@ pub fn encode_frame<T: Serialize + ?Sized>(
     Ok(())
 }
 
-/// Decodes a frame's payload, rejecting trailing bytes: a conforming encoder never
-/// emits them, so they signal a version mismatch or a corrupted stream.
+/// Decodes a frame's payload with [`decode_exact`].
 pub fn decode_payload<T: DeserializeOwned>(frame: &Frame) -> Result<T, WireError> {
-    let (msg, rest) = postcard::take_from_bytes::<T>(&frame.payload).map_err(WireError::Decode)?;
+    decode_exact(&frame.payload)
+}
+
+/// Decodes one postcard message that fills `bytes`, rejecting trailing bytes:
+/// a conforming encoder never emits them, so they signal a version mismatch
+/// or a corrupted stream.
+pub fn decode_exact<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
+    let (msg, rest) = postcard::take_from_bytes::<T>(bytes).map_err(WireError::Decode)?;
     if rest.is_empty() {
         Ok(msg)
     } else {

@@ -70,25 +70,19 @@ impl Limits {
     }
 
     pub fn check_key(&self, key: &[u8]) -> Result<(), LimitError> {
-        let len_bytes = len_u64(key.len());
-        if len_bytes > u64::from(self.max_key_bytes) {
-            return Err(LimitError::KeyTooLarge {
-                len_bytes,
-                max_bytes: self.max_key_bytes,
-            });
-        }
-        Ok(())
+        let max_bytes = self.max_key_bytes;
+        within(key, max_bytes).map_err(|len_bytes| LimitError::KeyTooLarge {
+            len_bytes,
+            max_bytes,
+        })
     }
 
     pub fn check_value(&self, value: &[u8]) -> Result<(), LimitError> {
-        let len_bytes = len_u64(value.len());
-        if len_bytes > u64::from(self.max_value_bytes) {
-            return Err(LimitError::ValueTooLarge {
-                len_bytes,
-                max_bytes: self.max_value_bytes,
-            });
-        }
-        Ok(())
+        let max_bytes = self.max_value_bytes;
+        within(value, max_bytes).map_err(|len_bytes| LimitError::ValueTooLarge {
+            len_bytes,
+            max_bytes,
+        })
     }
 
     pub fn check_batch(&self, entries: usize) -> Result<(), LimitError> {
@@ -174,4 +168,13 @@ impl Request {
 
 fn len_u64(len: usize) -> u64 {
     u64::try_from(len).unwrap_or(u64::MAX)
+}
+
+/// `Ok` when `bytes` is at most `max_bytes` long, else its length.
+fn within(bytes: &[u8], max_bytes: u32) -> Result<(), u64> {
+    let len_bytes = len_u64(bytes.len());
+    if len_bytes > u64::from(max_bytes) {
+        return Err(len_bytes);
+    }
+    Ok(())
 }

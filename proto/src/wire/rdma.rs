@@ -17,6 +17,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::error::WireError;
+use super::frame::decode_exact;
 
 /// Shape of [`QpEndpoint`]; a peer sending another version is refused.
 pub const RDMA_ENDPOINT_VERSION: u8 = 1;
@@ -184,15 +185,7 @@ impl QpEndpoint {
                 max_bytes: MAX_QP_ENDPOINT_BYTES as u32,
             });
         }
-        let (endpoint, rest) =
-            postcard::take_from_bytes::<QpEndpoint>(bytes).map_err(WireError::Decode)?;
-        if rest.is_empty() {
-            Ok(endpoint)
-        } else {
-            Err(WireError::TrailingBytes {
-                n_bytes: rest.len(),
-            })
-        }
+        decode_exact(bytes)
     }
 }
 

@@ -12,6 +12,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::error::WireError;
+use super::frame::decode_exact;
 use super::message::ErrorCode;
 
 /// Largest grant body a client accepts (the length prefix not counted). A
@@ -51,15 +52,7 @@ impl ShmGrant {
 
     /// Decodes a grant body (without the length prefix), rejecting trailing bytes.
     pub fn decode(body: &[u8]) -> Result<ShmGrant, WireError> {
-        let (grant, rest) =
-            postcard::take_from_bytes::<ShmGrant>(body).map_err(WireError::Decode)?;
-        if rest.is_empty() {
-            Ok(grant)
-        } else {
-            Err(WireError::TrailingBytes {
-                n_bytes: rest.len(),
-            })
-        }
+        decode_exact(body)
     }
 }
 

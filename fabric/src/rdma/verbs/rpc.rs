@@ -25,7 +25,7 @@ use tokio::time::{Instant, timeout_at};
 
 use super::connection::{ConnShared, Incoming};
 use crate::rdma::error::RdmaError;
-use crate::rpc::{CallError, RpcChannel, RpcHandler};
+use crate::rpc::{CallError, RpcChannel, RpcHandler, request_frame};
 
 /// Decodes one received message as exactly one frame.
 fn decode_frame(message: Vec<u8>, max_frame_bytes: u32) -> Result<Frame, String> {
@@ -87,15 +87,7 @@ impl RdmaChannel {
             });
         }
         let request_id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut frame = BytesMut::new();
-        encode_frame(
-            FrameKind::Request,
-            request_id,
-            request,
-            self.max_frame_bytes,
-            &mut frame,
-        )
-        .map_err(CallError::Encode)?;
+        let frame = request_frame(request_id, request, self.max_frame_bytes)?;
         let (tx, rx) = oneshot::channel();
         self.pending
             .lock()
