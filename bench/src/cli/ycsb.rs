@@ -137,20 +137,7 @@ fn positive(name: &str, value: f64) -> Result<f64> {
 }
 
 pub fn run(args: YcsbArgs, stop: Arc<AtomicBool>) -> Result<ExitCode> {
-    let mut properties = Properties::new();
-    for file in &args.property_files {
-        properties
-            .load_file(file)
-            .with_context(|| format!("reading workload file {}", file.display()))?;
-    }
-    for p in &args.properties {
-        properties.set_override(p)?;
-    }
-    for name in WorkloadSpec::unknown_properties(&properties) {
-        eprintln!(
-            "rdkv-bench: warning: property {name} is not used by CoreWorkload (typo?); ignored"
-        );
-    }
+    let properties = load_properties(&args)?;
     let spec = WorkloadSpec::from_properties(&properties).context("workload properties")?;
     if spec.record_count == 0 {
         bail!("recordcount is 0: set it in the workload file or with -p recordcount=N");
@@ -169,6 +156,98 @@ pub fn run(args: YcsbArgs, stop: Arc<AtomicBool>) -> Result<ExitCode> {
         )
     })?;
     let consistency = rdkv::parse_consistency(&args.consistency)?;
+    let run_options = run_options(&args, &properties, &stop)?;
+    let phases: &[Phase] = match args.phase {
+        PhaseArg::Load => &[Phase::Load],
+        PhaseArg::Run => &[Phase::Run],
+        PhaseArg::Both => &[Phase::Load, Phase::Run],
+    };
+    let scans = spec.scan_proportion > 0.0 && phases.contains(&Phase::Run);
+    if scans && targets.iter().any(|t| matches!(t, Target::Rdkv(_))) && !rdkv::SUPPORTS_SCAN {
+        bail!(
+            "this workload scans (scanproportion={}) and this rdkv-client has no scan yet: \
+             run it with --target redis only",
+            spec.scan_proportion
+        );
+    }
+    // Started before anything runs, removed when this goes out of scope.
+    let servers = Servers::start(&args, &targets, redis_fsync, &stop)?;
+
+    let mut results: Vec<PhaseResult> = Vec::new();
+    for target in &targets {
+        // Every target gets a fresh workload: the same seed, keys and records.
+        let workload = Arc::new(Workload::new(spec.clone())?);
+        for &phase in phases {
+            let result = match target {
+                Target::Rdkv(transport) => {
+                    let factory = RdkvFactory {
+                        endpoints: servers.endpoints.clone(),
+                        transport: *transport,
+                        consistency,
+                        token: args.token.clone(),
+                        request_timeout: Duration::from_secs(10),
+                    };
+                    factory.validate()?;
+                    run_one(phase, &workload, &factory, &run_options)?
+                }
+                Target::Redis => {
+                    let factory = RedisFactory {
+                        url: servers.redis_url.clone(),
+                    };
+                    run_one(phase, &workload, &factory, &run_options)?
+                }
+            };
+            print_result(&result);
+            results.push(result);
+        }
+    }
+    if targets.len() > 1 {
+        print_comparisons(phases, &results);
+    }
+    let sla_reports = sla.as_ref().map(|sla| judge(sla, phases, &results));
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({
+            "seed": args.seed,
+            "properties": properties.names().map(|n| (n.to_owned(), properties.get(n).unwrap_or_default().to_owned())).collect::<std::collections::BTreeMap<_, _>>(),
+            "results": results,
+            "sla_passed": sla_reports.as_ref().map(|reports| reports.iter().all(SlaReport::passed)),
+        });
+        let text = serde_json::to_string_pretty(&json)?;
+        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    drop(servers);
+    if sla_reports.iter().flatten().any(|r| !r.passed()) {
+        eprintln!("rdkv-bench: SLA missed");
+        return Ok(ExitCode::from(3));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The workload properties: the files in order, then the `-p` overrides.
+fn load_properties(args: &YcsbArgs) -> Result<Properties> {
+    let mut properties = Properties::new();
+    for file in &args.property_files {
+        properties
+            .load_file(file)
+            .with_context(|| format!("reading workload file {}", file.display()))?;
+    }
+    for p in &args.properties {
+        properties.set_override(p)?;
+    }
+    for name in WorkloadSpec::unknown_properties(&properties) {
+        eprintln!(
+            "rdkv-bench: warning: property {name} is not used by CoreWorkload (typo?); ignored"
+        );
+    }
+    Ok(properties)
+}
+
+/// Threads, rate, warm-up and duration from the flags, else the properties.
+fn run_options(
+    args: &YcsbArgs,
+    properties: &Properties,
+    stop: &Arc<AtomicBool>,
+) -> Result<RunOptions> {
     let threads = match args.threads {
         Some(t) => t,
         None => properties.u64("threadcount", 1)? as usize,
@@ -190,7 +269,7 @@ pub fn run(args: YcsbArgs, stop: Arc<AtomicBool>) -> Result<ExitCode> {
         .duration_secs
         .map(|d| positive("--duration-secs", d).map(Duration::from_secs_f64))
         .transpose()?;
-    let run_options = RunOptions {
+    Ok(RunOptions {
         threads,
         concurrency: args.concurrency,
         target_ops_per_sec: target_ops,
@@ -198,149 +277,123 @@ pub fn run(args: YcsbArgs, stop: Arc<AtomicBool>) -> Result<ExitCode> {
         duration,
         seed: args.seed,
         progress: !args.no_progress,
-        stop: Arc::clone(&stop),
-    };
-    let phases: &[Phase] = match args.phase {
-        PhaseArg::Load => &[Phase::Load],
-        PhaseArg::Run => &[Phase::Run],
-        PhaseArg::Both => &[Phase::Load, Phase::Run],
-    };
-    let scans = spec.scan_proportion > 0.0 && phases.contains(&Phase::Run);
-    if scans && targets.iter().any(|t| matches!(t, Target::Rdkv(_))) && !rdkv::SUPPORTS_SCAN {
-        bail!(
-            "this workload scans (scanproportion={}) and this rdkv-client has no scan yet: \
-             run it with --target redis only",
-            spec.scan_proportion
-        );
+        stop: Arc::clone(stop),
+    })
+}
+
+/// The servers the run started (removed on drop) and where to reach the targets.
+struct Servers {
+    cluster: Option<EmbeddedCluster>,
+    redis: Option<LocalRedis>,
+    endpoints: Vec<String>,
+    redis_url: String,
+}
+
+impl Servers {
+    /// Starts the embedded rdkv cluster and redis-server the flags ask for,
+    /// when a target needs them.
+    fn start(
+        args: &YcsbArgs,
+        targets: &[Target],
+        redis_fsync: RedisFsync,
+        stop: &AtomicBool,
+    ) -> Result<Servers> {
+        let mut servers = Servers {
+            cluster: None,
+            redis: None,
+            endpoints: args.endpoints.clone(),
+            redis_url: args.redis_url.clone(),
+        };
+        let wants_rdkv = targets.iter().any(|t| matches!(t, Target::Rdkv(_)));
+        if wants_rdkv && let Some(n) = args.embedded {
+            servers.start_cluster(n, args.embedded_region_mib, stop)?;
+        }
+        let wants_redis = targets.iter().any(|t| matches!(t, Target::Redis));
+        if wants_redis && args.start_redis {
+            let r = LocalRedis::start(redis_fsync).context("starting redis-server")?;
+            servers.redis_url = r.url();
+            eprintln!(
+                "rdkv-bench: started redis-server at {} with {}",
+                servers.redis_url,
+                redis_fsync.describe()
+            );
+            servers.redis = Some(r);
+        }
+        Ok(servers)
     }
 
-    // Servers: started before anything runs, removed when these go out of scope.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting a tokio runtime")?;
-    let wants_rdkv = targets.iter().any(|t| matches!(t, Target::Rdkv(_)));
-    let wants_redis = targets.iter().any(|t| matches!(t, Target::Redis));
-    let mut cluster = None;
-    let mut endpoints = args.endpoints.clone();
-    if wants_rdkv && let Some(n) = args.embedded {
-        eprintln!("rdkv-bench: starting an embedded {n}-node rdkv cluster");
+    fn start_cluster(&mut self, nodes: u64, region_mib: u64, stop: &AtomicBool) -> Result<()> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting a tokio runtime")?;
+        eprintln!("rdkv-bench: starting an embedded {nodes}-node rdkv cluster");
         let mut c = EmbeddedCluster::start(&ClusterOptions {
-            nodes: n,
-            region_mib: args.embedded_region_mib,
+            nodes,
+            region_mib,
             extra_args: Vec::new(),
         })
         .context("starting the embedded cluster")?;
         let leader = runtime
-            .block_on(c.wait_for_leader(Duration::from_secs(30), &stop))
+            .block_on(c.wait_for_leader(Duration::from_secs(30), stop))
             .context("waiting for the embedded cluster's leader")?;
         eprintln!(
             "rdkv-bench: embedded cluster ready, leader node {leader}: {}",
             c.endpoints().join(",")
         );
-        endpoints = c.endpoints().to_vec();
-        cluster = Some(c);
+        self.endpoints = c.endpoints().to_vec();
+        self.cluster = Some(c);
+        Ok(())
     }
-    let mut redis_url = args.redis_url.clone();
-    let mut redis = None;
-    if wants_redis && args.start_redis {
-        let r = LocalRedis::start(redis_fsync).context("starting redis-server")?;
-        redis_url = r.url();
-        eprintln!(
-            "rdkv-bench: started redis-server at {redis_url} with {}",
-            redis_fsync.describe()
+}
+
+/// One phase's YCSB text, with a heading that says how it ran.
+fn print_result(result: &PhaseResult) {
+    println!(
+        "# {} {} phase: {} threads x {} in flight{}",
+        result.target,
+        result.phase,
+        result.threads,
+        result.concurrency,
+        match result.target_ops_per_sec {
+            Some(t) =>
+                format!(", target {t} ops/s (Intended-* series: latency from the intended start)"),
+            None => ", unthrottled".into(),
+        }
+    );
+    print!("{}", report::ycsb_text(result));
+    for e in &result.first_errors {
+        eprintln!("rdkv-bench: {} {}: error: {e}", result.target, result.phase);
+    }
+}
+
+fn print_comparisons(phases: &[Phase], results: &[PhaseResult]) {
+    for &phase in phases {
+        let same: Vec<&PhaseResult> = results.iter().filter(|r| r.phase == phase.name()).collect();
+        println!(
+            "\n# comparison, {} phase (service-time latencies; ratio = first target / other)",
+            phase.name()
         );
-        redis = Some(r);
+        print!("{}", report::comparison_table(&same));
     }
+}
 
-    let mut results: Vec<PhaseResult> = Vec::new();
-    for target in &targets {
-        // Every target gets a fresh workload: the same seed, keys and records.
-        let workload = Arc::new(Workload::new(spec.clone())?);
-        for &phase in phases {
-            let result = match target {
-                Target::Rdkv(transport) => {
-                    let factory = RdkvFactory {
-                        endpoints: endpoints.clone(),
-                        transport: *transport,
-                        consistency,
-                        token: args.token.clone(),
-                        request_timeout: Duration::from_secs(10),
-                    };
-                    factory.validate()?;
-                    run_one(phase, &workload, &factory, &run_options)?
-                }
-                Target::Redis => {
-                    let factory = RedisFactory {
-                        url: redis_url.clone(),
-                    };
-                    run_one(phase, &workload, &factory, &run_options)?
-                }
-            };
-            println!(
-                "# {} {} phase: {} threads x {} in flight{}",
-                result.target,
-                result.phase,
-                result.threads,
-                result.concurrency,
-                match result.target_ops_per_sec {
-                    Some(t) => format!(
-                        ", target {t} ops/s (Intended-* series: latency from the intended start)"
-                    ),
-                    None => ", unthrottled".into(),
-                }
-            );
-            print!("{}", report::ycsb_text(&result));
-            for e in &result.first_errors {
-                eprintln!("rdkv-bench: {} {}: error: {e}", result.target, result.phase);
-            }
-            results.push(result);
-        }
+/// The SLA's verdict on the run phase (the load phase when only it ran),
+/// printed as it goes.
+fn judge(sla: &Sla, phases: &[Phase], results: &[PhaseResult]) -> Vec<SlaReport> {
+    let judged = if phases.contains(&Phase::Run) {
+        "run"
+    } else {
+        "load"
+    };
+    let mut reports = Vec::new();
+    for r in results.iter().filter(|r| r.phase == judged) {
+        let report = sla.evaluate(r);
+        println!();
+        print!("{report}");
+        reports.push(report);
     }
-
-    if targets.len() > 1 {
-        for &phase in phases {
-            let same: Vec<&PhaseResult> =
-                results.iter().filter(|r| r.phase == phase.name()).collect();
-            println!(
-                "\n# comparison, {} phase (service-time latencies; ratio = first target / other)",
-                phase.name()
-            );
-            print!("{}", report::comparison_table(&same));
-        }
-    }
-
-    let mut sla_reports: Vec<SlaReport> = Vec::new();
-    if let Some(sla) = &sla {
-        let judged = if phases.contains(&Phase::Run) {
-            "run"
-        } else {
-            "load"
-        };
-        for r in results.iter().filter(|r| r.phase == judged) {
-            let report = sla.evaluate(r);
-            println!();
-            print!("{report}");
-            sla_reports.push(report);
-        }
-    }
-    if let Some(path) = &args.json {
-        let json = serde_json::json!({
-            "seed": args.seed,
-            "properties": properties.names().map(|n| (n.to_owned(), properties.get(n).unwrap_or_default().to_owned())).collect::<std::collections::BTreeMap<_, _>>(),
-            "results": results,
-            "sla_passed": sla.as_ref().map(|_| sla_reports.iter().all(SlaReport::passed)),
-        });
-        let text = serde_json::to_string_pretty(&json)?;
-        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
-    }
-    drop(redis);
-    drop(cluster);
-    if sla_reports.iter().any(|r| !r.passed()) {
-        eprintln!("rdkv-bench: SLA missed");
-        return Ok(ExitCode::from(3));
-    }
-    Ok(ExitCode::SUCCESS)
+    reports
 }
 
 fn run_one<F: DriverFactory>(
