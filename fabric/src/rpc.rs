@@ -66,6 +66,89 @@ pub enum ConnectError {
     Protocol(#[from] WireError),
 }
 
+/// Sends the hello and reads the server's answer before `deadline`. Returns
+/// the accepted server's limits and whatever arrived after its hello.
+async fn handshake<R, W>(
+    addr: &str,
+    rd: &mut R,
+    wr: &mut W,
+    hello: &ClientHello,
+    deadline: Instant,
+) -> Result<(ServerInfo, BytesMut), ConnectError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let connect_err = |source: io::Error| ConnectError::Connect {
+        addr: addr.to_owned(),
+        source,
+    };
+    let timed_out = || io::Error::new(io::ErrorKind::TimedOut, "connect timed out");
+
+    let mut out = BytesMut::new();
+    encode_frame(
+        FrameKind::ClientHello,
+        0,
+        hello,
+        DEFAULT_MAX_FRAME_BYTES,
+        &mut out,
+    )?;
+    let mut decoder = FrameDecoder::new(DEFAULT_MAX_FRAME_BYTES);
+    let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    let frame = timeout_at(deadline, async {
+        wr.write_all(&out).await.map_err(connect_err)?;
+        loop {
+            if let Some(frame) = decoder.decode(&mut buf)? {
+                return Ok::<_, ConnectError>(frame);
+            }
+            buf.reserve(READ_CHUNK_BYTES);
+            let n = rd.read_buf(&mut buf).await.map_err(connect_err)?;
+            if n == 0 {
+                return Err(connect_err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed during the handshake",
+                )));
+            }
+        }
+    })
+    .await
+    .map_err(|_| connect_err(timed_out()))??;
+    frame.expect_kind(FrameKind::ServerHello)?;
+    let info = match decode_payload::<ServerHello>(&frame)? {
+        ServerHello::Accepted {
+            version,
+            node_id,
+            cluster_id,
+            max_frame_bytes,
+            max_in_flight,
+        } => ServerInfo {
+            version,
+            node_id,
+            cluster_id,
+            max_frame_bytes,
+            max_in_flight,
+        },
+        ServerHello::Rejected { code, message } => {
+            return Err(ConnectError::Handshake {
+                addr: addr.to_owned(),
+                code,
+                message,
+            });
+        }
+    };
+    if info.max_in_flight == 0 || info.max_frame_bytes < rdkv_proto::wire::MIN_BODY_BYTES {
+        return Err(ConnectError::Handshake {
+            addr: addr.to_owned(),
+            code: rdkv_proto::wire::ErrorCode::Malformed,
+            message: format!(
+                "server advertised max_in_flight = {}, max_frame_bytes = {}",
+                info.max_in_flight, info.max_frame_bytes
+            ),
+        });
+    }
+    Ok((info, buf))
+}
+
 /// The frame of one request, as every client channel sends it.
 pub(crate) fn request_frame(
     request_id: u64,
@@ -342,73 +425,7 @@ impl Connection {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let connect_err = |source: io::Error| ConnectError::Connect {
-            addr: addr.to_owned(),
-            source,
-        };
-        let timed_out = || io::Error::new(io::ErrorKind::TimedOut, "connect timed out");
-
-        let mut out = BytesMut::new();
-        encode_frame(
-            FrameKind::ClientHello,
-            0,
-            hello,
-            DEFAULT_MAX_FRAME_BYTES,
-            &mut out,
-        )?;
-        let mut decoder = FrameDecoder::new(DEFAULT_MAX_FRAME_BYTES);
-        let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
-        let frame = timeout_at(deadline, async {
-            wr.write_all(&out).await.map_err(connect_err)?;
-            loop {
-                if let Some(frame) = decoder.decode(&mut buf)? {
-                    return Ok::<_, ConnectError>(frame);
-                }
-                buf.reserve(READ_CHUNK_BYTES);
-                let n = rd.read_buf(&mut buf).await.map_err(connect_err)?;
-                if n == 0 {
-                    return Err(connect_err(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "connection closed during the handshake",
-                    )));
-                }
-            }
-        })
-        .await
-        .map_err(|_| connect_err(timed_out()))??;
-        frame.expect_kind(FrameKind::ServerHello)?;
-        let info = match decode_payload::<ServerHello>(&frame)? {
-            ServerHello::Accepted {
-                version,
-                node_id,
-                cluster_id,
-                max_frame_bytes,
-                max_in_flight,
-            } => ServerInfo {
-                version,
-                node_id,
-                cluster_id,
-                max_frame_bytes,
-                max_in_flight,
-            },
-            ServerHello::Rejected { code, message } => {
-                return Err(ConnectError::Handshake {
-                    addr: addr.to_owned(),
-                    code,
-                    message,
-                });
-            }
-        };
-        if info.max_in_flight == 0 || info.max_frame_bytes < rdkv_proto::wire::MIN_BODY_BYTES {
-            return Err(ConnectError::Handshake {
-                addr: addr.to_owned(),
-                code: rdkv_proto::wire::ErrorCode::Malformed,
-                message: format!(
-                    "server advertised max_in_flight = {}, max_frame_bytes = {}",
-                    info.max_in_flight, info.max_frame_bytes
-                ),
-            });
-        }
+        let (info, buf) = handshake(addr, &mut rd, &mut wr, hello, deadline).await?;
         tracing::debug!(%addr, node_id = info.node_id, max_in_flight = info.max_in_flight, "connected");
 
         let permits = usize::try_from(info.max_in_flight)
