@@ -167,14 +167,13 @@ pub(crate) fn request_frame(
     Ok(frame)
 }
 
+/// The answer to one call, boxed so that [`RpcChannel`] stays object safe.
+pub type CallFuture<'a> = Pin<Box<dyn Future<Output = Result<Response, CallError>> + Send + 'a>>;
+
 /// A two-sided transport: one request, one response, before a deadline.
 /// The error says whether the request may have reached the server.
 pub trait RpcChannel: Send + Sync + std::fmt::Debug {
-    fn call_boxed<'a>(
-        &'a self,
-        request: &'a Request,
-        deadline: Instant,
-    ) -> Pin<Box<dyn Future<Output = Result<Response, CallError>> + Send + 'a>>;
+    fn call_boxed<'a>(&'a self, request: &'a Request, deadline: Instant) -> CallFuture<'a>;
 
     fn is_closed(&self) -> bool;
 
@@ -185,11 +184,7 @@ pub trait RpcChannel: Send + Sync + std::fmt::Debug {
 }
 
 impl RpcChannel for Connection {
-    fn call_boxed<'a>(
-        &'a self,
-        request: &'a Request,
-        deadline: Instant,
-    ) -> Pin<Box<dyn Future<Output = Result<Response, CallError>> + Send + 'a>> {
+    fn call_boxed<'a>(&'a self, request: &'a Request, deadline: Instant) -> CallFuture<'a> {
         Box::pin(self.call(request, deadline))
     }
 
@@ -221,11 +216,7 @@ impl MemChannel {
 }
 
 impl RpcChannel for MemChannel {
-    fn call_boxed<'a>(
-        &'a self,
-        request: &'a Request,
-        deadline: Instant,
-    ) -> Pin<Box<dyn Future<Output = Result<Response, CallError>> + Send + 'a>> {
+    fn call_boxed<'a>(&'a self, request: &'a Request, deadline: Instant) -> CallFuture<'a> {
         Box::pin(async move {
             // Handed over whole: once the handler runs, the request has
             // reached the server, so a deadline is an unknown outcome.

@@ -9,10 +9,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use std::future::Future;
-use std::pin::Pin;
-
-use rdkv_proto::wire::{QpEndpoint, RdmaRegionGrant, Request, Response};
+use rdkv_proto::wire::{QpEndpoint, RdmaRegionGrant, Request};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -21,7 +18,7 @@ use super::context::RdmaContext;
 use super::read::RdmaFabric;
 use super::rpc::RdmaChannel;
 use crate::rdma::error::RdmaError;
-use crate::rpc::{CallError, RpcChannel};
+use crate::rpc::{CallFuture, RpcChannel};
 
 /// Read slots: 256 x 64 KiB = 16 MiB registered once per client, enough for
 /// a default-size value (1 MiB) sixteen times over, or an MGet's batch.
@@ -139,11 +136,7 @@ impl RdmaSession {
 /// Writes and control requests of a client go over the session's SEND/RECV
 /// channel like over any other [`RpcChannel`].
 impl RpcChannel for RdmaSession {
-    fn call_boxed<'a>(
-        &'a self,
-        request: &'a Request,
-        deadline: Instant,
-    ) -> Pin<Box<dyn Future<Output = Result<Response, CallError>> + Send + 'a>> {
+    fn call_boxed<'a>(&'a self, request: &'a Request, deadline: Instant) -> CallFuture<'a> {
         Box::pin(self.channel.call(request, deadline))
     }
 

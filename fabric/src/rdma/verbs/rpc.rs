@@ -9,8 +9,6 @@
 //! it stops taking messages, so credits stop flowing back: backpressure).
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -25,7 +23,7 @@ use tokio::time::{Instant, timeout_at};
 
 use super::connection::{ConnShared, Incoming};
 use crate::rdma::error::RdmaError;
-use crate::rpc::{CallError, RpcChannel, RpcHandler, request_frame};
+use crate::rpc::{CallError, CallFuture, RpcChannel, RpcHandler, request_frame};
 
 /// Decodes one received message as exactly one frame.
 fn decode_frame(message: Vec<u8>, max_frame_bytes: u32) -> Result<Frame, String> {
@@ -132,11 +130,7 @@ impl RdmaChannel {
 }
 
 impl RpcChannel for RdmaChannel {
-    fn call_boxed<'a>(
-        &'a self,
-        request: &'a Request,
-        deadline: Instant,
-    ) -> Pin<Box<dyn Future<Output = Result<Response, CallError>> + Send + 'a>> {
+    fn call_boxed<'a>(&'a self, request: &'a Request, deadline: Instant) -> CallFuture<'a> {
         Box::pin(self.call(request, deadline))
     }
 
