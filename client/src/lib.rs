@@ -76,6 +76,8 @@
 //! [`Consistency::Linearizable`] to depend on no clock, or
 //! [`Consistency::Follower`] to spread reads over replicas with a bounded lag.
 
+#![forbid(unsafe_code)]
+
 mod client;
 mod error;
 mod one_sided;

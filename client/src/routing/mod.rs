@@ -144,86 +144,133 @@ impl Router {
         route: Route,
         idempotence: Idempotence,
     ) -> Result<(String, Response)> {
-        let start = Instant::now();
-        let deadline = start + self.options.request_timeout;
-        let mut cursor = match route {
+        let cursor = match route {
             Route::AnySpread => self.spread.fetch_add(1, Ordering::Relaxed),
             Route::Leader | Route::AnyPreferLeader => 0,
         };
-        let mut backoff = BACKOFF_START;
-        // What to report if the budget runs out.
-        let mut last_err: Option<Error> = None;
-        // The node to try next, when a redirect named one.
-        let mut next: Option<String> = None;
-        let mut redirects = 0u32;
-
+        let mut call = Call::new(self.options.request_timeout, cursor);
         for attempt in 1..=self.options.max_attempts.max(1) {
-            let addr = next
+            let addr = call
+                .next
                 .take()
-                .unwrap_or_else(|| self.state().pick(route, cursor));
-            let outcome = self.attempt(&addr, &request, deadline).await;
+                .unwrap_or_else(|| self.state().pick(route, call.cursor));
+            let outcome = self.attempt(&addr, &request, call.deadline).await;
             let facts = Attempt {
                 addr: &addr,
                 idempotence,
                 request_timeout: self.options.request_timeout,
-                elapsed: start.elapsed(),
-                past_deadline: Instant::now() >= deadline,
+                elapsed: call.start.elapsed(),
+                past_deadline: Instant::now() >= call.deadline,
+                earlier_error: call.last_err.is_some(),
             };
-            let wait = match next_step(outcome, &facts) {
-                Step::Done(response) => {
-                    self.state().answered(&addr, route);
-                    return Ok((addr, response));
-                }
-                Step::Fail { error, suspect } => {
-                    if suspect {
-                        self.state().suspect(&addr);
+            match self.follow(next_step(outcome, &facts), &addr, route, &mut call) {
+                Then::Return(result) => return result.map(|response| (addr, response)),
+                Then::Stop => break,
+                Then::Next { wait } => {
+                    tracing::debug!(%addr, attempt, last_error = ?call.last_err, "trying again");
+                    if wait {
+                        call.back_off().await;
                     }
-                    return Err(error);
-                }
-                Step::GiveUp { error } => {
-                    last_err = last_err.or(error);
-                    break;
-                }
-                Step::Redirect { to, error } => {
-                    tracing::debug!(from = %addr, %to, error = %error, "redirecting to the leader");
-                    redirects += 1;
-                    self.state().learn_leader(&to);
-                    next = Some(to);
-                    last_err = Some(error);
-                    // Nodes that disagree about the leader (stale hints) must not spin.
-                    redirects > 1
-                }
-                Step::Retry {
-                    error,
-                    skip_node,
-                    back_off,
-                } => {
-                    tracing::debug!(%addr, attempt, error = %error, "retrying");
-                    if skip_node {
-                        self.state().forget(&addr);
-                        cursor = cursor.wrapping_add(1);
+                    if Instant::now() >= call.deadline {
+                        break;
                     }
-                    last_err = Some(error);
-                    back_off == BackOff::Always || self.state().round_done(cursor)
                 }
-            };
-            if wait {
-                back_off(&mut backoff, deadline).await;
-            }
-            if Instant::now() >= deadline {
-                break;
             }
         }
-
         // The last thing that went wrong says more than "timed out" (an unreachable
         // node, no leader, Unavailable); nothing was sent whose outcome is unknown.
-        Err(last_err.unwrap_or_else(|| Error::Timeout(start.elapsed())))
+        Err(call
+            .last_err
+            .unwrap_or_else(|| Error::Timeout(call.start.elapsed())))
+    }
+
+    /// Carries out `step` of `call`, whose last attempt went to `addr`.
+    fn follow(&self, step: Step, addr: &str, route: Route, call: &mut Call) -> Then {
+        match step {
+            Step::Done(response) => {
+                self.state().answered(addr, route);
+                Then::Return(Ok(response))
+            }
+            Step::Fail { error, suspect } => {
+                if suspect {
+                    self.state().suspect(addr);
+                }
+                Then::Return(Err(error))
+            }
+            Step::GiveUp => Then::Stop,
+            Step::Redirect { to, error } => {
+                tracing::debug!(from = %addr, %to, "redirecting to the leader");
+                self.state().learn_leader(&to);
+                call.next = Some(to);
+                call.last_err = Some(error);
+                call.redirects += 1;
+                // Nodes that disagree about the leader (stale hints) must not spin.
+                Then::Next {
+                    wait: call.redirects > 1,
+                }
+            }
+            Step::Retry {
+                error,
+                skip_node,
+                back_off,
+            } => {
+                if skip_node {
+                    self.state().forget(addr);
+                    call.cursor = call.cursor.wrapping_add(1);
+                }
+                call.last_err = Some(error);
+                Then::Next {
+                    wait: back_off == BackOff::Always || self.state().round_done(call.cursor),
+                }
+            }
+        }
     }
 }
 
-/// Sleeps for the current back-off (never past `deadline`) and doubles it.
-async fn back_off(backoff: &mut Duration, deadline: Instant) {
-    let wake = (Instant::now() + *backoff).min(deadline);
-    sleep_until(wake).await;
-    *backoff = (*backoff * 2).min(BACKOFF_MAX);
+/// One call's progress across its attempts.
+#[derive(Debug)]
+struct Call {
+    start: Instant,
+    deadline: Instant,
+    /// Which endpoint the next fallback tries.
+    cursor: usize,
+    /// The next sleep between attempts.
+    backoff: Duration,
+    /// What to report if the budget runs out.
+    last_err: Option<Error>,
+    /// The node to try next, when a redirect named one.
+    next: Option<String>,
+    redirects: u32,
+}
+
+impl Call {
+    fn new(request_timeout: Duration, cursor: usize) -> Call {
+        let start = Instant::now();
+        Call {
+            start,
+            deadline: start + request_timeout,
+            cursor,
+            backoff: BACKOFF_START,
+            last_err: None,
+            next: None,
+            redirects: 0,
+        }
+    }
+
+    /// Sleeps for the current back-off (never past the deadline) and doubles it.
+    async fn back_off(&mut self) {
+        let wake = (Instant::now() + self.backoff).min(self.deadline);
+        sleep_until(wake).await;
+        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// What the request loop does after a step.
+enum Then {
+    Return(Result<Response>),
+    Stop,
+    /// Another attempt, after a back-off when `wait`.
+    Next {
+        wait: bool,
+    },
 }

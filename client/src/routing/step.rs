@@ -33,6 +33,8 @@ pub(crate) struct Attempt<'a> {
     pub(crate) elapsed: Duration,
     /// Whether the call's deadline had passed when the outcome came.
     pub(crate) past_deadline: bool,
+    /// Whether an earlier attempt of the call already failed.
+    pub(crate) earlier_error: bool,
 }
 
 /// When to sleep before the next attempt.
@@ -60,9 +62,8 @@ pub(crate) enum Step {
     },
     /// Try the leader a hint named, at once.
     Redirect { to: String, error: Error },
-    /// The deadline cut the call short: report the last error, or `error`
-    /// when there was none.
-    GiveUp { error: Option<Error> },
+    /// The deadline cut the call short: report the earlier error.
+    GiveUp,
 }
 
 /// The step that follows `outcome` of `attempt`. A write that may have been
@@ -83,10 +84,10 @@ fn unreachable_step(error: Error, attempt: &Attempt<'_>) -> Step {
             suspect: false,
         };
     }
-    if attempt.past_deadline {
-        // Our own deadline may have cut this connect short: an earlier error
-        // says more.
-        return Step::GiveUp { error: Some(error) };
+    if attempt.past_deadline && attempt.earlier_error {
+        // Our own deadline may have cut this connect short: the earlier error
+        // says more, and the node may be fine.
+        return Step::GiveUp;
     }
     Step::Retry {
         error,
@@ -116,7 +117,7 @@ fn call_failed_step(failure: CallError, attempt: &Attempt<'_>) -> Step {
         },
         CallError::NotSent {
             timed_out: true, ..
-        } => Step::GiveUp { error: None },
+        } => Step::GiveUp,
         CallError::Lost { reason } if write => Step::Fail {
             error: Error::OutcomeUnknown {
                 addr,
@@ -209,7 +210,7 @@ mod tests {
         Fail(&'static str, bool),
         Retry(&'static str, bool, BackOff),
         Redirect(String, &'static str),
-        GiveUp(Option<&'static str>),
+        GiveUp,
     }
 
     /// The error's variant name, enough to tell the rules apart.
@@ -237,17 +238,29 @@ mod tests {
                 back_off,
             } => Shape::Retry(kind(error), *skip_node, *back_off),
             Step::Redirect { to, error } => Shape::Redirect(to.clone(), kind(error)),
-            Step::GiveUp { error } => Shape::GiveUp(error.as_ref().map(kind)),
+            Step::GiveUp => Shape::GiveUp,
         }
     }
 
-    fn attempt(idempotence: Idempotence, past_deadline: bool) -> Attempt<'static> {
+    /// When an attempt happens in its call.
+    #[derive(Debug, Clone, Copy)]
+    enum When {
+        /// Before the deadline.
+        InTime,
+        /// Past the deadline, on the call's first attempt.
+        LateFirst,
+        /// Past the deadline, after an attempt that failed.
+        LateAgain,
+    }
+
+    fn attempt(idempotence: Idempotence, when: When) -> Attempt<'static> {
         Attempt {
             addr: "a",
             idempotence,
             request_timeout: Duration::from_secs(5),
             elapsed: Duration::from_secs(1),
-            past_deadline,
+            past_deadline: !matches!(when, When::InTime),
+            earlier_error: matches!(when, When::LateAgain),
         }
     }
 
@@ -299,9 +312,9 @@ mod tests {
         })
     }
 
-    /// One row of the table: what happened, to a read or a write, whether
-    /// the deadline had passed, and the step that must follow.
-    type Row = (&'static str, fn() -> Outcome, Idempotence, bool, Shape);
+    /// One row of the table: what happened, to a read or a write, when, and
+    /// the step that must follow.
+    type Row = (&'static str, fn() -> Outcome, Idempotence, When, Shape);
 
     /// Every outcome, for reads and for writes.
     #[test]
@@ -310,39 +323,43 @@ mod tests {
         use ErrorCode as C;
         use Idempotence::{Read, Write};
         use Shape::*;
+        use When::{InTime, LateAgain, LateFirst};
         #[rustfmt::skip]
         let rows: Vec<Row> = vec![
-            ("an answer", || Outcome::Replied(Response::Pong), Read, false, Done),
-            ("an answer to a write", || Outcome::Replied(Response::Done), Write, false, Done),
-            ("connect refused", connect_error, Read, false, Retry("Connect", true, AfterRound)),
-            ("connect refused, write", connect_error, Write, false, Retry("Connect", true, AfterRound)),
-            ("connect cut by the deadline", connect_error, Write, true, GiveUp(Some("Connect"))),
-            ("bad token", || handshake(C::Unauthenticated), Read, false, Fail("Handshake", false)),
-            ("handshake Unavailable", || handshake(C::Unavailable), Read, false, Retry("Handshake", true, AfterRound)),
-            ("no reply in time", || failed(CallError::TimedOut), Read, false, Fail("Timeout", true)),
-            ("no reply in time, write", || failed(CallError::TimedOut), Write, false, Fail("OutcomeUnknown", true)),
-            ("no credit before the deadline", || not_sent(true), Write, false, GiveUp(None)),
-            ("not sent, channel closed", || not_sent(false), Read, false, Retry("ConnectionLost", true, AfterRound)),
-            ("not sent, channel closed, write", || not_sent(false), Write, false, Retry("ConnectionLost", true, AfterRound)),
-            ("lost after sending", lost, Read, false, Retry("ConnectionLost", true, AfterRound)),
-            ("lost after sending, write", lost, Write, false, Fail("OutcomeUnknown", false)),
-            ("undecodable reply", || failed(CallError::Decode(wire_error())), Read, false, Fail("Protocol", false)),
-            ("unencodable request", || failed(CallError::Encode(wire_error())), Write, false, Fail("Protocol", false)),
-            ("NotLeader, hint", || reply(C::NotLeader, Some("b")), Write, false, Redirect("b".into(), "NoLeader")),
-            ("Unavailable, hint", || reply(C::Unavailable, Some("b")), Read, false, Redirect("b".into(), "Server")),
-            ("NotLeader, hint at itself", || reply(C::NotLeader, Some("a")), Write, false, Retry("NoLeader", true, Always)),
-            ("NotLeader, no hint", || reply(C::NotLeader, None), Write, false, Retry("NoLeader", true, Always)),
-            ("Unavailable, no hint", || reply(C::Unavailable, None), Write, false, Retry("Server", true, Always)),
-            ("StaleFollower", || reply(C::StaleFollower, None), Read, false, Retry("Server", true, Always)),
-            ("StaleFollower, hint", || reply(C::StaleFollower, Some("b")), Read, false, Retry("Server", true, Always)),
-            ("TooManyInFlight", || reply(C::TooManyInFlight, None), Write, false, Retry("Server", false, Always)),
-            ("server Timeout", || reply(C::Timeout, None), Read, false, Retry("Server", false, Always)),
-            ("server Timeout, write", || reply(C::Timeout, None), Write, false, Fail("OutcomeUnknown", false)),
-            ("InvalidRequest", || reply(C::InvalidRequest, None), Read, false, Fail("Server", false)),
-            ("Unauthenticated", || reply(C::Unauthenticated, None), Write, false, Fail("Server", false)),
+            ("an answer", || Outcome::Replied(Response::Pong), Read, InTime, Done),
+            ("an answer to a write", || Outcome::Replied(Response::Done), Write, InTime, Done),
+            ("connect refused", connect_error, Read, InTime, Retry("Connect", true, AfterRound)),
+            ("connect refused, write", connect_error, Write, InTime, Retry("Connect", true, AfterRound)),
+            ("connect cut by the deadline", connect_error, Write, LateAgain, GiveUp),
+            // With nothing better to report, the node is skipped: the next call
+            // must not go back to a node that never answers (a frozen leader).
+            ("first connect cut by the deadline", connect_error, Write, LateFirst, Retry("Connect", true, AfterRound)),
+            ("bad token", || handshake(C::Unauthenticated), Read, InTime, Fail("Handshake", false)),
+            ("handshake Unavailable", || handshake(C::Unavailable), Read, InTime, Retry("Handshake", true, AfterRound)),
+            ("no reply in time", || failed(CallError::TimedOut), Read, InTime, Fail("Timeout", true)),
+            ("no reply in time, write", || failed(CallError::TimedOut), Write, InTime, Fail("OutcomeUnknown", true)),
+            ("no credit before the deadline", || not_sent(true), Write, InTime, GiveUp),
+            ("not sent, channel closed", || not_sent(false), Read, InTime, Retry("ConnectionLost", true, AfterRound)),
+            ("not sent, channel closed, write", || not_sent(false), Write, InTime, Retry("ConnectionLost", true, AfterRound)),
+            ("lost after sending", lost, Read, InTime, Retry("ConnectionLost", true, AfterRound)),
+            ("lost after sending, write", lost, Write, InTime, Fail("OutcomeUnknown", false)),
+            ("undecodable reply", || failed(CallError::Decode(wire_error())), Read, InTime, Fail("Protocol", false)),
+            ("unencodable request", || failed(CallError::Encode(wire_error())), Write, InTime, Fail("Protocol", false)),
+            ("NotLeader, hint", || reply(C::NotLeader, Some("b")), Write, InTime, Redirect("b".into(), "NoLeader")),
+            ("Unavailable, hint", || reply(C::Unavailable, Some("b")), Read, InTime, Redirect("b".into(), "Server")),
+            ("NotLeader, hint at itself", || reply(C::NotLeader, Some("a")), Write, InTime, Retry("NoLeader", true, Always)),
+            ("NotLeader, no hint", || reply(C::NotLeader, None), Write, InTime, Retry("NoLeader", true, Always)),
+            ("Unavailable, no hint", || reply(C::Unavailable, None), Write, InTime, Retry("Server", true, Always)),
+            ("StaleFollower", || reply(C::StaleFollower, None), Read, InTime, Retry("Server", true, Always)),
+            ("StaleFollower, hint", || reply(C::StaleFollower, Some("b")), Read, InTime, Retry("Server", true, Always)),
+            ("TooManyInFlight", || reply(C::TooManyInFlight, None), Write, InTime, Retry("Server", false, Always)),
+            ("server Timeout", || reply(C::Timeout, None), Read, InTime, Retry("Server", false, Always)),
+            ("server Timeout, write", || reply(C::Timeout, None), Write, InTime, Fail("OutcomeUnknown", false)),
+            ("InvalidRequest", || reply(C::InvalidRequest, None), Read, InTime, Fail("Server", false)),
+            ("Unauthenticated", || reply(C::Unauthenticated, None), Write, InTime, Fail("Server", false)),
         ];
-        for (name, outcome, idempotence, past_deadline, expected) in rows {
-            let step = next_step(outcome(), &attempt(idempotence, past_deadline));
+        for (name, outcome, idempotence, when, expected) in rows {
+            let step = next_step(outcome(), &attempt(idempotence, when));
             assert_eq!(shape(&step), expected, "{name}");
         }
     }
