@@ -82,14 +82,20 @@ mod client;
 mod error;
 mod one_sided;
 mod options;
+mod outcome;
+mod routing;
+mod scan;
+mod snapshot;
 
 /// Re-exported so that callers need not depend on `bytes` themselves.
 pub use bytes::Bytes;
-pub use client::{CasOutcome, Client, DeleteOutcome, SnapshotInfo};
+pub use client::Client;
 pub use error::{Error, Result};
-pub use one_sided::{OneSidedStats, Transport};
-pub use options::ClientOptions;
+pub use one_sided::OneSidedStats;
+pub use options::{ClientOptions, Transport};
+pub use outcome::{CasOutcome, DeleteOutcome};
 pub use rdkv_proto::wire::{
     Consistency, ErrorCode, ErrorReply, Fault, Health, LeaderHint, MemberInfo, NodeStatus, OpStats,
     OpenConnections, RegionFill, ReplicationLag, Role, Versioned,
 };
+pub use snapshot::SnapshotInfo;

@@ -1,11 +1,9 @@
-//! Client configuration.
+//! Client configuration: [`ClientOptions`] and the [`Transport`] GETs take.
 
 use std::fmt;
 use std::time::Duration;
 
 use rdkv_proto::wire::Consistency;
-
-use crate::one_sided::Transport;
 
 /// How a [`Client`](crate::Client) connects, authenticates and retries.
 ///
@@ -87,5 +85,41 @@ impl fmt::Debug for ClientOptions {
             .field("client_name", &self.client_name)
             .field("default_consistency", &self.default_consistency)
             .finish()
+    }
+}
+
+/// Which transport serves GETs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// One-sided through `rdma` where both sides have a device, else through
+    /// `shm` where the server is on this host, when the consistency level
+    /// allows it; RPC over TCP otherwise.
+    #[default]
+    Auto,
+    /// Always RPC over TCP.
+    Tcp,
+    /// Only one-sided through `shm`: a GET that cannot be served from a
+    /// mapped region fails with `Error::OneSidedUnavailable` instead of
+    /// going to the server (for benchmarks and for tests that must not touch
+    /// the server's CPU).
+    Shm,
+    /// Only one-sided through `rdma`, like `Shm` otherwise. Needs the
+    /// client built with the `rdma` feature.
+    Rdma,
+}
+
+impl Transport {
+    /// GETs that cannot be served one-sided fail instead of using RPC.
+    pub fn is_one_sided_only(self) -> bool {
+        matches!(self, Transport::Shm | Transport::Rdma)
+    }
+
+    #[cfg(feature = "rdma")]
+    pub(crate) fn allows_rdma(self) -> bool {
+        matches!(self, Transport::Auto | Transport::Rdma)
+    }
+
+    pub(crate) fn allows_shm(self) -> bool {
+        matches!(self, Transport::Auto | Transport::Shm)
     }
 }

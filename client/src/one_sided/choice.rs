@@ -1,0 +1,136 @@
+//! Which mapped region may serve a read at a consistency level right now:
+//! the leader's while its lease holds (`Lease`), any replica within the lag
+//! bound (`Follower`). The rules are the pure functions at the top.
+
+use std::sync::atomic::Ordering;
+
+use rdkv_fabric::RegionReader;
+use rdkv_fabric::clock::unix_now_us;
+use rdkv_proto::region::{DynamicHeader, RegionState};
+use rdkv_proto::wire::Consistency;
+
+use super::OneSided;
+use super::topology::Topology;
+
+/// Whether a leader's region header grants lease reads at `now_us`: the
+/// region serves and its lease runs at least `max_clock_drift_us` beyond
+/// now (the bound on how far the two clocks may differ).
+pub(super) fn lease_holds(header: &DynamicHeader, now_us: u64, max_clock_drift_us: u64) -> bool {
+    header.state == RegionState::Serving
+        && header
+            .lease_deadline_unix_us
+            .is_some_and(|deadline| now_us.saturating_add(max_clock_drift_us) < deadline)
+}
+
+/// Whether a replica with `header` may serve a read lagging at most
+/// `max_lag_entries` behind the leader, whose applied index is
+/// `leader_applied` when known.
+pub(super) fn within_lag(
+    header: &DynamicHeader,
+    leader_applied: Option<u64>,
+    max_lag_entries: u64,
+) -> bool {
+    let within = match leader_applied {
+        Some(leader) => leader.saturating_sub(header.applied_index) <= max_lag_entries,
+        // Without the leader's position only "any lag" is safe.
+        None => max_lag_entries == u64::MAX,
+    };
+    header.state == RegionState::Serving && within
+}
+
+impl OneSided {
+    /// The reader that may serve a read at `consistency` now, if any.
+    pub(super) fn reader_for(
+        &self,
+        topology: &mut Topology,
+        consistency: Consistency,
+    ) -> Option<RegionReader> {
+        match consistency {
+            Consistency::Linearizable => None,
+            Consistency::Lease => self.lease_reader(topology),
+            Consistency::Follower { max_lag_entries } => {
+                self.follower_reader(topology, max_lag_entries)
+            }
+        }
+    }
+
+    /// The leader's header, if its lease holds now.
+    fn leased_header(&self, topology: &Topology) -> Option<DynamicHeader> {
+        let header = topology.leader_reader()?.dynamic_header().ok()?;
+        lease_holds(&header, unix_now_us(), self.max_clock_drift_us).then_some(header)
+    }
+
+    fn lease_reader(&self, topology: &mut Topology) -> Option<RegionReader> {
+        let reader = topology.leader_reader()?.clone();
+        let header = reader.dynamic_header().ok()?;
+        if lease_holds(&header, unix_now_us(), self.max_clock_drift_us) {
+            return Some(reader);
+        }
+        self.counters.lease_refusals.fetch_add(1, Ordering::Relaxed);
+        // The leader may have changed: look again on the next read.
+        topology.refreshed_at = None;
+        None
+    }
+
+    fn follower_reader(&self, topology: &Topology, max_lag_entries: u64) -> Option<RegionReader> {
+        // The leader's published applied index is the reference only while
+        // its lease holds: a leader cut off from its quorum (which may not
+        // know it has been replaced) publishes a stale one.
+        let leader_applied = self.leased_header(topology).map(|h| h.applied_index);
+        let candidates: Vec<&RegionReader> = topology
+            .readers()
+            .filter(|r| {
+                r.dynamic_header()
+                    .is_ok_and(|h| within_lag(&h, leader_applied, max_lag_entries))
+            })
+            .collect();
+        if candidates.is_empty() {
+            self.counters.lag_refusals.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let pick = self.spread.fetch_add(1, Ordering::Relaxed) % candidates.len();
+        Some(candidates[pick].clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(state: RegionState, applied_index: u64, lease: Option<u64>) -> DynamicHeader {
+        DynamicHeader {
+            raft_term: 1,
+            applied_index,
+            applied_at_unix_us: 0,
+            lease_deadline_unix_us: lease,
+            state,
+        }
+    }
+
+    #[test]
+    fn a_lease_holds_only_beyond_the_clock_drift() {
+        let leased = header(RegionState::Serving, 10, Some(1_000));
+        assert!(lease_holds(&leased, 900, 50));
+        assert!(!lease_holds(&leased, 950, 50), "deadline within the drift");
+        assert!(!lease_holds(&header(RegionState::Serving, 10, None), 0, 0));
+        assert!(!lease_holds(
+            &header(RegionState::Retired, 10, Some(1_000)),
+            0,
+            0
+        ));
+    }
+
+    #[test]
+    fn the_lag_is_measured_against_the_leader_when_known() {
+        let replica = header(RegionState::Serving, 90, None);
+        assert!(within_lag(&replica, Some(100), 10));
+        assert!(!within_lag(&replica, Some(101), 10));
+        assert!(
+            !within_lag(&replica, None, 1_000),
+            "unknown leader position"
+        );
+        assert!(within_lag(&replica, None, u64::MAX));
+        let retired = header(RegionState::Retired, 100, None);
+        assert!(!within_lag(&retired, Some(100), u64::MAX));
+    }
+}

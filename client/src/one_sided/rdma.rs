@@ -1,0 +1,104 @@
+//! Attaching to a node over RDMA: a dedicated control connection, the
+//! queue-pair exchange (`Request::RdmaConnect`), then a `RegionReader`
+//! over the session's RDMA fabric.
+
+use std::sync::{Arc, Mutex};
+
+use rdkv_fabric::rdma::verbs::read::descriptor_of;
+use rdkv_fabric::rdma::verbs::{RdmaClient, RdmaSession};
+use rdkv_fabric::rpc::{Connection, RpcChannel};
+use rdkv_fabric::{Clock, RegionReader};
+use rdkv_proto::wire::{Request, Response};
+
+use super::topology::sized_reader;
+use crate::routing::Router;
+
+/// The client's device, opened on first use; `Err` remembers why RDMA
+/// is off for this client (logged once).
+#[derive(Debug, Default)]
+pub(super) struct Device {
+    opened: Mutex<Option<Result<Arc<RdmaClient>, String>>>,
+}
+
+#[derive(Debug)]
+pub(super) struct Attached {
+    pub(super) reader: RegionReader,
+    session: Arc<RdmaSession>,
+    _control: Connection,
+}
+
+impl Attached {
+    pub(super) fn channel(&self) -> Arc<dyn RpcChannel> {
+        Arc::clone(&self.session) as Arc<dyn RpcChannel>
+    }
+}
+
+impl Device {
+    fn get(&self, router: &Router) -> Option<Arc<RdmaClient>> {
+        let mut opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
+        let result = opened.get_or_insert_with(|| {
+            let wanted = router.options().rdma_device.clone();
+            RdmaClient::open(wanted.as_deref()).map_err(|e| {
+                tracing::info!("rdma transport off for this client: {e}");
+                e.to_string()
+            })
+        });
+        result.as_ref().ok().cloned()
+    }
+
+    pub(super) async fn attach(
+        &self,
+        router: &Router,
+        addr: &str,
+        clock: &Arc<dyn Clock>,
+    ) -> Option<Attached> {
+        let device = self.get(router)?;
+        let control = router
+            .pool()
+            .dedicated_connection(addr)
+            .await
+            .map_err(|e| tracing::debug!(addr, "no rdma control connection: {e}"))
+            .ok()?;
+        let pending = device
+            .prepare()
+            .map_err(|e| tracing::debug!(addr, "no rdma queue pair: {e}"))
+            .ok()?;
+        let deadline = tokio::time::Instant::now() + router.options().connect_timeout;
+        let request = Request::RdmaConnect {
+            endpoint: pending.endpoint(),
+        };
+        let (endpoint, region) = match control.call(&request, deadline).await {
+            Ok(Response::RdmaConnected { endpoint, region }) => (endpoint, region),
+            Ok(other) => {
+                tracing::debug!(addr, "server refused rdma: {other:?}");
+                return None;
+            }
+            Err(e) => {
+                tracing::debug!(addr, "rdma connect failed: {e:?}");
+                return None;
+            }
+        };
+        let session = pending
+            .complete(endpoint, region, control.info().max_frame_bytes)
+            .map_err(|e| tracing::debug!(addr, "rdma connect failed: {e}"))
+            .ok()?;
+        let fabric = session.fabric();
+        let descriptor = descriptor_of(&region);
+        let reader = sized_reader(|options| {
+            RegionReader::over(
+                Arc::clone(&fabric) as _,
+                descriptor,
+                Arc::clone(clock),
+                options,
+            )
+        })
+        .map_err(|e| tracing::debug!(addr, "rdma region unreadable: {e}"))
+        .ok()?;
+        tracing::debug!(addr, "reading over rdma");
+        Some(Attached {
+            reader,
+            session,
+            _control: control,
+        })
+    }
+}

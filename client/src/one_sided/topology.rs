@@ -1,0 +1,255 @@
+//! What the one-sided path knows of the cluster: the members, the leader and
+//! a region reader per node it could attach to (over `rdma` or `shm`),
+//! re-learned from the nodes' status at most every `TOPOLOGY_TTL`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkv_fabric::{ReadError, ReadStats, ReaderOptions, RegionReader, attach_shm};
+use rdkv_proto::region::RegionState;
+use rdkv_proto::wire::{MemberInfo, NodeStatus, Op, Request};
+
+use super::OneSided;
+use crate::outcome::answer;
+
+/// How often the client re-learns which nodes exist and which one leads.
+const TOPOLOGY_TTL: Duration = Duration::from_secs(1);
+/// Budget of each status call of a refresh (GETs wait behind a refresh).
+pub(super) const STATUS_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long a node whose region could not be attached is left alone.
+const ATTACH_BACKOFF: Duration = Duration::from_secs(2);
+/// How long a node whose RDMA session could not be set up is read through
+/// the other transports before RDMA is tried again.
+#[cfg(feature = "rdma")]
+const RDMA_BACKOFF: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Default)]
+pub(super) struct Node {
+    pub(super) reader: Option<RegionReader>,
+    retry_attach_at: Option<Instant>,
+    pub(super) client_addr: String,
+    /// The reader's counters when they were last reported to the node.
+    pub(super) reported: ReadStats,
+    /// Counts of replaced readers not yet reported.
+    pub(super) unreported: ReadStats,
+    /// The RDMA session `reader` reads through, if any, with its control
+    /// connection (the server drops the queue pair when it closes).
+    #[cfg(feature = "rdma")]
+    rdma: Option<super::rdma::Attached>,
+    #[cfg(feature = "rdma")]
+    retry_rdma_at: Option<Instant>,
+}
+
+impl Node {
+    /// Whether the node's reader reads its current region: serving, and of
+    /// the epoch the node's `status` names (a restarted or snapshot-rebuilt
+    /// node has a new one).
+    fn reads_current_region(&self, status: Option<&NodeStatus>) -> bool {
+        self.reader.as_ref().is_some_and(|r| {
+            r.dynamic_header()
+                .is_ok_and(|h| h.state == RegionState::Serving)
+                && status.is_none_or(|s| s.region_epoch == r.layout().region_epoch)
+        })
+    }
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Topology {
+    pub(super) refreshed_at: Option<Instant>,
+    pub(super) leader: Option<u64>,
+    pub(super) nodes: BTreeMap<u64, Node>,
+    /// Readers of regions replaced since, kept for their statistics.
+    pub(super) retired_stats: ReadStats,
+    /// Refusal counters when last reported (to the leader).
+    pub(super) reported_lease_refusals: u64,
+    pub(super) reported_lag_refusals: u64,
+}
+
+impl Topology {
+    pub(super) fn is_stale(&self) -> bool {
+        self.refreshed_at
+            .is_none_or(|at| at.elapsed() > TOPOLOGY_TTL)
+    }
+
+    pub(super) fn leader_reader(&self) -> Option<&RegionReader> {
+        self.nodes.get(&self.leader?)?.reader.as_ref()
+    }
+
+    pub(super) fn readers(&self) -> impl Iterator<Item = &RegionReader> {
+        self.nodes.values().filter_map(|n| n.reader.as_ref())
+    }
+
+    /// Drops node `id`'s reader (and session), keeping its counts.
+    fn retire_reader(&mut self, id: u64) {
+        let node = self.nodes.entry(id).or_default();
+        #[cfg(feature = "rdma")]
+        {
+            node.rdma = None;
+        }
+        if let Some(old) = node.reader.take() {
+            let old_stats = old.stats();
+            node.unreported = node.unreported.plus(old_stats.since(node.reported));
+            node.reported = ReadStats::default();
+            self.retired_stats = self.retired_stats.plus(old_stats);
+        }
+    }
+
+    /// Keeps the nodes of `members` only, with their current addresses.
+    fn keep_members(&mut self, members: &[MemberInfo]) {
+        for member in members {
+            if let Some(node) = self.nodes.get_mut(&member.id) {
+                node.client_addr.clone_from(&member.client_addr);
+            }
+        }
+        self.nodes
+            .retain(|id, _| members.iter().any(|m| m.id == *id));
+    }
+}
+
+/// A reader of a region with options sized for its layout: a first reader
+/// with defaults learns the layout, then `open` is called again for good.
+pub(super) fn sized_reader(
+    open: impl Fn(ReaderOptions) -> Result<RegionReader, ReadError>,
+) -> Result<RegionReader, ReadError> {
+    let probe = open(ReaderOptions {
+        max_attempts: ReaderOptions::DEFAULT_MAX_ATTEMPTS,
+        abandon_after_us: None,
+    })?;
+    open(ReaderOptions::for_layout(probe.layout()))
+}
+
+impl OneSided {
+    /// Learns members, leader and sockets, and attaches to the regions of
+    /// the nodes this client can read one-sided.
+    pub(super) async fn refresh(&self, topology: &mut Topology) {
+        topology.refreshed_at = Some(Instant::now());
+        let status = tokio::time::timeout(STATUS_TIMEOUT, self.router.send(Request::Status)).await;
+        let Ok(Ok(status)) = status.map(|r| r.and_then(|s| answer::<NodeStatus>(Op::Status, s)))
+        else {
+            return;
+        };
+        topology.leader = status.leader_id;
+        for member in &status.members {
+            // Each member's own view: its sockets and its region's epoch.
+            let member_status = if member.id == status.id {
+                Some(status.clone())
+            } else {
+                self.status_of(&member.client_addr).await
+            };
+            self.refresh_member(topology, member, member_status).await;
+        }
+        topology.keep_members(&status.members);
+        self.report_in_background(topology);
+    }
+
+    async fn status_of(&self, addr: &str) -> Option<NodeStatus> {
+        let asked = self.router.send_to(addr, Request::Status);
+        let response = tokio::time::timeout(STATUS_TIMEOUT, asked)
+            .await
+            .ok()?
+            .ok()?;
+        answer(Op::Status, response).ok()
+    }
+
+    /// Re-attaches to `member`'s region unless its reader is current or an
+    /// attach failed recently.
+    async fn refresh_member(
+        &self,
+        topology: &mut Topology,
+        member: &MemberInfo,
+        status: Option<NodeStatus>,
+    ) {
+        let now = Instant::now();
+        let node = topology.nodes.entry(member.id).or_default();
+        if node.reads_current_region(status.as_ref())
+            || node.retry_attach_at.is_some_and(|at| at > now)
+        {
+            return;
+        }
+        topology.retire_reader(member.id);
+        #[cfg(feature = "rdma")]
+        if self.attach_rdma(topology, member, now).await {
+            return;
+        }
+        let reader = self.attach_local(member, status).await;
+        let node = topology.nodes.entry(member.id).or_default();
+        node.retry_attach_at = reader.is_none().then_some(now + ATTACH_BACKOFF);
+        node.reader = reader;
+    }
+
+    /// Sets up an RDMA session with `member` (unless RDMA failed with it
+    /// recently); its channel then carries this client's requests to it.
+    #[cfg(feature = "rdma")]
+    async fn attach_rdma(
+        &self,
+        topology: &mut Topology,
+        member: &MemberInfo,
+        now: Instant,
+    ) -> bool {
+        let node = topology.nodes.entry(member.id).or_default();
+        let transport = self.router.options().transport;
+        if !transport.allows_rdma() || node.retry_rdma_at.is_some_and(|at| at > now) {
+            return false;
+        }
+        let addr = &member.client_addr;
+        let Some(attached) = self.rdma.attach(&self.router, addr, &self.clock).await else {
+            node.retry_rdma_at = Some(now + RDMA_BACKOFF);
+            return false;
+        };
+        self.router
+            .pool()
+            .use_channel(addr, attached.channel())
+            .await;
+        node.reader = Some(attached.reader.clone());
+        node.rdma = Some(attached);
+        node.retry_attach_at = None;
+        node.retry_rdma_at = None;
+        true
+    }
+
+    /// Maps `member`'s region if it is on this host (its shm socket exists),
+    /// and then talks to it over its Unix socket too (writes and control
+    /// skip TCP).
+    async fn attach_local(
+        &self,
+        member: &MemberInfo,
+        status: Option<NodeStatus>,
+    ) -> Option<RegionReader> {
+        let (socket, rpc_socket) = status
+            .map(|s| (s.shm_socket, s.rpc_socket))
+            .unwrap_or_default();
+        let shm_allowed = self.router.options().transport.allows_shm();
+        let reader = match socket.filter(|p| shm_allowed && Path::new(p).exists()) {
+            Some(path) => self.attach_shm(Path::new(&path)).await,
+            None => None,
+        };
+        if let Some(rpc) = rpc_socket.filter(|p| reader.is_some() && Path::new(p).exists())
+            && let Err(e) = self
+                .router
+                .pool()
+                .use_unix_socket(&member.client_addr, Path::new(&rpc))
+                .await
+        {
+            tracing::debug!(rpc, "unix socket unusable, staying on tcp: {e}");
+        }
+        reader
+    }
+
+    async fn attach_shm(&self, path: &Path) -> Option<RegionReader> {
+        let options = self.router.options();
+        let attachment = attach_shm(path, options.token.as_deref(), &options.client_name)
+            .await
+            .map_err(|e| tracing::debug!(path = %path.display(), "no shm attachment: {e}"))
+            .ok()?;
+        sized_reader(|reader_options| {
+            RegionReader::attach(
+                Arc::clone(&attachment.memory),
+                Arc::clone(&self.clock),
+                reader_options,
+            )
+        })
+        .ok()
+    }
+}

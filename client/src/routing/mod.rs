@@ -1,0 +1,276 @@
+//! The [`Router`]: sends a request where its kind may be served, following
+//! redirects and retrying within the call's budget. The rules are
+//! [`step::next_step`]; this module carries its steps out.
+
+mod pool;
+mod route;
+mod step;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use rdkv_proto::wire::{ClientHello, Request, Response};
+use tokio::time::{Instant, sleep_until};
+
+use crate::error::{Error, Result};
+use crate::options::ClientOptions;
+use route::RouteState;
+pub(crate) use route::{Idempotence, Route, route_of};
+use step::{Attempt, BackOff, Outcome, Step, direct_result, next_step};
+
+pub(crate) use pool::Pool;
+
+const BACKOFF_START: Duration = Duration::from_millis(50);
+/// An election takes a few hundred milliseconds (5 to 10 heartbeats): a client
+/// backing off longer than that waits for nothing after a failover.
+const BACKOFF_MAX: Duration = Duration::from_millis(250);
+
+/// The connection pool and what the client knows of the cluster; shared by
+/// every clone of a [`Client`](crate::Client).
+#[derive(Debug)]
+pub(crate) struct Router {
+    options: ClientOptions,
+    pool: Pool,
+    state: Mutex<RouteState>,
+    /// Where the next follower read starts its round.
+    spread: AtomicUsize,
+}
+
+impl Router {
+    /// A router over `endpoints` (trimmed, deduplicated); no I/O.
+    pub(crate) fn new<S: AsRef<str>>(endpoints: &[S], options: ClientOptions) -> Result<Router> {
+        let mut list: Vec<String> = Vec::new();
+        for e in endpoints {
+            let e = e.as_ref().trim();
+            if !e.is_empty() && !list.iter().any(|x| x == e) {
+                list.push(e.to_owned());
+            }
+        }
+        if list.is_empty() {
+            return Err(Error::NoEndpoints);
+        }
+        let hello = ClientHello::new(options.client_name.clone(), options.token.clone());
+        Ok(Router {
+            pool: Pool::new(hello, options.connect_timeout),
+            options,
+            state: Mutex::new(RouteState::new(list)),
+            spread: AtomicUsize::new(0),
+        })
+    }
+
+    pub(crate) fn options(&self) -> &ClientOptions {
+        &self.options
+    }
+
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    pub(crate) fn endpoints(&self) -> Vec<String> {
+        self.state().endpoints.clone()
+    }
+
+    pub(crate) fn leader(&self) -> Option<String> {
+        self.state().leader.clone()
+    }
+
+    fn state(&self) -> MutexGuard<'_, RouteState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Connects to the first endpoint that answers, in order, so that a bad
+    /// token or an unreachable cluster shows up before the first request.
+    pub(crate) async fn connect_any(&self) -> Result<()> {
+        let deadline = Instant::now() + self.options.request_timeout;
+        let mut last_err = Error::NoEndpoints;
+        for addr in self.endpoints() {
+            match self.pool.connection(&addr, deadline).await {
+                Ok(_) => {
+                    self.state().current = Some(addr);
+                    return Ok(());
+                }
+                Err(e @ Error::Handshake { .. }) if !e.is_retryable() => return Err(e),
+                Err(e) => last_err = e,
+            }
+        }
+        Err(last_err)
+    }
+
+    /// Sends `request` where its kind may be served ([`route_of`]).
+    pub(crate) async fn send(&self, request: Request) -> Result<Response> {
+        let moves_leader = matches!(request, Request::MoveLeader { .. });
+        let (route, idempotence) = route_of(&request);
+        let (_, response) = self.request_at(request, route, idempotence).await?;
+        if moves_leader {
+            // The old leader no longer leads; rediscover on the next write.
+            self.state().leader = None;
+        }
+        Ok(response)
+    }
+
+    /// One request to exactly `addr`: no redirects, no retries elsewhere.
+    pub(crate) async fn send_to(&self, addr: &str, request: Request) -> Result<Response> {
+        let start = Instant::now();
+        let outcome = self
+            .attempt(addr, &request, start + self.options.request_timeout)
+            .await;
+        direct_result(outcome, addr, start.elapsed())
+    }
+
+    /// The frame limit of the channel to `addr`, if one can be had.
+    pub(crate) async fn max_frame_bytes(&self, addr: &str) -> Option<u32> {
+        let deadline = Instant::now() + self.options.request_timeout;
+        let conn = self.pool.connection(addr, deadline).await.ok()?;
+        Some(conn.max_frame_bytes())
+    }
+
+    async fn attempt(&self, addr: &str, request: &Request, deadline: Instant) -> Outcome {
+        match self.pool.connection(addr, deadline).await {
+            Err(e) => Outcome::Unreachable(e),
+            Ok(conn) => match conn.call_boxed(request, deadline).await {
+                Ok(response) => Outcome::Replied(response),
+                Err(failure) => Outcome::CallFailed(failure),
+            },
+        }
+    }
+
+    /// Sends `request` where `route` allows, retrying and redirecting within
+    /// the request timeout and attempt budget. Returns the answering node's
+    /// address with the response.
+    pub(crate) async fn request_at(
+        &self,
+        request: Request,
+        route: Route,
+        idempotence: Idempotence,
+    ) -> Result<(String, Response)> {
+        let cursor = match route {
+            Route::AnySpread => self.spread.fetch_add(1, Ordering::Relaxed),
+            Route::Leader | Route::AnyPreferLeader => 0,
+        };
+        let mut call = Call::new(self.options.request_timeout, cursor);
+        for attempt in 1..=self.options.max_attempts.max(1) {
+            let addr = call
+                .next
+                .take()
+                .unwrap_or_else(|| self.state().pick(route, call.cursor));
+            let outcome = self.attempt(&addr, &request, call.deadline).await;
+            let facts = Attempt {
+                addr: &addr,
+                idempotence,
+                request_timeout: self.options.request_timeout,
+                elapsed: call.start.elapsed(),
+                past_deadline: Instant::now() >= call.deadline,
+                earlier_error: call.last_err.is_some(),
+            };
+            match self.follow(next_step(outcome, &facts), &addr, route, &mut call) {
+                Then::Return(result) => return result.map(|response| (addr, response)),
+                Then::Stop => break,
+                Then::Next { wait } => {
+                    tracing::debug!(%addr, attempt, last_error = ?call.last_err, "trying again");
+                    if wait {
+                        call.back_off().await;
+                    }
+                    if Instant::now() >= call.deadline {
+                        break;
+                    }
+                }
+            }
+        }
+        // The last thing that went wrong says more than "timed out" (an unreachable
+        // node, no leader, Unavailable); nothing was sent whose outcome is unknown.
+        Err(call
+            .last_err
+            .unwrap_or_else(|| Error::Timeout(call.start.elapsed())))
+    }
+
+    /// Carries out `step` of `call`, whose last attempt went to `addr`.
+    fn follow(&self, step: Step, addr: &str, route: Route, call: &mut Call) -> Then {
+        match step {
+            Step::Done(response) => {
+                self.state().answered(addr, route);
+                Then::Return(Ok(response))
+            }
+            Step::Fail { error, suspect } => {
+                if suspect {
+                    self.state().suspect(addr);
+                }
+                Then::Return(Err(error))
+            }
+            Step::GiveUp => Then::Stop,
+            Step::Redirect { to, error } => {
+                tracing::debug!(from = %addr, %to, "redirecting to the leader");
+                self.state().learn_leader(&to);
+                call.next = Some(to);
+                call.last_err = Some(error);
+                call.redirects += 1;
+                // Nodes that disagree about the leader (stale hints) must not spin.
+                Then::Next {
+                    wait: call.redirects > 1,
+                }
+            }
+            Step::Retry {
+                error,
+                skip_node,
+                back_off,
+            } => {
+                if skip_node {
+                    self.state().forget(addr);
+                    call.cursor = call.cursor.wrapping_add(1);
+                }
+                call.last_err = Some(error);
+                Then::Next {
+                    wait: back_off == BackOff::Always || self.state().round_done(call.cursor),
+                }
+            }
+        }
+    }
+}
+
+/// One call's progress across its attempts.
+#[derive(Debug)]
+struct Call {
+    start: Instant,
+    deadline: Instant,
+    /// Which endpoint the next fallback tries.
+    cursor: usize,
+    /// The next sleep between attempts.
+    backoff: Duration,
+    /// What to report if the budget runs out.
+    last_err: Option<Error>,
+    /// The node to try next, when a redirect named one.
+    next: Option<String>,
+    redirects: u32,
+}
+
+impl Call {
+    fn new(request_timeout: Duration, cursor: usize) -> Call {
+        let start = Instant::now();
+        Call {
+            start,
+            deadline: start + request_timeout,
+            cursor,
+            backoff: BACKOFF_START,
+            last_err: None,
+            next: None,
+            redirects: 0,
+        }
+    }
+
+    /// Sleeps for the current back-off (never past the deadline) and doubles it.
+    async fn back_off(&mut self) {
+        let wake = (Instant::now() + self.backoff).min(self.deadline);
+        sleep_until(wake).await;
+        self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// What the request loop does after a step.
+enum Then {
+    Return(Result<Response>),
+    Stop,
+    /// Another attempt, after a back-off when `wait`.
+    Next {
+        wait: bool,
+    },
+}
