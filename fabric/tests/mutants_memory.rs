@@ -82,7 +82,7 @@ fn bytes_round_trip_at_every_tail_length_without_touching_the_next_word() {
         m.store_u64(40, 0, Ordering::Relaxed).expect("clear");
         m.store_u64(48, 0, Ordering::Relaxed).expect("clear");
         m.write_bytes(32, &pattern[..len]).expect("write");
-        let mut out = vec![0xAAu8; 40];
+        let mut out = [0xAAu8; 40];
         m.read_bytes(32, &mut out[..len]).expect("read");
         assert_eq!(&out[..len], &pattern[..len], "len {len}");
         assert!(out[len..].iter().all(|&b| b == 0xAA), "len {len}");

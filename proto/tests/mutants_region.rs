@@ -136,7 +136,7 @@ fn the_data_area_must_end_inside_the_region_in_whole_units() {
     };
     assert!(geometry_refused(empty));
     let data_end_overflows = RegionLayout {
-        data_offset: u64::MAX & !4095,
+        data_offset: !4095,
         ..layout
     };
     assert!(geometry_refused(data_end_overflows));
