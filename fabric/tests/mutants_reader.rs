@@ -1,0 +1,817 @@
+//! Deterministic tests of `RegionReader`, written to kill the mutants
+//! cargo-mutants found surviving in `fabric/src/reader.rs` (see mutants.md).
+//! The fabric crate has no region writer, so each test lays out its region
+//! by hand with the `rdkv_proto::region` encoders; races (a slot that moves
+//! between two reads, a slow copy) are staged with a fabric whose reads run
+//! a hook and a clock that advances by a fixed step per reading.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use rdkv_fabric::{
+    Clock, Fabric, FabricError, IndexCache, MappedFabric, ReadError, ReadProblem, ReadStats,
+    ReaderOptions, RegionDescriptor, RegionMemory, RegionReader, RemoteRegion,
+};
+use rdkv_proto::region::{
+    BlockError, HashSeed, LayoutParams, RegionLayout, SLOTS_PER_BUCKET, SizeClass, Slot, SlotError,
+    dynamic_word, encode_block,
+};
+use rdkv_proto::wire::Versioned;
+
+const REGION_BYTES: u64 = 1 << 16;
+const GRACE_US: u64 = 1000;
+const MAX_KEY_BYTES: u32 = 16;
+
+fn layout_with(epoch: u64, region_bytes: u64) -> RegionLayout {
+    RegionLayout::plan(LayoutParams {
+        region_bytes,
+        bucket_count: 16,
+        neighbourhood_buckets: 2,
+        region_epoch: epoch,
+        node_id: 1,
+        hash_seed: HashSeed(5, 6),
+        max_key_bytes: MAX_KEY_BYTES,
+        max_value_bytes: 512,
+        grace_period_us: GRACE_US,
+    })
+    .expect("a valid geometry")
+}
+
+/// A clock that moves `step_us` every time it is read (0: stands still).
+#[derive(Debug, Default)]
+struct SteppingClock {
+    now_us: AtomicU64,
+    step_us: AtomicU64,
+}
+
+impl SteppingClock {
+    fn stepping(step_us: u64) -> Arc<SteppingClock> {
+        let clock = SteppingClock::default();
+        clock.step_us.store(step_us, Ordering::SeqCst);
+        Arc::new(clock)
+    }
+}
+
+impl Clock for SteppingClock {
+    fn now_us(&self) -> u64 {
+        let step = self.step_us.load(Ordering::SeqCst);
+        self.now_us.fetch_add(step, Ordering::SeqCst)
+    }
+}
+
+type Hook = Box<dyn Fn(u64) + Send + Sync>;
+
+/// A mapped region whose reads count themselves and run a hook (with the
+/// read's offset) after copying: a writer "between two reads".
+struct HookedFabric {
+    inner: MappedFabric,
+    reads: Arc<AtomicUsize>,
+    hook: Arc<Mutex<Option<Hook>>>,
+}
+
+struct HookedRegion {
+    inner: Arc<dyn RemoteRegion>,
+    reads: Arc<AtomicUsize>,
+    hook: Arc<Mutex<Option<Hook>>>,
+}
+
+impl std::fmt::Debug for HookedFabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HookedFabric").finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for HookedRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HookedRegion").finish_non_exhaustive()
+    }
+}
+
+impl Fabric for HookedFabric {
+    fn open(&self, remote: &RegionDescriptor) -> Result<Arc<dyn RemoteRegion>, FabricError> {
+        Ok(Arc::new(HookedRegion {
+            inner: self.inner.open(remote)?,
+            reads: Arc::clone(&self.reads),
+            hook: Arc::clone(&self.hook),
+        }))
+    }
+}
+
+impl RemoteRegion for HookedRegion {
+    fn descriptor(&self) -> RegionDescriptor {
+        self.inner.descriptor()
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
+        self.inner.read(offset, buf)?;
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        if let Some(hook) = self.hook.lock().expect("hook lock").as_ref() {
+            hook(offset);
+        }
+        Ok(())
+    }
+}
+
+/// A region laid out by hand: header, slots and blocks.
+struct Region {
+    memory: Arc<RegionMemory>,
+    layout: RegionLayout,
+    next_unit: u64,
+}
+
+impl Region {
+    fn new() -> Region {
+        Region::sized(REGION_BYTES as usize, layout_with(1, REGION_BYTES))
+    }
+
+    fn sized(memory_bytes: usize, layout: RegionLayout) -> Region {
+        let memory = Arc::new(RegionMemory::anonymous(memory_bytes).expect("mapping"));
+        memory
+            .write_bytes(0, &layout.encode_static())
+            .expect("header");
+        Region {
+            memory,
+            layout,
+            next_unit: 0,
+        }
+    }
+
+    /// Writes a block of `key` at the next free units; returns its slot.
+    fn block(&mut self, fingerprint: u16, key: &[u8], value: &[u8], version: u64) -> Slot {
+        let mut bytes = Vec::new();
+        encode_block(key, value, version, &mut bytes);
+        let class = SizeClass::for_bytes(bytes.len() as u64).expect("class");
+        let offset_units = self.next_unit;
+        self.next_unit += u64::from(class.units());
+        self.memory
+            .write_bytes(self.layout.data_offset + offset_units * 64, &bytes)
+            .expect("block");
+        Slot::new(fingerprint, class, offset_units)
+    }
+
+    fn fingerprint(&self, key: &[u8]) -> u16 {
+        self.layout.key_hash(key).fingerprint
+    }
+
+    /// Region offset of the `index`th slot of `key`'s neighbourhood.
+    fn slot_offset(&self, key: &[u8], index: u64) -> u64 {
+        self.layout.neighbourhood_range(self.layout.key_hash(key)).0 + index * 8
+    }
+
+    fn publish(&self, key: &[u8], index: u64, raw: u64) {
+        self.memory
+            .store_u64(self.slot_offset(key, index), raw, Ordering::Release)
+            .expect("slot");
+    }
+
+    /// A block of `key` published in the first empty slot of its
+    /// neighbourhood (keys may share buckets).
+    fn put(&mut self, key: &[u8], value: &[u8], version: u64) -> Slot {
+        let index = (0..2 * SLOTS_PER_BUCKET as u64)
+            .find(|&i| {
+                let word = self
+                    .memory
+                    .load_u64(self.slot_offset(key, i), Ordering::Acquire);
+                word.expect("slot word") == 0
+            })
+            .expect("a free slot in the neighbourhood");
+        self.put_at(key, index, value, version)
+    }
+
+    /// A block of `key` published in slot `index` of its neighbourhood.
+    fn put_at(&mut self, key: &[u8], index: u64, value: &[u8], version: u64) -> Slot {
+        let slot = self.block(self.fingerprint(key), key, value, version);
+        self.publish(key, index, slot.encode());
+        slot
+    }
+
+    /// Where `slot` sits in `key`'s neighbourhood.
+    fn index_of(&self, key: &[u8], slot: Slot) -> u64 {
+        (0..2 * SLOTS_PER_BUCKET as u64)
+            .find(|&i| {
+                let word = self
+                    .memory
+                    .load_u64(self.slot_offset(key, i), Ordering::Acquire);
+                word.expect("slot word") == slot.encode()
+            })
+            .expect("published")
+    }
+
+    fn block_offset(&self, slot: Slot) -> u64 {
+        self.layout.block_range(slot).expect("in range").0
+    }
+
+    fn reader(&self, options: ReaderOptions) -> RegionReader {
+        RegionReader::attach(
+            Arc::clone(&self.memory),
+            SteppingClock::stepping(0),
+            options,
+        )
+        .expect("attach")
+    }
+
+    fn default_reader(&self) -> RegionReader {
+        self.reader(ReaderOptions::for_layout(&self.layout))
+    }
+
+    fn hooked_reader(&self, clock: Arc<dyn Clock>, options: ReaderOptions) -> HookedReader {
+        let fabric = Arc::new(HookedFabric {
+            inner: MappedFabric::new(),
+            reads: Arc::default(),
+            hook: Arc::default(),
+        });
+        let remote = fabric.inner.register(Arc::clone(&self.memory), 1, 0);
+        let reader = RegionReader::over(
+            Arc::clone(&fabric) as Arc<dyn Fabric>,
+            remote,
+            clock,
+            options,
+        )
+        .expect("reader");
+        // Count the reads of GETs only, not the header read of attaching.
+        fabric.reads.store(0, Ordering::SeqCst);
+        HookedReader { reader, fabric }
+    }
+}
+
+struct HookedReader {
+    reader: RegionReader,
+    fabric: Arc<HookedFabric>,
+}
+
+impl HookedReader {
+    fn reads(&self) -> usize {
+        self.fabric.reads.load(Ordering::SeqCst)
+    }
+
+    fn set_hook(&self, hook: impl Fn(u64) + Send + Sync + 'static) {
+        *self.fabric.hook.lock().expect("hook lock") = Some(Box::new(hook));
+    }
+}
+
+fn versioned(value: &[u8], version: u64) -> Option<Versioned> {
+    Some(Versioned {
+        value: Bytes::copy_from_slice(value),
+        version,
+    })
+}
+
+fn stats(reads: u64, hits: u64, misses: u64) -> ReadStats {
+    ReadStats {
+        reads,
+        hits,
+        misses,
+        ..ReadStats::default()
+    }
+}
+
+const KEY: &[u8] = b"alpha";
+const OTHER: &[u8] = b"bravo";
+
+/// A valid fingerprint other than `fingerprint`.
+fn other_fingerprint(fingerprint: u16) -> u16 {
+    if fingerprint == 1 { 2 } else { 1 }
+}
+
+#[test]
+fn a_published_key_is_read_whole_and_an_absent_one_is_a_miss() {
+    let mut region = Region::new();
+    region.put(KEY, b"value-1", 3);
+    let reader = region.default_reader();
+    assert_eq!(reader.get(KEY).expect("get"), versioned(b"value-1", 3));
+    assert_eq!(reader.get(OTHER).expect("get"), None);
+    assert_eq!(reader.stats(), stats(2, 1, 1));
+}
+
+#[test]
+fn a_key_of_exactly_the_maximum_length_is_found_and_a_longer_one_is_absent() {
+    let mut region = Region::new();
+    let longest = [b'k'; MAX_KEY_BYTES as usize];
+    region.put(&longest, b"v", 2);
+    let reader = region.default_reader();
+    assert_eq!(reader.get(&longest).expect("get"), versioned(b"v", 2));
+    let too_long = [b'k'; MAX_KEY_BYTES as usize + 1];
+    assert_eq!(reader.get(&too_long).expect("get"), None);
+    let many = reader
+        .get_many(&[
+            Bytes::copy_from_slice(&longest),
+            Bytes::copy_from_slice(&too_long),
+        ])
+        .expect("get_many");
+    assert_eq!(many, vec![versioned(b"v", 2), None]);
+}
+
+#[test]
+fn a_fingerprint_collision_is_skipped_when_its_slot_did_not_change() {
+    let mut region = Region::new();
+    let fingerprint = region.fingerprint(KEY);
+    // Slot 0: another key's block under KEY's fingerprint; slot 1: KEY.
+    let foreign = region.block(fingerprint, OTHER, b"foreign", 4);
+    region.publish(KEY, 0, foreign.encode());
+    let mine = region.block(fingerprint, KEY, b"mine", 5);
+    region.publish(KEY, 1, mine.encode());
+    let hooked = region.hooked_reader(
+        SteppingClock::stepping(0),
+        ReaderOptions::for_layout(&region.layout),
+    );
+    assert_eq!(hooked.reader.get(KEY).expect("get"), versioned(b"mine", 5));
+    // Neighbourhood, foreign block, the foreign slot again, KEY's block.
+    assert_eq!(hooked.reads(), 4);
+    assert_eq!(hooked.reader.stats(), stats(1, 1, 0));
+    // The batched path sees two candidates and reads the key on its own.
+    let many = hooked
+        .reader
+        .get_many(&[Bytes::from_static(KEY)])
+        .expect("get_many");
+    assert_eq!(many, vec![versioned(b"mine", 5)]);
+}
+
+#[test]
+fn a_slot_that_moved_while_its_block_was_read_is_read_again() {
+    let mut region = Region::new();
+    let fingerprint = region.fingerprint(KEY);
+    let foreign = region.block(fingerprint, OTHER, b"foreign", 4);
+    region.publish(KEY, 0, foreign.encode());
+    let mine = region.block(fingerprint, KEY, b"mine", 5);
+    let hooked = region.hooked_reader(
+        SteppingClock::stepping(0),
+        ReaderOptions::for_layout(&region.layout),
+    );
+    // Once the foreign block has been copied, the writer puts KEY in slot 0.
+    let foreign_at = region.block_offset(foreign);
+    let memory = Arc::clone(&region.memory);
+    let slot_at = region.slot_offset(KEY, 0);
+    hooked.set_hook(move |offset| {
+        if offset == foreign_at {
+            memory
+                .store_u64(slot_at, mine.encode(), Ordering::Release)
+                .expect("slot");
+        }
+    });
+    assert_eq!(hooked.reader.get(KEY).expect("get"), versioned(b"mine", 5));
+    let seen = hooked.reader.stats();
+    assert_eq!((seen.retries_moved, seen.hits, seen.retries()), (1, 1, 1));
+}
+
+#[test]
+fn a_corrupt_candidate_slot_is_retried_until_the_budget_is_spent() {
+    let mut region = Region::new();
+    let slot = region.put(KEY, b"v", 1);
+    let corrupt = slot.encode() ^ (1 << 60);
+    region.publish(KEY, 0, corrupt);
+    let options = ReaderOptions {
+        max_attempts: 3,
+        abandon_after_us: None,
+    };
+    let reader = region.reader(options);
+    match reader.get(KEY) {
+        Err(ReadError::Exhausted { attempts, last }) => {
+            assert_eq!(attempts, 3);
+            assert_eq!(last, ReadProblem::Slot(SlotError::Check { raw: corrupt }));
+        }
+        other => panic!("expected Exhausted, got {other:?}"),
+    }
+    let seen = reader.stats();
+    assert_eq!((seen.retries_slot, seen.exhausted, seen.reads), (3, 1, 1));
+    assert_eq!(seen.retries(), 3);
+}
+
+#[test]
+fn a_corrupt_slot_of_another_fingerprint_turns_a_miss_into_an_error() {
+    let mut region = Region::new();
+    let slot = region.block(other_fingerprint(region.fingerprint(KEY)), OTHER, b"v", 1);
+    region.publish(KEY, 0, slot.encode() ^ (1 << 3));
+    let reader = region.reader(ReaderOptions {
+        max_attempts: 2,
+        abandon_after_us: None,
+    });
+    assert!(matches!(
+        reader.get(KEY),
+        Err(ReadError::Exhausted {
+            attempts: 2,
+            last: ReadProblem::Slot(SlotError::Check { .. })
+        })
+    ));
+    let many = reader.get_many(&[Bytes::from_static(KEY)]);
+    assert!(matches!(many, Err(ReadError::Exhausted { .. })));
+}
+
+#[test]
+fn a_slot_beyond_the_region_limits_is_a_slot_problem() {
+    let region = Region::new();
+    let fingerprint = region.fingerprint(KEY);
+    let max = region.layout.max_class().expect("max class");
+    let too_big = SizeClass::from_index(max.index() + 1).expect("a larger class");
+    region.publish(KEY, 0, Slot::new(fingerprint, too_big, 0).encode());
+    let reader = region.reader(ReaderOptions {
+        max_attempts: 1,
+        abandon_after_us: None,
+    });
+    assert!(matches!(
+        reader.get(KEY),
+        Err(ReadError::Exhausted {
+            last: ReadProblem::Slot(SlotError::SizeClass { .. }),
+            ..
+        })
+    ));
+    assert_eq!(reader.stats().retries_slot, 1);
+}
+
+#[test]
+fn an_invalidated_block_and_a_torn_block_are_counted_apart() {
+    let mut region = Region::new();
+    let slot = region.put(KEY, b"value", 7);
+    let block_at = region.block_offset(slot);
+    // The writer's invalidation: the word holding value length and magic.
+    region
+        .memory
+        .store_u64(block_at + 8, 0, Ordering::Release)
+        .expect("invalidate");
+    let options = ReaderOptions {
+        max_attempts: 2,
+        abandon_after_us: None,
+    };
+    let reader = region.reader(options);
+    assert!(matches!(
+        reader.get(KEY),
+        Err(ReadError::Exhausted {
+            last: ReadProblem::Block(BlockError::BadMagic { found: 0 }),
+            ..
+        })
+    ));
+    assert_eq!(reader.stats().retries_invalidated, 2);
+    assert_eq!(reader.stats().retries_block, 0);
+
+    let torn_slot = region.put(OTHER, b"value", 8);
+    let torn_at = region.block_offset(torn_slot);
+    region
+        .memory
+        .inject_bit_flip(torn_at + 30, 1)
+        .expect("flip");
+    let reader = region.reader(options);
+    assert!(matches!(
+        reader.get(OTHER),
+        Err(ReadError::Exhausted {
+            last: ReadProblem::Block(BlockError::Checksum { .. }),
+            ..
+        })
+    ));
+    assert_eq!(reader.stats().retries_block, 2);
+    assert_eq!(reader.stats().retries_invalidated, 0);
+}
+
+#[test]
+fn an_attempt_is_abandoned_only_when_it_takes_longer_than_the_bound() {
+    let mut region = Region::new();
+    region.put(KEY, b"v", 1);
+    let options = |limit| ReaderOptions {
+        max_attempts: 2,
+        abandon_after_us: Some(limit),
+    };
+    // Each attempt reads the clock twice: the elapsed time is one step.
+    let on_time = region.hooked_reader(SteppingClock::stepping(100), options(100));
+    assert_eq!(on_time.reader.get(KEY).expect("get"), versioned(b"v", 1));
+    assert_eq!(on_time.reader.stats().retries_slow, 0);
+    let late = region.hooked_reader(SteppingClock::stepping(101), options(100));
+    assert!(matches!(
+        late.reader.get(KEY),
+        Err(ReadError::Exhausted {
+            last: ReadProblem::Slow { elapsed_us: 101 },
+            ..
+        })
+    ));
+    assert_eq!(late.reader.stats().retries_slow, 2);
+    // Without a bound, no attempt is ever slow.
+    let unbounded = region.hooked_reader(
+        SteppingClock::stepping(1_000_000),
+        ReaderOptions {
+            max_attempts: 1,
+            abandon_after_us: None,
+        },
+    );
+    assert_eq!(unbounded.reader.get(KEY).expect("get"), versioned(b"v", 1));
+}
+
+#[test]
+fn the_abandon_bound_may_be_half_the_grace_period_but_not_more() {
+    let region = Region::new();
+    let defaults = ReaderOptions::for_layout(&region.layout);
+    assert_eq!(defaults.max_attempts, ReaderOptions::DEFAULT_MAX_ATTEMPTS);
+    assert_eq!(defaults.abandon_after_us, Some(GRACE_US / 2));
+    let clock = || SteppingClock::stepping(0) as Arc<dyn Clock>;
+    let half = ReaderOptions {
+        max_attempts: 1,
+        abandon_after_us: Some(GRACE_US / 2),
+    };
+    assert!(RegionReader::attach(Arc::clone(&region.memory), clock(), half).is_ok());
+    let over = ReaderOptions {
+        abandon_after_us: Some(GRACE_US / 2 + 1),
+        ..half
+    };
+    assert!(matches!(
+        RegionReader::attach(Arc::clone(&region.memory), clock(), over),
+        Err(ReadError::AbandonBound {
+            abandon_after_us: 501,
+            grace_period_us: GRACE_US
+        })
+    ));
+}
+
+#[test]
+fn a_mapping_shorter_than_its_header_says_is_refused() {
+    let clock = || SteppingClock::stepping(0) as Arc<dyn Clock>;
+    let options = ReaderOptions {
+        max_attempts: 1,
+        abandon_after_us: None,
+    };
+    let short = Region::sized(1 << 15, layout_with(1, (1 << 15) + 4096));
+    assert!(matches!(
+        RegionReader::attach(Arc::clone(&short.memory), clock(), options),
+        Err(ReadError::ShortMapping {
+            len_bytes: 32768,
+            region_bytes: 36864
+        })
+    ));
+    let exact = Region::sized(1 << 15, layout_with(1, 1 << 15));
+    let reader = RegionReader::attach(Arc::clone(&exact.memory), clock(), options).expect("exact");
+    assert_eq!(reader.layout(), &exact.layout);
+}
+
+#[test]
+fn header_words_are_read_and_a_rebuilt_region_is_noticed() {
+    let region = Region::new();
+    region
+        .memory
+        .store_u64(dynamic_word::APPLIED_INDEX, 12, Ordering::Release)
+        .expect("store");
+    region
+        .memory
+        .store_u64(dynamic_word::RAFT_TERM, 4, Ordering::Release)
+        .expect("store");
+    let reader = region.default_reader();
+    let dynamic = reader.dynamic_header().expect("dynamic");
+    assert_eq!((dynamic.applied_index, dynamic.raft_term), (12, 4));
+    assert_eq!(reader.check_header().expect("same header"), dynamic);
+    region
+        .memory
+        .write_bytes(0, &layout_with(2, REGION_BYTES).encode_static())
+        .expect("new header");
+    assert!(matches!(
+        reader.check_header(),
+        Err(ReadError::EpochChanged {
+            attached: 1,
+            found: 2
+        })
+    ));
+}
+
+#[test]
+fn get_many_answers_like_get_in_two_batched_rounds() {
+    let mut region = Region::new();
+    region.put(KEY, b"one", 1);
+    region.put(OTHER, b"two", 2);
+    let hooked = region.hooked_reader(
+        SteppingClock::stepping(0),
+        ReaderOptions::for_layout(&region.layout),
+    );
+    let keys = [
+        Bytes::from_static(KEY),
+        Bytes::from_static(b"absent"),
+        Bytes::from_static(OTHER),
+    ];
+    let many = hooked.reader.get_many(&keys).expect("get_many");
+    assert_eq!(many, vec![versioned(b"one", 1), None, versioned(b"two", 2)]);
+    // Three neighbourhoods, then two blocks: no key needed a read on its own.
+    assert_eq!(hooked.reads(), 5);
+    assert_eq!(hooked.reader.stats(), stats(3, 2, 1));
+    assert_eq!(hooked.reader.get_many(&[]).expect("empty"), Vec::new());
+}
+
+#[test]
+fn get_many_reads_a_key_again_on_its_own_when_its_block_does_not_match() {
+    let mut region = Region::new();
+    let slot = region.put(KEY, b"one", 1);
+    let hooked = region.hooked_reader(
+        SteppingClock::stepping(0),
+        ReaderOptions::for_layout(&region.layout),
+    );
+    let many = hooked
+        .reader
+        .get_many(&[Bytes::from_static(KEY)])
+        .expect("get_many");
+    assert_eq!(many, vec![versioned(b"one", 1)]);
+    // One neighbourhood, one block.
+    assert_eq!(hooked.reads(), 2);
+
+    // A block that does not validate in round two is read again alone.
+    let block_at = region.block_offset(slot);
+    region
+        .memory
+        .inject_bit_flip(block_at + 26, 1)
+        .expect("flip");
+    let reader = region.reader(ReaderOptions {
+        max_attempts: 1,
+        abandon_after_us: None,
+    });
+    assert!(matches!(
+        reader.get_many(&[Bytes::from_static(KEY)]),
+        Err(ReadError::Exhausted { .. })
+    ));
+    assert_eq!(reader.stats().retries_block, 1);
+}
+
+#[test]
+fn get_many_that_took_too_long_reads_every_key_again() {
+    let mut region = Region::new();
+    region.put(KEY, b"one", 1);
+    let options = |limit| ReaderOptions {
+        max_attempts: 1,
+        abandon_after_us: Some(limit),
+    };
+    let keys = [Bytes::from_static(KEY), Bytes::from_static(b"absent")];
+    // get_many reads the clock twice (one step); each get attempt twice.
+    let on_time = region.hooked_reader(SteppingClock::stepping(100), options(100));
+    assert_eq!(
+        on_time.reader.get_many(&keys).expect("get_many"),
+        vec![versioned(b"one", 1), None]
+    );
+    assert_eq!(on_time.reads(), 3);
+    // One step over the bound: nothing from the batched rounds is trusted.
+    let late = region.hooked_reader(SteppingClock::stepping(101), options(100));
+    let absent = [Bytes::from_static(b"absent")];
+    assert_eq!(late.reader.get_many(&absent).expect("get_many"), vec![None]);
+    // The batched neighbourhood, then the key alone.
+    assert_eq!(late.reads(), 2);
+    // KEY's lone attempt is slow too: the reader gives up.
+    assert!(matches!(
+        late.reader.get_many(&keys),
+        Err(ReadError::Exhausted {
+            last: ReadProblem::Slow { .. },
+            ..
+        })
+    ));
+}
+
+#[test]
+fn a_cached_location_costs_one_read_while_the_block_is_current() {
+    let mut region = Region::new();
+    region.put(KEY, b"one", 1);
+    let cache = IndexCache::new(16);
+    let hooked = region.hooked_reader(
+        SteppingClock::stepping(0),
+        ReaderOptions::for_layout(&region.layout),
+    );
+    assert!(cache.is_empty());
+    assert_eq!(
+        hooked.reader.get_cached(KEY, &cache).expect("get"),
+        versioned(b"one", 1)
+    );
+    assert_eq!(cache.len(), 1);
+    assert_eq!(hooked.reads(), 2);
+    assert_eq!(
+        hooked.reader.get_cached(KEY, &cache).expect("get"),
+        versioned(b"one", 1)
+    );
+    assert_eq!(hooked.reads(), 3);
+    let seen = hooked.reader.stats();
+    assert_eq!((seen.cache_hits, seen.cache_misses, seen.hits), (1, 1, 2));
+    // Absent keys are not cached.
+    assert_eq!(hooked.reader.get_cached(OTHER, &cache).expect("get"), None);
+    assert_eq!(cache.len(), 1);
+}
+
+#[test]
+fn a_replaced_block_sends_the_cached_read_back_to_the_slot() {
+    let mut region = Region::new();
+    let old = region.put(KEY, b"one", 1);
+    let cache = IndexCache::new(16);
+    let reader = region.default_reader();
+    assert_eq!(
+        reader.get_cached(KEY, &cache).expect("get"),
+        versioned(b"one", 1)
+    );
+    // The writer invalidates the old block and publishes a new one.
+    region
+        .memory
+        .store_u64(region.block_offset(old) + 8, 0, Ordering::Release)
+        .expect("invalidate");
+    region.put_at(KEY, region.index_of(KEY, old), b"two", 2);
+    assert_eq!(
+        reader.get_cached(KEY, &cache).expect("get"),
+        versioned(b"two", 2)
+    );
+    assert_eq!(
+        reader.get_cached(KEY, &cache).expect("get"),
+        versioned(b"two", 2)
+    );
+    let seen = reader.stats();
+    assert_eq!((seen.cache_hits, seen.cache_misses), (1, 2));
+}
+
+#[test]
+fn a_cached_block_of_another_version_is_not_trusted() {
+    let mut region = Region::new();
+    let slot = region.put(KEY, b"one", 1);
+    let cache = IndexCache::new(16);
+    let reader = region.default_reader();
+    reader.get_cached(KEY, &cache).expect("get");
+    // Same place, same key, newer version (a writer never does this; the
+    // version check is what would catch a reused location).
+    let mut bytes = Vec::new();
+    encode_block(KEY, b"uno", 9, &mut bytes);
+    region
+        .memory
+        .write_bytes(region.block_offset(slot), &bytes)
+        .expect("rewrite");
+    assert_eq!(
+        reader.get_cached(KEY, &cache).expect("get"),
+        versioned(b"uno", 9)
+    );
+    assert_eq!(reader.stats().cache_hits, 0);
+}
+
+#[test]
+fn a_slow_cached_read_falls_back_to_the_slot() {
+    let mut region = Region::new();
+    region.put(KEY, b"one", 1);
+    let cache = IndexCache::new(16);
+    let fast = region.hooked_reader(
+        SteppingClock::stepping(0),
+        ReaderOptions {
+            max_attempts: 1,
+            abandon_after_us: Some(100),
+        },
+    );
+    fast.reader.get_cached(KEY, &cache).expect("fill the cache");
+    let slow = region.hooked_reader(
+        SteppingClock::stepping(101),
+        ReaderOptions {
+            max_attempts: 1,
+            abandon_after_us: Some(400),
+        },
+    );
+    // The cached read takes 101 µs (not over 400): a cache hit.
+    assert_eq!(
+        slow.reader.get_cached(KEY, &cache).expect("get"),
+        versioned(b"one", 1)
+    );
+    assert_eq!(slow.reader.stats().cache_hits, 1);
+    let slower = region.hooked_reader(
+        SteppingClock::stepping(101),
+        ReaderOptions {
+            max_attempts: 1,
+            abandon_after_us: Some(100),
+        },
+    );
+    // Over the bound: the cached read is dropped and the slot read (also
+    // slow) gives up: the cached block, the neighbourhood, the block.
+    assert!(matches!(
+        slower.reader.get_cached(KEY, &cache),
+        Err(ReadError::Exhausted { .. })
+    ));
+    assert_eq!(slower.reader.stats().cache_hits, 0);
+    assert_eq!(slower.reads(), 3);
+}
+
+#[test]
+fn the_index_cache_is_bounded_and_keyed_by_epoch() {
+    let mut region = Region::new();
+    region.put(KEY, b"one", 1);
+    region.put(OTHER, b"two", 2);
+    let reader = region.default_reader();
+    let one = IndexCache::new(1);
+    reader.get_cached(KEY, &one).expect("get");
+    reader.get_cached(OTHER, &one).expect("get");
+    assert_eq!(one.len(), 1);
+    let none = IndexCache::new(0);
+    reader.get_cached(KEY, &none).expect("get");
+    assert!(none.is_empty());
+
+    // A cache filled under epoch 1 is not used for the rebuilt region.
+    let cache = IndexCache::new(16);
+    reader.get_cached(KEY, &cache).expect("get");
+    let mut rebuilt = Region::sized(REGION_BYTES as usize, layout_with(2, REGION_BYTES));
+    rebuilt.put(KEY, b"new", 3);
+    let new_reader = rebuilt.default_reader();
+    assert_eq!(
+        new_reader.get_cached(KEY, &cache).expect("get"),
+        versioned(b"new", 3)
+    );
+    assert_eq!(new_reader.stats().cache_hits, 0);
+}
+
+#[test]
+fn keys_fill_whole_neighbourhoods() {
+    // Sixteen keys in the neighbourhood slots of KEY (slot 0 ..= 15).
+    let mut region = Region::new();
+    let fingerprint = region.fingerprint(KEY);
+    for index in 0..(2 * SLOTS_PER_BUCKET as u64 - 1) {
+        let other = region.block(other_fingerprint(fingerprint), OTHER, b"x", 1);
+        region.publish(KEY, index, other.encode());
+    }
+    let mine = region.block(fingerprint, KEY, b"last", 6);
+    region.publish(KEY, 2 * SLOTS_PER_BUCKET as u64 - 1, mine.encode());
+    let reader = region.default_reader();
+    assert_eq!(reader.get(KEY).expect("get"), versioned(b"last", 6));
+}
