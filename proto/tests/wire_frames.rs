@@ -1,8 +1,6 @@
 //! Framing: pipelining, length checks before allocation, kinds, trailing bytes and
 //! hostile length fields inside payloads.
 
-use std::time::{Duration, Instant};
-
 use bytes::{BufMut, Bytes, BytesMut};
 use rdkv_proto::wire::{
     ClientHello, Consistency, DEFAULT_MAX_FRAME_BYTES, ErrorCode, FRAME_HEADER_BYTES, Frame,
@@ -239,7 +237,10 @@ const VARINT_2_POW_32: [u8; 5] = [0x80, 0x80, 0x80, 0x80, 0x10];
 
 #[test]
 fn huge_announced_lengths_fail_fast_without_allocating() {
-    let start = Instant::now();
+    // Each case must fail as a decode error of its own bytes (the announced
+    // length is checked against what is there); no clock: a time bound
+    // fails on a loaded machine and proves nothing about allocation (the
+    // frame_decoder fuzz target checks that under -malloc_limit_mb).
     let cases: [(&str, Vec<u8>); 4] = [
         // Request::MGet and Response::Values are both variant 4.
         ("mget keys", [&[4u8][..], &VARINT_2_POW_32].concat()),
@@ -266,11 +267,6 @@ fn huge_announced_lengths_fail_fast_without_allocating() {
         &[1, 0, 0x80, 0x80, 0x80, 0x80, 0x10],
     );
     assert!(decode_payload::<ServerHello>(&frame).is_err());
-    assert!(
-        start.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        start.elapsed()
-    );
 }
 
 #[test]

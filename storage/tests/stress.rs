@@ -24,6 +24,13 @@ use rdkv_storage::{
 };
 
 const HOT_KEYS: u64 = 8;
+/// Keys below this are written before the readers start and never deleted:
+/// a reader that answers "absent" for one of them is wrong.
+const STEADY_KEYS: u64 = HOT_KEYS / 2;
+/// Reads that may give up (`Exhausted`: every attempt hit a block changing
+/// under it): at most one in this many. A reader that gives up instead of
+/// retrying would exceed it by orders of magnitude.
+const EXHAUSTED_AT_MOST_ONE_IN: u64 = 1_000;
 const READERS: usize = 2;
 const READS_PER_READER: u64 = 1_500_000;
 
@@ -56,20 +63,57 @@ fn is_written_value(k: u64, version: u64, bytes: &[u8]) -> bool {
 struct Outcome {
     stats: ReadStats,
     wrong: u64,
+    /// Steady keys read as absent.
+    absent: u64,
     exhausted: u64,
     went_backwards: u64,
     writes: u64,
 }
 
-/// Updates (and every 7th time deletes) the hot keys as fast as it can until
+impl Outcome {
+    /// What every regime requires: all reads made, no wrong value, no steady
+    /// key missing, and giving up rare.
+    fn assert_sound(&self) {
+        assert_eq!(self.stats.reads, READERS as u64 * READS_PER_READER);
+        assert_eq!(
+            self.wrong, 0,
+            "a reader returned a value that was never written"
+        );
+        assert_eq!(
+            self.absent, 0,
+            "a reader said a key that always exists is absent"
+        );
+        assert!(
+            self.exhausted * EXHAUSTED_AT_MOST_ONE_IN <= self.stats.reads,
+            "{} of {} reads gave up",
+            self.exhausted,
+            self.stats.reads
+        );
+        // A read gives up only after all its attempts failed, each counted
+        // as a retry: fewer retries means a reader gave up early.
+        let attempts = u64::from(ReaderOptions::DEFAULT_MAX_ATTEMPTS);
+        assert!(
+            self.stats.retries() >= self.exhausted * attempts,
+            "{} reads gave up after only {} retries in all",
+            self.exhausted,
+            self.stats.retries()
+        );
+    }
+}
+
+/// Writes every hot key once, then, on its own thread, updates them (and
+/// every 7th time deletes one that is not steady) as fast as it can until
 /// `stop`; returns how many writes it made.
 fn spawn_writer(mut writer: RegionWriter, stop: Arc<AtomicBool>) -> thread::JoinHandle<u64> {
+    for k in 0..HOT_KEYS {
+        writer.put(&key(k), &value(k, k + 1), k + 1).unwrap();
+    }
     thread::spawn(move || {
-        let mut version = 0u64;
+        let mut version = HOT_KEYS;
         while !stop.load(Ordering::Relaxed) {
             version += 1;
             let k = version % HOT_KEYS;
-            let result = if version.is_multiple_of(7) {
+            let result = if version.is_multiple_of(7) && k >= STEADY_KEYS {
                 writer.delete(&key(k)).map(drop)
             } else {
                 writer.put(&key(k), &value(k, version), version).map(drop)
@@ -111,7 +155,7 @@ fn run(grace_period_us: u64, abandon_after_us: Option<u64>, cached: bool) -> Out
             thread::spawn(move || {
                 let mut rng = 0x2545_f491_4f6c_dd1d_u64 ^ (r as u64 + 1);
                 let mut last_seen = [0u64; HOT_KEYS as usize];
-                let (mut wrong, mut exhausted, mut backwards) = (0, 0, 0);
+                let (mut wrong, mut absent, mut exhausted, mut backwards) = (0, 0, 0, 0);
                 for _ in 0..READS_PER_READER {
                     rng ^= rng << 13;
                     rng ^= rng >> 7;
@@ -132,12 +176,13 @@ fn run(grace_period_us: u64, abandon_after_us: Option<u64>, cached: bool) -> Out
                             }
                             last_seen[k as usize] = found.version;
                         }
+                        Ok(None) if k < STEADY_KEYS => absent += 1,
                         Ok(None) => {}
                         Err(ReadError::Exhausted { .. }) => exhausted += 1,
                         Err(other) => panic!("reader: {other}"),
                     }
                 }
-                (wrong, exhausted, backwards)
+                (wrong, absent, exhausted, backwards)
             })
         })
         .collect();
@@ -145,13 +190,15 @@ fn run(grace_period_us: u64, abandon_after_us: Option<u64>, cached: bool) -> Out
     let mut outcome = Outcome {
         stats: ReadStats::default(),
         wrong: 0,
+        absent: 0,
         exhausted: 0,
         went_backwards: 0,
         writes: 0,
     };
     for handle in readers {
-        let (wrong, exhausted, backwards) = handle.join().unwrap();
+        let (wrong, absent, exhausted, backwards) = handle.join().unwrap();
         outcome.wrong += wrong;
+        outcome.absent += absent;
         outcome.exhausted += exhausted;
         outcome.went_backwards += backwards;
     }
@@ -165,7 +212,7 @@ fn report(name: &str, o: &Outcome) {
     let s = &o.stats;
     println!(
         "{name}: {} reads ({} hits, {} misses), {} writes; retries: {} (block {}, invalidated {}, slot {}, moved {}, slow {}); \
-         exhausted {}; wrong values {}; versions went backwards {}",
+         exhausted {}; wrong values {}; steady keys absent {}; versions went backwards {}",
         s.reads,
         s.hits,
         s.misses,
@@ -178,6 +225,7 @@ fn report(name: &str, o: &Outcome) {
         s.retries_slow,
         o.exhausted,
         o.wrong,
+        o.absent,
         o.went_backwards
     );
 }
@@ -186,11 +234,7 @@ fn report(name: &str, o: &Outcome) {
 fn torn_reads_are_caught() {
     let o = run(0, None, false);
     report("grace 0, no abandon", &o);
-    assert_eq!(o.stats.reads, READERS as u64 * READS_PER_READER);
-    assert_eq!(
-        o.wrong, 0,
-        "a reader returned a value that was never written"
-    );
+    o.assert_sound();
     assert!(
         // Torn copies of reused blocks, not the writer's invalidations.
         o.stats.retries_block + o.stats.retries_moved > 0,
@@ -202,11 +246,7 @@ fn torn_reads_are_caught() {
 fn grace_period_protects_readers() {
     let o = run(2_000, Some(1_000), false);
     report("grace 2 ms, abandon after 1 ms", &o);
-    assert_eq!(o.stats.reads, READERS as u64 * READS_PER_READER);
-    assert_eq!(
-        o.wrong, 0,
-        "a reader returned a value that was never written"
-    );
+    o.assert_sound();
     assert_eq!(
         o.went_backwards, 0,
         "a reader saw a key's version go backwards"
@@ -224,11 +264,7 @@ fn cached_reads_are_never_stale() {
     // version than one it already saw.
     let o = run(2_000, Some(1_000), true);
     report("grace 2 ms, index cache", &o);
-    assert_eq!(o.stats.reads, READERS as u64 * READS_PER_READER);
-    assert_eq!(
-        o.wrong, 0,
-        "a reader returned a value that was never written"
-    );
+    o.assert_sound();
     assert_eq!(
         o.went_backwards, 0,
         "a cached read returned a replaced version"
@@ -259,7 +295,9 @@ fn batched_reads_are_never_torn_or_stale() {
     let keys: Vec<bytes::Bytes> = (0..HOT_KEYS).map(|k| bytes::Bytes::from(key(k))).collect();
     let mut last_seen = [0u64; HOT_KEYS as usize];
     let (mut wrong, mut backwards, mut values, mut exhausted) = (0u64, 0u64, 0u64, 0u64);
-    for _ in 0..100_000 {
+    let mut absent = 0u64;
+    const BATCHES: u64 = 100_000;
+    for _ in 0..BATCHES {
         // A key that stays invalidated for every attempt makes the batch give
         // up (the client then asks the server): counted, never wrong.
         let batch = match reader.get_many(&keys) {
@@ -271,6 +309,9 @@ fn batched_reads_are_never_torn_or_stale() {
             Err(other) => panic!("reader: {other}"),
         };
         for (k, got) in batch.into_iter().enumerate() {
+            if got.is_none() && (k as u64) < STEADY_KEYS {
+                absent += 1;
+            }
             if let Some(found) = got {
                 values += 1;
                 if !is_written_value(k as u64, found.version, &found.value) {
@@ -286,8 +327,61 @@ fn batched_reads_are_never_torn_or_stale() {
     stop.store(true, Ordering::Relaxed);
     writer_thread.join().unwrap();
     let stats = reader.stats();
-    println!("batched: {values} values, {exhausted} batches gave up, {stats:?}");
+    println!(
+        "batched: {values} values, {exhausted} batches gave up, {absent} steady keys absent, \
+         {stats:?}"
+    );
     assert_eq!(wrong, 0);
     assert_eq!(backwards, 0);
+    assert_eq!(absent, 0, "a batch said a key that always exists is absent");
+    assert!(
+        exhausted * EXHAUSTED_AT_MOST_ONE_IN <= BATCHES,
+        "{exhausted} of {BATCHES} batches gave up"
+    );
     assert!(values > 100_000);
+}
+
+/// Invariant 1's mechanism on its own: the moment the writer replaces or
+/// deletes a key, the old block fails validation, so a reader holding its
+/// location (here the index cache) cannot return the old version, even
+/// though a long grace period keeps the old bytes in place, intact and
+/// matching the cached key and version. Without the invalidation the cached
+/// read returns the replaced value.
+#[test]
+fn a_replaced_or_deleted_block_fails_validation_at_once() {
+    let config = RegionConfig {
+        region_bytes: 4 * 1024 * 1024,
+        grace_period_us: 3_600_000_000,
+        hash_seed: HashSeed(1, 2),
+        ..RegionConfig::default()
+    };
+    let mut writer = RegionWriter::create(&config, Arc::new(MonotonicClock::new())).unwrap();
+    let reader = writer
+        .reader(ReaderOptions::for_layout(writer.layout()))
+        .unwrap();
+    let cache = IndexCache::new(16);
+    let read = |cache: &IndexCache| {
+        reader
+            .get_cached(b"k", cache)
+            .unwrap()
+            .map(|v| (v.version, v.value))
+    };
+
+    writer.put(b"k", b"one", 1).unwrap();
+    assert_eq!(read(&cache), Some((1, "one".into())));
+    // The location is cached and served from: the path under test is live.
+    assert_eq!(read(&cache), Some((1, "one".into())));
+    assert_eq!(reader.stats().cache_hits, 1);
+
+    writer.put(b"k", b"two", 2).unwrap();
+    assert_eq!(
+        read(&cache),
+        Some((2, "two".into())),
+        "replaced value served"
+    );
+    assert_eq!(reader.stats().cache_hits, 1, "the replaced block validated");
+
+    writer.delete(b"k").unwrap();
+    assert_eq!(read(&cache), None, "deleted value served");
+    assert_eq!(reader.stats().cache_hits, 1, "the deleted block validated");
 }

@@ -12,6 +12,7 @@ pub mod history;
 pub mod linearizability;
 pub mod netns;
 pub mod prometheus;
+pub mod skip;
 pub mod stress_value;
 
 use std::collections::BTreeMap;
@@ -641,5 +642,26 @@ impl NodeProc {
             bail!("kill -{name} {pid} (node {}) failed: {status}", self.id);
         }
         Ok(())
+    }
+}
+
+impl Cluster {
+    /// Node `id`'s region, mapped through its shm socket, for a test to look
+    /// at directly (its header, a value the client path would not return).
+    pub async fn map_region(&self, id: u64) -> Result<rdkv_fabric::RegionReader> {
+        let socket = self
+            .status_of(id)
+            .await?
+            .shm_socket
+            .with_context(|| format!("node {id} has no shm socket"))?;
+        let attached = rdkv_fabric::attach_shm(Path::new(&socket), None, "test-harness").await?;
+        Ok(rdkv_fabric::RegionReader::attach(
+            attached.memory,
+            std::sync::Arc::new(rdkv_fabric::MonotonicClock::new()),
+            rdkv_fabric::ReaderOptions {
+                max_attempts: 8,
+                abandon_after_us: None,
+            },
+        )?)
     }
 }

@@ -7,8 +7,9 @@
 //! - With a device (`RDKV_RDMA_DEVICE=<name>`, tests built with
 //!   `--features rdma`): GETs over RDMA READs with zero server GET RPCs,
 //!   writes over SEND/RECV (large values fragmented), torn-read stress, and
-//!   connection loss. Without the variable they print why they were skipped
-//!   and return.
+//!   connection loss. Without the variable each prints a
+//!   `<test>: skipped: ...` line that `cargo test` shows even without
+//!   `--nocapture`, and returns.
 
 use std::time::{Duration, Instant};
 
@@ -16,26 +17,32 @@ use anyhow::{Result, bail, ensure};
 use bytes::Bytes;
 use rdkv_client::{ClientOptions, Consistency, Transport};
 use rdkv_tests::Cluster;
+use rdkv_tests::skip::{skip, skip_without_hardware};
 use rdkv_tests::stress_value::{check, encode};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// The device named by `RDKV_RDMA_DEVICE`, or `None` after saying why the
-/// test is skipped.
+/// The device named by `RDKV_RDMA_DEVICE`, or `None` after saying (visibly,
+/// past the harness's capture) why the test is skipped. A device named for
+/// tests built without the rdma feature is a mistake in the run, not a
+/// missing device: that skip fails under CI.
 fn rdma_device(test: &str) -> Option<String> {
     match std::env::var("RDKV_RDMA_DEVICE") {
         Ok(device) if !device.is_empty() => {
             if !cfg!(feature = "rdma") {
-                eprintln!(
-                    "{test}: skipped: RDKV_RDMA_DEVICE is set but the tests were built \
-                     without --features rdma"
+                skip(
+                    test,
+                    "RDKV_RDMA_DEVICE is set but the tests were built without --features rdma",
                 );
                 return None;
             }
             Some(device)
         }
         _ => {
-            eprintln!("{test}: skipped: RDKV_RDMA_DEVICE not set (no RDMA device on this host)");
+            skip_without_hardware(
+                test,
+                "RDKV_RDMA_DEVICE not set (no RDMA device on this host)",
+            );
             None
         }
     }
