@@ -124,7 +124,7 @@ fn integer_arg(arg: &[u8]) -> Option<i64> {
 impl<'a> Session<'a> {
     pub fn new(server: &'a RespServer) -> Session<'a> {
         Session {
-            authenticated: server.handler.token().is_none(),
+            authenticated: server.handler.replica().token().is_none(),
             server,
         }
     }
@@ -280,7 +280,7 @@ impl<'a> Session<'a> {
                     Err(e) => e,
                 }
             }
-            "DBSIZE" => Reply::Integer(self.server.handler.live_keys() as i64),
+            "DBSIZE" => Reply::Integer(self.server.handler.replica().live_keys() as i64),
             // Replicated like any write; with a token configured the
             // connection is authenticated by now (AUTH gates every command).
             "FLUSHDB" | "FLUSHALL" => match args {
@@ -311,7 +311,7 @@ impl<'a> Session<'a> {
             }
             _ => return Reply::syntax(),
         };
-        match self.server.handler.token() {
+        match self.server.handler.replica().token() {
             None => Reply::err(
                 "AUTH <password> called without any password configured for the default user. \
                  Are you sure your configuration is correct?",
@@ -421,7 +421,7 @@ impl<'a> Session<'a> {
         if show("KEYSPACE") {
             text.push_str(&format!(
                 "# Keyspace\r\ndb0:keys={},expires=0,avg_ttl=0\r\n",
-                self.server.handler.live_keys()
+                self.server.handler.replica().live_keys()
             ));
         }
         Reply::bulk(text)
@@ -452,8 +452,9 @@ impl<'a> Session<'a> {
                 response => return Ok(response),
             };
             match &error.leader_hint {
-                Some(hint) if hint.node_id != handler.node_id() => {
+                Some(hint) if hint.node_id != handler.replica().node_id() => {
                     let mut endpoints: Vec<String> = handler
+                        .replica()
                         .members()
                         .into_iter()
                         .map(|m| m.client_addr)
