@@ -15,6 +15,8 @@
 //! - [`rdma`]: the RDMA transport's node side (feature `rdma`): device,
 //!   region grant, a queue pair per client connection.
 
+#![warn(clippy::too_many_lines)]
+
 mod accept;
 pub mod config;
 mod framed;
