@@ -227,6 +227,84 @@ fn parse_addr(what: &str, value: &str) -> Result<SocketAddr> {
         .with_context(|| format!("{what} {value:?} is not HOST:PORT"))
 }
 
+/// The members of the cluster to initialize: from `--initial-cluster`, none
+/// when joining, else this node alone.
+fn initial_members(
+    spec: Option<String>,
+    joining: bool,
+    id: u64,
+    peer_listen: SocketAddr,
+) -> Result<BTreeMap<u64, String>> {
+    let members = match (spec, joining) {
+        (Some(_), true) => bail!("--initial-cluster and --join are exclusive"),
+        (Some(spec), false) => parse_initial_cluster(&spec)?,
+        (None, true) => BTreeMap::new(),
+        (None, false) => BTreeMap::from([(id, peer_listen.to_string())]),
+    };
+    if !members.is_empty() && !members.contains_key(&id) {
+        bail!("--initial-cluster does not name this node (id {id})");
+    }
+    Ok(members)
+}
+
+/// Without a token, every listener must be on a loopback address.
+fn refuse_exposed(mut addrs: impl Iterator<Item = SocketAddr>) -> Result<()> {
+    if addrs.any(|addr| !addr.ip().is_loopback()) {
+        bail!(
+            "refusing to listen on a non-loopback address without --token \
+             (or RDKV_TOKEN); pass --insecure to do it anyway"
+        );
+    }
+    Ok(())
+}
+
+/// A Unix socket's path: `setting`, or `default` in the data directory when
+/// unset; `off`: none.
+fn socket_path(data_dir: &Path, setting: Option<String>, default: &str) -> Option<PathBuf> {
+    match setting.as_deref() {
+        Some("off") => None,
+        Some(path) => Some(PathBuf::from(path)),
+        None => Some(data_dir.join(default)),
+    }
+}
+
+/// `setting`, or `default` when unset.
+fn address(what: &str, setting: Option<SocketAddr>, default: &str) -> Result<SocketAddr> {
+    setting.map_or_else(|| parse_addr(what, default), Ok)
+}
+
+/// `setting` (or `default` when unset) as an address; `off`: none.
+fn optional_addr(what: &str, setting: Option<String>, default: &str) -> Result<Option<SocketAddr>> {
+    match setting.as_deref().unwrap_or(default) {
+        "off" => Ok(None),
+        addr => parse_addr(what, addr).map(Some),
+    }
+}
+
+/// `value` of flag `--{flag}`, refused outside `range`.
+fn within<T: PartialOrd + std::fmt::Display>(
+    flag: &str,
+    value: T,
+    range: std::ops::RangeInclusive<T>,
+) -> Result<T> {
+    if !range.contains(&value) {
+        bail!(
+            "--{flag} must be between {} and {}",
+            range.start(),
+            range.end()
+        );
+    }
+    Ok(value)
+}
+
+fn parse_log_format(text: Option<&str>) -> Result<LogFormat> {
+    match text.unwrap_or("text") {
+        "text" => Ok(LogFormat::Text),
+        "json" => Ok(LogFormat::Json),
+        other => bail!("--log-format {other:?} is not text or json"),
+    }
+}
+
 impl Config {
     pub fn resolve(args: Args) -> Result<Config> {
         let file = match &args.config {
@@ -237,112 +315,68 @@ impl Config {
         if id == 0 {
             bail!("--id must be >= 1");
         }
-        let listen = match args.listen.or(file.listen) {
-            Some(addr) => addr,
-            None => parse_addr("listen", DEFAULT_LISTEN)?,
-        };
-        let peer_listen = match args.peer_listen.or(file.peer_listen) {
-            Some(addr) => addr,
-            None => parse_addr("peer-listen", DEFAULT_PEER_LISTEN)?,
-        };
-        let http_listen = match args
-            .http_listen
-            .or(file.http_listen)
-            .unwrap_or_else(|| DEFAULT_HTTP_LISTEN.to_owned())
-            .as_str()
-        {
-            "off" => None,
-            addr => Some(parse_addr("http-listen", addr)?),
-        };
-        let resp_listen = match args
-            .resp_listen
-            .or(file.resp_listen)
-            .unwrap_or_else(|| DEFAULT_RESP_LISTEN.to_owned())
-            .as_str()
-        {
-            "off" => None,
-            addr => Some(parse_addr("resp-listen", addr)?),
-        };
-        let resp_read_consistency = parse_consistency(
-            args.resp_read_consistency
-                .or(file.resp_read_consistency)
-                .as_deref()
-                .unwrap_or("linearizable"),
+        let listen = address("listen", args.listen.or(file.listen), DEFAULT_LISTEN)?;
+        let peer_listen = args.peer_listen.or(file.peer_listen);
+        let peer_listen = address("peer-listen", peer_listen, DEFAULT_PEER_LISTEN)?;
+        let http_listen = optional_addr(
+            "http-listen",
+            args.http_listen.or(file.http_listen),
+            DEFAULT_HTTP_LISTEN,
         )?;
+        let resp_listen = optional_addr(
+            "resp-listen",
+            args.resp_listen.or(file.resp_listen),
+            DEFAULT_RESP_LISTEN,
+        )?;
+        let consistency = args.resp_read_consistency.or(file.resp_read_consistency);
+        let resp_read_consistency =
+            parse_consistency(consistency.as_deref().unwrap_or("linearizable"))?;
         let join = args.join.or(file.join);
-        let initial_cluster = match (args.initial_cluster.or(file.initial_cluster), &join) {
-            (Some(_), Some(_)) => bail!("--initial-cluster and --join are exclusive"),
-            (Some(spec), None) => parse_initial_cluster(&spec)?,
-            (None, Some(_)) => BTreeMap::new(),
-            (None, None) => BTreeMap::from([(id, peer_listen.to_string())]),
-        };
-        if !initial_cluster.is_empty() && !initial_cluster.contains_key(&id) {
-            bail!("--initial-cluster does not name this node (id {id})");
-        }
+        let initial_cluster = initial_members(
+            args.initial_cluster.or(file.initial_cluster),
+            join.is_some(),
+            id,
+            peer_listen,
+        )?;
         let token = args.token.or(file.token).filter(|t| !t.is_empty());
         let insecure = args.insecure || file.insecure.unwrap_or(false);
-        let exposed = [Some(listen), Some(peer_listen), http_listen, resp_listen]
-            .into_iter()
-            .flatten()
-            .any(|addr| !addr.ip().is_loopback());
-        if exposed && token.is_none() && !insecure {
-            bail!(
-                "refusing to listen on a non-loopback address without --token \
-                 (or RDKV_TOKEN); pass --insecure to do it anyway"
-            );
+        let listened = [Some(listen), Some(peer_listen), http_listen, resp_listen];
+        if token.is_none() && !insecure {
+            refuse_exposed(listened.into_iter().flatten())?;
         }
         let region_mib = args.region_mib.or(file.region_mib).unwrap_or(256);
-        if !(1..=1024 * 1024).contains(&region_mib) {
-            bail!("--region-mib must be between 1 and 1048576");
-        }
-        let max_client_connections = args
-            .max_client_connections
-            .or(file.max_client_connections)
-            .unwrap_or(1024);
-        if !(1..=1_000_000).contains(&max_client_connections) {
-            bail!("--max-client-connections must be between 1 and 1000000");
-        }
-        let max_in_flight_mib = args
-            .max_in_flight_mib
-            .or(file.max_in_flight_mib)
-            .unwrap_or(256);
-        if !(1..=1024 * 1024).contains(&max_in_flight_mib) {
-            bail!("--max-in-flight-mib must be between 1 and 1048576");
-        }
+        let region_mib = within("region-mib", region_mib, 1..=1024 * 1024)?;
+        let connections = args.max_client_connections.or(file.max_client_connections);
+        let max_client_connections = within(
+            "max-client-connections",
+            connections.unwrap_or(1024),
+            1..=1_000_000,
+        )?;
+        let in_flight_mib = args.max_in_flight_mib.or(file.max_in_flight_mib);
+        let max_in_flight_mib = within(
+            "max-in-flight-mib",
+            in_flight_mib.unwrap_or(256),
+            1..=1024 * 1024,
+        )?;
         let grace_period_ms = args.grace_period_ms.or(file.grace_period_ms).unwrap_or(250);
         if grace_period_ms < MIN_GRACE_PERIOD_MS {
             bail!("--grace-period-ms must be at least {MIN_GRACE_PERIOD_MS}");
         }
         let heartbeat_ms = args.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(100);
-        if !(10..=10_000).contains(&heartbeat_ms) {
-            bail!("--heartbeat-ms must be between 10 and 10000");
-        }
-        let snapshot_entries = args
-            .snapshot_entries
-            .or(file.snapshot_entries)
-            .unwrap_or(10_000)
-            .max(1);
-        let log_format = match args
-            .log_format
-            .or(file.log_format)
-            .as_deref()
-            .unwrap_or("text")
-        {
-            "text" => LogFormat::Text,
-            "json" => LogFormat::Json,
-            other => bail!("--log-format {other:?} is not text or json"),
-        };
+        let heartbeat_ms = within("heartbeat-ms", heartbeat_ms, 10..=10_000)?;
+        let snapshot_entries = args.snapshot_entries.or(file.snapshot_entries);
+        let snapshot_entries = snapshot_entries.unwrap_or(10_000).max(1);
+        let log_format = parse_log_format(args.log_format.or(file.log_format).as_deref())?;
         let data_dir = args
             .data_dir
             .or(file.data_dir)
             .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
-        let socket = |setting: Option<String>, default: &str| match setting.as_deref() {
-            Some("off") => None,
-            Some(path) => Some(PathBuf::from(path)),
-            None => Some(data_dir.join(default)),
-        };
-        let shm_socket = socket(args.shm_socket.or(file.shm_socket), "rdkv.sock");
-        let rpc_socket = socket(args.rpc_socket.or(file.rpc_socket), "rdkv-rpc.sock");
+        let shm_socket = socket_path(&data_dir, args.shm_socket.or(file.shm_socket), "rdkv.sock");
+        let rpc_socket = socket_path(
+            &data_dir,
+            args.rpc_socket.or(file.rpc_socket),
+            "rdkv-rpc.sock",
+        );
         Ok(Config {
             id,
             data_dir,

@@ -66,11 +66,7 @@ async fn respond(mut stream: TcpStream, handler: &Handler) -> std::io::Result<()
             (status, "application/json", body)
         }
         (b"GET", b"/status") => ("200 OK", "application/json", status_json(handler)),
-        (b"GET", b"/metrics") => (
-            "200 OK",
-            "text/plain; version=0.0.4",
-            crate::telemetry::scrape::render(handler),
-        ),
+        (b"GET", b"/metrics") => ("200 OK", "text/plain; version=0.0.4", handler.metrics()),
         _ => ("404 Not Found", "text/plain", "not found\n".to_owned()),
     };
     let head = format!(

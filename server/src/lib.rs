@@ -3,8 +3,12 @@
 //! - [`config`]: flags, env and TOML file.
 //! - [`node`]: starts Raft (durable log, region state machine, peer network)
 //!   and the listeners.
+//! - [`replica`]: Raft and the stores it runs on, and what they tell about
+//!   the cluster (members, who leads).
+//! - `lease`: the lease rules (quorum acknowledgement, the lease published
+//!   for one-sided readers, read confirmation, follower freshness).
 //! - [`peer`]: Raft traffic between nodes.
-//! - [`service`]: the native client protocol.
+//! - [`service`]: the native client protocol, by concern.
 //! - [`http`]: health, status and metrics for probes.
 //! - [`resp`]: the RESP (Redis protocol) front end.
 //! - [`telemetry`]: Prometheus metrics, per-op statistics, Raft event logs.
@@ -12,15 +16,18 @@
 //!   region grant, a queue pair per client connection.
 
 #![forbid(unsafe_code)]
+#![warn(clippy::too_many_lines)]
 
 mod accept;
 pub mod config;
 mod framed;
 pub mod http;
 mod join;
+mod lease;
 pub mod node;
 pub mod peer;
 pub mod rdma;
+pub mod replica;
 pub mod resp;
 pub mod service;
 pub mod telemetry;

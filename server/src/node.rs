@@ -3,13 +3,13 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use openraft::async_runtime::WatchReceiver;
+use openraft::SnapshotPolicy;
 use openraft::errors::{InitializeError, RaftError};
-use openraft::{ServerState, SnapshotPolicy};
 use rdkv_proto::wire::Limits;
 use rdkv_storage::RegionConfig;
 use rdkv_storage::raft::NodeAddr;
@@ -21,7 +21,8 @@ use tokio::sync::watch;
 use crate::Raft;
 use crate::config::Config;
 use crate::peer::{PeerContext, PeerNetwork, SNAPSHOT_CHUNK_BYTES, serve_peers};
-use crate::service::{Endpoints, Handler, HandlerSettings, serve_clients};
+use crate::replica::Replica;
+use crate::service::{Endpoints, Handler, HandlerSettings, serve_clients, serve_unix_clients};
 
 /// Background tasks of a node, aborted when dropped: a start that fails
 /// half-way leaves nothing running.
@@ -96,47 +97,189 @@ fn raft_config(config: &Config) -> Result<openraft::Config> {
     raft.validate().context("raft configuration")
 }
 
-/// How long ago a quorum last acknowledged this node as leader (`None`: it
-/// does not lead, or has not been acknowledged yet, just elected).
-///
-/// A sole voter is its own quorum, always current: no other node can be
-/// elected unless this leader first appends a configuration with more
-/// voters, and from that moment the quorum rule applies. (openraft refreshes
-/// a sole voter's acknowledgement only on writes, so an idle single node
-/// would otherwise look cut off.) The lease, `/health` and follower reads
-/// all judge leadership by this one answer.
-pub(crate) fn quorum_ack_age(
-    metrics: &openraft::RaftMetrics<rdkv_storage::raft::TypeConfig>,
-) -> Option<Duration> {
-    if metrics.state != ServerState::Leader {
-        return None;
-    }
-    if metrics.membership_config.membership().voter_ids().count() == 1 {
-        return Some(Duration::ZERO);
-    }
-    let acked = metrics.last_quorum_acked.as_ref()?;
-    Some(openraft::Instant::elapsed(&**acked))
+/// The sockets a node listens on, bound before anything starts: a port in
+/// use fails the start before Raft runs.
+#[derive(Debug)]
+struct Listeners {
+    peer: TcpListener,
+    front: FrontEnds,
 }
 
-/// The unix-µs deadline of the leader's lease, if this node leads: the last
-/// instant a quorum acknowledged it, plus the minimum election timeout (no
-/// follower votes for another candidate before that has passed).
-fn lease_deadline_us(
-    metrics: &openraft::RaftMetrics<rdkv_storage::raft::TypeConfig>,
-    election_timeout_min_ms: u64,
-) -> Option<u64> {
-    // A new leader's region may still lack entries its predecessor
-    // committed: it serves one-sided reads only once it has applied an entry
-    // of its own term (its first blank entry), as openraft's own lease reads
-    // wait for it too.
-    let applied_term = metrics.last_applied.map(|l| l.leader_id.term);
-    if applied_term != Some(metrics.current_term) {
-        return None;
+/// The listeners clients reach: the native protocol, RESP and HTTP.
+#[derive(Debug)]
+struct FrontEnds {
+    native: TcpListener,
+    resp: Option<TcpListener>,
+    http: Option<TcpListener>,
+}
+
+async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener> {
+    TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the {what} address {addr}"))
+}
+
+async fn bind_optional(addr: Option<SocketAddr>, what: &str) -> Result<Option<TcpListener>> {
+    match addr {
+        Some(addr) => bind(addr, what).await.map(Some),
+        None => Ok(None),
     }
-    let age = quorum_ack_age(metrics)?;
-    let now_us = rdkv_fabric::clock::unix_now_us();
-    let acked_us = now_us.saturating_sub(u64::try_from(age.as_micros()).unwrap_or(u64::MAX));
-    Some(acked_us + election_timeout_min_ms * 1000)
+}
+
+impl Listeners {
+    async fn bind(config: &Config) -> Result<Listeners> {
+        let native = bind(config.listen, "client").await?;
+        let peer = bind(config.peer_listen, "peer").await?;
+        let resp = bind_optional(config.resp_listen, "resp").await?;
+        let http = bind_optional(config.http_listen, "http").await?;
+        Ok(Listeners {
+            peer,
+            front: FrontEnds { native, resp, http },
+        })
+    }
+}
+
+fn local_addr(listener: Option<&TcpListener>) -> Option<String> {
+    listener
+        .and_then(|l| l.local_addr().ok())
+        .map(|a| a.to_string())
+}
+
+impl FrontEnds {
+    fn endpoints(&self, config: &Config) -> Endpoints {
+        Endpoints {
+            client: config.listen.to_string(),
+            rpc_socket: config.rpc_socket.as_ref().map(|p| p.display().to_string()),
+            shm_socket: config.shm_socket.as_ref().map(|p| p.display().to_string()),
+            resp: local_addr(self.resp.as_ref()),
+            http: local_addr(self.http.as_ref()),
+        }
+    }
+
+    /// Serves every front end (and the Unix sockets the config names) until
+    /// shutdown.
+    fn spawn(
+        self,
+        config: &Config,
+        handler: &Arc<Handler>,
+        shutdown: &watch::Receiver<bool>,
+        tasks: &mut Tasks,
+    ) -> Result<()> {
+        if let Some(path) = &config.rpc_socket {
+            let listener = bind_unix(path)?;
+            let handler = Arc::clone(handler);
+            tasks.push(tokio::spawn(serve_unix_clients(
+                listener,
+                handler,
+                shutdown.clone(),
+            )));
+        }
+        let handler_for_native = Arc::clone(handler);
+        tasks.push(tokio::spawn(serve_clients(
+            self.native,
+            handler_for_native,
+            shutdown.clone(),
+        )));
+        if let Some(path) = &config.shm_socket {
+            let listener = bind_unix(path)?;
+            let sm = handler.replica().sm.clone();
+            tasks.push(tokio::spawn(rdkv_fabric::serve_shm(
+                listener,
+                config.token.clone(),
+                config.id,
+                move || Some(sm.region_memory()),
+                shutdown.clone(),
+            )));
+        }
+        if let Some(listener) = self.resp {
+            let port = listener.local_addr().map_or(0, |a| a.port());
+            let resp = Arc::new(crate::resp::RespServer::new(
+                Arc::clone(handler),
+                config.resp_read_consistency,
+                config.token.clone(),
+                port,
+            ));
+            tasks.push(tokio::spawn(crate::resp::serve_resp(
+                listener,
+                resp,
+                shutdown.clone(),
+            )));
+        }
+        if let Some(listener) = self.http {
+            let handler = Arc::clone(handler);
+            tasks.push(tokio::spawn(crate::http::serve_http(
+                listener,
+                handler,
+                shutdown.clone(),
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn region_config(config: &Config) -> RegionConfig {
+    RegionConfig {
+        region_bytes: config.region_bytes,
+        grace_period_us: config.grace_period_ms * 1000,
+        node_id: config.id,
+        ..RegionConfig::default()
+    }
+}
+
+/// The protocol limits this node's region implies.
+fn protocol_limits(region: &RegionConfig) -> Result<Limits> {
+    let limits = Limits {
+        max_key_bytes: region.max_key_bytes,
+        max_value_bytes: region.max_value_bytes,
+        ..Limits::default()
+    };
+    limits.validate_self().context("protocol limits")?;
+    Ok(limits)
+}
+
+/// Opens the log and the region, then starts Raft on them.
+async fn start_replica(config: &Config, region: RegionConfig) -> Result<Replica> {
+    let log = LogStore::open(config.data_dir.join("raft-log"), LogOptions::default())
+        .context("opening the raft log")?;
+    let sm = RegionStateMachine::open(StateMachineConfig {
+        region,
+        snapshot_dir: config.data_dir.join("snapshots"),
+        region_full_wait_ms: config.grace_period_ms * 2,
+    })
+    .context("opening the state machine")?;
+    // A snapshot holds at most the region's live pairs plus framing.
+    let max_snapshot_bytes = config.region_bytes * 2 + SNAPSHOT_CHUNK_BYTES as u64;
+    let peers = Arc::new(PeerContext::new(
+        config.id,
+        config.listen.to_string(),
+        config.token.clone(),
+        max_snapshot_bytes,
+    ));
+    let raft_config = Arc::new(raft_config(config)?);
+    // A previous incarnation may have led and published a lease (at most
+    // one minimum election timeout long) into a region clients still map.
+    // Nothing this incarnation commits may become visible before that
+    // lease has run out: in a cluster the other voters guarantee it (they
+    // vote for no one that soon), but a sole voter elects itself at once.
+    // So a restarted node waits the lease out before it starts Raft.
+    if log.stats().last_index.is_some() || sm.applied_index() > 0 {
+        tokio::time::sleep(Duration::from_millis(raft_config.election_timeout_min)).await;
+    }
+    let raft = Raft::new(
+        config.id,
+        raft_config,
+        PeerNetwork::new(Arc::clone(&peers)),
+        log.clone(),
+        sm.clone(),
+    )
+    .await
+    .context("starting raft")?;
+    Ok(Replica {
+        raft,
+        sm,
+        log,
+        peers,
+    })
 }
 
 impl Node {
@@ -144,96 +287,12 @@ impl Node {
         // Before anything records a metric.
         crate::telemetry::prometheus();
         let lock = lock_data_dir(&config)?;
-        // Bind first: a port in use fails the start before Raft runs.
-        let client_listener = TcpListener::bind(config.listen)
-            .await
-            .with_context(|| format!("binding the client address {}", config.listen))?;
-        let peer_listener = TcpListener::bind(config.peer_listen)
-            .await
-            .with_context(|| format!("binding the peer address {}", config.peer_listen))?;
-        let resp_listener = match config.resp_listen {
-            Some(addr) => Some(
-                TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("binding the resp address {addr}"))?,
-            ),
-            None => None,
-        };
-        let http_listener = match config.http_listen {
-            Some(addr) => Some(
-                TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("binding the http address {addr}"))?,
-            ),
-            None => None,
-        };
-
-        let log = LogStore::open(config.data_dir.join("raft-log"), LogOptions::default())
-            .context("opening the raft log")?;
-        let region = RegionConfig {
-            region_bytes: config.region_bytes,
-            grace_period_us: config.grace_period_ms * 1000,
-            node_id: config.id,
-            ..RegionConfig::default()
-        };
-        let limits = Limits {
-            max_key_bytes: region.max_key_bytes,
-            max_value_bytes: region.max_value_bytes,
-            ..Limits::default()
-        };
-        limits.validate_self().context("protocol limits")?;
-        let sm = RegionStateMachine::open(StateMachineConfig {
-            region,
-            snapshot_dir: config.data_dir.join("snapshots"),
-            region_full_wait_ms: config.grace_period_ms * 2,
-        })
-        .context("opening the state machine")?;
-
-        let client_addr = config.listen.to_string();
-        // A snapshot holds at most the region's live pairs plus framing.
-        let max_snapshot_bytes = config.region_bytes * 2 + SNAPSHOT_CHUNK_BYTES as u64;
-        let peers = Arc::new(PeerContext::new(
-            config.id,
-            client_addr.clone(),
-            config.token.clone(),
-            max_snapshot_bytes,
-        ));
-        let raft_config = Arc::new(raft_config(&config)?);
-        let election_timeout_min_ms = raft_config.election_timeout_min;
-        // A previous incarnation may have led and published a lease (at most
-        // one minimum election timeout long) into a region clients still map.
-        // Nothing this incarnation commits may become visible before that
-        // lease has run out: in a cluster the other voters guarantee it (they
-        // vote for no one that soon), but a sole voter elects itself at once.
-        // So a restarted node waits the lease out before it starts Raft.
-        if log.stats().last_index.is_some() || sm.applied_index() > 0 {
-            tokio::time::sleep(Duration::from_millis(election_timeout_min_ms)).await;
-        }
-        let raft = Raft::new(
-            config.id,
-            raft_config,
-            PeerNetwork::new(Arc::clone(&peers)),
-            log.clone(),
-            sm.clone(),
-        )
-        .await
-        .context("starting raft")?;
-        match Self::serve(
-            config,
-            raft.clone(),
-            sm,
-            peers,
-            log,
-            election_timeout_min_ms,
-            limits,
-            client_listener,
-            peer_listener,
-            http_listener,
-            resp_listener,
-            lock,
-        )
-        .await
-        {
+        let listeners = Listeners::bind(&config).await?;
+        let region = region_config(&config);
+        let limits = protocol_limits(&region)?;
+        let replica = start_replica(&config, region).await?;
+        let raft = replica.raft.clone();
+        match Self::serve(config, replica, limits, listeners, lock).await {
             Ok(node) => Ok(node),
             Err(e) => {
                 // Raft is running and owns the log: stop it before giving up.
@@ -243,71 +302,43 @@ impl Node {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn serve(
         config: Config,
-        raft: Raft,
-        sm: RegionStateMachine,
-        peers: Arc<PeerContext>,
-        log: LogStore,
-        election_timeout_min_ms: u64,
+        replica: Replica,
         limits: Limits,
-        client_listener: TcpListener,
-        peer_listener: TcpListener,
-        http_listener: Option<TcpListener>,
-        resp_listener: Option<TcpListener>,
+        listeners: Listeners,
         lock: File,
     ) -> Result<Node> {
-        let client_addr = config.listen.to_string();
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = Tasks::default();
+        let raft = replica.raft.clone();
         tasks.push(tokio::spawn(serve_peers(
-            peer_listener,
+            listeners.peer,
             raft.clone(),
-            Arc::clone(&peers),
+            Arc::clone(&replica.peers),
             shutdown_rx.clone(),
         )));
-
+        let client_addr = config.listen.to_string();
         if !config.initial_cluster.is_empty() {
             initialize(&raft, &config, &client_addr).await?;
         }
-
-        let endpoints = Endpoints {
-            client: client_addr.clone(),
-            rpc_socket: config.rpc_socket.as_ref().map(|p| p.display().to_string()),
-            shm_socket: config.shm_socket.as_ref().map(|p| p.display().to_string()),
-            resp: resp_listener
-                .as_ref()
-                .and_then(|l| l.local_addr().ok())
-                .map(|a| a.to_string()),
-            http: http_listener
-                .as_ref()
-                .and_then(|l| l.local_addr().ok())
-                .map(|a| a.to_string()),
-        };
         let rdma = Arc::new(crate::rdma::RdmaState::start(
             config.rdma_device.as_deref(),
             config.grace_period_ms,
         ));
         tasks.push(tokio::spawn(Arc::clone(&rdma).maintain(
-            sm.clone(),
+            replica.sm.clone(),
             config.id,
             shutdown_rx.clone(),
         )));
-        let handler = Arc::new(Handler::new(
-            raft.clone(),
-            sm.clone(),
-            Arc::clone(&peers),
-            log,
-            HandlerSettings {
-                limits,
-                endpoints,
-                fault_injection: config.fault_injection,
-                max_client_connections: config.max_client_connections,
-                max_in_flight_bytes: u64::from(config.max_in_flight_mib) * 1024 * 1024,
-            },
-            rdma,
-        ));
+        let settings = HandlerSettings {
+            limits,
+            endpoints: listeners.front.endpoints(&config),
+            fault_injection: config.fault_injection,
+            max_client_connections: config.max_client_connections,
+            max_in_flight_bytes: u64::from(config.max_in_flight_mib) * 1024 * 1024,
+        };
+        let handler = Arc::new(Handler::new(replica.clone(), settings, rdma));
         tasks.push(tokio::spawn(crate::telemetry::raft_events::watch_raft(
             raft.clone(),
             shutdown_rx.clone(),
@@ -315,56 +346,12 @@ impl Node {
         tasks.push(tokio::spawn(crate::telemetry::recorder::upkeep(
             shutdown_rx.clone(),
         )));
-        if let Some(path) = &config.rpc_socket {
-            let listener = bind_unix(path)?;
-            tasks.push(tokio::spawn(crate::service::serve_unix_clients(
-                listener,
-                Arc::clone(&handler),
-                shutdown_rx.clone(),
-            )));
-        }
-        tasks.push(tokio::spawn(serve_clients(
-            client_listener,
-            Arc::clone(&handler),
-            shutdown_rx.clone(),
-        )));
-        if let Some(path) = &config.shm_socket {
-            let listener = bind_unix(path)?;
-            let sm_for_shm = sm.clone();
-            tasks.push(tokio::spawn(rdkv_fabric::serve_shm(
-                listener,
-                config.token.clone(),
-                config.id,
-                move || Some(sm_for_shm.region_memory()),
-                shutdown_rx.clone(),
-            )));
-        }
-        if let Some(listener) = resp_listener {
-            let port = listener.local_addr().map_or(0, |a| a.port());
-            let resp = Arc::new(crate::resp::RespServer::new(
-                Arc::clone(&handler),
-                config.resp_read_consistency,
-                config.token.clone(),
-                port,
-            ));
-            tasks.push(tokio::spawn(crate::resp::serve_resp(
-                listener,
-                resp,
-                shutdown_rx.clone(),
-            )));
-        }
-        if let Some(listener) = http_listener {
-            tasks.push(tokio::spawn(crate::http::serve_http(
-                listener,
-                Arc::clone(&handler),
-                shutdown_rx.clone(),
-            )));
-        }
-        let sm_handle = sm.clone();
-        tasks.push(tokio::spawn(publish_leadership(
+        listeners
+            .front
+            .spawn(&config, &handler, &shutdown_rx, &mut tasks)?;
+        tasks.push(tokio::spawn(crate::lease::publish_leadership(
             raft.clone(),
-            sm,
-            election_timeout_min_ms,
+            replica.sm.clone(),
             config.heartbeat_ms,
             shutdown_rx.clone(),
         )));
@@ -388,7 +375,7 @@ impl Node {
         );
         Ok(Node {
             raft,
-            sm: sm_handle,
+            sm: replica.sm,
             handler,
             shutdown,
             tasks,
@@ -456,30 +443,5 @@ async fn initialize(raft: &Raft, config: &Config, client_addr: &str) -> Result<(
         // Another member's identical initialization reached us first.
         Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
         Err(e) => Err(anyhow::anyhow!("initializing the cluster: {e}")),
-    }
-}
-
-/// Keeps the region header's term and lease words current: renewed on every
-/// quorum acknowledgement, cleared at once when this node stops leading.
-async fn publish_leadership(
-    raft: Raft,
-    sm: RegionStateMachine,
-    election_timeout_min_ms: u64,
-    heartbeat_ms: u64,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut metrics = raft.metrics();
-    let mut tick = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(1)));
-    loop {
-        let current = metrics.borrow_watched().clone();
-        let deadline = lease_deadline_us(&current, election_timeout_min_ms);
-        if let Err(e) = sm.publish_leadership(current.current_term, deadline) {
-            tracing::error!("publishing leadership in the region header: {e}");
-        }
-        tokio::select! {
-            changed = metrics.changed() => if changed.is_err() { return },
-            _ = tick.tick() => {}
-            _ = shutdown.changed() => return,
-        }
     }
 }

@@ -51,13 +51,20 @@ pub enum PeerRequest {
     Vote(VoteRequest<TypeConfig>),
     PreVote(VoteRequest<TypeConfig>),
     TransferLeader(TransferLeaderRequest<TypeConfig>),
-    SnapshotChunk {
-        vote: Vote,
-        meta: SnapshotMeta,
-        total_bytes: u64,
-        offset: u64,
-        data: Bytes,
-    },
+    SnapshotChunk(SnapshotPiece),
+}
+
+/// One chunk of a snapshot the leader sends (encoded exactly as the struct
+/// variant it replaced: postcard writes the fields in order either way).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SnapshotPiece {
+    pub vote: Vote,
+    pub meta: SnapshotMeta,
+    /// Size of the whole snapshot.
+    pub total_bytes: u64,
+    /// Where `data` starts in it.
+    pub offset: u64,
+    pub data: Bytes,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -20,7 +20,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use super::{
     PEER_MAGIC, PEER_MAX_FRAME_BYTES, PEER_PROTOCOL_VERSION, PeerContext, PeerHello,
-    PeerHelloReply, PeerRequest, PeerResponse, SNAPSHOT_CHUNK_BYTES,
+    PeerHelloReply, PeerRequest, PeerResponse, SNAPSHOT_CHUNK_BYTES, SnapshotPiece,
 };
 use crate::framed::{FrameReader, FrameWriter};
 
@@ -275,13 +275,13 @@ impl RaftNetworkV2<TypeConfig> for PeerConn {
             let mut offset = 0usize;
             loop {
                 let end = (offset + SNAPSHOT_CHUNK_BYTES).min(snapshot.snapshot.len());
-                let chunk = PeerRequest::SnapshotChunk {
+                let chunk = PeerRequest::SnapshotChunk(SnapshotPiece {
                     vote,
                     meta: snapshot.meta.clone(),
                     total_bytes,
                     offset: offset as u64,
                     data: snapshot.snapshot.slice(offset..end),
-                };
+                });
                 match self.call(&chunk, SNAPSHOT_CHUNK_TIMEOUT).await? {
                     PeerResponse::SnapshotChunk(Ok(Some(done))) => return Ok(done),
                     PeerResponse::SnapshotChunk(Ok(None)) if end < snapshot.snapshot.len() => {

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 
 use super::{
     PEER_MAGIC, PEER_MAX_FRAME_BYTES, PEER_PROTOCOL_VERSION, PeerContext, PeerHello,
-    PeerHelloReply, PeerRequest, PeerResponse,
+    PeerHelloReply, PeerRequest, PeerResponse, SnapshotPiece,
 };
 use crate::Raft;
 use crate::accept::accept_until;
@@ -102,7 +102,7 @@ async fn handle(stream: TcpStream, raft: Raft, ctx: Arc<PeerContext>) -> Result<
     writer.send(FrameKind::ServerHello, 0, &accepted).await?;
     reader.set_max_frame_bytes(PEER_MAX_FRAME_BYTES);
 
-    let mut incoming: Option<(SnapshotMeta, BytesMut)> = None;
+    let mut incoming = IncomingSnapshot::default();
     while let Some(frame) = reader.next().await? {
         if ctx.is_isolated_from(hello.from_id) {
             // As if the network lost it: no answer, and the sender's
@@ -124,7 +124,7 @@ async fn dispatch(
     request: PeerRequest,
     raft: &Raft,
     ctx: &PeerContext,
-    incoming: &mut Option<(SnapshotMeta, BytesMut)>,
+    incoming: &mut IncomingSnapshot,
 ) -> PeerResponse {
     match request {
         PeerRequest::Append(rpc) => {
@@ -142,63 +142,74 @@ async fn dispatch(
                 .await
                 .map_err(RaftError::Fatal),
         ),
-        PeerRequest::SnapshotChunk {
-            vote,
+        PeerRequest::SnapshotChunk(piece) => {
+            let vote = piece.vote;
+            let installed = match incoming.accept(piece, ctx.max_snapshot_bytes) {
+                Ok(Some(snapshot)) => raft
+                    .install_full_snapshot(vote, snapshot)
+                    .await
+                    .map(Some)
+                    .map_err(|e| e.to_string()),
+                Ok(None) => Ok(None),
+                Err(e) => Err(e),
+            };
+            PeerResponse::SnapshotChunk(installed)
+        }
+    }
+}
+
+/// A snapshot being received, chunk by chunk, in order.
+#[derive(Debug, Default)]
+struct IncomingSnapshot {
+    /// What the first chunk announced, and the bytes so far. Grown as chunks
+    /// arrive, not reserved up front for the announced size.
+    received: Option<(SnapshotMeta, BytesMut)>,
+}
+
+impl IncomingSnapshot {
+    /// Adds `piece`; the whole snapshot once its last chunk is in. A chunk
+    /// out of order (or past the announced size) drops what was received.
+    fn accept(
+        &mut self,
+        piece: SnapshotPiece,
+        max_snapshot_bytes: u64,
+    ) -> Result<Option<Snapshot>, String> {
+        let SnapshotPiece {
             meta,
             total_bytes,
             offset,
             data,
-        } => PeerResponse::SnapshotChunk(
-            snapshot_chunk(raft, ctx, incoming, vote, meta, total_bytes, offset, &data).await,
-        ),
+            ..
+        } = piece;
+        if total_bytes > max_snapshot_bytes {
+            return Err(format!(
+                "snapshot of {total_bytes} bytes exceeds this node's limit of {max_snapshot_bytes}"
+            ));
+        }
+        if offset == 0 {
+            self.received = Some((meta.clone(), BytesMut::new()));
+        }
+        let Some((expected_meta, buf)) = self.received.as_mut() else {
+            return Err("snapshot chunk without a first chunk".into());
+        };
+        if *expected_meta != meta || buf.len() as u64 != offset {
+            self.received = None;
+            return Err("snapshot chunk out of order".into());
+        }
+        if offset + data.len() as u64 > total_bytes {
+            self.received = None;
+            return Err("snapshot chunk past the announced size".into());
+        }
+        buf.extend_from_slice(&data);
+        if (buf.len() as u64) < total_bytes {
+            return Ok(None);
+        }
+        let Some((meta, buf)) = self.received.take() else {
+            return Err("snapshot state lost".into());
+        };
+        Ok(Some(Snapshot {
+            meta,
+            snapshot: buf.freeze(),
+        }))
     }
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn snapshot_chunk(
-    raft: &Raft,
-    ctx: &PeerContext,
-    incoming: &mut Option<(SnapshotMeta, BytesMut)>,
-    vote: rdkv_storage::raft::Vote,
-    meta: SnapshotMeta,
-    total_bytes: u64,
-    offset: u64,
-    data: &[u8],
-) -> Result<Option<openraft::raft::SnapshotResponse<rdkv_storage::raft::TypeConfig>>, String> {
-    if total_bytes > ctx.max_snapshot_bytes {
-        return Err(format!(
-            "snapshot of {total_bytes} bytes exceeds this node's limit of {}",
-            ctx.max_snapshot_bytes
-        ));
-    }
-    if offset == 0 {
-        // Grown as chunks arrive, not reserved up front for the announced size.
-        *incoming = Some((meta.clone(), BytesMut::new()));
-    }
-    let Some((expected_meta, buf)) = incoming.as_mut() else {
-        return Err("snapshot chunk without a first chunk".into());
-    };
-    if *expected_meta != meta || buf.len() as u64 != offset {
-        *incoming = None;
-        return Err("snapshot chunk out of order".into());
-    }
-    if offset + data.len() as u64 > total_bytes {
-        *incoming = None;
-        return Err("snapshot chunk past the announced size".into());
-    }
-    buf.extend_from_slice(data);
-    if (buf.len() as u64) < total_bytes {
-        return Ok(None);
-    }
-    let Some((meta, buf)) = incoming.take() else {
-        return Err("snapshot state lost".into());
-    };
-    let snapshot = Snapshot {
-        meta,
-        snapshot: buf.freeze(),
-    };
-    raft.install_full_snapshot(vote, snapshot)
-        .await
-        .map(Some)
-        .map_err(|e| e.to_string())
 }

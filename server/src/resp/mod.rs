@@ -4,8 +4,12 @@
 //! - [`parse`]: RESP2 requests (arrays of bulk strings, inline commands),
 //!   bounded before anything is allocated.
 //! - [`reply`]: RESP2 replies.
-//! - `commands`: what each Redis command does, in terms of the native
-//!   requests the [`Handler`] serves.
+//! - `table`: one row per command (name, arity, flags, key positions,
+//!   handler); dispatch and the `COMMAND` reply are read from it.
+//! - `session`: one connection's state; runs a command by its row.
+//! - `commands`: what each Redis command does.
+//! - `store`: the native requests behind them, served by the [`Handler`]
+//!   here or forwarded to the leader (`forward`).
 //!
 //! One task per connection reads commands and runs them **one at a time, in
 //! order** (a pipelined GET after a SET sees the SET), appending replies to
@@ -23,8 +27,12 @@
 //! `Request::Update`s, decided and applied inside the state machine.
 
 mod commands;
+mod forward;
 pub mod parse;
 pub mod reply;
+mod session;
+mod store;
+mod table;
 
 use std::sync::Arc;
 
@@ -37,9 +45,10 @@ use tokio::sync::watch;
 
 use crate::service::Handler;
 use crate::telemetry::Via;
-use commands::{Forwarder, Session};
+use forward::Forwarder;
 use parse::{ParseLimits, next_command};
 use reply::Reply;
+use session::Session;
 
 /// Replies buffered before they are written even if more commands wait.
 pub const FLUSH_BYTES: usize = 64 * 1024;

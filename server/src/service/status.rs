@@ -1,11 +1,10 @@
 //! `endpoint status` and `endpoint health` of this node.
 
 use openraft::ServerState;
-use openraft::async_runtime::WatchReceiver;
-use rdkv_proto::wire::{Health, NodeStatus, RegionFill, ReplicationLag, Role};
+use rdkv_proto::wire::{Health, NodeStatus, Op, RegionFill, ReplicationLag, Role, ServedCounts};
 
 use super::Handler;
-use crate::node::quorum_ack_age;
+use crate::lease::quorum_ack_age;
 
 /// A node that has applied everything but this many committed entries is
 /// healthy; more means it is falling behind.
@@ -23,8 +22,9 @@ fn role(state: ServerState) -> Role {
 
 impl Handler {
     pub fn status(&self) -> NodeStatus {
-        let metrics = self.raft().metrics().borrow_watched().clone();
-        let stats = self.sm().region_stats();
+        let replica = self.replica();
+        let metrics = replica.metrics();
+        let stats = replica.sm.region_stats();
         let last_log_index = metrics.last_log_index.unwrap_or(0);
         let leader_client_addr = metrics.current_leader.and_then(|id| {
             let node = metrics
@@ -32,7 +32,7 @@ impl Handler {
                 .membership()
                 .get_node(&id)
                 .cloned();
-            self.client_addr_of(id, node.as_ref())
+            replica.client_addr_of(id, node.as_ref())
         });
         let replication = metrics
             .replication
@@ -55,7 +55,7 @@ impl Handler {
             .cloned();
         NodeStatus {
             id: metrics.id,
-            client_addr: self.peers().client_addr.clone(),
+            client_addr: replica.peers.client_addr.clone(),
             peer_addr: me.map(|n| n.peer_addr).unwrap_or_default(),
             role: role(metrics.state),
             term: metrics.current_term,
@@ -63,7 +63,7 @@ impl Handler {
             leader_client_addr,
             last_log_index,
             commit_index: metrics.cluster_committed.map_or(0, |l| l.index),
-            applied_index: self.sm().applied_index(),
+            applied_index: replica.sm.applied_index(),
             snapshot_index: metrics.snapshot.map_or(0, |l| l.index),
             region: RegionFill {
                 capacity_bytes: stats.data_capacity_bytes,
@@ -71,21 +71,57 @@ impl Handler {
                 pending_reclaim_bytes: stats.pending_reclaim_bytes,
                 live_keys: stats.live_keys,
             },
-            members: self.members(),
+            members: replica.members(),
             replication,
             shm_socket: self.endpoints().shm_socket.clone(),
             served: self.served(),
             rpc_socket: self.endpoints().rpc_socket.clone(),
-            region_epoch: self.sm().region_epoch(),
+            region_epoch: replica.sm.region_epoch(),
             ops: self.stats().ops(),
             open_connections: self.stats().open_connections(),
             rdma: self.rdma().status().to_owned(),
         }
     }
 
+    /// Requests answered over the native protocol, by kind (the older,
+    /// coarser view of the request statistics).
+    fn served(&self) -> ServedCounts {
+        let stats = self.stats();
+        let n = |op| stats.requests_of(op);
+        let (tcp_connections, unix_connections) = stats.accepted();
+        let data = [
+            Op::Get,
+            Op::MGet,
+            Op::Put,
+            Op::Update,
+            Op::Delete,
+            Op::Cas,
+            Op::MPut,
+            Op::Scan,
+        ];
+        let admin = Op::ALL
+            .iter()
+            .filter(|op| !data.contains(op))
+            .map(|&op| n(op))
+            .sum();
+        ServedCounts {
+            get: n(Op::Get),
+            mget: n(Op::MGet),
+            put: n(Op::Put) + n(Op::Update),
+            delete: n(Op::Delete),
+            cas: n(Op::Cas),
+            mput: n(Op::MPut),
+            admin,
+            tcp_connections,
+            unix_connections,
+            scan: n(Op::Scan),
+        }
+    }
+
     pub fn health(&self) -> Health {
-        let metrics = self.raft().metrics().borrow_watched().clone();
-        let quorum_contact_bound_ms = self.raft().config().election_timeout_max;
+        let replica = self.replica();
+        let metrics = replica.metrics();
+        let quorum_contact_bound_ms = replica.raft.config().election_timeout_max;
         let reason = if let Err(e) = &metrics.running_state {
             format!("raft stopped: {e}")
         } else if metrics.current_leader.is_none() {
@@ -103,7 +139,7 @@ impl Handler {
             )
         } else {
             let committed = metrics.cluster_committed.map_or(0, |l| l.index);
-            let lag = committed.saturating_sub(self.sm().applied_index());
+            let lag = committed.saturating_sub(replica.sm.applied_index());
             if lag > HEALTHY_APPLY_LAG_ENTRIES {
                 format!(
                     "applied index trails the commit index by {lag} entries \

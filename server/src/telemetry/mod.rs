@@ -8,8 +8,10 @@
 //!   reports): counters and histograms in the node's Prometheus recorder
 //!   ([`recorder`]).
 //! - **State** (Raft indexes, region fill, log size, per-follower lag, open
-//!   connections) is read when `/metrics` is scraped ([`scrape`]), so it is
-//!   never stale and a node that stops leading stops reporting follower lag.
+//!   connections) is read when `/metrics` is scraped, by the service layer
+//!   (`service::metrics`), so it is never stale and a node that stops
+//!   leading stops reporting follower lag. This module never reads the
+//!   service: the service hands it what it has ([`scrape`]).
 //!
 //! A process has one recorder; every metric carries no node label (the
 //! scraper adds `instance`). Nodes embedded several to a process (tests)

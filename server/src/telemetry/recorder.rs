@@ -73,6 +73,12 @@ fn register_zeroes() {
 }
 
 fn describe() {
+    describe_events();
+    describe_state();
+}
+
+/// What is recorded where it happens.
+fn describe_events() {
     describe_counter!(
         "rdkv_requests_total",
         "Requests received, by op and transport (tcp, unix, mem, resp)."
@@ -148,6 +154,10 @@ fn describe() {
         "Log entries made durable by one group-commit fsync."
     );
     describe_gauge!("rdkv_in_flight_requests", "Requests being served now.");
+}
+
+/// The state read at scrape time (by the service layer).
+fn describe_state() {
     for (name, help) in [
         ("rdkv_raft_term", "Current Raft term."),
         ("rdkv_raft_is_leader", "1 if this node leads."),

@@ -5,7 +5,9 @@
 use std::fmt;
 
 use bytes::Bytes;
-use rdkv_proto::wire::{Update, UpdateOutcome, Versioned};
+use rdkv_proto::wire::{
+    ErrorCode, ErrorReply, Request, Response, Update, UpdateOutcome, Versioned,
+};
 use serde::{Deserialize, Serialize};
 
 /// A state-machine command. Append-only (postcard encodes the variant index,
@@ -60,6 +62,33 @@ impl fmt::Display for Command {
     }
 }
 
+/// The writes of the native protocol are the commands the log carries;
+/// every other request is handed back unchanged (`Err`), for the caller to
+/// serve without the log.
+impl TryFrom<Request> for Command {
+    type Error = Request;
+
+    fn try_from(request: Request) -> Result<Command, Request> {
+        Ok(match request {
+            Request::Put { key, value } => Command::Put { key, value },
+            Request::Delete { key } => Command::Delete { key },
+            Request::Cas {
+                key,
+                expected_version,
+                new_value,
+            } => Command::Cas {
+                key,
+                expected_version,
+                new_value,
+            },
+            Request::MPut { pairs } => Command::MPut { pairs },
+            Request::Update { key, update } => Command::Update { key, update },
+            Request::Clear => Command::Clear,
+            other => return Err(other),
+        })
+    }
+}
+
 /// The outcome of applying a command; `version` is the entry's log index.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CommandResult {
@@ -94,6 +123,45 @@ pub enum CommandResult {
     },
 }
 
+/// What the proposing client is told. `Failed` and `None` become error
+/// replies: a command that could not be applied left the region unchanged,
+/// and a client's command always has a result.
+impl From<CommandResult> for Response {
+    fn from(result: CommandResult) -> Response {
+        match result {
+            CommandResult::Written { version } => Response::Written { version },
+            CommandResult::Deleted { existed, version } => Response::Deleted { existed, version },
+            CommandResult::CasDone {
+                succeeded,
+                version,
+                current,
+            } => Response::CasDone {
+                succeeded,
+                version,
+                current,
+            },
+            CommandResult::MWritten { version } => Response::MWritten { version },
+            CommandResult::Updated(outcome) => Response::Updated(outcome),
+            CommandResult::Cleared { removed, version } => Response::Cleared { removed, version },
+            CommandResult::Failed {
+                region_full,
+                message,
+            } => {
+                let code = if region_full {
+                    ErrorCode::RegionFull
+                } else {
+                    ErrorCode::Internal
+                };
+                Response::Error(ErrorReply::new(code, message))
+            }
+            CommandResult::None => Response::Error(ErrorReply::new(
+                ErrorCode::Internal,
+                "a write produced no result",
+            )),
+        }
+    }
+}
+
 /// How to reach a member: Raft traffic and client traffic use different ports.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct NodeAddr {
@@ -122,3 +190,52 @@ pub type Vote = openraft::alias::VoteOf<TypeConfig>;
 pub type Entry = openraft::alias::EntryOf<TypeConfig>;
 pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
 pub type StoredMembership = openraft::alias::StoredMembershipOf<TypeConfig>;
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use rdkv_proto::wire::{Consistency, ErrorCode, Request, Response};
+
+    use super::{Command, CommandResult};
+
+    #[test]
+    fn writes_become_commands_and_reads_come_back() {
+        let put = Request::Put {
+            key: Bytes::from("k"),
+            value: Bytes::from("v"),
+        };
+        assert_eq!(
+            Command::try_from(put),
+            Ok(Command::Put {
+                key: Bytes::from("k"),
+                value: Bytes::from("v"),
+            })
+        );
+        assert_eq!(Command::try_from(Request::Clear), Ok(Command::Clear));
+        let get = Request::Get {
+            key: Bytes::from("k"),
+            consistency: Consistency::Lease,
+        };
+        assert_eq!(Command::try_from(get.clone()), Err(get));
+    }
+
+    #[test]
+    fn failed_results_become_error_replies() {
+        let full = CommandResult::Failed {
+            region_full: true,
+            message: "full".into(),
+        };
+        assert!(matches!(
+            Response::from(full),
+            Response::Error(reply) if reply.code == ErrorCode::RegionFull
+        ));
+        assert!(matches!(
+            Response::from(CommandResult::None),
+            Response::Error(reply) if reply.code == ErrorCode::Internal
+        ));
+        assert_eq!(
+            Response::from(CommandResult::Written { version: 7 }),
+            Response::Written { version: 7 }
+        );
+    }
+}

@@ -1,0 +1,136 @@
+//! The lease rules, in one place: when this node counts as acknowledged by
+//! a quorum, the lease it publishes in the region header for one-sided
+//! readers, how a leader confirms a read, how fresh a follower must be to
+//! serve one, and the pause of the lease around a leadership transfer.
+
+use std::time::Duration;
+
+use openraft::async_runtime::WatchReceiver;
+use openraft::{RaftMetrics, ReadPolicy, ServerState};
+use rdkv_proto::wire::{Consistency, ErrorCode, ErrorReply};
+use rdkv_storage::raft::TypeConfig;
+use rdkv_storage::state_machine::RegionStateMachine;
+use tokio::sync::watch;
+
+use crate::Raft;
+use crate::replica::Replica;
+
+/// How long ago a quorum last acknowledged this node as leader (`None`: it
+/// does not lead, or has not been acknowledged yet, just elected).
+///
+/// A sole voter is its own quorum, always current: no other node can be
+/// elected unless this leader first appends a configuration with more
+/// voters, and from that moment the quorum rule applies. (openraft refreshes
+/// a sole voter's acknowledgement only on writes, so an idle single node
+/// would otherwise look cut off.) The lease, `/health` and follower reads
+/// all judge leadership by this one answer.
+pub fn quorum_ack_age(metrics: &RaftMetrics<TypeConfig>) -> Option<Duration> {
+    if metrics.state != ServerState::Leader {
+        return None;
+    }
+    if metrics.membership_config.membership().voter_ids().count() == 1 {
+        return Some(Duration::ZERO);
+    }
+    let acked = metrics.last_quorum_acked.as_ref()?;
+    Some(openraft::Instant::elapsed(&**acked))
+}
+
+/// The unix-µs deadline of the leader's lease, if this node leads: the last
+/// instant a quorum acknowledged it, plus the minimum election timeout (no
+/// follower votes for another candidate before that has passed).
+fn lease_deadline_us(
+    metrics: &RaftMetrics<TypeConfig>,
+    election_timeout_min_ms: u64,
+) -> Option<u64> {
+    // A new leader's region may still lack entries its predecessor
+    // committed: it serves one-sided reads only once it has applied an entry
+    // of its own term (its first blank entry), as openraft's own lease reads
+    // wait for it too.
+    let applied_term = metrics.last_applied.map(|l| l.leader_id.term);
+    if applied_term != Some(metrics.current_term) {
+        return None;
+    }
+    let age = quorum_ack_age(metrics)?;
+    let now_us = rdkv_fabric::clock::unix_now_us();
+    let acked_us = now_us.saturating_sub(u64::try_from(age.as_micros()).unwrap_or(u64::MAX));
+    Some(acked_us + election_timeout_min_ms * 1000)
+}
+
+/// Keeps the region header's term and lease words current: renewed on every
+/// quorum acknowledgement (and every heartbeat), cleared at once when this
+/// node stops leading.
+pub async fn publish_leadership(
+    raft: Raft,
+    sm: RegionStateMachine,
+    heartbeat_ms: u64,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let election_timeout_min_ms = raft.config().election_timeout_min;
+    let mut metrics = raft.metrics();
+    let mut tick = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(1)));
+    loop {
+        let current = metrics.borrow_watched().clone();
+        let deadline = lease_deadline_us(&current, election_timeout_min_ms);
+        if let Err(e) = sm.publish_leadership(current.current_term, deadline) {
+            tracing::error!("publishing leadership in the region header: {e}");
+        }
+        tokio::select! {
+            changed = metrics.changed() => if changed.is_err() { return },
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// How a leader confirms it may serve a read at `consistency` (follower
+/// reads are judged by [`follower_contact`] instead): a lease read, unless
+/// a leadership transfer suspended the lease, else a ReadIndex round.
+pub fn leader_read_policy(consistency: Consistency, sm: &RegionStateMachine) -> ReadPolicy {
+    match consistency {
+        Consistency::Lease if !sm.lease_suppressed() => ReadPolicy::LeaseRead,
+        _ => ReadPolicy::ReadIndex,
+    }
+}
+
+/// A follower read is judged against this node's view of the commit index;
+/// that view is only as fresh as its last contact with the leader (a
+/// follower) or with a quorum (a leader). A node cut off for longer than the
+/// minimum election timeout stops answering instead of serving an unbounded
+/// staleness.
+pub fn follower_contact(
+    replica: &Replica,
+    metrics: &RaftMetrics<TypeConfig>,
+) -> Result<(), ErrorReply> {
+    let freshness = Duration::from_millis(replica.raft.config().election_timeout_min);
+    let leads = metrics.state == ServerState::Leader;
+    let contact = if leads {
+        quorum_ack_age(metrics)
+    } else {
+        replica.peers.since_leader_contact()
+    };
+    if contact.is_some_and(|age| age <= freshness) {
+        return Ok(());
+    }
+    Err(ErrorReply::new(
+        ErrorCode::StaleFollower,
+        format!(
+            "no contact with the {} for {}; follower reads need it within {freshness:?}",
+            if leads { "quorum" } else { "leader" },
+            contact.map_or("ever".to_owned(), |age| format!("{age:?}")),
+        ),
+    ))
+}
+
+/// Before a leadership transfer: openraft lets the target win its election
+/// while followers' leases still run, and this node keeps believing it leads
+/// until it hears of the new term, so no lease reads from here (by RPC or
+/// one-sided) until an election timeout after the transfer could have
+/// completed.
+pub fn suspend_for_transfer(replica: &Replica) -> Result<(), ErrorReply> {
+    let hold_ms = replica.raft.config().election_timeout_max * 2;
+    let until_us = rdkv_fabric::clock::unix_now_us() + hold_ms * 1000;
+    replica
+        .sm
+        .suppress_lease_until(until_us)
+        .map_err(|e| ErrorReply::new(ErrorCode::Internal, e.to_string()))
+}

@@ -1,0 +1,100 @@
+//! This node's replica: the Raft instance, the log and region it runs on,
+//! the peer context, and what they tell about the cluster (its members, who
+//! leads, where each member serves clients).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use openraft::RaftMetrics;
+use openraft::async_runtime::WatchReceiver;
+use rdkv_proto::wire::{ErrorReply, LeaderHint, MemberInfo};
+use rdkv_storage::raft::{NodeAddr, TypeConfig};
+use rdkv_storage::raft_log::LogStore;
+use rdkv_storage::state_machine::RegionStateMachine;
+
+use crate::Raft;
+use crate::peer::PeerContext;
+
+/// Raft and the stores it runs on, started. Cheap to clone: every part is
+/// a handle.
+#[derive(Debug, Clone)]
+pub struct Replica {
+    pub raft: Raft,
+    pub sm: RegionStateMachine,
+    pub log: LogStore,
+    pub peers: Arc<PeerContext>,
+}
+
+impl Replica {
+    pub fn node_id(&self) -> u64 {
+        self.peers.node_id
+    }
+
+    /// The cluster's shared secret, if it has one.
+    pub fn token(&self) -> Option<&str> {
+        self.peers.token.as_deref()
+    }
+
+    /// A copy of Raft's current view (term, leader, membership, indexes).
+    pub fn metrics(&self) -> RaftMetrics<TypeConfig> {
+        self.raft.metrics().borrow_watched().clone()
+    }
+
+    /// The client address of node `id`: from the membership, or learned from
+    /// its peer handshake.
+    pub fn client_addr_of(&self, id: u64, node: Option<&NodeAddr>) -> Option<String> {
+        node.map(|n| n.client_addr.clone())
+            .filter(|a| !a.is_empty())
+            .or_else(|| self.peers.client_addr_of(id))
+    }
+
+    /// The refusal of a request only the leader serves, naming the leader
+    /// when it is known (`node`: its address, when the caller has it).
+    pub fn not_leader(&self, leader: Option<u64>, node: Option<&NodeAddr>) -> ErrorReply {
+        let hint = leader.and_then(|node_id| {
+            let node = node.cloned().or_else(|| {
+                self.metrics()
+                    .membership_config
+                    .membership()
+                    .get_node(&node_id)
+                    .cloned()
+            });
+            let client_addr = self.client_addr_of(node_id, node.as_ref())?;
+            Some(LeaderHint {
+                node_id,
+                client_addr,
+            })
+        });
+        ErrorReply::not_leader(hint)
+    }
+
+    /// Writes and membership changes are the leader's: elsewhere, say who leads.
+    pub fn require_leader(&self) -> Result<(), ErrorReply> {
+        if self.raft.is_leader() {
+            Ok(())
+        } else {
+            Err(self.not_leader(self.metrics().current_leader, None))
+        }
+    }
+
+    /// The configuration this node knows, voters and learners.
+    pub fn members(&self) -> Vec<MemberInfo> {
+        let metrics = self.metrics();
+        let membership = metrics.membership_config.membership();
+        let voters: BTreeSet<u64> = membership.voter_ids().collect();
+        membership
+            .nodes()
+            .map(|(id, node)| MemberInfo {
+                id: *id,
+                peer_addr: node.peer_addr.clone(),
+                client_addr: self.client_addr_of(*id, Some(node)).unwrap_or_default(),
+                voter: voters.contains(id),
+            })
+            .collect()
+    }
+
+    /// Keys held by this node's region (DBSIZE, INFO keyspace).
+    pub fn live_keys(&self) -> u64 {
+        self.sm.region_stats().live_keys
+    }
+}

@@ -1,0 +1,69 @@
+//! Sends requests this node cannot serve (it does not lead) to the leader
+//! through a native client over the cluster's client addresses, and turns
+//! native errors into Redis errors.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rdkv_client::{Client, ClientOptions, Transport};
+use rdkv_proto::wire::{ErrorCode, ErrorReply, Request, Response};
+
+use super::reply::Reply;
+
+#[derive(Debug)]
+pub struct Forwarder {
+    token: Option<String>,
+    /// The client and the endpoints it was made with.
+    client: Mutex<Option<(Vec<String>, Client)>>,
+}
+
+impl Forwarder {
+    pub fn new(token: Option<String>) -> Forwarder {
+        Forwarder {
+            token,
+            client: Mutex::new(None),
+        }
+    }
+
+    fn client(&self, endpoints: Vec<String>) -> Result<Client, Reply> {
+        let mut slot = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((known, client)) = slot.as_ref()
+            && *known == endpoints
+        {
+            return Ok(client.clone());
+        }
+        let options = ClientOptions {
+            token: self.token.clone(),
+            request_timeout: Duration::from_secs(10),
+            transport: Transport::Tcp,
+            client_name: "rdkv-resp-forwarder".into(),
+            ..ClientOptions::default()
+        };
+        let client = Client::new(&endpoints, options)
+            .map_err(|e| Reply::err(format!("cannot reach the leader: {e}")))?;
+        *slot = Some((endpoints, client.clone()));
+        Ok(client)
+    }
+
+    pub async fn forward(
+        &self,
+        endpoints: Vec<String>,
+        request: Request,
+    ) -> Result<Response, Reply> {
+        let client = self.client(endpoints)?;
+        client.send(request).await.map_err(|e| match e {
+            rdkv_client::Error::Server(reply) => error_reply(&reply),
+            other => Reply::err(other.to_string()),
+        })
+    }
+}
+
+/// A native error as a Redis error.
+pub fn error_reply(error: &ErrorReply) -> Reply {
+    match error.code {
+        ErrorCode::NotLeader | ErrorCode::Unavailable => {
+            Reply::Error(format!("TRYAGAIN {}", error.message))
+        }
+        _ => Reply::err(&error.message),
+    }
+}

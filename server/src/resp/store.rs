@@ -1,0 +1,110 @@
+//! The native requests behind Redis commands: served by this node, or at
+//! the leader when this node does not lead (the Redis client never sees a
+//! redirect). While no leader is known (an election), a request waits and
+//! is tried again, for at most [`ELECTION_WAIT`].
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use rdkv_proto::wire::{ErrorCode, LeaderHint, Request, Response, Update, UpdateOutcome};
+
+use super::RespServer;
+use super::forward::error_reply;
+use super::reply::Reply;
+use crate::telemetry::Via;
+
+/// Longest a command waits for an election to produce a leader.
+const ELECTION_WAIT: Duration = Duration::from_secs(10);
+const FIRST_BACKOFF: Duration = Duration::from_millis(20);
+const MAX_BACKOFF: Duration = Duration::from_millis(250);
+
+/// The reply to a response no command expects.
+pub fn unexpected(what: &impl std::fmt::Debug) -> Reply {
+    Reply::err(format!("unexpected reply from the store: {what:?}"))
+}
+
+impl RespServer {
+    /// Serves `request` here, or at the leader when this node does not lead.
+    pub(super) async fn call(&self, request: Request) -> Result<Response, Reply> {
+        let handler = &self.handler;
+        request
+            .validate(&handler.limits())
+            .map_err(|e| Reply::err(e.to_string()))?;
+        let deadline = tokio::time::Instant::now() + ELECTION_WAIT;
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            let error = match handler.handle(request.clone(), Via::Resp).await {
+                Response::Error(error) if error.code == ErrorCode::NotLeader => error,
+                Response::Error(error) => return Err(error_reply(&error)),
+                response => return Ok(response),
+            };
+            match &error.leader_hint {
+                Some(hint) if hint.node_id != handler.replica().node_id() => {
+                    let endpoints = self.leader_endpoints(hint);
+                    return self.forwarder.forward(endpoints, request).await;
+                }
+                _ if tokio::time::Instant::now() + backoff > deadline => {
+                    return Err(error_reply(&error));
+                }
+                _ => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+            }
+        }
+    }
+
+    /// Every member's client address and the leader's, sorted: the same
+    /// set gives the same forwarding client.
+    fn leader_endpoints(&self, hint: &LeaderHint) -> Vec<String> {
+        let mut endpoints: Vec<String> = self
+            .handler
+            .replica()
+            .members()
+            .into_iter()
+            .map(|m| m.client_addr)
+            .filter(|a| !a.is_empty())
+            .collect();
+        if !endpoints.contains(&hint.client_addr) {
+            endpoints.push(hint.client_addr.clone());
+        }
+        endpoints.sort();
+        endpoints
+    }
+
+    pub(super) async fn get(&self, key: &Bytes) -> Result<Option<Bytes>, Reply> {
+        let request = Request::Get {
+            key: key.clone(),
+            consistency: self.consistency,
+        };
+        match self.call(request).await? {
+            Response::Value(value) => Ok(value.map(|v| v.value)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    pub(super) async fn mget(&self, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>, Reply> {
+        let request = Request::MGet {
+            keys: keys.to_vec(),
+            consistency: self.consistency,
+        };
+        match self.call(request).await? {
+            Response::Values(values) => {
+                Ok(values.into_iter().map(|v| v.map(|v| v.value)).collect())
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// A read-modify-write of one key, decided by the state machine.
+    pub(super) async fn update(&self, key: &Bytes, update: Update) -> Result<UpdateOutcome, Reply> {
+        let request = Request::Update {
+            key: key.clone(),
+            update,
+        };
+        match self.call(request).await? {
+            Response::Updated(outcome) => Ok(outcome),
+            other => Err(unexpected(&other)),
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! The commands the front end knows, one row each: name, arity, flags, key
+//! positions, whether it is allowed before AUTH, and its handler. Dispatch
+//! (`Session::execute`) and the `COMMAND` reply are both read from here.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use bytes::Bytes;
+
+use super::RespServer;
+use super::commands::{self, upper};
+use super::reply::Reply;
+use super::session::Session;
+
+/// What a command served by the store returns: it may wait for Raft or the
+/// leader.
+pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Reply> + Send + 'a>>;
+
+/// How a command is run; every handler gets the arguments after the name.
+#[derive(Debug, Clone, Copy)]
+pub enum Run {
+    /// `+OK`, then the connection closes.
+    Quit,
+    /// Answered from the arguments alone.
+    Pure(fn(&[Bytes]) -> Reply),
+    /// Reads or changes the connection's state, or reads the node's.
+    Session(fn(&mut Session<'_>, &[Bytes]) -> Reply),
+    /// Served by the store, here or at the leader.
+    Store(for<'a> fn(&'a RespServer, &'a [Bytes]) -> StoreFuture<'a>),
+}
+
+/// Where a command's keys are, as `COMMAND` reports them: the first and last
+/// argument index (negative: from the end) and the step between keys.
+#[derive(Debug, Clone, Copy)]
+pub struct Keys {
+    first: i64,
+    last: i64,
+    step: i64,
+}
+
+impl Keys {
+    const NONE: Keys = Keys {
+        first: 0,
+        last: 0,
+        step: 0,
+    };
+    const ONE: Keys = Keys {
+        first: 1,
+        last: 1,
+        step: 1,
+    };
+    const ALL: Keys = Keys {
+        first: 1,
+        last: -1,
+        step: 1,
+    };
+    /// `key value key value ...`
+    const PAIRS: Keys = Keys {
+        first: 1,
+        last: -1,
+        step: 2,
+    };
+}
+
+#[derive(Debug)]
+pub struct Spec {
+    pub name: &'static str,
+    /// Arguments including the name; negative: at least that many.
+    arity: i64,
+    flags: &'static [&'static str],
+    keys: Keys,
+    /// Allowed on a connection that has not authenticated.
+    pub before_auth: bool,
+    pub run: Run,
+}
+
+const fn row(
+    name: &'static str,
+    arity: i64,
+    flags: &'static [&'static str],
+    keys: Keys,
+    run: Run,
+) -> Spec {
+    Spec {
+        name,
+        arity,
+        flags,
+        keys,
+        before_auth: false,
+        run,
+    }
+}
+
+impl Spec {
+    const fn before_auth(self) -> Spec {
+        Spec {
+            before_auth: true,
+            ..self
+        }
+    }
+
+    /// Whether `argc` arguments (the name included) fit the arity.
+    pub fn accepts(&self, argc: usize) -> bool {
+        let argc = i64::try_from(argc).unwrap_or(i64::MAX);
+        if self.arity >= 0 {
+            argc == self.arity
+        } else {
+            argc >= -self.arity
+        }
+    }
+
+    /// This command's entry in the `COMMAND` reply.
+    fn entry(&self) -> Reply {
+        Reply::Array(vec![
+            Reply::bulk(self.name.to_owned()),
+            Reply::Integer(self.arity),
+            Reply::Array(
+                self.flags
+                    .iter()
+                    .map(|f| Reply::Status((*f).to_owned()))
+                    .collect(),
+            ),
+            Reply::Integer(self.keys.first),
+            Reply::Integer(self.keys.last),
+            Reply::Integer(self.keys.step),
+        ])
+    }
+}
+
+/// A handler of `commands` served by the store.
+macro_rules! store {
+    ($handler:ident) => {
+        Run::Store(|server, args| Box::pin(commands::$handler(server, args)))
+    };
+}
+
+const NONE: Keys = Keys::NONE;
+const ONE: Keys = Keys::ONE;
+const ALL: Keys = Keys::ALL;
+const READ: &[&str] = &["readonly", "fast"];
+const FAST_WRITE: &[&str] = &["write", "fast"];
+
+pub static COMMANDS: &[Spec] = &[
+    row(
+        "ping",
+        -1,
+        &["fast", "stale"],
+        NONE,
+        Run::Pure(commands::ping),
+    )
+    .before_auth(),
+    row("echo", 2, &["fast"], NONE, Run::Pure(commands::echo)),
+    row("quit", -1, &["fast"], NONE, Run::Quit).before_auth(),
+    row("select", 2, &["fast"], NONE, Run::Pure(commands::select)),
+    row(
+        "hello",
+        -1,
+        &["fast"],
+        NONE,
+        Run::Session(|session, args| session.hello(args)),
+    )
+    .before_auth(),
+    row(
+        "auth",
+        -2,
+        &["fast"],
+        NONE,
+        Run::Session(|session, args| session.auth(args)),
+    )
+    .before_auth(),
+    row("get", 2, READ, ONE, store!(get)),
+    row("set", -3, &["write"], ONE, store!(set)),
+    row("setnx", 3, FAST_WRITE, ONE, store!(setnx)),
+    row("getset", 3, FAST_WRITE, ONE, store!(getset)),
+    row("del", -2, &["write"], ALL, store!(del)),
+    row("exists", -2, READ, ALL, store!(exists)),
+    row("mget", -2, READ, ALL, store!(mget)),
+    row("mset", -3, &["write"], Keys::PAIRS, store!(mset)),
+    row("incr", 2, FAST_WRITE, ONE, store!(incr)),
+    row("incrby", 3, FAST_WRITE, ONE, store!(incrby)),
+    row("decr", 2, FAST_WRITE, ONE, store!(decr)),
+    row("decrby", 3, FAST_WRITE, ONE, store!(decrby)),
+    row("append", 3, FAST_WRITE, ONE, store!(append)),
+    row("strlen", 2, READ, ONE, store!(strlen)),
+    row("dbsize", 1, READ, NONE, Run::Session(commands::dbsize)),
+    row("flushdb", -1, &["write"], NONE, store!(flush)),
+    row("flushall", -1, &["write"], NONE, store!(flush)),
+    row("info", -1, &["stale"], NONE, Run::Session(commands::info)),
+    row("command", -1, &["stale"], NONE, Run::Pure(command)),
+    row("config", -2, &["admin"], NONE, Run::Pure(commands::config)),
+];
+
+/// The row of command `name` (any case).
+pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
+    COMMANDS
+        .iter()
+        .find(|spec| spec.name.as_bytes().eq_ignore_ascii_case(name))
+}
+
+/// COMMAND, COMMAND COUNT, COMMAND INFO, COMMAND DOCS: enough for redis-cli.
+fn command(args: &[Bytes]) -> Reply {
+    let Some(sub) = args.first() else {
+        return Reply::Array(COMMANDS.iter().map(Spec::entry).collect());
+    };
+    match upper(sub).as_str() {
+        "COUNT" => Reply::Integer(COMMANDS.len() as i64),
+        "INFO" => Reply::Array(
+            args[1..]
+                .iter()
+                .map(|name| lookup(name).map_or(Reply::Null, Spec::entry))
+                .collect(),
+        ),
+        // Docs are optional for redis-cli: it falls back to no hints.
+        "DOCS" => Reply::Array(Vec::new()),
+        other => Reply::err(format!("unknown subcommand '{other}'. Try COMMAND HELP.")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_count_matches_the_table() {
+        assert_eq!(
+            command(&[Bytes::from("count")]),
+            Reply::Integer(COMMANDS.len() as i64)
+        );
+        let Reply::Array(all) = command(&[]) else {
+            panic!("not an array")
+        };
+        assert_eq!(all.len(), COMMANDS.len());
+    }
+
+    #[test]
+    fn command_info_reports_key_positions() {
+        let reply = command(&[Bytes::from("INFO"), Bytes::from("MSET")]);
+        let expected = Reply::Array(vec![Reply::Array(vec![
+            Reply::bulk("mset"),
+            Reply::Integer(-3),
+            Reply::Array(vec![Reply::Status("write".into())]),
+            Reply::Integer(1),
+            Reply::Integer(-1),
+            Reply::Integer(2),
+        ])]);
+        assert_eq!(reply, expected);
+    }
+
+    #[test]
+    fn arity_is_exact_or_a_minimum() {
+        let get = lookup(b"GET").map(|s| (s.accepts(2), s.accepts(3)));
+        assert_eq!(get, Some((true, false)));
+        let set = lookup(b"set").map(|s| (s.accepts(2), s.accepts(5)));
+        assert_eq!(set, Some((false, true)));
+        assert!(lookup(b"nosuch").is_none());
+    }
+}

@@ -1,0 +1,164 @@
+//! Operator requests: membership changes, leadership transfer, snapshot
+//! reads, and (for fault tests) fault injection.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use openraft::ChangeMembers;
+use rdkv_proto::wire::{ErrorCode, ErrorReply, Fault, MemberInfo, Response, SnapshotChunk};
+use rdkv_storage::raft::NodeAddr;
+
+use super::Reply;
+use super::write::write_error;
+use crate::lease;
+use crate::replica::Replica;
+
+/// Largest snapshot piece one `SnapshotRead` returns.
+const MAX_SNAPSHOT_CHUNK_BYTES: u32 = 4 * 1024 * 1024;
+const MOVE_LEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub async fn add_member(replica: &Replica, id: u64, node: NodeAddr, learner: bool) -> Reply {
+    replica.require_leader()?;
+    if id == 0 {
+        return Err(ErrorReply::new(
+            ErrorCode::InvalidRequest,
+            "member ids start at 1",
+        ));
+    }
+    tracing::info!(id, peer_addr = %node.peer_addr, client_addr = %node.client_addr, learner, "adding a member");
+    // Blocking: returns once the learner has caught up (by snapshot if
+    // the log it needs was purged).
+    replica
+        .raft
+        .add_learner(id, node, true)
+        .await
+        .map_err(|e| write_error(replica, e))?;
+    if learner {
+        return Ok(Response::Members(replica.members()));
+    }
+    change_membership(
+        replica,
+        ChangeMembers::AddVoterIds(BTreeSet::from([id])),
+        true,
+    )
+    .await
+}
+
+pub async fn promote_member(replica: &Replica, id: u64) -> Reply {
+    replica.require_leader()?;
+    member(replica, id)?;
+    change_membership(
+        replica,
+        ChangeMembers::AddVoterIds(BTreeSet::from([id])),
+        true,
+    )
+    .await
+}
+
+pub async fn remove_member(replica: &Replica, id: u64) -> Reply {
+    replica.require_leader()?;
+    let member = member(replica, id)?;
+    tracing::info!(id, "removing a member");
+    let change = if member.voter {
+        ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+    } else {
+        ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+    };
+    change_membership(replica, change, false).await
+}
+
+/// Member `id`, or the `NotFound` reply.
+fn member(replica: &Replica, id: u64) -> Result<MemberInfo, ErrorReply> {
+    replica
+        .members()
+        .into_iter()
+        .find(|m| m.id == id)
+        .ok_or_else(|| ErrorReply::new(ErrorCode::NotFound, format!("node {id} is not a member")))
+}
+
+/// Commits a configuration change and answers with the new members.
+async fn change_membership(
+    replica: &Replica,
+    change: ChangeMembers<u64, NodeAddr>,
+    retain: bool,
+) -> Reply {
+    replica
+        .raft
+        .change_membership(change, retain)
+        .await
+        .map_err(|e| write_error(replica, e))?;
+    Ok(Response::Members(replica.members()))
+}
+
+pub async fn move_leader(replica: &Replica, to: u64) -> Reply {
+    replica.require_leader()?;
+    if !replica.members().iter().any(|m| m.id == to && m.voter) {
+        return Err(ErrorReply::new(
+            ErrorCode::NotFound,
+            format!("node {to} is not a voter"),
+        ));
+    }
+    if to == replica.node_id() {
+        return Ok(Response::Done);
+    }
+    tracing::info!(to, "transferring leadership");
+    lease::suspend_for_transfer(replica)?;
+    replica
+        .raft
+        .trigger()
+        .transfer_leader(to)
+        .await
+        .map_err(|e| ErrorReply::new(ErrorCode::Unavailable, e.to_string()))?;
+    replica
+        .raft
+        .wait(Some(MOVE_LEADER_TIMEOUT))
+        .metrics(|m| m.current_leader == Some(to), "leadership moved")
+        .await
+        .map_err(|e| {
+            ErrorReply::new(
+                ErrorCode::Timeout,
+                format!("node {to} did not take over: {e}"),
+            )
+        })?;
+    Ok(Response::Done)
+}
+
+pub async fn snapshot_read(replica: &Replica, offset: u64, max_bytes: u32) -> Reply {
+    let (meta, data) = replica
+        .sm
+        .snapshot_bytes()
+        .await
+        .map_err(|e| ErrorReply::new(ErrorCode::Internal, e.to_string()))?;
+    let total_bytes = data.len() as u64;
+    let start = offset.min(total_bytes) as usize;
+    let len = max_bytes.clamp(1, MAX_SNAPSHOT_CHUNK_BYTES) as usize;
+    let end = start.saturating_add(len).min(data.len());
+    Ok(Response::Snapshot(SnapshotChunk {
+        last_log_index: meta.last_log_id.map_or(0, |l| l.index),
+        total_bytes,
+        offset: start as u64,
+        data: data.slice(start..end),
+    }))
+}
+
+/// `enabled`: the node was started with `--fault-injection`.
+pub fn inject_fault(replica: &Replica, enabled: bool, fault: Fault) -> Reply {
+    if !enabled {
+        return Err(ErrorReply::new(
+            ErrorCode::InvalidRequest,
+            "fault injection is disabled (start the node with --fault-injection)",
+        ));
+    }
+    tracing::warn!(?fault, "fault injected");
+    match fault {
+        Fault::Isolate { peers } => replica.peers.isolate_from(peers),
+        Fault::Heal => {
+            replica.peers.isolate_from([]);
+            replica.log.set_fsync_delay(Duration::ZERO);
+        }
+        Fault::SlowFsync { delay_ms } => {
+            replica.log.set_fsync_delay(Duration::from_millis(delay_ms));
+        }
+    }
+    Ok(Response::Done)
+}

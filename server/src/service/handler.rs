@@ -1,0 +1,199 @@
+//! [`Handler`]: serves one request on this node. It checks the request's
+//! limits, hands it to the module of its concern (read, write, admin,
+//! status), and accounts for it in the metrics; it holds no rule of its own.
+
+use std::sync::Arc;
+
+use rdkv_proto::wire::{ErrorCode, ErrorReply, Limits, Request, Response};
+use rdkv_storage::raft::{Command, NodeAddr};
+
+use super::admission::{Admission, write_headroom};
+use super::{Reply, admin, read, write};
+use crate::rdma::RdmaState;
+use crate::replica::Replica;
+use crate::telemetry::{RequestStats, Via};
+
+/// Where this node can be reached, for `/status` and `endpoint status`.
+#[derive(Debug, Clone, Default)]
+pub struct Endpoints {
+    /// Native protocol over TCP.
+    pub client: String,
+    /// Native protocol over the local Unix socket.
+    pub rpc_socket: Option<String>,
+    /// `shm` attach socket.
+    pub shm_socket: Option<String>,
+    pub resp: Option<String>,
+    pub http: Option<String>,
+}
+
+/// What a handler is configured with.
+#[derive(Debug, Clone)]
+pub struct HandlerSettings {
+    pub limits: Limits,
+    pub endpoints: Endpoints,
+    /// Accept `InjectFault` (fault tests only).
+    pub fault_injection: bool,
+    /// Client connections served at once (TCP and Unix socket together).
+    pub max_client_connections: u32,
+    /// Bytes of large requests held at once, across connections.
+    pub max_in_flight_bytes: u64,
+}
+
+#[derive(Debug)]
+pub struct Handler {
+    replica: Replica,
+    limits: Limits,
+    endpoints: Endpoints,
+    stats: RequestStats,
+    fault_injection: bool,
+    rdma: Arc<RdmaState>,
+    admission: Admission,
+}
+
+/// The `mem` transport's server side: an in-process `MemChannel` calls the
+/// handler directly, with no framing or socket.
+impl rdkv_fabric::RpcHandler for Handler {
+    fn handle(
+        &self,
+        request: Request,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Response> + Send + '_>> {
+        Box::pin(Handler::handle(self, request, Via::Mem))
+    }
+}
+
+impl Handler {
+    pub fn new(replica: Replica, settings: HandlerSettings, rdma: Arc<RdmaState>) -> Self {
+        Handler {
+            replica,
+            limits: settings.limits,
+            endpoints: settings.endpoints,
+            stats: RequestStats::default(),
+            fault_injection: settings.fault_injection,
+            rdma,
+            admission: Admission::new(
+                settings.max_client_connections,
+                settings.max_in_flight_bytes,
+            ),
+        }
+    }
+
+    pub fn replica(&self) -> &Replica {
+        &self.replica
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    pub fn endpoints(&self) -> &Endpoints {
+        &self.endpoints
+    }
+
+    pub fn stats(&self) -> &RequestStats {
+        &self.stats
+    }
+
+    pub fn rdma(&self) -> &RdmaState {
+        &self.rdma
+    }
+
+    pub(super) fn admission(&self) -> &Admission {
+        &self.admission
+    }
+
+    /// Serves one request that arrived `via` a transport: checks its limits,
+    /// answers it, and accounts for it in the metrics.
+    pub async fn handle(&self, request: Request, via: Via) -> Response {
+        let op = request.op();
+        let flight = self.stats.start();
+        let response = match request.validate(&self.limits) {
+            Err(e) => Response::Error(ErrorReply::from(&e)),
+            Ok(()) => self.dispatch(request).await.unwrap_or_else(Response::Error),
+        };
+        let error = match &response {
+            Response::Error(reply) => Some(reply.code),
+            _ => None,
+        };
+        self.stats.finish(flight, op, via, error);
+        response
+    }
+
+    async fn dispatch(&self, request: Request) -> Reply {
+        let replica = &self.replica;
+        let max_frame_bytes = self.limits.max_frame_bytes;
+        match request {
+            Request::Ping => Ok(Response::Pong),
+            Request::Get { key, consistency } => read::get(replica, &key, consistency).await,
+            Request::MGet { keys, consistency } => {
+                read::mget(replica, &keys, consistency, max_frame_bytes).await
+            }
+            Request::Scan {
+                start_key,
+                end_key,
+                limit,
+                consistency,
+            } => {
+                let range = read::ScanRange {
+                    start: &start_key,
+                    end: end_key.as_deref(),
+                    limit,
+                };
+                read::scan(replica, range, consistency, max_frame_bytes).await
+            }
+            Request::Status => Ok(Response::Status(Box::new(self.status()))),
+            Request::Health => Ok(Response::Health(self.health())),
+            Request::Members => Ok(Response::Members(replica.members())),
+            Request::AddMember {
+                id,
+                peer_addr,
+                client_addr,
+                learner,
+            } => {
+                let addr = NodeAddr {
+                    peer_addr,
+                    client_addr,
+                };
+                admin::add_member(replica, id, addr, learner).await
+            }
+            Request::PromoteMember { id } => admin::promote_member(replica, id).await,
+            Request::RemoveMember { id } => admin::remove_member(replica, id).await,
+            Request::MoveLeader { to } => admin::move_leader(replica, to).await,
+            Request::SnapshotRead { offset, max_bytes } => {
+                admin::snapshot_read(replica, offset, max_bytes).await
+            }
+            Request::InjectFault(fault) => {
+                admin::inject_fault(replica, self.fault_injection, fault)
+            }
+            Request::ReportReads(report) => {
+                crate::telemetry::scrape::client_reads(&report);
+                Ok(Response::Done)
+            }
+            // Needs the client connection it belongs to (its queue pair lives
+            // as long as that connection): handled in `connection`.
+            Request::RdmaConnect { .. } => Err(ErrorReply::new(
+                ErrorCode::InvalidRequest,
+                "rdma sessions are opened on a native client connection",
+            )),
+            Request::RdmaRegion => self
+                .rdma
+                .region_grant(&replica.sm, replica.node_id())
+                .map(Response::RdmaRegion),
+            // Every other request is a write: a command for the log.
+            other => self.write(other).await,
+        }
+    }
+
+    /// A write goes through the log on the leader, if the region has room
+    /// for it.
+    async fn write(&self, request: Request) -> Reply {
+        let command = Command::try_from(request).map_err(|request| {
+            ErrorReply::new(
+                ErrorCode::InvalidRequest,
+                format!("{:?} is not served by this node", request.op()),
+            )
+        })?;
+        self.replica.require_leader()?;
+        write_headroom(&command, &self.replica.sm.region_stats())?;
+        write::commit(&self.replica, command).await
+    }
+}

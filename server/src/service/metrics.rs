@@ -1,0 +1,118 @@
+//! `/metrics`: the node's state read at scrape time (so it is never stale,
+//! and a node that stops leading stops reporting follower lag at once),
+//! then everything the process recorded, rendered.
+
+use std::fmt::Write as _;
+
+use metrics::{counter, gauge};
+use rdkv_proto::wire::{NodeStatus, Role};
+use rdkv_storage::RegionStats;
+use rdkv_storage::raft_log::LogStats;
+
+use super::{Handler, MAX_IN_FLIGHT};
+use crate::telemetry::prometheus;
+use crate::telemetry::scrape::server_reads;
+
+fn set(name: &'static str, value: u64) {
+    gauge!(name).set(value as f64);
+}
+
+fn raft_gauges(status: &NodeStatus, log: &LogStats) {
+    set("rdkv_raft_term", status.term);
+    set(
+        "rdkv_raft_is_leader",
+        u64::from(status.role == Role::Leader),
+    );
+    set(
+        "rdkv_raft_has_leader",
+        u64::from(status.leader_id.is_some()),
+    );
+    set("rdkv_raft_last_log_index", status.last_log_index);
+    set("rdkv_raft_commit_index", status.commit_index);
+    set("rdkv_raft_applied_index", status.applied_index);
+    set("rdkv_raft_snapshot_index", status.snapshot_index);
+    set("rdkv_raft_members", status.members.len() as u64);
+    set("rdkv_raft_log_bytes", log.bytes_on_disk);
+    set("rdkv_raft_log_segments", log.segments);
+}
+
+fn region_gauges(region: &RegionStats) {
+    set("rdkv_region_capacity_bytes", region.data_capacity_bytes);
+    set("rdkv_region_used_bytes", region.used_bytes);
+    set("rdkv_region_payload_bytes", region.payload_bytes);
+    set("rdkv_region_free_bytes", region.free_bytes);
+    set("rdkv_region_live_keys", region.live_keys);
+    set("rdkv_region_index_slots", region.index_slots);
+    gauge!("rdkv_region_fragmentation_ratio").set(region.fragmentation);
+    set(
+        "rdkv_region_grace_queue_blocks",
+        region.pending_reclaim_blocks,
+    );
+    set(
+        "rdkv_region_grace_queue_bytes",
+        region.pending_reclaim_bytes,
+    );
+    counter!("rdkv_region_reclaimed_blocks_total").absolute(region.reclaimed_blocks_total);
+    counter!("rdkv_region_reclaimed_bytes_total").absolute(region.reclaimed_bytes_total);
+}
+
+/// Per-follower lag exists only while this node leads: rendered here, not
+/// recorded, so that a node that stops leading stops reporting it at once.
+fn replication_lag(status: &NodeStatus, out: &mut String) {
+    if status.replication.is_empty() {
+        return;
+    }
+    out.push_str(
+        "# HELP rdkv_raft_replication_lag_entries Leader's last log index minus what the follower has (leader only).\n\
+         # TYPE rdkv_raft_replication_lag_entries gauge\n",
+    );
+    for follower in &status.replication {
+        let _ = writeln!(
+            out,
+            "rdkv_raft_replication_lag_entries{{follower=\"{}\"}} {}",
+            follower.id, follower.lag_entries
+        );
+    }
+}
+
+impl Handler {
+    fn connection_gauges(&self, status: &NodeStatus) {
+        let open = status.open_connections;
+        for (transport, n) in [("tcp", open.tcp), ("unix", open.unix), ("resp", open.resp)] {
+            gauge!("rdkv_open_connections", "transport" => transport).set(n as f64);
+        }
+        let admission = self.admission();
+        let (in_flight_budget_bytes, in_flight_bytes) = admission.in_flight_bytes();
+        set("rdkv_in_flight_large_request_bytes", in_flight_bytes);
+        let limits = self.limits();
+        for (name, value) in [
+            (
+                "max_client_connections",
+                u64::from(admission.max_client_connections()),
+            ),
+            ("max_in_flight_bytes", in_flight_budget_bytes),
+            ("max_key_bytes", u64::from(limits.max_key_bytes)),
+            ("max_value_bytes", u64::from(limits.max_value_bytes)),
+            ("max_batch_keys", u64::from(limits.max_batch_keys)),
+            ("max_frame_bytes", u64::from(limits.max_frame_bytes)),
+            ("max_in_flight_per_connection", u64::from(MAX_IN_FLIGHT)),
+        ] {
+            gauge!("rdkv_limit", "name" => name).set(value as f64);
+        }
+    }
+
+    /// Everything `/metrics` shows, in the Prometheus text format (0.0.4).
+    pub fn metrics(&self) -> String {
+        let status = self.status();
+        let replica = self.replica();
+        raft_gauges(&status, &replica.log.stats());
+        region_gauges(&replica.sm.region_stats());
+        // Validation counters of this node's own lock-free reader (current
+        // region; they restart when a snapshot install replaces the region).
+        server_reads(&replica.sm.reader().stats());
+        self.connection_gauges(&status);
+        let mut out = prometheus().render();
+        replication_lag(&status, &mut out);
+        out
+    }
+}

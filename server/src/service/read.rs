@@ -1,0 +1,150 @@
+//! Reads served by RPC: GET, MGET and SCAN from this node's region (its
+//! lock-free reader), once the read's consistency allows it here.
+
+use std::time::Duration;
+
+use openraft::ReadPolicy;
+use openraft::errors::{LinearizableReadError, RaftError};
+use rdkv_proto::wire::{
+    Consistency, ErrorCode, ErrorReply, Response, SINGLE_ENTRY_OVERHEAD_BYTES, Versioned,
+};
+use rdkv_storage::raft::TypeConfig;
+
+use super::Reply;
+use crate::lease;
+use crate::replica::Replica;
+
+/// Longest a read waits for this node to confirm it leads.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
+
+type ReadError = RaftError<TypeConfig, LinearizableReadError<TypeConfig>>;
+
+/// The keys a SCAN covers: `start` (inclusive) to `end` (exclusive; `None`:
+/// to the end), at most `limit` pairs.
+#[derive(Debug, Clone, Copy)]
+pub struct ScanRange<'a> {
+    pub start: &'a [u8],
+    pub end: Option<&'a [u8]>,
+    pub limit: u32,
+}
+
+pub async fn get(replica: &Replica, key: &[u8], consistency: Consistency) -> Reply {
+    barrier(replica, consistency).await?;
+    Ok(Response::Value(local(replica, key)?))
+}
+
+pub async fn mget(
+    replica: &Replica,
+    keys: &[bytes::Bytes],
+    consistency: Consistency,
+    max_frame_bytes: u32,
+) -> Reply {
+    barrier(replica, consistency).await?;
+    // Stop as soon as the reply could not fit a frame: a batch of large
+    // values must not be gathered in memory just to be refused.
+    let budget = u64::from(max_frame_bytes);
+    let mut bytes = 0u64;
+    let mut values = Vec::with_capacity(keys.len());
+    for key in keys {
+        let value = local(replica, key)?;
+        bytes += value.as_ref().map_or(0, |v| v.value.len() as u64);
+        if bytes > budget {
+            return Err(ErrorReply::new(
+                ErrorCode::FrameTooLarge,
+                format!("the values exceed the {budget}-byte frame limit; ask for fewer keys"),
+            ));
+        }
+        values.push(value);
+    }
+    Ok(Response::Values(values))
+}
+
+pub async fn scan(
+    replica: &Replica,
+    range: ScanRange<'_>,
+    consistency: Consistency,
+    max_frame_bytes: u32,
+) -> Reply {
+    barrier(replica, consistency).await?;
+    let budget = u64::from(max_frame_bytes).saturating_sub(u64::from(SINGLE_ENTRY_OVERHEAD_BYTES));
+    let limit = usize::try_from(range.limit).unwrap_or(usize::MAX);
+    let page = replica
+        .sm
+        .scan_local(range.start, range.end, limit, budget)
+        .map_err(|e| ErrorReply::new(ErrorCode::Internal, e.to_string()))?;
+    Ok(Response::Pairs {
+        pairs: page.pairs,
+        more: page.more,
+    })
+}
+
+fn local(replica: &Replica, key: &[u8]) -> Result<Option<Versioned>, ErrorReply> {
+    replica
+        .sm
+        .get_local(key)
+        .map_err(|e| ErrorReply::new(ErrorCode::Internal, e.to_string()))
+}
+
+/// Waits until this node may serve a read at `consistency`.
+async fn barrier(replica: &Replica, consistency: Consistency) -> Result<(), ErrorReply> {
+    if let Consistency::Follower { max_lag_entries } = consistency {
+        return follower_barrier(replica, max_lag_entries);
+    }
+    match confirm(replica, lease::leader_read_policy(consistency, &replica.sm)).await? {
+        Ok(()) => Ok(()),
+        // The lease has lapsed (no quorum contact lately): a ReadIndex
+        // round confirms leadership instead.
+        Err(RaftError::APIError(LinearizableReadError::QuorumNotEnough(_)))
+            if consistency == Consistency::Lease =>
+        {
+            confirm(replica, ReadPolicy::ReadIndex)
+                .await?
+                .map_err(|e| read_error(replica, e))
+        }
+        Err(e) => Err(read_error(replica, e)),
+    }
+}
+
+/// A follower read needs recent contact with the leader (or a quorum) and
+/// at most `max_lag_entries` committed entries not yet applied here.
+fn follower_barrier(replica: &Replica, max_lag_entries: u64) -> Result<(), ErrorReply> {
+    let metrics = replica.metrics();
+    lease::follower_contact(replica, &metrics)?;
+    let committed = metrics.cluster_committed.map_or(0, |l| l.index);
+    let lag = committed.saturating_sub(replica.sm.applied_index());
+    if lag > max_lag_entries {
+        return Err(ErrorReply::new(
+            ErrorCode::StaleFollower,
+            format!("this node is {lag} entries behind, over the {max_lag_entries} allowed"),
+        ));
+    }
+    Ok(())
+}
+
+/// Confirms leadership by `policy`; the outer error is the timeout.
+async fn confirm(
+    replica: &Replica,
+    policy: ReadPolicy,
+) -> Result<Result<(), ReadError>, ErrorReply> {
+    let confirmed = tokio::time::timeout(CONFIRM_TIMEOUT, replica.raft.ensure_linearizable(policy))
+        .await
+        .map_err(|_| {
+            ErrorReply::new(
+                ErrorCode::Unavailable,
+                format!("leadership not confirmed within {CONFIRM_TIMEOUT:?}"),
+            )
+        })?;
+    Ok(confirmed.map(|_| ()))
+}
+
+fn read_error(replica: &Replica, error: ReadError) -> ErrorReply {
+    match error {
+        RaftError::APIError(LinearizableReadError::ForwardToLeader(f)) => {
+            replica.not_leader(f.leader_id, f.leader_node.as_ref())
+        }
+        RaftError::APIError(LinearizableReadError::QuorumNotEnough(e)) => {
+            ErrorReply::new(ErrorCode::Unavailable, e.to_string())
+        }
+        RaftError::Fatal(e) => ErrorReply::new(ErrorCode::Unavailable, e.to_string()),
+    }
+}

@@ -1,0 +1,52 @@
+//! Writes: a command proposed to the Raft log, its outcome once applied,
+//! and what a refused proposal tells the client.
+
+use std::time::Duration;
+
+use openraft::errors::{ClientWriteError, RaftError};
+use rdkv_proto::wire::{ErrorCode, ErrorReply, Response};
+use rdkv_storage::raft::{Command, TypeConfig};
+
+use super::Reply;
+use crate::replica::Replica;
+
+/// Longest a write may wait to commit.
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Proposes `command` and waits for its result (the caller has checked that
+/// this node leads and the region has room).
+pub async fn commit(replica: &Replica, command: Command) -> Reply {
+    // A leader cut off from its quorum would hold the request (and the
+    // connection's credit) forever: bound it; the outcome is then unknown.
+    let response = tokio::time::timeout(COMMIT_TIMEOUT, replica.raft.client_write(command))
+        .await
+        .map_err(|_| {
+            ErrorReply::new(
+                ErrorCode::Timeout,
+                format!("not committed within {COMMIT_TIMEOUT:?}: it may or may not be applied"),
+            )
+        })?
+        .map_err(|e| write_error(replica, e))?;
+    Ok(Response::from(response.data))
+}
+
+/// A refused proposal (a write or a membership change) as an error reply.
+pub fn write_error(
+    replica: &Replica,
+    error: RaftError<TypeConfig, ClientWriteError<TypeConfig>>,
+) -> ErrorReply {
+    match error {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+            replica.not_leader(f.leader_id, f.leader_node.as_ref())
+        }
+        RaftError::APIError(ClientWriteError::LogEntryDiscarded(_)) => ErrorReply::new(
+            ErrorCode::Timeout,
+            "leadership changed while the write was in flight: it may or may not have been applied",
+        ),
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            ErrorReply::new(ErrorCode::InvalidRequest, e.to_string())
+        }
+        RaftError::APIError(other) => ErrorReply::new(ErrorCode::InvalidRequest, other.to_string()),
+        RaftError::Fatal(e) => ErrorReply::new(ErrorCode::Unavailable, e.to_string()),
+    }
+}
