@@ -873,3 +873,19 @@ fn the_index_cache_holds_distinct_keys_and_forgets_a_deleted_one() {
     assert_eq!(reader.get_cached(KEY, &cache).expect("get"), None);
     assert_eq!(cache.len(), 1);
 }
+
+#[test]
+fn a_collision_past_the_first_slot_rereads_its_own_slot() {
+    let mut region = Region::new();
+    let fingerprint = region.fingerprint(KEY);
+    let foreign = region.block(fingerprint, OTHER, b"foreign", 4);
+    region.publish(KEY, 2, foreign.encode());
+    let mine = region.block(fingerprint, KEY, b"mine", 5);
+    region.publish(KEY, 5, mine.encode());
+    let reader = region.reader(ReaderOptions {
+        max_attempts: 2,
+        abandon_after_us: None,
+    });
+    assert_eq!(reader.get(KEY).expect("get"), versioned(b"mine", 5));
+    assert_eq!(reader.stats().retries_moved, 0);
+}
