@@ -24,10 +24,14 @@ const GRACE_US: u64 = 1000;
 const MAX_KEY_BYTES: u32 = 16;
 
 fn layout_with(epoch: u64, region_bytes: u64) -> RegionLayout {
+    layout_of(epoch, region_bytes, 2)
+}
+
+fn layout_of(epoch: u64, region_bytes: u64, neighbourhood_buckets: u64) -> RegionLayout {
     RegionLayout::plan(LayoutParams {
         region_bytes,
         bucket_count: 16,
-        neighbourhood_buckets: 2,
+        neighbourhood_buckets,
         region_epoch: epoch,
         node_id: 1,
         hash_seed: HashSeed(5, 6),
@@ -154,6 +158,11 @@ impl Region {
         self.layout.key_hash(key).fingerprint
     }
 
+    /// Slots in a neighbourhood.
+    fn slots(&self) -> u64 {
+        self.layout.neighbourhood_buckets * SLOTS_PER_BUCKET as u64
+    }
+
     /// Region offset of the `index`th slot of `key`'s neighbourhood.
     fn slot_offset(&self, key: &[u8], index: u64) -> u64 {
         self.layout.neighbourhood_range(self.layout.key_hash(key)).0 + index * 8
@@ -168,7 +177,7 @@ impl Region {
     /// A block of `key` published in the first empty slot of its
     /// neighbourhood (keys may share buckets).
     fn put(&mut self, key: &[u8], value: &[u8], version: u64) -> Slot {
-        let index = (0..2 * SLOTS_PER_BUCKET as u64)
+        let index = (0..self.slots())
             .find(|&i| {
                 let word = self
                     .memory
@@ -188,7 +197,7 @@ impl Region {
 
     /// Where `slot` sits in `key`'s neighbourhood.
     fn index_of(&self, key: &[u8], slot: Slot) -> u64 {
-        (0..2 * SLOTS_PER_BUCKET as u64)
+        (0..self.slots())
             .find(|&i| {
                 let word = self
                     .memory
@@ -814,4 +823,69 @@ fn keys_fill_whole_neighbourhoods() {
     region.publish(KEY, 2 * SLOTS_PER_BUCKET as u64 - 1, mine.encode());
     let reader = region.default_reader();
     assert_eq!(reader.get(KEY).expect("get"), versioned(b"last", 6));
+}
+
+#[test]
+fn the_widest_neighbourhood_is_read_to_its_last_slot() {
+    // Eight buckets of eight slots: the reader's slot buffers must hold 64.
+    let mut region = Region::sized(REGION_BYTES as usize, layout_of(1, REGION_BYTES, 8));
+    let last = region.slots() - 1;
+    assert_eq!(last, 63);
+    region.put_at(KEY, last, b"far", 4);
+    let reader = region.default_reader();
+    assert_eq!(reader.get(KEY).expect("get"), versioned(b"far", 4));
+    let many = reader
+        .get_many(&[Bytes::from_static(KEY)])
+        .expect("get_many");
+    assert_eq!(many, vec![versioned(b"far", 4)]);
+}
+
+#[test]
+fn get_many_reads_the_whole_neighbourhood() {
+    // A key in the second bucket of its neighbourhood (slot 9 of 16).
+    let mut region = Region::new();
+    region.put_at(KEY, 9, b"second bucket", 2);
+    let reader = region.default_reader();
+    let many = reader
+        .get_many(&[Bytes::from_static(KEY)])
+        .expect("get_many");
+    assert_eq!(many, vec![versioned(b"second bucket", 2)]);
+    assert_eq!(reader.stats(), stats(1, 1, 0));
+}
+
+#[test]
+fn the_index_cache_holds_distinct_keys_and_forgets_a_deleted_one() {
+    let mut region = Region::new();
+    let slot = region.put(KEY, b"one", 1);
+    region.put(OTHER, b"two", 2);
+    let reader = region.default_reader();
+    let cache = IndexCache::new(16);
+    reader.get_cached(KEY, &cache).expect("get");
+    reader.get_cached(OTHER, &cache).expect("get");
+    assert_eq!(cache.len(), 2);
+    assert!(!cache.is_empty());
+    // The writer deletes KEY: invalidates its block, clears its slot.
+    region
+        .memory
+        .store_u64(region.block_offset(slot) + 8, 0, Ordering::Release)
+        .expect("invalidate");
+    region.publish(KEY, region.index_of(KEY, slot), 0);
+    assert_eq!(reader.get_cached(KEY, &cache).expect("get"), None);
+    assert_eq!(cache.len(), 1);
+}
+
+#[test]
+fn a_collision_past_the_first_slot_rereads_its_own_slot() {
+    let mut region = Region::new();
+    let fingerprint = region.fingerprint(KEY);
+    let foreign = region.block(fingerprint, OTHER, b"foreign", 4);
+    region.publish(KEY, 2, foreign.encode());
+    let mine = region.block(fingerprint, KEY, b"mine", 5);
+    region.publish(KEY, 5, mine.encode());
+    let reader = region.reader(ReaderOptions {
+        max_attempts: 2,
+        abandon_after_us: None,
+    });
+    assert_eq!(reader.get(KEY).expect("get"), versioned(b"mine", 5));
+    assert_eq!(reader.stats().retries_moved, 0);
 }

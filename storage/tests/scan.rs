@@ -192,6 +192,20 @@ fn check_all_ranges(sm: &RegionStateMachine, model: &Model) -> Result<(), TestCa
     Ok(())
 }
 
+/// The log entries of `ops` from index `first` on, and the model after them.
+fn entries_and_model(ops: &[Op], first: u64) -> (Vec<Entry>, Model) {
+    let mut model = Model::new();
+    let mut entries = Vec::new();
+    for (index, op) in (first..).zip(ops) {
+        entries.push(Entry::new_normal(
+            log_id::<TypeConfig>(1, 1, index),
+            command(op),
+        ));
+        apply_model(&mut model, op, index);
+    }
+    (entries, model)
+}
+
 async fn apply(sm: &mut RegionStateMachine, entries: Vec<Entry>) {
     let stream = futures::stream::iter(entries.into_iter().map(|e| Ok((e, None))));
     sm.apply(stream).await.unwrap();
@@ -219,15 +233,8 @@ fn scans_agree_with_a_model_through_applies_restarts_and_installs() {
                     1,
                     vec![BTreeSet::from([1])],
                 )];
-                let mut model = Model::new();
-                for (i, op) in ops.iter().enumerate() {
-                    let index = i as u64 + 2;
-                    entries.push(Entry::new_normal(
-                        log_id::<TypeConfig>(1, 1, index),
-                        command(op),
-                    ));
-                    apply_model(&mut model, op, index);
-                }
+                let (commands, model) = entries_and_model(&ops, 2);
+                entries.extend(commands);
                 apply(&mut sm, entries).await;
                 check_all_ranges(&sm, &model)?;
 
@@ -311,20 +318,8 @@ async fn the_model_check_catches_a_deleted_key_left_in_the_index() {
     let dir = tempfile::tempdir().unwrap();
     let mut sm = RegionStateMachine::open(config(dir.path())).unwrap();
     let ops = [Op::Put(1, 1), Op::Put(2, 2), Op::Delete(1)];
-    let mut model = Model::new();
-    let mut missed_delete = Model::new();
-    let mut entries = Vec::new();
-    for (i, op) in ops.iter().enumerate() {
-        let index = i as u64 + 1;
-        entries.push(Entry::new_normal(
-            log_id::<TypeConfig>(1, 1, index),
-            command(op),
-        ));
-        apply_model(&mut model, op, index);
-        if !matches!(op, Op::Delete(_)) {
-            apply_model(&mut missed_delete, op, index);
-        }
-    }
+    let (entries, model) = entries_and_model(&ops, 1);
+    let (_, missed_delete) = entries_and_model(&ops[..2], 1);
     apply(&mut sm, entries).await;
     assert!(check_all_ranges(&sm, &model).is_ok());
     assert!(check_all_ranges(&sm, &missed_delete).is_err());

@@ -276,13 +276,12 @@ fn cached_reads_are_never_stale() {
     );
 }
 
-#[test]
-fn batched_reads_are_never_torn_or_stale() {
-    // get_many: every neighbourhood in one batch, then every block in one
-    // batch, with anything unclear re-read alone; under a writer flat out.
+/// A fresh region with this grace period, and a reader with its layout's
+/// default options.
+fn region_with_reader(grace_period_us: u64) -> (RegionWriter, RegionReader) {
     let config = RegionConfig {
         region_bytes: 32 * 1024 * 1024,
-        grace_period_us: 2_000,
+        grace_period_us,
         hash_seed: HashSeed(1, 2),
         ..RegionConfig::default()
     };
@@ -290,6 +289,14 @@ fn batched_reads_are_never_torn_or_stale() {
     let reader = writer
         .reader(ReaderOptions::for_layout(writer.layout()))
         .unwrap();
+    (writer, reader)
+}
+
+#[test]
+fn batched_reads_are_never_torn_or_stale() {
+    // get_many: every neighbourhood in one batch, then every block in one
+    // batch, with anything unclear re-read alone; under a writer flat out.
+    let (writer, reader) = region_with_reader(2_000);
     let stop = Arc::new(AtomicBool::new(false));
     let writer_thread = spawn_writer(writer, Arc::clone(&stop));
     let keys: Vec<bytes::Bytes> = (0..HOT_KEYS).map(|k| bytes::Bytes::from(key(k))).collect();
@@ -349,16 +356,7 @@ fn batched_reads_are_never_torn_or_stale() {
 /// read returns the replaced value.
 #[test]
 fn a_replaced_or_deleted_block_fails_validation_at_once() {
-    let config = RegionConfig {
-        region_bytes: 4 * 1024 * 1024,
-        grace_period_us: 3_600_000_000,
-        hash_seed: HashSeed(1, 2),
-        ..RegionConfig::default()
-    };
-    let mut writer = RegionWriter::create(&config, Arc::new(MonotonicClock::new())).unwrap();
-    let reader = writer
-        .reader(ReaderOptions::for_layout(writer.layout()))
-        .unwrap();
+    let (mut writer, reader) = region_with_reader(3_600_000_000);
     let cache = IndexCache::new(16);
     let read = |cache: &IndexCache| {
         reader
