@@ -760,6 +760,19 @@ fn a_slow_cached_read_falls_back_to_the_slot() {
             abandon_after_us: Some(400),
         },
     );
+    // A cached read that takes exactly the bound is still on time.
+    let at_bound = region.hooked_reader(
+        SteppingClock::stepping(100),
+        ReaderOptions {
+            max_attempts: 1,
+            abandon_after_us: Some(100),
+        },
+    );
+    assert_eq!(
+        at_bound.reader.get_cached(KEY, &cache).expect("get"),
+        versioned(b"one", 1)
+    );
+    assert_eq!(at_bound.reader.stats().cache_hits, 1);
     // The cached read takes 101 µs (not over 400): a cache hit.
     assert_eq!(
         slow.reader.get_cached(KEY, &cache).expect("get"),
