@@ -1,0 +1,206 @@
+//! A fake rdkv server speaking the real frames (rdkv_proto::wire) over TCP, so
+//! the client and the CLI can be tested without Raft. Each test drives the
+//! connections itself: [`serve`] hands every handshaken connection to a
+//! handler that reads requests and writes responses.
+//!
+//! Test support: a frame the client sends that cannot be decoded panics the
+//! connection's task, and the test sees its client fail.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::BytesMut;
+use rdkv_proto::wire::{
+    ClientHello, DEFAULT_MAX_FRAME_BYTES, ErrorCode, Frame, FrameDecoder, FrameKind, Request,
+    Response, ServerHello, decode_payload, encode_frame,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+
+/// The hello of a fake that accepts the client with `max_in_flight` credits.
+pub fn accepted(max_in_flight: u32) -> ServerHello {
+    ServerHello::Accepted {
+        version: 1,
+        node_id: 1,
+        cluster_id: 42,
+        max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+        max_in_flight,
+    }
+}
+
+/// A listening fake. `serve` runs `handler` for every accepted connection after
+/// the handshake (which answers `hello`, checking the token if one is set).
+#[derive(Debug)]
+pub struct Fake {
+    pub addr: SocketAddr,
+    pub connections: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Fake {
+    pub fn endpoint(&self) -> String {
+        self.addr.to_string()
+    }
+
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
+    }
+}
+
+/// Listens on 127.0.0.1 (a free port) and serves every connection: the
+/// handshake answers `hello` (or rejects a token other than `token`, if one
+/// is set), then `handler` gets the connection.
+pub async fn serve<F, Fut>(hello: ServerHello, token: Option<&str>, handler: F) -> Fake
+where
+    F: Fn(FakeConn) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("local addr");
+    let connections = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&connections);
+    let token = token.map(str::to_owned);
+    let handler = Arc::new(handler);
+    let task = tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let hello = hello.clone();
+            let token = token.clone();
+            let handler = Arc::clone(&handler);
+            tokio::spawn(async move {
+                let Some(conn) = FakeConn::handshake(stream, hello, token).await else {
+                    return;
+                };
+                handler(conn).await;
+            });
+        }
+    });
+    Fake {
+        addr,
+        connections,
+        task,
+    }
+}
+
+/// Reading side of a fake connection.
+#[derive(Debug)]
+pub struct FakeReader {
+    rd: OwnedReadHalf,
+    buf: BytesMut,
+    decoder: FrameDecoder,
+}
+
+impl FakeReader {
+    async fn frame(&mut self) -> Option<Frame> {
+        loop {
+            if let Some(frame) = self.decoder.decode(&mut self.buf).expect("client frame") {
+                return Some(frame);
+            }
+            if self.rd.read_buf(&mut self.buf).await.ok()? == 0 {
+                return None;
+            }
+        }
+    }
+
+    /// The next request, or `None` when the client closed the connection.
+    pub async fn request(&mut self) -> Option<(u64, Request)> {
+        let frame = self.frame().await?;
+        assert_eq!(frame.kind, FrameKind::Request);
+        Some((frame.request_id, decode_payload(&frame).expect("request")))
+    }
+}
+
+/// Writing side of a fake connection.
+#[derive(Debug)]
+pub struct FakeWriter {
+    wr: OwnedWriteHalf,
+}
+
+impl FakeWriter {
+    pub async fn respond(&mut self, request_id: u64, response: &Response) {
+        let mut out = BytesMut::new();
+        encode_frame(
+            FrameKind::Response,
+            request_id,
+            response,
+            DEFAULT_MAX_FRAME_BYTES,
+            &mut out,
+        )
+        .expect("encode");
+        // The client may have gone away; that is its business.
+        let _ = self.wr.write_all(&out).await;
+    }
+}
+
+#[derive(Debug)]
+pub struct FakeConn {
+    pub reader: FakeReader,
+    pub writer: FakeWriter,
+    pub hello: ClientHello,
+    /// The fake's own address (what the client dialled).
+    pub local_addr: SocketAddr,
+}
+
+impl FakeConn {
+    async fn handshake(
+        stream: TcpStream,
+        hello: ServerHello,
+        token: Option<String>,
+    ) -> Option<FakeConn> {
+        let local_addr = stream.local_addr().ok()?;
+        let (rd, wr) = stream.into_split();
+        let mut reader = FakeReader {
+            rd,
+            buf: BytesMut::new(),
+            decoder: FrameDecoder::default(),
+        };
+        let mut writer = FakeWriter { wr };
+        let frame = reader.frame().await?;
+        assert_eq!(frame.kind, FrameKind::ClientHello);
+        let client_hello: ClientHello = decode_payload(&frame).expect("hello");
+        let reply = match (&token, &client_hello.token) {
+            (Some(expected), presented) if presented.as_deref() != Some(expected.as_str()) => {
+                ServerHello::Rejected {
+                    code: ErrorCode::Unauthenticated,
+                    message: "bad token".into(),
+                }
+            }
+            _ => hello,
+        };
+        let mut out = BytesMut::new();
+        encode_frame(
+            FrameKind::ServerHello,
+            0,
+            &reply,
+            DEFAULT_MAX_FRAME_BYTES,
+            &mut out,
+        )
+        .expect("encode hello");
+        writer.wr.write_all(&out).await.ok()?;
+        if matches!(reply, ServerHello::Rejected { .. }) {
+            return None;
+        }
+        Some(FakeConn {
+            reader,
+            writer,
+            hello: client_hello,
+            local_addr,
+        })
+    }
+
+    pub async fn request(&mut self) -> Option<(u64, Request)> {
+        self.reader.request().await
+    }
+
+    pub async fn respond(&mut self, request_id: u64, response: &Response) {
+        self.writer.respond(request_id, response).await;
+    }
+}
