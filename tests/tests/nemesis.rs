@@ -15,13 +15,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use bytes::Bytes;
-use rdkv_client::{Client, ClientOptions, Consistency, Transport};
+use rdkv_client::{ClientOptions, Consistency, Transport};
 use rdkv_tests::history::{Outcome, Recorder, RecordingClient};
 use rdkv_tests::linearizability::{
     CheckOptions, Verdict, check_follower_reads_within, check_history,
 };
 use rdkv_tests::stress_value::splitmix64;
-use rdkv_tests::{Cluster, check};
+use rdkv_tests::{Cluster, Intent, check, client_options, eventually};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(30);
 const CLIENTS: u64 = 4;
@@ -114,23 +114,21 @@ async fn inject(cluster: &mut Cluster, scenario: Scenario, hold: Duration) -> Re
             // A new member each time (a removed one does not come back).
             static NEXT_ID: AtomicU64 = AtomicU64::new(4);
             let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-            let admin = Client::new(
-                &cluster.endpoints(),
-                ClientOptions {
-                    request_timeout: Duration::from_secs(10),
-                    ..ClientOptions::default()
-                },
-            )?;
+            let admin = cluster.client(Intent::Any)?;
             cluster.join(id, leader)?;
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                let members = admin.members().await.unwrap_or_default();
-                if members.iter().any(|m| m.id == id && m.voter) {
-                    break;
-                }
-                ensure!(Instant::now() < deadline, "node {id} never became a voter");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            eventually(
+                Duration::from_secs(30),
+                &format!("node {id} a voter"),
+                async || {
+                    let members = admin.members().await?;
+                    ensure!(
+                        members.iter().any(|m| m.id == id && m.voter),
+                        "members: {members:?}"
+                    );
+                    Ok(())
+                },
+            )
+            .await?;
             tokio::time::sleep(hold).await;
             admin
                 .remove_member(id)
@@ -236,7 +234,8 @@ async fn run_scenario(cluster: &mut Cluster, scenario: Scenario, round: usize) -
     let recorder = Recorder::new();
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(Counts::default());
-    let endpoints = cluster.endpoints();
+    // The members at the start: nodes joined and removed during the run are gone.
+    let members: Vec<u64> = cluster.nodes.keys().copied().collect();
     let mut workers = Vec::new();
     for process in 0..CLIENTS {
         // Half the clients read one-sided where they can (lease and
@@ -246,12 +245,12 @@ async fn run_scenario(cluster: &mut Cluster, scenario: Scenario, round: usize) -
         } else {
             Transport::Tcp
         };
-        let client = Client::new(
-            &endpoints,
+        let client = cluster.client_with(
+            Intent::Via(&members),
             ClientOptions {
                 transport,
                 request_timeout: Duration::from_secs(3),
-                ..ClientOptions::default()
+                ..client_options(None)
             },
         )?;
         workers.push(tokio::spawn(worker(
@@ -278,16 +277,7 @@ async fn run_scenario(cluster: &mut Cluster, scenario: Scenario, round: usize) -
     // Final reads, recorded: every acknowledged write must be explained.
     cluster.heal().await?;
     current_leader(cluster).await?;
-    let reader = recorder.client(
-        Client::new(
-            &endpoints,
-            ClientOptions {
-                request_timeout: Duration::from_secs(10),
-                ..ClientOptions::default()
-            },
-        )?,
-        CLIENTS,
-    );
+    let reader = recorder.client(cluster.client(Intent::Via(&members))?, CLIENTS);
     for k in 0..KEYS {
         reader
             .get(format!("{prefix}/k{k}"), Consistency::Linearizable)

@@ -5,15 +5,15 @@ use std::time::Duration;
 
 use anyhow::{Result, bail, ensure};
 use bytes::Bytes;
-use rdkv_client::{Client, ClientOptions, Consistency, Transport};
-use rdkv_tests::{Cluster, check};
+use rdkv_client::{ClientOptions, Consistency, Transport};
+use rdkv_tests::{Cluster, Intent, check, client_options, eventually};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 
 async fn served_gets(cluster: &Cluster) -> Result<u64> {
     let mut total = 0;
     for id in cluster.nodes.keys() {
-        let status = cluster.client_of(*id).await?.status().await?;
+        let status = cluster.status_of(*id).await?;
         total += status.served.get + status.served.mget;
     }
     Ok(total)
@@ -24,9 +24,9 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
     let result = async {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
-        let client = cluster.client_with(ClientOptions {
+        let client = cluster.client_with(Intent::Any, ClientOptions {
             index_cache_entries: 1024,
-            ..ClientOptions::default()
+            ..client_options(None)
         })?;
         for i in 0..100 {
             client
@@ -50,7 +50,7 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
         let values = client.mget((0..100).map(|i| format!("key-{i:03}"))).await?;
         assert!(values.iter().all(Option::is_some));
         // Without the index cache an MGet's reads go out in two batches.
-        let batched = cluster.client_with(ClientOptions::default())?;
+        let batched = cluster.client(Intent::Any)?;
         let values = batched
             .mget((0..100).map(|i| format!("key-{i:03}")))
             .await?;
@@ -70,9 +70,9 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
         assert!(stats.reads.cache_hits > 0, "the index cache was not used");
 
         // Forced shm: one-sided or an error, never the server.
-        let shm_only = cluster.client_with(ClientOptions {
+        let shm_only = cluster.client_with(Intent::Any, ClientOptions {
             transport: Transport::Shm,
-            ..ClientOptions::default()
+            ..client_options(None)
         })?;
         ensure!(
             shm_only
@@ -98,11 +98,11 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
 
         // Forced TCP reads do reach the servers (a follower that redirects
         // counts the request too).
-        let tcp = Client::new(
-            &cluster.endpoints(),
+        let tcp = cluster.client_with(
+            Intent::Any,
             ClientOptions {
                 transport: Transport::Tcp,
-                ..ClientOptions::default()
+                ..client_options(None)
             },
         )?;
         tcp.get_with(Bytes::from_static(b"key-001"), Consistency::Lease)
@@ -125,9 +125,9 @@ async fn a_restarted_node_is_mapped_anew() -> Result<()> {
     let mut cluster = Cluster::start(1)?;
     let result = async {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
-        let client = cluster.client_with(ClientOptions {
+        let client = cluster.client_with(Intent::Any, ClientOptions {
             request_timeout: Duration::from_secs(3),
-            ..ClientOptions::default()
+            ..client_options(None)
         })?;
         client.put("a", "1").await?;
         ensure!(client.get("a").await?.is_some_and(|v| v.value == "1"));
@@ -137,13 +137,10 @@ async fn a_restarted_node_is_mapped_anew() -> Result<()> {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
         ensure!(cluster.status_of(1).await?.region_epoch != epoch_before);
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while client.put("a", "2").await.is_err() {
-            ensure!(
-                std::time::Instant::now() < deadline,
-                "no write after the restart"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        eventually(Duration::from_secs(20), "a write after the restart", async || {
+            Ok(client.put("a", "2").await?)
+        })
+        .await?;
         let served_before = client.one_sided_stats().await.served;
         let mut fresh = 0;
         while fresh < 50 {
@@ -179,14 +176,14 @@ async fn a_single_idle_node_keeps_serving_lease_reads_one_sided() -> Result<()> 
     let mut cluster = Cluster::start(1)?;
     check(&mut cluster, Duration::from_secs(60), async |cluster| {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
-        let writer = cluster.client().await?;
+        let writer = cluster.client(Intent::Any)?;
         writer.put("idle", "1").await?;
         // Several election timeouts (50 ms heartbeats: 250-500 ms) of idling.
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        let shm = cluster.client_with(ClientOptions {
+        let shm = cluster.client_with(Intent::Any, ClientOptions {
             transport: Transport::Shm,
             request_timeout: Duration::from_secs(3),
-            ..ClientOptions::default()
+            ..client_options(None)
         })?;
         for _ in 0..20 {
             let got = shm.get("idle").await?;
@@ -197,11 +194,11 @@ async fn a_single_idle_node_keeps_serving_lease_reads_one_sided() -> Result<()> 
         ensure!(stats.served == 20 && stats.lease_refusals == 0, "{stats:?}");
         // Follower reads by RPC are served too: the idle leader's view of
         // the commit index is current.
-        let tcp = cluster.client_with(ClientOptions {
+        let tcp = cluster.client_with(Intent::Any, ClientOptions {
             transport: Transport::Tcp,
             request_timeout: Duration::from_secs(3),
             max_attempts: 1,
-            ..ClientOptions::default()
+            ..client_options(None)
         })?;
         let got = tcp
             .get_with("idle", Consistency::Follower { max_lag_entries: 0 })

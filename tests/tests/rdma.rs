@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail, ensure};
 use bytes::Bytes;
 use rdkv_client::{ClientOptions, Consistency, Transport};
-use rdkv_tests::Cluster;
+use rdkv_tests::{Cluster, Intent, client_options};
 use rdkv_tests::stress_value::{check, encode};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
@@ -46,7 +46,7 @@ fn rdma_options(device: &str) -> ClientOptions {
         transport: Transport::Rdma,
         rdma_device: Some(device.to_owned()),
         request_timeout: Duration::from_secs(10),
-        ..ClientOptions::default()
+        ..client_options(None)
     }
 }
 
@@ -87,9 +87,9 @@ async fn without_a_device_the_node_says_why_and_auto_clients_still_work() -> Res
             "the node did not log why rdma is off:\n{log}"
         );
 
-        let auto = cluster.client_with(ClientOptions {
+        let auto = cluster.client_with(Intent::Any, ClientOptions {
             rdma_device: Some("rdkv-no-such-device".into()),
-            ..rdkv_tests::client_options(None)
+            ..client_options(None)
         })?;
         for i in 0..20 {
             auto.put(format!("k{i}"), format!("v{i}")).await?;
@@ -108,10 +108,10 @@ async fn without_a_device_the_node_says_why_and_auto_clients_still_work() -> Res
         );
 
         // Forcing rdma where there is none fails fast, it does not fall back.
-        let forced = cluster.client_with(ClientOptions {
+        let forced = cluster.client_with(Intent::Any, ClientOptions {
             transport: Transport::Rdma,
             rdma_device: Some("rdkv-no-such-device".into()),
-            ..rdkv_tests::client_options(None)
+            ..client_options(None)
         })?;
         let started = Instant::now();
         let got = forced.get("k1").await;
@@ -143,7 +143,7 @@ async fn rdma_gets_cost_the_servers_no_rpc() -> Result<()> {
                 status.rdma
             );
         }
-        let client = cluster.client_with(ClientOptions {
+        let client = cluster.client_with(Intent::Any, ClientOptions {
             index_cache_entries: 1024,
             ..rdma_options(&device)
         })?;
@@ -163,7 +163,7 @@ async fn rdma_gets_cost_the_servers_no_rpc() -> Result<()> {
             }
         }
         // An MGet without the index cache: two batches of chained READs.
-        let batched = cluster.client_with(rdma_options(&device))?;
+        let batched = cluster.client_with(Intent::Any, rdma_options(&device))?;
         let values = batched
             .mget((0..100).map(|i| format!("key-{i:03}")))
             .await?;
@@ -201,7 +201,7 @@ async fn rdma_writes_go_over_send_recv() -> Result<()> {
     let mut cluster = Cluster::start_with(1, &["--rdma-device", &device])?;
     rdkv_tests::check(&mut cluster, Duration::from_secs(120), async |cluster| {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
-        let client = cluster.client_with(rdma_options(&device))?;
+        let client = cluster.client_with(Intent::Any, rdma_options(&device))?;
         client.put("warm", "up").await?;
         // Attaching over rdma moves this client's requests to the session.
         ensure!(client.get("warm").await?.is_some());
@@ -250,11 +250,11 @@ async fn rdma_reads_under_a_writer_flat_out_are_never_torn() -> Result<()> {
     rdkv_tests::check(&mut cluster, Duration::from_secs(120), async |cluster| {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
         let keys: Vec<String> = (0..8).map(|i| format!("hot-{i}")).collect();
-        let writer = cluster.client_with(rdkv_tests::client_options(None))?;
+        let writer = cluster.client(Intent::Any)?;
         for key in &keys {
             writer.put(key.clone(), encode(key, 0)).await?;
         }
-        let reader = cluster.client_with(rdma_options(&device))?;
+        let reader = cluster.client_with(Intent::Any, rdma_options(&device))?;
         let stop = Instant::now() + Duration::from_secs(5);
         let write_keys = keys.clone();
         let writing = tokio::spawn(async move {
@@ -297,9 +297,9 @@ async fn a_lost_rdma_connection_falls_back_and_reconnects() -> Result<()> {
     let mut cluster = Cluster::start_with(1, &["--rdma-device", &device])?;
     rdkv_tests::check(&mut cluster, Duration::from_secs(120), async |cluster| {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
-        let client = cluster.client_with(ClientOptions {
+        let client = cluster.client_with(Intent::Any, ClientOptions {
             rdma_device: Some(device.clone()),
-            ..rdkv_tests::client_options(None)
+            ..client_options(None)
         })?;
         client.put("k", "v1").await?;
         ensure!(client.get("k").await?.is_some_and(|v| v.value == "v1"));
