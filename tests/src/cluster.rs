@@ -233,7 +233,10 @@ impl Cluster {
     pub fn endpoints(&self, intent: Intent<'_>) -> Result<Vec<String>> {
         match intent {
             Intent::Any => Ok(self.nodes.values().map(NodeProc::endpoint).collect()),
-            Intent::Via(ids) => ids.iter().map(|id| Ok(self.node(*id)?.endpoint())).collect(),
+            Intent::Via(ids) => ids
+                .iter()
+                .map(|id| Ok(self.node(*id)?.endpoint()))
+                .collect(),
         }
     }
 

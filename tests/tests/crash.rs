@@ -167,7 +167,8 @@ async fn no_acknowledged_write_lost_when_leader_is_killed_repeatedly() -> Result
         );
         let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
         let checker = cluster.client_with(Intent::Any, writer_options())?;
-        let linearizable = async |keys| Ok(checker.mget_with(keys, Consistency::Linearizable).await?);
+        let linearizable =
+            async |keys| Ok(checker.mget_with(keys, Consistency::Linearizable).await?);
         all_present(linearizable, &history.acked).await?;
 
         // Every replica, restarted ones included, has them as well.
@@ -443,7 +444,9 @@ async fn follower_with_torn_tail_below_its_committed_index_rejoins() -> Result<(
                     cluster.node_mut(follower)?.is_running(),
                     "node {follower} exited after its restart"
                 );
-                let values = local.mget(acked.iter().map(|k| Bytes::from(k.clone()))).await?;
+                let values = local
+                    .mget(acked.iter().map(|k| Bytes::from(k.clone())))
+                    .await?;
                 ensure!(values.iter().all(Option::is_some), "keys missing");
                 Ok(())
             },

@@ -234,8 +234,7 @@ async fn metrics_count_every_operation_and_report_follower_lag() -> Result<()> {
             "every one-sided read reported",
             async || {
                 let after = scrape(cluster, leader).await?;
-                let reported =
-                    moved(&before, &after, "rdkv_one_sided_reads_total", &client_reads);
+                let reported = moved(&before, &after, "rdkv_one_sided_reads_total", &client_reads);
                 let gets = moved(&before, &after, "rdkv_requests_total", &tcp_op("get"));
                 ensure!(gets == 0.0, "one-sided GETs reached the server: {gets}");
                 ensure!(
@@ -251,7 +250,10 @@ async fn metrics_count_every_operation_and_report_follower_lag() -> Result<()> {
 }
 
 async fn wait_health(cluster: &Cluster, id: u64, want_ok: bool) -> Result<String> {
-    let what = format!("node {id} /health {}", if want_ok { "ok" } else { "failing" });
+    let what = format!(
+        "node {id} /health {}",
+        if want_ok { "ok" } else { "failing" }
+    );
     eventually(Duration::from_secs(15), &what, async || {
         let (status, body) = health(cluster, id).await?;
         ensure!((status == 200) == want_ok, "/health is {status}: {body}");

@@ -24,10 +24,13 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
     let result = async {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
-        let client = cluster.client_with(Intent::Any, ClientOptions {
-            index_cache_entries: 1024,
-            ..client_options(None)
-        })?;
+        let client = cluster.client_with(
+            Intent::Any,
+            ClientOptions {
+                index_cache_entries: 1024,
+                ..client_options(None)
+            },
+        )?;
         for i in 0..100 {
             client
                 .put(format!("key-{i:03}"), format!("value-{i}"))
@@ -70,10 +73,13 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
         assert!(stats.reads.cache_hits > 0, "the index cache was not used");
 
         // Forced shm: one-sided or an error, never the server.
-        let shm_only = cluster.client_with(Intent::Any, ClientOptions {
-            transport: Transport::Shm,
-            ..client_options(None)
-        })?;
+        let shm_only = cluster.client_with(
+            Intent::Any,
+            ClientOptions {
+                transport: Transport::Shm,
+                ..client_options(None)
+            },
+        )?;
         ensure!(
             shm_only
                 .get("key-002")
@@ -125,10 +131,13 @@ async fn a_restarted_node_is_mapped_anew() -> Result<()> {
     let mut cluster = Cluster::start(1)?;
     let result = async {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
-        let client = cluster.client_with(Intent::Any, ClientOptions {
-            request_timeout: Duration::from_secs(3),
-            ..client_options(None)
-        })?;
+        let client = cluster.client_with(
+            Intent::Any,
+            ClientOptions {
+                request_timeout: Duration::from_secs(3),
+                ..client_options(None)
+            },
+        )?;
         client.put("a", "1").await?;
         ensure!(client.get("a").await?.is_some_and(|v| v.value == "1"));
         let epoch_before = cluster.status_of(1).await?.region_epoch;
@@ -137,9 +146,11 @@ async fn a_restarted_node_is_mapped_anew() -> Result<()> {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
         ensure!(cluster.status_of(1).await?.region_epoch != epoch_before);
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        eventually(Duration::from_secs(20), "a write after the restart", async || {
-            Ok(client.put("a", "2").await?)
-        })
+        eventually(
+            Duration::from_secs(20),
+            "a write after the restart",
+            async || Ok(client.put("a", "2").await?),
+        )
         .await?;
         let served_before = client.one_sided_stats().await.served;
         let mut fresh = 0;
@@ -180,11 +191,14 @@ async fn a_single_idle_node_keeps_serving_lease_reads_one_sided() -> Result<()> 
         writer.put("idle", "1").await?;
         // Several election timeouts (50 ms heartbeats: 250-500 ms) of idling.
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        let shm = cluster.client_with(Intent::Any, ClientOptions {
-            transport: Transport::Shm,
-            request_timeout: Duration::from_secs(3),
-            ..client_options(None)
-        })?;
+        let shm = cluster.client_with(
+            Intent::Any,
+            ClientOptions {
+                transport: Transport::Shm,
+                request_timeout: Duration::from_secs(3),
+                ..client_options(None)
+            },
+        )?;
         for _ in 0..20 {
             let got = shm.get("idle").await?;
             ensure!(got.is_some_and(|v| v.value == "1"), "wrong value");
@@ -194,12 +208,15 @@ async fn a_single_idle_node_keeps_serving_lease_reads_one_sided() -> Result<()> 
         ensure!(stats.served == 20 && stats.lease_refusals == 0, "{stats:?}");
         // Follower reads by RPC are served too: the idle leader's view of
         // the commit index is current.
-        let tcp = cluster.client_with(Intent::Any, ClientOptions {
-            transport: Transport::Tcp,
-            request_timeout: Duration::from_secs(3),
-            max_attempts: 1,
-            ..client_options(None)
-        })?;
+        let tcp = cluster.client_with(
+            Intent::Any,
+            ClientOptions {
+                transport: Transport::Tcp,
+                request_timeout: Duration::from_secs(3),
+                max_attempts: 1,
+                ..client_options(None)
+            },
+        )?;
         let got = tcp
             .get_with("idle", Consistency::Follower { max_lag_entries: 0 })
             .await?;

@@ -24,18 +24,22 @@ fn client_of(cluster: &Cluster, ids: &[u64]) -> Result<Client> {
 }
 
 async fn leader_among(cluster: &Cluster, ids: &[u64], not: u64) -> Result<u64> {
-    eventually(LEADER_TIMEOUT, &format!("a leader among {ids:?}"), async || {
-        for &id in ids {
-            if let Ok(status) = cluster.status_of(id).await
-                && let Some(leader) = status.leader_id
-                && leader != not
-                && ids.contains(&leader)
-            {
-                return Ok(leader);
+    eventually(
+        LEADER_TIMEOUT,
+        &format!("a leader among {ids:?}"),
+        async || {
+            for &id in ids {
+                if let Ok(status) = cluster.status_of(id).await
+                    && let Some(leader) = status.leader_id
+                    && leader != not
+                    && ids.contains(&leader)
+                {
+                    return Ok(leader);
+                }
             }
-        }
-        bail!("none of {ids:?} names a leader among them other than {not}")
-    })
+            bail!("none of {ids:?} names a leader among them other than {not}")
+        },
+    )
     .await
 }
 

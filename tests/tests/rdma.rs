@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail, ensure};
 use bytes::Bytes;
 use rdkv_client::{ClientOptions, Consistency, Transport};
-use rdkv_tests::{Cluster, Intent, client_options};
 use rdkv_tests::stress_value::{check, encode};
+use rdkv_tests::{Cluster, Intent, client_options};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -87,10 +87,13 @@ async fn without_a_device_the_node_says_why_and_auto_clients_still_work() -> Res
             "the node did not log why rdma is off:\n{log}"
         );
 
-        let auto = cluster.client_with(Intent::Any, ClientOptions {
-            rdma_device: Some("rdkv-no-such-device".into()),
-            ..client_options(None)
-        })?;
+        let auto = cluster.client_with(
+            Intent::Any,
+            ClientOptions {
+                rdma_device: Some("rdkv-no-such-device".into()),
+                ..client_options(None)
+            },
+        )?;
         for i in 0..20 {
             auto.put(format!("k{i}"), format!("v{i}")).await?;
         }
@@ -108,11 +111,14 @@ async fn without_a_device_the_node_says_why_and_auto_clients_still_work() -> Res
         );
 
         // Forcing rdma where there is none fails fast, it does not fall back.
-        let forced = cluster.client_with(Intent::Any, ClientOptions {
-            transport: Transport::Rdma,
-            rdma_device: Some("rdkv-no-such-device".into()),
-            ..client_options(None)
-        })?;
+        let forced = cluster.client_with(
+            Intent::Any,
+            ClientOptions {
+                transport: Transport::Rdma,
+                rdma_device: Some("rdkv-no-such-device".into()),
+                ..client_options(None)
+            },
+        )?;
         let started = Instant::now();
         let got = forced.get("k1").await;
         ensure!(
@@ -143,10 +149,13 @@ async fn rdma_gets_cost_the_servers_no_rpc() -> Result<()> {
                 status.rdma
             );
         }
-        let client = cluster.client_with(Intent::Any, ClientOptions {
-            index_cache_entries: 1024,
-            ..rdma_options(&device)
-        })?;
+        let client = cluster.client_with(
+            Intent::Any,
+            ClientOptions {
+                index_cache_entries: 1024,
+                ..rdma_options(&device)
+            },
+        )?;
         for i in 0..100 {
             client
                 .put(format!("key-{i:03}"), format!("value-{i}"))
@@ -297,10 +306,13 @@ async fn a_lost_rdma_connection_falls_back_and_reconnects() -> Result<()> {
     let mut cluster = Cluster::start_with(1, &["--rdma-device", &device])?;
     rdkv_tests::check(&mut cluster, Duration::from_secs(120), async |cluster| {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
-        let client = cluster.client_with(Intent::Any, ClientOptions {
-            rdma_device: Some(device.clone()),
-            ..client_options(None)
-        })?;
+        let client = cluster.client_with(
+            Intent::Any,
+            ClientOptions {
+                rdma_device: Some(device.clone()),
+                ..client_options(None)
+            },
+        )?;
         client.put("k", "v1").await?;
         ensure!(client.get("k").await?.is_some_and(|v| v.value == "v1"));
         let served_before = client.one_sided_stats().await.served;
