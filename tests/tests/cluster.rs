@@ -24,7 +24,7 @@ async fn eventually_on(cluster: &Cluster, id: u64, key: &str, expected: &str) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_replicate_and_survive_leader_loss() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
-    let result = async {
+    check(&mut cluster, Duration::from_secs(120), async |cluster| {
         let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
         // Writes through any endpoint (followers redirect) are readable everywhere.
         for id in 1..=3 {
@@ -53,12 +53,8 @@ async fn three_nodes_replicate_and_survive_leader_loss() -> Result<()> {
         eventually_on(&cluster, leader, "after-failover", "yes").await?;
         eventually_on(&cluster, leader, "k1", "v1").await?;
         Ok(())
-    }
-    .await;
-    if result.is_err() {
-        eprintln!("{}", cluster.logs());
-    }
-    result
+    })
+    .await
 }
 
 /// A replica read asks that node and no other: a follower cut off from the

@@ -22,7 +22,7 @@ async fn served_gets(cluster: &Cluster) -> Result<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
-    let result = async {
+    check(&mut cluster, Duration::from_secs(90), async |cluster| {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
         let client = cluster.client_with(
             Intent::Any,
@@ -115,12 +115,8 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
             .await?;
         assert!(served_gets(&cluster).await? > after);
         Ok(())
-    }
-    .await;
-    if result.is_err() {
-        eprintln!("{}", cluster.logs());
-    }
-    result
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,7 +125,7 @@ async fn a_restarted_node_is_mapped_anew() -> Result<()> {
     // saying "serving": the new incarnation's region has a new epoch, and
     // the client must move to it rather than read the dead one.
     let mut cluster = Cluster::start(1)?;
-    let result = async {
+    check(&mut cluster, Duration::from_secs(90), async |cluster| {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
         let client = cluster.client_with(
             Intent::Any,
@@ -172,12 +168,8 @@ async fn a_restarted_node_is_mapped_anew() -> Result<()> {
             "reads did not go one-sided to the new region"
         );
         Ok(())
-    }
-    .await;
-    if result.is_err() {
-        eprintln!("{}", cluster.logs());
-    }
-    result
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
