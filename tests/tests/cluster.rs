@@ -33,7 +33,7 @@ async fn three_nodes_replicate_and_survive_leader_loss() -> Result<()> {
         }
         for id in 1..=3 {
             for k in 1..=3 {
-                eventually_on(&cluster, id, &format!("k{k}"), &format!("v{k}")).await?;
+                eventually_on(cluster, id, &format!("k{k}"), &format!("v{k}")).await?;
             }
         }
 
@@ -50,8 +50,8 @@ async fn three_nodes_replicate_and_survive_leader_loss() -> Result<()> {
 
         // The killed node restarts from its data directory and catches up.
         cluster.restart(leader)?;
-        eventually_on(&cluster, leader, "after-failover", "yes").await?;
-        eventually_on(&cluster, leader, "k1", "v1").await?;
+        eventually_on(cluster, leader, "after-failover", "yes").await?;
+        eventually_on(cluster, leader, "k1", "v1").await?;
         Ok(())
     })
     .await

@@ -38,7 +38,7 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
         }
         // Warm up: the client learns the topology and maps the regions.
         client.get("key-000").await?;
-        let before = served_gets(&cluster).await?;
+        let before = served_gets(cluster).await?;
         let stats_before = client.one_sided_stats().await;
         for round in 0..10 {
             for i in 0..100 {
@@ -65,7 +65,7 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
             );
         }
         ensure!(batched.one_sided_stats().await.served == 100);
-        let after = served_gets(&cluster).await?;
+        let after = served_gets(cluster).await?;
         let stats = client.one_sided_stats().await;
         println!("one-sided: {stats:?}");
         assert_eq!(after, before, "GETs reached the servers");
@@ -92,7 +92,7 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
                 .await,
             Err(rdkv_client::Error::OneSidedUnavailable)
         ));
-        ensure!(served_gets(&cluster).await? == after);
+        ensure!(served_gets(cluster).await? == after);
 
         // The client maps the regions of local servers and talks to them
         // over their Unix sockets too: its writes skip TCP.
@@ -113,7 +113,7 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
         )?;
         tcp.get_with(Bytes::from_static(b"key-001"), Consistency::Lease)
             .await?;
-        assert!(served_gets(&cluster).await? > after);
+        assert!(served_gets(cluster).await? > after);
         Ok(())
     })
     .await
