@@ -12,25 +12,7 @@ fn bench_binary() -> PathBuf {
 /// `rdkv-server` next to `rdkv-bench`, built with the same profile: cargo
 /// builds only this package's binaries for its tests.
 fn build_server() {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut command = Command::new(cargo);
-    command.args([
-        "build",
-        "--quiet",
-        "-p",
-        "rdkv-server",
-        "--bin",
-        "rdkv-server",
-    ]);
-    if !cfg!(debug_assertions) {
-        command.arg("--release");
-    }
-    let status = command.status().expect("running cargo build");
-    assert!(status.success(), "building rdkv-server: {status}");
-    let server = bench_binary()
-        .parent()
-        .map(|dir| dir.join("rdkv-server"))
-        .expect("rdkv-bench has a directory");
+    let server = rdkv_tests::binary("rdkv-server");
     assert!(server.is_file(), "{} missing", server.display());
 }
 

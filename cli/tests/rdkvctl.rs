@@ -6,14 +6,12 @@ use std::net::SocketAddr;
 use std::process::Output;
 use std::sync::{Arc, Mutex};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use rdkv_proto::wire::{
-    ClientHello, DEFAULT_MAX_FRAME_BYTES, ErrorCode, ErrorReply, FrameDecoder, FrameKind, Health,
-    MemberInfo, NodeStatus, RegionFill, ReplicationLag, Request, Response, Role, ServerHello,
-    SnapshotChunk, Versioned, decode_payload, encode_frame,
+    ErrorCode, ErrorReply, Health, MemberInfo, NodeStatus, RegionFill, ReplicationLag, Request,
+    Response, Role, SnapshotChunk, Versioned,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use rdkv_tests::fake_server::{Fake, FakeConn, accepted, serve};
 
 const TOKEN: &str = "t0ken";
 const SNAPSHOT: &[u8] = b"snapshot bytes, in several chunks";
@@ -108,70 +106,19 @@ fn answer(state: &Mutex<State>, addr: SocketAddr, request: Request) -> Response 
     }
 }
 
-async fn connection(stream: TcpStream, state: Arc<Mutex<State>>, addr: SocketAddr) {
-    let (mut rd, mut wr) = stream.into_split();
-    let mut decoder = FrameDecoder::default();
-    let mut buf = BytesMut::new();
-    let mut hello_done = false;
-    loop {
-        while let Some(frame) = decoder.decode(&mut buf).unwrap() {
-            let mut out = BytesMut::new();
-            if !hello_done {
-                let hello: ClientHello = decode_payload(&frame).unwrap();
-                let reply = if hello.token.as_deref() == Some(TOKEN) {
-                    ServerHello::Accepted {
-                        version: 1,
-                        node_id: 1,
-                        cluster_id: 7,
-                        max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
-                        max_in_flight: 4,
-                    }
-                } else {
-                    ServerHello::Rejected {
-                        code: ErrorCode::Unauthenticated,
-                        message: "bad token".into(),
-                    }
-                };
-                let rejected = matches!(reply, ServerHello::Rejected { .. });
-                encode_frame(FrameKind::ServerHello, 0, &reply, u32::MAX, &mut out).unwrap();
-                let _ = wr.write_all(&out).await;
-                if rejected {
-                    return;
-                }
-                hello_done = true;
-                continue;
-            }
-            let request: Request = decode_payload(&frame).unwrap();
-            let response = answer(&state, addr, request);
-            encode_frame(
-                FrameKind::Response,
-                frame.request_id,
-                &response,
-                u32::MAX,
-                &mut out,
-            )
-            .unwrap();
-            if wr.write_all(&out).await.is_err() {
-                return;
-            }
-        }
-        match rd.read_buf(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
-        }
-    }
-}
-
-async fn fake() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+/// A fake node holding a key-value map, behind the token.
+async fn fake() -> Fake {
     let state = Arc::new(Mutex::new(State::default()));
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(connection(stream, Arc::clone(&state), addr));
+    serve(accepted(4), Some(TOKEN), move |mut conn: FakeConn| {
+        let state = Arc::clone(&state);
+        async move {
+            while let Some((id, request)) = conn.request().await {
+                let response = answer(&state, conn.local_addr, request);
+                conn.respond(id, &response).await;
+            }
         }
-    });
-    addr
+    })
+    .await
 }
 
 async fn rdkvctl(addr: SocketAddr, token: &str, args: &[&str]) -> Output {
@@ -200,7 +147,8 @@ fn stderr(out: &Output) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_value_commands() {
-    let addr = fake().await;
+    let fake = fake().await;
+    let addr = fake.addr;
     let out = rdkvctl(addr, TOKEN, &["put", "greeting", "hello"]).await;
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out), "OK\n");
@@ -231,7 +179,8 @@ async fn key_value_commands() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_print_only_on_stderr() {
-    let addr = fake().await;
+    let fake = fake().await;
+    let addr = fake.addr;
     let out = rdkvctl(addr, "wrong", &["get", "k"]).await;
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(stdout(&out), "");
@@ -247,7 +196,8 @@ async fn failures_print_only_on_stderr() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_commands() {
-    let addr = fake().await;
+    let fake = fake().await;
+    let addr = fake.addr;
     let out = rdkvctl(addr, TOKEN, &["member", "list"]).await;
     assert_eq!(stdout(&out), format!("1, 127.0.0.1:7380, {addr}, false\n"));
 

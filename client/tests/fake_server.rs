@@ -1,16 +1,14 @@
 //! The client against fake in-process servers that speak the real wire frames.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{FakeConn, accepted, serve};
 use rdkv_client::{Client, ClientOptions, Consistency, Error, ErrorCode, ErrorReply, LeaderHint};
 use rdkv_proto::wire::{Request, Response, SnapshotChunk, Versioned};
+use rdkv_tests::fake_server::{Fake, FakeConn, accepted, serve};
 use tokio::sync::mpsc;
 
 /// These tests pin the RPC path's behaviour request by request, so GETs must
@@ -482,7 +480,7 @@ async fn key_value_calls_map_onto_the_protocol() {
 
 /// Serves `versions` in turn: the first `SnapshotRead` at offset > 0 after a
 /// switch sees the next snapshot, as if the node had rebuilt it.
-async fn snapshot_fake(versions: Vec<(u64, Vec<u8>)>, switch_after_first: bool) -> common::Fake {
+async fn snapshot_fake(versions: Vec<(u64, Vec<u8>)>, switch_after_first: bool) -> Fake {
     let current = Arc::new(AtomicU64::new(0));
     let versions = Arc::new(versions);
     serve(accepted(4), None, move |mut conn: FakeConn| {

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use rdkv_client::{Client, ClientOptions, Consistency, OneSidedStats, Transport};
-use rdkv_tests::Cluster;
+use rdkv_tests::{Cluster, Intent, client_options};
 
 const KEYS: u64 = 10_000;
 const GETS: usize = 20_000;
@@ -77,13 +77,10 @@ async fn timed_gets(
 async fn main() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
     cluster.wait_for_leader(Duration::from_secs(20)).await?;
-    let options = ClientOptions {
-        request_timeout: Duration::from_secs(10),
-        ..ClientOptions::default()
-    };
+    let options = client_options(None);
     // shm with the index cache: a repeated GET is one block read.
-    let shm = Client::new(
-        &cluster.endpoints(),
+    let shm = cluster.client_with(
+        Intent::Any,
         ClientOptions {
             index_cache_entries: 65_536,
             ..options.clone()
@@ -91,9 +88,9 @@ async fn main() -> Result<()> {
     )?;
     // The default client: shm, Lease, no index cache (a slot read, then a
     // block read).
-    let shm_uncached = Client::new(&cluster.endpoints(), options.clone())?;
-    let tcp = Client::new(
-        &cluster.endpoints(),
+    let shm_uncached = cluster.client_with(Intent::Any, options.clone())?;
+    let tcp = cluster.client_with(
+        Intent::Any,
         ClientOptions {
             transport: Transport::Tcp,
             ..options

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use rdkv_proto::wire::Consistency;
-use rdkv_tests::{Cluster, free_port};
+use rdkv_tests::{Cluster, Intent, free_port};
 
 const KEYS: usize = 100_000;
 const BATCH: usize = 1_000;
@@ -30,7 +30,7 @@ fn value(i: usize) -> Bytes {
 async fn rdkv_recovery(label: &str, extra: &[&str]) -> Result<(Duration, Duration)> {
     let mut cluster = Cluster::start_with(1, extra)?;
     cluster.wait_for_leader(Duration::from_secs(20)).await?;
-    let client = cluster.client().await?;
+    let client = cluster.client(Intent::Any)?;
     for batch in 0..KEYS / BATCH {
         let pairs = (batch * BATCH..(batch + 1) * BATCH)
             .map(|i| (Bytes::from(format!("key{i:08}")), value(i)))
@@ -40,7 +40,7 @@ async fn rdkv_recovery(label: &str, extra: &[&str]) -> Result<(Duration, Duratio
     cluster.node_mut(1)?.stop()?;
     let started = Instant::now();
     cluster.restart(1)?;
-    let client = cluster.client_of(1).await?;
+    let client = cluster.client(Intent::Any)?;
     let probe = Bytes::from(format!("key{:08}", KEYS - 1));
     let first_read = loop {
         if let Ok(Some(v)) = client

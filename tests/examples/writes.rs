@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use rdkv_tests::Cluster;
+use rdkv_tests::{Cluster, Intent};
 
 const SEQUENTIAL_PUTS: usize = 1_000;
 const WRITERS: usize = 32;
@@ -17,7 +17,7 @@ const PUTS_PER_WRITER: usize = 200;
 async fn main() -> Result<()> {
     let mut cluster = Cluster::start(1)?;
     cluster.wait_for_leader(Duration::from_secs(20)).await?;
-    let client = cluster.client().await?;
+    let client = cluster.client(Intent::Any)?;
     client.put("warm", "up").await?;
 
     let started = Instant::now();

@@ -19,6 +19,18 @@ fn current(v: Option<(&str, u64)>) -> Option<Versioned> {
     v.map(|(value, version)| versioned(value, version))
 }
 
+/// A CAS as issued: the expected version and the new value (`None`: delete).
+type CasCall<'a> = (Option<u64>, Option<&'a str>);
+/// A CAS's reply: whether it swapped, the version, and the value it found.
+type CasReply<'a> = (bool, u64, Option<(&'a str, u64)>);
+
+fn cas_operation(expected: Option<u64>, new: Option<&str>) -> Operation {
+    Operation::Cas {
+        expected_version: expected,
+        new_value: new.map(|v| Bytes::copy_from_slice(v.as_bytes())),
+    }
+}
+
 /// Hand-written histories: times are explicit ticks; `None` completion =
 /// unknown outcome.
 #[derive(Default)]
@@ -148,25 +160,18 @@ impl Builder {
         )
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn cas(
         &mut self,
         p: ProcessId,
         span: (Tick, Tick),
-        expected: Option<u64>,
-        new: Option<&str>,
-        succeeded: bool,
-        version: u64,
-        now: Option<(&str, u64)>,
+        (expected, new): CasCall<'_>,
+        (succeeded, version, now): CasReply<'_>,
     ) -> usize {
         self.op(
             p,
             KEY,
             span,
-            Operation::Cas {
-                expected_version: expected,
-                new_value: new.map(|v| Bytes::copy_from_slice(v.as_bytes())),
-            },
+            cas_operation(expected, new),
             Outcome::Ok(Returned::Cas {
                 succeeded,
                 version,
@@ -175,21 +180,12 @@ impl Builder {
         )
     }
 
-    fn cas_unknown(
-        &mut self,
-        p: ProcessId,
-        invoked: Tick,
-        expected: Option<u64>,
-        new: Option<&str>,
-    ) -> usize {
+    fn cas_unknown(&mut self, p: ProcessId, invoked: Tick, (expected, new): CasCall<'_>) -> usize {
         self.op(
             p,
             KEY,
             (invoked, invoked + 1),
-            Operation::Cas {
-                expected_version: expected,
-                new_value: new.map(|v| Bytes::copy_from_slice(v.as_bytes())),
-            },
+            cas_operation(expected, new),
             Outcome::Unknown,
         )
     }
@@ -261,13 +257,13 @@ fn concurrent_reads_may_see_either_order_of_a_concurrent_put() {
 #[test]
 fn cas_chain_with_failures_and_deletes() {
     let mut b = Builder::default();
-    b.cas(1, (0, 1), None, Some("a"), true, 1, None);
-    b.cas(2, (2, 3), Some(1), Some("b"), true, 2, None);
-    b.cas(3, (4, 5), Some(1), Some("c"), false, 3, Some(("b", 2)));
-    b.cas(1, (6, 7), Some(2), None, true, 4, None);
+    b.cas(1, (0, 1), (None, Some("a")), (true, 1, None));
+    b.cas(2, (2, 3), (Some(1), Some("b")), (true, 2, None));
+    b.cas(3, (4, 5), (Some(1), Some("c")), (false, 3, Some(("b", 2))));
+    b.cas(1, (6, 7), (Some(2), None), (true, 4, None));
     b.get(2, (8, 9), None);
-    b.cas(3, (10, 11), Some(2), Some("x"), false, 5, None);
-    b.cas(1, (12, 13), None, Some("d"), true, 6, None);
+    b.cas(3, (10, 11), (Some(2), Some("x")), (false, 5, None));
+    b.cas(1, (12, 13), (None, Some("d")), (true, 6, None));
     b.get(2, (14, 15), Some(("d", 6)));
     b.delete(3, (16, 17), true, 7);
     b.delete(3, (18, 19), false, 8);
@@ -281,7 +277,7 @@ fn unknown_write_that_took_effect() {
     b.put_unknown(2, 2, "b");
     b.get(3, (5, 6), Some(("b", 3))); // reveals its log index
     b.get(3, (7, 8), Some(("b", 3)));
-    b.cas(4, (9, 10), Some(3), Some("c"), true, 4, None);
+    b.cas(4, (9, 10), (Some(3), Some("c")), (true, 4, None));
     assert_linearizable(&b);
 }
 
@@ -311,7 +307,7 @@ fn unknown_write_may_take_effect_long_after_invocation() {
 fn unknown_cas_and_delete() {
     let mut b = Builder::default();
     b.put(1, (0, 1), "a", 1);
-    b.cas_unknown(2, 2, Some(1), Some("b"));
+    b.cas_unknown(2, 2, (Some(1), Some("b")));
     b.delete_unknown(3, 3);
     b.get(4, (10, 11), Some(("b", 2)));
     b.get(4, (12, 13), None);
@@ -407,7 +403,7 @@ fn cas_succeeding_on_the_wrong_version() {
     let mut b = Builder::default();
     b.put(1, (0, 1), "a", 1);
     b.put(1, (2, 3), "b", 2);
-    let cas = b.cas(2, (4, 5), Some(1), Some("c"), true, 3, None);
+    let cas = b.cas(2, (4, 5), (Some(1), Some("c")), (true, 3, None));
     let violation = assert_violation(&b, &[cas]);
     assert_eq!(violation.culprit.map(|op| op.id), Some(cas));
 }
@@ -416,7 +412,7 @@ fn cas_succeeding_on_the_wrong_version() {
 fn cas_reported_failed_although_the_comparison_held() {
     let mut b = Builder::default();
     b.put(1, (0, 1), "a", 1);
-    let cas = b.cas(2, (2, 3), Some(1), Some("c"), false, 2, Some(("a", 1)));
+    let cas = b.cas(2, (2, 3), (Some(1), Some("c")), (false, 2, Some(("a", 1))));
     assert_violation(&b, &[cas]);
 }
 

@@ -14,7 +14,7 @@ use rdkv_proto::wire::{
     ClientHello, Consistency, DEFAULT_MAX_FRAME_BYTES, ErrorCode, Frame, FrameDecoder, FrameKind,
     Request, Response, ServerHello, decode_payload, encode_frame,
 };
-use rdkv_tests::{Cluster, check, client_options};
+use rdkv_tests::{Cluster, Intent, check, client_options};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -170,7 +170,7 @@ fn error_codes(frames: &[Frame]) -> Vec<ErrorCode> {
 
 /// A normal client (with the token) still writes and reads on the node.
 async fn still_serves(cluster: &Cluster, what: &str) -> Result<()> {
-    let client = cluster.client_of_with(1, client_options(Some(TOKEN)))?;
+    let client = cluster.client_with(Intent::Any, client_options(Some(TOKEN)))?;
     let key = format!("after {what}");
     let version = client
         .put(key.clone(), what.to_owned())
@@ -409,7 +409,7 @@ async fn wrong_token_and_version_are_rejected() -> Result<()> {
             }
             other => bail!("connect with a wrong token: {other:?}"),
         }
-        let anonymous = cluster.client_of(1).await?;
+        let anonymous = cluster.client(Intent::Any)?;
         match anonymous.put("k", "v").await {
             Err(e) if e.code() == Some(ErrorCode::Unauthenticated) => {}
             other => bail!("put without a token: {other:?}"),
@@ -569,7 +569,7 @@ async fn slowloris_does_not_block_other_clients() -> Result<()> {
         // while the slow clients are still dribbling their hellos (a server
         // that handled hellos one at a time would hold it up until every
         // slow hello was complete).
-        let client = cluster.client_of_with(1, client_options(Some(TOKEN)))?;
+        let client = cluster.client_with(Intent::Any, client_options(Some(TOKEN)))?;
         let mut done_beside_slow = 0;
         for i in 0..20 {
             let key = format!("during-slowloris-{i}");

@@ -4,84 +4,95 @@
 
 use std::time::Duration;
 
-use anyhow::Result;
-use bytes::Bytes;
-use rdkv_proto::wire::Consistency;
-use rdkv_tests::Cluster;
+use anyhow::{Result, ensure};
+use rdkv_client::ClientOptions;
+use rdkv_tests::{Cluster, Intent, check, client_options, eventually};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Reads `key` from node `id` alone (follower read) until it has `expected`.
+/// Waits until node `id` alone (a replica read) has `key` = `expected`.
 async fn eventually_on(cluster: &Cluster, id: u64, key: &str, expected: &str) -> Result<()> {
-    let client = cluster.client_of(id).await?;
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let got = client
-            .get_with(
-                Bytes::copy_from_slice(key.as_bytes()),
-                Consistency::Follower {
-                    max_lag_entries: u64::MAX,
-                },
-            )
-            .await;
-        if let Ok(Some(v)) = &got
-            && v.value == expected.as_bytes()
-        {
-            return Ok(());
-        }
-        if std::time::Instant::now() > deadline {
-            anyhow::bail!("node {id} never had {key}={expected}; last read {got:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let replica = cluster.replica(id)?;
+    eventually(
+        Duration::from_secs(15),
+        &format!("node {id} has {key}={expected}"),
+        async || replica.expect(key, expected).await,
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_replicate_and_survive_leader_loss() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
-    let result = async {
+    check(&mut cluster, Duration::from_secs(120), async |cluster| {
         let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
         // Writes through any endpoint (followers redirect) are readable everywhere.
         for id in 1..=3 {
-            let client = cluster.client_of(id).await?;
+            let client = cluster.client(Intent::Via(&[id]))?;
             client.put(format!("k{id}"), format!("v{id}")).await?;
         }
         for id in 1..=3 {
             for k in 1..=3 {
-                eventually_on(&cluster, id, &format!("k{k}"), &format!("v{k}")).await?;
+                eventually_on(cluster, id, &format!("k{k}"), &format!("v{k}")).await?;
             }
         }
 
         // SIGKILL the leader: the others elect a new one and writes go on.
         cluster.node_mut(leader)?.kill();
         let survivors: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
-        let client = cluster.client_of(survivors[0]).await?;
-        let deadline = std::time::Instant::now() + LEADER_TIMEOUT;
-        loop {
-            match client.put("after-failover", "yes").await {
-                Ok(_) => break,
-                Err(e) if std::time::Instant::now() < deadline => {
-                    tracing_free_sleep(&e).await;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
+        let client = cluster.client(Intent::Via(&survivors[..1]))?;
+        eventually(LEADER_TIMEOUT, "a write after the failover", async || {
+            Ok(client.put("after-failover", "yes").await?)
+        })
+        .await?;
         let new_leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
         assert_ne!(new_leader, leader);
 
         // The killed node restarts from its data directory and catches up.
         cluster.restart(leader)?;
-        eventually_on(&cluster, leader, "after-failover", "yes").await?;
-        eventually_on(&cluster, leader, "k1", "v1").await?;
+        eventually_on(cluster, leader, "after-failover", "yes").await?;
+        eventually_on(cluster, leader, "k1", "v1").await?;
         Ok(())
-    }
-    .await;
-    if result.is_err() {
-        eprintln!("{}", cluster.logs());
-    }
-    result
+    })
+    .await
 }
 
-async fn tracing_free_sleep(_error: &rdkv_client::Error) {
-    tokio::time::sleep(Duration::from_millis(100)).await;
+/// A replica read asks that node and no other: a follower cut off from the
+/// others before a write does not have it, and reading it there fails
+/// (absent, or refused as stale) even though the other two have it; once
+/// healed, it catches up and the same read passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_read_fails_where_that_replica_lacks_the_key() -> Result<()> {
+    let mut cluster = Cluster::start_faulty(3, &[])?;
+    check(&mut cluster, Duration::from_secs(90), async |cluster| {
+        let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+        let [cut_off, other] = [1, 2, 3]
+            .into_iter()
+            .filter(|id| *id != leader)
+            .collect::<Vec<_>>()[..]
+        else {
+            anyhow::bail!("three nodes, one leader");
+        };
+        cluster.partition(&[&[leader, other], &[cut_off]]).await?;
+        let writer = cluster.client(Intent::Via(&[leader, other]))?;
+        writer.put("written-apart", "yes").await?;
+        eventually_on(cluster, other, "written-apart", "yes").await?;
+
+        let lacking = cluster.replica_with(
+            cut_off,
+            ClientOptions {
+                request_timeout: Duration::from_secs(2),
+                ..client_options(None)
+            },
+        )?;
+        let read = lacking.expect("written-apart", "yes").await;
+        ensure!(
+            read.is_err(),
+            "node {cut_off} was cut off before the write, yet its read passed"
+        );
+
+        cluster.heal().await?;
+        eventually_on(cluster, cut_off, "written-apart", "yes").await
+    })
+    .await
 }

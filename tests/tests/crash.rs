@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use bytes::Bytes;
-use rdkv_client::{Client, ClientOptions, Error as ClientError};
+use rdkv_client::{Client, ClientOptions, Error as ClientError, Versioned};
 use rdkv_proto::wire::Consistency;
-use rdkv_tests::{Cluster, check, eventually};
+use rdkv_tests::{Cluster, Intent, check, client_options, eventually};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 const WRITERS: u64 = 4;
@@ -34,7 +34,7 @@ struct History {
 fn writer_options() -> ClientOptions {
     ClientOptions {
         request_timeout: Duration::from_secs(5),
-        ..ClientOptions::default()
+        ..client_options(None)
     }
 }
 
@@ -79,16 +79,16 @@ fn acked_count(history: &Mutex<History>) -> usize {
         .len()
 }
 
-/// Checks that every write in `acked` reads back as its number through `client`.
+/// Checks that every write in `acked` reads back as its number through
+/// `mget` (a client's, or one replica's).
 async fn all_present(
-    client: &Client,
+    mget: impl AsyncFn(Vec<Bytes>) -> Result<Vec<Option<Versioned>>>,
     acked: &BTreeSet<u64>,
-    consistency: Consistency,
 ) -> Result<()> {
     let acked: Vec<u64> = acked.iter().copied().collect();
     for chunk in acked.chunks(500) {
         let keys: Vec<Bytes> = chunk.iter().map(|i| Bytes::from(format!("w{i}"))).collect();
-        let values = client.mget_with(keys, consistency).await?;
+        let values = mget(keys).await?;
         for (i, got) in chunk.iter().zip(values) {
             let got = got.map(|v| v.value);
             ensure!(
@@ -109,7 +109,7 @@ async fn no_acknowledged_write_lost_when_leader_is_killed_repeatedly() -> Result
     let mut cluster = Cluster::start(3)?;
     check(&mut cluster, Duration::from_secs(120), async |cluster| {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
-        let client = cluster.client_with(writer_options())?;
+        let client = cluster.client_with(Intent::Any, writer_options())?;
         let next = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let history = Arc::new(Mutex::new(History::default()));
@@ -166,8 +166,10 @@ async fn no_acknowledged_write_lost_when_leader_is_killed_repeatedly() -> Result
             history.failed
         );
         let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
-        let checker = cluster.client_with(writer_options())?;
-        all_present(&checker, &history.acked, Consistency::Linearizable).await?;
+        let checker = cluster.client_with(Intent::Any, writer_options())?;
+        let linearizable =
+            async |keys| Ok(checker.mget_with(keys, Consistency::Linearizable).await?);
+        all_present(linearizable, &history.acked).await?;
 
         // Every replica, restarted ones included, has them as well.
         let commit = cluster.status_of(leader).await?.commit_index;
@@ -182,16 +184,10 @@ async fn no_acknowledged_write_lost_when_leader_is_killed_repeatedly() -> Result
                 Ok(())
             })
             .await?;
-            let local = cluster.client_of(id).await?;
-            all_present(
-                &local,
-                &history.acked,
-                Consistency::Follower {
-                    max_lag_entries: u64::MAX,
-                },
-            )
-            .await
-            .with_context(|| format!("replica {id}"))?;
+            let local = cluster.replica(id)?;
+            all_present(async |keys| local.mget(keys).await, &history.acked)
+                .await
+                .with_context(|| format!("replica {id}"))?;
         }
         Ok(())
     })
@@ -310,7 +306,7 @@ async fn check_keys(client: &Client, keys: &[String]) -> Result<()> {
 async fn torn_log_tail_is_truncated_on_restart() -> Result<()> {
     let mut cluster = Cluster::start(1)?;
     check(&mut cluster, Duration::from_secs(90), async |cluster| {
-        let client = cluster.client_of(1).await?;
+        let client = cluster.client(Intent::Any)?;
         wait_serving(&client).await?;
         let mut acked = Vec::new();
         put_range(&client, "a", 100, &mut acked).await?;
@@ -414,7 +410,7 @@ async fn follower_with_torn_tail_below_its_committed_index_rejoins() -> Result<(
     let mut cluster = Cluster::start(3)?;
     check(&mut cluster, Duration::from_secs(60), async |cluster| {
         let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
-        let client = cluster.client().await?;
+        let client = cluster.client(Intent::Any)?;
         let mut acked = Vec::new();
         put_range(&client, "k", 50, &mut acked).await?;
         let follower = (1..=3).find(|id| *id != leader).unwrap_or(1);
@@ -439,24 +435,17 @@ async fn follower_with_torn_tail_below_its_committed_index_rejoins() -> Result<(
         file.sync_all()?;
 
         cluster.restart(follower)?;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        ensure!(
-            cluster.node_mut(follower)?.is_running(),
-            "node {follower} exited after its restart"
-        );
-        let local = cluster.client_of(follower).await?;
+        let local = cluster.replica(follower)?;
         eventually(
             LEADER_TIMEOUT,
             "the follower serves every key",
             async || {
-                let keys = acked.iter().map(|k| Bytes::from(k.clone()));
+                ensure!(
+                    cluster.node_mut(follower)?.is_running(),
+                    "node {follower} exited after its restart"
+                );
                 let values = local
-                    .mget_with(
-                        keys,
-                        Consistency::Follower {
-                            max_lag_entries: u64::MAX,
-                        },
-                    )
+                    .mget(acked.iter().map(|k| Bytes::from(k.clone())))
                     .await?;
                 ensure!(values.iter().all(Option::is_some), "keys missing");
                 Ok(())

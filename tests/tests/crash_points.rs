@@ -8,26 +8,13 @@
 //! install (one per run so far). Kills timed to land inside an install are
 //! not guaranteed.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use rdkv_client::{Client, ClientOptions, Consistency, Transport};
 use rdkv_tests::stress_value::splitmix64;
-use rdkv_tests::{Cluster, check};
+use rdkv_tests::{Cluster, Intent, check, eventually};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
-
-fn rpc_client(cluster: &Cluster, id: u64) -> Result<Client> {
-    let endpoint = cluster.node(id)?.client_addr.to_string();
-    Ok(Client::new(
-        &[endpoint],
-        ClientOptions {
-            transport: Transport::Tcp,
-            request_timeout: Duration::from_secs(5),
-            ..ClientOptions::default()
-        },
-    )?)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_during_snapshot_install_and_purge_loses_nothing() -> Result<()> {
@@ -41,13 +28,7 @@ async fn killed_during_snapshot_install_and_purge_loses_nothing() -> Result<()> 
     check(&mut cluster, Duration::from_secs(150), async |cluster| {
         let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
         let victim = (1..=3).find(|&id| id != leader).context("a follower")?;
-        let writer = Client::new(
-            &cluster.endpoints(),
-            ClientOptions {
-                request_timeout: Duration::from_secs(10),
-                ..ClientOptions::default()
-            },
-        )?;
+        let writer = cluster.client(Intent::Any)?;
         let mut acknowledged: Vec<(String, String)> = Vec::new();
         let mut n = 0u64;
         let mut write =
@@ -90,7 +71,7 @@ async fn killed_during_snapshot_install_and_purge_loses_nothing() -> Result<()> 
         for id in 1..=3 {
             holds_everything(cluster, id, last, &acknowledged).await?;
         }
-        let victim_status = rpc_client(cluster, victim)?.status().await?;
+        let victim_status = cluster.status_of(victim).await?;
         ensure!(
             victim_status.snapshot_index > 0,
             "the victim never installed a snapshot: {victim_status:?}"
@@ -110,12 +91,15 @@ async fn killed_during_snapshot_install_and_purge_loses_nothing() -> Result<()> 
 
 /// Waits until node `id` is gone (it aborted at its failpoint).
 async fn wait_exit(cluster: &mut Cluster, id: u64, what: &str) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while cluster.node_mut(id)?.is_running() {
-        ensure!(Instant::now() < deadline, "node {id} never reached {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
+    eventually(
+        Duration::from_secs(30),
+        &format!("node {id} reached {what}"),
+        async || {
+            ensure!(!cluster.node_mut(id)?.is_running(), "node {id} still runs");
+            Ok(())
+        },
+    )
+    .await
 }
 
 /// Checks that node `id` applies past `last` and holds every acknowledged
@@ -129,12 +113,9 @@ async fn holds_everything(
     cluster
         .wait_applied(id, last, Duration::from_secs(30))
         .await?;
-    let node = rpc_client(cluster, id)?;
-    let level = Consistency::Follower {
-        max_lag_entries: u64::MAX,
-    };
+    let node = cluster.replica(id)?;
     for (key, value) in acknowledged {
-        let got = node.get_with(key.clone(), level).await?;
+        let got = node.get(key.clone()).await?;
         ensure!(
             got.as_ref().is_some_and(|v| v.value == value.as_bytes()),
             "node {id}: {key} lost or stale"
@@ -152,15 +133,7 @@ async fn crashes_inside_a_log_purge_and_a_snapshot_install_lose_nothing() -> Res
     check(&mut cluster, Duration::from_secs(120), async |cluster| {
         let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
         let victim = (1..=3).find(|&id| id != leader).context("a follower")?;
-        let writer = Client::new(
-            &(1..=3)
-                .map(|id| Ok(cluster.node(id)?.client_addr.to_string()))
-                .collect::<Result<Vec<_>>>()?,
-            ClientOptions {
-                request_timeout: Duration::from_secs(10),
-                ..ClientOptions::default()
-            },
-        )?;
+        let writer = cluster.client(Intent::Via(&[1, 2, 3]))?;
         let mut acknowledged = Vec::new();
         let mut n = 0;
         let mut write =

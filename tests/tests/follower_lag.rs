@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use rdkv_client::{Client, ClientOptions, Consistency};
-use rdkv_tests::Cluster;
+use rdkv_tests::{Cluster, Intent, client_options};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 const MAX_LAG: u64 = 10;
@@ -20,14 +20,13 @@ const READS: usize = 300;
 /// A client that talks to `leader` only (its status and RPCs never reach the
 /// frozen follower); it still maps every member's region on this host.
 fn client_of_leader(cluster: &Cluster, leader: u64) -> Result<Client> {
-    let endpoint = cluster.node(leader)?.client_addr.to_string();
-    Ok(Client::new(
-        &[endpoint],
+    cluster.client_with(
+        Intent::Via(&[leader]),
         ClientOptions {
             request_timeout: Duration::from_secs(5),
-            ..ClientOptions::default()
+            ..client_options(None)
         },
-    )?)
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

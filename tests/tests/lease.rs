@@ -14,7 +14,7 @@ use bytes::Bytes;
 use rdkv_client::{ClientOptions, Consistency, Transport};
 use rdkv_fabric::clock::unix_now_us;
 use rdkv_fabric::{MonotonicClock, ReaderOptions, RegionReader, attach_shm};
-use rdkv_tests::{Cluster, check};
+use rdkv_tests::{Cluster, Intent, check, client_options, eventually};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -26,9 +26,9 @@ async fn lease_reads_never_return_a_deposed_leaders_value() -> Result<()> {
         let old_leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
         let options = ClientOptions {
             request_timeout: Duration::from_secs(2),
-            ..ClientOptions::default()
+            ..client_options(None)
         };
-        let reader_client = cluster.client_with(options.clone())?;
+        let reader_client = cluster.client_with(Intent::Any, options.clone())?;
         reader_client.put("k", "old").await?;
         // The value is served one-sided from the leader's region.
         let got = reader_client.get("k").await?.context("k missing")?;
@@ -57,28 +57,19 @@ async fn lease_reads_never_return_a_deposed_leaders_value() -> Result<()> {
         let survivors: Vec<u64> = (1..=3).filter(|id| *id != old_leader).collect();
 
         // A new leader among the others commits a newer value.
-        let writer = rdkv_client::Client::new(
-            &survivors
-                .iter()
-                .map(|id| cluster.node(*id).map(|n| n.client_addr.to_string()))
-                .collect::<Result<Vec<_>>>()?,
+        let writer = cluster.client_with(
+            Intent::Via(&survivors),
             ClientOptions {
                 transport: Transport::Tcp,
-                request_timeout: Duration::from_secs(2),
-                ..ClientOptions::default()
+                ..options
             },
         )?;
-        let deadline = Instant::now() + LEADER_TIMEOUT;
-        let new_version = loop {
-            match writer.put("k", "new").await {
-                Ok(version) => break version,
-                Err(e) if Instant::now() < deadline => {
-                    let _ = e;
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => bail!("no new leader committed the write: {e}"),
-            }
-        };
+        let new_version = eventually(
+            LEADER_TIMEOUT,
+            "a new leader committed the write",
+            async || Ok(writer.put("k", "new").await?),
+        )
+        .await?;
 
         // The frozen region still holds the old value and still claims the
         // lease flag, but its deadline has passed: only that check stands

@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use bytes::Bytes;
-use rdkv_client::{ClientOptions, Transport};
 use rdkv_proto::wire::{Consistency, ErrorCode};
-use rdkv_tests::{Cluster, check, eventually};
+use rdkv_tests::{Cluster, Intent, check, eventually};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 const TEST_LIMIT: Duration = Duration::from_secs(90);
@@ -40,25 +39,8 @@ fn first_segment_index(data_dir: &Path) -> Result<u64> {
 
 /// Reads every key from node `id` alone (follower read) and compares.
 async fn node_has_all_keys(cluster: &Cluster, id: u64) -> Result<()> {
-    // By RPC to that node: a one-sided follower read could be served from
-    // another replica's region mapped on this host.
-    let client = cluster.client_of_with(
-        id,
-        ClientOptions {
-            transport: Transport::Tcp,
-            request_timeout: Duration::from_secs(10),
-            ..ClientOptions::default()
-        },
-    )?;
     let keys: Vec<Bytes> = (0..KEYS).map(|i| Bytes::from(key(i))).collect();
-    let values = client
-        .mget_with(
-            keys,
-            Consistency::Follower {
-                max_lag_entries: u64::MAX,
-            },
-        )
-        .await?;
+    let values = cluster.replica(id)?.mget(keys).await?;
     for (i, got) in values.iter().enumerate() {
         let got = got.as_ref().map(|v| v.value.clone());
         ensure!(
@@ -84,7 +66,7 @@ async fn joiner_catches_up_by_snapshot_then_is_removed() -> Result<()> {
     )?;
     check(&mut cluster, TEST_LIMIT, async |cluster| {
         let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
-        let client = cluster.client().await?;
+        let client = cluster.client(Intent::Any)?;
         for i in 0..KEYS {
             client.put(key(i), value(i)).await?;
         }
@@ -156,23 +138,11 @@ async fn joiner_catches_up_by_snapshot_then_is_removed() -> Result<()> {
 
         // A write after the join reaches node 4 too.
         client.put("after-join", "yes").await?;
+        let node4 = cluster.replica(4)?;
         eventually(
             Duration::from_secs(15),
             "node 4 has after-join",
-            async || {
-                let got = cluster
-                    .client_of(4)
-                    .await?
-                    .get_with(
-                        "after-join",
-                        Consistency::Follower {
-                            max_lag_entries: u64::MAX,
-                        },
-                    )
-                    .await?;
-                ensure!(got.map(|v| v.value) == Some(Bytes::from("yes")));
-                Ok(())
-            },
+            async || node4.expect("after-join", "yes").await,
         )
         .await?;
 
@@ -221,7 +191,7 @@ async fn move_leader_to_each_follower() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
     check(&mut cluster, TEST_LIMIT, async |cluster| {
         let first = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
-        let client = cluster.client().await?;
+        let client = cluster.client(Intent::Any)?;
         client.put("before", "1").await?;
 
         let mut targets: Vec<u64> = (1..=3).filter(|id| *id != first).collect();

@@ -18,14 +18,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use bytes::Bytes;
-use rdkv_client::{Client, ClientOptions, Consistency, Transport};
+use rdkv_client::{ClientOptions, Consistency, Transport};
 use rdkv_tests::history::{Operation, Outcome, Recorder, RecordingClient};
 use rdkv_tests::linearizability::{
     CheckOptions, Verdict, check_follower_reads_within, check_history,
 };
 use rdkv_tests::prometheus::http_get;
 use rdkv_tests::stress_value::splitmix64;
-use rdkv_tests::{Cluster, check};
+use rdkv_tests::{Cluster, Intent, check, client_options, eventually};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(30);
 const CLIENTS: u64 = 4;
@@ -121,7 +121,7 @@ async fn inject(cluster: &mut Cluster, scenario: Scenario, hold: Duration) -> Re
         Scenario::SlowFsync => {
             let before = slow_fsyncs(cluster, leader).await?;
             cluster.slow_fsync(leader, 25).await?;
-            rdkv_tests::eventually(LEADER_TIMEOUT, "fsyncs slower than 25 ms", async || {
+            eventually(LEADER_TIMEOUT, "fsyncs slower than 25 ms", async || {
                 let now = slow_fsyncs(cluster, leader).await?;
                 ensure!(now > before, "{now} fsyncs over 25 ms, {before} before");
                 Ok(())
@@ -138,7 +138,7 @@ async fn inject(cluster: &mut Cluster, scenario: Scenario, hold: Duration) -> Re
 
 /// Waits until one of `ids` reports a leader among `ids` other than `old`.
 async fn new_leader_among(cluster: &Cluster, ids: &[u64], old: u64) -> Result<u64> {
-    rdkv_tests::eventually(LEADER_TIMEOUT, "a new leader", async || {
+    eventually(LEADER_TIMEOUT, "a new leader", async || {
         for &id in ids {
             if let Ok(status) = cluster.status_of(id).await
                 && let Some(leader) = status.leader_id
@@ -156,7 +156,7 @@ async fn new_leader_among(cluster: &Cluster, ids: &[u64], old: u64) -> Result<u6
 /// Waits until the cut-off `minority` no longer follows `leader` (it timed
 /// out and campaigned, in a term past `term`).
 async fn lost_its_leader(cluster: &Cluster, minority: u64, leader: u64, term: u64) -> Result<()> {
-    rdkv_tests::eventually(
+    eventually(
         LEADER_TIMEOUT,
         "the minority losing its leader",
         async || {
@@ -197,7 +197,7 @@ async fn restart_all(cluster: &mut Cluster, leader: u64, hold: Duration) -> Resu
         cluster.restart(id)?;
     }
     let cluster = &*cluster;
-    rdkv_tests::eventually(LEADER_TIMEOUT, "a leader after the restart", async || {
+    eventually(LEADER_TIMEOUT, "a leader after the restart", async || {
         for id in 1..=3 {
             if let Ok(status) = cluster.status_of(id).await
                 && status.leader_id.is_some()
@@ -216,29 +216,27 @@ async fn change_membership(cluster: &mut Cluster, leader: u64, hold: Duration) -
     // A new member each time (a removed one does not come back).
     static NEXT_ID: AtomicU64 = AtomicU64::new(4);
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    let admin = Client::new(
-        &cluster.endpoints(),
-        ClientOptions {
-            request_timeout: Duration::from_secs(10),
-            ..ClientOptions::default()
-        },
-    )?;
+    let admin = cluster.client(Intent::Any)?;
     cluster.join(id, leader)?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let members = admin.members().await.unwrap_or_default();
-        if members.iter().any(|m| m.id == id && m.voter) {
-            break;
-        }
-        ensure!(Instant::now() < deadline, "node {id} never became a voter");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        Duration::from_secs(30),
+        &format!("node {id} a voter"),
+        async || {
+            let members = admin.members().await?;
+            ensure!(
+                members.iter().any(|m| m.id == id && m.voter),
+                "members: {members:?}"
+            );
+            Ok(())
+        },
+    )
+    .await?;
     tokio::time::sleep(hold).await;
     admin
         .remove_member(id)
         .await
         .with_context(|| format!("removing node {id}"))?;
-    rdkv_tests::eventually(LEADER_TIMEOUT, "the member's removal", async || {
+    eventually(LEADER_TIMEOUT, "the member's removal", async || {
         let members = admin.members().await?;
         ensure!(
             members.iter().all(|m| m.id != id),
@@ -336,7 +334,8 @@ async fn run_scenario(cluster: &mut Cluster, scenario: Scenario, round: usize) -
     let recorder = Recorder::new();
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(Counts::default());
-    let endpoints = cluster.endpoints();
+    // The members at the start: nodes joined and removed during the run are gone.
+    let members: Vec<u64> = cluster.nodes.keys().copied().collect();
     let mut workers = Vec::new();
     let mut one_sided_clients = Vec::new();
     for process in 0..CLIENTS {
@@ -347,12 +346,12 @@ async fn run_scenario(cluster: &mut Cluster, scenario: Scenario, round: usize) -
         } else {
             Transport::Tcp
         };
-        let client = Client::new(
-            &endpoints,
+        let client = cluster.client_with(
+            Intent::Via(&members),
             ClientOptions {
                 transport,
                 request_timeout: Duration::from_secs(3),
-                ..ClientOptions::default()
+                ..client_options(None)
             },
         )?;
         if matches!(transport, Transport::Auto) {
@@ -386,16 +385,7 @@ async fn run_scenario(cluster: &mut Cluster, scenario: Scenario, round: usize) -
     // Final reads, recorded: every acknowledged write must be explained.
     cluster.heal().await?;
     current_leader(cluster).await?;
-    let reader = recorder.client(
-        Client::new(
-            &endpoints,
-            ClientOptions {
-                request_timeout: Duration::from_secs(10),
-                ..ClientOptions::default()
-            },
-        )?,
-        CLIENTS,
-    );
+    let reader = recorder.client(cluster.client(Intent::Via(&members))?, CLIENTS);
     for k in 0..KEYS {
         reader
             .get(format!("{prefix}/k{k}"), Consistency::Linearizable)

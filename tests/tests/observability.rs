@@ -4,12 +4,12 @@
 //! terminal.
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use rdkv_client::{Client, ClientOptions, Consistency, Transport};
 use rdkv_tests::prometheus::{Exposition, http_get, parse};
-use rdkv_tests::{Cluster, binary, check};
+use rdkv_tests::{Cluster, Intent, binary, check, client_options, eventually};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -25,15 +25,16 @@ async fn health(cluster: &Cluster, id: u64) -> Result<(u16, String)> {
     tokio::task::spawn_blocking(move || http_get(addr, "/health")).await?
 }
 
-fn client(endpoint: String, transport: Transport) -> Result<Client> {
-    Ok(Client::new(
-        &[endpoint],
+/// A client of node `id` (requests enter there) over `transport`.
+fn client(cluster: &Cluster, id: u64, transport: Transport) -> Result<Client> {
+    cluster.client_with(
+        Intent::Via(&[id]),
         ClientOptions {
             transport,
             request_timeout: Duration::from_secs(5),
-            ..ClientOptions::default()
+            ..client_options(None)
         },
-    )?)
+    )
 }
 
 /// `after - before` of one sample (absent counts as 0).
@@ -47,10 +48,8 @@ async fn metrics_count_every_operation_and_report_follower_lag() -> Result<()> {
     check(&mut cluster, Duration::from_secs(120), async |cluster| {
         let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
         let follower = (1..=3).find(|&id| id != leader).context("no follower")?;
-        let leader_addr = cluster.node(leader)?.client_addr.to_string();
-        let follower_addr = cluster.node(follower)?.client_addr.to_string();
         // TCP only: every GET is a request the server counts.
-        let tcp = client(leader_addr.clone(), Transport::Tcp)?;
+        let tcp = client(cluster, leader, Transport::Tcp)?;
         tcp.put("warm", "up").await?;
 
         let before = scrape(cluster, leader).await?;
@@ -81,7 +80,7 @@ async fn metrics_count_every_operation_and_report_follower_lag() -> Result<()> {
             );
         }
         // Follower reads served by the follower itself.
-        let at_follower = client(follower_addr, Transport::Tcp)?;
+        let at_follower = client(cluster, follower, Transport::Tcp)?;
         const FOLLOWER_GETS: u64 = 7;
         for i in 0..FOLLOWER_GETS {
             at_follower
@@ -220,7 +219,7 @@ async fn metrics_count_every_operation_and_report_follower_lag() -> Result<()> {
         frozen?;
 
         // One-sided reads never reach the server; the client reports them.
-        let shm = client(leader_addr, Transport::Shm)?;
+        let shm = client(cluster, leader, Transport::Shm)?;
         let before = scrape(cluster, leader).await?;
         const ONE_SIDED: u64 = 30;
         for i in 0..ONE_SIDED {
@@ -230,42 +229,37 @@ async fn metrics_count_every_operation_and_report_follower_lag() -> Result<()> {
         ensure!(stats.served == ONE_SIDED, "{stats:?}");
         shm.flush_read_reports().await;
         let client_reads = [("source", "client")];
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let after = scrape(cluster, leader).await?;
-            let reported = moved(&before, &after, "rdkv_one_sided_reads_total", &client_reads);
-            let gets = moved(&before, &after, "rdkv_requests_total", &tcp_op("get"));
-            ensure!(gets == 0.0, "one-sided GETs reached the server: {gets}");
-            ensure!(
-                reported <= ONE_SIDED as f64,
-                "{reported} reads reported for {ONE_SIDED}"
-            );
-            if reported == ONE_SIDED as f64 {
-                break;
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "only {reported} one-sided reads reported"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Ok(())
+        eventually(
+            Duration::from_secs(5),
+            "every one-sided read reported",
+            async || {
+                let after = scrape(cluster, leader).await?;
+                let reported = moved(&before, &after, "rdkv_one_sided_reads_total", &client_reads);
+                let gets = moved(&before, &after, "rdkv_requests_total", &tcp_op("get"));
+                ensure!(gets == 0.0, "one-sided GETs reached the server: {gets}");
+                ensure!(
+                    reported == ONE_SIDED as f64,
+                    "{reported} reads reported for {ONE_SIDED}"
+                );
+                Ok(())
+            },
+        )
+        .await
     })
     .await
 }
 
 async fn wait_health(cluster: &Cluster, id: u64, want_ok: bool) -> Result<String> {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
+    let what = format!(
+        "node {id} /health {}",
+        if want_ok { "ok" } else { "failing" }
+    );
+    eventually(Duration::from_secs(15), &what, async || {
         let (status, body) = health(cluster, id).await?;
-        if (status == 200) == want_ok {
-            return Ok(body);
-        }
-        if Instant::now() > deadline {
-            bail!("node {id} /health stayed {status}: {body}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        ensure!((status == 200) == want_ok, "/health is {status}: {body}");
+        Ok(body)
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -299,8 +293,8 @@ async fn rdkvctl_top_shows_every_member_in_a_terminal() -> Result<()> {
     tokio::task::spawn_blocking(|| binary("rdkvctl")).await?;
     check(&mut cluster, Duration::from_secs(90), async |cluster| {
         let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
-        let endpoint = cluster.node(leader)?.client_addr.to_string();
-        let writer = client(endpoint.clone(), Transport::Tcp)?;
+        let endpoint = cluster.node(leader)?.endpoint();
+        let writer = client(cluster, leader, Transport::Tcp)?;
         let writes = tokio::spawn(async move {
             for i in 0..400 {
                 let _ = writer.put(format!("t{i}"), "v").await;

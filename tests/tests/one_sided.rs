@@ -5,16 +5,16 @@ use std::time::Duration;
 
 use anyhow::{Result, bail, ensure};
 use bytes::Bytes;
-use rdkv_client::{Client, ClientOptions, Consistency, Transport};
+use rdkv_client::{ClientOptions, Consistency, Transport};
 use rdkv_fabric::clock::unix_now_us;
-use rdkv_tests::{Cluster, check};
+use rdkv_tests::{Cluster, Intent, check, client_options, eventually};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 
 async fn served_gets(cluster: &Cluster) -> Result<u64> {
     let mut total = 0;
     for id in cluster.nodes.keys() {
-        let status = cluster.client_of(*id).await?.status().await?;
+        let status = cluster.status_of(*id).await?;
         total += status.served.get + status.served.mget;
     }
     Ok(total)
@@ -23,12 +23,15 @@ async fn served_gets(cluster: &Cluster) -> Result<u64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
-    let result = async {
+    check(&mut cluster, Duration::from_secs(90), async |cluster| {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
-        let client = cluster.client_with(ClientOptions {
-            index_cache_entries: 1024,
-            ..ClientOptions::default()
-        })?;
+        let client = cluster.client_with(
+            Intent::Any,
+            ClientOptions {
+                index_cache_entries: 1024,
+                ..client_options(None)
+            },
+        )?;
         for i in 0..100 {
             client
                 .put(format!("key-{i:03}"), format!("value-{i}"))
@@ -36,7 +39,7 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
         }
         // Warm up: the client learns the topology and maps the regions.
         client.get("key-000").await?;
-        let before = served_gets(&cluster).await?;
+        let before = served_gets(cluster).await?;
         let stats_before = client.one_sided_stats().await;
         for round in 0..10 {
             for i in 0..100 {
@@ -51,7 +54,7 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
         let values = client.mget((0..100).map(|i| format!("key-{i:03}"))).await?;
         assert!(values.iter().all(Option::is_some));
         // Without the index cache an MGet's reads go out in two batches.
-        let batched = cluster.client_with(ClientOptions::default())?;
+        let batched = cluster.client(Intent::Any)?;
         let values = batched
             .mget((0..100).map(|i| format!("key-{i:03}")))
             .await?;
@@ -63,7 +66,7 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
             );
         }
         ensure!(batched.one_sided_stats().await.served == 100);
-        let after = served_gets(&cluster).await?;
+        let after = served_gets(cluster).await?;
         let stats = client.one_sided_stats().await;
         println!("one-sided: {stats:?}");
         assert_eq!(after, before, "GETs reached the servers");
@@ -71,10 +74,13 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
         assert!(stats.reads.cache_hits > 0, "the index cache was not used");
 
         // Forced shm: one-sided or an error, never the server.
-        let shm_only = cluster.client_with(ClientOptions {
-            transport: Transport::Shm,
-            ..ClientOptions::default()
-        })?;
+        let shm_only = cluster.client_with(
+            Intent::Any,
+            ClientOptions {
+                transport: Transport::Shm,
+                ..client_options(None)
+            },
+        )?;
         ensure!(
             shm_only
                 .get("key-002")
@@ -87,7 +93,7 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
                 .await,
             Err(rdkv_client::Error::OneSidedUnavailable)
         ));
-        ensure!(served_gets(&cluster).await? == after);
+        ensure!(served_gets(cluster).await? == after);
 
         // The client maps the regions of local servers and talks to them
         // over their Unix sockets too: its writes skip TCP.
@@ -99,23 +105,19 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
 
         // Forced TCP reads do reach the servers (a follower that redirects
         // counts the request too).
-        let tcp = Client::new(
-            &cluster.endpoints(),
+        let tcp = cluster.client_with(
+            Intent::Any,
             ClientOptions {
                 transport: Transport::Tcp,
-                ..ClientOptions::default()
+                ..client_options(None)
             },
         )?;
         tcp.get_with(Bytes::from_static(b"key-001"), Consistency::Lease)
             .await?;
-        assert!(served_gets(&cluster).await? > after);
+        assert!(served_gets(cluster).await? > after);
         Ok(())
-    }
-    .await;
-    if result.is_err() {
-        eprintln!("{}", cluster.logs());
-    }
-    result
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -124,12 +126,15 @@ async fn a_restarted_node_is_mapped_anew() -> Result<()> {
     // saying "serving": the new incarnation's region has a new epoch, and
     // the client must move to it rather than read the dead one.
     let mut cluster = Cluster::start(1)?;
-    let result = async {
+    check(&mut cluster, Duration::from_secs(90), async |cluster| {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
-        let client = cluster.client_with(ClientOptions {
-            request_timeout: Duration::from_secs(3),
-            ..ClientOptions::default()
-        })?;
+        let client = cluster.client_with(
+            Intent::Any,
+            ClientOptions {
+                request_timeout: Duration::from_secs(3),
+                ..client_options(None)
+            },
+        )?;
         client.put("a", "1").await?;
         ensure!(client.get("a").await?.is_some_and(|v| v.value == "1"));
         let epoch_before = cluster.status_of(1).await?.region_epoch;
@@ -138,13 +143,12 @@ async fn a_restarted_node_is_mapped_anew() -> Result<()> {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
         ensure!(cluster.status_of(1).await?.region_epoch != epoch_before);
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while client.put("a", "2").await.is_err() {
-            ensure!(
-                std::time::Instant::now() < deadline,
-                "no write after the restart"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        eventually(
+            Duration::from_secs(20),
+            "a write after the restart",
+            async || Ok(client.put("a", "2").await?),
+        )
+        .await?;
         let served_before = client.one_sided_stats().await.served;
         let mut fresh = 0;
         while fresh < 50 {
@@ -165,12 +169,8 @@ async fn a_restarted_node_is_mapped_anew() -> Result<()> {
             "reads did not go one-sided to the new region"
         );
         Ok(())
-    }
-    .await;
-    if result.is_err() {
-        eprintln!("{}", cluster.logs());
-    }
-    result
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -180,7 +180,7 @@ async fn a_single_idle_node_keeps_serving_lease_reads_one_sided() -> Result<()> 
     let mut cluster = Cluster::start(1)?;
     check(&mut cluster, Duration::from_secs(60), async |cluster| {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
-        let writer = cluster.client().await?;
+        let writer = cluster.client(Intent::Any)?;
         writer.put("idle", "1").await?;
         let idle_since = unix_now_us();
         // With no request at all, the lease in the node's header is renewed
@@ -202,11 +202,14 @@ async fn a_single_idle_node_keeps_serving_lease_reads_one_sided() -> Result<()> 
             },
         )
         .await?;
-        let shm = cluster.client_with(ClientOptions {
-            transport: Transport::Shm,
-            request_timeout: Duration::from_secs(3),
-            ..ClientOptions::default()
-        })?;
+        let shm = cluster.client_with(
+            Intent::Any,
+            ClientOptions {
+                transport: Transport::Shm,
+                request_timeout: Duration::from_secs(3),
+                ..client_options(None)
+            },
+        )?;
         let mut reads = 0;
         while shm.one_sided_stats().await.served < 20 {
             let got = shm.get("idle").await?;
@@ -217,12 +220,15 @@ async fn a_single_idle_node_keeps_serving_lease_reads_one_sided() -> Result<()> 
         }
         // Follower reads by RPC are served too: the idle leader's view of
         // the commit index is current.
-        let tcp = cluster.client_with(ClientOptions {
-            transport: Transport::Tcp,
-            request_timeout: Duration::from_secs(3),
-            max_attempts: 1,
-            ..ClientOptions::default()
-        })?;
+        let tcp = cluster.client_with(
+            Intent::Any,
+            ClientOptions {
+                transport: Transport::Tcp,
+                request_timeout: Duration::from_secs(3),
+                max_attempts: 1,
+                ..client_options(None)
+            },
+        )?;
         let got = tcp
             .get_with("idle", Consistency::Follower { max_lag_entries: 0 })
             .await?;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use rdkv_client::Client;
-use rdkv_tests::Cluster;
+use rdkv_tests::{Cluster, Intent};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 const HOT_KEYS: usize = 8;
@@ -134,13 +134,13 @@ async fn readers_in_other_processes_never_see_a_wrong_value() -> Result<()> {
     let mut cluster = Cluster::start_with(3, &["--grace-period-ms", "10"])?;
     let result = async {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
-        let writer = cluster.client().await?;
+        let writer = cluster.client(Intent::Any)?;
         let keys: Vec<String> = (0..HOT_KEYS).map(|i| format!("hot-{i}")).collect();
         for key in &keys {
             writer.put(key.clone(), encode(key, 0)).await?;
         }
 
-        let endpoints = cluster.endpoints();
+        let endpoints = cluster.endpoints(Intent::Any)?;
         let mut readers = (0..READERS)
             .map(|r| Reader::spawn(&format!("r{r}"), &endpoints, &keys))
             .collect::<Result<Vec<_>>>()?;

@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use bytes::{Bytes, BytesMut};
-use rdkv_client::{Client, ClientOptions, Consistency, Fault, Transport};
+use rdkv_client::{ClientOptions, Consistency, Fault, Transport};
 use rdkv_proto::wire::{
     ClientHello, DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameKind, Request, ServerHello,
     decode_payload, encode_frame,
 };
 use rdkv_tests::prometheus::{http_get, parse};
-use rdkv_tests::{Cluster, check};
+use rdkv_tests::{Cluster, Intent, check, client_options};
 
 const MAX_CONNECTIONS: usize = 24;
 const IN_FLIGHT_MIB: u64 = 16;
@@ -118,14 +118,14 @@ async fn a_flood_stays_within_the_budget_and_others_are_served() -> Result<()> {
         let http = node.http_addr;
         let pid = node.pid().context("node pid")?;
         let endpoint = addr.to_string();
-        let good = Client::new(
-            std::slice::from_ref(&endpoint),
+        let good = cluster.client_with(
+            Intent::Via(&[1]),
             ClientOptions {
                 transport: Transport::Tcp,
                 // About liveness only: how fast reads are under the flood is
                 // the machine's business, that they are served is the node's.
                 request_timeout: Duration::from_secs(60),
-                ..ClientOptions::default()
+                ..client_options(None)
             },
         )?;
         rdkv_tests::eventually(Duration::from_secs(20), "a leader", async || {

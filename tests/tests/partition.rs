@@ -4,47 +4,43 @@
 //! after healing every replica converges; a slow disk slows writes but
 //! loses nothing.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use rdkv_client::{Client, ClientOptions, Consistency, Transport};
 use rdkv_tests::prometheus::http_get;
-use rdkv_tests::{Cluster, check};
+use rdkv_tests::{Cluster, Intent, check, client_options, eventually};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn client_of(cluster: &Cluster, ids: &[u64]) -> Result<Client> {
-    let endpoints = ids
-        .iter()
-        .map(|id| Ok(cluster.node(*id)?.client_addr.to_string()))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Client::new(
-        &endpoints,
+    cluster.client_with(
+        Intent::Via(ids),
         ClientOptions {
             transport: Transport::Tcp,
-            request_timeout: Duration::from_secs(10),
-            ..ClientOptions::default()
+            ..client_options(None)
         },
-    )?)
+    )
 }
 
 async fn leader_among(cluster: &Cluster, ids: &[u64], not: u64) -> Result<u64> {
-    let deadline = Instant::now() + LEADER_TIMEOUT;
-    loop {
-        for &id in ids {
-            if let Ok(status) = cluster.status_of(id).await
-                && let Some(leader) = status.leader_id
-                && leader != not
-                && ids.contains(&leader)
-            {
-                return Ok(leader);
+    eventually(
+        LEADER_TIMEOUT,
+        &format!("a leader among {ids:?}"),
+        async || {
+            for &id in ids {
+                if let Ok(status) = cluster.status_of(id).await
+                    && let Some(leader) = status.leader_id
+                    && leader != not
+                    && ids.contains(&leader)
+                {
+                    return Ok(leader);
+                }
             }
-        }
-        if Instant::now() > deadline {
-            bail!("no leader among {ids:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+            bail!("none of {ids:?} names a leader among them other than {not}")
+        },
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -107,15 +103,12 @@ async fn an_isolated_leader_is_replaced_and_the_cluster_converges() -> Result<()
         cluster.heal().await?;
         let last = writer.put("after", "1").await?;
         for id in 1..=3 {
-            let node = client_of(cluster, &[id])?;
+            let node = cluster.replica(id)?;
             cluster
                 .wait_applied(id, last, Duration::from_secs(20))
                 .await?;
-            let level = Consistency::Follower {
-                max_lag_entries: u64::MAX,
-            };
             for i in 0..20 {
-                let got = node.get_with(format!("during{i}"), level).await?;
+                let got = node.get(format!("during{i}")).await?;
                 ensure!(got.is_some(), "node {id} lacks during{i}");
             }
         }

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail, ensure};
 use bytes::Bytes;
 use rdkv_client::{ClientOptions, Consistency, Transport};
-use rdkv_tests::Cluster;
 use rdkv_tests::skip::{skip, skip_without_hardware};
 use rdkv_tests::stress_value::{check, encode};
+use rdkv_tests::{Cluster, Intent, client_options};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -53,7 +53,7 @@ fn rdma_options(device: &str) -> ClientOptions {
         transport: Transport::Rdma,
         rdma_device: Some(device.to_owned()),
         request_timeout: Duration::from_secs(10),
-        ..ClientOptions::default()
+        ..client_options(None)
     }
 }
 
@@ -94,10 +94,13 @@ async fn without_a_device_the_node_says_why_and_auto_clients_still_work() -> Res
             "the node did not log why rdma is off:\n{log}"
         );
 
-        let auto = cluster.client_with(ClientOptions {
-            rdma_device: Some("rdkv-no-such-device".into()),
-            ..rdkv_tests::client_options(None)
-        })?;
+        let auto = cluster.client_with(
+            Intent::Any,
+            ClientOptions {
+                rdma_device: Some("rdkv-no-such-device".into()),
+                ..client_options(None)
+            },
+        )?;
         for i in 0..20 {
             auto.put(format!("k{i}"), format!("v{i}")).await?;
         }
@@ -115,11 +118,14 @@ async fn without_a_device_the_node_says_why_and_auto_clients_still_work() -> Res
         );
 
         // Forcing rdma where there is none fails fast, it does not fall back.
-        let forced = cluster.client_with(ClientOptions {
-            transport: Transport::Rdma,
-            rdma_device: Some("rdkv-no-such-device".into()),
-            ..rdkv_tests::client_options(None)
-        })?;
+        let forced = cluster.client_with(
+            Intent::Any,
+            ClientOptions {
+                transport: Transport::Rdma,
+                rdma_device: Some("rdkv-no-such-device".into()),
+                ..client_options(None)
+            },
+        )?;
         let started = Instant::now();
         let got = forced.get("k1").await;
         ensure!(
@@ -150,10 +156,13 @@ async fn rdma_gets_cost_the_servers_no_rpc() -> Result<()> {
                 status.rdma
             );
         }
-        let client = cluster.client_with(ClientOptions {
-            index_cache_entries: 1024,
-            ..rdma_options(&device)
-        })?;
+        let client = cluster.client_with(
+            Intent::Any,
+            ClientOptions {
+                index_cache_entries: 1024,
+                ..rdma_options(&device)
+            },
+        )?;
         for i in 0..100 {
             client
                 .put(format!("key-{i:03}"), format!("value-{i}"))
@@ -170,7 +179,7 @@ async fn rdma_gets_cost_the_servers_no_rpc() -> Result<()> {
             }
         }
         // An MGet without the index cache: two batches of chained READs.
-        let batched = cluster.client_with(rdma_options(&device))?;
+        let batched = cluster.client_with(Intent::Any, rdma_options(&device))?;
         let values = batched
             .mget((0..100).map(|i| format!("key-{i:03}")))
             .await?;
@@ -208,7 +217,7 @@ async fn rdma_writes_go_over_send_recv() -> Result<()> {
     let mut cluster = Cluster::start_with(1, &["--rdma-device", &device])?;
     rdkv_tests::check(&mut cluster, Duration::from_secs(120), async |cluster| {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
-        let client = cluster.client_with(rdma_options(&device))?;
+        let client = cluster.client_with(Intent::Any, rdma_options(&device))?;
         client.put("warm", "up").await?;
         // Attaching over rdma moves this client's requests to the session.
         ensure!(client.get("warm").await?.is_some());
@@ -257,11 +266,11 @@ async fn rdma_reads_under_a_writer_flat_out_are_never_torn() -> Result<()> {
     rdkv_tests::check(&mut cluster, Duration::from_secs(120), async |cluster| {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
         let keys: Vec<String> = (0..8).map(|i| format!("hot-{i}")).collect();
-        let writer = cluster.client_with(rdkv_tests::client_options(None))?;
+        let writer = cluster.client(Intent::Any)?;
         for key in &keys {
             writer.put(key.clone(), encode(key, 0)).await?;
         }
-        let reader = cluster.client_with(rdma_options(&device))?;
+        let reader = cluster.client_with(Intent::Any, rdma_options(&device))?;
         let stop = Instant::now() + Duration::from_secs(5);
         let write_keys = keys.clone();
         let writing = tokio::spawn(async move {
@@ -304,10 +313,13 @@ async fn a_lost_rdma_connection_falls_back_and_reconnects() -> Result<()> {
     let mut cluster = Cluster::start_with(1, &["--rdma-device", &device])?;
     rdkv_tests::check(&mut cluster, Duration::from_secs(120), async |cluster| {
         cluster.wait_for_leader(LEADER_TIMEOUT).await?;
-        let client = cluster.client_with(ClientOptions {
-            rdma_device: Some(device.clone()),
-            ..rdkv_tests::client_options(None)
-        })?;
+        let client = cluster.client_with(
+            Intent::Any,
+            ClientOptions {
+                rdma_device: Some(device.clone()),
+                ..client_options(None)
+            },
+        )?;
         client.put("k", "v1").await?;
         ensure!(client.get("k").await?.is_some_and(|v| v.value == "v1"));
         let served_before = client.one_sided_stats().await.served;

@@ -7,11 +7,11 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use bytes::Bytes;
 use rdkv_client::{Client, ClientOptions};
 use rdkv_proto::wire::Consistency;
-use rdkv_tests::{Cluster, check};
+use rdkv_tests::{Cluster, Intent, check, client_options, eventually};
 
 const KEYS: usize = 100_000;
 const BATCH: usize = 1_000;
@@ -53,39 +53,38 @@ async fn all_keys_present(client: &Client, cluster: &Cluster) -> Result<()> {
 /// Restarts node 1 and returns the time from its start to the first read
 /// that succeeds.
 async fn restart_and_time_first_read(cluster: &mut Cluster) -> Result<Duration> {
-    let probe = cluster.client_of_with(
-        1,
+    let probe = cluster.client_with(
+        Intent::Via(&[1]),
         ClientOptions {
             request_timeout: Duration::from_millis(500),
             connect_timeout: Duration::from_millis(200),
             max_attempts: 2,
-            ..ClientOptions::default()
+            ..client_options(None)
         },
     )?;
     let started = Instant::now();
     cluster.restart(1)?;
     let last = key(KEYS - 1);
-    loop {
-        if let Ok(Some(v)) = probe
-            .get_with(last.clone(), Consistency::Linearizable)
-            .await
-        {
-            ensure!(v.value == value(KEYS - 1), "first read: {v:?}");
-            return Ok(started.elapsed());
-        }
-        ensure!(
-            started.elapsed() < Duration::from_secs(60),
-            "no successful read within 60 s of the restart"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let first = eventually(
+        Duration::from_secs(60),
+        "a successful read after the restart",
+        async || {
+            probe
+                .get_with(last.clone(), Consistency::Linearizable)
+                .await?
+                .context("the last key is absent")
+        },
+    )
+    .await?;
+    ensure!(first.value == value(KEYS - 1), "first read: {first:?}");
+    Ok(started.elapsed())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_thousand_keys_survive_restarts() -> Result<()> {
     let mut cluster = Cluster::start(1)?;
     check(&mut cluster, Duration::from_secs(180), async |cluster| {
-        let client = cluster.client_of(1).await?;
+        let client = cluster.client(Intent::Any)?;
         let loading = Instant::now();
         for start in (0..KEYS).step_by(BATCH) {
             client

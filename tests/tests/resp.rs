@@ -9,7 +9,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use rdkv_tests::{Cluster, check, client_options};
+use rdkv_tests::{Cluster, Intent, check, client_options};
 
 const TEST_LIMIT: Duration = Duration::from_secs(120);
 const TOKEN: &str = "s3cret";
@@ -222,7 +222,7 @@ async fn redis_commands_work_through_every_node() -> Result<()> {
         let run = addrs.clone();
         tokio::task::spawn_blocking(move || large_pipelines_are_answered_in_order(&run)).await??;
         // What RESP wrote, the native client reads.
-        let client = cluster.client().await?;
+        let client = cluster.client(Intent::Any)?;
         let value = client.get("piped").await?.context("piped is missing")?;
         ensure!(value.value.as_ref() == b"200");
         let value = client.get("counter").await?.context("counter is missing")?;
@@ -305,7 +305,7 @@ async fn concurrent_incr_through_every_node_is_exact() -> Result<()> {
 async fn the_token_is_required_on_the_resp_port() -> Result<()> {
     let mut cluster = Cluster::start_with(1, &["--token", TOKEN])?;
     check(&mut cluster, TEST_LIMIT, async |cluster| {
-        let client = cluster.client_with(client_options(Some(TOKEN)))?;
+        let client = cluster.client_with(Intent::Any, client_options(Some(TOKEN)))?;
         rdkv_tests::eventually(Duration::from_secs(20), "a leader", async || {
             Ok(client.ping().await?)
         })

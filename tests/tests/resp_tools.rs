@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use rdkv_tests::{Cluster, check};
+use rdkv_tests::{Cluster, Intent, check};
 
 const REQUESTS: u64 = 20_000;
 
@@ -78,7 +78,7 @@ async fn redis_benchmark_and_redis_cli_work_against_a_cluster() -> Result<()> {
             "errors: {out}"
         );
         // What it wrote, through the native client.
-        let client = cluster.client().await?;
+        let client = cluster.client(Intent::Any)?;
         let counter = client
             .get("counter:__rand_int__")
             .await?

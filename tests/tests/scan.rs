@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use rdkv_client::{Bytes, Consistency};
-use rdkv_tests::{Cluster, check};
+use rdkv_tests::{Cluster, Intent, check};
 
 const KEYS: usize = 2_500;
 
@@ -22,7 +22,7 @@ async fn scans_are_ordered_and_consistent_on_every_node() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
     check(&mut cluster, Duration::from_secs(120), async |cluster| {
         let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
-        let client = cluster.client().await?;
+        let client = cluster.client(Intent::Any)?;
         let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();
         for chunk in (0..KEYS).collect::<Vec<_>>().chunks(500) {
             let pairs: Vec<(String, Vec<u8>)> = chunk
@@ -94,15 +94,12 @@ async fn scans_are_ordered_and_consistent_on_every_node() -> Result<()> {
         // Every node, followers included, answers follower scans once it has
         // applied the last write.
         for id in 1..=3 {
-            let node = cluster.client_of(id).await?;
+            let node = cluster.replica(id)?;
             cluster
                 .wait_applied(id, last_write, Duration::from_secs(10))
                 .await?;
-            let level = Consistency::Follower {
-                max_lag_entries: u64::MAX,
-            };
             let before = node.status().await?.served.scan;
-            let got = node.scan_range("z", None, 2_000, level).await?;
+            let got = node.scan_range("z", None, 2_000).await?;
             ensure!(
                 as_model(got)? == expect("z", None, 2_000),
                 "node {id}: large values scanned differently"

@@ -8,21 +8,31 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use rdkv_client::{Client, ClientOptions, Error, ErrorCode, Fault, Transport};
-use rdkv_tests::{Cluster, check};
+use rdkv_tests::{Cluster, Intent, check, client_options, eventually};
 
 const TOKEN: &str = "s3cret";
 
 fn client(cluster: &Cluster, token: Option<&str>) -> Result<Client> {
-    Ok(Client::new(
-        &cluster.endpoints(),
+    cluster.client_with(
+        Intent::Any,
         ClientOptions {
-            token: token.map(str::to_owned),
             transport: Transport::Tcp,
             request_timeout: Duration::from_secs(5),
             max_attempts: 2,
-            ..ClientOptions::default()
+            ..client_options(token)
         },
-    )?)
+    )
+}
+
+/// A client with the right token, once the node has taken `key` = `value`
+/// through it (the node leads).
+async fn writing_client(cluster: &Cluster, key: &str, value: &str) -> Result<Client> {
+    let good = client(cluster, Some(TOKEN))?;
+    eventually(Duration::from_secs(20), "a leader", async || {
+        Ok(good.put(key.to_owned(), value.to_owned()).await?)
+    })
+    .await?;
+    Ok(good)
 }
 
 /// The failure must be the handshake refusing the token, nothing else.
@@ -40,11 +50,7 @@ fn refused<T: std::fmt::Debug>(what: &str, result: rdkv_client::Result<T>) -> Re
 async fn nothing_is_served_without_the_token() -> Result<()> {
     let mut cluster = Cluster::start_with(1, &["--token", TOKEN, "--fault-injection"])?;
     check(&mut cluster, Duration::from_secs(60), async |cluster| {
-        let good = client(cluster, Some(TOKEN))?;
-        rdkv_tests::eventually(Duration::from_secs(20), "a leader", async || {
-            Ok(good.put("secret", "value").await?)
-        })
-        .await?;
+        let good = writing_client(cluster, "secret", "value").await?;
         let endpoint = cluster.node(1)?.client_addr.to_string();
         let snapshot_path = cluster.root().join("stolen.snap");
         for token in [None, Some("wrong")] {
@@ -96,11 +102,7 @@ async fn nothing_is_served_without_the_token() -> Result<()> {
 async fn fault_injection_is_refused_unless_enabled() -> Result<()> {
     let mut cluster = Cluster::start_with(1, &["--token", TOKEN])?;
     check(&mut cluster, Duration::from_secs(60), async |cluster| {
-        let good = client(cluster, Some(TOKEN))?;
-        rdkv_tests::eventually(Duration::from_secs(20), "a leader", async || {
-            Ok(good.put("k", "v").await?)
-        })
-        .await?;
+        let good = writing_client(cluster, "k", "v").await?;
         let endpoint = cluster.node(1)?.client_addr.to_string();
         match good
             .inject_fault(&endpoint, Fault::Isolate { peers: vec![2, 3] })

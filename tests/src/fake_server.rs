@@ -1,7 +1,10 @@
 //! A fake rdkv server speaking the real frames (rdkv_proto::wire) over TCP, so
-//! the client can be tested without Raft. Each test drives the connections itself.
-
-#![allow(dead_code)]
+//! the client and the CLI can be tested without Raft. Each test drives the
+//! connections itself: [`serve`] hands every handshaken connection to a
+//! handler that reads requests and writes responses.
+//!
+//! Test support: a frame the client sends that cannot be decoded panics the
+//! connection's task, and the test sees its client fail.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,6 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 
+/// The hello of a fake that accepts the client with `max_in_flight` credits.
 pub fn accepted(max_in_flight: u32) -> ServerHello {
     ServerHello::Accepted {
         version: 1,
@@ -28,6 +32,7 @@ pub fn accepted(max_in_flight: u32) -> ServerHello {
 
 /// A listening fake. `serve` runs `handler` for every accepted connection after
 /// the handshake (which answers `hello`, checking the token if one is set).
+#[derive(Debug)]
 pub struct Fake {
     pub addr: SocketAddr,
     pub connections: Arc<AtomicUsize>,
@@ -50,6 +55,9 @@ impl Fake {
     }
 }
 
+/// Listens on 127.0.0.1 (a free port) and serves every connection: the
+/// handshake answers `hello` (or rejects a token other than `token`, if one
+/// is set), then `handler` gets the connection.
 pub async fn serve<F, Fut>(hello: ServerHello, token: Option<&str>, handler: F) -> Fake
 where
     F: Fn(FakeConn) -> Fut + Send + Sync + 'static,
@@ -83,6 +91,7 @@ where
 }
 
 /// Reading side of a fake connection.
+#[derive(Debug)]
 pub struct FakeReader {
     rd: OwnedReadHalf,
     buf: BytesMut,
@@ -110,6 +119,7 @@ impl FakeReader {
 }
 
 /// Writing side of a fake connection.
+#[derive(Debug)]
 pub struct FakeWriter {
     wr: OwnedWriteHalf,
 }
@@ -130,10 +140,13 @@ impl FakeWriter {
     }
 }
 
+#[derive(Debug)]
 pub struct FakeConn {
     pub reader: FakeReader,
     pub writer: FakeWriter,
     pub hello: ClientHello,
+    /// The fake's own address (what the client dialled).
+    pub local_addr: SocketAddr,
 }
 
 impl FakeConn {
@@ -142,6 +155,7 @@ impl FakeConn {
         hello: ServerHello,
         token: Option<String>,
     ) -> Option<FakeConn> {
+        let local_addr = stream.local_addr().ok()?;
         let (rd, wr) = stream.into_split();
         let mut reader = FakeReader {
             rd,
@@ -178,6 +192,7 @@ impl FakeConn {
             reader,
             writer,
             hello: client_hello,
+            local_addr,
         })
     }
 

@@ -1,0 +1,369 @@
+//! A cluster of real `rdkv-server` processes with temporary data
+//! directories: starting, restarting, joining, faults, clients by intent,
+//! and waiting for leaders and applied indexes.
+//!
+//! Every node gets its own loopback address, 127.0.k.x (k: one per cluster
+//! of this test process, x = 10 + node id), with ports chosen per test run.
+//! A cluster's addresses are its own, so a port a killed node frees cannot
+//! be taken by another test's node before it restarts.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use rdkv_client::{Client, ClientOptions, Fault, NodeStatus};
+
+use crate::clients::{Intent, Replica, client_options};
+use crate::netns;
+use crate::node::NodeProc;
+use crate::wait::eventually;
+
+/// Budget of a fault-injection call.
+const INJECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug)]
+pub struct Cluster {
+    pub nodes: BTreeMap<u64, NodeProc>,
+    /// Dropped after the nodes (field order): namespaces go once the
+    /// processes in them are gone.
+    lab: Option<netns::Lab>,
+    root: tempfile::TempDir,
+    initial_cluster: String,
+    extra_args: Vec<String>,
+}
+
+impl Cluster {
+    /// Starts `n` nodes that form a cluster from `--initial-cluster`.
+    pub fn start(n: u64) -> Result<Cluster> {
+        Cluster::start_with(n, &[])
+    }
+
+    /// Like [`Cluster::start`], with extra `rdkv-server` flags for every node
+    /// (also used when a node is restarted or joins).
+    pub fn start_with(n: u64, extra_args: &[&str]) -> Result<Cluster> {
+        static NEXT_SUBNET: AtomicU32 = AtomicU32::new(0);
+        let subnet =
+            u8::try_from(NEXT_SUBNET.fetch_add(1, Ordering::Relaxed) % 250 + 1).unwrap_or(1);
+        let root = tempfile::tempdir()?;
+        let nodes = (1..=n)
+            .map(|id| (id, NodeProc::on_loopback(id, root.path(), subnet)))
+            .collect();
+        Cluster::launch(nodes, None, root, extra_args)
+    }
+
+    /// A cluster for fault tests: nodes accept fault injection, and where
+    /// this host allows it (root, iproute2) each runs in its own network
+    /// namespace so that [`Cluster::partition`] cuts real links; otherwise
+    /// they run on 127.0.0.x and partitions use the peer network's
+    /// fault-injection hook. [`Cluster::network_kind`] says which.
+    pub fn start_faulty(n: u64, extra_args: &[&str]) -> Result<Cluster> {
+        let mut extra: Vec<&str> = vec!["--fault-injection"];
+        extra.extend_from_slice(extra_args);
+        if !netns::Lab::available() {
+            return Cluster::start_with(n, &extra);
+        }
+        // The bridge is a private network, but not loopback: the server
+        // wants a token or --insecure for that.
+        extra.push("--insecure");
+        let lab = netns::Lab::create(n)?;
+        let root = tempfile::tempdir()?;
+        let nodes = (1..=n)
+            .map(|id| {
+                let node =
+                    NodeProc::in_namespace(id, root.path(), lab.node_ip(id), lab.namespace(id));
+                (id, node)
+            })
+            .collect();
+        Cluster::launch(nodes, Some(lab), root, &extra)
+    }
+
+    /// Starts `nodes` with `extra_args` and an `--initial-cluster` naming
+    /// all of them.
+    fn launch(
+        mut nodes: BTreeMap<u64, NodeProc>,
+        lab: Option<netns::Lab>,
+        root: tempfile::TempDir,
+        extra_args: &[&str],
+    ) -> Result<Cluster> {
+        let extra_args: Vec<String> = extra_args.iter().map(|a| (*a).to_owned()).collect();
+        for node in nodes.values_mut() {
+            node.extra_args = extra_args.clone();
+        }
+        let initial_cluster = nodes
+            .values()
+            .map(|node| format!("{}={}", node.id, node.peer_addr))
+            .collect::<Vec<_>>()
+            .join(",");
+        let ids: Vec<u64> = nodes.keys().copied().collect();
+        let mut cluster = Cluster {
+            nodes,
+            lab,
+            root,
+            initial_cluster,
+            extra_args,
+        };
+        for id in ids {
+            cluster.restart(id)?;
+        }
+        Ok(cluster)
+    }
+
+    /// `"netns"` or `"loopback"`: how partitions are made in this cluster.
+    pub fn network_kind(&self) -> &'static str {
+        if self.lab.is_some() {
+            "netns"
+        } else {
+            "loopback"
+        }
+    }
+
+    /// Cuts Raft traffic between every pair of nodes in different groups
+    /// (both directions); clients still reach every node. Replaces any
+    /// previous partition.
+    pub async fn partition(&self, groups: &[&[u64]]) -> Result<()> {
+        if let Some(lab) = &self.lab {
+            return lab.partition(groups);
+        }
+        for group in groups {
+            let others: Vec<u64> = groups
+                .iter()
+                .filter(|g| !std::ptr::eq(**g, *group))
+                .flat_map(|g| g.iter().copied())
+                .collect();
+            for &id in *group {
+                self.inject(
+                    id,
+                    Fault::Isolate {
+                        peers: others.clone(),
+                    },
+                )
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes partitions and slow disks.
+    pub async fn heal(&self) -> Result<()> {
+        if let Some(lab) = &self.lab {
+            lab.heal()?;
+        }
+        for node in self.nodes.values().filter(|n| n.was_started()) {
+            self.inject(node.id, Fault::Heal).await?;
+        }
+        Ok(())
+    }
+
+    /// Makes node `id`'s log fsyncs `delay_ms` slower (0: normal again).
+    pub async fn slow_fsync(&self, id: u64, delay_ms: u64) -> Result<()> {
+        self.inject(id, Fault::SlowFsync { delay_ms }).await
+    }
+
+    async fn inject(&self, id: u64, fault: Fault) -> Result<()> {
+        let endpoint = self.node(id)?.endpoint();
+        let client = self.client_with(
+            Intent::Via(&[id]),
+            ClientOptions {
+                request_timeout: INJECT_TIMEOUT,
+                ..client_options(None)
+            },
+        )?;
+        client
+            .inject_fault(&endpoint, fault)
+            .await
+            .with_context(|| format!("injecting a fault into node {id}"))
+    }
+
+    /// (Re)starts node `id` with the cluster's initial membership.
+    pub fn restart(&mut self, id: u64) -> Result<()> {
+        let args = vec!["--initial-cluster".to_owned(), self.initial_cluster.clone()];
+        self.node_mut(id)?.start(&args)
+    }
+
+    /// Starts a new node that joins through `seed`'s client address.
+    pub fn join(&mut self, id: u64, seed: u64) -> Result<()> {
+        self.join_with_env(id, seed, &[])
+    }
+
+    /// [`Cluster::join`] with extra environment for the new node's first start.
+    pub fn join_with_env(&mut self, id: u64, seed: u64, env: &[(&str, &str)]) -> Result<()> {
+        let seed_addr = self.node(seed)?.endpoint();
+        let mut node = match &mut self.lab {
+            Some(lab) => {
+                lab.add_node(id)?;
+                NodeProc::in_namespace(id, self.root.path(), lab.node_ip(id), lab.namespace(id))
+            }
+            None => NodeProc::on_loopback(id, self.root.path(), self.subnet()),
+        };
+        node.extra_args = self.extra_args.clone();
+        node.env = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        node.start(&["--join".to_owned(), seed_addr])?;
+        self.nodes.insert(id, node);
+        Ok(())
+    }
+
+    /// The loopback subnet of this cluster's nodes (k of 127.0.k.x).
+    fn subnet(&self) -> u8 {
+        self.nodes
+            .values()
+            .next()
+            .and_then(|n| match n.client_addr.ip() {
+                std::net::IpAddr::V4(ip) => Some(ip.octets()[2]),
+                std::net::IpAddr::V6(_) => None,
+            })
+            .unwrap_or(1)
+    }
+
+    pub fn node(&self, id: u64) -> Result<&NodeProc> {
+        self.nodes.get(&id).with_context(|| format!("no node {id}"))
+    }
+
+    pub fn node_mut(&mut self, id: u64) -> Result<&mut NodeProc> {
+        self.nodes
+            .get_mut(&id)
+            .with_context(|| format!("no node {id}"))
+    }
+
+    /// The client endpoints of `intent`'s nodes.
+    pub fn endpoints(&self, intent: Intent<'_>) -> Result<Vec<String>> {
+        match intent {
+            Intent::Any => Ok(self.nodes.values().map(NodeProc::endpoint).collect()),
+            Intent::Via(ids) => ids
+                .iter()
+                .map(|id| Ok(self.node(*id)?.endpoint()))
+                .collect(),
+        }
+    }
+
+    /// A lazy client (it connects on first use) with the harness options.
+    pub fn client(&self, intent: Intent<'_>) -> Result<Client> {
+        self.client_with(intent, client_options(None))
+    }
+
+    /// [`Cluster::client`] with other options (a token, a transport, budgets).
+    pub fn client_with(&self, intent: Intent<'_>, options: ClientOptions) -> Result<Client> {
+        Ok(Client::new(&self.endpoints(intent)?, options)?)
+    }
+
+    /// Reads served by node `id` alone (see [`Replica`]).
+    pub fn replica(&self, id: u64) -> Result<Replica> {
+        self.replica_with(id, client_options(None))
+    }
+
+    /// [`Cluster::replica`] with other options (a token, budgets); the
+    /// transport is always TCP.
+    pub fn replica_with(&self, id: u64, options: ClientOptions) -> Result<Replica> {
+        Replica::new(id, self.node(id)?.endpoint(), options)
+    }
+
+    /// Node `id`'s own status, asked directly.
+    pub async fn status_of(&self, id: u64) -> Result<NodeStatus> {
+        self.replica(id)?.status().await
+    }
+
+    /// Waits until every running node reports the same leader; returns it.
+    pub async fn wait_for_leader(&mut self, timeout: Duration) -> Result<u64> {
+        eventually(timeout, "an agreed leader", async || {
+            let running: Vec<u64> = self
+                .nodes
+                .iter_mut()
+                .filter_map(|(id, n)| n.is_running().then_some(*id))
+                .collect();
+            let mut leaders = Vec::new();
+            for id in &running {
+                let status = self.status_of(*id).await.ok();
+                leaders.push(status.and_then(|s| s.leader_id));
+            }
+            match leaders.first() {
+                Some(Some(leader))
+                    if leaders.iter().all(|l| *l == Some(*leader)) && running.contains(leader) =>
+                {
+                    Ok(*leader)
+                }
+                _ => bail!("the running nodes {running:?} see leaders {leaders:?}"),
+            }
+        })
+        .await
+    }
+
+    /// Waits until node `id` has applied `index`, asking it directly (a node
+    /// that is restarting and cannot answer yet is asked again).
+    pub async fn wait_applied(&self, id: u64, index: u64, timeout: Duration) -> Result<()> {
+        eventually(timeout, &format!("node {id} applied {index}"), async || {
+            let status = self.status_of(id).await?;
+            ensure!(
+                status.applied_index >= index,
+                "node {id} has applied {}",
+                status.applied_index
+            );
+            Ok(())
+        })
+        .await
+    }
+
+    /// Dumps every node's log (for a failing test's output).
+    pub fn logs(&self) -> String {
+        self.nodes
+            .values()
+            .map(|n| format!("==== node {} ====\n{}", n.id, n.log()))
+            .collect()
+    }
+
+    /// Fails if any node's log shows a panic.
+    pub fn check_no_panics(&self) -> Result<()> {
+        for node in self.nodes.values() {
+            let log = node.log();
+            if let Some(line) = log.lines().find(|l| l.contains("panicked")) {
+                bail!("node {} panicked: {line}", node.id);
+            }
+        }
+        Ok(())
+    }
+
+    /// The temporary directory holding every node's data directory and log.
+    pub fn root(&self) -> &Path {
+        self.root.path()
+    }
+
+    /// Node `id`'s region, mapped through its shm socket, for a test to look
+    /// at directly (its header, a value the client path would not return).
+    pub async fn map_region(&self, id: u64) -> Result<rdkv_fabric::RegionReader> {
+        let socket = self
+            .status_of(id)
+            .await?
+            .shm_socket
+            .with_context(|| format!("node {id} has no shm socket"))?;
+        let attached = rdkv_fabric::attach_shm(Path::new(&socket), None, "test-harness").await?;
+        Ok(rdkv_fabric::RegionReader::attach(
+            attached.memory,
+            std::sync::Arc::new(rdkv_fabric::MonotonicClock::new()),
+            rdkv_fabric::ReaderOptions {
+                max_attempts: 8,
+                abandon_after_us: None,
+            },
+        )?)
+    }
+}
+
+/// Runs a test body against `cluster` with a time bound, then checks that no
+/// node panicked; on any failure dumps every node's log.
+pub async fn check(
+    cluster: &mut Cluster,
+    limit: Duration,
+    body: impl AsyncFnOnce(&mut Cluster) -> Result<()>,
+) -> Result<()> {
+    let result = match tokio::time::timeout(limit, body(cluster)).await {
+        Ok(result) => result,
+        Err(_) => Err(anyhow::anyhow!("the test did not finish within {limit:?}")),
+    };
+    let result = result.and_then(|()| cluster.check_no_panics());
+    if let Err(e) = &result {
+        eprintln!("test failed: {e:#}\n{}", cluster.logs());
+    }
+    result
+}
