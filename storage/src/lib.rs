@@ -2,6 +2,7 @@
 //! reclamation, lock-free reader), the Raft types, the durable Raft log and
 //! the state machine with its snapshots.
 
+pub mod durability;
 pub mod failpoint;
 pub mod raft;
 pub mod raft_log;

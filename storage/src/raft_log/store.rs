@@ -18,6 +18,7 @@ use super::format::{
     parse_segment_file_name, segment_file_name, segment_header,
 };
 use crate::raft::{Entry, LogId, TypeConfig, Vote};
+use crate::{durability, failpoint};
 use crate::record::{RECORD_HEADER_BYTES, RecordError, decode_record};
 
 pub const DEFAULT_SEGMENT_SIZE: u64 = 64 * 1024 * 1024;
@@ -245,7 +246,7 @@ impl LogStore {
                 "segment_size and max_record_size must be positive: {options:?}"
             )));
         }
-        fs::create_dir_all(&dir).map_err(|e| LogError::io(&dir, e))?;
+        durability::create_dir_all(&dir).map_err(|e| LogError::io(&dir, e))?;
         let lock_path = dir.join(LOCK_FILE);
         let lock = OpenOptions::new()
             .read(true)
@@ -263,13 +264,17 @@ impl LogStore {
         for name in [VOTE_FILE, META_FILE] {
             // Leftovers of a replacement interrupted before its rename.
             let tmp = dir.join(format!("{name}.tmp"));
-            match fs::remove_file(&tmp) {
+            match durability::remove_file(&tmp) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(LogError::io(&tmp, e)),
             }
         }
         let counters = Arc::new(Counters::default());
+        counters.skip_append_fsync.store(
+            failpoint::armed(failpoint::LOG_SKIP_APPEND_FSYNC),
+            Ordering::Relaxed,
+        );
         let inner = recover(&dir, &dir_file, &options, &counters)?;
         let flusher = Flusher::start(counters.clone()).map_err(|e| LogError::io(&dir, e))?;
         Ok(LogStore {
@@ -300,6 +305,16 @@ impl LogStore {
             u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
         );
+    }
+
+    /// Planted bug for power-loss tests (also armed by the failpoint
+    /// `log-skip-append-fsync`): appends are acknowledged without their
+    /// fsync, which only a simulated power cut can notice.
+    pub fn set_skip_append_fsync(&self, skip: bool) {
+        self.shared
+            .counters
+            .skip_append_fsync
+            .store(skip, Ordering::Relaxed);
     }
 
     pub fn stats(&self) -> LogStats {
@@ -348,7 +363,7 @@ impl Shared {
     }
 
     fn sync_dir(&self) -> Result<(), LogError> {
-        self.dir_file.sync_all().map_err(|e| {
+        durability::sync_dir(&self.dir_file, &self.dir).map_err(|e| {
             self.flusher.poison(&e);
             LogError::io(&self.dir, e)
         })
@@ -356,7 +371,7 @@ impl Shared {
 
     fn remove_segment(&self, inner: &mut Inner, first_index: u64) -> Result<(), LogError> {
         let path = self.segment_path(first_index);
-        match fs::remove_file(&path) {
+        match durability::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(LogError::io(path, e)),
@@ -546,7 +561,7 @@ impl Shared {
         };
         // The purge point is durable before any file goes.
         format::write_meta(&self.dir, &self.dir_file, &meta)?;
-        crate::failpoint::hit(crate::failpoint::LOG_PURGE_AFTER_META);
+        failpoint::hit(failpoint::LOG_PURGE_AFTER_META);
         inner.meta = meta;
         inner.drop_through(log_id.index);
         self.remove_purged_segments(&mut inner)
@@ -848,7 +863,7 @@ fn recover(
             // ever acknowledged.
             if last && (size < SEGMENT_HEADER_BYTES || header.iter().all(|b| *b == 0)) {
                 tracing::warn!(segment = %path.display(), size, %reason, "raft log: removing a segment whose header was never written");
-                fs::remove_file(&path).map_err(io_err)?;
+                durability::remove_file(&path).map_err(io_err)?;
                 dir_dirty = true;
                 continue;
             }
@@ -886,7 +901,7 @@ fn recover(
                 return Err(LogError::EmptySegment { path });
             }
             tracing::warn!(segment = %path.display(), "raft log: removing the last segment, it holds no intact entry");
-            fs::remove_file(&path).map_err(io_err)?;
+            durability::remove_file(&path).map_err(io_err)?;
             dir_dirty = true;
             continue;
         }
@@ -902,7 +917,7 @@ fn recover(
         );
     }
     if dir_dirty {
-        dir_file.sync_all().map_err(|e| LogError::io(dir, e))?;
+        durability::sync_dir(dir_file, dir).map_err(|e| LogError::io(dir, e))?;
     }
     if let Some(purged) = inner.meta.last_purged {
         inner.drop_through(purged.index);
@@ -910,12 +925,12 @@ fn recover(
         let mut removed = false;
         while let Some(first) = oldest_purged_segment(&inner) {
             let path = dir.join(segment_file_name(first));
-            fs::remove_file(&path).map_err(|e| LogError::io(&path, e))?;
+            durability::remove_file(&path).map_err(|e| LogError::io(&path, e))?;
             inner.segments.remove(&first);
             removed = true;
         }
         if removed {
-            dir_file.sync_all().map_err(|e| LogError::io(dir, e))?;
+            durability::sync_dir(dir_file, dir).map_err(|e| LogError::io(dir, e))?;
         }
         let expected = purged.index.saturating_add(1);
         if !inner.locs.is_empty() && inner.first_index != expected {
