@@ -4,14 +4,16 @@
 //! cannot lose a line already written).
 //!
 //! ```text
-//! sync-file <dev:ino> <len>                      the file's first len bytes are durable
-//! sync-dir  <dir> (<name> <dev:ino>)*            the directory's entries are durable as listed
-//! mkdir     <parent> <name>                      a directory is about to be created
-//! keep      <dev:ino> <path>                     a link to that file, made before its name went
+//! sync-file <dev:ino:born> <len> <taken>         the file's first len bytes are durable
+//! sync-dir  <taken> <dir> (<name> <dev:ino:born>)*  the directory's entries are durable as listed
+//! keep      <dev:ino:born> <path>                     a link to that file, made before its name went
 //! ```
 //!
 //! Fields are tab-separated; paths and names escape `%`, tab and newline as
-//! `%XX`. Directory paths are canonical.
+//! `%XX`. Directory paths are canonical. `taken` orders the states a sync
+//! covers (wall-clock nanoseconds, strictly increasing in a process): two
+//! syncs of one file can finish in the other order than they started, and
+//! then the line written last is not the newest state.
 
 use std::ffi::{OsStr, OsString};
 use std::fmt;
@@ -26,40 +28,64 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 /// The environment variable that turns test mode on in a process.
 pub const JOURNAL_ENV: &str = "RDKV_DURABILITY_JOURNAL";
 
-/// A file's identity: links and renames keep it, unlike its path.
+/// A file's identity: links and renames keep it, unlike its path. The
+/// birth time tells apart files that reuse a freed inode number (files
+/// removed behind the journal's back, as test directories are).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct FileId {
     pub dev: u64,
     pub ino: u64,
+    pub born_ns: u128,
 }
 
 impl FileId {
     pub fn of(metadata: &fs::Metadata) -> FileId {
+        let born_ns = metadata
+            .created()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
         FileId {
             dev: metadata.dev(),
             ino: metadata.ino(),
+            born_ns,
         }
     }
 
     fn parse(field: &str) -> Option<FileId> {
-        let (dev, ino) = field.split_once(':')?;
-        Some(FileId {
-            dev: dev.parse().ok()?,
-            ino: ino.parse().ok()?,
-        })
+        let mut parts = field.split(':');
+        let id = FileId {
+            dev: parts.next()?.parse().ok()?,
+            ino: parts.next()?.parse().ok()?,
+            born_ns: parts.next()?.parse().ok()?,
+        };
+        parts.next().is_none().then_some(id)
     }
 }
 
 impl fmt::Display for FileId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.dev, self.ino)
+        write!(f, "{}:{}:{}", self.dev, self.ino, self.born_ns)
     }
+}
+
+/// When a state was taken: wall-clock nanoseconds, strictly increasing in
+/// this process (and across the processes of a test, barring clock steps).
+fn taken_now() -> u128 {
+    static LAST: Mutex<u128> = Mutex::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut last = LAST.lock().unwrap_or_else(PoisonError::into_inner);
+    *last = now.max(*last + 1);
+    *last
 }
 
 /// A file's identity and length, taken before it is synced.
 pub(crate) struct FileState {
     id: FileId,
     len: u64,
+    taken: u128,
 }
 
 impl FileState {
@@ -68,6 +94,7 @@ impl FileState {
         Ok(FileState {
             id: FileId::of(&metadata),
             len: metadata.len(),
+            taken: taken_now(),
         })
     }
 }
@@ -75,12 +102,14 @@ impl FileState {
 /// A directory's entries, taken before it is synced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Listing {
+    pub taken: u128,
     pub dir: PathBuf,
     pub entries: Vec<(OsString, FileId)>,
 }
 
 impl Listing {
     pub fn of(dir: &Path) -> io::Result<Listing> {
+        let taken = taken_now();
         let dir = fs::canonicalize(dir)?;
         let mut entries = Vec::new();
         for entry in fs::read_dir(&dir)? {
@@ -93,16 +122,19 @@ impl Listing {
             }
         }
         entries.sort();
-        Ok(Listing { dir, entries })
+        Ok(Listing {
+            taken,
+            dir,
+            entries,
+        })
     }
 }
 
 /// One line of the journal.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Event {
-    FileSynced { id: FileId, len: u64 },
+    FileSynced { id: FileId, len: u64, taken: u128 },
     DirSynced(Listing),
-    DirCreated { parent: PathBuf, name: OsString },
     Kept { id: FileId, at: PathBuf },
 }
 
@@ -110,23 +142,17 @@ impl Event {
     fn encode(&self) -> Vec<u8> {
         let mut line = Vec::new();
         match self {
-            Event::FileSynced { id, len } => {
-                line.extend_from_slice(format!("sync-file\t{id}\t{len}").as_bytes());
+            Event::FileSynced { id, len, taken } => {
+                line.extend_from_slice(format!("sync-file\t{id}\t{len}\t{taken}").as_bytes());
             }
             Event::DirSynced(listing) => {
-                line.extend_from_slice(b"sync-dir\t");
+                line.extend_from_slice(format!("sync-dir\t{}\t", listing.taken).as_bytes());
                 escape(listing.dir.as_os_str(), &mut line);
                 for (name, id) in &listing.entries {
                     line.push(b'\t');
                     escape(name, &mut line);
                     line.extend_from_slice(format!("\t{id}").as_bytes());
                 }
-            }
-            Event::DirCreated { parent, name } => {
-                line.extend_from_slice(b"mkdir\t");
-                escape(parent.as_os_str(), &mut line);
-                line.push(b'\t');
-                escape(name, &mut line);
             }
             Event::Kept { id, at } => {
                 line.extend_from_slice(format!("keep\t{id}\t").as_bytes());
@@ -146,7 +172,7 @@ impl Event {
                 .and_then(|f| std::str::from_utf8(f).ok())
                 .ok_or(format!("field {i} is missing or not text"))
         };
-        let id = |i: usize| FileId::parse(text(i)?).ok_or(format!("field {i} is not dev:ino"));
+        let id = |i: usize| FileId::parse(text(i)?).ok_or(format!("field {i} is not dev:ino:born"));
         let os = |i: usize| {
             fields
                 .get(i)
@@ -154,24 +180,22 @@ impl Event {
                 .and_then(|f| unescape(f))
         };
         match fields.first().copied() {
-            Some(b"sync-file") if fields.len() == 3 => Ok(Event::FileSynced {
+            Some(b"sync-file") if fields.len() == 4 => Ok(Event::FileSynced {
                 id: id(1)?,
                 len: text(2)?.parse().map_err(|e| format!("length: {e}"))?,
+                taken: text(3)?.parse().map_err(|e| format!("taken: {e}"))?,
             }),
-            Some(b"sync-dir") if fields.len() % 2 == 0 => {
+            Some(b"sync-dir") if fields.len() % 2 == 1 => {
                 let mut entries = Vec::new();
-                for i in (2..fields.len()).step_by(2) {
+                for i in (3..fields.len()).step_by(2) {
                     entries.push((os(i)?, id(i + 1)?));
                 }
                 Ok(Event::DirSynced(Listing {
-                    dir: PathBuf::from(os(1)?),
+                    taken: text(1)?.parse().map_err(|e| format!("taken: {e}"))?,
+                    dir: PathBuf::from(os(2)?),
                     entries,
                 }))
             }
-            Some(b"mkdir") if fields.len() == 3 => Ok(Event::DirCreated {
-                parent: PathBuf::from(os(1)?),
-                name: os(2)?,
-            }),
             Some(b"keep") if fields.len() == 3 => Ok(Event::Kept {
                 id: id(1)?,
                 at: PathBuf::from(os(2)?),
@@ -298,27 +322,12 @@ impl Journal {
         self.append(&Event::FileSynced {
             id: state.id,
             len: state.len,
+            taken: state.taken,
         })
     }
 
     pub fn dir_synced(&self, listing: &Listing) -> io::Result<()> {
         self.append(&Event::DirSynced(listing.clone()))
-    }
-
-    /// Records that `dir` is about to be created (before it is).
-    pub fn dir_created(&self, dir: &Path) -> io::Result<()> {
-        let (Some(parent), Some(name)) = (dir.parent(), dir.file_name()) else {
-            return Ok(());
-        };
-        let parent = if parent.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            parent
-        };
-        self.append(&Event::DirCreated {
-            parent: fs::canonicalize(parent)?,
-            name: name.to_owned(),
-        })
     }
 
     /// Keeps a link to the file at `path`, if there is one, before its name
@@ -346,21 +355,27 @@ mod tests {
 
     #[test]
     fn events_round_trip_with_awkward_names() {
-        let id = FileId { dev: 3, ino: 77 };
+        let id = FileId {
+            dev: 3,
+            ino: 77,
+            born_ns: 1_700_000_000_123_456_789,
+        };
         let events = [
-            Event::FileSynced { id, len: 12345 },
+            Event::FileSynced {
+                id,
+                len: 12345,
+                taken: 7,
+            },
             Event::DirSynced(Listing {
+                taken: 8,
                 dir: PathBuf::from("/a b/%c\td"),
                 entries: vec![(OsString::from("seg\n1"), id), (OsString::from("vote"), id)],
             }),
             Event::DirSynced(Listing {
+                taken: 9,
                 dir: PathBuf::from("/empty"),
                 entries: Vec::new(),
             }),
-            Event::DirCreated {
-                parent: PathBuf::from("/x"),
-                name: OsString::from("raft-log"),
-            },
             Event::Kept {
                 id,
                 at: PathBuf::from("/j.kept/1-0"),
@@ -372,9 +387,10 @@ mod tests {
             assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
             assert_eq!(Event::decode(&line[..line.len() - 1]), Ok(event));
         }
-        assert!(Event::decode(b"sync-file\t1:2").is_err());
+        assert!(Event::decode(b"sync-file\t1:2:3\t4").is_err());
+        assert!(Event::decode(b"sync-file\t1:2\t3\t4").is_err());
         assert!(Event::decode(b"sync-file\t12\t3").is_err());
-        assert!(Event::decode(b"keep\t1:2\t%G1").is_err());
+        assert!(Event::decode(b"keep\t1:2:3\t%G1").is_err());
         assert!(Event::decode(b"nonsense").is_err());
     }
 }

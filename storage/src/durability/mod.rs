@@ -91,9 +91,6 @@ pub fn create_dir_all(dir: &Path) -> io::Result<()> {
         _ => Path::new("."),
     };
     create_dir_all(parent)?;
-    if let Some(journal) = journal::active() {
-        journal.dir_created(dir)?;
-    }
     match fs::create_dir(dir) {
         Ok(()) => {}
         // Created meanwhile by another caller, who syncs the parent.

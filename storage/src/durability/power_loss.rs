@@ -2,15 +2,15 @@
 //! what the disk would hold had the power gone instead, from the journal of
 //! what that process made durable.
 //!
-//! For every directory under the root that was ever synced, its entries go
-//! back to those of its last sync (entries created since are removed, names
-//! removed or replaced since come back from the links kept in the journal),
-//! and every file in it is cut to the length of its last sync (0 if never
-//! synced), with what was written past that handled as [`UnsyncedTail`]
-//! says. A directory created (through the durability module) in a parent
-//! that was never synced is removed.
+//! The root itself is taken as durable. Below it, a directory that was
+//! synced gets back the entries of its last sync (entries created since are
+//! removed, names removed or replaced since come back from the links kept
+//! in the journal), and every file in it is cut to the length of its last
+//! sync (0 if never synced), with what was written past that handled as
+//! [`UnsyncedTail`] says. A directory never synced loses every entry, and
+//! is itself lost if its parent was never synced either.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs::{self, OpenOptions};
 use std::io;
@@ -82,10 +82,10 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> PowerLossError + '_ {
 /// What the journal says is durable.
 #[derive(Default)]
 struct Durable {
-    synced_len: HashMap<FileId, u64>,
-    /// The last synced listing of each directory.
-    listings: BTreeMap<PathBuf, Vec<(OsString, FileId)>>,
-    created_dirs: Vec<PathBuf>,
+    /// The newest synced length of each file, with when it was taken.
+    synced: HashMap<FileId, (u128, u64)>,
+    /// The newest synced listing of each directory.
+    listings: HashMap<PathBuf, Listing>,
     kept: HashMap<FileId, PathBuf>,
 }
 
@@ -102,13 +102,21 @@ fn read_journal(journal: &Path) -> Result<Durable, PowerLossError> {
             reason,
         })?;
         match event {
-            Event::FileSynced { id, len } => {
-                durable.synced_len.insert(id, len);
+            Event::FileSynced { id, len, taken } => {
+                let newest = durable.synced.entry(id).or_insert((taken, len));
+                if taken >= newest.0 {
+                    *newest = (taken, len);
+                }
             }
-            Event::DirSynced(Listing { dir, entries }) => {
-                durable.listings.insert(dir, entries);
+            Event::DirSynced(listing) => {
+                let newest = durable
+                    .listings
+                    .entry(listing.dir.clone())
+                    .or_insert_with(|| listing.clone());
+                if listing.taken >= newest.taken {
+                    *newest = listing;
+                }
             }
-            Event::DirCreated { parent, name } => durable.created_dirs.push(parent.join(name)),
             Event::Kept { id, at } => {
                 durable.kept.insert(id, at);
             }
@@ -129,36 +137,50 @@ pub fn apply_power_loss(
     let scratch = kept_dir(journal);
     fs::create_dir_all(&scratch).map_err(io_err(&scratch))?;
     let mut report = PowerLossReport::default();
-    for dir in &durable.created_dirs {
+    // Parents first, so that a directory whose entry goes is not visited.
+    let mut pending = vec![root.clone()];
+    while let Some(dir) = pending.pop() {
+        let listing = durable.listings.get(&dir).map(|l| &l.entries);
         let parent_synced = dir
             .parent()
             .is_some_and(|p| durable.listings.contains_key(p));
-        if dir.starts_with(&root) && !parent_synced && dir.is_dir() {
-            fs::remove_dir_all(dir).map_err(io_err(dir))?;
+        if dir != root && listing.is_none() && !parent_synced {
+            fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
             report.entries_removed += 1;
-        }
-    }
-    // Parents first: a directory removed with its parent's entry is skipped.
-    let mut dirs: Vec<(&PathBuf, &Vec<(OsString, FileId)>)> = durable
-        .listings
-        .iter()
-        .filter(|(dir, _)| dir.starts_with(&root))
-        .collect();
-    dirs.sort_by_key(|(dir, _)| dir.components().count());
-    for (dir, listing) in dirs {
-        if !dir.is_dir() {
             continue;
         }
         let mut restorer = Restorer {
-            dir,
+            dir: &dir,
             durable: &durable,
             scratch: &scratch,
             report: &mut report,
         };
+        let empty = Vec::new();
+        let listing = match listing {
+            Some(listing) => listing,
+            // Never synced: none of its entries is durable.
+            None if dir != root => &empty,
+            None => {
+                pending.extend(subdirectories(&dir)?);
+                continue;
+            }
+        };
         restorer.restore_entries(listing)?;
         restorer.cut_files(listing, cut)?;
+        pending.extend(subdirectories(&dir)?);
     }
     Ok(report)
+}
+
+fn subdirectories(dir: &Path) -> Result<Vec<PathBuf>, PowerLossError> {
+    let mut dirs = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io_err(dir))? {
+        let entry = entry.map_err(io_err(dir))?;
+        if entry.file_type().map_err(io_err(&entry.path()))?.is_dir() {
+            dirs.push(entry.path());
+        }
+    }
+    Ok(dirs)
 }
 
 struct Restorer<'a> {
@@ -179,7 +201,8 @@ impl Restorer<'_> {
             let metadata = entry.metadata().map_err(io_err(&entry.path()))?;
             current.push((entry.file_name(), FileId::of(&metadata), metadata.is_dir()));
         }
-        let wanted = |name: &OsString, id: FileId| listing.iter().any(|(n, i)| n == name && *i == id);
+        let wanted =
+            |name: &OsString, id: FileId| listing.iter().any(|(n, i)| n == name && *i == id);
         for (name, id, is_dir) in &current {
             if wanted(name, *id) {
                 continue;
@@ -222,7 +245,7 @@ impl Restorer<'_> {
         for (name, id) in listing {
             let path = self.dir.join(name);
             let metadata = fs::symlink_metadata(&path).map_err(io_err(&path))?;
-            let synced = self.durable.synced_len.get(id).copied().unwrap_or(0);
+            let synced = self.durable.synced.get(id).map_or(0, |(_, len)| *len);
             if !metadata.is_file() || metadata.len() <= synced {
                 continue;
             }
@@ -239,7 +262,7 @@ impl Restorer<'_> {
                 _ => 0,
             };
             // Each file its own sequence.
-            let mut rng = XorShift::new(seed ^ id.ino);
+            let mut rng = XorShift::new(seed ^ id.ino ^ id.born_ns as u64);
             match cut.unsynced_tail {
                 UnsyncedTail::Lost | UnsyncedTail::Kept => file.set_len(synced),
                 UnsyncedTail::Prefix { .. } => file.set_len(synced + rng.next() % (unsynced + 1)),
