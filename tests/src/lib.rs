@@ -250,6 +250,12 @@ impl Cluster {
     /// Like [`Cluster::start`], with extra `rdkv-server` flags for every node
     /// (also used when a node is restarted or joins).
     pub fn start_with(n: u64, extra_args: &[&str]) -> Result<Cluster> {
+        Cluster::start_with_env(n, extra_args, &[])
+    }
+
+    /// Like [`Cluster::start_with`], with extra environment for every start
+    /// of every node (e.g. `RDKV_DURABILITY_JOURNAL`).
+    pub fn start_with_env(n: u64, extra_args: &[&str], env: &[(&str, &str)]) -> Result<Cluster> {
         static NEXT_SUBNET: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let subnet =
             u8::try_from(NEXT_SUBNET.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 250 + 1)
@@ -260,6 +266,10 @@ impl Cluster {
             .map(|id| {
                 let mut node = NodeProc::new(id, root.path(), subnet);
                 node.extra_args = extra.clone();
+                node.env = env
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect();
                 (id, node)
             })
             .collect();

@@ -125,8 +125,9 @@ fn read_journal(journal: &Path) -> Result<Durable, PowerLossError> {
     Ok(durable)
 }
 
-/// Applies a power cut to everything under `root` that the journal at
-/// `journal` knows about. The process that wrote the journal must be gone.
+/// Applies a power cut to everything under `root` (itself taken as
+/// durable) from the journal at `journal` (which must not be under `root`).
+/// The process that wrote the journal must be gone.
 pub fn apply_power_loss(
     root: &Path,
     journal: &Path,
@@ -265,9 +266,11 @@ impl Restorer<'_> {
             let mut rng = XorShift::new(seed ^ id.ino ^ id.born_ns as u64);
             match cut.unsynced_tail {
                 UnsyncedTail::Lost | UnsyncedTail::Kept => file.set_len(synced),
-                UnsyncedTail::Prefix { .. } => file.set_len(synced + rng.next() % (unsynced + 1)),
+                UnsyncedTail::Prefix { .. } => {
+                    file.set_len(synced + rng.next_u64() % (unsynced + 1))
+                }
                 UnsyncedTail::Garbage { .. } => {
-                    let garbage: Vec<u8> = (0..unsynced).map(|_| rng.next() as u8).collect();
+                    let garbage: Vec<u8> = (0..unsynced).map(|_| rng.next_u64() as u8).collect();
                     file.write_all_at(&garbage, synced)
                 }
                 UnsyncedTail::Zeros => file.write_all_at(&vec![0u8; unsynced as usize], synced),
@@ -288,7 +291,7 @@ impl XorShift {
         XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
 
-    fn next(&mut self) -> u64 {
+    fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
