@@ -1,7 +1,7 @@
-//! Crash failpoints for crash tests: `RDKV_FAILPOINTS=name,name` in a
-//! node's environment makes it abort (as kill -9 would stop it, with no
-//! cleanup) the first time it reaches a named point. Unset, a point costs
-//! one load of a cached empty list.
+//! Failpoints for crash tests: `RDKV_FAILPOINTS=name,name` in a node's
+//! environment makes it abort (as kill -9 would stop it, with no cleanup)
+//! the first time it reaches a named crash point, or turns on a named
+//! planted bug. Unset, a point costs one load of a cached empty list.
 
 use std::sync::OnceLock;
 
@@ -9,8 +9,11 @@ use std::sync::OnceLock;
 pub const LOG_PURGE_AFTER_META: &str = "log-purge-after-meta";
 /// After an installed snapshot is persisted, before the region is swapped.
 pub const SNAPSHOT_INSTALL_AFTER_PERSIST: &str = "snapshot-install-after-persist";
+/// Planted bug: the Raft log acknowledges appends without their fsync (see
+/// `LogStore::set_skip_append_fsync`), for the power-loss tests to catch.
+pub const LOG_SKIP_APPEND_FSYNC: &str = "log-skip-append-fsync";
 
-fn armed() -> &'static [String] {
+fn armed_names() -> &'static [String] {
     static ARMED: OnceLock<Vec<String>> = OnceLock::new();
     ARMED.get_or_init(|| {
         std::env::var("RDKV_FAILPOINTS")
@@ -25,9 +28,14 @@ fn armed() -> &'static [String] {
     })
 }
 
+/// Whether `name` is armed.
+pub fn armed(name: &str) -> bool {
+    armed_names().iter().any(|armed| armed == name)
+}
+
 /// Aborts the process if `name` is armed.
 pub fn hit(name: &str) {
-    if armed().iter().any(|armed| armed == name) {
+    if armed(name) {
         eprintln!("failpoint {name}: aborting");
         std::process::abort();
     }

@@ -4,6 +4,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod durability;
 pub mod failpoint;
 pub mod raft;
 pub mod raft_log;

@@ -15,8 +15,8 @@ use openraft::storage::{IOFlushed, RaftLogReader, RaftLogStorage};
 use openraft::testing::log_id;
 use openraft::type_config::TypeConfigExt;
 use rdkv_storage::raft::{Command, Entry, LogId, TypeConfig, Vote};
-use rdkv_storage::raft_log::format::{SEGMENT_HEADER_BYTES, parse_segment_file_name};
-use rdkv_storage::raft_log::{Damage, LogError, LogOptions, LogStore};
+use rdkv_storage::raft_log::segment;
+use rdkv_storage::raft_log::{DEFAULT_MAX_RECORD_SIZE, Damage, LogError, LogOptions, LogStore};
 
 // ---------------------------------------------------------------- allocation probe
 
@@ -125,16 +125,7 @@ fn small_segments() -> LogOptions {
 }
 
 fn segment_files(dir: &Path) -> Vec<(u64, PathBuf)> {
-    let mut segs: Vec<(u64, PathBuf)> = fs::read_dir(dir)
-        .unwrap()
-        .filter_map(|d| {
-            let d = d.unwrap();
-            let first = parse_segment_file_name(d.file_name().to_str()?)?;
-            Some((first, d.path()))
-        })
-        .collect();
-    segs.sort();
-    segs
+    segment::segment_files(dir).unwrap().into_iter().collect()
 }
 
 fn last_segment(dir: &Path) -> PathBuf {
@@ -151,17 +142,14 @@ fn file_len(path: &Path) -> u64 {
     fs::metadata(path).unwrap().len()
 }
 
-/// Offsets of the records in a segment file (walks the frames, no checks).
+/// Offsets of the intact records in a segment file.
 fn record_offsets(path: &Path) -> Vec<u64> {
-    let bytes = fs::read(path).unwrap();
-    let mut offsets = Vec::new();
-    let mut at = SEGMENT_HEADER_BYTES as usize;
-    while at + 8 <= bytes.len() {
-        offsets.push(at as u64);
-        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
-        at += 8 + len;
-    }
-    offsets
+    segment::read_segment(path, DEFAULT_MAX_RECORD_SIZE)
+        .unwrap()
+        .records
+        .iter()
+        .map(|r| r.offset)
+        .collect()
 }
 
 // ---------------------------------------------------------------- tests

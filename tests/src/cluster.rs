@@ -43,12 +43,25 @@ impl Cluster {
     /// Like [`Cluster::start`], with extra `rdkv-server` flags for every node
     /// (also used when a node is restarted or joins).
     pub fn start_with(n: u64, extra_args: &[&str]) -> Result<Cluster> {
+        Cluster::start_with_env(n, extra_args, &[])
+    }
+
+    /// Like [`Cluster::start_with`], with extra environment for every start
+    /// of every node (e.g. `RDKV_DURABILITY_JOURNAL`).
+    pub fn start_with_env(n: u64, extra_args: &[&str], env: &[(&str, &str)]) -> Result<Cluster> {
         static NEXT_SUBNET: AtomicU32 = AtomicU32::new(0);
         let subnet =
             u8::try_from(NEXT_SUBNET.fetch_add(1, Ordering::Relaxed) % 250 + 1).unwrap_or(1);
         let root = tempfile::tempdir()?;
         let nodes = (1..=n)
-            .map(|id| (id, NodeProc::on_loopback(id, root.path(), subnet)))
+            .map(|id| {
+                let mut node = NodeProc::on_loopback(id, root.path(), subnet);
+                node.env = env
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect();
+                (id, node)
+            })
             .collect();
         Cluster::launch(nodes, None, root, extra_args)
     }

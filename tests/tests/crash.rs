@@ -13,6 +13,7 @@ use anyhow::{Context, Result, ensure};
 use bytes::Bytes;
 use rdkv_client::{Client, ClientOptions, Error as ClientError, Versioned};
 use rdkv_proto::wire::Consistency;
+use rdkv_storage::raft_log::{DEFAULT_MAX_RECORD_SIZE, segment};
 use rdkv_tests::{Cluster, Intent, check, client_options, eventually};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
@@ -196,41 +197,23 @@ async fn no_acknowledged_write_lost_when_leader_is_killed_repeatedly() -> Result
 
 // ---- torn tail ---------------------------------------------------------------
 
-const SEGMENT_HEADER_BYTES: u64 = 16;
-const RECORD_HEADER_BYTES: u64 = 8;
-
-/// The newest segment file (`seg-{first_index:020}.log`) of a node's Raft log.
+/// The newest segment file of a node's Raft log.
 fn last_segment(data_dir: &Path) -> Result<PathBuf> {
     let dir = data_dir.join("raft-log");
-    let mut segments: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .with_context(|| format!("listing {}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("seg-") && n.ends_with(".log"))
-        })
-        .collect();
-    segments.sort();
-    segments.pop().context("no segment file")
+    let (_, path) = segment::segment_files(&dir)?
+        .pop_last()
+        .context("no segment file")?;
+    Ok(path)
 }
 
-/// Offsets and lengths of the records of a segment (`[u32 LE len][u32 LE crc][payload]`).
-fn records(bytes: &[u8]) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    let mut offset = SEGMENT_HEADER_BYTES;
-    while let Some(header) = bytes.get(offset as usize..(offset + 4) as usize) {
-        let len = u64::from(u32::from_le_bytes([
-            header[0], header[1], header[2], header[3],
-        ]));
-        let end = offset + RECORD_HEADER_BYTES + len;
-        if end > bytes.len() as u64 {
-            break;
-        }
-        out.push((offset, end - offset));
-        offset = end;
-    }
-    out
+/// Offsets and sizes of the intact records of a segment file.
+fn records(path: &Path) -> Result<Vec<(u64, u64)>> {
+    let scan = segment::read_segment(path, DEFAULT_MAX_RECORD_SIZE)?;
+    Ok(scan
+        .records
+        .iter()
+        .map(|r| (r.offset, r.end() - r.offset))
+        .collect())
 }
 
 /// Deterministic pseudo-random bytes (no rand dependency needed).
@@ -333,7 +316,7 @@ async fn torn_log_tail_is_truncated_on_restart() -> Result<()> {
         cluster.node_mut(1)?.stop()?;
         let segment = last_segment(&data_dir)?;
         let bytes = std::fs::read(&segment)?;
-        let &(offset, len) = records(&bytes).last().context("no record")?;
+        let &(offset, len) = records(&segment)?.last().context("no record")?;
         let record = &bytes[offset as usize..(offset + len) as usize];
         append(&segment, &record[..record.len() / 2])?;
         cluster.restart(1)?;
@@ -357,8 +340,7 @@ async fn torn_log_tail_is_truncated_on_restart() -> Result<()> {
             last_segment(&data_dir)? == segment,
             "a new segment was started"
         );
-        let bytes = std::fs::read(&segment)?;
-        let torn: Vec<(u64, u64)> = records(&bytes)
+        let torn: Vec<(u64, u64)> = records(&segment)?
             .into_iter()
             .filter(|(offset, _)| *offset >= intact_len)
             .collect();
@@ -428,8 +410,7 @@ async fn follower_with_torn_tail_below_its_committed_index_rejoins() -> Result<(
         cluster.node_mut(follower)?.stop()?;
 
         let segment = last_segment(&cluster.node(follower)?.data_dir)?;
-        let bytes = std::fs::read(&segment)?;
-        let &(offset, len) = records(&bytes).last().context("no record")?;
+        let &(offset, len) = records(&segment)?.last().context("no record")?;
         let file = std::fs::OpenOptions::new().write(true).open(&segment)?;
         file.set_len(offset + len / 2)?;
         file.sync_all()?;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use bytes::Bytes;
 use rdkv_proto::wire::{Consistency, ErrorCode};
+use rdkv_storage::raft_log::segment;
 use rdkv_tests::{Cluster, Intent, check, eventually};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
@@ -25,16 +26,13 @@ fn value(i: usize) -> String {
     format!("value-{i}")
 }
 
-/// The first index of the oldest segment (`seg-{first_index:020}.log`) of a
-/// node's Raft log.
+/// The first index of the oldest segment of a node's Raft log.
 fn first_segment_index(data_dir: &Path) -> Result<u64> {
     let dir = data_dir.join("raft-log");
-    std::fs::read_dir(&dir)
-        .with_context(|| format!("listing {}", dir.display()))?
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter_map(|n| n.strip_prefix("seg-")?.strip_suffix(".log")?.parse().ok())
-        .min()
-        .context("no segment")
+    let (first, _) = segment::segment_files(&dir)?
+        .pop_first()
+        .context("no segment")?;
+    Ok(first)
 }
 
 /// Reads every key from node `id` alone (follower read) and compares.

@@ -27,6 +27,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::error::LogError;
+use crate::durability;
 use crate::raft::{Entry, LogId, Vote};
 use crate::record::{RECORD_HEADER_BYTES, decode_record, encode_record};
 
@@ -198,7 +199,7 @@ pub(crate) fn write_committed(dir: &Path, committed: Option<LogId>) -> Result<()
     let tmp = dir.join(format!("{COMMITTED_FILE}.tmp"));
     fs::write(&tmp, &bytes).map_err(|e| LogError::io(&tmp, e))?;
     let path = dir.join(COMMITTED_FILE);
-    fs::rename(&tmp, &path).map_err(|e| LogError::io(&path, e))
+    durability::rename(&tmp, &path).map_err(|e| LogError::io(&path, e))
 }
 
 pub(crate) fn read_committed(dir: &Path) -> Option<LogId> {
@@ -279,11 +280,11 @@ fn write_small_file<T: Serialize>(
         .open(&tmp)
         .map_err(|e| LogError::io(&tmp, e))?;
     file.write_all(&bytes).map_err(|e| LogError::io(&tmp, e))?;
-    file.sync_all().map_err(|e| LogError::io(&tmp, e))?;
+    durability::sync_all(&file).map_err(|e| LogError::io(&tmp, e))?;
     drop(file);
     let path = dir.join(name);
-    fs::rename(&tmp, &path).map_err(|e| LogError::io(&path, e))?;
-    dir_file.sync_all().map_err(|e| LogError::io(dir, e))
+    durability::rename(&tmp, &path).map_err(|e| LogError::io(&path, e))?;
+    durability::sync_dir(dir_file, dir).map_err(|e| LogError::io(dir, e))
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ mod error;
 mod flusher;
 pub mod format;
 mod raft_impl;
+pub mod segment;
 mod store;
 
 pub use error::{Damage, LogError};

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufReader, Read, Seek, SeekFrom};
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -11,14 +11,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::storage::IOFlushed;
 
-use super::error::{Damage, LogError};
+use super::error::LogError;
 use super::flusher::{Counters, Flusher};
 use super::format::{
-    self, LOCK_FILE, META_FILE, Meta, SEGMENT_HEADER_BYTES, VOTE_FILE, check_segment_header,
-    parse_segment_file_name, segment_file_name, segment_header,
+    self, LOCK_FILE, META_FILE, Meta, SEGMENT_HEADER_BYTES, VOTE_FILE, segment_file_name,
+    segment_header,
 };
+use super::segment::{header_problem, scan_segment, segment_files};
 use crate::raft::{Entry, LogId, TypeConfig, Vote};
-use crate::record::{RECORD_HEADER_BYTES, RecordError, decode_record};
+use crate::record::RECORD_HEADER_BYTES;
+use crate::{durability, failpoint};
 
 pub const DEFAULT_SEGMENT_SIZE: u64 = 64 * 1024 * 1024;
 pub const DEFAULT_MAX_RECORD_SIZE: u32 = 64 * 1024 * 1024;
@@ -245,7 +247,7 @@ impl LogStore {
                 "segment_size and max_record_size must be positive: {options:?}"
             )));
         }
-        fs::create_dir_all(&dir).map_err(|e| LogError::io(&dir, e))?;
+        durability::create_dir_all(&dir).map_err(|e| LogError::io(&dir, e))?;
         let lock_path = dir.join(LOCK_FILE);
         let lock = OpenOptions::new()
             .read(true)
@@ -263,13 +265,17 @@ impl LogStore {
         for name in [VOTE_FILE, META_FILE] {
             // Leftovers of a replacement interrupted before its rename.
             let tmp = dir.join(format!("{name}.tmp"));
-            match fs::remove_file(&tmp) {
+            match durability::remove_file(&tmp) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(LogError::io(&tmp, e)),
             }
         }
         let counters = Arc::new(Counters::default());
+        counters.skip_append_fsync.store(
+            failpoint::armed(failpoint::LOG_SKIP_APPEND_FSYNC),
+            Ordering::Relaxed,
+        );
         let inner = recover(&dir, &dir_file, &options, &counters)?;
         let flusher = Flusher::start(counters.clone()).map_err(|e| LogError::io(&dir, e))?;
         Ok(LogStore {
@@ -300,6 +306,16 @@ impl LogStore {
             u64::try_from(delay.as_micros()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
         );
+    }
+
+    /// Planted bug for power-loss tests (also armed by the failpoint
+    /// `log-skip-append-fsync`): appends are acknowledged without their
+    /// fsync, which only a simulated power cut can notice.
+    pub fn set_skip_append_fsync(&self, skip: bool) {
+        self.shared
+            .counters
+            .skip_append_fsync
+            .store(skip, Ordering::Relaxed);
     }
 
     pub fn stats(&self) -> LogStats {
@@ -348,7 +364,7 @@ impl Shared {
     }
 
     fn sync_dir(&self) -> Result<(), LogError> {
-        self.dir_file.sync_all().map_err(|e| {
+        durability::sync_dir(&self.dir_file, &self.dir).map_err(|e| {
             self.flusher.poison(&e);
             LogError::io(&self.dir, e)
         })
@@ -356,7 +372,7 @@ impl Shared {
 
     fn remove_segment(&self, inner: &mut Inner, first_index: u64) -> Result<(), LogError> {
         let path = self.segment_path(first_index);
-        match fs::remove_file(&path) {
+        match durability::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(LogError::io(path, e)),
@@ -475,6 +491,9 @@ impl Shared {
             .map_err(|e| LogError::io(&path, e))?;
         file.write_all_at(&segment_header(), 0)
             .map_err(|e| LogError::io(&path, e))?;
+        // The header is durable before the name: a cut can then leave a
+        // torn tail after it, never a segment that recovery cannot identify.
+        self.sync_segment(&file, first_index)?;
         // The new name must be durable before entries in it are acknowledged.
         self.sync_dir()?;
         inner.segments.insert(
@@ -546,7 +565,7 @@ impl Shared {
         };
         // The purge point is durable before any file goes.
         format::write_meta(&self.dir, &self.dir_file, &meta)?;
-        crate::failpoint::hit(crate::failpoint::LOG_PURGE_AFTER_META);
+        failpoint::hit(failpoint::LOG_PURGE_AFTER_META);
         inner.meta = meta;
         inner.drop_through(log_id.index);
         self.remove_purged_segments(&mut inner)
@@ -696,114 +715,6 @@ fn oldest_purged_segment(inner: &Inner) -> Option<u64> {
     all_purged.then_some(first)
 }
 
-/// What a scan of one segment found.
-struct Scan {
-    records: Vec<Loc>,
-    /// End of the last intact record.
-    end: u64,
-    /// The first damaged record, if any: its offset and what is wrong.
-    damage: Option<(u64, Damage)>,
-}
-
-/// Reads every record of a segment after its header. Damage (torn or
-/// corrupt records) stops the scan and is reported; a record with a valid
-/// CRC that does not decode, or does not carry the next index, is an error.
-fn scan_segment(
-    file: &File,
-    path: &Path,
-    first_index: u64,
-    size: u64,
-    max_record: u32,
-) -> Result<Scan, LogError> {
-    let io_err = |e| LogError::io(path, e);
-    let mut reader = BufReader::with_capacity(1 << 20, file);
-    reader
-        .seek(SeekFrom::Start(SEGMENT_HEADER_BYTES))
-        .map_err(io_err)?;
-    let mut scan = Scan {
-        records: Vec::new(),
-        end: SEGMENT_HEADER_BYTES,
-        damage: None,
-    };
-    let mut expected = first_index;
-    let mut buf = Vec::new();
-    while scan.end < size {
-        let offset = scan.end;
-        let available = size - offset;
-        if available < RECORD_HEADER {
-            scan.damage = Some((
-                offset,
-                Damage::Record(RecordError::Truncated {
-                    need: RECORD_HEADER,
-                    have: available,
-                }),
-            ));
-            break;
-        }
-        let mut header = [0u8; RECORD_HEADER_BYTES];
-        reader.read_exact(&mut header).map_err(io_err)?;
-        let mut len = [0u8; 4];
-        len.copy_from_slice(&header[..4]);
-        let len = u32::from_le_bytes(len);
-        let need = RECORD_HEADER + u64::from(len);
-        let damage = if len == 0 {
-            Some(Damage::EmptyRecord)
-        } else if len > max_record {
-            Some(Damage::Record(RecordError::TooLarge {
-                len: u64::from(len),
-                max: u64::from(max_record),
-            }))
-        } else if need > available {
-            Some(Damage::Record(RecordError::Truncated {
-                need,
-                have: available,
-            }))
-        } else {
-            None
-        };
-        if let Some(damage) = damage {
-            scan.damage = Some((offset, damage));
-            break;
-        }
-        // Bounded by max_record and by the file size.
-        buf.clear();
-        buf.extend_from_slice(&header);
-        buf.resize(need as usize, 0);
-        reader
-            .read_exact(&mut buf[RECORD_HEADER_BYTES..])
-            .map_err(io_err)?;
-        let payload = match decode_record(&buf, u64::from(max_record)) {
-            Ok((payload, _)) => payload,
-            Err(e) => {
-                scan.damage = Some((offset, Damage::Record(e)));
-                break;
-            }
-        };
-        let bad = |reason: String| LogError::BadRecord {
-            path: path.to_path_buf(),
-            offset,
-            reason,
-        };
-        let entry: Entry = postcard::from_bytes(payload)
-            .map_err(|e| bad(format!("valid CRC but the entry does not decode: {e}")))?;
-        if entry.log_id.index != expected {
-            return Err(bad(format!(
-                "holds index {}, index {expected} expected",
-                entry.log_id.index
-            )));
-        }
-        expected += 1;
-        scan.records.push(Loc {
-            log_id: entry.log_id,
-            segment: first_index,
-            offset,
-            len,
-        });
-        scan.end = offset + need;
-    }
-    Ok(scan)
-}
-
 fn recover(
     dir: &Path,
     dir_file: &File,
@@ -813,17 +724,7 @@ fn recover(
     let mut meta = format::read_meta(dir)?;
     meta.committed = format::read_committed(dir).or(meta.committed);
     let vote = format::read_vote(dir)?;
-    let mut names = BTreeMap::new();
-    for dirent in fs::read_dir(dir).map_err(|e| LogError::io(dir, e))? {
-        let dirent = dirent.map_err(|e| LogError::io(dir, e))?;
-        if let Some(first) = dirent
-            .file_name()
-            .to_str()
-            .and_then(parse_segment_file_name)
-        {
-            names.insert(first, dirent.path());
-        }
-    }
+    let names = segment_files(dir)?;
     let mut inner = Inner::new(meta, vote);
     let count = names.len();
     let mut dir_dirty = false;
@@ -836,19 +737,12 @@ fn recover(
             .open(&path)
             .map_err(io_err)?;
         let size = file.metadata().map_err(io_err)?.len();
-        let mut header = [0u8; SEGMENT_HEADER_BYTES as usize];
-        let header_problem = if size < SEGMENT_HEADER_BYTES {
-            Some(format!("{size} bytes, shorter than the header"))
-        } else {
-            file.read_exact_at(&mut header, 0).map_err(io_err)?;
-            check_segment_header(&header).err()
-        };
-        if let Some(reason) = header_problem {
+        if let Some((reason, never_written)) = header_problem(&file, size).map_err(io_err)? {
             // A segment whose creation was interrupted: nothing in it was
             // ever acknowledged.
-            if last && (size < SEGMENT_HEADER_BYTES || header.iter().all(|b| *b == 0)) {
+            if last && never_written {
                 tracing::warn!(segment = %path.display(), size, %reason, "raft log: removing a segment whose header was never written");
-                fs::remove_file(&path).map_err(io_err)?;
+                durability::remove_file(&path).map_err(io_err)?;
                 dir_dirty = true;
                 continue;
             }
@@ -879,6 +773,11 @@ fn recover(
                 "raft log: truncating a torn tail of the last segment"
             );
             file.set_len(offset).map_err(io_err)?;
+        }
+        if last && !scan.records.is_empty() {
+            // What the log reports from now on must be durable, and a killed
+            // process leaves its unsynced writes in the page cache, where
+            // they read back as intact records: sync them (and a cut tail).
             counters.sync(&file).map_err(io_err)?;
         }
         if scan.records.is_empty() {
@@ -886,11 +785,17 @@ fn recover(
                 return Err(LogError::EmptySegment { path });
             }
             tracing::warn!(segment = %path.display(), "raft log: removing the last segment, it holds no intact entry");
-            fs::remove_file(&path).map_err(io_err)?;
+            durability::remove_file(&path).map_err(io_err)?;
             dir_dirty = true;
             continue;
         }
-        for loc in scan.records {
+        for record in scan.records {
+            let loc = Loc {
+                log_id: record.log_id,
+                segment: first,
+                offset: record.offset,
+                len: record.len,
+            };
             inner.push(loc, None, 0);
         }
         inner.segments.insert(
@@ -902,7 +807,7 @@ fn recover(
         );
     }
     if dir_dirty {
-        dir_file.sync_all().map_err(|e| LogError::io(dir, e))?;
+        durability::sync_dir(dir_file, dir).map_err(|e| LogError::io(dir, e))?;
     }
     if let Some(purged) = inner.meta.last_purged {
         inner.drop_through(purged.index);
@@ -910,12 +815,12 @@ fn recover(
         let mut removed = false;
         while let Some(first) = oldest_purged_segment(&inner) {
             let path = dir.join(segment_file_name(first));
-            fs::remove_file(&path).map_err(|e| LogError::io(&path, e))?;
+            durability::remove_file(&path).map_err(|e| LogError::io(&path, e))?;
             inner.segments.remove(&first);
             removed = true;
         }
         if removed {
-            dir_file.sync_all().map_err(|e| LogError::io(dir, e))?;
+            durability::sync_dir(dir_file, dir).map_err(|e| LogError::io(dir, e))?;
         }
         let expected = purged.index.saturating_add(1);
         if !inner.locs.is_empty() && inner.first_index != expected {

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::durability;
 use crate::raft::SnapshotMeta;
 use crate::record::{RecordError, decode_record, encode_record};
 
@@ -177,7 +178,7 @@ fn io_error(path: &Path) -> impl FnOnce(io::Error) -> SnapshotError + '_ {
 /// Writes `bytes` as the snapshot covering `last_index` durably (temp file,
 /// fsync, rename, directory fsync), then removes older snapshot files.
 pub fn persist(dir: &Path, last_index: u64, bytes: &[u8]) -> Result<PathBuf, SnapshotError> {
-    fs::create_dir_all(dir).map_err(io_error(dir))?;
+    durability::create_dir_all(dir).map_err(io_error(dir))?;
     let path = dir.join(format!("{FILE_PREFIX}{last_index:020}{FILE_SUFFIX}"));
     // Unique per write: two writers of the same index never share a temp file.
     static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -186,17 +187,15 @@ pub fn persist(dir: &Path, last_index: u64, bytes: &[u8]) -> Result<PathBuf, Sna
     {
         let mut file = fs::File::create(&tmp).map_err(io_error(&tmp))?;
         file.write_all(bytes).map_err(io_error(&tmp))?;
-        file.sync_all().map_err(io_error(&tmp))?;
+        durability::sync_all(&file).map_err(io_error(&tmp))?;
     }
-    fs::rename(&tmp, &path).map_err(io_error(&path))?;
-    fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_error(dir))?;
+    durability::rename(&tmp, &path).map_err(io_error(&path))?;
+    durability::sync_dir_at(dir).map_err(io_error(dir))?;
     // Only older snapshots go: a newer one written meanwhile must stay (file
     // names sort by index).
     for old in snapshot_files(dir)? {
         if old < path {
-            fs::remove_file(&old).map_err(io_error(&old))?;
+            durability::remove_file(&old).map_err(io_error(&old))?;
         }
     }
     Ok(path)
