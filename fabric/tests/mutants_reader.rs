@@ -435,7 +435,11 @@ fn an_invalidated_block_and_a_torn_block_are_counted_apart() {
     // The writer's invalidation: the word holding value length and magic.
     region
         .memory
-        .store_u64(block_at + 8, 0, Ordering::Release)
+        .store_u64(
+            block_at + rdkv_proto::region::INVALIDATION_WORD_OFFSET,
+            rdkv_proto::region::INVALIDATED_WORD,
+            Ordering::Release,
+        )
         .expect("invalidate");
     let options = ReaderOptions {
         max_attempts: 2,
@@ -445,7 +449,7 @@ fn an_invalidated_block_and_a_torn_block_are_counted_apart() {
     assert!(matches!(
         reader.get(KEY),
         Err(ReadError::Exhausted {
-            last: ReadProblem::Block(BlockError::BadMagic { found: 0 }),
+            last: ReadProblem::Block(BlockError::Invalidated),
             ..
         })
     ));
