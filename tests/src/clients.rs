@@ -125,3 +125,22 @@ impl Replica {
         Ok(())
     }
 }
+
+/// The acknowledged keys a linearizable read does not return as written.
+pub async fn lost_writes(client: &Client, acked: &[String]) -> Result<Vec<String>> {
+    let mut lost = Vec::new();
+    for chunk in acked.chunks(100) {
+        let values = client
+            .mget_with(
+                chunk.iter().map(|k| Bytes::from(k.clone())),
+                Consistency::Linearizable,
+            )
+            .await?;
+        for (key, got) in chunk.iter().zip(values) {
+            if got.map(|v| v.value).as_deref() != Some(key.as_bytes()) {
+                lost.push(key.clone());
+            }
+        }
+    }
+    Ok(lost)
+}

@@ -19,7 +19,7 @@ pub mod stress_value;
 pub mod wait;
 
 pub use binary::{binary, free_port, free_ports};
-pub use clients::{Intent, Replica, client_options};
+pub use clients::{Intent, Replica, client_options, lost_writes};
 pub use cluster::{Cluster, check};
 pub use node::NodeProc;
 pub use wait::eventually;

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use rdkv_client::{Client, ClientOptions, Error as ClientError, Versioned};
 use rdkv_proto::wire::Consistency;
 use rdkv_storage::raft_log::{DEFAULT_MAX_RECORD_SIZE, segment};
-use rdkv_tests::{Cluster, Intent, check, client_options, eventually};
+use rdkv_tests::{Cluster, Intent, check, client_options, eventually, lost_writes};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 const WRITERS: u64 = 4;
@@ -257,21 +257,11 @@ async fn put_range(client: &Client, prefix: &str, n: usize, acked: &mut Vec<Stri
 }
 
 async fn check_keys(client: &Client, keys: &[String]) -> Result<()> {
-    for chunk in keys.chunks(500) {
-        let values = client
-            .mget_with(
-                chunk.iter().map(|k| Bytes::from(k.clone())),
-                Consistency::Linearizable,
-            )
-            .await?;
-        for (key, got) in chunk.iter().zip(values) {
-            let got = got.map(|v| v.value);
-            ensure!(
-                got.as_deref() == Some(key.as_bytes()),
-                "acknowledged {key} reads back as {got:?}"
-            );
-        }
-    }
+    let lost = lost_writes(client, keys).await?;
+    ensure!(
+        lost.is_empty(),
+        "acknowledged {lost:?} do not read back as written"
+    );
     Ok(())
 }
 

@@ -11,12 +11,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use bytes::Bytes;
 use rdkv_client::Client;
-use rdkv_proto::wire::Consistency;
 use rdkv_storage::durability::{JOURNAL_ENV, PowerCut, UnsyncedTail, apply_power_loss};
 use rdkv_storage::failpoint::LOG_SKIP_APPEND_FSYNC;
-use rdkv_tests::{Cluster, Intent, check, eventually};
+use rdkv_tests::{Cluster, Intent, check, eventually, lost_writes};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 const TEST_LIMIT: Duration = Duration::from_secs(120);
@@ -32,25 +30,6 @@ async fn acknowledged_writes(client: &Client) -> Result<Vec<String>> {
         acked.push(key);
     }
     Ok(acked)
-}
-
-/// The acknowledged keys a linearizable read does not return as written.
-async fn lost_writes(client: &Client, acked: &[String]) -> Result<Vec<String>> {
-    let mut lost = Vec::new();
-    for chunk in acked.chunks(100) {
-        let values = client
-            .mget_with(
-                chunk.iter().map(|k| Bytes::from(k.clone())),
-                Consistency::Linearizable,
-            )
-            .await?;
-        for (key, got) in chunk.iter().zip(values) {
-            if got.map(|v| v.value).as_deref() != Some(key.as_bytes()) {
-                lost.push(key.clone());
-            }
-        }
-    }
-    Ok(lost)
 }
 
 /// Each node's cut leaves its unsynced bytes in another state.
