@@ -305,6 +305,53 @@ fn parse_log_format(text: Option<&str>) -> Result<LogFormat> {
     }
 }
 
+/// The numeric settings, each from the flag, else the file, else its
+/// default, checked against its range.
+struct Limits {
+    region_mib: u64,
+    max_client_connections: u32,
+    max_in_flight_mib: u32,
+    grace_period_ms: u64,
+    heartbeat_ms: u64,
+    snapshot_entries: u64,
+    snapshot_keep_entries: u64,
+}
+
+impl Limits {
+    fn resolve(args: &Args, file: &FileConfig) -> Result<Limits> {
+        let region_mib = args.region_mib.or(file.region_mib).unwrap_or(256);
+        let region_mib = within("region-mib", region_mib, 1..=1024 * 1024)?;
+        let connections = args.max_client_connections.or(file.max_client_connections);
+        let max_client_connections = within(
+            "max-client-connections",
+            connections.unwrap_or(1024),
+            1..=1_000_000,
+        )?;
+        let in_flight_mib = args.max_in_flight_mib.or(file.max_in_flight_mib);
+        let max_in_flight_mib = within(
+            "max-in-flight-mib",
+            in_flight_mib.unwrap_or(256),
+            1..=1024 * 1024,
+        )?;
+        let grace_period_ms = args.grace_period_ms.or(file.grace_period_ms).unwrap_or(250);
+        if grace_period_ms < MIN_GRACE_PERIOD_MS {
+            bail!("--grace-period-ms must be at least {MIN_GRACE_PERIOD_MS}");
+        }
+        let heartbeat_ms = args.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(100);
+        let snapshot_entries = args.snapshot_entries.or(file.snapshot_entries);
+        let snapshot_keep_entries = args.snapshot_keep_entries.or(file.snapshot_keep_entries);
+        Ok(Limits {
+            region_mib,
+            max_client_connections,
+            max_in_flight_mib,
+            grace_period_ms,
+            heartbeat_ms: within("heartbeat-ms", heartbeat_ms, 10..=10_000)?,
+            snapshot_entries: snapshot_entries.unwrap_or(10_000).max(1),
+            snapshot_keep_entries: snapshot_keep_entries.unwrap_or(1000),
+        })
+    }
+}
+
 impl Config {
     pub fn resolve(args: Args) -> Result<Config> {
         let file = match &args.config {
@@ -315,6 +362,7 @@ impl Config {
         if id == 0 {
             bail!("--id must be >= 1");
         }
+        let limits = Limits::resolve(&args, &file)?;
         let listen = address("listen", args.listen.or(file.listen), DEFAULT_LISTEN)?;
         let peer_listen = args.peer_listen.or(file.peer_listen);
         let peer_listen = address("peer-listen", peer_listen, DEFAULT_PEER_LISTEN)?;
@@ -344,28 +392,6 @@ impl Config {
         if token.is_none() && !insecure {
             refuse_exposed(listened.into_iter().flatten())?;
         }
-        let region_mib = args.region_mib.or(file.region_mib).unwrap_or(256);
-        let region_mib = within("region-mib", region_mib, 1..=1024 * 1024)?;
-        let connections = args.max_client_connections.or(file.max_client_connections);
-        let max_client_connections = within(
-            "max-client-connections",
-            connections.unwrap_or(1024),
-            1..=1_000_000,
-        )?;
-        let in_flight_mib = args.max_in_flight_mib.or(file.max_in_flight_mib);
-        let max_in_flight_mib = within(
-            "max-in-flight-mib",
-            in_flight_mib.unwrap_or(256),
-            1..=1024 * 1024,
-        )?;
-        let grace_period_ms = args.grace_period_ms.or(file.grace_period_ms).unwrap_or(250);
-        if grace_period_ms < MIN_GRACE_PERIOD_MS {
-            bail!("--grace-period-ms must be at least {MIN_GRACE_PERIOD_MS}");
-        }
-        let heartbeat_ms = args.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(100);
-        let heartbeat_ms = within("heartbeat-ms", heartbeat_ms, 10..=10_000)?;
-        let snapshot_entries = args.snapshot_entries.or(file.snapshot_entries);
-        let snapshot_entries = snapshot_entries.unwrap_or(10_000).max(1);
         let log_format = parse_log_format(args.log_format.or(file.log_format).as_deref())?;
         let data_dir = args
             .data_dir
@@ -390,18 +416,15 @@ impl Config {
             initial_cluster,
             join,
             token,
-            region_bytes: region_mib * 1024 * 1024,
-            grace_period_ms,
-            heartbeat_ms,
-            snapshot_entries,
-            snapshot_keep_entries: args
-                .snapshot_keep_entries
-                .or(file.snapshot_keep_entries)
-                .unwrap_or(1000),
+            region_bytes: limits.region_mib * 1024 * 1024,
+            grace_period_ms: limits.grace_period_ms,
+            heartbeat_ms: limits.heartbeat_ms,
+            snapshot_entries: limits.snapshot_entries,
+            snapshot_keep_entries: limits.snapshot_keep_entries,
             log_format,
             fault_injection: args.fault_injection,
-            max_client_connections,
-            max_in_flight_mib,
+            max_client_connections: limits.max_client_connections,
+            max_in_flight_mib: limits.max_in_flight_mib,
             rdma_device: args
                 .rdma_device
                 .or(file.rdma_device)

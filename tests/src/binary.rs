@@ -1,47 +1,78 @@
 //! Workspace binaries the tests run, and free ports for them to listen on.
 
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::sync::Mutex;
 
-/// Path of a workspace binary (`rdkv-server`, `rdkvctl`), built once per
-/// test process with the profile this test was built with: cargo builds only
-/// the binaries of the package under test, and these live in other packages.
+/// Path of a workspace binary (`rdkv-server`, `rdkvctl`, `shm_reader`).
+///
+/// The first call builds every binary of the workspace once per test process,
+/// with the profile and features this test was built with, and takes the
+/// paths from cargo's own report: the test profile's dependencies are then
+/// already compiled (a dev-profile build would compile all of them again,
+/// minutes on a 2-core machine), and cargo does not copy test-profile
+/// binaries to `target/debug`, so their path must come from cargo.
 pub fn binary(name: &str) -> PathBuf {
-    static BUILT: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
     let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
-    if !built.iter().any(|b| b == name) {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut command = Command::new(cargo);
-        let package = match name {
-            "rdkvctl" => "rdkv-cli",
-            // Helper processes of the tests themselves (`tests/src/bin`).
-            "shm_reader" => "rdkv-tests",
-            other => other,
-        };
-        command.args(["build", "--quiet", "-p", package, "--bin", name]);
-        // Tests built with the rdma feature run servers built with it.
-        if cfg!(feature = "rdma") {
-            command.args(["--features", "rdma"]);
-        }
-        if !cfg!(debug_assertions) {
-            command.arg("--release");
-        }
-        let status = command.status().expect("running cargo build");
-        assert!(
-            status.success(),
-            "cargo build --bin {name} failed: {status}"
-        );
-        built.push(name.to_owned());
+    if built.is_empty() {
+        *built = build_workspace_binaries();
     }
-    // target/<profile>/deps/<test> -> target/<profile>/<name>
-    let exe = std::env::current_exe().expect("test executable path");
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test executable inside target/<profile>/deps");
-    dir.join(name)
+    match built.iter().find(|(built_name, _)| built_name == name) {
+        Some((_, path)) => path.clone(),
+        None => panic!("the workspace has no binary named {name}"),
+    }
+}
+
+/// `cargo build --workspace --bins` in this test's profile; the name and
+/// path of every binary it reports.
+fn build_workspace_binaries() -> Vec<(String, PathBuf)> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let profile = if cfg!(debug_assertions) {
+        "test"
+    } else {
+        "release"
+    };
+    let mut command = Command::new(cargo);
+    command.args([
+        "build",
+        "--quiet",
+        "--workspace",
+        "--bins",
+        "--profile",
+        profile,
+    ]);
+    command.arg("--message-format=json-render-diagnostics");
+    // Tests built with the rdma feature run servers built with it.
+    if cfg!(feature = "rdma") {
+        command.args(["--features", "rdma"]);
+    }
+    command.stderr(Stdio::inherit());
+    let output = command.output().expect("running cargo build");
+    assert!(
+        output.status.success(),
+        "cargo build --workspace --bins failed: {}",
+        output.status
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(built_binary)
+        .collect()
+}
+
+/// The binary a line of cargo's JSON report announces, if it announces one.
+fn built_binary(line: &str) -> Option<(String, PathBuf)> {
+    let message: serde_json::Value = serde_json::from_str(line).ok()?;
+    let target = message.get("target")?;
+    let is_bin = target
+        .get("kind")?
+        .as_array()?
+        .iter()
+        .any(|kind| kind == "bin");
+    let executable = message.get("executable")?.as_str()?;
+    let name = target.get("name")?.as_str()?;
+    is_bin.then(|| (name.to_owned(), PathBuf::from(executable)))
 }
 
 /// A free TCP port on `ip` (bound then released; good enough for tests).

@@ -991,8 +991,52 @@ pub fn check_follower_reads_within(history: &History, freshness_ns: u64) -> Foll
 }
 
 fn follower_reads(history: &History, freshness_ns: Option<u64>) -> FollowerReport {
-    // Completion time -> largest index returned up to then (prefix maximum);
-    // logical ticks, or wall-clock ns when a freshness bound applies.
+    let completions = committed_by_completion(history, freshness_ns);
+    let committed_before = |tick: Tick| {
+        let count = completions.partition_point(|&(t, _)| t < tick);
+        count.checked_sub(1).map_or(0, |i| completions[i].1)
+    };
+    let writes = known_writes_by_key(history);
+    let mut report = FollowerReport::default();
+    for read in &history.ops {
+        let (
+            Operation::Get {
+                consistency: Consistency::Follower { max_lag_entries },
+            },
+            Outcome::Ok(Returned::Value(returned)),
+        ) = (&read.operation, &read.outcome)
+        else {
+            continue;
+        };
+        report.reads_checked += 1;
+        let committed = match freshness_ns {
+            None => committed_before(read.invoked_at),
+            Some(ns) => committed_before(read.invoked_ns.saturating_sub(ns)),
+        };
+        let bound = ReadBound {
+            committed,
+            max_lag_entries: *max_lag_entries,
+        };
+        let key_writes = writes.get(&read.key).map(Vec::as_slice).unwrap_or_default();
+        let reasons = match returned {
+            Some(got) => check_returned_value(read, got, key_writes, &bound),
+            None => check_returned_absent(history, read, key_writes, &bound),
+        };
+        report
+            .violations
+            .extend(reasons.into_iter().map(|reason| FollowerViolation {
+                read: read.clone(),
+                committed_before: committed,
+                reason,
+            }));
+    }
+    report
+}
+
+/// Completion time -> largest index returned up to then (a prefix maximum,
+/// sorted by time); logical ticks, or wall-clock ns when a freshness bound
+/// applies.
+fn committed_by_completion(history: &History, freshness_ns: Option<u64>) -> Vec<(Tick, u64)> {
     let mut completions: Vec<(Tick, u64)> = history
         .ops
         .iter()
@@ -1013,11 +1057,11 @@ fn follower_reads(history: &History, freshness_ns: Option<u64>) -> FollowerRepor
         running_max = running_max.max(entry.1);
         entry.1 = running_max;
     }
-    let committed_before = |tick: Tick| {
-        let count = completions.partition_point(|&(t, _)| t < tick);
-        count.checked_sub(1).map_or(0, |i| completions[i].1)
-    };
+    completions
+}
 
+/// Every write whose version is known, per key, in version order.
+fn known_writes_by_key(history: &History) -> HashMap<&Bytes, Vec<KnownWrite>> {
     let mut writes: HashMap<&Bytes, Vec<KnownWrite>> = HashMap::new();
     for op in &history.ops {
         if let Some(write) = known_write(op) {
@@ -1027,83 +1071,94 @@ fn follower_reads(history: &History, freshness_ns: Option<u64>) -> FollowerRepor
     for list in writes.values_mut() {
         list.sort_by_key(|w| w.version);
     }
+    writes
+}
 
-    let mut report = FollowerReport::default();
-    for read in &history.ops {
-        let (
-            Operation::Get {
-                consistency: Consistency::Follower { max_lag_entries },
-            },
-            Outcome::Ok(Returned::Value(returned)),
-        ) = (&read.operation, &read.outcome)
-        else {
-            continue;
-        };
-        report.reads_checked += 1;
-        let committed = match freshness_ns {
-            None => committed_before(read.invoked_at),
-            Some(ns) => committed_before(read.invoked_ns.saturating_sub(ns)),
-        };
-        let applied_at_least = committed.saturating_sub(*max_lag_entries);
-        let key_writes = writes.get(&read.key).map(Vec::as_slice).unwrap_or_default();
-        let required = key_writes
-            .partition_point(|w| w.version <= applied_at_least)
+/// What a follower read must reflect: everything committed before it, less
+/// the lag it allowed.
+struct ReadBound {
+    committed: u64,
+    max_lag_entries: u64,
+}
+
+impl ReadBound {
+    fn applied_at_least(&self) -> u64 {
+        self.committed.saturating_sub(self.max_lag_entries)
+    }
+
+    /// The newest write to the key the replica must have applied.
+    fn required<'w>(&self, key_writes: &'w [KnownWrite]) -> Option<&'w KnownWrite> {
+        key_writes
+            .partition_point(|w| w.version <= self.applied_at_least())
             .checked_sub(1)
-            .map(|i| &key_writes[i]);
-        let mut violation = |reason: String| {
-            report.violations.push(FollowerViolation {
-                read: read.clone(),
-                committed_before: committed,
-                reason,
-            });
-        };
-        match returned {
-            Some(got) => {
-                if let Some(w) = required.filter(|w| got.version < w.version) {
-                    violation(format!(
-                        "returned version {} but the replica must have applied index {} \
-                         (≥ {committed} committed − {max_lag_entries}), which includes the \
-                         write at {} to this key",
-                        got.version, applied_at_least, w.version
-                    ));
-                }
-                let source = key_writes
-                    .binary_search_by_key(&got.version, |w| w.version)
-                    .ok()
-                    .map(|i| &key_writes[i]);
-                if let Some(w) = source {
-                    if w.value.as_ref() != Some(&got.value) {
-                        violation(format!(
-                            "returned {:?} at version {}, but that index wrote {:?}",
-                            got.value, got.version, w.value
-                        ));
-                    } else if w.invoked_at > read.completed_at {
-                        violation(format!(
-                            "returned the write at {}, which was invoked after the read completed",
-                            got.version
-                        ));
-                    }
-                }
-            }
-            None => {
-                if let Some(w) = required.filter(|w| w.value.is_some()) {
-                    let explained = history.ops.iter().any(|op| {
-                        op.key == read.key
-                            && op.invoked_at < read.completed_at
-                            && may_delete_above(op, w.version)
-                    });
-                    if !explained {
-                        violation(format!(
-                            "returned absent but the replica must have applied the write at {} \
-                             (applied index ≥ {applied_at_least}) and no later delete could have run",
-                            w.version
-                        ));
-                    }
-                }
-            }
+            .map(|i| &key_writes[i])
+    }
+}
+
+/// Why a read that returned `got` is wrong (empty: it is right).
+fn check_returned_value(
+    read: &OpRecord,
+    got: &Versioned,
+    key_writes: &[KnownWrite],
+    bound: &ReadBound,
+) -> Vec<String> {
+    let mut reasons = Vec::new();
+    if let Some(w) = bound
+        .required(key_writes)
+        .filter(|w| got.version < w.version)
+    {
+        reasons.push(format!(
+            "returned version {} but the replica must have applied index {} \
+             (≥ {} committed − {}), which includes the write at {} to this key",
+            got.version,
+            bound.applied_at_least(),
+            bound.committed,
+            bound.max_lag_entries,
+            w.version
+        ));
+    }
+    let source = key_writes
+        .binary_search_by_key(&got.version, |w| w.version)
+        .ok()
+        .map(|i| &key_writes[i]);
+    if let Some(w) = source {
+        if w.value.as_ref() != Some(&got.value) {
+            reasons.push(format!(
+                "returned {:?} at version {}, but that index wrote {:?}",
+                got.value, got.version, w.value
+            ));
+        } else if w.invoked_at > read.completed_at {
+            reasons.push(format!(
+                "returned the write at {}, which was invoked after the read completed",
+                got.version
+            ));
         }
     }
-    report
+    reasons
+}
+
+/// Why a read that returned "absent" is wrong (empty: it is right).
+fn check_returned_absent(
+    history: &History,
+    read: &OpRecord,
+    key_writes: &[KnownWrite],
+    bound: &ReadBound,
+) -> Vec<String> {
+    let Some(w) = bound.required(key_writes).filter(|w| w.value.is_some()) else {
+        return Vec::new();
+    };
+    let explained = history.ops.iter().any(|op| {
+        op.key == read.key && op.invoked_at < read.completed_at && may_delete_above(op, w.version)
+    });
+    if explained {
+        return Vec::new();
+    }
+    vec![format!(
+        "returned absent but the replica must have applied the write at {} \
+         (applied index ≥ {}) and no later delete could have run",
+        w.version,
+        bound.applied_at_least()
+    )]
 }
 
 #[cfg(test)]

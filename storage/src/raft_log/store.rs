@@ -17,7 +17,7 @@ use super::format::{
     self, LOCK_FILE, META_FILE, Meta, SEGMENT_HEADER_BYTES, VOTE_FILE, segment_file_name,
     segment_header,
 };
-use super::segment::{header_problem, scan_segment, segment_files};
+use super::segment::{SegmentRecord, header_problem, scan_segment, segment_files};
 use crate::raft::{Entry, LogId, TypeConfig, Vote};
 use crate::record::RECORD_HEADER_BYTES;
 use crate::{durability, failpoint};
@@ -729,113 +729,167 @@ fn recover(
     let count = names.len();
     let mut dir_dirty = false;
     for (i, (first, path)) in names.into_iter().enumerate() {
-        let last = i + 1 == count;
-        let io_err = |e| LogError::io(&path, e);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(io_err)?;
-        let size = file.metadata().map_err(io_err)?.len();
-        if let Some((reason, never_written)) = header_problem(&file, size).map_err(io_err)? {
-            // A segment whose creation was interrupted: nothing in it was
-            // ever acknowledged.
-            if last && never_written {
-                tracing::warn!(segment = %path.display(), size, %reason, "raft log: removing a segment whose header was never written");
-                durability::remove_file(&path).map_err(io_err)?;
-                dir_dirty = true;
-                continue;
-            }
-            return Err(LogError::BadSegmentHeader { path, reason });
-        }
-        if !inner.locs.is_empty() && first != inner.next_index() {
-            return Err(LogError::Gap {
-                path,
-                expected: inner.next_index(),
-                found: first,
-            });
-        }
-        let scan = scan_segment(&file, &path, first, size, options.max_record_size)?;
-        if let Some((offset, damage)) = scan.damage {
-            if !last {
-                return Err(LogError::CorruptSegment {
-                    path,
-                    offset,
-                    damage,
-                });
-            }
-            tracing::warn!(
-                segment = %path.display(),
-                offset,
-                dropped_bytes = size - offset,
-                intact_entries = scan.records.len(),
-                %damage,
-                "raft log: truncating a torn tail of the last segment"
-            );
-            file.set_len(offset).map_err(io_err)?;
-        }
-        if last && !scan.records.is_empty() {
-            // What the log reports from now on must be durable, and a killed
-            // process leaves its unsynced writes in the page cache, where
-            // they read back as intact records: sync them (and a cut tail).
-            counters.sync(&file).map_err(io_err)?;
-        }
-        if scan.records.is_empty() {
-            if !last {
-                return Err(LogError::EmptySegment { path });
-            }
-            tracing::warn!(segment = %path.display(), "raft log: removing the last segment, it holds no intact entry");
-            durability::remove_file(&path).map_err(io_err)?;
-            dir_dirty = true;
-            continue;
-        }
-        for record in scan.records {
-            let loc = Loc {
-                log_id: record.log_id,
-                segment: first,
-                offset: record.offset,
-                len: record.len,
-            };
-            inner.push(loc, None, 0);
-        }
-        inner.segments.insert(
+        let place = SegmentPlace {
             first,
-            Segment {
-                file: Arc::new(file),
-                len: scan.end,
-            },
-        );
+            last: i + 1 == count,
+            expected_first: (!inner.locs.is_empty()).then(|| inner.next_index()),
+        };
+        match recover_segment(path, place, options, counters)? {
+            RecoveredSegment::Removed => dir_dirty = true,
+            RecoveredSegment::Kept { segment, records } => {
+                for record in records {
+                    let loc = Loc {
+                        log_id: record.log_id,
+                        segment: first,
+                        offset: record.offset,
+                        len: record.len,
+                    };
+                    inner.push(loc, None, 0);
+                }
+                inner.segments.insert(first, segment);
+            }
+        }
     }
     if dir_dirty {
         durability::sync_dir(dir_file, dir).map_err(|e| LogError::io(dir, e))?;
     }
-    if let Some(purged) = inner.meta.last_purged {
-        inner.drop_through(purged.index);
-        // Finish a purge that was interrupted after its meta write.
-        let mut removed = false;
-        while let Some(first) = oldest_purged_segment(&inner) {
-            let path = dir.join(segment_file_name(first));
-            durability::remove_file(&path).map_err(|e| LogError::io(&path, e))?;
-            inner.segments.remove(&first);
-            removed = true;
+    finish_purge(dir, dir_file, &mut inner)?;
+    cap_committed(&mut inner);
+    Ok(inner)
+}
+
+/// Where a segment file stands among those recovery found.
+struct SegmentPlace {
+    /// The first index, from its name.
+    first: u64,
+    /// The newest segment: the only one a crash may have left torn or empty.
+    last: bool,
+    /// The index the entries recovered so far call for next (`None`: none yet).
+    expected_first: Option<u64>,
+}
+
+/// What recovery made of one segment file.
+enum RecoveredSegment {
+    /// Its intact records (a torn tail cut off and synced) and the open file.
+    Kept {
+        segment: Segment,
+        records: Vec<SegmentRecord>,
+    },
+    /// The last segment, deleted: its header was never written or it held no
+    /// intact entry, so nothing in it was ever acknowledged.
+    Removed,
+}
+
+/// Checks one segment file; only the last one may be repaired (cut or
+/// removed), damage anywhere else is an error that loses nothing.
+fn recover_segment(
+    path: PathBuf,
+    place: SegmentPlace,
+    options: &LogOptions,
+    counters: &Counters,
+) -> Result<RecoveredSegment, LogError> {
+    let io_err = |e| LogError::io(&path, e);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(io_err)?;
+    let size = file.metadata().map_err(io_err)?.len();
+    if let Some((reason, never_written)) = header_problem(&file, size).map_err(io_err)? {
+        // A segment whose creation was interrupted: nothing in it was
+        // ever acknowledged.
+        if place.last && never_written {
+            tracing::warn!(segment = %path.display(), size, %reason, "raft log: removing a segment whose header was never written");
+            durability::remove_file(&path).map_err(io_err)?;
+            return Ok(RecoveredSegment::Removed);
         }
-        if removed {
-            durability::sync_dir(dir_file, dir).map_err(|e| LogError::io(dir, e))?;
-        }
-        let expected = purged.index.saturating_add(1);
-        if !inner.locs.is_empty() && inner.first_index != expected {
-            let first_segment = inner.segments.keys().next().copied().unwrap_or_default();
-            return Err(LogError::Gap {
-                path: dir.join(segment_file_name(first_segment)),
-                expected,
-                found: inner.first_index,
+        return Err(LogError::BadSegmentHeader { path, reason });
+    }
+    if let Some(expected) = place.expected_first
+        && place.first != expected
+    {
+        return Err(LogError::Gap {
+            path,
+            expected,
+            found: place.first,
+        });
+    }
+    let scan = scan_segment(&file, &path, place.first, size, options.max_record_size)?;
+    if let Some((offset, damage)) = scan.damage {
+        if !place.last {
+            return Err(LogError::CorruptSegment {
+                path,
+                offset,
+                damage,
             });
         }
+        tracing::warn!(
+            segment = %path.display(),
+            offset,
+            dropped_bytes = size - offset,
+            intact_entries = scan.records.len(),
+            %damage,
+            "raft log: truncating a torn tail of the last segment"
+        );
+        file.set_len(offset).map_err(io_err)?;
     }
-    // The committed index is saved without fsync and may name entries whose
-    // own write never became durable (a follower applies what the leader
-    // committed once the entry is submitted, not fsynced). An entry cut off
-    // above cannot be committed here: cap it, and the leader resends it.
+    if scan.records.is_empty() {
+        if !place.last {
+            return Err(LogError::EmptySegment { path });
+        }
+        tracing::warn!(segment = %path.display(), "raft log: removing the last segment, it holds no intact entry");
+        durability::remove_file(&path).map_err(io_err)?;
+        return Ok(RecoveredSegment::Removed);
+    }
+    if place.last {
+        // What the log reports from now on must be durable, and a killed
+        // process leaves its unsynced writes in the page cache, where
+        // they read back as intact records: sync them (and a cut tail).
+        counters.sync(&file).map_err(io_err)?;
+    }
+    Ok(RecoveredSegment::Kept {
+        segment: Segment {
+            file: Arc::new(file),
+            len: scan.end,
+        },
+        records: scan.records,
+    })
+}
+
+/// Drops the entries at or below the saved purge point, and finishes a purge
+/// that was interrupted after its meta write (its segment files remain).
+fn finish_purge(dir: &Path, dir_file: &File, inner: &mut Inner) -> Result<(), LogError> {
+    let Some(purged) = inner.meta.last_purged else {
+        return Ok(());
+    };
+    inner.drop_through(purged.index);
+    let mut removed = false;
+    while let Some(first) = oldest_purged_segment(inner) {
+        let path = dir.join(segment_file_name(first));
+        durability::remove_file(&path).map_err(|e| LogError::io(&path, e))?;
+        inner.segments.remove(&first);
+        removed = true;
+    }
+    if removed {
+        durability::sync_dir(dir_file, dir).map_err(|e| LogError::io(dir, e))?;
+    }
+    let expected = purged.index.saturating_add(1);
+    if !inner.locs.is_empty() && inner.first_index != expected {
+        let first_segment = inner.segments.keys().next().copied().unwrap_or_default();
+        return Err(LogError::Gap {
+            path: dir.join(segment_file_name(first_segment)),
+            expected,
+            found: inner.first_index,
+        });
+    }
+    Ok(())
+}
+
+/// The committed index is saved without fsync and may name entries whose
+/// own write never became durable (a follower applies what the leader
+/// committed once the entry is submitted, not fsynced). An entry cut off
+/// in recovery cannot be committed here: cap it, and the leader resends it.
+fn cap_committed(inner: &mut Inner) {
     let last = inner.last_log_id();
     if let Some(committed) = inner.meta.committed
         && last.is_none_or(|last| committed.index > last.index)
@@ -847,5 +901,4 @@ fn recover(
         );
         inner.meta.committed = last;
     }
-    Ok(inner)
 }
