@@ -7,7 +7,6 @@ use std::cell::Cell;
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use bytes::Bytes;
 use openraft::entry::RaftEntry;
@@ -455,48 +454,48 @@ async fn segments_roll_at_the_configured_size() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_appends_share_fsyncs() {
+async fn appends_queued_behind_an_fsync_share_the_next_one() {
     const APPENDS: u64 = 64;
     let dir = tempfile::tempdir().unwrap();
-    let store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
-    // Appends to one log are ordered (openraft issues them one at a time);
-    // the tasks take turns to write, then all wait for their fsync at once.
-    let turn = Arc::new(tokio::sync::Mutex::new((store.clone(), 0u64)));
-    let start = Arc::new(tokio::sync::Barrier::new(APPENDS as usize));
-    let mut tasks = Vec::new();
-    for _ in 0..APPENDS {
-        let turn = turn.clone();
-        let start = start.clone();
-        tasks.push(tokio::spawn(async move {
-            start.wait().await;
-            let (tx, rx) = TypeConfig::oneshot();
-            {
-                let mut guard = turn.lock().await;
-                let (store, next) = &mut *guard;
-                let index = *next;
-                store
-                    .append(vec![entry(1, index)], IOFlushed::signal(tx))
-                    .await
-                    .unwrap();
-                *next += 1;
-            }
-            rx.await.unwrap()
-        }));
+    let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+    // The first append creates the segment (whose header has its own fsync).
+    let (tx, rx) = TypeConfig::oneshot();
+    store
+        .append(vec![entry(1, 0)], IOFlushed::signal(tx))
+        .await
+        .unwrap();
+    rx.await.unwrap().unwrap();
+    let before = store.stats();
+    // As behind a slow fsync: every append is written and queued before the
+    // flusher may start a round.
+    store.hold_flushes(true);
+    let mut flushed = Vec::new();
+    for index in 1..=APPENDS {
+        let (tx, rx) = TypeConfig::oneshot();
+        store
+            .append(vec![entry(1, index)], IOFlushed::signal(tx))
+            .await
+            .unwrap();
+        flushed.push(rx);
     }
-    for task in tasks {
-        task.await.unwrap().unwrap();
+    tokio::task::yield_now().await;
+    let held = store.stats();
+    assert_eq!(held.entries_flushed, 1, "acknowledged while held: {held:?}");
+    store.hold_flushes(false);
+    for rx in flushed {
+        rx.await.unwrap().unwrap();
     }
     let stats = store.stats();
     println!(
         "group commit: {} appends, {} fsyncs, {} flush rounds, largest batch {}",
         stats.appends, stats.fsyncs, stats.flush_rounds, stats.max_batch
     );
-    assert_eq!(stats.appends, APPENDS);
-    assert_eq!(stats.entries_flushed, APPENDS, "every callback fired");
-    assert!(stats.fsyncs < APPENDS, "{stats:?}");
-    assert!(stats.max_batch > 1, "{stats:?}");
-    let mut store = store;
-    assert_entries(&all_entries(&mut store).await, &entries(1, 0..APPENDS));
+    assert_eq!(stats.appends, APPENDS + 1);
+    assert_eq!(stats.entries_flushed, APPENDS + 1, "every callback fired");
+    assert_eq!(stats.flush_rounds - before.flush_rounds, 1, "{stats:?}");
+    assert_eq!(stats.fsyncs - before.fsyncs, 1, "{stats:?}");
+    assert_eq!(stats.max_batch, APPENDS, "{stats:?}");
+    assert_entries(&all_entries(&mut store).await, &entries(1, 0..APPENDS + 1));
 }
 
 #[test]

@@ -6,7 +6,9 @@
 //! openraft keeps the log a lagging follower still needs, so most catch-ups
 //! replay the log; the test requires at least one to have been a snapshot
 //! install (one per run so far). Kills timed to land inside an install are
-//! not guaranteed.
+//! not guaranteed here; the second test puts them there with failpoints (a
+//! purge interrupted after its meta write, an install interrupted after its
+//! snapshot file was persisted) and checks that the node stopped at them.
 
 use std::time::Duration;
 
@@ -71,12 +73,10 @@ async fn killed_during_snapshot_install_and_purge_loses_nothing() -> Result<()> 
         for id in 1..=3 {
             holds_everything(cluster, id, last, &acknowledged).await?;
         }
+        // It caught up by snapshot installs: "snapshot installed" is logged
+        // only by an install of a snapshot sent by the leader (the victim's
+        // own snapshot index says nothing, as it builds one every 20 entries).
         let victim_status = cluster.status_of(victim).await?;
-        ensure!(
-            victim_status.snapshot_index > 0,
-            "the victim never installed a snapshot: {victim_status:?}"
-        );
-        // It caught up by snapshot installs (not only its own builds).
         let installs = cluster.node(victim)?.log().matches("snapshot installed").count();
         ensure!(installs > 0, "the victim never installed a snapshot");
         println!(

@@ -60,6 +60,9 @@ struct State {
     file: Option<Arc<File>>,
     /// Set by the first failed fsync, never cleared.
     failed: Option<(io::ErrorKind, String)>,
+    /// Tests only: no round starts while set, so appends pile up as they
+    /// would behind a slow fsync, without depending on timing.
+    held: bool,
     shutdown: bool,
 }
 
@@ -109,6 +112,13 @@ impl Flusher {
         self.queue.wake.notify_one();
     }
 
+    /// Tests only: holds (or releases) the next rounds; what is queued while
+    /// held is completed by one round once released.
+    pub fn hold(&self, held: bool) {
+        self.queue.lock().held = held;
+        self.queue.wake.notify_one();
+    }
+
     /// The error of the first failed fsync, if one failed.
     pub fn failure(&self) -> Option<String> {
         self.queue.lock().failed.as_ref().map(|(_, m)| m.clone())
@@ -138,7 +148,7 @@ fn run(queue: &Queue, counters: &Counters) {
     loop {
         let (callbacks, entries, file, failed) = {
             let mut st = queue.lock();
-            while st.callbacks.is_empty() && !st.shutdown {
+            while (st.callbacks.is_empty() || st.held) && !st.shutdown {
                 st = queue.wake.wait(st).unwrap_or_else(PoisonError::into_inner);
             }
             if st.callbacks.is_empty() {

@@ -318,6 +318,14 @@ impl LogStore {
             .store(skip, Ordering::Relaxed);
     }
 
+    /// Test hook: while held, no group commit starts, so the appends made
+    /// meanwhile are all completed by the one fsync that follows the
+    /// release, as behind a slow disk, without depending on timing.
+    #[doc(hidden)]
+    pub fn hold_flushes(&self, held: bool) {
+        self.shared.flusher.hold(held);
+    }
+
     pub fn stats(&self) -> LogStats {
         self.shared.stats()
     }
