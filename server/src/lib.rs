@@ -16,7 +16,8 @@
 //!   region grant, a queue pair per client connection.
 
 #![forbid(unsafe_code)]
-#![warn(clippy::too_many_lines)]
+// Non-test functions stay under 100 lines (issue 13); tests may run longer.
+#![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
 mod accept;
 pub mod config;
