@@ -379,3 +379,25 @@ fn candidates_skip_empty_and_foreign_slots_and_report_corrupt_ones() {
     // An empty neighbourhood has no candidate even for fingerprint bits 0.
     assert_eq!(neighbourhood_slots(&[0, 0], 0).count(), 0);
 }
+
+/// The header's sizes as documented in the format table of
+/// `proto/src/region/header.rs`: readers of other builds depend on them, and
+/// the reader code only ever uses them symbolically.
+#[test]
+fn the_header_sizes_are_the_documented_ones() {
+    assert_eq!(STATIC_HEADER_BYTES, 120, "static words before the CRC");
+    // The last dynamic word (region state, offset 160) ends at 168.
+    assert_eq!(dynamic_word::REGION_STATE, 160);
+    assert_eq!(HEADER_USED_BYTES, 168);
+    assert_eq!(HEADER_BYTES, 4096);
+}
+
+#[test]
+fn a_key_is_admitted_up_to_the_limit_and_not_one_byte_more() {
+    let layout = layout();
+    let limit = params().max_key_bytes as usize;
+    assert!(layout.admits_key(b""));
+    assert!(layout.admits_key(&vec![b'k'; limit]));
+    assert!(!layout.admits_key(&vec![b'k'; limit + 1]));
+}
+

@@ -548,4 +548,19 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn words_in_order_wants_aligned_offsets_each_past_the_last_word() {
+        assert!(words_in_order(&[0, 8, 16]));
+        // Gaps between words are allowed.
+        assert!(words_in_order(&[0, 24]));
+        assert!(words_in_order(&[]));
+        // Not a multiple of the word size.
+        assert!(!words_in_order(&[4]));
+        assert!(!words_in_order(&[0, 12]));
+        // Overlapping the word before, or before it.
+        assert!(!words_in_order(&[8, 8]));
+        assert!(!words_in_order(&[8, 12]));
+        assert!(!words_in_order(&[16, 8]));
+    }
 }
