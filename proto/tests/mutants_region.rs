@@ -271,6 +271,10 @@ fn size_class_indices_stop_at_the_last_class() {
     let first = SizeClass::from_index(0).expect("class 0");
     assert_eq!((first.units(), first.bytes()), (1, 64));
     assert_eq!(SizeClass::for_units(17).map(SizeClass::units), Some(20));
+    // The largest block has a class (the last); one unit more has none.
+    assert_eq!(SizeClass::for_units(u64::from(MAX_BLOCK_UNITS)), Some(last));
+    assert_eq!(SizeClass::for_units(u64::from(MAX_BLOCK_UNITS) + 1), None);
+    assert_eq!(SizeClass::for_units(0), None);
 }
 
 #[test]
@@ -400,4 +404,3 @@ fn a_key_is_admitted_up_to_the_limit_and_not_one_byte_more() {
     assert!(layout.admits_key(&vec![b'k'; limit]));
     assert!(!layout.admits_key(&vec![b'k'; limit + 1]));
 }
-

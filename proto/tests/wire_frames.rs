@@ -329,3 +329,24 @@ mod erased {
         }
     }
 }
+
+#[test]
+fn a_decoder_reports_the_limit_it_enforces() {
+    let decoder = FrameDecoder::new(4096);
+    assert_eq!(decoder.max_frame_bytes(), 4096);
+    assert_eq!(
+        FrameDecoder::default().max_frame_bytes(),
+        DEFAULT_MAX_FRAME_BYTES
+    );
+}
+
+/// A partial frame reserves room for the rest of it, so the body is read
+/// without reallocating on every chunk.
+#[test]
+fn a_partial_frame_reserves_room_for_its_whole_length() {
+    let body_len = 100_000u32;
+    let mut buf = raw_frame(body_len, FrameKind::Request as u8, 1, &[0; 16]);
+    let total = 4 + body_len as usize;
+    assert_eq!(FrameDecoder::default().decode(&mut buf).unwrap(), None);
+    assert!(buf.capacity() >= total, "{} < {total}", buf.capacity());
+}

@@ -72,6 +72,8 @@ fn tokens_match_only_on_identical_bytes() {
     assert!(!tokens_match(b"s3cr3t-token", b"s3cr3t-toke"));
     assert!(!tokens_match(b"s3cr3t-token", b"s3cr3t-token!"));
     assert!(!tokens_match(b"abc", b""));
+    // Two bytes that differ in the same bit: the differences must not cancel.
+    assert!(!tokens_match(b"ab", b"`c"));
 }
 
 #[test]

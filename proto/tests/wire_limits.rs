@@ -179,6 +179,11 @@ fn nonsensical_configurations_are_rejected() {
         over_cap.validate_self(),
         Err(LimitsConfigError::BatchOverHardCap { .. })
     ));
+    let at_cap = Limits {
+        max_batch_keys: HARD_MAX_BATCH_ENTRIES,
+        ..Limits::default()
+    };
+    assert_eq!(at_cap.validate_self(), Ok(()));
 
     let value_bigger_than_frame = Limits {
         max_value_bytes: 16 * 1024 * 1024,
@@ -217,4 +222,30 @@ fn a_max_size_put_fits_in_a_max_size_frame_under_valid_limits() {
         &mut dst,
     )
     .unwrap();
+}
+
+/// The codes' names are metrics labels (dashboards select on them) and
+/// retryability steers every client's retry loop.
+#[test]
+fn error_codes_have_their_label_and_retry_rule() {
+    assert_eq!(ErrorCode::NotLeader.name(), "not_leader");
+    assert_eq!(ErrorCode::RegionFull.name(), "region_full");
+    assert_eq!(ErrorCode::TooManyInFlight.name(), "too_many_in_flight");
+    for retryable in [
+        ErrorCode::NotLeader,
+        ErrorCode::Unavailable,
+        ErrorCode::StaleFollower,
+        ErrorCode::TooManyInFlight,
+    ] {
+        assert!(retryable.is_retryable(), "{retryable:?}");
+    }
+    // A timed-out write may have happened; a bad request fails again.
+    for final_code in [
+        ErrorCode::Timeout,
+        ErrorCode::Malformed,
+        ErrorCode::RegionFull,
+        ErrorCode::Unauthenticated,
+    ] {
+        assert!(!final_code.is_retryable(), "{final_code:?}");
+    }
 }
