@@ -283,7 +283,16 @@ mod tests {
         for cut in 0..good.len() {
             assert!(QpEndpoint::decode(&good[..cut]).is_err(), "cut at {cut}");
         }
-        assert!(QpEndpoint::decode(&[0u8; MAX_QP_ENDPOINT_BYTES + 1]).is_err());
+        // Over the limit is refused by its length before decoding; at the
+        // limit it is decoded (and these zeros fail as a bad encoding).
+        assert!(matches!(
+            QpEndpoint::decode(&[0u8; MAX_QP_ENDPOINT_BYTES + 1]),
+            Err(WireError::FrameTooLarge { .. })
+        ));
+        assert!(!matches!(
+            QpEndpoint::decode(&[0u8; MAX_QP_ENDPOINT_BYTES]),
+            Err(WireError::FrameTooLarge { .. }) | Ok(_)
+        ));
         let mut wrong_version = good.clone();
         wrong_version[0] = 2;
         assert!(QpEndpoint::decode(&wrong_version).is_err());
