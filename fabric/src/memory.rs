@@ -310,6 +310,15 @@ mod tests {
     }
 
     #[test]
+    fn a_handed_out_fd_is_closed_on_exec() {
+        // Only the process it is handed to may hold it, not its children.
+        let owner = RegionMemory::shared(8192, "rdkv-test").unwrap();
+        let fd = owner.read_only_fd().unwrap();
+        let flags = rustix::io::fcntl_getfd(&fd).unwrap();
+        assert!(flags.contains(rustix::io::FdFlags::CLOEXEC), "{flags:?}");
+    }
+
+    #[test]
     fn bytes_round_trip_and_bounds_are_enforced() {
         let m = RegionMemory::anonymous(4096).unwrap();
         m.write_bytes(64, b"hello, region").unwrap();

@@ -52,6 +52,17 @@ fn the_last_word_is_in_bounds_and_the_next_is_not() {
     m.read_words(last - 8, &mut words, Ordering::Relaxed)
         .expect("two last words");
     assert_eq!(words, [0, 0xdead_beef]);
+    // One word and three words: the count of words read is exactly the
+    // destination's length, up to the end of the mapping.
+    let mut one = [0u64; 1];
+    m.read_words(last, &mut one, Ordering::Relaxed)
+        .expect("the last word");
+    assert_eq!(one, [0xdead_beef]);
+    m.store_u64(last - 16, 7, Ordering::Relaxed).expect("store");
+    let mut three = [u64::MAX; 3];
+    m.read_words(last - 16, &mut three, Ordering::Relaxed)
+        .expect("three last words");
+    assert_eq!(three, [7, 0, 0xdead_beef]);
 }
 
 #[test]
