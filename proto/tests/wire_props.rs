@@ -30,24 +30,7 @@ fn any_versioned() -> impl Strategy<Value = Versioned> {
 }
 
 fn any_error_code() -> impl Strategy<Value = ErrorCode> {
-    prop::sample::select(vec![
-        ErrorCode::NotLeader,
-        ErrorCode::KeyTooLarge,
-        ErrorCode::ValueTooLarge,
-        ErrorCode::BatchTooLarge,
-        ErrorCode::EmptyBatch,
-        ErrorCode::FrameTooLarge,
-        ErrorCode::RegionFull,
-        ErrorCode::Unauthenticated,
-        ErrorCode::Unavailable,
-        ErrorCode::Timeout,
-        ErrorCode::StaleFollower,
-        ErrorCode::Malformed,
-        ErrorCode::TooManyInFlight,
-        ErrorCode::UnsupportedVersion,
-        ErrorCode::Internal,
-        ErrorCode::Unknown,
-    ])
+    prop::sample::select(ErrorCode::ALL.to_vec())
 }
 
 fn any_request() -> impl Strategy<Value = Request> {
