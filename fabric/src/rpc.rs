@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use bytes::{Bytes, BytesMut};
 use rdkv_proto::wire::{
     ClientHello, DEFAULT_MAX_FRAME_BYTES, ErrorCode, Frame, FrameDecoder, FrameKind, Request,
-    Response, ServerHello, WireError, decode_payload, encode_frame,
+    Response, ServerHello, WireError, decode_payload, encoded_frame,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -85,14 +85,7 @@ where
     };
     let timed_out = || io::Error::new(io::ErrorKind::TimedOut, "connect timed out");
 
-    let mut out = BytesMut::new();
-    encode_frame(
-        FrameKind::ClientHello,
-        0,
-        hello,
-        DEFAULT_MAX_FRAME_BYTES,
-        &mut out,
-    )?;
+    let out = encoded_frame(FrameKind::ClientHello, 0, hello, DEFAULT_MAX_FRAME_BYTES)?;
     let mut decoder = FrameDecoder::new(DEFAULT_MAX_FRAME_BYTES);
     let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
     let frame = timeout_at(deadline, async {
@@ -155,16 +148,8 @@ pub(crate) fn request_frame(
     request: &Request,
     max_frame_bytes: u32,
 ) -> Result<BytesMut, CallError> {
-    let mut frame = BytesMut::new();
-    encode_frame(
-        FrameKind::Request,
-        request_id,
-        request,
-        max_frame_bytes,
-        &mut frame,
-    )
-    .map_err(CallError::Encode)?;
-    Ok(frame)
+    encoded_frame(FrameKind::Request, request_id, request, max_frame_bytes)
+        .map_err(CallError::Encode)
 }
 
 /// The answer to one call, boxed so that [`RpcChannel`] stays object safe.

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use bytes::BytesMut;
 use rdkv_proto::wire::{
     ClientHello, DEFAULT_MAX_FRAME_BYTES, ErrorCode, Frame, FrameDecoder, FrameKind, Request,
-    Response, ServerHello, decode_payload, encode_frame,
+    Response, ServerHello, decode_payload, encoded_frame,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -126,13 +126,11 @@ pub struct FakeWriter {
 
 impl FakeWriter {
     pub async fn respond(&mut self, request_id: u64, response: &Response) {
-        let mut out = BytesMut::new();
-        encode_frame(
+        let out = encoded_frame(
             FrameKind::Response,
             request_id,
             response,
             DEFAULT_MAX_FRAME_BYTES,
-            &mut out,
         )
         .expect("encode");
         // The client may have gone away; that is its business.
@@ -175,15 +173,8 @@ impl FakeConn {
             }
             _ => hello,
         };
-        let mut out = BytesMut::new();
-        encode_frame(
-            FrameKind::ServerHello,
-            0,
-            &reply,
-            DEFAULT_MAX_FRAME_BYTES,
-            &mut out,
-        )
-        .expect("encode hello");
+        let out = encoded_frame(FrameKind::ServerHello, 0, &reply, DEFAULT_MAX_FRAME_BYTES)
+            .expect("encode hello");
         writer.wr.write_all(&out).await.ok()?;
         if matches!(reply, ServerHello::Rejected { .. }) {
             return None;

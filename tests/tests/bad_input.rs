@@ -12,7 +12,7 @@ use bytes::{Buf, BufMut, BytesMut};
 use rdkv_client::Error as ClientError;
 use rdkv_proto::wire::{
     ClientHello, Consistency, DEFAULT_MAX_FRAME_BYTES, ErrorCode, Frame, FrameDecoder, FrameKind,
-    Request, Response, ServerHello, decode_payload, encode_frame,
+    Request, Response, ServerHello, decode_payload, encoded_frame,
 };
 use rdkv_tests::{Cluster, Intent, check, client_options};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -61,27 +61,23 @@ impl Raw {
     }
 
     async fn send_hello(&mut self, hello: &ClientHello) -> Result<()> {
-        let mut out = BytesMut::new();
-        encode_frame(
+        self.send(&encoded_frame(
             FrameKind::ClientHello,
             0,
             hello,
             DEFAULT_MAX_FRAME_BYTES,
-            &mut out,
-        )?;
-        self.send(&out).await
+        )?)
+        .await
     }
 
     async fn send_request(&mut self, request_id: u64, request: &Request) -> Result<()> {
-        let mut out = BytesMut::new();
-        encode_frame(
+        self.send(&encoded_frame(
             FrameKind::Request,
             request_id,
             request,
             DEFAULT_MAX_FRAME_BYTES,
-            &mut out,
-        )?;
-        self.send(&out).await
+        )?)
+        .await
     }
 
     /// The next frame, or `None` once the server has closed the connection
@@ -281,13 +277,11 @@ async fn garbage_and_oversized_frames() -> Result<()> {
             other => bail!("garbage request got {other:?}"),
         }
         // A payload with trailing bytes after a valid Ping, likewise.
-        let mut ping = BytesMut::new();
-        encode_frame(
+        let ping = encoded_frame(
             FrameKind::Request,
             43,
             &Request::Ping,
             DEFAULT_MAX_FRAME_BYTES,
-            &mut ping,
         )?;
         let mut with_trailer = ping.to_vec();
         with_trailer.extend_from_slice(&[0, 0]);
@@ -522,15 +516,13 @@ async fn slowloris_does_not_block_other_clients() -> Result<()> {
     check(&mut cluster, TEST_LIMIT, async |cluster| {
         let addr = cluster.node(1)?.client_addr;
         still_serves(cluster, "start").await?;
-        let mut hello_bytes = BytesMut::new();
-        encode_frame(
+        let hello_bytes = encoded_frame(
             FrameKind::ClientHello,
             0,
             &ClientHello::new("slow", Some(TOKEN.to_owned())),
             DEFAULT_MAX_FRAME_BYTES,
-            &mut hello_bytes,
-        )?;
-        let hello_bytes = hello_bytes.to_vec();
+        )?
+        .to_vec();
         println!("a hello is {} bytes", hello_bytes.len());
 
         let mut slow = Vec::new();
