@@ -14,7 +14,7 @@ use rdkv_proto::wire::{
     ClientHello, Consistency, DEFAULT_MAX_FRAME_BYTES, ErrorCode, Frame, FrameDecoder, FrameKind,
     Request, Response, ServerHello, decode_payload, encoded_frame,
 };
-use rdkv_tests::{Cluster, Intent, check, client_options};
+use rdkv_tests::{Cluster, Intent, check, client_options, garbage};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -128,19 +128,6 @@ impl Raw {
 
 fn hello(token: Option<&str>) -> ClientHello {
     ClientHello::new("bad-input-test", token.map(str::to_owned))
-}
-
-/// Deterministic pseudo-random bytes.
-fn garbage(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
 }
 
 /// A frame with any kind byte and payload, valid framing otherwise.

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use rdkv_client::{Client, ClientOptions, Error as ClientError, Versioned};
 use rdkv_proto::wire::Consistency;
 use rdkv_storage::raft_log::{DEFAULT_MAX_RECORD_SIZE, segment};
-use rdkv_tests::{Cluster, Intent, check, client_options, eventually, lost_writes};
+use rdkv_tests::{Cluster, Intent, check, client_options, eventually, garbage, lost_writes};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 const WRITERS: u64 = 4;
@@ -214,19 +214,6 @@ fn records(path: &Path) -> Result<Vec<(u64, u64)>> {
         .iter()
         .map(|r| (r.offset, r.end() - r.offset))
         .collect())
-}
-
-/// Deterministic pseudo-random bytes (no rand dependency needed).
-fn garbage(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
 }
 
 /// The raft-log directory's files other than segments and the lock (vote,
