@@ -279,6 +279,17 @@ impl Cluster {
         self.replica(id)?.status().await
     }
 
+    /// GET and MGET requests the nodes have answered by RPC, all together:
+    /// a one-sided read adds nothing to it.
+    pub async fn served_gets(&self) -> Result<u64> {
+        let mut total = 0;
+        for id in self.nodes.keys() {
+            let status = self.status_of(*id).await?;
+            total += status.served.get + status.served.mget;
+        }
+        Ok(total)
+    }
+
     /// Waits until every running node reports the same leader; returns it.
     pub async fn wait_for_leader(&mut self, timeout: Duration) -> Result<u64> {
         eventually(timeout, "an agreed leader", async || {

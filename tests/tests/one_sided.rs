@@ -11,15 +11,6 @@ use rdkv_tests::{Cluster, Intent, check, client_options, eventually};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 
-async fn served_gets(cluster: &Cluster) -> Result<u64> {
-    let mut total = 0;
-    for id in cluster.nodes.keys() {
-        let status = cluster.status_of(*id).await?;
-        total += status.served.get + status.served.mget;
-    }
-    Ok(total)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
@@ -39,7 +30,7 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
         }
         // Warm up: the client learns the topology and maps the regions.
         client.get("key-000").await?;
-        let before = served_gets(cluster).await?;
+        let before = cluster.served_gets().await?;
         let stats_before = client.one_sided_stats().await;
         for round in 0..10 {
             for i in 0..100 {
@@ -66,7 +57,7 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
             );
         }
         ensure!(batched.one_sided_stats().await.served == 100);
-        let after = served_gets(cluster).await?;
+        let after = cluster.served_gets().await?;
         let stats = client.one_sided_stats().await;
         println!("one-sided: {stats:?}");
         assert_eq!(after, before, "GETs reached the servers");
@@ -93,7 +84,7 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
                 .await,
             Err(rdkv_client::Error::OneSidedUnavailable)
         ));
-        ensure!(served_gets(cluster).await? == after);
+        ensure!(cluster.served_gets().await? == after);
 
         // The client maps the regions of local servers and talks to them
         // over their Unix sockets too: its writes skip TCP.
@@ -114,7 +105,7 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
         )?;
         tcp.get_with(Bytes::from_static(b"key-001"), Consistency::Lease)
             .await?;
-        assert!(served_gets(cluster).await? > after);
+        assert!(cluster.served_gets().await? > after);
         Ok(())
     })
     .await

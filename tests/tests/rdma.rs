@@ -57,15 +57,6 @@ fn rdma_options(device: &str) -> ClientOptions {
     }
 }
 
-async fn served_gets(cluster: &Cluster) -> Result<u64> {
-    let mut total = 0;
-    for id in cluster.nodes.keys() {
-        let status = cluster.status_of(*id).await?;
-        total += status.served.get + status.served.mget;
-    }
-    Ok(total)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_device_the_node_says_why_and_auto_clients_still_work() -> Result<()> {
     // A device named here but absent must turn RDMA off, not stop the node.
@@ -104,7 +95,7 @@ async fn without_a_device_the_node_says_why_and_auto_clients_still_work() -> Res
         for i in 0..20 {
             auto.put(format!("k{i}"), format!("v{i}")).await?;
         }
-        let before = served_gets(cluster).await?;
+        let before = cluster.served_gets().await?;
         for i in 0..20 {
             let got = auto.get(format!("k{i}")).await?;
             ensure!(got.is_some_and(|v| v.value == format!("v{i}").as_bytes()));
@@ -113,7 +104,7 @@ async fn without_a_device_the_node_says_why_and_auto_clients_still_work() -> Res
         let stats = auto.one_sided_stats().await;
         ensure!(stats.served >= 20, "one-sided stats {stats:?}");
         ensure!(
-            served_gets(cluster).await? == before,
+            cluster.served_gets().await? == before,
             "GETs reached the server"
         );
 
@@ -169,7 +160,7 @@ async fn rdma_gets_cost_the_servers_no_rpc() -> Result<()> {
                 .await?;
         }
         client.get("key-000").await?;
-        let before = served_gets(cluster).await?;
+        let before = cluster.served_gets().await?;
         for round in 0..10 {
             for i in 0..100 {
                 match client.get(format!("key-{i:03}")).await? {
@@ -191,7 +182,7 @@ async fn rdma_gets_cost_the_servers_no_rpc() -> Result<()> {
             );
         }
         ensure!(
-            served_gets(cluster).await? == before,
+            cluster.served_gets().await? == before,
             "GETs reached the servers"
         );
         let stats = client.one_sided_stats().await;
