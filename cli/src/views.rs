@@ -413,39 +413,16 @@ impl View for HealthView {
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
-    use rdkv_client::{RegionFill, ReplicationLag};
+    use rdkv_client::ReplicationLag;
+    use rdkv_tests::fake_server::node_status;
 
     use super::*;
     use crate::output::{Format, render};
 
     fn status(id: u64, role: Role, replication: Vec<ReplicationLag>) -> NodeStatus {
         NodeStatus {
-            id,
-            client_addr: format!("10.0.0.{id}:7379"),
-            peer_addr: format!("10.0.0.{id}:7380"),
-            role,
-            term: 4,
-            leader_id: Some(1),
-            leader_client_addr: Some("10.0.0.1:7379".into()),
-            last_log_index: 120,
-            commit_index: 120,
-            applied_index: 118,
-            snapshot_index: 100,
-            region: RegionFill {
-                capacity_bytes: 1000,
-                used_bytes: 125,
-                pending_reclaim_bytes: 0,
-                live_keys: 7,
-            },
-            members: Vec::new(),
             replication,
-            shm_socket: None,
-            served: Default::default(),
-            rpc_socket: None,
-            rdma: String::new(),
-            region_epoch: 1,
-            ops: Vec::new(),
-            open_connections: Default::default(),
+            ..node_status(id, role)
         }
     }
 
