@@ -320,9 +320,7 @@ impl ConnShared {
         build(&mut post, wr_id);
         if let Err(e) = post.post() {
             drop(guard);
-            let e = RdmaError::verbs("ibv_post_send", e);
-            self.fail(e.clone());
-            return Err(e);
+            return self.fail_with(RdmaError::verbs("ibv_post_send", e));
         }
         Ok(())
     }
@@ -539,11 +537,9 @@ impl ConnShared {
                         return Ok(false);
                     }
                     // Half a message is on the wire: the stream cannot go on.
-                    let e = RdmaError::Closed(
+                    return self.fail_with(RdmaError::Closed(
                         "no send credit before the deadline in the middle of a message".into(),
-                    );
-                    self.fail(e.clone());
-                    return Err(e);
+                    ));
                 }
             };
             let sent = self.send_fragment(
@@ -555,8 +551,7 @@ impl ConnShared {
                 &message[offset..offset + len],
             );
             if let Err(e) = sent {
-                self.fail(e.clone());
-                return Err(e);
+                return self.fail_with(e);
             }
         }
         Ok(true)
@@ -639,9 +634,7 @@ impl ConnShared {
             drop(guard);
             // Part of the chain may have been posted: failing the connection
             // flushes those and abandons the rest, completing the batch.
-            let e = RdmaError::verbs("ibv_post_send(READ)", e);
-            self.fail(e.clone());
-            return Err(e);
+            return self.fail_with(RdmaError::verbs("ibv_post_send(READ)", e));
         }
         Ok(())
     }
@@ -672,6 +665,12 @@ impl ConnShared {
         lock(&self.incoming).take();
         self.send_ready.notify_waiters();
         self.read_room.notify_all();
+    }
+
+    /// [`ConnShared::fail`], then `error` for the caller that hit it.
+    fn fail_with<T>(&self, error: RdmaError) -> Result<T, RdmaError> {
+        self.fail(error.clone());
+        Err(error)
     }
 }
 
@@ -800,11 +799,9 @@ impl ReadBatch {
                     // Failing the connection destroys the QP (no more DMA
                     // into the slots) and completes the rest of the batch,
                     // whose last completion releases the slots.
-                    let e = RdmaError::Timeout {
+                    return self.conn.fail_with(RdmaError::Timeout {
                         timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-                    };
-                    self.conn.fail(e.clone());
-                    return Err(e);
+                    });
                 }
             };
         }
