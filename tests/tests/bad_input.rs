@@ -22,10 +22,6 @@ const TOKEN: &str = "s3cret";
 const TEST_LIMIT: Duration = Duration::from_secs(60);
 const CLOSE_WITHIN: Duration = Duration::from_secs(10);
 
-fn start() -> Result<Cluster> {
-    Cluster::start_with(1, &["--token", TOKEN])
-}
-
 /// A raw connection speaking (or not) the native protocol.
 struct Raw {
     stream: TcpStream,
@@ -170,17 +166,27 @@ async fn still_serves(cluster: &Cluster, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Runs `body` (under [`check`]) against one node started with the token,
+/// given the node's client address once a normal client is served there.
+async fn against_one_node(
+    body: impl AsyncFnOnce(&mut Cluster, SocketAddr) -> Result<()>,
+) -> Result<()> {
+    let mut cluster = Cluster::start_with(1, &["--token", TOKEN])?;
+    check(&mut cluster, TEST_LIMIT, async |cluster| {
+        let addr = cluster.node(1)?.client_addr;
+        still_serves(cluster, "start").await?;
+        body(cluster, addr).await
+    })
+    .await
+}
+
 /// Garbage and oversized frames, before and after the handshake: closed
 /// connections (after an error reply when the stream was authenticated), a
 /// malformed payload inside a well-framed request gets an error reply and
 /// the connection stays usable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_and_oversized_frames() -> Result<()> {
-    let mut cluster = start()?;
-    check(&mut cluster, TEST_LIMIT, async |cluster| {
-        let addr = cluster.node(1)?.client_addr;
-        still_serves(cluster, "start").await?;
-
+    against_one_node(async |cluster, addr| {
         // Garbage before any handshake: closed, nothing but perhaps a refusal.
         for (i, bytes) in [
             garbage(4096, 1),
@@ -317,10 +323,7 @@ async fn garbage_and_oversized_frames() -> Result<()> {
 /// hello without the rdkv magic. Through raw frames and through the client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_token_and_version_are_rejected() -> Result<()> {
-    let mut cluster = start()?;
-    check(&mut cluster, TEST_LIMIT, async |cluster| {
-        let addr = cluster.node(1)?.client_addr;
-        still_serves(cluster, "start").await?;
+    against_one_node(async |cluster, addr| {
         let cases: [(&str, ClientHello, ErrorCode); 4] = [
             (
                 "a wrong token",
@@ -458,10 +461,8 @@ fn peer_rejection(frame: &Frame) -> Result<String> {
 /// none of this disturbs clients.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_port_refuses_strangers() -> Result<()> {
-    let mut cluster = start()?;
-    check(&mut cluster, TEST_LIMIT, async |cluster| {
+    against_one_node(async |cluster, _| {
         let addr = cluster.node(1)?.peer_addr;
-        still_serves(cluster, "start").await?;
         for (what, bytes, reason) in [
             ("a wrong token", peer_hello(Some("wrong"), 1), "token"),
             ("no token", peer_hello(None, 1), "token"),
@@ -499,10 +500,7 @@ async fn peer_port_refuses_strangers() -> Result<()> {
 /// timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slowloris_does_not_block_other_clients() -> Result<()> {
-    let mut cluster = start()?;
-    check(&mut cluster, TEST_LIMIT, async |cluster| {
-        let addr = cluster.node(1)?.client_addr;
-        still_serves(cluster, "start").await?;
+    against_one_node(async |cluster, addr| {
         let hello_bytes = encoded_frame(
             FrameKind::ClientHello,
             0,
