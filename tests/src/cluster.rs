@@ -315,6 +315,33 @@ impl Cluster {
         .await
     }
 
+    /// Waits until one of `ids` reports a leader among `ids` other than
+    /// `old` (the side of a partition without it has replaced it); returns it.
+    pub async fn wait_for_leader_among(
+        &self,
+        ids: &[u64],
+        old: u64,
+        timeout: Duration,
+    ) -> Result<u64> {
+        eventually(
+            timeout,
+            &format!("a new leader among {ids:?}"),
+            async || {
+                for &id in ids {
+                    if let Ok(status) = self.status_of(id).await
+                        && let Some(leader) = status.leader_id
+                        && leader != old
+                        && ids.contains(&leader)
+                    {
+                        return Ok(leader);
+                    }
+                }
+                bail!("none of {ids:?} reports a leader among them other than {old}")
+            },
+        )
+        .await
+    }
+
     /// Waits until node `id` has applied `index`, asking it directly (a node
     /// that is restarting and cannot answer yet is asked again).
     pub async fn wait_applied(&self, id: u64, index: u64, timeout: Duration) -> Result<()> {

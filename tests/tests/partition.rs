@@ -6,10 +6,10 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use rdkv_client::{Client, ClientOptions, Consistency, Transport};
 use rdkv_tests::prometheus::http_get;
-use rdkv_tests::{Cluster, Intent, check, client_options, eventually};
+use rdkv_tests::{Cluster, Intent, check, client_options};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -21,26 +21,6 @@ fn client_of(cluster: &Cluster, ids: &[u64]) -> Result<Client> {
             ..client_options(None)
         },
     )
-}
-
-async fn leader_among(cluster: &Cluster, ids: &[u64], not: u64) -> Result<u64> {
-    eventually(
-        LEADER_TIMEOUT,
-        &format!("a leader among {ids:?}"),
-        async || {
-            for &id in ids {
-                if let Ok(status) = cluster.status_of(id).await
-                    && let Some(leader) = status.leader_id
-                    && leader != not
-                    && ids.contains(&leader)
-                {
-                    return Ok(leader);
-                }
-            }
-            bail!("none of {ids:?} names a leader among them other than {not}")
-        },
-    )
-    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -63,7 +43,9 @@ async fn an_isolated_leader_is_replaced_and_the_cluster_converges() -> Result<()
             .await?;
 
         cluster.partition(&[&[old], &majority]).await?;
-        let new = leader_among(cluster, &majority, old).await?;
+        let new = cluster
+            .wait_for_leader_among(&majority, old, LEADER_TIMEOUT)
+            .await?;
         let writer = client_of(cluster, &majority)?;
         writer.put("moved", "new").await?;
         for i in 0..20 {
