@@ -14,6 +14,7 @@ pub mod history;
 pub mod linearizability;
 pub mod netns;
 pub mod node;
+pub mod numbered;
 pub mod prometheus;
 pub mod skip;
 pub mod stress_value;

@@ -7,7 +7,7 @@ use anyhow::{Result, bail, ensure};
 use bytes::Bytes;
 use rdkv_client::{ClientOptions, Consistency, Transport};
 use rdkv_fabric::clock::unix_now_us;
-use rdkv_tests::{Cluster, Intent, check, client_options, eventually};
+use rdkv_tests::{Cluster, Intent, check, client_options, eventually, numbered};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -23,39 +23,18 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
                 ..client_options(None)
             },
         )?;
-        for i in 0..100 {
-            client
-                .put(format!("key-{i:03}"), format!("value-{i}"))
-                .await?;
-        }
+        numbered::put_all(&client, 100).await?;
         // Warm up: the client learns the topology and maps the regions.
         client.get("key-000").await?;
         let before = cluster.served_gets().await?;
         let stats_before = client.one_sided_stats().await;
-        for round in 0..10 {
-            for i in 0..100 {
-                let got = client.get(format!("key-{i:03}")).await?;
-                let expected = format!("value-{i}");
-                match got {
-                    Some(v) if v.value == expected.as_bytes() => {}
-                    other => bail!("round {round} key {i}: {other:?}"),
-                }
-            }
-        }
-        let values = client.mget((0..100).map(|i| format!("key-{i:03}"))).await?;
+        numbered::get_all(&client, 100, 10).await?;
+        let values = client.mget((0..100).map(numbered::key)).await?;
         assert!(values.iter().all(Option::is_some));
         // Without the index cache an MGet's reads go out in two batches.
         let batched = cluster.client(Intent::Any)?;
-        let values = batched
-            .mget((0..100).map(|i| format!("key-{i:03}")))
-            .await?;
-        for (i, v) in values.iter().enumerate() {
-            ensure!(
-                v.as_ref()
-                    .is_some_and(|v| v.value == format!("value-{i}").as_bytes()),
-                "batched mget key {i}: {v:?}"
-            );
-        }
+        let values = batched.mget((0..100).map(numbered::key)).await?;
+        numbered::check_all(&values, "batched mget")?;
         ensure!(batched.one_sided_stats().await.served == 100);
         let after = cluster.served_gets().await?;
         let stats = client.one_sided_stats().await;

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use rdkv_client::{ClientOptions, Consistency, Transport};
 use rdkv_tests::skip::{skip, skip_without_hardware};
 use rdkv_tests::stress_value::{check, encode};
-use rdkv_tests::{Cluster, Intent, client_options};
+use rdkv_tests::{Cluster, Intent, client_options, numbered};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -154,33 +154,14 @@ async fn rdma_gets_cost_the_servers_no_rpc() -> Result<()> {
                 ..rdma_options(&device)
             },
         )?;
-        for i in 0..100 {
-            client
-                .put(format!("key-{i:03}"), format!("value-{i}"))
-                .await?;
-        }
+        numbered::put_all(&client, 100).await?;
         client.get("key-000").await?;
         let before = cluster.served_gets().await?;
-        for round in 0..10 {
-            for i in 0..100 {
-                match client.get(format!("key-{i:03}")).await? {
-                    Some(v) if v.value == format!("value-{i}").as_bytes() => {}
-                    other => bail!("round {round} key {i}: {other:?}"),
-                }
-            }
-        }
+        numbered::get_all(&client, 100, 10).await?;
         // An MGet without the index cache: two batches of chained READs.
         let batched = cluster.client_with(Intent::Any, rdma_options(&device))?;
-        let values = batched
-            .mget((0..100).map(|i| format!("key-{i:03}")))
-            .await?;
-        for (i, v) in values.iter().enumerate() {
-            ensure!(
-                v.as_ref()
-                    .is_some_and(|v| v.value == format!("value-{i}").as_bytes()),
-                "mget key {i}: {v:?}"
-            );
-        }
+        let values = batched.mget((0..100).map(numbered::key)).await?;
+        numbered::check_all(&values, "mget")?;
         ensure!(
             cluster.served_gets().await? == before,
             "GETs reached the servers"
