@@ -401,6 +401,25 @@ impl Cluster {
     }
 }
 
+/// How long the nodes of a new or restarted cluster get to agree on a
+/// leader.
+pub const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// [`check`] (within `limit_secs` seconds) for a body that needs a leader:
+/// waits (up to [`LEADER_TIMEOUT`]) until the nodes agree on one, then runs
+/// `body` with its id.
+pub async fn check_with_leader(
+    cluster: &mut Cluster,
+    limit_secs: u64,
+    body: impl AsyncFnOnce(&mut Cluster, u64) -> Result<()>,
+) -> Result<()> {
+    check(cluster, Duration::from_secs(limit_secs), async |cluster| {
+        let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+        body(cluster, leader).await
+    })
+    .await
+}
+
 /// Runs a test body against `cluster` with a time bound, then checks that no
 /// node panicked; on any failure dumps every node's log.
 pub async fn check(

@@ -12,9 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use rdkv_tests::stress_value::splitmix64;
-use rdkv_tests::{Cluster, Intent, check, eventually};
-
-const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
+use rdkv_tests::{Cluster, Intent, check_with_leader, eventually};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_during_snapshot_install_and_purge_loses_nothing() -> Result<()> {
@@ -25,8 +23,7 @@ async fn killed_during_snapshot_install_and_purge_loses_nothing() -> Result<()> 
         3,
         &["--snapshot-entries", "20", "--snapshot-keep-entries", "0"],
     )?;
-    check(&mut cluster, Duration::from_secs(150), async |cluster| {
-        let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, 150, async |cluster, leader| {
         let victim = (1..=3).find(|&id| id != leader).context("a follower")?;
         let writer = cluster.client(Intent::Any)?;
         let mut acknowledged: Vec<(String, String)> = Vec::new();
@@ -130,8 +127,7 @@ async fn crashes_inside_a_log_purge_and_a_snapshot_install_lose_nothing() -> Res
         3,
         &["--snapshot-entries", "20", "--snapshot-keep-entries", "0"],
     )?;
-    check(&mut cluster, Duration::from_secs(120), async |cluster| {
-        let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, 120, async |cluster, leader| {
         let victim = (1..=3).find(|&id| id != leader).context("a follower")?;
         let writer = cluster.client(Intent::Via(&[1, 2, 3]))?;
         let mut acknowledged = Vec::new();

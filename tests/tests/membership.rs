@@ -9,10 +9,9 @@ use anyhow::{Context, Result, bail, ensure};
 use bytes::Bytes;
 use rdkv_proto::wire::{Consistency, ErrorCode};
 use rdkv_storage::raft_log::segment;
-use rdkv_tests::{Cluster, Intent, check, eventually, numbered};
+use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, check_with_leader, eventually, numbered};
 
-const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
-const TEST_LIMIT: Duration = Duration::from_secs(90);
+const TEST_LIMIT_SECS: u64 = 90;
 /// Enough entries for the leader to purge its log behind a snapshot: the
 /// server purges in batches of 256 entries (`purge_batch_size`), so with
 /// ~200 writes nothing would be purged and a joiner would get the log.
@@ -47,8 +46,7 @@ async fn joiner_catches_up_by_snapshot_then_is_removed() -> Result<()> {
         3,
         &["--snapshot-entries", "20", "--snapshot-keep-entries", "0"],
     )?;
-    check(&mut cluster, TEST_LIMIT, async |cluster| {
-        let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, TEST_LIMIT_SECS, async |cluster, leader| {
         let client = cluster.client(Intent::Any)?;
         numbered::put_all(&client, KEYS).await?;
         // The leader has snapshotted and purged its log.
@@ -170,8 +168,7 @@ async fn joiner_catches_up_by_snapshot_then_is_removed() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn move_leader_to_each_follower() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
-    check(&mut cluster, TEST_LIMIT, async |cluster| {
-        let first = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, TEST_LIMIT_SECS, async |cluster, first| {
         let client = cluster.client(Intent::Any)?;
         client.put("before", "1").await?;
 

@@ -7,15 +7,14 @@ use anyhow::{Result, bail, ensure};
 use bytes::Bytes;
 use rdkv_client::{ClientOptions, Consistency, Transport};
 use rdkv_fabric::clock::unix_now_us;
-use rdkv_tests::{Cluster, Intent, check, client_options, eventually, numbered};
-
-const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
+use rdkv_tests::{
+    Cluster, Intent, LEADER_TIMEOUT, check_with_leader, client_options, eventually, numbered,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
-    check(&mut cluster, Duration::from_secs(90), async |cluster| {
-        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, 90, async |cluster, _| {
         let client = cluster.client_with(
             Intent::Any,
             ClientOptions {
@@ -96,8 +95,7 @@ async fn a_restarted_node_is_mapped_anew() -> Result<()> {
     // saying "serving": the new incarnation's region has a new epoch, and
     // the client must move to it rather than read the dead one.
     let mut cluster = Cluster::start(1)?;
-    check(&mut cluster, Duration::from_secs(90), async |cluster| {
-        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, 90, async |cluster, _| {
         let client = cluster.client_with(
             Intent::Any,
             ClientOptions {
@@ -148,8 +146,7 @@ async fn a_single_idle_node_keeps_serving_lease_reads_one_sided() -> Result<()> 
     // A sole voter is its own quorum: its lease must not lapse while it is
     // idle (no writes refresh its quorum acknowledgement).
     let mut cluster = Cluster::start(1)?;
-    check(&mut cluster, Duration::from_secs(60), async |cluster| {
-        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, 60, async |cluster, _| {
         let writer = cluster.client(Intent::Any)?;
         writer.put("idle", "1").await?;
         let idle_since = unix_now_us();

@@ -9,9 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use rdkv_client::{Client, ClientOptions, Consistency, Transport};
 use rdkv_tests::prometheus::http_get;
-use rdkv_tests::{Cluster, Intent, check, client_options};
-
-const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
+use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, check_with_leader, client_options};
 
 fn client_of(cluster: &Cluster, ids: &[u64]) -> Result<Client> {
     cluster.client_with(
@@ -30,8 +28,7 @@ async fn an_isolated_leader_is_replaced_and_the_cluster_converges() -> Result<()
         &cluster,
         "an_isolated_leader_is_replaced_and_the_cluster_converges",
     );
-    check(&mut cluster, Duration::from_secs(120), async |cluster| {
-        let old = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, 120, async |cluster, old| {
         let majority: Vec<u64> = (1..=3).filter(|&id| id != old).collect();
         let all = client_of(cluster, &[1, 2, 3])?;
         all.put("before", "1").await?;
@@ -103,8 +100,7 @@ async fn an_isolated_leader_is_replaced_and_the_cluster_converges() -> Result<()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_disk_slows_writes_but_loses_none() -> Result<()> {
     let mut cluster = Cluster::start_faulty(3, &[])?;
-    check(&mut cluster, Duration::from_secs(90), async |cluster| {
-        let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, 90, async |cluster, leader| {
         let client = client_of(cluster, &[1, 2, 3])?;
         for id in 1..=3 {
             cluster.slow_fsync(id, 30).await?;

@@ -18,9 +18,7 @@ use bytes::Bytes;
 use rdkv_client::{ClientOptions, Consistency, Transport};
 use rdkv_tests::skip::{skip, skip_without_hardware};
 use rdkv_tests::stress_value::{check, encode};
-use rdkv_tests::{Cluster, Intent, client_options, numbered};
-
-const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
+use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, client_options, numbered};
 
 /// The device named by `RDKV_RDMA_DEVICE`, or `None` after saying (visibly,
 /// past the harness's capture) why the test is skipped. A device named for
@@ -61,8 +59,7 @@ fn rdma_options(device: &str) -> ClientOptions {
 async fn without_a_device_the_node_says_why_and_auto_clients_still_work() -> Result<()> {
     // A device named here but absent must turn RDMA off, not stop the node.
     let mut cluster = Cluster::start_with(1, &["--rdma-device", "rdkv-no-such-device"])?;
-    rdkv_tests::check(&mut cluster, Duration::from_secs(60), async |cluster| {
-        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    rdkv_tests::check_with_leader(&mut cluster, 60, async |cluster, _| {
         let status = cluster.status_of(1).await?;
         ensure!(
             status.rdma.starts_with("off: "),
@@ -137,8 +134,7 @@ async fn rdma_gets_cost_the_servers_no_rpc() -> Result<()> {
         return Ok(());
     };
     let mut cluster = Cluster::start_with(3, &["--rdma-device", &device])?;
-    rdkv_tests::check(&mut cluster, Duration::from_secs(120), async |cluster| {
-        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    rdkv_tests::check_with_leader(&mut cluster, 120, async |cluster, _| {
         for id in 1..=3 {
             let status = cluster.status_of(id).await?;
             ensure!(
@@ -187,8 +183,7 @@ async fn rdma_writes_go_over_send_recv() -> Result<()> {
         return Ok(());
     };
     let mut cluster = Cluster::start_with(1, &["--rdma-device", &device])?;
-    rdkv_tests::check(&mut cluster, Duration::from_secs(120), async |cluster| {
-        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    rdkv_tests::check_with_leader(&mut cluster, 120, async |cluster, _| {
         let client = cluster.client_with(Intent::Any, rdma_options(&device))?;
         client.put("warm", "up").await?;
         // Attaching over rdma moves this client's requests to the session.
@@ -235,8 +230,7 @@ async fn rdma_reads_under_a_writer_flat_out_are_never_torn() -> Result<()> {
     };
     let mut cluster =
         Cluster::start_with(1, &["--rdma-device", &device, "--grace-period-ms", "20"])?;
-    rdkv_tests::check(&mut cluster, Duration::from_secs(120), async |cluster| {
-        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    rdkv_tests::check_with_leader(&mut cluster, 120, async |cluster, _| {
         let keys: Vec<String> = (0..8).map(|i| format!("hot-{i}")).collect();
         let writer = cluster.client(Intent::Any)?;
         for key in &keys {
@@ -283,8 +277,7 @@ async fn a_lost_rdma_connection_falls_back_and_reconnects() -> Result<()> {
         return Ok(());
     };
     let mut cluster = Cluster::start_with(1, &["--rdma-device", &device])?;
-    rdkv_tests::check(&mut cluster, Duration::from_secs(120), async |cluster| {
-        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    rdkv_tests::check_with_leader(&mut cluster, 120, async |cluster, _| {
         let client = cluster.client_with(
             Intent::Any,
             ClientOptions {
