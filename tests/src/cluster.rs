@@ -23,6 +23,11 @@ use crate::wait::eventually;
 /// Budget of a fault-injection call.
 const INJECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// `rdkv-server` flags for a snapshot every 20 entries and no log kept
+/// behind it: a node that misses a few dozen entries can only catch up by
+/// snapshot, and the leader purges its log all the time.
+pub const SNAPSHOT_OFTEN: [&str; 4] = ["--snapshot-entries", "20", "--snapshot-keep-entries", "0"];
+
 #[derive(Debug)]
 pub struct Cluster {
     pub nodes: BTreeMap<u64, NodeProc>,

@@ -22,7 +22,7 @@ pub mod wait;
 
 pub use binary::{binary, free_port, free_ports};
 pub use clients::{Intent, Replica, client_options, lost_writes};
-pub use cluster::{Cluster, LEADER_TIMEOUT, check, check_with_leader};
+pub use cluster::{Cluster, LEADER_TIMEOUT, SNAPSHOT_OFTEN, check, check_with_leader};
 pub use garbage::garbage;
 pub use node::NodeProc;
 pub use wait::eventually;

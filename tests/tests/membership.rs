@@ -9,7 +9,9 @@ use anyhow::{Context, Result, bail, ensure};
 use bytes::Bytes;
 use rdkv_proto::wire::{Consistency, ErrorCode};
 use rdkv_storage::raft_log::segment;
-use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, check_with_leader, eventually, numbered};
+use rdkv_tests::{
+    Cluster, Intent, LEADER_TIMEOUT, SNAPSHOT_OFTEN, check_with_leader, eventually, numbered,
+};
 
 const TEST_LIMIT_SECS: u64 = 90;
 /// Enough entries for the leader to purge its log behind a snapshot: the
@@ -42,10 +44,7 @@ async fn node_has_all_keys(cluster: &Cluster, id: u64) -> Result<()> {
 /// removing it leaves 3 members everywhere and writes go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn joiner_catches_up_by_snapshot_then_is_removed() -> Result<()> {
-    let mut cluster = Cluster::start_with(
-        3,
-        &["--snapshot-entries", "20", "--snapshot-keep-entries", "0"],
-    )?;
+    let mut cluster = Cluster::start_with(3, &SNAPSHOT_OFTEN)?;
     check_with_leader(&mut cluster, TEST_LIMIT_SECS, async |cluster, leader| {
         let client = cluster.client(Intent::Any)?;
         numbered::put_all(&client, KEYS).await?;
