@@ -6,7 +6,8 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use rdkv_proto::wire::{
     ClientHello, Consistency, DEFAULT_MAX_FRAME_BYTES, ErrorCode, ErrorReply, Frame, FrameDecoder,
-    FrameKind, LeaderHint, Request, Response, ServerHello, Versioned, decode_payload, encode_frame,
+    FrameKind, LeaderHint, Request, Response, ServerHello, ServerInfo, Versioned, decode_payload,
+    encode_frame,
 };
 
 fn any_bytes() -> impl Strategy<Value = Bytes> {
@@ -139,13 +140,13 @@ fn any_server_hello() -> impl Strategy<Value = ServerHello> {
         )
             .prop_map(
                 |(version, node_id, cluster_id, max_frame_bytes, max_in_flight)| {
-                    ServerHello::Accepted {
+                    ServerHello::Accepted(ServerInfo {
                         version,
                         node_id,
                         cluster_id,
                         max_frame_bytes,
                         max_in_flight,
-                    }
+                    })
                 }
             ),
         (any_error_code(), ".{0,40}")

@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use bytes::{Bytes, BytesMut};
 use rdkv_proto::wire::{
     ClientHello, DEFAULT_MAX_FRAME_BYTES, ErrorCode, ErrorReply, Frame, FrameDecoder, FrameKind,
-    NodeStatus, RegionFill, Request, Response, Role, ServerHello, Versioned, decode_payload,
-    encoded_frame,
+    NodeStatus, RegionFill, Request, Response, Role, ServerHello, ServerInfo, Versioned,
+    decode_payload, encoded_frame,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -23,13 +23,13 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// The hello of a fake that accepts the client with `max_in_flight` credits.
 pub fn accepted(max_in_flight: u32) -> ServerHello {
-    ServerHello::Accepted {
+    ServerHello::Accepted(ServerInfo {
         version: 1,
         node_id: 1,
         cluster_id: 42,
         max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
         max_in_flight,
-    }
+    })
 }
 
 /// A status for tests that render one: node `id` (at 10.0.0.`id`) of a

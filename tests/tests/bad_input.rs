@@ -45,7 +45,7 @@ impl Raw {
         let mut raw = Raw::connect(addr).await?;
         raw.send_hello(&hello(Some(TOKEN))).await?;
         match raw.server_hello().await? {
-            ServerHello::Accepted { .. } => Ok(raw),
+            ServerHello::Accepted(_) => Ok(raw),
             other => bail!("a valid hello was refused: {other:?}"),
         }
     }
@@ -520,7 +520,7 @@ async fn slowloris_does_not_block_other_clients() -> Result<()> {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 match raw.server_hello().await? {
-                    ServerHello::Accepted { .. } => {}
+                    ServerHello::Accepted(_) => {}
                     other => bail!("slow hello refused: {other:?}"),
                 }
                 raw.send_request(1, &Request::Ping).await?;
@@ -574,7 +574,7 @@ async fn slowloris_does_not_block_other_clients() -> Result<()> {
             ensure!(
                 !matches!(
                     decode_payload::<ServerHello>(frame),
-                    Ok(ServerHello::Accepted { .. })
+                    Ok(ServerHello::Accepted(_))
                 ),
                 "a half hello was accepted"
             );

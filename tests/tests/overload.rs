@@ -64,7 +64,7 @@ fn handshake(addr: SocketAddr) -> Result<std::result::Result<TcpStream, String>>
         buf.extend_from_slice(&chunk[..n]);
     };
     Ok(match decode_payload::<ServerHello>(&frame)? {
-        ServerHello::Accepted { .. } => Ok(stream),
+        ServerHello::Accepted(_) => Ok(stream),
         ServerHello::Rejected { code, message } => Err(format!("{code:?}: {message}")),
     })
 }

@@ -33,8 +33,8 @@ pub use frame::{
     decode_exact, decode_payload, encode_frame, encoded_frame,
 };
 pub use handshake::{
-    ClientHello, HANDSHAKE_MAGIC, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, ServerHello, negotiate,
-    tokens_match,
+    ClientHello, HANDSHAKE_MAGIC, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, ServerHello, ServerInfo,
+    negotiate, tokens_match,
 };
 pub use limits::{
     DEFAULT_MAX_BATCH_KEYS, DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, Limits,
