@@ -19,6 +19,8 @@ use rdkv_storage::state_machine::RegionStateMachine;
 use common::{apply, normal};
 
 type Model = BTreeMap<Vec<u8>, (Vec<u8>, u64)>;
+/// A pair as a scan returns it: key, value, version.
+type Row = (Vec<u8>, Vec<u8>, u64);
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -117,12 +119,7 @@ fn apply_model(model: &mut Model, op: &Op, version: u64) {
     }
 }
 
-fn expected(
-    model: &Model,
-    start: &[u8],
-    end: Option<&[u8]>,
-    limit: usize,
-) -> Vec<(Vec<u8>, Vec<u8>, u64)> {
+fn expected(model: &Model, start: &[u8], end: Option<&[u8]>, limit: usize) -> Vec<Row> {
     if end.is_some_and(|end| end <= start) {
         return Vec::new();
     }
@@ -134,12 +131,7 @@ fn expected(
         .collect()
 }
 
-fn scanned(
-    sm: &RegionStateMachine,
-    start: &[u8],
-    end: Option<&[u8]>,
-    limit: usize,
-) -> Vec<(Vec<u8>, Vec<u8>, u64)> {
+fn scanned(sm: &RegionStateMachine, start: &[u8], end: Option<&[u8]>, limit: usize) -> Vec<Row> {
     let page = sm.scan_local(start, end, limit, u64::MAX).unwrap();
     assert!(
         !page.more,
