@@ -518,6 +518,23 @@ mod tests {
         }
     }
 
+    /// The lines YCSB prints for `op` when each of its `count` operations
+    /// took `us` microseconds.
+    fn uniform(op: &str, count: u64, us: u64) -> String {
+        let mut out = format!("[{op}], Operations, {count}\n[{op}], AverageLatency(us), {us}.0\n");
+        for stat in [
+            "Min",
+            "Max",
+            "50thPercentile",
+            "95thPercentile",
+            "99thPercentile",
+            "99.9Percentile",
+        ] {
+            out += &format!("[{op}], {stat}Latency(us), {us}\n");
+        }
+        out
+    }
+
     #[test]
     fn text_output_is_ycsbs() {
         let text = ycsb_text(&sample());
@@ -534,32 +551,12 @@ mod tests {
 [READ], 99.9PercentileLatency(us), 1000
 [READ], Return=NOT_FOUND, 1
 [READ], Return=OK, 5
-[READ-FAILED], Operations, 1
-[READ-FAILED], AverageLatency(us), 5.0
-[READ-FAILED], MinLatency(us), 5
-[READ-FAILED], MaxLatency(us), 5
-[READ-FAILED], 50thPercentileLatency(us), 5
-[READ-FAILED], 95thPercentileLatency(us), 5
-[READ-FAILED], 99thPercentileLatency(us), 5
-[READ-FAILED], 99.9PercentileLatency(us), 5
-[UPDATE], Operations, 0
-[UPDATE], AverageLatency(us), 0.0
-[UPDATE], MinLatency(us), 0
-[UPDATE], MaxLatency(us), 0
-[UPDATE], 50thPercentileLatency(us), 0
-[UPDATE], 95thPercentileLatency(us), 0
-[UPDATE], 99thPercentileLatency(us), 0
-[UPDATE], 99.9PercentileLatency(us), 0
-[UPDATE], Return=ERROR, 1
-[UPDATE-FAILED], Operations, 1
-[UPDATE-FAILED], AverageLatency(us), 7.0
-[UPDATE-FAILED], MinLatency(us), 7
-[UPDATE-FAILED], MaxLatency(us), 7
-[UPDATE-FAILED], 50thPercentileLatency(us), 7
-[UPDATE-FAILED], 95thPercentileLatency(us), 7
-[UPDATE-FAILED], 99thPercentileLatency(us), 7
-[UPDATE-FAILED], 99.9PercentileLatency(us), 7
-";
+"
+        .to_owned()
+            + &uniform("READ-FAILED", 1, 5)
+            + &uniform("UPDATE", 0, 0)
+            + "[UPDATE], Return=ERROR, 1\n"
+            + &uniform("UPDATE-FAILED", 1, 7);
         assert_eq!(text, expected);
         assert_eq!(sample().errors(), 1);
     }

@@ -38,6 +38,26 @@ fn run(args: &[&str]) -> (Output, String) {
     (output, stdout)
 }
 
+/// `rdkv-bench ycsb` against one embedded node with 200 records of workload
+/// `name` and `operations` operations, with `extra` arguments.
+fn embedded_ycsb(name: &str, operations: u32, extra: &[&str]) -> (Output, String) {
+    let file = workload(name);
+    let operations = format!("operationcount={operations}");
+    let mut args = vec![
+        "ycsb",
+        "--embedded",
+        "1",
+        "-P",
+        &file,
+        "-p",
+        "recordcount=200",
+        "-p",
+        &operations,
+    ];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
 /// The value of `[section], name, value` lines, in order.
 fn values(stdout: &str, section: &str, name: &str) -> Vec<f64> {
     let prefix = format!("[{section}], {name}, ");
@@ -53,23 +73,17 @@ fn ycsb_against_an_embedded_node() {
     build_server();
     let json = tempfile::NamedTempFile::new().expect("temp file");
     let json_path = json.path().display().to_string();
-    let file = workload("workloada");
-    let (output, stdout) = run(&[
-        "ycsb",
-        "--embedded",
-        "1",
-        "-P",
-        &file,
-        "-p",
-        "recordcount=200",
-        "-p",
-        "operationcount=500",
-        "--json",
-        &json_path,
-        // One threshold that always holds and one that cannot: exit code 3.
-        "--sla",
-        "update.max>=0us,throughput<0",
-    ]);
+    let (output, stdout) = embedded_ycsb(
+        "workloada",
+        500,
+        &[
+            "--json",
+            &json_path,
+            // One threshold that always holds and one that cannot: exit code 3.
+            "--sla",
+            "update.max>=0us,throughput<0",
+        ],
+    );
     assert_eq!(
         output.status.code(),
         Some(3),
@@ -126,25 +140,19 @@ fn ycsb_compares_rdkv_with_redis() {
     };
     build_server();
     // Workload E: inserts and scans, so both drivers' scans run too.
-    let file = workload("workloade");
-    let (output, stdout) = run(&[
-        "ycsb",
-        "--embedded",
-        "1",
-        "--start-redis",
-        "-P",
-        &file,
-        "-p",
-        "recordcount=200",
-        "-p",
-        "operationcount=300",
-        "-p",
-        "maxscanlength=10",
-        "--target",
-        "rdkv",
-        "--target",
-        "redis",
-    ]);
+    let (output, stdout) = embedded_ycsb(
+        "workloade",
+        300,
+        &[
+            "--start-redis",
+            "-p",
+            "maxscanlength=10",
+            "--target",
+            "rdkv",
+            "--target",
+            "redis",
+        ],
+    );
     assert!(output.status.success(), "exit {:?}", output.status);
     for target in ["rdkv-auto", "redis"] {
         assert!(

@@ -135,44 +135,47 @@ pub async fn run(client: &Client, command: Command) -> Result<Outcome> {
 }
 
 async fn member(client: &Client, command: MemberCommand) -> Result<Outcome> {
-    let (message, members) = match command {
-        MemberCommand::List => (
-            None,
-            client.members().await.context("listing members failed")?,
-        ),
+    // Each change: its result, what failed, and what was done.
+    let (result, failed, done) = match command {
+        MemberCommand::List => {
+            let members = client.members().await.context("listing members failed")?;
+            return Ok(Outcome::ok(MembersView {
+                message: None,
+                members,
+            }));
+        }
         MemberCommand::Add {
             id,
             peer_addr,
             client_addr,
             learner,
         } => {
-            let members = client
-                .add_member(id, peer_addr, client_addr, learner)
-                .await
-                .with_context(|| format!("adding member {id} failed"))?;
             let role = if learner {
                 "as a learner"
             } else {
                 "(a voter once caught up)"
             };
-            (Some(format!("Member {id} added {role}")), members)
+            (
+                client.add_member(id, peer_addr, client_addr, learner).await,
+                format!("adding member {id} failed"),
+                format!("Member {id} added {role}"),
+            )
         }
-        MemberCommand::Promote { id } => {
-            let members = client
-                .promote_member(id)
-                .await
-                .with_context(|| format!("promoting member {id} failed"))?;
-            (Some(format!("Member {id} promoted to voter")), members)
-        }
-        MemberCommand::Remove { id } => {
-            let members = client
-                .remove_member(id)
-                .await
-                .with_context(|| format!("removing member {id} failed"))?;
-            (Some(format!("Member {id} removed")), members)
-        }
+        MemberCommand::Promote { id } => (
+            client.promote_member(id).await,
+            format!("promoting member {id} failed"),
+            format!("Member {id} promoted to voter"),
+        ),
+        MemberCommand::Remove { id } => (
+            client.remove_member(id).await,
+            format!("removing member {id} failed"),
+            format!("Member {id} removed"),
+        ),
     };
-    Ok(Outcome::ok(MembersView { message, members }))
+    Ok(Outcome::ok(MembersView {
+        message: Some(done),
+        members: result.context(failed)?,
+    }))
 }
 
 /// `--endpoints`, or with `--cluster` every member's client address.

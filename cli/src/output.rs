@@ -65,6 +65,11 @@ pub fn show_bytes(bytes: &[u8]) -> (Cow<'_, str>, bool) {
     (Cow::Owned(out), true)
 }
 
+/// One item per line (no newline after the last).
+pub fn lines(items: impl IntoIterator<Item = String>) -> String {
+    items.into_iter().collect::<Vec<_>>().join("\n")
+}
+
 /// A table cell for `text`: control characters escaped so one row stays one line.
 pub fn cell(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -95,6 +100,21 @@ impl Table {
             headers: headers.into_iter().map(Into::into).collect(),
             rows: Vec::new(),
         }
+    }
+
+    /// `headers` over `rows`, rendered.
+    pub fn of<H, S, R, C>(headers: H, rows: impl IntoIterator<Item = R>) -> String
+    where
+        H: IntoIterator<Item = S>,
+        S: Into<String>,
+        R: IntoIterator<Item = C>,
+        C: AsRef<str>,
+    {
+        let mut table = Table::new(headers);
+        for row in rows {
+            table.row(row);
+        }
+        table.render()
     }
 
     /// Adds a row; cells are sanitised with [`cell`]; missing cells are blank.

@@ -272,33 +272,13 @@ fn clock_utc() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rdkv_client::RegionFill;
+    use rdkv_tests::fake_server::node_status;
 
     fn status(ops: &[(&str, u64, u64, u64)], applied: u64) -> NodeStatus {
         NodeStatus {
-            id: 2,
-            client_addr: "a".into(),
-            peer_addr: "p".into(),
-            role: Role::Follower,
-            term: 3,
-            leader_id: Some(1),
-            leader_client_addr: None,
             last_log_index: applied,
             commit_index: applied,
             applied_index: applied,
-            snapshot_index: 0,
-            region: RegionFill {
-                capacity_bytes: 1000,
-                used_bytes: 250,
-                pending_reclaim_bytes: 0,
-                live_keys: 1,
-            },
-            members: Vec::new(),
-            replication: Vec::new(),
-            shm_socket: None,
-            served: Default::default(),
-            rpc_socket: None,
-            region_epoch: 1,
             ops: ops
                 .iter()
                 .map(|&(op, requests, errors, p99)| OpStats {
@@ -308,8 +288,7 @@ mod tests {
                     recent_p99_us: p99,
                 })
                 .collect(),
-            open_connections: Default::default(),
-            rdma: String::new(),
+            ..node_status(2, Role::Follower)
         }
     }
 
@@ -332,7 +311,7 @@ mod tests {
         assert!((row.error_percent.unwrap() - 4.0 * 100.0 / 220.0).abs() < 1e-9);
         assert_eq!(row.p99_us, 1200);
         assert_eq!(row.lag_entries, Some(5));
-        assert_eq!(row.fill_percent, 25.0);
+        assert_eq!(row.fill_percent, 12.5);
         // The first refresh has no interval: no rates, no error rate.
         let first = live(None, &now, Duration::from_secs(1), None);
         assert_eq!(first.rates, Rates::default());

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use rdkv_client::{MemberInfo, NodeStatus, Role, Versioned};
 
-use crate::output::{Json, Table, View, show_bytes};
+use crate::output::{Json, Table, View, lines, show_bytes};
 
 /// `put`: `OK`.
 #[derive(Debug)]
@@ -18,14 +18,24 @@ impl View for PutView {
     }
 
     fn table(&self) -> String {
-        let mut t = Table::new(["VERSION"]);
-        t.row([self.version.to_string()]);
-        t.render()
+        Table::of(["VERSION"], [[self.version.to_string()]])
     }
 
     fn json(&self) -> Json {
         Json::obj([("version", Json::U64(self.version))])
     }
+}
+
+/// The columns of `get` and `scan` tables.
+const KV_HEADERS: [&str; 3] = ["KEY", "VALUE", "VERSION"];
+
+/// A `get` or `scan` table row: `key`, its value and version.
+fn kv_cells(key: &[u8], v: &Versioned) -> [String; 3] {
+    [
+        show_bytes(key).0.into_owned(),
+        show_bytes(&v.value).0.into_owned(),
+        v.version.to_string(),
+    ]
 }
 
 /// `get`: the value, or nothing when the key is absent.
@@ -44,15 +54,10 @@ impl View for GetView {
     }
 
     fn table(&self) -> String {
-        let mut t = Table::new(["KEY", "VALUE", "VERSION"]);
-        if let Some(v) = &self.value {
-            t.row([
-                show_bytes(&self.key).0.into_owned(),
-                show_bytes(&v.value).0.into_owned(),
-                v.version.to_string(),
-            ]);
-        }
-        t.render()
+        Table::of(
+            KV_HEADERS,
+            self.value.iter().map(|v| kv_cells(&self.key, v)),
+        )
     }
 
     fn json(&self) -> Json {
@@ -80,24 +85,19 @@ pub struct ScanView {
 
 impl View for ScanView {
     fn simple(&self) -> String {
-        let mut lines = Vec::with_capacity(self.pairs.len() * 2);
-        for (key, v) in &self.pairs {
-            lines.push(show_bytes(key).0.into_owned());
-            lines.push(show_bytes(&v.value).0.into_owned());
-        }
-        lines.join("\n")
+        lines(self.pairs.iter().flat_map(|(key, v)| {
+            [
+                show_bytes(key).0.into_owned(),
+                show_bytes(&v.value).0.into_owned(),
+            ]
+        }))
     }
 
     fn table(&self) -> String {
-        let mut t = Table::new(["KEY", "VALUE", "VERSION"]);
-        for (key, v) in &self.pairs {
-            t.row([
-                show_bytes(key).0.into_owned(),
-                show_bytes(&v.value).0.into_owned(),
-                v.version.to_string(),
-            ]);
-        }
-        t.render()
+        Table::of(
+            KV_HEADERS,
+            self.pairs.iter().map(|(key, v)| kv_cells(key, v)),
+        )
     }
 
     fn json(&self) -> Json {
@@ -132,9 +132,10 @@ impl View for DelView {
     }
 
     fn table(&self) -> String {
-        let mut t = Table::new(["DELETED", "VERSION"]);
-        t.row([u8::from(self.existed).to_string(), self.version.to_string()]);
-        t.render()
+        Table::of(
+            ["DELETED", "VERSION"],
+            [[u8::from(self.existed).to_string(), self.version.to_string()]],
+        )
     }
 
     fn json(&self) -> Json {
@@ -157,26 +158,28 @@ impl View for MembersView {
         if let Some(message) = &self.message {
             return message.clone();
         }
-        self.members
-            .iter()
-            .map(|m| format!("{}, {}, {}, {}", m.id, m.peer_addr, m.client_addr, !m.voter))
-            .collect::<Vec<_>>()
-            .join("\n")
+        lines(
+            self.members
+                .iter()
+                .map(|m| format!("{}, {}, {}, {}", m.id, m.peer_addr, m.client_addr, !m.voter)),
+        )
     }
 
     fn table(&self) -> String {
-        let mut t = Table::new(["ID", "PEER ADDR", "CLIENT ADDR", "IS LEARNER"]);
-        for m in &self.members {
-            t.row([
-                m.id.to_string(),
-                m.peer_addr.clone(),
-                m.client_addr.clone(),
-                (!m.voter).to_string(),
-            ]);
-        }
+        let table = Table::of(
+            ["ID", "PEER ADDR", "CLIENT ADDR", "IS LEARNER"],
+            self.members.iter().map(|m| {
+                [
+                    m.id.to_string(),
+                    m.peer_addr.clone(),
+                    m.client_addr.clone(),
+                    (!m.voter).to_string(),
+                ]
+            }),
+        );
         match &self.message {
-            Some(message) => format!("{message}\n{}", t.render()),
-            None => t.render(),
+            Some(message) => format!("{message}\n{table}"),
+            None => table,
         }
     }
 
@@ -275,15 +278,11 @@ pub struct StatusView {
 
 impl View for StatusView {
     fn simple(&self) -> String {
-        self.rows
-            .iter()
-            .map(|r| r.cells().join(", "))
-            .collect::<Vec<_>>()
-            .join("\n")
+        lines(self.rows.iter().map(|r| r.cells().join(", ")))
     }
 
     fn table(&self) -> String {
-        let mut t = Table::new([
+        let headers = [
             "ENDPOINT",
             "ID",
             "ROLE",
@@ -294,11 +293,8 @@ impl View for StatusView {
             "REGION FILL",
             "LAG",
             "SHM SOCKET",
-        ]);
-        for row in &self.rows {
-            t.row(row.cells());
-        }
-        t.render()
+        ];
+        Table::of(headers, self.rows.iter().map(StatusRow::cells))
     }
 
     fn json(&self) -> Json {
@@ -367,30 +363,27 @@ pub struct HealthView {
 
 impl View for HealthView {
     fn simple(&self) -> String {
-        self.rows
-            .iter()
-            .map(|r| {
-                if r.healthy {
-                    format!("{} is healthy: took = {:?}", r.endpoint, r.took)
-                } else {
-                    format!("{} is unhealthy: {}", r.endpoint, r.error)
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
+        lines(self.rows.iter().map(|r| {
+            if r.healthy {
+                format!("{} is healthy: took = {:?}", r.endpoint, r.took)
+            } else {
+                format!("{} is unhealthy: {}", r.endpoint, r.error)
+            }
+        }))
     }
 
     fn table(&self) -> String {
-        let mut t = Table::new(["ENDPOINT", "HEALTH", "TOOK", "ERROR"]);
-        for r in &self.rows {
-            t.row([
-                r.endpoint.clone(),
-                r.healthy.to_string(),
-                format!("{:?}", r.took),
-                r.error.clone(),
-            ]);
-        }
-        t.render()
+        Table::of(
+            ["ENDPOINT", "HEALTH", "TOOK", "ERROR"],
+            self.rows.iter().map(|r| {
+                [
+                    r.endpoint.clone(),
+                    r.healthy.to_string(),
+                    format!("{:?}", r.took),
+                    r.error.clone(),
+                ]
+            }),
+        )
     }
 
     fn json(&self) -> Json {
@@ -413,39 +406,16 @@ impl View for HealthView {
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
-    use rdkv_client::{RegionFill, ReplicationLag};
+    use rdkv_client::ReplicationLag;
+    use rdkv_tests::fake_server::node_status;
 
     use super::*;
     use crate::output::{Format, render};
 
     fn status(id: u64, role: Role, replication: Vec<ReplicationLag>) -> NodeStatus {
         NodeStatus {
-            id,
-            client_addr: format!("10.0.0.{id}:7379"),
-            peer_addr: format!("10.0.0.{id}:7380"),
-            role,
-            term: 4,
-            leader_id: Some(1),
-            leader_client_addr: Some("10.0.0.1:7379".into()),
-            last_log_index: 120,
-            commit_index: 120,
-            applied_index: 118,
-            snapshot_index: 100,
-            region: RegionFill {
-                capacity_bytes: 1000,
-                used_bytes: 125,
-                pending_reclaim_bytes: 0,
-                live_keys: 7,
-            },
-            members: Vec::new(),
             replication,
-            shm_socket: None,
-            served: Default::default(),
-            rpc_socket: None,
-            rdma: String::new(),
-            region_epoch: 1,
-            ops: Vec::new(),
-            open_connections: Default::default(),
+            ..node_status(id, role)
         }
     }
 

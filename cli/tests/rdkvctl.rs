@@ -1,80 +1,35 @@
 //! Runs the `rdkvctl` binary against a fake in-process server speaking the real
 //! wire frames: output on stdout, errors only on stderr, exit codes.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::process::Output;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use rdkv_proto::wire::{
-    ErrorCode, ErrorReply, Health, MemberInfo, NodeStatus, RegionFill, ReplicationLag, Request,
-    Response, Role, SnapshotChunk, Versioned,
+    ErrorCode, ErrorReply, Health, MemberInfo, NodeStatus, ReplicationLag, Request, Response, Role,
+    SnapshotChunk,
 };
-use rdkv_tests::fake_server::{Fake, FakeConn, accepted, serve};
+use rdkv_tests::fake_server::{Fake, FakeConn, Kv, accepted, node_status, serve};
 
 const TOKEN: &str = "t0ken";
 const SNAPSHOT: &[u8] = b"snapshot bytes, in several chunks";
 
-#[derive(Default)]
-struct State {
-    map: HashMap<Bytes, Versioned>,
-    index: u64,
-}
-
 fn status(addr: SocketAddr) -> NodeStatus {
     NodeStatus {
-        id: 1,
         client_addr: addr.to_string(),
-        peer_addr: "127.0.0.1:7380".into(),
-        role: Role::Leader,
-        term: 3,
-        leader_id: Some(1),
         leader_client_addr: Some(addr.to_string()),
-        last_log_index: 10,
-        commit_index: 10,
-        applied_index: 10,
-        snapshot_index: 0,
-        region: RegionFill {
-            capacity_bytes: 4000,
-            used_bytes: 1000,
-            pending_reclaim_bytes: 0,
-            live_keys: 2,
-        },
-        members: Vec::new(),
         replication: vec![ReplicationLag {
             id: 2,
-            matched_index: Some(8),
+            matched_index: Some(118),
             lag_entries: 2,
         }],
-        shm_socket: None,
-        served: Default::default(),
-        rpc_socket: None,
-        rdma: String::new(),
-        region_epoch: 1,
-        ops: Vec::new(),
-        open_connections: Default::default(),
+        ..node_status(1, Role::Leader)
     }
 }
 
-fn answer(state: &Mutex<State>, addr: SocketAddr, request: Request) -> Response {
-    let mut s = state.lock().unwrap();
+fn answer(kv: &Mutex<Kv>, addr: SocketAddr, request: Request) -> Response {
     match request {
-        Request::Get { key, .. } => Response::Value(s.map.get(&key).cloned()),
-        Request::Put { key, value } => {
-            s.index += 1;
-            let version = s.index;
-            s.map.insert(key, Versioned { value, version });
-            Response::Written { version }
-        }
-        Request::Delete { key } => {
-            s.index += 1;
-            let existed = s.map.remove(&key).is_some();
-            Response::Deleted {
-                existed,
-                version: s.index,
-            }
-        }
         Request::Members => Response::Members(vec![MemberInfo {
             id: 1,
             peer_addr: "127.0.0.1:7380".into(),
@@ -99,21 +54,18 @@ fn answer(state: &Mutex<State>, addr: SocketAddr, request: Request) -> Response 
                 data: Bytes::copy_from_slice(&SNAPSHOT[start..end]),
             })
         }
-        other => Response::Error(ErrorReply::new(
-            ErrorCode::InvalidRequest,
-            format!("fake does not do {other:?}"),
-        )),
+        data => kv.lock().unwrap().apply(data),
     }
 }
 
 /// A fake node holding a key-value map, behind the token.
 async fn fake() -> Fake {
-    let state = Arc::new(Mutex::new(State::default()));
+    let kv = Arc::new(Mutex::new(Kv::default()));
     serve(accepted(4), Some(TOKEN), move |mut conn: FakeConn| {
-        let state = Arc::clone(&state);
+        let kv = Arc::clone(&kv);
         async move {
             while let Some((id, request)) = conn.request().await {
-                let response = answer(&state, conn.local_addr, request);
+                let response = answer(&kv, conn.local_addr, request);
                 conn.respond(id, &response).await;
             }
         }
@@ -210,7 +162,7 @@ async fn admin_commands() {
     assert!(out.status.success(), "{}", stderr(&out));
     let table = stdout(&out);
     assert!(table.contains("| leader |"), "{table}");
-    assert!(table.contains("| 25.0%       |"), "{table}");
+    assert!(table.contains("| 12.5%       |"), "{table}");
 
     let out = rdkvctl(addr, TOKEN, &["endpoint", "health", "-w", "json"]).await;
     assert!(out.status.success(), "{}", stderr(&out));

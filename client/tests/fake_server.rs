@@ -1,6 +1,5 @@
 //! The client against fake in-process servers that speak the real wire frames.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -8,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use rdkv_client::{Client, ClientOptions, Consistency, Error, ErrorCode, ErrorReply, LeaderHint};
 use rdkv_proto::wire::{Request, Response, SnapshotChunk, Versioned};
-use rdkv_tests::fake_server::{Fake, FakeConn, accepted, serve};
+use rdkv_tests::fake_server::{Fake, FakeConn, Kv, accepted, serve};
 use tokio::sync::mpsc;
 
 /// These tests pin the RPC path's behaviour request by request, so GETs must
@@ -347,80 +346,6 @@ async fn credits_bound_outstanding_requests() {
     let max = max_seen.load(Ordering::SeqCst);
     assert!(max <= 2, "server saw {max} outstanding requests");
     assert_eq!(max, 2, "requests were pipelined up to the limit");
-}
-
-/// A fake leader with a real map, for the request/response mapping.
-#[derive(Default)]
-struct Kv {
-    map: HashMap<Bytes, Versioned>,
-    index: u64,
-}
-
-impl Kv {
-    fn apply(&mut self, request: Request) -> Response {
-        match request {
-            Request::Get { key, .. } => Response::Value(self.map.get(&key).cloned()),
-            Request::MGet { keys, .. } => {
-                Response::Values(keys.iter().map(|k| self.map.get(k).cloned()).collect())
-            }
-            Request::Put { key, value } => {
-                self.index += 1;
-                let version = self.index;
-                self.map.insert(key, Versioned { value, version });
-                Response::Written { version }
-            }
-            Request::MPut { pairs } => {
-                self.index += 1;
-                let version = self.index;
-                for (key, value) in pairs {
-                    self.map.insert(key, Versioned { value, version });
-                }
-                Response::MWritten { version }
-            }
-            Request::Delete { key } => {
-                self.index += 1;
-                let existed = self.map.remove(&key).is_some();
-                Response::Deleted {
-                    existed,
-                    version: self.index,
-                }
-            }
-            Request::Cas {
-                key,
-                expected_version,
-                new_value,
-            } => {
-                let current = self.map.get(&key).cloned();
-                if current.as_ref().map(|v| v.version) != expected_version {
-                    return Response::CasDone {
-                        succeeded: false,
-                        version: self.index,
-                        current,
-                    };
-                }
-                self.index += 1;
-                let version = self.index;
-                match new_value {
-                    Some(value) => {
-                        self.map.insert(key, Versioned { value, version });
-                    }
-                    None => {
-                        self.map.remove(&key);
-                    }
-                }
-                Response::CasDone {
-                    succeeded: true,
-                    version,
-                    current: None,
-                }
-            }
-            Request::Ping => Response::Pong,
-            other => Response::Error(ErrorReply::new(
-                ErrorCode::InvalidRequest,
-                format!("fake does not do {other:?}"),
-            )),
-        }
-    }
 }
 
 #[tokio::test]

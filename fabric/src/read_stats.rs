@@ -2,6 +2,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use rdkv_proto::wire::ReadReport;
+
 /// Why a lock-free read had to start over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RetryCause {
@@ -91,6 +93,27 @@ impl ReadStats {
             + self.retries_invalidated
             + self.retries_moved
             + self.retries_slow
+    }
+}
+
+/// The counters as a client reports them to a node (and the node's own
+/// metrics show them): reads that gave up count as RPC fallbacks; refusals
+/// are not the reader's to count, they start at 0.
+impl From<ReadStats> for ReadReport {
+    fn from(stats: ReadStats) -> ReadReport {
+        ReadReport {
+            reads: stats.reads,
+            retries_slot: stats.retries_slot,
+            retries_block: stats.retries_block,
+            retries_invalidated: stats.retries_invalidated,
+            retries_moved: stats.retries_moved,
+            retries_slow: stats.retries_slow,
+            rpc_fallbacks: stats.exhausted,
+            cache_hits: stats.cache_hits,
+            cache_misses: stats.cache_misses,
+            lease_refusals: 0,
+            lag_refusals: 0,
+        }
     }
 }
 

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use bytes::{Bytes, BytesMut};
 use rdkv_proto::wire::{
     ClientHello, DEFAULT_MAX_FRAME_BYTES, ErrorCode, Frame, FrameDecoder, FrameKind, Request,
-    Response, ServerHello, WireError, decode_payload, encode_frame,
+    Response, ServerHello, ServerInfo, WireError, decode_payload, encoded_frame,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -36,16 +36,6 @@ use thiserror::Error;
 const MAX_COALESCE_BYTES: usize = 256 * 1024;
 /// Spare room kept in the read buffer before each read.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
-
-/// What the server told us in its `ServerHello::Accepted`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ServerInfo {
-    pub version: u16,
-    pub node_id: u64,
-    pub cluster_id: u64,
-    pub max_frame_bytes: u32,
-    pub max_in_flight: u32,
-}
 
 /// Why a connection could not be opened.
 #[derive(Debug, Error)]
@@ -85,14 +75,7 @@ where
     };
     let timed_out = || io::Error::new(io::ErrorKind::TimedOut, "connect timed out");
 
-    let mut out = BytesMut::new();
-    encode_frame(
-        FrameKind::ClientHello,
-        0,
-        hello,
-        DEFAULT_MAX_FRAME_BYTES,
-        &mut out,
-    )?;
+    let out = encoded_frame(FrameKind::ClientHello, 0, hello, DEFAULT_MAX_FRAME_BYTES)?;
     let mut decoder = FrameDecoder::new(DEFAULT_MAX_FRAME_BYTES);
     let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
     let frame = timeout_at(deadline, async {
@@ -115,19 +98,7 @@ where
     .map_err(|_| connect_err(timed_out()))??;
     frame.expect_kind(FrameKind::ServerHello)?;
     let info = match decode_payload::<ServerHello>(&frame)? {
-        ServerHello::Accepted {
-            version,
-            node_id,
-            cluster_id,
-            max_frame_bytes,
-            max_in_flight,
-        } => ServerInfo {
-            version,
-            node_id,
-            cluster_id,
-            max_frame_bytes,
-            max_in_flight,
-        },
+        ServerHello::Accepted(info) => info,
         ServerHello::Rejected { code, message } => {
             return Err(ConnectError::Handshake {
                 addr: addr.to_owned(),
@@ -155,16 +126,8 @@ pub(crate) fn request_frame(
     request: &Request,
     max_frame_bytes: u32,
 ) -> Result<BytesMut, CallError> {
-    let mut frame = BytesMut::new();
-    encode_frame(
-        FrameKind::Request,
-        request_id,
-        request,
-        max_frame_bytes,
-        &mut frame,
-    )
-    .map_err(CallError::Encode)?;
-    Ok(frame)
+    encoded_frame(FrameKind::Request, request_id, request, max_frame_bytes)
+        .map_err(CallError::Encode)
 }
 
 /// The answer to one call, boxed so that [`RpcChannel`] stays object safe.

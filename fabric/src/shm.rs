@@ -29,7 +29,7 @@ use rdkv_proto::region::{HEADER_USED_BYTES, HeaderError, RegionLayout};
 use rdkv_proto::wire::{
     ClientHello, ErrorCode, Frame, FrameDecoder, FrameKind, MAX_SHM_GRANT_BYTES,
     MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, SHM_GRANT_PREFIX_BYTES, ShmGrant, WireError,
-    decode_payload, encode_frame, negotiate, tokens_match,
+    decode_payload, encoded_frame, negotiate, tokens_match,
 };
 use rustix::fs::SealFlags;
 use rustix::net::{
@@ -428,15 +428,8 @@ pub async fn request_shm_grant(
     stream: &mut UnixStream,
     hello: &ClientHello,
 ) -> Result<ReceivedGrant, ShmError> {
-    let mut frame = BytesMut::new();
-    encode_frame(
-        FrameKind::ClientHello,
-        0,
-        hello,
-        SHM_MAX_HELLO_BYTES,
-        &mut frame,
-    )
-    .map_err(ShmError::Encode)?;
+    let frame = encoded_frame(FrameKind::ClientHello, 0, hello, SHM_MAX_HELLO_BYTES)
+        .map_err(ShmError::Encode)?;
     stream.write_all(&frame).await?;
 
     let mut buf = vec![0u8; SHM_GRANT_PREFIX_BYTES + MAX_SHM_GRANT_BYTES as usize];

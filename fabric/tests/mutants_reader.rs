@@ -129,6 +129,13 @@ impl Region {
         Region::sized(REGION_BYTES as usize, layout_with(1, REGION_BYTES))
     }
 
+    /// A region holding `KEY` = `one` at version 1, and that block's slot.
+    fn with_key() -> (Region, Slot) {
+        let mut region = Region::new();
+        let slot = region.put(KEY, b"one", 1);
+        (region, slot)
+    }
+
     fn sized(memory_bytes: usize, layout: RegionLayout) -> Region {
         let memory = Arc::new(RegionMemory::anonymous(memory_bytes).expect("mapping"));
         memory
@@ -195,6 +202,14 @@ impl Region {
         slot
     }
 
+    /// A fingerprint collision: a block of `OTHER` published in slot
+    /// `index` of `KEY`'s neighbourhood under `KEY`'s fingerprint.
+    fn collide(&mut self, index: u64) -> Slot {
+        let foreign = self.block(self.fingerprint(KEY), OTHER, b"foreign", 4);
+        self.publish(KEY, index, foreign.encode());
+        foreign
+    }
+
     /// Where `slot` sits in `key`'s neighbourhood.
     fn index_of(&self, key: &[u8], slot: Slot) -> u64 {
         (0..self.slots())
@@ -222,6 +237,15 @@ impl Region {
 
     fn default_reader(&self) -> RegionReader {
         self.reader(ReaderOptions::for_layout(&self.layout))
+    }
+
+    /// A hooked reader with the layout's default options and a clock that
+    /// stands still.
+    fn default_hooked_reader(&self) -> HookedReader {
+        self.hooked_reader(
+            SteppingClock::stepping(0),
+            ReaderOptions::for_layout(&self.layout),
+        )
     }
 
     fn hooked_reader(&self, clock: Arc<dyn Clock>, options: ReaderOptions) -> HookedReader {
@@ -264,6 +288,20 @@ fn versioned(value: &[u8], version: u64) -> Option<Versioned> {
         value: Bytes::copy_from_slice(value),
         version,
     })
+}
+
+/// `max_attempts` attempts per read, each given up after `abandon_after_us`
+/// (`None`: never).
+fn reader_options(max_attempts: u32, abandon_after_us: Option<u64>) -> ReaderOptions {
+    ReaderOptions {
+        max_attempts,
+        abandon_after_us,
+    }
+}
+
+/// `KEY`, read through `cache`.
+fn cached(reader: &RegionReader, cache: &IndexCache) -> Option<Versioned> {
+    reader.get_cached(KEY, cache).expect("get")
 }
 
 fn stats(reads: u64, hits: u64, misses: u64) -> ReadStats {
@@ -314,16 +352,10 @@ fn a_key_of_exactly_the_maximum_length_is_found_and_a_longer_one_is_absent() {
 #[test]
 fn a_fingerprint_collision_is_skipped_when_its_slot_did_not_change() {
     let mut region = Region::new();
-    let fingerprint = region.fingerprint(KEY);
     // Slot 0: another key's block under KEY's fingerprint; slot 1: KEY.
-    let foreign = region.block(fingerprint, OTHER, b"foreign", 4);
-    region.publish(KEY, 0, foreign.encode());
-    let mine = region.block(fingerprint, KEY, b"mine", 5);
-    region.publish(KEY, 1, mine.encode());
-    let hooked = region.hooked_reader(
-        SteppingClock::stepping(0),
-        ReaderOptions::for_layout(&region.layout),
-    );
+    region.collide(0);
+    region.put_at(KEY, 1, b"mine", 5);
+    let hooked = region.default_hooked_reader();
     assert_eq!(hooked.reader.get(KEY).expect("get"), versioned(b"mine", 5));
     // Neighbourhood, foreign block, the foreign slot again, KEY's block.
     assert_eq!(hooked.reads(), 4);
@@ -339,14 +371,9 @@ fn a_fingerprint_collision_is_skipped_when_its_slot_did_not_change() {
 #[test]
 fn a_slot_that_moved_while_its_block_was_read_is_read_again() {
     let mut region = Region::new();
-    let fingerprint = region.fingerprint(KEY);
-    let foreign = region.block(fingerprint, OTHER, b"foreign", 4);
-    region.publish(KEY, 0, foreign.encode());
-    let mine = region.block(fingerprint, KEY, b"mine", 5);
-    let hooked = region.hooked_reader(
-        SteppingClock::stepping(0),
-        ReaderOptions::for_layout(&region.layout),
-    );
+    let foreign = region.collide(0);
+    let mine = region.block(region.fingerprint(KEY), KEY, b"mine", 5);
+    let hooked = region.default_hooked_reader();
     // Once the foreign block has been copied, the writer puts KEY in slot 0.
     let foreign_at = region.block_offset(foreign);
     let memory = Arc::clone(&region.memory);
@@ -369,10 +396,7 @@ fn a_corrupt_candidate_slot_is_retried_until_the_budget_is_spent() {
     let slot = region.put(KEY, b"v", 1);
     let corrupt = slot.encode() ^ (1 << 60);
     region.publish(KEY, 0, corrupt);
-    let options = ReaderOptions {
-        max_attempts: 3,
-        abandon_after_us: None,
-    };
+    let options = reader_options(3, None);
     let reader = region.reader(options);
     match reader.get(KEY) {
         Err(ReadError::Exhausted { attempts, last }) => {
@@ -391,10 +415,7 @@ fn a_corrupt_slot_of_another_fingerprint_turns_a_miss_into_an_error() {
     let mut region = Region::new();
     let slot = region.block(other_fingerprint(region.fingerprint(KEY)), OTHER, b"v", 1);
     region.publish(KEY, 0, slot.encode() ^ (1 << 3));
-    let reader = region.reader(ReaderOptions {
-        max_attempts: 2,
-        abandon_after_us: None,
-    });
+    let reader = region.reader(reader_options(2, None));
     assert!(matches!(
         reader.get(KEY),
         Err(ReadError::Exhausted {
@@ -413,10 +434,7 @@ fn a_slot_beyond_the_region_limits_is_a_slot_problem() {
     let max = region.layout.max_class().expect("max class");
     let too_big = SizeClass::from_index(max.index() + 1).expect("a larger class");
     region.publish(KEY, 0, Slot::new(fingerprint, too_big, 0).encode());
-    let reader = region.reader(ReaderOptions {
-        max_attempts: 1,
-        abandon_after_us: None,
-    });
+    let reader = region.reader(reader_options(1, None));
     assert!(matches!(
         reader.get(KEY),
         Err(ReadError::Exhausted {
@@ -441,10 +459,7 @@ fn an_invalidated_block_and_a_torn_block_are_counted_apart() {
             Ordering::Release,
         )
         .expect("invalidate");
-    let options = ReaderOptions {
-        max_attempts: 2,
-        abandon_after_us: None,
-    };
+    let options = reader_options(2, None);
     let reader = region.reader(options);
     assert!(matches!(
         reader.get(KEY),
@@ -478,15 +493,11 @@ fn an_invalidated_block_and_a_torn_block_are_counted_apart() {
 fn an_attempt_is_abandoned_only_when_it_takes_longer_than_the_bound() {
     let mut region = Region::new();
     region.put(KEY, b"v", 1);
-    let options = |limit| ReaderOptions {
-        max_attempts: 2,
-        abandon_after_us: Some(limit),
-    };
     // Each attempt reads the clock twice: the elapsed time is one step.
-    let on_time = region.hooked_reader(SteppingClock::stepping(100), options(100));
+    let on_time = region.hooked_reader(SteppingClock::stepping(100), reader_options(2, Some(100)));
     assert_eq!(on_time.reader.get(KEY).expect("get"), versioned(b"v", 1));
     assert_eq!(on_time.reader.stats().retries_slow, 0);
-    let late = region.hooked_reader(SteppingClock::stepping(101), options(100));
+    let late = region.hooked_reader(SteppingClock::stepping(101), reader_options(2, Some(100)));
     assert!(matches!(
         late.reader.get(KEY),
         Err(ReadError::Exhausted {
@@ -496,13 +507,8 @@ fn an_attempt_is_abandoned_only_when_it_takes_longer_than_the_bound() {
     ));
     assert_eq!(late.reader.stats().retries_slow, 2);
     // Without a bound, no attempt is ever slow.
-    let unbounded = region.hooked_reader(
-        SteppingClock::stepping(1_000_000),
-        ReaderOptions {
-            max_attempts: 1,
-            abandon_after_us: None,
-        },
-    );
+    let unbounded =
+        region.hooked_reader(SteppingClock::stepping(1_000_000), reader_options(1, None));
     assert_eq!(unbounded.reader.get(KEY).expect("get"), versioned(b"v", 1));
 }
 
@@ -513,10 +519,7 @@ fn the_abandon_bound_may_be_half_the_grace_period_but_not_more() {
     assert_eq!(defaults.max_attempts, ReaderOptions::DEFAULT_MAX_ATTEMPTS);
     assert_eq!(defaults.abandon_after_us, Some(GRACE_US / 2));
     let clock = || SteppingClock::stepping(0) as Arc<dyn Clock>;
-    let half = ReaderOptions {
-        max_attempts: 1,
-        abandon_after_us: Some(GRACE_US / 2),
-    };
+    let half = reader_options(1, Some(GRACE_US / 2));
     assert!(RegionReader::attach(Arc::clone(&region.memory), clock(), half).is_ok());
     let over = ReaderOptions {
         abandon_after_us: Some(GRACE_US / 2 + 1),
@@ -534,10 +537,7 @@ fn the_abandon_bound_may_be_half_the_grace_period_but_not_more() {
 #[test]
 fn a_mapping_shorter_than_its_header_says_is_refused() {
     let clock = || SteppingClock::stepping(0) as Arc<dyn Clock>;
-    let options = ReaderOptions {
-        max_attempts: 1,
-        abandon_after_us: None,
-    };
+    let options = reader_options(1, None);
     let short = Region::sized(1 << 15, layout_with(1, (1 << 15) + 4096));
     assert!(matches!(
         RegionReader::attach(Arc::clone(&short.memory), clock(), options),
@@ -581,13 +581,9 @@ fn header_words_are_read_and_a_rebuilt_region_is_noticed() {
 
 #[test]
 fn get_many_answers_like_get_in_two_batched_rounds() {
-    let mut region = Region::new();
-    region.put(KEY, b"one", 1);
+    let (mut region, _) = Region::with_key();
     region.put(OTHER, b"two", 2);
-    let hooked = region.hooked_reader(
-        SteppingClock::stepping(0),
-        ReaderOptions::for_layout(&region.layout),
-    );
+    let hooked = region.default_hooked_reader();
     let keys = [
         Bytes::from_static(KEY),
         Bytes::from_static(b"absent"),
@@ -603,12 +599,8 @@ fn get_many_answers_like_get_in_two_batched_rounds() {
 
 #[test]
 fn get_many_reads_a_key_again_on_its_own_when_its_block_does_not_match() {
-    let mut region = Region::new();
-    let slot = region.put(KEY, b"one", 1);
-    let hooked = region.hooked_reader(
-        SteppingClock::stepping(0),
-        ReaderOptions::for_layout(&region.layout),
-    );
+    let (region, slot) = Region::with_key();
+    let hooked = region.default_hooked_reader();
     let many = hooked
         .reader
         .get_many(&[Bytes::from_static(KEY)])
@@ -623,10 +615,7 @@ fn get_many_reads_a_key_again_on_its_own_when_its_block_does_not_match() {
         .memory
         .inject_bit_flip(block_at + 26, 1)
         .expect("flip");
-    let reader = region.reader(ReaderOptions {
-        max_attempts: 1,
-        abandon_after_us: None,
-    });
+    let reader = region.reader(reader_options(1, None));
     assert!(matches!(
         reader.get_many(&[Bytes::from_static(KEY)]),
         Err(ReadError::Exhausted { .. })
@@ -636,22 +625,17 @@ fn get_many_reads_a_key_again_on_its_own_when_its_block_does_not_match() {
 
 #[test]
 fn get_many_that_took_too_long_reads_every_key_again() {
-    let mut region = Region::new();
-    region.put(KEY, b"one", 1);
-    let options = |limit| ReaderOptions {
-        max_attempts: 1,
-        abandon_after_us: Some(limit),
-    };
+    let (region, _) = Region::with_key();
     let keys = [Bytes::from_static(KEY), Bytes::from_static(b"absent")];
     // get_many reads the clock twice (one step); each get attempt twice.
-    let on_time = region.hooked_reader(SteppingClock::stepping(100), options(100));
+    let on_time = region.hooked_reader(SteppingClock::stepping(100), reader_options(1, Some(100)));
     assert_eq!(
         on_time.reader.get_many(&keys).expect("get_many"),
         vec![versioned(b"one", 1), None]
     );
     assert_eq!(on_time.reads(), 3);
     // One step over the bound: nothing from the batched rounds is trusted.
-    let late = region.hooked_reader(SteppingClock::stepping(101), options(100));
+    let late = region.hooked_reader(SteppingClock::stepping(101), reader_options(1, Some(100)));
     let absent = [Bytes::from_static(b"absent")];
     assert_eq!(late.reader.get_many(&absent).expect("get_many"), vec![None]);
     // The batched neighbourhood, then the key alone.
@@ -668,24 +652,14 @@ fn get_many_that_took_too_long_reads_every_key_again() {
 
 #[test]
 fn a_cached_location_costs_one_read_while_the_block_is_current() {
-    let mut region = Region::new();
-    region.put(KEY, b"one", 1);
+    let (region, _) = Region::with_key();
     let cache = IndexCache::new(16);
-    let hooked = region.hooked_reader(
-        SteppingClock::stepping(0),
-        ReaderOptions::for_layout(&region.layout),
-    );
+    let hooked = region.default_hooked_reader();
     assert!(cache.is_empty());
-    assert_eq!(
-        hooked.reader.get_cached(KEY, &cache).expect("get"),
-        versioned(b"one", 1)
-    );
+    assert_eq!(cached(&hooked.reader, &cache), versioned(b"one", 1));
     assert_eq!(cache.len(), 1);
     assert_eq!(hooked.reads(), 2);
-    assert_eq!(
-        hooked.reader.get_cached(KEY, &cache).expect("get"),
-        versioned(b"one", 1)
-    );
+    assert_eq!(cached(&hooked.reader, &cache), versioned(b"one", 1));
     assert_eq!(hooked.reads(), 3);
     let seen = hooked.reader.stats();
     assert_eq!((seen.cache_hits, seen.cache_misses, seen.hits), (1, 1, 2));
@@ -696,36 +670,25 @@ fn a_cached_location_costs_one_read_while_the_block_is_current() {
 
 #[test]
 fn a_replaced_block_sends_the_cached_read_back_to_the_slot() {
-    let mut region = Region::new();
-    let old = region.put(KEY, b"one", 1);
+    let (mut region, old) = Region::with_key();
     let cache = IndexCache::new(16);
     let reader = region.default_reader();
-    assert_eq!(
-        reader.get_cached(KEY, &cache).expect("get"),
-        versioned(b"one", 1)
-    );
+    assert_eq!(cached(&reader, &cache), versioned(b"one", 1));
     // The writer invalidates the old block and publishes a new one.
     region
         .memory
         .store_u64(region.block_offset(old) + 8, 0, Ordering::Release)
         .expect("invalidate");
     region.put_at(KEY, region.index_of(KEY, old), b"two", 2);
-    assert_eq!(
-        reader.get_cached(KEY, &cache).expect("get"),
-        versioned(b"two", 2)
-    );
-    assert_eq!(
-        reader.get_cached(KEY, &cache).expect("get"),
-        versioned(b"two", 2)
-    );
+    assert_eq!(cached(&reader, &cache), versioned(b"two", 2));
+    assert_eq!(cached(&reader, &cache), versioned(b"two", 2));
     let seen = reader.stats();
     assert_eq!((seen.cache_hits, seen.cache_misses), (1, 2));
 }
 
 #[test]
 fn a_cached_block_of_another_version_is_not_trusted() {
-    let mut region = Region::new();
-    let slot = region.put(KEY, b"one", 1);
+    let (region, slot) = Region::with_key();
     let cache = IndexCache::new(16);
     let reader = region.default_reader();
     reader.get_cached(KEY, &cache).expect("get");
@@ -737,59 +700,25 @@ fn a_cached_block_of_another_version_is_not_trusted() {
         .memory
         .write_bytes(region.block_offset(slot), &bytes)
         .expect("rewrite");
-    assert_eq!(
-        reader.get_cached(KEY, &cache).expect("get"),
-        versioned(b"uno", 9)
-    );
+    assert_eq!(cached(&reader, &cache), versioned(b"uno", 9));
     assert_eq!(reader.stats().cache_hits, 0);
 }
 
 #[test]
 fn a_slow_cached_read_falls_back_to_the_slot() {
-    let mut region = Region::new();
-    region.put(KEY, b"one", 1);
+    let (region, _) = Region::with_key();
     let cache = IndexCache::new(16);
-    let fast = region.hooked_reader(
-        SteppingClock::stepping(0),
-        ReaderOptions {
-            max_attempts: 1,
-            abandon_after_us: Some(100),
-        },
-    );
+    let fast = region.hooked_reader(SteppingClock::stepping(0), reader_options(1, Some(100)));
     fast.reader.get_cached(KEY, &cache).expect("fill the cache");
-    let slow = region.hooked_reader(
-        SteppingClock::stepping(101),
-        ReaderOptions {
-            max_attempts: 1,
-            abandon_after_us: Some(400),
-        },
-    );
+    let slow = region.hooked_reader(SteppingClock::stepping(101), reader_options(1, Some(400)));
     // A cached read that takes exactly the bound is still on time.
-    let at_bound = region.hooked_reader(
-        SteppingClock::stepping(100),
-        ReaderOptions {
-            max_attempts: 1,
-            abandon_after_us: Some(100),
-        },
-    );
-    assert_eq!(
-        at_bound.reader.get_cached(KEY, &cache).expect("get"),
-        versioned(b"one", 1)
-    );
+    let at_bound = region.hooked_reader(SteppingClock::stepping(100), reader_options(1, Some(100)));
+    assert_eq!(cached(&at_bound.reader, &cache), versioned(b"one", 1));
     assert_eq!(at_bound.reader.stats().cache_hits, 1);
     // The cached read takes 101 µs (not over 400): a cache hit.
-    assert_eq!(
-        slow.reader.get_cached(KEY, &cache).expect("get"),
-        versioned(b"one", 1)
-    );
+    assert_eq!(cached(&slow.reader, &cache), versioned(b"one", 1));
     assert_eq!(slow.reader.stats().cache_hits, 1);
-    let slower = region.hooked_reader(
-        SteppingClock::stepping(101),
-        ReaderOptions {
-            max_attempts: 1,
-            abandon_after_us: Some(100),
-        },
-    );
+    let slower = region.hooked_reader(SteppingClock::stepping(101), reader_options(1, Some(100)));
     // Over the bound: the cached read is dropped and the slot read (also
     // slow) gives up: the cached block, the neighbourhood, the block.
     assert!(matches!(
@@ -802,8 +731,7 @@ fn a_slow_cached_read_falls_back_to_the_slot() {
 
 #[test]
 fn the_index_cache_is_bounded_and_keyed_by_epoch() {
-    let mut region = Region::new();
-    region.put(KEY, b"one", 1);
+    let (mut region, _) = Region::with_key();
     region.put(OTHER, b"two", 2);
     let reader = region.default_reader();
     let one = IndexCache::new(1);
@@ -820,10 +748,7 @@ fn the_index_cache_is_bounded_and_keyed_by_epoch() {
     let mut rebuilt = Region::sized(REGION_BYTES as usize, layout_with(2, REGION_BYTES));
     rebuilt.put(KEY, b"new", 3);
     let new_reader = rebuilt.default_reader();
-    assert_eq!(
-        new_reader.get_cached(KEY, &cache).expect("get"),
-        versioned(b"new", 3)
-    );
+    assert_eq!(cached(&new_reader, &cache), versioned(b"new", 3));
     assert_eq!(new_reader.stats().cache_hits, 0);
 }
 
@@ -836,8 +761,7 @@ fn keys_fill_whole_neighbourhoods() {
         let other = region.block(other_fingerprint(fingerprint), OTHER, b"x", 1);
         region.publish(KEY, index, other.encode());
     }
-    let mine = region.block(fingerprint, KEY, b"last", 6);
-    region.publish(KEY, 2 * SLOTS_PER_BUCKET as u64 - 1, mine.encode());
+    region.put_at(KEY, 2 * SLOTS_PER_BUCKET as u64 - 1, b"last", 6);
     let reader = region.default_reader();
     assert_eq!(reader.get(KEY).expect("get"), versioned(b"last", 6));
 }
@@ -872,8 +796,7 @@ fn get_many_reads_the_whole_neighbourhood() {
 
 #[test]
 fn the_index_cache_holds_distinct_keys_and_forgets_a_deleted_one() {
-    let mut region = Region::new();
-    let slot = region.put(KEY, b"one", 1);
+    let (mut region, slot) = Region::with_key();
     region.put(OTHER, b"two", 2);
     let reader = region.default_reader();
     let cache = IndexCache::new(16);
@@ -887,22 +810,16 @@ fn the_index_cache_holds_distinct_keys_and_forgets_a_deleted_one() {
         .store_u64(region.block_offset(slot) + 8, 0, Ordering::Release)
         .expect("invalidate");
     region.publish(KEY, region.index_of(KEY, slot), 0);
-    assert_eq!(reader.get_cached(KEY, &cache).expect("get"), None);
+    assert_eq!(cached(&reader, &cache), None);
     assert_eq!(cache.len(), 1);
 }
 
 #[test]
 fn a_collision_past_the_first_slot_rereads_its_own_slot() {
     let mut region = Region::new();
-    let fingerprint = region.fingerprint(KEY);
-    let foreign = region.block(fingerprint, OTHER, b"foreign", 4);
-    region.publish(KEY, 2, foreign.encode());
-    let mine = region.block(fingerprint, KEY, b"mine", 5);
-    region.publish(KEY, 5, mine.encode());
-    let reader = region.reader(ReaderOptions {
-        max_attempts: 2,
-        abandon_after_us: None,
-    });
+    region.collide(2);
+    region.put_at(KEY, 5, b"mine", 5);
+    let reader = region.reader(reader_options(2, None));
     assert_eq!(reader.get(KEY).expect("get"), versioned(b"mine", 5));
     assert_eq!(reader.stats().retries_moved, 0);
 }

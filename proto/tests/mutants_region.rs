@@ -6,28 +6,14 @@
 
 use rdkv_proto::region::{
     BLOCK_HEADER_BYTES, BlockError, BlockHeader, BlockRef, BlockVerdict, DynamicHeader,
-    HEADER_BYTES, HEADER_USED_BYTES, HashSeed, HeaderError, KeyHash, LayoutParams, MAX_BLOCK_UNITS,
+    HEADER_BYTES, HEADER_USED_BYTES, HeaderError, KeyHash, LayoutParams, MAX_BLOCK_UNITS,
     MAX_DATA_UNITS, RegionLayout, RegionState, STATIC_HEADER_BYTES, SizeClass, Slot, SlotError,
     UNIT_BYTES, dynamic_word, encode_block, encoded_block_bytes, examine_block,
     neighbourhood_slots, verify_neighbourhood,
 };
 
-fn params() -> LayoutParams {
-    LayoutParams {
-        region_bytes: 1 << 20,
-        bucket_count: 512,
-        neighbourhood_buckets: 2,
-        region_epoch: 7,
-        node_id: 3,
-        hash_seed: HashSeed(11, 12),
-        max_key_bytes: 64,
-        max_value_bytes: 1024,
-        grace_period_us: 1000,
-    }
-}
-
 fn layout() -> RegionLayout {
-    RegionLayout::plan(params()).expect("a valid geometry")
+    RegionLayout::plan(LayoutParams::for_tests()).expect("a valid geometry")
 }
 
 /// Encodes `layout` as stored (a valid CRC whatever the geometry) and decodes
@@ -40,13 +26,18 @@ fn geometry_refused(layout: RegionLayout) -> bool {
     matches!(redecode(layout), Err(HeaderError::Geometry(_)))
 }
 
+/// Whether `plan` itself refuses `params` for their geometry.
+fn plan_refused(params: LayoutParams) -> bool {
+    matches!(RegionLayout::plan(params), Err(HeaderError::Geometry(_)))
+}
+
 #[test]
 fn plan_places_the_data_area_on_the_next_page_and_rounds_it_to_units() {
     // 3 buckets end the index at 4096 + 192: the data area starts a page later.
     let p = LayoutParams {
         bucket_count: 3,
         region_bytes: (1 << 20) + 100,
-        ..params()
+        ..LayoutParams::for_tests()
     };
     let layout = RegionLayout::plan(p).expect("valid");
     assert_eq!(layout.index_offset, HEADER_BYTES);
@@ -71,17 +62,14 @@ fn neighbourhood_bounds_are_one_to_eight_buckets() {
 fn a_region_may_hold_exactly_one_neighbourhood_of_buckets() {
     let exact = LayoutParams {
         bucket_count: 2,
-        ..params()
+        ..LayoutParams::for_tests()
     };
     assert!(RegionLayout::plan(exact).is_ok());
     let fewer = LayoutParams {
         bucket_count: 1,
-        ..params()
+        ..LayoutParams::for_tests()
     };
-    assert!(matches!(
-        RegionLayout::plan(fewer),
-        Err(HeaderError::Geometry(_))
-    ));
+    assert!(plan_refused(fewer));
 }
 
 #[test]
@@ -98,7 +86,7 @@ fn the_data_area_may_start_at_the_index_end_but_not_inside_it() {
     // 64 buckets end the index exactly on a page: 4096 + 64 * 64 = 8192.
     let touching = RegionLayout::plan(LayoutParams {
         bucket_count: 64,
-        ..params()
+        ..LayoutParams::for_tests()
     })
     .expect("valid");
     assert_eq!(touching.data_offset, 8192);
@@ -148,19 +136,16 @@ fn the_data_area_may_be_exactly_as_large_as_a_slot_can_address() {
     let max = RegionLayout::plan(LayoutParams {
         bucket_count: 64,
         region_bytes,
-        ..params()
+        ..LayoutParams::for_tests()
     })
     .expect("the largest addressable data area is valid");
     assert_eq!(max.data_bytes / UNIT_BYTES, MAX_DATA_UNITS);
     let one_unit_more = LayoutParams {
         bucket_count: 64,
         region_bytes: region_bytes + UNIT_BYTES,
-        ..params()
+        ..LayoutParams::for_tests()
     };
-    assert!(matches!(
-        RegionLayout::plan(one_unit_more),
-        Err(HeaderError::Geometry(_))
-    ));
+    assert!(plan_refused(one_unit_more));
 }
 
 #[test]

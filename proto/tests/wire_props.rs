@@ -6,7 +6,8 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use rdkv_proto::wire::{
     ClientHello, Consistency, DEFAULT_MAX_FRAME_BYTES, ErrorCode, ErrorReply, Frame, FrameDecoder,
-    FrameKind, LeaderHint, Request, Response, ServerHello, Versioned, decode_payload, encode_frame,
+    FrameKind, LeaderHint, Request, Response, ServerHello, ServerInfo, Versioned, decode_payload,
+    encode_frame,
 };
 
 fn any_bytes() -> impl Strategy<Value = Bytes> {
@@ -30,24 +31,7 @@ fn any_versioned() -> impl Strategy<Value = Versioned> {
 }
 
 fn any_error_code() -> impl Strategy<Value = ErrorCode> {
-    prop::sample::select(vec![
-        ErrorCode::NotLeader,
-        ErrorCode::KeyTooLarge,
-        ErrorCode::ValueTooLarge,
-        ErrorCode::BatchTooLarge,
-        ErrorCode::EmptyBatch,
-        ErrorCode::FrameTooLarge,
-        ErrorCode::RegionFull,
-        ErrorCode::Unauthenticated,
-        ErrorCode::Unavailable,
-        ErrorCode::Timeout,
-        ErrorCode::StaleFollower,
-        ErrorCode::Malformed,
-        ErrorCode::TooManyInFlight,
-        ErrorCode::UnsupportedVersion,
-        ErrorCode::Internal,
-        ErrorCode::Unknown,
-    ])
+    prop::sample::select(ErrorCode::ALL.to_vec())
 }
 
 fn any_request() -> impl Strategy<Value = Request> {
@@ -156,13 +140,13 @@ fn any_server_hello() -> impl Strategy<Value = ServerHello> {
         )
             .prop_map(
                 |(version, node_id, cluster_id, max_frame_bytes, max_in_flight)| {
-                    ServerHello::Accepted {
+                    ServerHello::Accepted(ServerInfo {
                         version,
                         node_id,
                         cluster_id,
                         max_frame_bytes,
                         max_in_flight,
-                    }
+                    })
                 }
             ),
         (any_error_code(), ".{0,40}")

@@ -182,21 +182,19 @@ fn bench_get(c: &mut Criterion, label: &str, value_len: usize) {
 
     let mut group = group(c, &format!("get_{label}"));
     for (name, keys) in [("hit", &hits), ("miss", &misses)] {
-        let mut cursor = 0;
+        let mut keys = Cycle::new(keys);
         group.bench_function(format!("rdkv_region_{name}"), |b| {
             b.iter(|| {
-                let key = &keys[cursor];
-                cursor = (cursor + 1) % keys.len();
+                let key = keys.next_key();
                 black_box(reader.get(black_box(key)).expect("region get"))
             })
         });
     }
     for (name, keys) in [("hit", &hits), ("miss", &misses)] {
-        let mut cursor = 0;
+        let mut keys = Cycle::new(keys);
         group.bench_function(format!("rwlock_hashmap_{name}"), |b| {
             b.iter(|| {
-                let key = &keys[cursor];
-                cursor = (cursor + 1) % keys.len();
+                let key = keys.next_key();
                 let found = map.read().unwrap().get(&black_box(key)[..]).cloned();
                 black_box(found)
             })
@@ -205,6 +203,24 @@ fn bench_get(c: &mut Criterion, label: &str, value_len: usize) {
     group.finish();
     drop(reader);
     drop(writer);
+}
+
+/// `keys` in order, over and over: the key of each timed iteration.
+struct Cycle<'a> {
+    keys: &'a [Key],
+    next: usize,
+}
+
+impl<'a> Cycle<'a> {
+    fn new(keys: &'a [Key]) -> Self {
+        Cycle { keys, next: 0 }
+    }
+
+    fn next_key(&mut self) -> &'a Key {
+        let key = &self.keys[self.next];
+        self.next = (self.next + 1) % self.keys.len();
+        key
+    }
 }
 
 /// Times `iters` operations `op(state, key)` over `keys` in order, starting
@@ -256,12 +272,11 @@ fn bench_apply(c: &mut Criterion, label: &str, value_len: usize) {
     {
         let mut writer = region(&hit_keys);
         let mut version = PREFILL_KEYS as u64;
-        let mut cursor = 0;
+        let mut keys = Cycle::new(&order);
         group.bench_function("rdkv_region_update", |b| {
             b.iter(|| {
                 version += 1;
-                let key = &order[cursor];
-                cursor = (cursor + 1) % order.len();
+                let key = keys.next_key();
                 let value = &values[(version & 1) as usize];
                 put(&mut writer, black_box(key), value, version, "update");
             })
@@ -306,12 +321,11 @@ fn bench_apply(c: &mut Criterion, label: &str, value_len: usize) {
     {
         let mut writer = region(&hit_keys);
         let mut version = PREFILL_KEYS as u64;
-        let mut cursor = 0;
+        let mut keys = Cycle::new(&order);
         group.bench_function("rdkv_region_delete_put", |b| {
             b.iter(|| {
                 version += 1;
-                let key = black_box(&order[cursor]);
-                cursor = (cursor + 1) % order.len();
+                let key = black_box(keys.next_key());
                 delete(&mut writer, key, "delete_put");
                 put(&mut writer, key, &values[0], version, "delete_put");
             })
@@ -324,13 +338,12 @@ fn bench_apply(c: &mut Criterion, label: &str, value_len: usize) {
     let map = || prefilled_map(&hit_keys, value_len);
     {
         let map = map();
-        let mut cursor = 0;
+        let mut keys = Cycle::new(&order);
         let mut flip = 0usize;
         group.bench_function("rwlock_hashmap_update", |b| {
             b.iter(|| {
                 flip ^= 1;
-                let key = black_box(&order[cursor]);
-                cursor = (cursor + 1) % order.len();
+                let key = black_box(keys.next_key());
                 let old = map
                     .write()
                     .unwrap()
@@ -368,11 +381,10 @@ fn bench_apply(c: &mut Criterion, label: &str, value_len: usize) {
     }
     {
         let map = map();
-        let mut cursor = 0;
+        let mut keys = Cycle::new(&order);
         group.bench_function("rwlock_hashmap_delete_insert", |b| {
             b.iter(|| {
-                let key = black_box(&order[cursor]);
-                cursor = (cursor + 1) % order.len();
+                let key = black_box(keys.next_key());
                 let old = map.write().unwrap().remove(&key[..]);
                 black_box(old).expect("key present");
                 map.write()

@@ -115,6 +115,22 @@ fn assert_entries(actual: &[Entry], expected: &[Entry]) {
     assert!(actual == expected, "same log ids, different payloads");
 }
 
+/// A new directory holding a log of `written` (appended with `options`),
+/// closed again.
+async fn closed_log(options: LogOptions, written: Vec<Entry>) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = LogStore::open(dir.path(), options).unwrap();
+    append(&mut store, written).await.unwrap();
+    dir
+}
+
+/// Opens the log in `dir` again and checks that it holds exactly `expected`.
+async fn reopen(dir: &Path, options: LogOptions, expected: &[Entry]) -> LogStore {
+    let mut store = LogStore::open(dir, options).unwrap();
+    assert_entries(&all_entries(&mut store).await, expected);
+    store
+}
+
 fn small_segments() -> LogOptions {
     LogOptions {
         segment_size: 8 * 1024,
@@ -192,8 +208,7 @@ async fn reopen_restores_entries_vote_and_committed() {
         assert_eq!(stats.entries_flushed, 200);
         assert_eq!((stats.first_index, stats.last_index), (Some(0), Some(199)));
     }
-    let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
-    assert_entries(&all_entries(&mut store).await, &written);
+    let mut store = reopen(dir.path(), LogOptions::default(), &written).await;
     assert_eq!(store.read_vote().await.unwrap(), Some(vote));
     assert_eq!(store.read_committed().await.unwrap(), Some(lid(1, 150)));
     let state = store.get_log_state().await.unwrap();
@@ -212,11 +227,7 @@ async fn reopen_restores_entries_vote_and_committed() {
 
 #[tokio::test]
 async fn a_torn_last_record_is_cut_off_and_appends_continue() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
-        append(&mut store, entries(1, 0..10)).await.unwrap();
-    }
+    let dir = closed_log(LogOptions::default(), entries(1, 0..10)).await;
     // Cut the last record in half.
     let seg = last_segment(dir.path());
     let last = *record_offsets(&seg).last().unwrap();
@@ -228,8 +239,7 @@ async fn a_torn_last_record_is_cut_off_and_appends_continue() {
         .set_len(half)
         .unwrap();
 
-    let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
-    assert_entries(&all_entries(&mut store).await, &entries(1, 0..9));
+    let mut store = reopen(dir.path(), LogOptions::default(), &entries(1, 0..9)).await;
     assert_eq!(file_len(&seg), last, "the torn bytes are truncated away");
     assert_eq!(
         store.get_log_state().await.unwrap().last_log_id,
@@ -246,42 +256,31 @@ async fn a_torn_last_record_is_cut_off_and_appends_continue() {
 
 #[tokio::test]
 async fn garbage_after_the_last_record_is_cut_off() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
-        append(&mut store, entries(1, 0..10)).await.unwrap();
-    }
+    let dir = closed_log(LogOptions::default(), entries(1, 0..10)).await;
     let seg = last_segment(dir.path());
     let intact = file_len(&seg);
     for garbage in [&[0xde, 0xad, 0xbe][..], &[0u8; 4096][..], &[7u8; 100][..]] {
         let mut f = OpenOptions::new().append(true).open(&seg).unwrap();
         f.write_all(garbage).unwrap();
         drop(f);
-        let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
-        assert_entries(&all_entries(&mut store).await, &entries(1, 0..10));
+        reopen(dir.path(), LogOptions::default(), &entries(1, 0..10)).await;
         assert_eq!(file_len(&seg), intact);
     }
 }
 
 #[tokio::test]
 async fn a_crc_flip_in_the_last_record_truncates_it() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
-        append(&mut store, entries(1, 0..10)).await.unwrap();
-    }
+    let dir = closed_log(LogOptions::default(), entries(1, 0..10)).await;
     let seg = last_segment(dir.path());
     let last = *record_offsets(&seg).last().unwrap();
     flip_byte(&seg, file_len(&seg) - 1);
-    let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
-    assert_entries(&all_entries(&mut store).await, &entries(1, 0..9));
+    let store = reopen(dir.path(), LogOptions::default(), &entries(1, 0..9)).await;
     assert_eq!(file_len(&seg), last);
     // A flipped CRC field (not payload) is found the same way.
     drop(store);
     let last = *record_offsets(&seg).last().unwrap();
     flip_byte(&seg, last + 5);
-    let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
-    assert_entries(&all_entries(&mut store).await, &entries(1, 0..8));
+    reopen(dir.path(), LogOptions::default(), &entries(1, 0..8)).await;
 }
 
 #[tokio::test]
@@ -317,11 +316,7 @@ async fn corruption_in_a_middle_segment_fails_open() {
 
 #[tokio::test]
 async fn a_missing_middle_segment_is_a_gap() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let mut store = LogStore::open(dir.path(), small_segments()).unwrap();
-        append(&mut store, entries(1, 0..60)).await.unwrap();
-    }
+    let dir = closed_log(small_segments(), entries(1, 0..60)).await;
     let segs = segment_files(dir.path());
     let (_, middle) = &segs[segs.len() / 2];
     let (next_first, _) = segs[segs.len() / 2 + 1];
@@ -354,8 +349,7 @@ async fn truncate_after_and_purge_survive_reopen() {
         .into_iter()
         .chain(entries(2, 41..45))
         .collect();
-    let mut store = LogStore::open(dir.path(), small_segments()).unwrap();
-    assert_entries(&all_entries(&mut store).await, &expected);
+    let mut store = reopen(dir.path(), small_segments(), &expected).await;
     let state = store.get_log_state().await.unwrap();
     assert_eq!(state.last_purged_log_id, Some(lid(1, 12)));
     assert_eq!(state.last_log_id, Some(lid(2, 44)));
@@ -373,8 +367,7 @@ async fn truncate_after_and_purge_survive_reopen() {
     // Truncating into an earlier segment deletes the later ones.
     store.truncate_after(Some(lid(1, 20))).await.unwrap();
     drop(store);
-    let mut store = LogStore::open(dir.path(), small_segments()).unwrap();
-    assert_entries(&all_entries(&mut store).await, &entries(1, 13..21));
+    let mut store = reopen(dir.path(), small_segments(), &entries(1, 13..21)).await;
     assert!(
         segment_files(dir.path())
             .iter()
@@ -388,8 +381,7 @@ async fn truncate_after_and_purge_survive_reopen() {
     assert_eq!(state.last_log_id, Some(lid(3, 30)));
     append(&mut store, entries(3, 31..33)).await.unwrap();
     drop(store);
-    let mut store = LogStore::open(dir.path(), small_segments()).unwrap();
-    assert_entries(&all_entries(&mut store).await, &entries(3, 31..33));
+    let mut store = reopen(dir.path(), small_segments(), &entries(3, 31..33)).await;
     assert_eq!(
         store.get_log_state().await.unwrap().last_purged_log_id,
         Some(lid(3, 30))

@@ -2,34 +2,25 @@
 //! (and with a `BTreeMap` model) after any sequence of commands, after a
 //! restart from a snapshot and after a snapshot install.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
 
 use bytes::Bytes;
-use openraft::entry::RaftEntry;
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
-use openraft::testing::{log_id, membership_ent};
+use openraft::testing::membership_ent;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use rdkv_proto::region::HashSeed;
 use rdkv_proto::wire::{SetCondition, Update};
-use rdkv_storage::RegionConfig;
 use rdkv_storage::raft::{Command, Entry, TypeConfig};
-use rdkv_storage::state_machine::{RegionStateMachine, StateMachineConfig};
+use rdkv_storage::state_machine::RegionStateMachine;
+
+use common::{apply, normal};
 
 type Model = BTreeMap<Vec<u8>, (Vec<u8>, u64)>;
-
-fn config(dir: &std::path::Path) -> StateMachineConfig {
-    StateMachineConfig {
-        region: RegionConfig {
-            region_bytes: 4 * 1024 * 1024,
-            hash_seed: HashSeed(7, 9),
-            ..RegionConfig::default()
-        },
-        snapshot_dir: dir.join("snapshots"),
-        region_full_wait_ms: 10,
-    }
-}
+/// A pair as a scan returns it: key, value, version.
+type Row = (Vec<u8>, Vec<u8>, u64);
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -128,12 +119,7 @@ fn apply_model(model: &mut Model, op: &Op, version: u64) {
     }
 }
 
-fn expected(
-    model: &Model,
-    start: &[u8],
-    end: Option<&[u8]>,
-    limit: usize,
-) -> Vec<(Vec<u8>, Vec<u8>, u64)> {
+fn expected(model: &Model, start: &[u8], end: Option<&[u8]>, limit: usize) -> Vec<Row> {
     if end.is_some_and(|end| end <= start) {
         return Vec::new();
     }
@@ -145,12 +131,7 @@ fn expected(
         .collect()
 }
 
-fn scanned(
-    sm: &RegionStateMachine,
-    start: &[u8],
-    end: Option<&[u8]>,
-    limit: usize,
-) -> Vec<(Vec<u8>, Vec<u8>, u64)> {
+fn scanned(sm: &RegionStateMachine, start: &[u8], end: Option<&[u8]>, limit: usize) -> Vec<Row> {
     let page = sm.scan_local(start, end, limit, u64::MAX).unwrap();
     assert!(
         !page.more,
@@ -197,18 +178,10 @@ fn entries_and_model(ops: &[Op], first: u64) -> (Vec<Entry>, Model) {
     let mut model = Model::new();
     let mut entries = Vec::new();
     for (index, op) in (first..).zip(ops) {
-        entries.push(Entry::new_normal(
-            log_id::<TypeConfig>(1, 1, index),
-            command(op),
-        ));
+        entries.push(normal(index, command(op)));
         apply_model(&mut model, op, index);
     }
     (entries, model)
-}
-
-async fn apply(sm: &mut RegionStateMachine, entries: Vec<Entry>) {
-    let stream = futures::stream::iter(entries.into_iter().map(|e| Ok((e, None))));
-    sm.apply(stream).await.unwrap();
 }
 
 #[test]
@@ -226,7 +199,7 @@ fn scans_agree_with_a_model_through_applies_restarts_and_installs() {
         .run(&strategy, |ops| {
             runtime.block_on(async {
                 let dir = tempfile::tempdir().unwrap();
-                let mut sm = RegionStateMachine::open(config(dir.path())).unwrap();
+                let mut sm = common::open(dir.path());
                 let mut entries = vec![membership_ent::<TypeConfig>(
                     1,
                     1,
@@ -241,16 +214,16 @@ fn scans_agree_with_a_model_through_applies_restarts_and_installs() {
                 // A restart rebuilds the index from the persisted snapshot.
                 let snapshot = sm.build_snapshot().await.unwrap();
                 drop(sm);
-                let reopened = RegionStateMachine::open(config(dir.path())).unwrap();
+                let reopened = common::open(dir.path());
                 check_all_ranges(&reopened, &model)?;
 
                 // A node that installs the snapshot has the same index.
                 let other_dir = tempfile::tempdir().unwrap();
-                let mut other = RegionStateMachine::open(config(other_dir.path())).unwrap();
+                let mut other = common::open(other_dir.path());
                 apply(
                     &mut other,
-                    vec![Entry::new_normal(
-                        log_id::<TypeConfig>(1, 1, 2),
+                    vec![normal(
+                        2,
                         Command::Put {
                             key: Bytes::from_static(b"stale"),
                             value: Bytes::from_static(b"gone after install"),
@@ -271,12 +244,12 @@ fn scans_agree_with_a_model_through_applies_restarts_and_installs() {
 #[tokio::test]
 async fn a_byte_budget_cuts_a_page_short_but_always_returns_one_pair() {
     let dir = tempfile::tempdir().unwrap();
-    let mut sm = RegionStateMachine::open(config(dir.path())).unwrap();
+    let mut sm = common::open(dir.path());
     let big = Bytes::from(vec![b'x'; 10_000]);
     let entries = (0..5u64)
         .map(|i| {
-            Entry::new_normal(
-                log_id::<TypeConfig>(1, 1, i + 1),
+            normal(
+                i + 1,
                 Command::Put {
                     key: Bytes::from(format!("big{i}")),
                     value: big.clone(),
@@ -316,7 +289,7 @@ async fn a_byte_budget_cuts_a_page_short_but_always_returns_one_pair() {
 #[tokio::test]
 async fn the_model_check_catches_a_deleted_key_left_in_the_index() {
     let dir = tempfile::tempdir().unwrap();
-    let mut sm = RegionStateMachine::open(config(dir.path())).unwrap();
+    let mut sm = common::open(dir.path());
     let ops = [Op::Put(1, 1), Op::Put(2, 2), Op::Delete(1)];
     let (entries, model) = entries_and_model(&ops, 1);
     let (_, missed_delete) = entries_and_model(&ops[..2], 1);

@@ -1,40 +1,20 @@
 //! The state machine applies commands to the region, builds snapshots from
 //! it, persists them, and installs them only after validating all of them.
 
+mod common;
+
 use std::collections::BTreeSet;
 
 use bytes::Bytes;
-use openraft::entry::RaftEntry;
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
-use openraft::testing::{log_id, membership_ent};
-use rdkv_proto::region::HashSeed;
-use rdkv_storage::RegionConfig;
-use rdkv_storage::raft::{Command, Entry, TypeConfig};
-use rdkv_storage::state_machine::{RegionStateMachine, StateMachineConfig};
+use openraft::testing::membership_ent;
+use rdkv_storage::raft::{Command, TypeConfig};
+use rdkv_storage::state_machine::RegionStateMachine;
 
-fn config(dir: &std::path::Path) -> StateMachineConfig {
-    StateMachineConfig {
-        region: RegionConfig {
-            region_bytes: 4 * 1024 * 1024,
-            hash_seed: HashSeed(1, 1),
-            ..RegionConfig::default()
-        },
-        snapshot_dir: dir.join("snapshots"),
-        region_full_wait_ms: 10,
-    }
-}
-
-fn normal(index: u64, command: Command) -> Entry {
-    Entry::new_normal(log_id::<TypeConfig>(1, 1, index), command)
-}
+use common::{apply, normal};
 
 fn b(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())
-}
-
-async fn apply(sm: &mut RegionStateMachine, entries: Vec<Entry>) {
-    let stream = futures::stream::iter(entries.into_iter().map(|e| Ok((e, None))));
-    sm.apply(stream).await.unwrap();
 }
 
 fn value_of(sm: &RegionStateMachine, key: &str) -> Option<(String, u64)> {
@@ -44,7 +24,7 @@ fn value_of(sm: &RegionStateMachine, key: &str) -> Option<(String, u64)> {
 }
 
 async fn populated(dir: &std::path::Path) -> RegionStateMachine {
-    let mut sm = RegionStateMachine::open(config(dir)).unwrap();
+    let mut sm = common::open(dir);
     apply(
         &mut sm,
         vec![
@@ -132,14 +112,14 @@ async fn snapshots_persist_and_restore() {
     drop(sm);
 
     // A restart starts from the persisted snapshot.
-    let mut reopened = RegionStateMachine::open(config(dir.path())).unwrap();
+    let mut reopened = common::open(dir.path());
     assert_contents(&reopened);
     let (applied, _) = reopened.applied_state().await.unwrap();
     assert_eq!(applied.map(|l| l.index), Some(8));
 
     // Another node installs it.
     let other_dir = tempfile::tempdir().unwrap();
-    let mut other = RegionStateMachine::open(config(other_dir.path())).unwrap();
+    let mut other = common::open(other_dir.path());
     let reader_before = other.reader();
     other
         .install_snapshot(&snapshot.meta, snapshot.snapshot.clone())
@@ -286,7 +266,7 @@ async fn updates_apply_atomically_from_the_current_value() {
     // Two replicas: the same entries give the same region.
     for _ in 0..2 {
         let dir = tempfile::tempdir().unwrap();
-        let mut sm = RegionStateMachine::open(config(dir.path())).unwrap();
+        let mut sm = common::open(dir.path());
         apply(&mut sm, entries()).await;
         check(&sm);
         assert_eq!(sm.applied_index(), 16);

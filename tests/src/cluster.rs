@@ -23,6 +23,11 @@ use crate::wait::eventually;
 /// Budget of a fault-injection call.
 const INJECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// `rdkv-server` flags for a snapshot every 20 entries and no log kept
+/// behind it: a node that misses a few dozen entries can only catch up by
+/// snapshot, and the leader purges its log all the time.
+pub const SNAPSHOT_OFTEN: [&str; 4] = ["--snapshot-entries", "20", "--snapshot-keep-entries", "0"];
+
 #[derive(Debug)]
 pub struct Cluster {
     pub nodes: BTreeMap<u64, NodeProc>,
@@ -279,6 +284,17 @@ impl Cluster {
         self.replica(id)?.status().await
     }
 
+    /// GET and MGET requests the nodes have answered by RPC, all together:
+    /// a one-sided read adds nothing to it.
+    pub async fn served_gets(&self) -> Result<u64> {
+        let mut total = 0;
+        for id in self.nodes.keys() {
+            let status = self.status_of(*id).await?;
+            total += status.served.get + status.served.mget;
+        }
+        Ok(total)
+    }
+
     /// Waits until every running node reports the same leader; returns it.
     pub async fn wait_for_leader(&mut self, timeout: Duration) -> Result<u64> {
         eventually(timeout, "an agreed leader", async || {
@@ -301,6 +317,33 @@ impl Cluster {
                 _ => bail!("the running nodes {running:?} see leaders {leaders:?}"),
             }
         })
+        .await
+    }
+
+    /// Waits until one of `ids` reports a leader among `ids` other than
+    /// `old` (the side of a partition without it has replaced it); returns it.
+    pub async fn wait_for_leader_among(
+        &self,
+        ids: &[u64],
+        old: u64,
+        timeout: Duration,
+    ) -> Result<u64> {
+        eventually(
+            timeout,
+            &format!("a new leader among {ids:?}"),
+            async || {
+                for &id in ids {
+                    if let Ok(status) = self.status_of(id).await
+                        && let Some(leader) = status.leader_id
+                        && leader != old
+                        && ids.contains(&leader)
+                    {
+                        return Ok(leader);
+                    }
+                }
+                bail!("none of {ids:?} reports a leader among them other than {old}")
+            },
+        )
         .await
     }
 
@@ -361,6 +404,25 @@ impl Cluster {
             },
         )?)
     }
+}
+
+/// How long the nodes of a new or restarted cluster get to agree on a
+/// leader.
+pub const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// [`check`] (within `limit_secs` seconds) for a body that needs a leader:
+/// waits (up to [`LEADER_TIMEOUT`]) until the nodes agree on one, then runs
+/// `body` with its id.
+pub async fn check_with_leader(
+    cluster: &mut Cluster,
+    limit_secs: u64,
+    body: impl AsyncFnOnce(&mut Cluster, u64) -> Result<()>,
+) -> Result<()> {
+    check(cluster, Duration::from_secs(limit_secs), async |cluster| {
+        let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+        body(cluster, leader).await
+    })
+    .await
 }
 
 /// Runs a test body against `cluster` with a time bound, then checks that no

@@ -6,14 +6,16 @@
 //! Test support: a frame the client sends that cannot be decoded panics the
 //! connection's task, and the test sees its client fail.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use rdkv_proto::wire::{
-    ClientHello, DEFAULT_MAX_FRAME_BYTES, ErrorCode, Frame, FrameDecoder, FrameKind, Request,
-    Response, ServerHello, decode_payload, encode_frame,
+    ClientHello, DEFAULT_MAX_FRAME_BYTES, ErrorCode, ErrorReply, Frame, FrameDecoder, FrameKind,
+    NodeStatus, RegionFill, Request, Response, Role, ServerHello, ServerInfo, Versioned,
+    decode_payload, encoded_frame,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -21,12 +23,46 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// The hello of a fake that accepts the client with `max_in_flight` credits.
 pub fn accepted(max_in_flight: u32) -> ServerHello {
-    ServerHello::Accepted {
+    ServerHello::Accepted(ServerInfo {
         version: 1,
         node_id: 1,
         cluster_id: 42,
         max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
         max_in_flight,
+    })
+}
+
+/// A status for tests that render one: node `id` (at 10.0.0.`id`) of a
+/// cluster led by node 1 at term 4, with 118 of 120 entries applied and its
+/// region 12.5 % full; no members, replication, sockets or counters.
+pub fn node_status(id: u64, role: Role) -> NodeStatus {
+    NodeStatus {
+        id,
+        client_addr: format!("10.0.0.{id}:7379"),
+        peer_addr: format!("10.0.0.{id}:7380"),
+        role,
+        term: 4,
+        leader_id: Some(1),
+        leader_client_addr: Some("10.0.0.1:7379".into()),
+        last_log_index: 120,
+        commit_index: 120,
+        applied_index: 118,
+        snapshot_index: 100,
+        region: RegionFill {
+            capacity_bytes: 1000,
+            used_bytes: 125,
+            pending_reclaim_bytes: 0,
+            live_keys: 7,
+        },
+        members: Vec::new(),
+        replication: Vec::new(),
+        shm_socket: None,
+        served: Default::default(),
+        rpc_socket: None,
+        rdma: String::new(),
+        region_epoch: 1,
+        ops: Vec::new(),
+        open_connections: Default::default(),
     }
 }
 
@@ -126,13 +162,11 @@ pub struct FakeWriter {
 
 impl FakeWriter {
     pub async fn respond(&mut self, request_id: u64, response: &Response) {
-        let mut out = BytesMut::new();
-        encode_frame(
+        let out = encoded_frame(
             FrameKind::Response,
             request_id,
             response,
             DEFAULT_MAX_FRAME_BYTES,
-            &mut out,
         )
         .expect("encode");
         // The client may have gone away; that is its business.
@@ -175,15 +209,8 @@ impl FakeConn {
             }
             _ => hello,
         };
-        let mut out = BytesMut::new();
-        encode_frame(
-            FrameKind::ServerHello,
-            0,
-            &reply,
-            DEFAULT_MAX_FRAME_BYTES,
-            &mut out,
-        )
-        .expect("encode hello");
+        let out = encoded_frame(FrameKind::ServerHello, 0, &reply, DEFAULT_MAX_FRAME_BYTES)
+            .expect("encode hello");
         writer.wr.write_all(&out).await.ok()?;
         if matches!(reply, ServerHello::Rejected { .. }) {
             return None;
@@ -202,5 +229,81 @@ impl FakeConn {
 
     pub async fn respond(&mut self, request_id: u64, response: &Response) {
         self.writer.respond(request_id, response).await;
+    }
+}
+
+/// A fake leader's data: a real map, answering the key-value requests as a
+/// node would (each write a new version), anything else with
+/// `InvalidRequest`.
+#[derive(Debug, Default)]
+pub struct Kv {
+    map: HashMap<Bytes, Versioned>,
+    index: u64,
+}
+
+impl Kv {
+    pub fn apply(&mut self, request: Request) -> Response {
+        match request {
+            Request::Get { key, .. } => Response::Value(self.map.get(&key).cloned()),
+            Request::MGet { keys, .. } => {
+                Response::Values(keys.iter().map(|k| self.map.get(k).cloned()).collect())
+            }
+            Request::Put { key, value } => {
+                self.index += 1;
+                let version = self.index;
+                self.map.insert(key, Versioned { value, version });
+                Response::Written { version }
+            }
+            Request::MPut { pairs } => {
+                self.index += 1;
+                let version = self.index;
+                for (key, value) in pairs {
+                    self.map.insert(key, Versioned { value, version });
+                }
+                Response::MWritten { version }
+            }
+            Request::Delete { key } => {
+                self.index += 1;
+                let existed = self.map.remove(&key).is_some();
+                Response::Deleted {
+                    existed,
+                    version: self.index,
+                }
+            }
+            Request::Cas {
+                key,
+                expected_version,
+                new_value,
+            } => {
+                let current = self.map.get(&key).cloned();
+                if current.as_ref().map(|v| v.version) != expected_version {
+                    return Response::CasDone {
+                        succeeded: false,
+                        version: self.index,
+                        current,
+                    };
+                }
+                self.index += 1;
+                let version = self.index;
+                match new_value {
+                    Some(value) => {
+                        self.map.insert(key, Versioned { value, version });
+                    }
+                    None => {
+                        self.map.remove(&key);
+                    }
+                }
+                Response::CasDone {
+                    succeeded: true,
+                    version,
+                    current: None,
+                }
+            }
+            Request::Ping => Response::Pong,
+            other => Response::Error(ErrorReply::new(
+                ErrorCode::InvalidRequest,
+                format!("fake does not do {other:?}"),
+            )),
+        }
     }
 }

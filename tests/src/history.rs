@@ -285,31 +285,33 @@ impl PendingOp {
     }
 
     pub fn complete_put(self, result: &rdkv_client::Result<u64>) {
-        let outcome = match result {
-            Ok(version) => Outcome::Ok(Returned::Written { version: *version }),
-            Err(e) => write_error_outcome(e),
-        };
-        self.complete(outcome);
+        self.complete_write(result, |&version| Returned::Written { version });
     }
 
     pub fn complete_delete(self, result: &rdkv_client::Result<DeleteOutcome>) {
-        let outcome = match result {
-            Ok(d) => Outcome::Ok(Returned::Deleted {
-                existed: d.existed,
-                version: d.version,
-            }),
-            Err(e) => write_error_outcome(e),
-        };
-        self.complete(outcome);
+        self.complete_write(result, |d| Returned::Deleted {
+            existed: d.existed,
+            version: d.version,
+        });
     }
 
     pub fn complete_cas(self, result: &rdkv_client::Result<CasOutcome>) {
+        self.complete_write(result, |c| Returned::Cas {
+            succeeded: c.succeeded,
+            version: c.version,
+            current: c.current.clone(),
+        });
+    }
+
+    /// A write's outcome: what it returned, or what its error says about
+    /// whether it happened.
+    fn complete_write<T>(
+        self,
+        result: &rdkv_client::Result<T>,
+        returned: impl FnOnce(&T) -> Returned,
+    ) {
         let outcome = match result {
-            Ok(c) => Outcome::Ok(Returned::Cas {
-                succeeded: c.succeeded,
-                version: c.version,
-                current: c.current.clone(),
-            }),
+            Ok(reply) => Outcome::Ok(returned(reply)),
             Err(e) => write_error_outcome(e),
         };
         self.complete(outcome);

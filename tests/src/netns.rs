@@ -52,33 +52,27 @@ fn pid_alive(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// Whether `name` (`<prefix><pid><sep>...`) was made by a test process
+/// that no longer exists.
+fn owner_gone(name: &str, prefix: &str, sep: char) -> bool {
+    name.strip_prefix(prefix)
+        .and_then(|rest| rest.split(sep).next())
+        .and_then(|pid| pid.parse::<u32>().ok())
+        .is_some_and(|pid| !pid_alive(pid))
+}
+
 /// Removes namespaces and bridges of test processes that no longer exist.
 fn remove_stale() {
     for line in ip_output(&["netns", "list"]).lines() {
         let name = line.split_whitespace().next().unwrap_or_default();
-        let Some(pid) = name
-            .strip_prefix("rdkv-")
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|pid| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !pid_alive(pid) {
+        if owner_gone(name, "rdkv-", '-') {
             let _ = ip(&["netns", "del", name]);
         }
     }
     for line in ip_output(&["-o", "link", "show", "type", "bridge"]).lines() {
-        let Some(name) = line.split(':').nth(1).map(str::trim) else {
-            continue;
-        };
-        let Some(pid) = name
-            .strip_prefix("rk")
-            .and_then(|rest| rest.split('b').next())
-            .and_then(|pid| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !pid_alive(pid) {
+        if let Some(name) = line.split(':').nth(1).map(str::trim)
+            && owner_gone(name, "rk", 'b')
+        {
             let _ = ip(&["link", "del", name]);
         }
     }

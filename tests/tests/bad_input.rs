@@ -12,19 +12,15 @@ use bytes::{Buf, BufMut, BytesMut};
 use rdkv_client::Error as ClientError;
 use rdkv_proto::wire::{
     ClientHello, Consistency, DEFAULT_MAX_FRAME_BYTES, ErrorCode, Frame, FrameDecoder, FrameKind,
-    Request, Response, ServerHello, decode_payload, encode_frame,
+    Request, Response, ServerHello, decode_payload, encoded_frame,
 };
-use rdkv_tests::{Cluster, Intent, check, client_options};
+use rdkv_tests::{Cluster, Intent, check, client_options, garbage};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 const TOKEN: &str = "s3cret";
 const TEST_LIMIT: Duration = Duration::from_secs(60);
 const CLOSE_WITHIN: Duration = Duration::from_secs(10);
-
-fn start() -> Result<Cluster> {
-    Cluster::start_with(1, &["--token", TOKEN])
-}
 
 /// A raw connection speaking (or not) the native protocol.
 struct Raw {
@@ -49,7 +45,7 @@ impl Raw {
         let mut raw = Raw::connect(addr).await?;
         raw.send_hello(&hello(Some(TOKEN))).await?;
         match raw.server_hello().await? {
-            ServerHello::Accepted { .. } => Ok(raw),
+            ServerHello::Accepted(_) => Ok(raw),
             other => bail!("a valid hello was refused: {other:?}"),
         }
     }
@@ -61,27 +57,23 @@ impl Raw {
     }
 
     async fn send_hello(&mut self, hello: &ClientHello) -> Result<()> {
-        let mut out = BytesMut::new();
-        encode_frame(
+        self.send(&encoded_frame(
             FrameKind::ClientHello,
             0,
             hello,
             DEFAULT_MAX_FRAME_BYTES,
-            &mut out,
-        )?;
-        self.send(&out).await
+        )?)
+        .await
     }
 
     async fn send_request(&mut self, request_id: u64, request: &Request) -> Result<()> {
-        let mut out = BytesMut::new();
-        encode_frame(
+        self.send(&encoded_frame(
             FrameKind::Request,
             request_id,
             request,
             DEFAULT_MAX_FRAME_BYTES,
-            &mut out,
-        )?;
-        self.send(&out).await
+        )?)
+        .await
     }
 
     /// The next frame, or `None` once the server has closed the connection
@@ -134,19 +126,6 @@ fn hello(token: Option<&str>) -> ClientHello {
     ClientHello::new("bad-input-test", token.map(str::to_owned))
 }
 
-/// Deterministic pseudo-random bytes.
-fn garbage(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
 /// A frame with any kind byte and payload, valid framing otherwise.
 fn raw_frame(kind: u8, request_id: u64, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
@@ -187,17 +166,27 @@ async fn still_serves(cluster: &Cluster, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Runs `body` (under [`check`]) against one node started with the token,
+/// given the node's client address once a normal client is served there.
+async fn against_one_node(
+    body: impl AsyncFnOnce(&mut Cluster, SocketAddr) -> Result<()>,
+) -> Result<()> {
+    let mut cluster = Cluster::start_with(1, &["--token", TOKEN])?;
+    check(&mut cluster, TEST_LIMIT, async |cluster| {
+        let addr = cluster.node(1)?.client_addr;
+        still_serves(cluster, "start").await?;
+        body(cluster, addr).await
+    })
+    .await
+}
+
 /// Garbage and oversized frames, before and after the handshake: closed
 /// connections (after an error reply when the stream was authenticated), a
 /// malformed payload inside a well-framed request gets an error reply and
 /// the connection stays usable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_and_oversized_frames() -> Result<()> {
-    let mut cluster = start()?;
-    check(&mut cluster, TEST_LIMIT, async |cluster| {
-        let addr = cluster.node(1)?.client_addr;
-        still_serves(cluster, "start").await?;
-
+    against_one_node(async |cluster, addr| {
         // Garbage before any handshake: closed, nothing but perhaps a refusal.
         for (i, bytes) in [
             garbage(4096, 1),
@@ -281,13 +270,11 @@ async fn garbage_and_oversized_frames() -> Result<()> {
             other => bail!("garbage request got {other:?}"),
         }
         // A payload with trailing bytes after a valid Ping, likewise.
-        let mut ping = BytesMut::new();
-        encode_frame(
+        let ping = encoded_frame(
             FrameKind::Request,
             43,
             &Request::Ping,
             DEFAULT_MAX_FRAME_BYTES,
-            &mut ping,
         )?;
         let mut with_trailer = ping.to_vec();
         with_trailer.extend_from_slice(&[0, 0]);
@@ -336,10 +323,7 @@ async fn garbage_and_oversized_frames() -> Result<()> {
 /// hello without the rdkv magic. Through raw frames and through the client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_token_and_version_are_rejected() -> Result<()> {
-    let mut cluster = start()?;
-    check(&mut cluster, TEST_LIMIT, async |cluster| {
-        let addr = cluster.node(1)?.client_addr;
-        still_serves(cluster, "start").await?;
+    against_one_node(async |cluster, addr| {
         let cases: [(&str, ClientHello, ErrorCode); 4] = [
             (
                 "a wrong token",
@@ -477,10 +461,8 @@ fn peer_rejection(frame: &Frame) -> Result<String> {
 /// none of this disturbs clients.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_port_refuses_strangers() -> Result<()> {
-    let mut cluster = start()?;
-    check(&mut cluster, TEST_LIMIT, async |cluster| {
+    against_one_node(async |cluster, _| {
         let addr = cluster.node(1)?.peer_addr;
-        still_serves(cluster, "start").await?;
         for (what, bytes, reason) in [
             ("a wrong token", peer_hello(Some("wrong"), 1), "token"),
             ("no token", peer_hello(None, 1), "token"),
@@ -518,19 +500,14 @@ async fn peer_port_refuses_strangers() -> Result<()> {
 /// timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slowloris_does_not_block_other_clients() -> Result<()> {
-    let mut cluster = start()?;
-    check(&mut cluster, TEST_LIMIT, async |cluster| {
-        let addr = cluster.node(1)?.client_addr;
-        still_serves(cluster, "start").await?;
-        let mut hello_bytes = BytesMut::new();
-        encode_frame(
+    against_one_node(async |cluster, addr| {
+        let hello_bytes = encoded_frame(
             FrameKind::ClientHello,
             0,
             &ClientHello::new("slow", Some(TOKEN.to_owned())),
             DEFAULT_MAX_FRAME_BYTES,
-            &mut hello_bytes,
-        )?;
-        let hello_bytes = hello_bytes.to_vec();
+        )?
+        .to_vec();
         println!("a hello is {} bytes", hello_bytes.len());
 
         let mut slow = Vec::new();
@@ -543,7 +520,7 @@ async fn slowloris_does_not_block_other_clients() -> Result<()> {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 match raw.server_hello().await? {
-                    ServerHello::Accepted { .. } => {}
+                    ServerHello::Accepted(_) => {}
                     other => bail!("slow hello refused: {other:?}"),
                 }
                 raw.send_request(1, &Request::Ping).await?;
@@ -597,7 +574,7 @@ async fn slowloris_does_not_block_other_clients() -> Result<()> {
             ensure!(
                 !matches!(
                     decode_payload::<ServerHello>(frame),
-                    Ok(ServerHello::Accepted { .. })
+                    Ok(ServerHello::Accepted(_))
                 ),
                 "a half hello was accepted"
             );

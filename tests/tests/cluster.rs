@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use rdkv_client::ClientOptions;
-use rdkv_tests::{Cluster, Intent, check, client_options, eventually};
-
-const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
+use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, check_with_leader, client_options, eventually};
 
 /// Waits until node `id` alone (a replica read) has `key` = `expected`.
 async fn eventually_on(cluster: &Cluster, id: u64, key: &str, expected: &str) -> Result<()> {
@@ -24,8 +22,7 @@ async fn eventually_on(cluster: &Cluster, id: u64, key: &str, expected: &str) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_replicate_and_survive_leader_loss() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
-    check(&mut cluster, Duration::from_secs(120), async |cluster| {
-        let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, 120, async |cluster, leader| {
         // Writes through any endpoint (followers redirect) are readable everywhere.
         for id in 1..=3 {
             let client = cluster.client(Intent::Via(&[id]))?;
@@ -64,8 +61,7 @@ async fn three_nodes_replicate_and_survive_leader_loss() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_read_fails_where_that_replica_lacks_the_key() -> Result<()> {
     let mut cluster = Cluster::start_faulty(3, &[])?;
-    check(&mut cluster, Duration::from_secs(90), async |cluster| {
-        let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, 90, async |cluster, leader| {
         let [cut_off, other] = [1, 2, 3]
             .into_iter()
             .filter(|id| *id != leader)

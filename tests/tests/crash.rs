@@ -14,9 +14,11 @@ use bytes::Bytes;
 use rdkv_client::{Client, ClientOptions, Error as ClientError, Versioned};
 use rdkv_proto::wire::Consistency;
 use rdkv_storage::raft_log::{DEFAULT_MAX_RECORD_SIZE, segment};
-use rdkv_tests::{Cluster, Intent, check, client_options, eventually, lost_writes};
+use rdkv_tests::{
+    Cluster, Intent, LEADER_TIMEOUT, check, check_with_leader, client_options, eventually, garbage,
+    lost_writes,
+};
 
-const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 const WRITERS: u64 = 4;
 const KILLS: usize = 3;
 /// Acknowledged writes awaited before each kill and after the last.
@@ -108,8 +110,7 @@ async fn all_present(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_acknowledged_write_lost_when_leader_is_killed_repeatedly() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
-    check(&mut cluster, Duration::from_secs(120), async |cluster| {
-        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, 120, async |cluster, _| {
         let client = cluster.client_with(Intent::Any, writer_options())?;
         let next = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
@@ -214,19 +215,6 @@ fn records(path: &Path) -> Result<Vec<(u64, u64)>> {
         .iter()
         .map(|r| (r.offset, r.end() - r.offset))
         .collect())
-}
-
-/// Deterministic pseudo-random bytes (no rand dependency needed).
-fn garbage(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
 }
 
 /// The raft-log directory's files other than segments and the lock (vote,
@@ -380,8 +368,7 @@ async fn torn_log_tail_is_truncated_on_restart() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follower_with_torn_tail_below_its_committed_index_rejoins() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
-    check(&mut cluster, Duration::from_secs(60), async |cluster| {
-        let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, 60, async |cluster, leader| {
         let client = cluster.client(Intent::Any)?;
         let mut acked = Vec::new();
         put_range(&client, "k", 50, &mut acked).await?;

@@ -14,21 +14,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use rdkv_tests::stress_value::splitmix64;
-use rdkv_tests::{Cluster, Intent, check, eventually};
-
-const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
+use rdkv_tests::{Cluster, Intent, SNAPSHOT_OFTEN, check_with_leader, eventually};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_during_snapshot_install_and_purge_loses_nothing() -> Result<()> {
-    // Snapshot every 20 entries and keep no log behind it: a node that
-    // misses a few dozen entries needs a snapshot, and the leader purges
-    // constantly while it writes.
-    let mut cluster = Cluster::start_with(
-        3,
-        &["--snapshot-entries", "20", "--snapshot-keep-entries", "0"],
-    )?;
-    check(&mut cluster, Duration::from_secs(150), async |cluster| {
-        let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    let mut cluster = Cluster::start_with(3, &SNAPSHOT_OFTEN)?;
+    check_with_leader(&mut cluster, 150, async |cluster, leader| {
         let victim = (1..=3).find(|&id| id != leader).context("a follower")?;
         // Writes enter through the other nodes: a request in flight to the
         // victim when it is killed has an unknown outcome and would fail the
@@ -130,12 +121,8 @@ async fn holds_everything(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crashes_inside_a_log_purge_and_a_snapshot_install_lose_nothing() -> Result<()> {
-    let mut cluster = Cluster::start_with(
-        3,
-        &["--snapshot-entries", "20", "--snapshot-keep-entries", "0"],
-    )?;
-    check(&mut cluster, Duration::from_secs(120), async |cluster| {
-        let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    let mut cluster = Cluster::start_with(3, &SNAPSHOT_OFTEN)?;
+    check_with_leader(&mut cluster, 120, async |cluster, leader| {
         let victim = (1..=3).find(|&id| id != leader).context("a follower")?;
         // Not through the victim, which dies at a failpoint (see above).
         let others: Vec<u64> = (1..=3).filter(|&id| id != victim).collect();

@@ -10,9 +10,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use rdkv_client::{Client, ClientOptions, Consistency};
-use rdkv_tests::{Cluster, Intent, client_options};
+use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, client_options};
 
-const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 const MAX_LAG: u64 = 10;
 const WRITES: u64 = 50;
 const READS: usize = 300;

@@ -14,16 +14,13 @@ use bytes::Bytes;
 use rdkv_client::{ClientOptions, Consistency, Transport};
 use rdkv_fabric::clock::unix_now_us;
 use rdkv_fabric::{MonotonicClock, ReaderOptions, RegionReader, attach_shm};
-use rdkv_tests::{Cluster, Intent, check, client_options, eventually};
-
-const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
+use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, check_with_leader, client_options, eventually};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_reads_never_return_a_deposed_leaders_value() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
     let mut paused = None;
-    let result = check(&mut cluster, Duration::from_secs(90), async |cluster| {
-        let old_leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    let result = check_with_leader(&mut cluster, 90, async |cluster, old_leader| {
         let options = ClientOptions {
             request_timeout: Duration::from_secs(2),
             ..client_options(None)

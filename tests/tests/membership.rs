@@ -9,22 +9,15 @@ use anyhow::{Context, Result, bail, ensure};
 use bytes::Bytes;
 use rdkv_proto::wire::{Consistency, ErrorCode};
 use rdkv_storage::raft_log::segment;
-use rdkv_tests::{Cluster, Intent, check, eventually};
+use rdkv_tests::{
+    Cluster, Intent, LEADER_TIMEOUT, SNAPSHOT_OFTEN, check_with_leader, eventually, numbered,
+};
 
-const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
-const TEST_LIMIT: Duration = Duration::from_secs(90);
+const TEST_LIMIT_SECS: u64 = 90;
 /// Enough entries for the leader to purge its log behind a snapshot: the
 /// server purges in batches of 256 entries (`purge_batch_size`), so with
 /// ~200 writes nothing would be purged and a joiner would get the log.
 const KEYS: usize = 400;
-
-fn key(i: usize) -> String {
-    format!("key-{i:04}")
-}
-
-fn value(i: usize) -> String {
-    format!("value-{i}")
-}
 
 /// The first index of the oldest segment of a node's Raft log.
 fn first_segment_index(data_dir: &Path) -> Result<u64> {
@@ -37,18 +30,11 @@ fn first_segment_index(data_dir: &Path) -> Result<u64> {
 
 /// Reads every key from node `id` alone (follower read) and compares.
 async fn node_has_all_keys(cluster: &Cluster, id: u64) -> Result<()> {
-    let keys: Vec<Bytes> = (0..KEYS).map(|i| Bytes::from(key(i))).collect();
-    let values = cluster.replica(id)?.mget(keys).await?;
-    for (i, got) in values.iter().enumerate() {
-        let got = got.as_ref().map(|v| v.value.clone());
-        ensure!(
-            got.as_deref() == Some(value(i).as_bytes()),
-            "node {id}: {} = {got:?}, expected {}",
-            key(i),
-            value(i)
-        );
-    }
-    Ok(())
+    let values = cluster
+        .replica(id)?
+        .mget((0..KEYS).map(numbered::key))
+        .await?;
+    numbered::check_all(&values, &format!("node {id}"))
 }
 
 /// A 3-node cluster that snapshots every 20 entries and keeps no log behind
@@ -58,16 +44,10 @@ async fn node_has_all_keys(cluster: &Cluster, id: u64) -> Result<()> {
 /// removing it leaves 3 members everywhere and writes go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn joiner_catches_up_by_snapshot_then_is_removed() -> Result<()> {
-    let mut cluster = Cluster::start_with(
-        3,
-        &["--snapshot-entries", "20", "--snapshot-keep-entries", "0"],
-    )?;
-    check(&mut cluster, TEST_LIMIT, async |cluster| {
-        let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    let mut cluster = Cluster::start_with(3, &SNAPSHOT_OFTEN)?;
+    check_with_leader(&mut cluster, TEST_LIMIT_SECS, async |cluster, leader| {
         let client = cluster.client(Intent::Any)?;
-        for i in 0..KEYS {
-            client.put(key(i), value(i)).await?;
-        }
+        numbered::put_all(&client, KEYS).await?;
         // The leader has snapshotted and purged its log.
         let status = eventually(LEADER_TIMEOUT, "a snapshot on the leader", async || {
             let status = cluster.status_of(leader).await?;
@@ -187,8 +167,7 @@ async fn joiner_catches_up_by_snapshot_then_is_removed() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn move_leader_to_each_follower() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
-    check(&mut cluster, TEST_LIMIT, async |cluster| {
-        let first = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, TEST_LIMIT_SECS, async |cluster, first| {
         let client = cluster.client(Intent::Any)?;
         client.put("before", "1").await?;
 

@@ -93,7 +93,9 @@ async fn inject(cluster: &mut Cluster, scenario: Scenario, hold: Duration) -> Re
     match scenario {
         Scenario::PartitionLeader => {
             cluster.partition(&[&[leader], &others]).await?;
-            new_leader_among(cluster, &others, leader).await?;
+            cluster
+                .wait_for_leader_among(&others, leader, LEADER_TIMEOUT)
+                .await?;
             tokio::time::sleep(partition_hold).await;
             cluster.heal().await?;
         }
@@ -108,14 +110,18 @@ async fn inject(cluster: &mut Cluster, scenario: Scenario, hold: Duration) -> Re
         }
         Scenario::PauseLeader => {
             cluster.node_mut(leader)?.pause()?;
-            let replaced = new_leader_among(cluster, &others, leader).await;
+            let replaced = cluster
+                .wait_for_leader_among(&others, leader, LEADER_TIMEOUT)
+                .await;
             tokio::time::sleep(hold).await;
             cluster.node_mut(leader)?.resume()?;
             replaced?;
         }
         Scenario::KillLeaderLoop => {
             cluster.node_mut(leader)?.kill();
-            new_leader_among(cluster, &others, leader).await?;
+            cluster
+                .wait_for_leader_among(&others, leader, LEADER_TIMEOUT)
+                .await?;
             cluster.restart(leader)?;
         }
         Scenario::SlowFsync => {
@@ -134,23 +140,6 @@ async fn inject(cluster: &mut Cluster, scenario: Scenario, hold: Duration) -> Re
         Scenario::RestartAll => restart_all(cluster, leader, hold).await?,
     }
     Ok(())
-}
-
-/// Waits until one of `ids` reports a leader among `ids` other than `old`.
-async fn new_leader_among(cluster: &Cluster, ids: &[u64], old: u64) -> Result<u64> {
-    eventually(LEADER_TIMEOUT, "a new leader", async || {
-        for &id in ids {
-            if let Ok(status) = cluster.status_of(id).await
-                && let Some(leader) = status.leader_id
-                && leader != old
-                && ids.contains(&leader)
-            {
-                return Ok(leader);
-            }
-        }
-        bail!("none of {ids:?} reports a leader among them other than {old}")
-    })
-    .await
 }
 
 /// Waits until the cut-off `minority` no longer follows `leader` (it timed

@@ -9,9 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use rdkv_client::{Client, ClientOptions, Consistency, Transport};
 use rdkv_tests::prometheus::{Exposition, http_get, parse};
-use rdkv_tests::{Cluster, Intent, binary, check, client_options, eventually};
-
-const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
+use rdkv_tests::{Cluster, Intent, binary, check_with_leader, client_options, eventually};
 
 async fn scrape(cluster: &Cluster, id: u64) -> Result<Exposition> {
     let addr = cluster.node(id)?.http_addr;
@@ -45,8 +43,7 @@ fn moved(before: &Exposition, after: &Exposition, name: &str, labels: &[(&str, &
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_every_operation_and_report_follower_lag() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
-    check(&mut cluster, Duration::from_secs(120), async |cluster| {
-        let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, 120, async |cluster, leader| {
         let follower = (1..=3).find(|&id| id != leader).context("no follower")?;
         // TCP only: every GET is a request the server counts.
         let tcp = client(cluster, leader, Transport::Tcp)?;
@@ -265,8 +262,7 @@ async fn wait_health(cluster: &Cluster, id: u64, want_ok: bool) -> Result<String
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_turns_unhealthy_when_cut_off_and_recovers() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
-    check(&mut cluster, Duration::from_secs(90), async |cluster| {
-        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, 90, async |cluster, _| {
         for id in 1..=3 {
             wait_health(cluster, id, true).await?;
         }
@@ -291,8 +287,7 @@ async fn health_turns_unhealthy_when_cut_off_and_recovers() -> Result<()> {
 async fn rdkvctl_top_shows_every_member_in_a_terminal() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
     tokio::task::spawn_blocking(|| binary("rdkvctl")).await?;
-    check(&mut cluster, Duration::from_secs(90), async |cluster| {
-        let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, 90, async |cluster, leader| {
         let endpoint = cluster.node(leader)?.endpoint();
         let writer = client(cluster, leader, Transport::Tcp)?;
         let writes = tokio::spawn(async move {

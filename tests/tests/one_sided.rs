@@ -7,24 +7,14 @@ use anyhow::{Result, bail, ensure};
 use bytes::Bytes;
 use rdkv_client::{ClientOptions, Consistency, Transport};
 use rdkv_fabric::clock::unix_now_us;
-use rdkv_tests::{Cluster, Intent, check, client_options, eventually};
-
-const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
-
-async fn served_gets(cluster: &Cluster) -> Result<u64> {
-    let mut total = 0;
-    for id in cluster.nodes.keys() {
-        let status = cluster.status_of(*id).await?;
-        total += status.served.get + status.served.mget;
-    }
-    Ok(total)
-}
+use rdkv_tests::{
+    Cluster, Intent, LEADER_TIMEOUT, check_with_leader, client_options, eventually, numbered,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
-    check(&mut cluster, Duration::from_secs(90), async |cluster| {
-        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, 90, async |cluster, _| {
         let client = cluster.client_with(
             Intent::Any,
             ClientOptions {
@@ -32,41 +22,20 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
                 ..client_options(None)
             },
         )?;
-        for i in 0..100 {
-            client
-                .put(format!("key-{i:03}"), format!("value-{i}"))
-                .await?;
-        }
+        numbered::put_all(&client, 100).await?;
         // Warm up: the client learns the topology and maps the regions.
         client.get("key-000").await?;
-        let before = served_gets(cluster).await?;
+        let before = cluster.served_gets().await?;
         let stats_before = client.one_sided_stats().await;
-        for round in 0..10 {
-            for i in 0..100 {
-                let got = client.get(format!("key-{i:03}")).await?;
-                let expected = format!("value-{i}");
-                match got {
-                    Some(v) if v.value == expected.as_bytes() => {}
-                    other => bail!("round {round} key {i}: {other:?}"),
-                }
-            }
-        }
-        let values = client.mget((0..100).map(|i| format!("key-{i:03}"))).await?;
+        numbered::get_all(&client, 100, 10).await?;
+        let values = client.mget((0..100).map(numbered::key)).await?;
         assert!(values.iter().all(Option::is_some));
         // Without the index cache an MGet's reads go out in two batches.
         let batched = cluster.client(Intent::Any)?;
-        let values = batched
-            .mget((0..100).map(|i| format!("key-{i:03}")))
-            .await?;
-        for (i, v) in values.iter().enumerate() {
-            ensure!(
-                v.as_ref()
-                    .is_some_and(|v| v.value == format!("value-{i}").as_bytes()),
-                "batched mget key {i}: {v:?}"
-            );
-        }
+        let values = batched.mget((0..100).map(numbered::key)).await?;
+        numbered::check_all(&values, "batched mget")?;
         ensure!(batched.one_sided_stats().await.served == 100);
-        let after = served_gets(cluster).await?;
+        let after = cluster.served_gets().await?;
         let stats = client.one_sided_stats().await;
         println!("one-sided: {stats:?}");
         assert_eq!(after, before, "GETs reached the servers");
@@ -93,7 +62,7 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
                 .await,
             Err(rdkv_client::Error::OneSidedUnavailable)
         ));
-        ensure!(served_gets(cluster).await? == after);
+        ensure!(cluster.served_gets().await? == after);
 
         // The client maps the regions of local servers and talks to them
         // over their Unix sockets too: its writes skip TCP.
@@ -114,7 +83,7 @@ async fn shm_gets_cost_the_servers_no_rpc() -> Result<()> {
         )?;
         tcp.get_with(Bytes::from_static(b"key-001"), Consistency::Lease)
             .await?;
-        assert!(served_gets(cluster).await? > after);
+        assert!(cluster.served_gets().await? > after);
         Ok(())
     })
     .await
@@ -126,8 +95,7 @@ async fn a_restarted_node_is_mapped_anew() -> Result<()> {
     // saying "serving": the new incarnation's region has a new epoch, and
     // the client must move to it rather than read the dead one.
     let mut cluster = Cluster::start(1)?;
-    check(&mut cluster, Duration::from_secs(90), async |cluster| {
-        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, 90, async |cluster, _| {
         let client = cluster.client_with(
             Intent::Any,
             ClientOptions {
@@ -178,8 +146,7 @@ async fn a_single_idle_node_keeps_serving_lease_reads_one_sided() -> Result<()> 
     // A sole voter is its own quorum: its lease must not lapse while it is
     // idle (no writes refresh its quorum acknowledgement).
     let mut cluster = Cluster::start(1)?;
-    check(&mut cluster, Duration::from_secs(60), async |cluster| {
-        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, 60, async |cluster, _| {
         let writer = cluster.client(Intent::Any)?;
         writer.put("idle", "1").await?;
         let idle_since = unix_now_us();

@@ -14,9 +14,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use rdkv_client::Client;
-use rdkv_tests::{Cluster, Intent};
+use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT};
 
-const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
 const HOT_KEYS: usize = 8;
 const READERS: usize = 3;
 /// How long the writer and the readers race.

@@ -12,7 +12,7 @@ use bytes::{Bytes, BytesMut};
 use rdkv_client::{ClientOptions, Consistency, Fault, Transport};
 use rdkv_proto::wire::{
     ClientHello, DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameKind, Request, ServerHello,
-    decode_payload, encode_frame,
+    decode_payload, encode_frame, encoded_frame,
 };
 use rdkv_tests::prometheus::{http_get, parse};
 use rdkv_tests::{Cluster, Intent, check, client_options};
@@ -43,13 +43,11 @@ fn rss_anon_bytes(pid: u32) -> Result<u64> {
 fn handshake(addr: SocketAddr) -> Result<std::result::Result<TcpStream, String>> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut out = BytesMut::new();
-    encode_frame(
+    let out = encoded_frame(
         FrameKind::ClientHello,
         0,
         &ClientHello::new("overload-test", None),
         DEFAULT_MAX_FRAME_BYTES,
-        &mut out,
     )?;
     stream.write_all(&out)?;
     let mut buf = BytesMut::new();
@@ -66,7 +64,7 @@ fn handshake(addr: SocketAddr) -> Result<std::result::Result<TcpStream, String>>
         buf.extend_from_slice(&chunk[..n]);
     };
     Ok(match decode_payload::<ServerHello>(&frame)? {
-        ServerHello::Accepted { .. } => Ok(stream),
+        ServerHello::Accepted(_) => Ok(stream),
         ServerHello::Rejected { code, message } => Err(format!("{code:?}: {message}")),
     })
 }

@@ -6,12 +6,10 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use rdkv_client::{Client, ClientOptions, Consistency, Transport};
 use rdkv_tests::prometheus::http_get;
-use rdkv_tests::{Cluster, Intent, check, client_options, eventually};
-
-const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
+use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, check_with_leader, client_options};
 
 fn client_of(cluster: &Cluster, ids: &[u64]) -> Result<Client> {
     cluster.client_with(
@@ -23,26 +21,6 @@ fn client_of(cluster: &Cluster, ids: &[u64]) -> Result<Client> {
     )
 }
 
-async fn leader_among(cluster: &Cluster, ids: &[u64], not: u64) -> Result<u64> {
-    eventually(
-        LEADER_TIMEOUT,
-        &format!("a leader among {ids:?}"),
-        async || {
-            for &id in ids {
-                if let Ok(status) = cluster.status_of(id).await
-                    && let Some(leader) = status.leader_id
-                    && leader != not
-                    && ids.contains(&leader)
-                {
-                    return Ok(leader);
-                }
-            }
-            bail!("none of {ids:?} names a leader among them other than {not}")
-        },
-    )
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_isolated_leader_is_replaced_and_the_cluster_converges() -> Result<()> {
     let mut cluster = Cluster::start_faulty(3, &[])?;
@@ -50,8 +28,7 @@ async fn an_isolated_leader_is_replaced_and_the_cluster_converges() -> Result<()
         &cluster,
         "an_isolated_leader_is_replaced_and_the_cluster_converges",
     );
-    check(&mut cluster, Duration::from_secs(120), async |cluster| {
-        let old = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, 120, async |cluster, old| {
         let majority: Vec<u64> = (1..=3).filter(|&id| id != old).collect();
         let all = client_of(cluster, &[1, 2, 3])?;
         all.put("before", "1").await?;
@@ -63,7 +40,9 @@ async fn an_isolated_leader_is_replaced_and_the_cluster_converges() -> Result<()
             .await?;
 
         cluster.partition(&[&[old], &majority]).await?;
-        let new = leader_among(cluster, &majority, old).await?;
+        let new = cluster
+            .wait_for_leader_among(&majority, old, LEADER_TIMEOUT)
+            .await?;
         let writer = client_of(cluster, &majority)?;
         writer.put("moved", "new").await?;
         for i in 0..20 {
@@ -121,8 +100,7 @@ async fn an_isolated_leader_is_replaced_and_the_cluster_converges() -> Result<()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_disk_slows_writes_but_loses_none() -> Result<()> {
     let mut cluster = Cluster::start_faulty(3, &[])?;
-    check(&mut cluster, Duration::from_secs(90), async |cluster| {
-        let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, 90, async |cluster, leader| {
         let client = client_of(cluster, &[1, 2, 3])?;
         for id in 1..=3 {
             cluster.slow_fsync(id, 30).await?;

@@ -8,16 +8,14 @@
 //! without their fsync) the same check must report lost writes.
 
 use std::path::Path;
-use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use rdkv_client::Client;
 use rdkv_storage::durability::{JOURNAL_ENV, PowerCut, UnsyncedTail, apply_power_loss};
 use rdkv_storage::failpoint::LOG_SKIP_APPEND_FSYNC;
-use rdkv_tests::{Cluster, Intent, check, eventually, lost_writes};
+use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, check_with_leader, eventually, lost_writes};
 
-const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
-const TEST_LIMIT: Duration = Duration::from_secs(120);
+const TEST_LIMIT_SECS: u64 = 120;
 const WRITES: usize = 150;
 
 /// Writes `WRITES` keys one by one (each acknowledged by the leader's
@@ -56,8 +54,7 @@ async fn writes_lost_to_a_power_cut(
     }
     let mut cluster = Cluster::start_with_env(3, server_args, &env)?;
     let mut lost = Vec::new();
-    check(&mut cluster, TEST_LIMIT, async |cluster| {
-        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    check_with_leader(&mut cluster, TEST_LIMIT_SECS, async |cluster, _| {
         let acked = acknowledged_writes(&cluster.client(Intent::Any)?).await?;
         for id in 1..=3 {
             cluster.node_mut(id)?.kill();

@@ -18,9 +18,7 @@ use bytes::Bytes;
 use rdkv_client::{ClientOptions, Consistency, Transport};
 use rdkv_tests::skip::{skip, skip_without_hardware};
 use rdkv_tests::stress_value::{check, encode};
-use rdkv_tests::{Cluster, Intent, client_options};
-
-const LEADER_TIMEOUT: Duration = Duration::from_secs(20);
+use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, client_options, numbered};
 
 /// The device named by `RDKV_RDMA_DEVICE`, or `None` after saying (visibly,
 /// past the harness's capture) why the test is skipped. A device named for
@@ -57,21 +55,11 @@ fn rdma_options(device: &str) -> ClientOptions {
     }
 }
 
-async fn served_gets(cluster: &Cluster) -> Result<u64> {
-    let mut total = 0;
-    for id in cluster.nodes.keys() {
-        let status = cluster.status_of(*id).await?;
-        total += status.served.get + status.served.mget;
-    }
-    Ok(total)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_device_the_node_says_why_and_auto_clients_still_work() -> Result<()> {
     // A device named here but absent must turn RDMA off, not stop the node.
     let mut cluster = Cluster::start_with(1, &["--rdma-device", "rdkv-no-such-device"])?;
-    rdkv_tests::check(&mut cluster, Duration::from_secs(60), async |cluster| {
-        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    rdkv_tests::check_with_leader(&mut cluster, 60, async |cluster, _| {
         let status = cluster.status_of(1).await?;
         ensure!(
             status.rdma.starts_with("off: "),
@@ -104,7 +92,7 @@ async fn without_a_device_the_node_says_why_and_auto_clients_still_work() -> Res
         for i in 0..20 {
             auto.put(format!("k{i}"), format!("v{i}")).await?;
         }
-        let before = served_gets(cluster).await?;
+        let before = cluster.served_gets().await?;
         for i in 0..20 {
             let got = auto.get(format!("k{i}")).await?;
             ensure!(got.is_some_and(|v| v.value == format!("v{i}").as_bytes()));
@@ -113,7 +101,7 @@ async fn without_a_device_the_node_says_why_and_auto_clients_still_work() -> Res
         let stats = auto.one_sided_stats().await;
         ensure!(stats.served >= 20, "one-sided stats {stats:?}");
         ensure!(
-            served_gets(cluster).await? == before,
+            cluster.served_gets().await? == before,
             "GETs reached the server"
         );
 
@@ -146,8 +134,7 @@ async fn rdma_gets_cost_the_servers_no_rpc() -> Result<()> {
         return Ok(());
     };
     let mut cluster = Cluster::start_with(3, &["--rdma-device", &device])?;
-    rdkv_tests::check(&mut cluster, Duration::from_secs(120), async |cluster| {
-        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    rdkv_tests::check_with_leader(&mut cluster, 120, async |cluster, _| {
         for id in 1..=3 {
             let status = cluster.status_of(id).await?;
             ensure!(
@@ -163,35 +150,16 @@ async fn rdma_gets_cost_the_servers_no_rpc() -> Result<()> {
                 ..rdma_options(&device)
             },
         )?;
-        for i in 0..100 {
-            client
-                .put(format!("key-{i:03}"), format!("value-{i}"))
-                .await?;
-        }
+        numbered::put_all(&client, 100).await?;
         client.get("key-000").await?;
-        let before = served_gets(cluster).await?;
-        for round in 0..10 {
-            for i in 0..100 {
-                match client.get(format!("key-{i:03}")).await? {
-                    Some(v) if v.value == format!("value-{i}").as_bytes() => {}
-                    other => bail!("round {round} key {i}: {other:?}"),
-                }
-            }
-        }
+        let before = cluster.served_gets().await?;
+        numbered::get_all(&client, 100, 10).await?;
         // An MGet without the index cache: two batches of chained READs.
         let batched = cluster.client_with(Intent::Any, rdma_options(&device))?;
-        let values = batched
-            .mget((0..100).map(|i| format!("key-{i:03}")))
-            .await?;
-        for (i, v) in values.iter().enumerate() {
-            ensure!(
-                v.as_ref()
-                    .is_some_and(|v| v.value == format!("value-{i}").as_bytes()),
-                "mget key {i}: {v:?}"
-            );
-        }
+        let values = batched.mget((0..100).map(numbered::key)).await?;
+        numbered::check_all(&values, "mget")?;
         ensure!(
-            served_gets(cluster).await? == before,
+            cluster.served_gets().await? == before,
             "GETs reached the servers"
         );
         let stats = client.one_sided_stats().await;
@@ -215,8 +183,7 @@ async fn rdma_writes_go_over_send_recv() -> Result<()> {
         return Ok(());
     };
     let mut cluster = Cluster::start_with(1, &["--rdma-device", &device])?;
-    rdkv_tests::check(&mut cluster, Duration::from_secs(120), async |cluster| {
-        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    rdkv_tests::check_with_leader(&mut cluster, 120, async |cluster, _| {
         let client = cluster.client_with(Intent::Any, rdma_options(&device))?;
         client.put("warm", "up").await?;
         // Attaching over rdma moves this client's requests to the session.
@@ -263,8 +230,7 @@ async fn rdma_reads_under_a_writer_flat_out_are_never_torn() -> Result<()> {
     };
     let mut cluster =
         Cluster::start_with(1, &["--rdma-device", &device, "--grace-period-ms", "20"])?;
-    rdkv_tests::check(&mut cluster, Duration::from_secs(120), async |cluster| {
-        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    rdkv_tests::check_with_leader(&mut cluster, 120, async |cluster, _| {
         let keys: Vec<String> = (0..8).map(|i| format!("hot-{i}")).collect();
         let writer = cluster.client(Intent::Any)?;
         for key in &keys {
@@ -311,8 +277,7 @@ async fn a_lost_rdma_connection_falls_back_and_reconnects() -> Result<()> {
         return Ok(());
     };
     let mut cluster = Cluster::start_with(1, &["--rdma-device", &device])?;
-    rdkv_tests::check(&mut cluster, Duration::from_secs(120), async |cluster| {
-        cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    rdkv_tests::check_with_leader(&mut cluster, 120, async |cluster, _| {
         let client = cluster.client_with(
             Intent::Any,
             ClientOptions {

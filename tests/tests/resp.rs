@@ -9,9 +9,10 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use rdkv_tests::{Cluster, Intent, check, client_options};
+use rdkv_tests::{Cluster, Intent, check, check_with_leader, client_options};
 
-const TEST_LIMIT: Duration = Duration::from_secs(120);
+const TEST_LIMIT_SECS: u64 = 120;
+const TEST_LIMIT: Duration = Duration::from_secs(TEST_LIMIT_SECS);
 const TOKEN: &str = "s3cret";
 
 fn connect(addr: SocketAddr, password: Option<&str>) -> Result<redis::Connection> {
@@ -212,8 +213,7 @@ fn large_pipelines_are_answered_in_order(addrs: &[SocketAddr]) -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_commands_work_through_every_node() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
-    check(&mut cluster, TEST_LIMIT, async |cluster| {
-        cluster.wait_for_leader(Duration::from_secs(20)).await?;
+    check_with_leader(&mut cluster, TEST_LIMIT_SECS, async |cluster, _| {
         let addrs = resp_addrs(cluster);
         let run = addrs.clone();
         tokio::task::spawn_blocking(move || commands_through_every_node(&run)).await??;
@@ -269,8 +269,7 @@ async fn concurrent_incr_through_every_node_is_exact() -> Result<()> {
     const CLIENTS_PER_NODE: usize = 2;
     const INCRS: i64 = 40;
     let mut cluster = Cluster::start(3)?;
-    check(&mut cluster, TEST_LIMIT, async |cluster| {
-        cluster.wait_for_leader(Duration::from_secs(20)).await?;
+    check_with_leader(&mut cluster, TEST_LIMIT_SECS, async |cluster, _| {
         let addrs = resp_addrs(cluster);
         let mut workers = Vec::new();
         for addr in &addrs {

@@ -6,10 +6,9 @@
 //! except under CI, where their absence fails it.
 
 use std::process::Command;
-use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use rdkv_tests::{Cluster, Intent, check};
+use rdkv_tests::{Cluster, Intent, check_with_leader};
 
 const REQUESTS: u64 = 20_000;
 
@@ -45,8 +44,7 @@ async fn redis_benchmark_and_redis_cli_work_against_a_cluster() -> Result<()> {
         return Ok(());
     }
     let mut cluster = Cluster::start(3)?;
-    check(&mut cluster, Duration::from_secs(300), async |cluster| {
-        let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+    check_with_leader(&mut cluster, 300, async |cluster, leader| {
         let follower = *cluster
             .nodes
             .keys()

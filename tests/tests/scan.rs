@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use rdkv_client::{Bytes, Consistency};
-use rdkv_tests::{Cluster, Intent, check};
+use rdkv_tests::{Cluster, Intent, check_with_leader};
 
 const KEYS: usize = 2_500;
 
@@ -20,8 +20,7 @@ fn key(i: usize) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scans_are_ordered_and_consistent_on_every_node() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
-    check(&mut cluster, Duration::from_secs(120), async |cluster| {
-        let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+    check_with_leader(&mut cluster, 120, async |cluster, leader| {
         let client = cluster.client(Intent::Any)?;
         let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();
         for chunk in (0..KEYS).collect::<Vec<_>>().chunks(500) {

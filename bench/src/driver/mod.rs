@@ -28,9 +28,6 @@ pub enum DriverError {
 /// their futures need not be `Send`.
 #[allow(async_fn_in_trait)]
 pub trait Driver {
-    /// `rdkv` or `redis`, for reports.
-    fn name(&self) -> &str;
-
     /// Whether `scan` is available (workload E needs it).
     fn supports_scan(&self) -> bool;
 

@@ -142,10 +142,6 @@ impl RdkvDriver {
 }
 
 impl Driver for RdkvDriver {
-    fn name(&self) -> &str {
-        "rdkv"
-    }
-
     fn supports_scan(&self) -> bool {
         SUPPORTS_SCAN
     }

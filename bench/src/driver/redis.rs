@@ -43,10 +43,6 @@ pub struct RedisDriver {
 }
 
 impl Driver for RedisDriver {
-    fn name(&self) -> &str {
-        "redis"
-    }
-
     fn supports_scan(&self) -> bool {
         true
     }

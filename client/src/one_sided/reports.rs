@@ -5,28 +5,11 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use rdkv_fabric::ReadStats;
 use rdkv_proto::wire::{ReadReport, Request};
 
 use super::OneSided;
 use super::topology::{STATUS_TIMEOUT, Topology};
 use crate::routing::Router;
-
-fn report_of(stats: ReadStats) -> ReadReport {
-    ReadReport {
-        reads: stats.reads,
-        retries_slot: stats.retries_slot,
-        retries_block: stats.retries_block,
-        retries_invalidated: stats.retries_invalidated,
-        retries_moved: stats.retries_moved,
-        retries_slow: stats.retries_slow,
-        rpc_fallbacks: stats.exhausted,
-        cache_hits: stats.cache_hits,
-        cache_misses: stats.cache_misses,
-        lease_refusals: 0,
-        lag_refusals: 0,
-    }
-}
 
 /// Best effort: a report that cannot be delivered is dropped (metrics, not data).
 async fn send_reports(router: &Router, reports: Vec<(String, ReadReport)>) {
@@ -55,7 +38,7 @@ impl OneSided {
                 delta = delta.plus(now.since(node.reported));
                 node.reported = now;
             }
-            let mut report = report_of(delta);
+            let mut report = ReadReport::from(delta);
             if Some(*id) == leader {
                 let lease = self.counters.lease_refusals.load(Ordering::Relaxed);
                 let lag = self.counters.lag_refusals.load(Ordering::Relaxed);

@@ -178,6 +178,26 @@ mod tests {
         assert!(w.on_received(u32::MAX).is_err());
     }
 
+    /// Delivers the next message on `wire` to `side`: a data message waits
+    /// to be consumed, an update's buffer is reposted at once. False when
+    /// the wire is empty.
+    fn deliver(
+        side: &mut CreditWindow,
+        wire: &mut VecDeque<(bool, u32)>,
+        unconsumed: &mut u32,
+    ) -> bool {
+        let Some((is_data, grant)) = wire.pop_front() else {
+            return false;
+        };
+        side.on_received(grant).unwrap();
+        if is_data {
+            *unconsumed += 1;
+        } else {
+            side.on_reposted();
+        }
+        true
+    }
+
     /// Two endpoints exchanging messages in random order: a receiver never
     /// gets more messages than it posted buffers (the Overrun check would
     /// fire), updates never ping-pong, and whoever wants to send data can
@@ -213,14 +233,7 @@ mod tests {
                         }
                     }
                     1 => {
-                        if let Some((is_data, grant)) = wire[i].pop_front() {
-                            side[i].on_received(grant).unwrap();
-                            if is_data {
-                                unconsumed[i] += 1;
-                            } else {
-                                side[i].on_reposted();
-                            }
-                        }
+                        deliver(&mut side[i], &mut wire[i], &mut unconsumed[i]);
                     }
                     2 => {
                         if unconsumed[i] > 0 {
@@ -241,14 +254,7 @@ mod tests {
             for _ in 0..10_000 {
                 for i in 0..2 {
                     let peer = 1 - i;
-                    while let Some((is_data, grant)) = wire[i].pop_front() {
-                        side[i].on_received(grant).unwrap();
-                        if is_data {
-                            unconsumed[i] += 1;
-                        } else {
-                            side[i].on_reposted();
-                        }
-                    }
+                    while deliver(&mut side[i], &mut wire[i], &mut unconsumed[i]) {}
                     while unconsumed[i] > 0 {
                         unconsumed[i] -= 1;
                         side[i].on_reposted();

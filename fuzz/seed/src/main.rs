@@ -16,7 +16,7 @@ use bytes::{Bytes, BytesMut};
 use rdkv_proto::region::{HashSeed, LayoutParams, RegionLayout, SizeClass, Slot, encode_block};
 use rdkv_proto::wire::{
     ClientHello, Consistency, ErrorCode, ErrorReply, FrameKind, Request, Response, ServerHello,
-    SetCondition, Update, Versioned, encode_frame,
+    ServerInfo, SetCondition, Update, Versioned, encode_frame,
 };
 use rdkv_storage::raft::SnapshotMeta;
 use rdkv_storage::record::encode_record;
@@ -145,13 +145,13 @@ fn frame_decoder(dir: &Path) {
     frame(
         FrameKind::ServerHello,
         0,
-        &ServerHello::Accepted {
+        &ServerHello::Accepted(ServerInfo {
             version: 1,
             node_id: 1,
             cluster_id: 42,
             max_frame_bytes: MAX_FRAME_BYTES,
             max_in_flight: 64,
-        },
+        }),
         &mut out,
     );
     write(dir, "handshake", &out);

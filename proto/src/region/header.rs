@@ -124,6 +124,26 @@ pub struct LayoutParams {
     pub grace_period_us: u64,
 }
 
+impl LayoutParams {
+    /// A small valid geometry (1 MiB, 512 buckets of 2-bucket neighbourhoods)
+    /// for the layout tests here and in `tests/`, which cannot see
+    /// `cfg(test)` items; not for real regions.
+    #[doc(hidden)]
+    pub const fn for_tests() -> LayoutParams {
+        LayoutParams {
+            region_bytes: 1 << 20,
+            bucket_count: 512,
+            neighbourhood_buckets: 2,
+            region_epoch: 7,
+            node_id: 3,
+            hash_seed: HashSeed(11, 12),
+            max_key_bytes: 1024,
+            max_value_bytes: 64 * 1024,
+            grace_period_us: 250_000,
+        }
+    }
+}
+
 /// The validated static header: everything a reader needs to find keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RegionLayout {
@@ -427,23 +447,9 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn params() -> LayoutParams {
-        LayoutParams {
-            region_bytes: 1 << 20,
-            bucket_count: 512,
-            neighbourhood_buckets: 2,
-            region_epoch: 7,
-            node_id: 3,
-            hash_seed: HashSeed(11, 12),
-            max_key_bytes: 1024,
-            max_value_bytes: 64 * 1024,
-            grace_period_us: 250_000,
-        }
-    }
-
     #[test]
     fn plan_encode_decode_round_trips() {
-        let layout = RegionLayout::plan(params()).unwrap();
+        let layout = RegionLayout::plan(LayoutParams::for_tests()).unwrap();
         assert_eq!(layout.data_offset, 4096 + 512 * 64);
         assert_eq!(layout.data_offset + layout.data_bytes, 1 << 20);
         assert_eq!(RegionLayout::decode(&layout.encode_static()), Ok(layout));
@@ -452,7 +458,7 @@ mod tests {
     #[test]
     fn static_words_sit_at_the_documented_offsets() {
         // ARCHITECTURE.md's table: fifteen consecutive words from 0, then the CRC.
-        let layout = RegionLayout::plan(params()).unwrap();
+        let layout = RegionLayout::plan(LayoutParams::for_tests()).unwrap();
         let bytes = layout.encode_static();
         let word = |i: usize| read_u64(&bytes, i * 8);
         let expected = [
@@ -481,7 +487,9 @@ mod tests {
 
     #[test]
     fn a_flipped_static_bit_is_refused() {
-        let bytes = RegionLayout::plan(params()).unwrap().encode_static();
+        let bytes = RegionLayout::plan(LayoutParams::for_tests())
+            .unwrap()
+            .encode_static();
         for bit in 0..STATIC_ENCODED_BYTES * 8 {
             let mut b = bytes;
             b[bit / 8] ^= 1 << (bit % 8);
@@ -491,20 +499,20 @@ mod tests {
 
     #[test]
     fn impossible_geometry_is_refused() {
-        let mut p = params();
+        let mut p = LayoutParams::for_tests();
         p.region_bytes = 4096;
         assert!(RegionLayout::plan(p).is_err());
-        let mut p = params();
+        let mut p = LayoutParams::for_tests();
         p.bucket_count = 1;
         assert!(RegionLayout::plan(p).is_err());
-        let mut p = params();
+        let mut p = LayoutParams::for_tests();
         p.max_value_bytes = u32::MAX;
         assert!(RegionLayout::plan(p).is_err());
     }
 
     #[test]
     fn block_range_refuses_classes_beyond_the_limits() {
-        let layout = RegionLayout::plan(params()).unwrap();
+        let layout = RegionLayout::plan(LayoutParams::for_tests()).unwrap();
         let max = layout.max_class().unwrap();
         let fits = Slot::new(1, max, 0);
         assert_eq!(layout.block_range(fits).unwrap().0, layout.data_offset);

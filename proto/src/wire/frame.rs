@@ -203,6 +203,19 @@ pub fn encode_frame<T: Serialize + ?Sized>(
     Ok(())
 }
 
+/// One frame carrying `msg`, in a buffer of its own ([`encode_frame`] appends
+/// to one the caller keeps).
+pub fn encoded_frame<T: Serialize + ?Sized>(
+    kind: FrameKind,
+    request_id: u64,
+    msg: &T,
+    max_frame_bytes: u32,
+) -> Result<BytesMut, WireError> {
+    let mut frame = BytesMut::new();
+    encode_frame(kind, request_id, msg, max_frame_bytes, &mut frame)?;
+    Ok(frame)
+}
+
 /// Decodes a frame's payload with [`decode_exact`].
 pub fn decode_payload<T: DeserializeOwned>(frame: &Frame) -> Result<T, WireError> {
     decode_exact(&frame.payload)

@@ -53,23 +53,27 @@ impl fmt::Debug for ClientHello {
     }
 }
 
+/// What a server that accepted a client tells it: the version and the
+/// limits of the connection. On the wire its fields follow the variant
+/// number in this order (the encoding of a struct variant with the same
+/// fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerInfo {
+    pub version: u16,
+    pub node_id: u64,
+    pub cluster_id: u64,
+    /// The largest frame body the server will accept; clients must not send more.
+    pub max_frame_bytes: u32,
+    /// Pipelining depth (credits). The server reads no further request
+    /// while this many are in flight on the connection (backpressure);
+    /// `TooManyInFlight` is for servers that shed load instead.
+    pub max_in_flight: u32,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ServerHello {
-    Accepted {
-        version: u16,
-        node_id: u64,
-        cluster_id: u64,
-        /// The largest frame body the server will accept; clients must not send more.
-        max_frame_bytes: u32,
-        /// Pipelining depth (credits). The server reads no further request
-        /// while this many are in flight on the connection (backpressure);
-        /// `TooManyInFlight` is for servers that shed load instead.
-        max_in_flight: u32,
-    },
-    Rejected {
-        code: ErrorCode,
-        message: String,
-    },
+    Accepted(ServerInfo),
+    Rejected { code: ErrorCode, message: String },
 }
 
 /// Picks the highest version both sides support.

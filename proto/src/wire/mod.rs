@@ -30,11 +30,11 @@ pub use batch::HARD_MAX_BATCH_ENTRIES;
 pub use error::{LimitError, LimitsConfigError, WireError};
 pub use frame::{
     DEFAULT_MAX_FRAME_BYTES, FRAME_HEADER_BYTES, Frame, FrameDecoder, FrameKind, MIN_BODY_BYTES,
-    decode_exact, decode_payload, encode_frame,
+    decode_exact, decode_payload, encode_frame, encoded_frame,
 };
 pub use handshake::{
-    ClientHello, HANDSHAKE_MAGIC, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, ServerHello, negotiate,
-    tokens_match,
+    ClientHello, HANDSHAKE_MAGIC, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, ServerHello, ServerInfo,
+    negotiate, tokens_match,
 };
 pub use limits::{
     DEFAULT_MAX_BATCH_KEYS, DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, Limits,

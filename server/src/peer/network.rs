@@ -206,6 +206,18 @@ fn remote<T>(
     result.map_err(|e| unreachable(format!("node {target}: {e}")))
 }
 
+/// Sends `PeerRequest::$request($rpc)` on a `PeerConn` and returns the Raft
+/// result carried by the `PeerResponse::$answer` it expects (a macro, not a
+/// function: the variants are patterns).
+macro_rules! raft_call {
+    ($conn:ident, $request:ident($rpc:expr), $timeout:expr, $answer:ident) => {
+        match $conn.call(&PeerRequest::$request($rpc), $timeout).await? {
+            PeerResponse::$answer(result) => remote($conn.target, result),
+            other => Err(unexpected($conn.target, other)),
+        }
+    };
+}
+
 impl RaftNetworkV2<TypeConfig> for PeerConn {
     type SnapshotData = rdkv_storage::state_machine::SnapshotData;
 
@@ -215,10 +227,7 @@ impl RaftNetworkV2<TypeConfig> for PeerConn {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
         let timeout = option.hard_ttl().max(MIN_APPEND_TIMEOUT);
-        match self.call(&PeerRequest::Append(rpc), timeout).await? {
-            PeerResponse::Append(result) => remote(self.target, result),
-            other => Err(unexpected(self.target, other)),
-        }
+        raft_call!(self, Append(rpc), timeout, Append)
     }
 
     async fn vote(
@@ -226,13 +235,7 @@ impl RaftNetworkV2<TypeConfig> for PeerConn {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        match self
-            .call(&PeerRequest::Vote(rpc), option.hard_ttl())
-            .await?
-        {
-            PeerResponse::Vote(result) => remote(self.target, result),
-            other => Err(unexpected(self.target, other)),
-        }
+        raft_call!(self, Vote(rpc), option.hard_ttl(), Vote)
     }
 
     async fn pre_vote(
@@ -240,13 +243,7 @@ impl RaftNetworkV2<TypeConfig> for PeerConn {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        match self
-            .call(&PeerRequest::PreVote(rpc), option.hard_ttl())
-            .await?
-        {
-            PeerResponse::Vote(result) => remote(self.target, result),
-            other => Err(unexpected(self.target, other)),
-        }
+        raft_call!(self, PreVote(rpc), option.hard_ttl(), Vote)
     }
 
     async fn transfer_leader(
@@ -254,13 +251,7 @@ impl RaftNetworkV2<TypeConfig> for PeerConn {
         req: TransferLeaderRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
-        match self
-            .call(&PeerRequest::TransferLeader(req), option.hard_ttl())
-            .await?
-        {
-            PeerResponse::TransferLeader(result) => remote(self.target, result),
-            other => Err(unexpected(self.target, other)),
-        }
+        raft_call!(self, TransferLeader(req), option.hard_ttl(), TransferLeader)
     }
 
     async fn full_snapshot(

@@ -181,85 +181,89 @@ fn parse_inline(buf: &[u8], limits: &ParseLimits) -> Result<Parsed, ProtocolErro
 fn split_inline(line: &[u8]) -> Result<Vec<Bytes>, ProtocolError> {
     let mut args = Vec::new();
     let mut i = 0;
-    while i < line.len() {
-        while i < line.len() && line[i].is_ascii_whitespace() {
+    loop {
+        while line.get(i).is_some_and(u8::is_ascii_whitespace) {
             i += 1;
         }
-        if i >= line.len() {
-            break;
-        }
-        let mut arg = Vec::new();
-        match line[i] {
-            b'"' => {
-                i += 1;
-                loop {
-                    let Some(&c) = line.get(i) else {
-                        return Err(ProtocolError::UnbalancedQuotes);
-                    };
-                    i += 1;
-                    match c {
-                        b'"' => break,
-                        b'\\' => {
-                            let Some(&e) = line.get(i) else {
-                                return Err(ProtocolError::UnbalancedQuotes);
-                            };
-                            i += 1;
-                            match e {
-                                b'n' => arg.push(b'\n'),
-                                b'r' => arg.push(b'\r'),
-                                b't' => arg.push(b'\t'),
-                                b'x' if i + 2 <= line.len() => {
-                                    let hex = std::str::from_utf8(&line[i..i + 2])
-                                        .ok()
-                                        .and_then(|h| u8::from_str_radix(h, 16).ok());
-                                    match hex {
-                                        Some(v) => {
-                                            arg.push(v);
-                                            i += 2;
-                                        }
-                                        None => arg.push(b'x'),
-                                    }
-                                }
-                                other => arg.push(other),
-                            }
-                        }
-                        other => arg.push(other),
-                    }
-                }
-                if line.get(i).is_some_and(|c| !c.is_ascii_whitespace()) {
-                    return Err(ProtocolError::UnbalancedQuotes);
-                }
-            }
-            b'\'' => {
-                i += 1;
-                loop {
-                    let Some(&c) = line.get(i) else {
-                        return Err(ProtocolError::UnbalancedQuotes);
-                    };
-                    i += 1;
-                    match c {
-                        b'\'' => break,
-                        b'\\' if line.get(i) == Some(&b'\'') => {
-                            arg.push(b'\'');
-                            i += 1;
-                        }
-                        other => arg.push(other),
-                    }
-                }
-                if line.get(i).is_some_and(|c| !c.is_ascii_whitespace()) {
-                    return Err(ProtocolError::UnbalancedQuotes);
-                }
-            }
+        let Some(&first) = line.get(i) else {
+            return Ok(args);
+        };
+        let (arg, end) = match first {
+            b'"' => quoted(line, i + 1, b'"', double_quoted_escape)?,
+            b'\'' => quoted(line, i + 1, b'\'', single_quoted_escape)?,
             _ => {
-                while i < line.len() && !line[i].is_ascii_whitespace() {
-                    arg.push(line[i]);
-                    i += 1;
-                }
+                let end = line[i..]
+                    .iter()
+                    .position(u8::is_ascii_whitespace)
+                    .map_or(line.len(), |n| i + n);
+                (line[i..end].to_vec(), end)
             }
-        }
+        };
         args.push(Bytes::from(arg));
+        i = end;
     }
-    Ok(args)
+}
+
+/// Reads what follows a backslash at `line[i]` inside quotes into `arg`;
+/// returns where the argument goes on.
+type Escape = fn(line: &[u8], i: usize, arg: &mut Vec<u8>) -> Result<usize, ProtocolError>;
+
+/// The quoted argument that starts at `line[start]` (just after its opening
+/// `quote`) and where it ends. The closing quote must be followed by
+/// whitespace or the end of the line.
+fn quoted(
+    line: &[u8],
+    start: usize,
+    quote: u8,
+    escape: Escape,
+) -> Result<(Vec<u8>, usize), ProtocolError> {
+    let mut arg = Vec::new();
+    let mut i = start;
+    loop {
+        let &c = line.get(i).ok_or(ProtocolError::UnbalancedQuotes)?;
+        i += 1;
+        match c {
+            _ if c == quote => break,
+            b'\\' => i = escape(line, i, &mut arg)?,
+            other => arg.push(other),
+        }
+    }
+    if line.get(i).is_some_and(|c| !c.is_ascii_whitespace()) {
+        return Err(ProtocolError::UnbalancedQuotes);
+    }
+    Ok((arg, i))
+}
+
+/// In double quotes: `\n`, `\r`, `\t`, `\xHH`; any other escaped byte
+/// stands for itself (an `x` without two hex digits too).
+fn double_quoted_escape(line: &[u8], i: usize, arg: &mut Vec<u8>) -> Result<usize, ProtocolError> {
+    let &e = line.get(i).ok_or(ProtocolError::UnbalancedQuotes)?;
+    let hex = || {
+        let digits = std::str::from_utf8(line.get(i + 1..i + 3)?).ok()?;
+        u8::from_str_radix(digits, 16).ok()
+    };
+    match e {
+        b'n' => arg.push(b'\n'),
+        b'r' => arg.push(b'\r'),
+        b't' => arg.push(b'\t'),
+        b'x' if let Some(v) = hex() => {
+            arg.push(v);
+            return Ok(i + 3);
+        }
+        other => arg.push(other),
+    }
+    Ok(i + 1)
+}
+
+/// In single quotes only `\'` is an escape; any other backslash is itself.
+fn single_quoted_escape(line: &[u8], i: usize, arg: &mut Vec<u8>) -> Result<usize, ProtocolError> {
+    if line.get(i) == Some(&b'\'') {
+        arg.push(b'\'');
+        Ok(i + 1)
+    } else {
+        arg.push(b'\\');
+        Ok(i)
+    }
 }
 
 /// Takes one complete command off the front of `buf`, if there is one.

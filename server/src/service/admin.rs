@@ -36,23 +36,13 @@ pub async fn add_member(replica: &Replica, id: u64, node: NodeAddr, learner: boo
     if learner {
         return Ok(Response::Members(replica.members()));
     }
-    change_membership(
-        replica,
-        ChangeMembers::AddVoterIds(BTreeSet::from([id])),
-        true,
-    )
-    .await
+    make_voter(replica, id).await
 }
 
 pub async fn promote_member(replica: &Replica, id: u64) -> Reply {
     replica.require_leader()?;
     member(replica, id)?;
-    change_membership(
-        replica,
-        ChangeMembers::AddVoterIds(BTreeSet::from([id])),
-        true,
-    )
-    .await
+    make_voter(replica, id).await
 }
 
 pub async fn remove_member(replica: &Replica, id: u64) -> Reply {
@@ -65,6 +55,16 @@ pub async fn remove_member(replica: &Replica, id: u64) -> Reply {
         ChangeMembers::RemoveNodes(BTreeSet::from([id]))
     };
     change_membership(replica, change, false).await
+}
+
+/// Makes member `id` a voter (learners stay learners).
+async fn make_voter(replica: &Replica, id: u64) -> Reply {
+    change_membership(
+        replica,
+        ChangeMembers::AddVoterIds(BTreeSet::from([id])),
+        true,
+    )
+    .await
 }
 
 /// Member `id`, or the `NotFound` reply.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use rdkv_proto::wire::{
     ClientHello, ErrorCode, FrameKind, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, ServerHello,
-    decode_payload, negotiate, tokens_match,
+    ServerInfo, decode_payload, negotiate, tokens_match,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::OwnedSemaphorePermit;
@@ -108,13 +108,13 @@ where
     let max_frame_bytes = handler.limits().max_frame_bytes;
     match admit(&hello, handler, via) {
         Ok((version, slot)) => {
-            let accepted = ServerHello::Accepted {
+            let accepted = ServerHello::Accepted(ServerInfo {
                 version,
                 node_id: handler.replica().node_id(),
                 cluster_id: 0,
                 max_frame_bytes,
                 max_in_flight: MAX_IN_FLIGHT,
-            };
+            });
             writer.send(FrameKind::ServerHello, 0, &accepted).await?;
             reader.set_max_frame_bytes(max_frame_bytes);
             Ok(slot)

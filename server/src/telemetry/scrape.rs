@@ -41,22 +41,27 @@ impl OneSidedCounts {
     }
 }
 
+impl From<&ReadReport> for OneSidedCounts {
+    fn from(report: &ReadReport) -> OneSidedCounts {
+        OneSidedCounts {
+            reads: report.reads,
+            retries: [
+                ("slot", report.retries_slot),
+                ("block", report.retries_block),
+                ("invalidated", report.retries_invalidated),
+                ("moved", report.retries_moved),
+                ("slow", report.retries_slow),
+            ],
+            cache_hits: report.cache_hits,
+            cache_misses: report.cache_misses,
+            rpc_fallbacks: report.rpc_fallbacks,
+        }
+    }
+}
+
 /// Adds a client's one-sided read report to the `source="client"` counters.
 pub fn client_reads(report: &ReadReport) {
-    let counts = OneSidedCounts {
-        reads: report.reads,
-        retries: [
-            ("slot", report.retries_slot),
-            ("block", report.retries_block),
-            ("invalidated", report.retries_invalidated),
-            ("moved", report.retries_moved),
-            ("slow", report.retries_slow),
-        ],
-        cache_hits: report.cache_hits,
-        cache_misses: report.cache_misses,
-        rpc_fallbacks: report.rpc_fallbacks,
-    };
-    counts.record("client", Counter::increment);
+    OneSidedCounts::from(report).record("client", Counter::increment);
     for (reason, n) in [
         ("lease", report.lease_refusals),
         ("lag", report.lag_refusals),
@@ -66,20 +71,8 @@ pub fn client_reads(report: &ReadReport) {
 }
 
 /// Sets the `source="server"` counters from the node's own reader (GETs
-/// served by RPC read the region lock-free too).
+/// served by RPC read the region lock-free too), counted as a client would
+/// report them.
 pub fn server_reads(stats: &ReadStats) {
-    let counts = OneSidedCounts {
-        reads: stats.reads,
-        retries: [
-            ("slot", stats.retries_slot),
-            ("block", stats.retries_block),
-            ("invalidated", stats.retries_invalidated),
-            ("moved", stats.retries_moved),
-            ("slow", stats.retries_slow),
-        ],
-        cache_hits: stats.cache_hits,
-        cache_misses: stats.cache_misses,
-        rpc_fallbacks: stats.exhausted,
-    };
-    counts.record("server", Counter::absolute);
+    OneSidedCounts::from(&ReadReport::from(*stats)).record("server", Counter::absolute);
 }

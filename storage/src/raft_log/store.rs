@@ -249,13 +249,7 @@ impl LogStore {
         }
         durability::create_dir_all(&dir).map_err(|e| LogError::io(&dir, e))?;
         let lock_path = dir.join(LOCK_FILE);
-        let lock = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&lock_path)
-            .map_err(|e| LogError::io(&lock_path, e))?;
+        let lock = open_rw(&lock_path, false)?;
         match lock.try_lock() {
             Ok(()) => {}
             Err(fs::TryLockError::WouldBlock) => return Err(LogError::Locked { path: dir }),
@@ -490,13 +484,7 @@ impl Shared {
             ));
         }
         let path = self.segment_path(first_index);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .map_err(|e| LogError::io(&path, e))?;
+        let file = open_rw(&path, true)?;
         file.write_all_at(&segment_header(), 0)
             .map_err(|e| LogError::io(&path, e))?;
         // The header is durable before the name: a cut can then leave a
@@ -707,6 +695,18 @@ impl Shared {
         }
         stats
     }
+}
+
+/// Opens `path` to read and write, creating it if missing; `truncate`
+/// empties a file that exists.
+fn open_rw(path: &Path, truncate: bool) -> Result<File, LogError> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(truncate)
+        .open(path)
+        .map_err(|e| LogError::io(path, e))
 }
 
 /// The oldest segment, when every entry in it is at or below the purge point.

@@ -44,6 +44,28 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Waits on `cv` until it is notified or `deadline` comes; `Err` hands the
+/// guard back when the deadline has already passed.
+fn wait_until<'a, T>(
+    cv: &Condvar,
+    guard: MutexGuard<'a, T>,
+    deadline: Instant,
+) -> Result<MutexGuard<'a, T>, MutexGuard<'a, T>> {
+    let now = Instant::now();
+    if now >= deadline {
+        return Err(guard);
+    }
+    Ok(cv
+        .wait_timeout(guard, deadline - now)
+        .map(|(guard, _)| guard)
+        .unwrap_or_else(|p| p.into_inner().0))
+}
+
+/// What a READ-side wait that ran out of time fails with.
+const READ_TIMED_OUT: RdmaError = RdmaError::Timeout {
+    timeout_ms: READ_TIMEOUT_MS,
+};
+
 /// A complete message received, and whether its grant is still owed.
 #[derive(Debug)]
 pub struct Incoming {
@@ -298,9 +320,7 @@ impl ConnShared {
         build(&mut post, wr_id);
         if let Err(e) = post.post() {
             drop(guard);
-            let e = RdmaError::verbs("ibv_post_send", e);
-            self.fail(e.clone());
-            return Err(e);
+            return self.fail_with(RdmaError::verbs("ibv_post_send", e));
         }
         Ok(())
     }
@@ -517,11 +537,9 @@ impl ConnShared {
                         return Ok(false);
                     }
                     // Half a message is on the wire: the stream cannot go on.
-                    let e = RdmaError::Closed(
+                    return self.fail_with(RdmaError::Closed(
                         "no send credit before the deadline in the middle of a message".into(),
-                    );
-                    self.fail(e.clone());
-                    return Err(e);
+                    ));
                 }
             };
             let sent = self.send_fragment(
@@ -533,8 +551,7 @@ impl ConnShared {
                 &message[offset..offset + len],
             );
             if let Err(e) = sent {
-                self.fail(e.clone());
-                return Err(e);
+                return self.fail_with(e);
             }
         }
         Ok(true)
@@ -551,17 +568,7 @@ impl ConnShared {
                 state.reads_in_flight += n;
                 return Ok(());
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(RdmaError::Timeout {
-                    timeout_ms: READ_TIMEOUT_MS,
-                });
-            }
-            state = self
-                .read_room
-                .wait_timeout(state, deadline - now)
-                .map(|(guard, _)| guard)
-                .unwrap_or_else(|p| p.into_inner().0);
+            state = wait_until(&self.read_room, state, deadline).map_err(|_| READ_TIMED_OUT)?;
         }
     }
 
@@ -627,9 +634,7 @@ impl ConnShared {
             drop(guard);
             // Part of the chain may have been posted: failing the connection
             // flushes those and abandons the rest, completing the batch.
-            let e = RdmaError::verbs("ibv_post_send(READ)", e);
-            self.fail(e.clone());
-            return Err(e);
+            return self.fail_with(RdmaError::verbs("ibv_post_send(READ)", e));
         }
         Ok(())
     }
@@ -660,6 +665,12 @@ impl ConnShared {
         lock(&self.incoming).take();
         self.send_ready.notify_waiters();
         self.read_room.notify_all();
+    }
+
+    /// [`ConnShared::fail`], then `error` for the caller that hit it.
+    fn fail_with<T>(&self, error: RdmaError) -> Result<T, RdmaError> {
+        self.fail(error.clone());
+        Err(error)
     }
 }
 
@@ -694,17 +705,7 @@ impl ReadPool {
             if let Some(taken) = slots.acquire(n) {
                 return Ok(taken);
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(RdmaError::Timeout {
-                    timeout_ms: READ_TIMEOUT_MS,
-                });
-            }
-            slots = self
-                .freed
-                .wait_timeout(slots, deadline - now)
-                .map(|(guard, _)| guard)
-                .unwrap_or_else(|p| p.into_inner().0);
+            slots = wait_until(&self.freed, slots, deadline).map_err(|_| READ_TIMED_OUT)?;
         }
     }
 
@@ -790,24 +791,19 @@ impl ReadBatch {
         let deadline = Instant::now() + timeout;
         let mut state = lock(&self.state);
         while state.remaining > 0 {
-            let now = Instant::now();
-            if now >= deadline {
-                state.abandoned = true;
-                drop(state);
-                // Failing the connection destroys the QP (no more DMA into
-                // the slots) and completes the rest of the batch, whose last
-                // completion releases the slots.
-                let e = RdmaError::Timeout {
-                    timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-                };
-                self.conn.fail(e.clone());
-                return Err(e);
-            }
-            state = self
-                .done
-                .wait_timeout(state, deadline - now)
-                .map(|(guard, _)| guard)
-                .unwrap_or_else(|p| p.into_inner().0);
+            state = match wait_until(&self.done, state, deadline) {
+                Ok(state) => state,
+                Err(mut state) => {
+                    state.abandoned = true;
+                    drop(state);
+                    // Failing the connection destroys the QP (no more DMA
+                    // into the slots) and completes the rest of the batch,
+                    // whose last completion releases the slots.
+                    return self.conn.fail_with(RdmaError::Timeout {
+                        timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                    });
+                }
+            };
         }
         match state.error.clone() {
             Some(e) => {

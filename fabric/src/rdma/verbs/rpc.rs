@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use bytes::BytesMut;
 use rdkv_proto::wire::{
     DEFAULT_MAX_FRAME_BYTES, ErrorCode, ErrorReply, Frame, FrameDecoder, FrameKind, Request,
-    Response, decode_payload, encode_frame,
+    Response, decode_payload, encoded_frame,
 };
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -206,32 +206,23 @@ pub(crate) async fn serve(
                 Ok(request) => handler.handle(request).await,
                 Err(e) => Response::Error(ErrorReply::new(ErrorCode::Malformed, e.to_string())),
             };
-            let mut out = BytesMut::new();
-            let encoded = encode_frame(
-                FrameKind::Response,
-                frame.request_id,
-                &response,
-                max_frame_bytes,
-                &mut out,
-            );
-            if encoded.is_err() {
-                out.clear();
-                let error = Response::Error(ErrorReply::new(
-                    ErrorCode::FrameTooLarge,
-                    "the response exceeds the frame limit",
-                ));
-                if encode_frame(
+            let encode = |response: &Response| {
+                encoded_frame(
                     FrameKind::Response,
                     frame.request_id,
-                    &error,
+                    response,
                     max_frame_bytes,
-                    &mut out,
                 )
-                .is_err()
-                {
-                    return;
-                }
-            }
+            };
+            let encoded = encode(&response).or_else(|_| {
+                encode(&Response::Error(ErrorReply::new(
+                    ErrorCode::FrameTooLarge,
+                    "the response exceeds the frame limit",
+                )))
+            });
+            let Ok(out) = encoded else {
+                return;
+            };
             // A reply that cannot get credits for a minute means a client
             // that stopped reading: give up on the connection.
             let deadline = Instant::now() + std::time::Duration::from_secs(60);
