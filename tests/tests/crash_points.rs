@@ -13,6 +13,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use rdkv_client::Client;
 use rdkv_tests::stress_value::splitmix64;
 use rdkv_tests::{Cluster, Intent, SNAPSHOT_OFTEN, check_with_leader, eventually};
 
@@ -20,12 +21,7 @@ use rdkv_tests::{Cluster, Intent, SNAPSHOT_OFTEN, check_with_leader, eventually}
 async fn killed_during_snapshot_install_and_purge_loses_nothing() -> Result<()> {
     let mut cluster = Cluster::start_with(3, &SNAPSHOT_OFTEN)?;
     check_with_leader(&mut cluster, 150, async |cluster, leader| {
-        let victim = (1..=3).find(|&id| id != leader).context("a follower")?;
-        // Writes enter through the other nodes: a request in flight to the
-        // victim when it is killed has an unknown outcome and would fail the
-        // run for a reason that is not a lost write.
-        let others: Vec<u64> = (1..=3).filter(|&id| id != victim).collect();
-        let writer = cluster.client(Intent::Via(&others))?;
+        let (victim, writer) = victim_and_writer(cluster, leader)?;
         let mut acknowledged: Vec<(String, String)> = Vec::new();
         let mut n = 0u64;
         let mut write =
@@ -84,6 +80,15 @@ async fn killed_during_snapshot_install_and_purge_loses_nothing() -> Result<()> 
     .await
 }
 
+/// A follower to kill, and a client whose writes enter through the other
+/// nodes: a request in flight to the victim when it is killed has an unknown
+/// outcome and would fail the run for a reason that is not a lost write.
+fn victim_and_writer(cluster: &Cluster, leader: u64) -> Result<(u64, Client)> {
+    let victim = (1..=3).find(|&id| id != leader).context("a follower")?;
+    let others: Vec<u64> = (1..=3).filter(|&id| id != victim).collect();
+    Ok((victim, cluster.client(Intent::Via(&others))?))
+}
+
 /// Waits until node `id` is gone (it aborted at its failpoint).
 async fn wait_exit(cluster: &mut Cluster, id: u64, what: &str) -> Result<()> {
     eventually(
@@ -123,10 +128,7 @@ async fn holds_everything(
 async fn crashes_inside_a_log_purge_and_a_snapshot_install_lose_nothing() -> Result<()> {
     let mut cluster = Cluster::start_with(3, &SNAPSHOT_OFTEN)?;
     check_with_leader(&mut cluster, 120, async |cluster, leader| {
-        let victim = (1..=3).find(|&id| id != leader).context("a follower")?;
-        // Not through the victim, which dies at a failpoint (see above).
-        let others: Vec<u64> = (1..=3).filter(|&id| id != victim).collect();
-        let writer = cluster.client(Intent::Via(&others))?;
+        let (victim, writer) = victim_and_writer(cluster, leader)?;
         let mut acknowledged = Vec::new();
         let mut n = 0;
         let mut write =
