@@ -384,7 +384,7 @@ fn the_header_sizes_are_the_documented_ones() {
 #[test]
 fn a_key_is_admitted_up_to_the_limit_and_not_one_byte_more() {
     let layout = layout();
-    let limit = params().max_key_bytes as usize;
+    let limit = layout.max_key_bytes as usize;
     assert!(layout.admits_key(b""));
     assert!(layout.admits_key(&vec![b'k'; limit]));
     assert!(!layout.admits_key(&vec![b'k'; limit + 1]));
