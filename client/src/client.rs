@@ -114,7 +114,7 @@ impl Client {
                 .get_many(keys, *consistency)
                 .await
                 .map(Response::Values),
-            _ => return self.router.send(request).await,
+            _ => return self.routed(request).await,
         };
         if let Some(response) = one_sided {
             return Ok(response);
@@ -126,7 +126,7 @@ impl Client {
             Request::MGet { keys, .. } => Some(keys.len()),
             _ => None,
         };
-        match self.router.send(request).await? {
+        match self.routed(request).await? {
             Response::Values(values) if asked.is_some_and(|n| n != values.len()) => {
                 Err(unexpected(Op::MGet, &Response::Values(values)))
             }
@@ -142,6 +142,13 @@ impl Client {
     }
 
     /// [`send`](Client::send) with the answer taken out of the response.
+    /// The request through the server. Boxed: the routing loop's future is
+    /// large, and inlined into `send` it made every one-sided GET's future
+    /// as large (moved on every poll set-up), about 0.1 us a GET.
+    async fn routed(&self, request: Request) -> Result<Response> {
+        Box::pin(self.router.send(request)).await
+    }
+
     async fn call<T: FromResponse>(&self, request: Request) -> Result<T> {
         let op = request.op();
         answer(op, self.send(request).await?)
