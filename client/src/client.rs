@@ -141,7 +141,6 @@ impl Client {
         self.router.send_to(endpoint, request).await
     }
 
-    /// [`send`](Client::send) with the answer taken out of the response.
     /// The request through the server. Boxed: the routing loop's future is
     /// large, and inlined into `send` it made every one-sided GET's future
     /// as large (moved on every poll set-up), about 0.1 us a GET.
@@ -149,6 +148,7 @@ impl Client {
         Box::pin(self.router.send(request)).await
     }
 
+    /// [`send`](Client::send) with the answer taken out of the response.
     async fn call<T: FromResponse>(&self, request: Request) -> Result<T> {
         let op = request.op();
         answer(op, self.send(request).await?)

@@ -306,8 +306,8 @@ fn parse_log_format(text: Option<&str>) -> Result<LogFormat> {
 }
 
 /// The numeric settings, each from the flag, else the file, else its
-/// default, checked against its range.
-struct Limits {
+/// default; the sizes, counts and periods with a range are checked against it.
+struct NumericSettings {
     region_mib: u64,
     max_client_connections: u32,
     max_in_flight_mib: u32,
@@ -317,8 +317,8 @@ struct Limits {
     snapshot_keep_entries: u64,
 }
 
-impl Limits {
-    fn resolve(args: &Args, file: &FileConfig) -> Result<Limits> {
+impl NumericSettings {
+    fn resolve(args: &Args, file: &FileConfig) -> Result<NumericSettings> {
         let region_mib = args.region_mib.or(file.region_mib).unwrap_or(256);
         let region_mib = within("region-mib", region_mib, 1..=1024 * 1024)?;
         let connections = args.max_client_connections.or(file.max_client_connections);
@@ -340,7 +340,7 @@ impl Limits {
         let heartbeat_ms = args.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(100);
         let snapshot_entries = args.snapshot_entries.or(file.snapshot_entries);
         let snapshot_keep_entries = args.snapshot_keep_entries.or(file.snapshot_keep_entries);
-        Ok(Limits {
+        Ok(NumericSettings {
             region_mib,
             max_client_connections,
             max_in_flight_mib,
@@ -362,7 +362,7 @@ impl Config {
         if id == 0 {
             bail!("--id must be >= 1");
         }
-        let limits = Limits::resolve(&args, &file)?;
+        let numbers = NumericSettings::resolve(&args, &file)?;
         let listen = address("listen", args.listen.or(file.listen), DEFAULT_LISTEN)?;
         let peer_listen = args.peer_listen.or(file.peer_listen);
         let peer_listen = address("peer-listen", peer_listen, DEFAULT_PEER_LISTEN)?;
@@ -416,15 +416,15 @@ impl Config {
             initial_cluster,
             join,
             token,
-            region_bytes: limits.region_mib * 1024 * 1024,
-            grace_period_ms: limits.grace_period_ms,
-            heartbeat_ms: limits.heartbeat_ms,
-            snapshot_entries: limits.snapshot_entries,
-            snapshot_keep_entries: limits.snapshot_keep_entries,
+            region_bytes: numbers.region_mib * 1024 * 1024,
+            grace_period_ms: numbers.grace_period_ms,
+            heartbeat_ms: numbers.heartbeat_ms,
+            snapshot_entries: numbers.snapshot_entries,
+            snapshot_keep_entries: numbers.snapshot_keep_entries,
             log_format,
             fault_injection: args.fault_injection,
-            max_client_connections: limits.max_client_connections,
-            max_in_flight_mib: limits.max_in_flight_mib,
+            max_client_connections: numbers.max_client_connections,
+            max_in_flight_mib: numbers.max_in_flight_mib,
             rdma_device: args
                 .rdma_device
                 .or(file.rdma_device)

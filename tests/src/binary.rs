@@ -14,11 +14,9 @@ use std::sync::Mutex;
 /// minutes on a 2-core machine), and cargo does not copy test-profile
 /// binaries to `target/debug`, so their path must come from cargo.
 pub fn binary(name: &str) -> PathBuf {
-    static BUILT: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
+    static BUILT: Mutex<Option<Vec<(String, PathBuf)>>> = Mutex::new(None);
     let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
-    if built.is_empty() {
-        *built = build_workspace_binaries();
-    }
+    let built = built.get_or_insert_with(build_workspace_binaries);
     match built.iter().find(|(built_name, _)| built_name == name) {
         Some((_, path)) => path.clone(),
         None => panic!("the workspace has no binary named {name}"),
