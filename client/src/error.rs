@@ -3,6 +3,7 @@
 use std::io;
 use std::time::Duration;
 
+pub use rdkv_fabric::ConnectError;
 use rdkv_proto::wire::{ErrorCode, ErrorReply, WireError};
 
 /// Everything a client call can fail with.
@@ -15,21 +16,12 @@ pub enum Error {
     /// The client was given no endpoint to talk to.
     #[error("no endpoints given")]
     NoEndpoints,
-    /// A TCP connection to `addr` could not be opened (or broke during the handshake).
-    #[error("cannot connect to {addr}")]
-    Connect {
-        addr: String,
-        #[source]
-        source: io::Error,
-    },
-    /// The server refused the handshake, e.g. with [`ErrorCode::Unauthenticated`] for
-    /// a missing or wrong token, or [`ErrorCode::UnsupportedVersion`].
-    #[error("{addr} rejected the handshake ({code:?}): {message}")]
-    Handshake {
-        addr: String,
-        code: ErrorCode,
-        message: String,
-    },
+    /// A connection could not be opened: TCP failed (or broke during the
+    /// handshake), or the server refused the handshake
+    /// ([`ConnectError::Handshake`], e.g. with [`ErrorCode::Unauthenticated`]
+    /// for a missing or wrong token, or [`ErrorCode::UnsupportedVersion`]).
+    #[error(transparent)]
+    Connect(ConnectError),
     /// The server answered with an error that retrying cannot fix (or the retry
     /// budget ran out on a retryable one, such as `Unavailable`).
     #[error("server error {:?}: {}", .0.code, .0.message)]
@@ -77,11 +69,11 @@ pub enum Error {
 }
 
 impl Error {
-    /// The server's error code, for [`Error::Server`] and [`Error::Handshake`].
+    /// The server's error code, for [`Error::Server`] and a refused handshake.
     pub fn code(&self) -> Option<ErrorCode> {
         match self {
             Self::Server(reply) => Some(reply.code),
-            Self::Handshake { code, .. } => Some(*code),
+            Self::Connect(ConnectError::Handshake { code, .. }) => Some(*code),
             _ => None,
         }
     }
@@ -90,31 +82,30 @@ impl Error {
     /// repeating a write whose first attempt may have applied is the caller's call.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Self::Connect { .. } | Self::Timeout(_) | Self::NoLeader => true,
+            Self::Connect(ConnectError::Handshake { code, .. }) => *code == ErrorCode::Unavailable,
+            Self::Connect(_) | Self::Timeout(_) | Self::NoLeader => true,
             Self::OneSidedUnavailable => true,
             Self::ConnectionLost { .. } => true,
             Self::Server(reply) => reply.code.is_retryable(),
-            Self::Handshake { code, .. } => *code == ErrorCode::Unavailable,
             _ => false,
         }
     }
 }
 
-impl From<rdkv_fabric::ConnectError> for Error {
-    fn from(e: rdkv_fabric::ConnectError) -> Self {
+/// A malformed handshake frame is a protocol error like any other.
+impl From<ConnectError> for Error {
+    fn from(e: ConnectError) -> Self {
         match e {
-            rdkv_fabric::ConnectError::Connect { addr, source } => Self::Connect { addr, source },
-            rdkv_fabric::ConnectError::Handshake {
-                addr,
-                code,
-                message,
-            } => Self::Handshake {
-                addr,
-                code,
-                message,
-            },
-            rdkv_fabric::ConnectError::Protocol(e) => Self::Protocol(e),
+            ConnectError::Protocol(e) => Self::Protocol(e),
+            other => Self::Connect(other),
         }
+    }
+}
+
+impl Error {
+    /// Whether the server refused the handshake (as opposed to TCP failing).
+    pub fn is_handshake_refusal(&self) -> bool {
+        matches!(self, Self::Connect(ConnectError::Handshake { .. }))
     }
 }
 

@@ -92,7 +92,7 @@ mod snapshot;
 /// Re-exported so that callers need not depend on `bytes` themselves.
 pub use bytes::Bytes;
 pub use client::Client;
-pub use error::{Error, Result};
+pub use error::{ConnectError, Error, Result};
 pub use one_sided::OneSidedStats;
 pub use options::{ClientOptions, Transport};
 pub use outcome::{CasOutcome, DeleteOutcome};

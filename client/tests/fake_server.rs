@@ -5,7 +5,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use rdkv_client::{Client, ClientOptions, Consistency, Error, ErrorCode, ErrorReply, LeaderHint};
+use rdkv_client::{
+    Client, ClientOptions, ConnectError, Consistency, Error, ErrorCode, ErrorReply, LeaderHint,
+};
 use rdkv_proto::wire::{Request, Response, SnapshotChunk, Versioned};
 use rdkv_tests::fake_server::{Fake, FakeConn, Kv, accepted, serve};
 use tokio::sync::mpsc;
@@ -181,10 +183,10 @@ async fn handshake_rejection_is_a_typed_error() {
     assert!(
         matches!(
             &err,
-            Error::Handshake {
+            Error::Connect(ConnectError::Handshake {
                 code: ErrorCode::Unauthenticated,
                 ..
-            }
+            })
         ),
         "{err:?}"
     );
@@ -197,7 +199,7 @@ async fn handshake_rejection_is_a_typed_error() {
     let err = Client::connect_with(&[fake.endpoint()], wrong)
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Handshake { .. }), "{err:?}");
+    assert!(err.is_handshake_refusal(), "{err:?}");
 
     let right = ClientOptions {
         token: Some("secret".into()),

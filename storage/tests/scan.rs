@@ -14,7 +14,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use rdkv_proto::wire::{SetCondition, Update};
 use rdkv_storage::raft::{Command, Entry, TypeConfig};
-use rdkv_storage::state_machine::RegionStateMachine;
+use rdkv_storage::state_machine::{RegionStateMachine, ScanRange};
 
 use common::{apply, normal};
 
@@ -131,8 +131,19 @@ fn expected(model: &Model, start: &[u8], end: Option<&[u8]>, limit: usize) -> Ve
         .collect()
 }
 
+/// The keys from `start` to the end, at most `limit`.
+fn from(start: &[u8], limit: usize) -> ScanRange<'_> {
+    ScanRange {
+        start,
+        end: None,
+        limit,
+    }
+}
+
 fn scanned(sm: &RegionStateMachine, start: &[u8], end: Option<&[u8]>, limit: usize) -> Vec<Row> {
-    let page = sm.scan_local(start, end, limit, u64::MAX).unwrap();
+    let page = sm
+        .scan_local(ScanRange { start, end, limit }, u64::MAX)
+        .unwrap();
     assert!(
         !page.more,
         "an unbounded byte budget never cuts a page short"
@@ -260,22 +271,22 @@ async fn a_byte_budget_cuts_a_page_short_but_always_returns_one_pair() {
     apply(&mut sm, entries).await;
 
     // Room for two pairs (and their framing), not three.
-    let page = sm.scan_local(b"", None, 5, 25_000).unwrap();
+    let page = sm.scan_local(from(b"", 5), 25_000).unwrap();
     assert_eq!(page.pairs.len(), 2);
     assert!(page.more);
     assert_eq!(&page.pairs[1].0[..], b"big1");
 
     // A budget smaller than one pair still returns that pair, so a client
     // continuing after the last key always makes progress.
-    let page = sm.scan_local(b"big4", None, 5, 10).unwrap();
+    let page = sm.scan_local(from(b"big4", 5), 10).unwrap();
     assert_eq!(page.pairs.len(), 1);
     assert!(!page.more, "nothing follows big4");
-    let page = sm.scan_local(b"big3", None, 5, 10).unwrap();
+    let page = sm.scan_local(from(b"big3", 5), 10).unwrap();
     assert_eq!(page.pairs.len(), 1);
     assert!(page.more);
 
     // The limit, not the budget, ends this one: no `more`.
-    let page = sm.scan_local(b"", None, 2, u64::MAX).unwrap();
+    let page = sm.scan_local(from(b"", 2), u64::MAX).unwrap();
     assert_eq!(page.pairs.len(), 2);
     assert!(!page.more);
 }

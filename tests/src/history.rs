@@ -333,8 +333,7 @@ pub fn write_error_outcome(error: &Error) -> Outcome {
     match error {
         // Never sent, or refused before reaching Raft.
         Error::NoEndpoints
-        | Error::Connect { .. }
-        | Error::Handshake { .. }
+        | Error::Connect(_)
         | Error::Timeout(_)
         | Error::NoLeader
         | Error::OneSidedUnavailable => Outcome::Fail,

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use bytes::{Buf, BufMut, BytesMut};
-use rdkv_client::Error as ClientError;
 use rdkv_proto::wire::{
     ClientHello, Consistency, DEFAULT_MAX_FRAME_BYTES, ErrorCode, Frame, FrameDecoder, FrameKind,
     Request, Response, ServerHello, decode_payload, encoded_frame,
@@ -388,7 +387,7 @@ async fn wrong_token_and_version_are_rejected() -> Result<()> {
             rdkv_client::Client::connect_with(&[addr.to_string()], client_options(Some("wrong")))
                 .await;
         match wrong {
-            Err(e @ ClientError::Handshake { .. }) => {
+            Err(e) if e.is_handshake_refusal() => {
                 ensure!(e.code() == Some(ErrorCode::Unauthenticated), "{e}")
             }
             other => bail!("connect with a wrong token: {other:?}"),

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use rdkv_client::{Client, ClientOptions, Error, ErrorCode, Fault, Transport};
+use rdkv_client::{Client, ClientOptions, ConnectError, Error, ErrorCode, Fault, Transport};
 use rdkv_tests::{Cluster, Intent, check, client_options, eventually};
 
 const TOKEN: &str = "s3cret";
@@ -38,10 +38,10 @@ async fn writing_client(cluster: &Cluster, key: &str, value: &str) -> Result<Cli
 /// The failure must be the handshake refusing the token, nothing else.
 fn refused<T: std::fmt::Debug>(what: &str, result: rdkv_client::Result<T>) -> Result<()> {
     match result {
-        Err(Error::Handshake {
+        Err(Error::Connect(ConnectError::Handshake {
             code: ErrorCode::Unauthenticated,
             ..
-        }) => Ok(()),
+        })) => Ok(()),
         other => anyhow::bail!("{what}: expected an Unauthenticated handshake, got {other:?}"),
     }
 }

@@ -90,7 +90,7 @@ impl Router {
                     self.state().current = Some(addr);
                     return Ok(());
                 }
-                Err(e @ Error::Handshake { .. }) if !e.is_retryable() => return Err(e),
+                Err(e) if e.is_handshake_refusal() && !e.is_retryable() => return Err(e),
                 Err(e) => last_err = e,
             }
         }

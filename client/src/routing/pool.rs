@@ -11,7 +11,7 @@ use rdkv_fabric::rpc::{Connection, RpcChannel};
 use rdkv_proto::wire::ClientHello;
 use tokio::time::Instant;
 
-use crate::error::{Error, Result};
+use crate::error::{ConnectError, Error, Result};
 
 type Slot = Arc<tokio::sync::Mutex<Option<Arc<dyn RpcChannel>>>>;
 
@@ -46,9 +46,11 @@ impl Pool {
     ) -> Result<Arc<dyn RpcChannel>> {
         let slot = self.slot(addr);
         let connect_deadline = deadline.min(Instant::now() + self.connect_timeout);
-        let timed_out = || Error::Connect {
-            addr: addr.to_owned(),
-            source: std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"),
+        let timed_out = || {
+            Error::Connect(ConnectError::Connect {
+                addr: addr.to_owned(),
+                source: std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"),
+            })
         };
         // Concurrent callers wait for one connect instead of racing several.
         let mut guard = tokio::time::timeout_at(connect_deadline, slot.lock())

@@ -78,7 +78,7 @@ pub(crate) fn next_step(outcome: Outcome, attempt: &Attempt<'_>) -> Step {
 }
 
 fn unreachable_step(error: Error, attempt: &Attempt<'_>) -> Step {
-    if matches!(error, Error::Handshake { .. }) && !error.is_retryable() {
+    if error.is_handshake_refusal() && !error.is_retryable() {
         return Step::Fail {
             error,
             suspect: false,
@@ -201,6 +201,8 @@ pub(crate) fn direct_result(outcome: Outcome, addr: &str, elapsed: Duration) -> 
 mod tests {
     use rdkv_proto::wire::{LeaderHint, WireError};
 
+    use crate::error::ConnectError;
+
     use super::*;
 
     /// The shape of a step, to compare in a table.
@@ -216,8 +218,8 @@ mod tests {
     /// The error's variant name, enough to tell the rules apart.
     fn kind(error: &Error) -> &'static str {
         match error {
-            Error::Connect { .. } => "Connect",
-            Error::Handshake { .. } => "Handshake",
+            Error::Connect(ConnectError::Handshake { .. }) => "Handshake",
+            Error::Connect(_) => "Connect",
             Error::Server(_) => "Server",
             Error::Timeout(_) => "Timeout",
             Error::NoLeader => "NoLeader",
@@ -274,18 +276,18 @@ mod tests {
     }
 
     fn connect_error() -> Outcome {
-        Outcome::Unreachable(Error::Connect {
+        Outcome::Unreachable(Error::Connect(ConnectError::Connect {
             addr: "a".into(),
             source: std::io::Error::other("refused"),
-        })
+        }))
     }
 
     fn handshake(code: ErrorCode) -> Outcome {
-        Outcome::Unreachable(Error::Handshake {
+        Outcome::Unreachable(Error::Connect(ConnectError::Handshake {
             addr: "a".into(),
             code,
             message: "no".into(),
-        })
+        }))
     }
 
     fn wire_error() -> WireError {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use rdkv_proto::wire::{ErrorCode, ErrorReply, Limits, Request, Response};
 use rdkv_storage::raft::{Command, NodeAddr};
+use rdkv_storage::state_machine::ScanRange;
 
 use super::admission::{Admission, write_headroom};
 use super::{Reply, admin, read, write};
@@ -133,10 +134,10 @@ impl Handler {
                 limit,
                 consistency,
             } => {
-                let range = read::ScanRange {
+                let range = ScanRange {
                     start: &start_key,
                     end: end_key.as_deref(),
-                    limit,
+                    limit: usize::try_from(limit).unwrap_or(usize::MAX),
                 };
                 read::scan(replica, range, consistency, max_frame_bytes).await
             }

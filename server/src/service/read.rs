@@ -9,6 +9,7 @@ use rdkv_proto::wire::{
     Consistency, ErrorCode, ErrorReply, Response, SINGLE_ENTRY_OVERHEAD_BYTES, Versioned,
 };
 use rdkv_storage::raft::TypeConfig;
+use rdkv_storage::state_machine::ScanRange;
 
 use super::Reply;
 use crate::lease;
@@ -18,15 +19,6 @@ use crate::replica::Replica;
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 
 type ReadError = RaftError<TypeConfig, LinearizableReadError<TypeConfig>>;
-
-/// The keys a SCAN covers: `start` (inclusive) to `end` (exclusive; `None`:
-/// to the end), at most `limit` pairs.
-#[derive(Debug, Clone, Copy)]
-pub struct ScanRange<'a> {
-    pub start: &'a [u8],
-    pub end: Option<&'a [u8]>,
-    pub limit: u32,
-}
 
 pub async fn get(replica: &Replica, key: &[u8], consistency: Consistency) -> Reply {
     barrier(replica, consistency).await?;
@@ -67,10 +59,9 @@ pub async fn scan(
 ) -> Reply {
     barrier(replica, consistency).await?;
     let budget = u64::from(max_frame_bytes).saturating_sub(u64::from(SINGLE_ENTRY_OVERHEAD_BYTES));
-    let limit = usize::try_from(range.limit).unwrap_or(usize::MAX);
     let page = replica
         .sm
-        .scan_local(range.start, range.end, limit, budget)
+        .scan_local(range, budget)
         .map_err(|e| ErrorReply::new(ErrorCode::Internal, e.to_string()))?;
     Ok(Response::Pairs {
         pairs: page.pairs,

@@ -5,9 +5,7 @@
 use std::fmt;
 
 use bytes::Bytes;
-use rdkv_proto::wire::{
-    ErrorCode, ErrorReply, Request, Response, Update, UpdateOutcome, Versioned,
-};
+use rdkv_proto::wire::{ErrorCode, ErrorReply, Request, Response, Update};
 use serde::{Deserialize, Serialize};
 
 /// A state-machine command. Append-only (postcard encodes the variant index,
@@ -89,38 +87,16 @@ impl TryFrom<Request> for Command {
     }
 }
 
-/// The outcome of applying a command; `version` is the entry's log index.
+/// The outcome of applying a command on one replica.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CommandResult {
-    Written {
-        version: u64,
-    },
-    Deleted {
-        existed: bool,
-        version: u64,
-    },
-    CasDone {
-        succeeded: bool,
-        version: u64,
-        current: Option<Versioned>,
-    },
-    MWritten {
-        version: u64,
-    },
+    /// Applied: the reply its proposer gets (versions are the entry's log index).
+    Applied(Response),
     /// The command could not be applied here (e.g. the region is full); the
     /// region is unchanged by it.
-    Failed {
-        region_full: bool,
-        message: String,
-    },
+    Failed { region_full: bool, message: String },
     /// For blank and membership entries, which have no client.
     None,
-    /// The outcome of a `Command::Update`.
-    Updated(UpdateOutcome),
-    Cleared {
-        removed: u64,
-        version: u64,
-    },
 }
 
 /// What the proposing client is told. `Failed` and `None` become error
@@ -129,20 +105,7 @@ pub enum CommandResult {
 impl From<CommandResult> for Response {
     fn from(result: CommandResult) -> Response {
         match result {
-            CommandResult::Written { version } => Response::Written { version },
-            CommandResult::Deleted { existed, version } => Response::Deleted { existed, version },
-            CommandResult::CasDone {
-                succeeded,
-                version,
-                current,
-            } => Response::CasDone {
-                succeeded,
-                version,
-                current,
-            },
-            CommandResult::MWritten { version } => Response::MWritten { version },
-            CommandResult::Updated(outcome) => Response::Updated(outcome),
-            CommandResult::Cleared { removed, version } => Response::Cleared { removed, version },
+            CommandResult::Applied(response) => response,
             CommandResult::Failed {
                 region_full,
                 message,
@@ -234,7 +197,7 @@ mod tests {
             Response::Error(reply) if reply.code == ErrorCode::Internal
         ));
         assert_eq!(
-            Response::from(CommandResult::Written { version: 7 }),
+            Response::from(CommandResult::Applied(Response::Written { version: 7 })),
             Response::Written { version: 7 }
         );
     }

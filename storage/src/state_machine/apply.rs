@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 use openraft::EntryPayload;
-use rdkv_proto::wire::{SetCondition, Update, UpdateOutcome};
+use rdkv_proto::wire::{Response, SetCondition, Update, UpdateOutcome};
 
 use super::State;
 use super::keyed::KeyedRegion;
@@ -40,6 +40,11 @@ pub(super) fn apply_entry(
     }
 }
 
+/// A command applied: its proposer gets `response`.
+fn replied(response: Response) -> Applied {
+    Applied::Done(CommandResult::Applied(response))
+}
+
 fn failed(error: &RegionError) -> CommandResult {
     CommandResult::Failed {
         region_full: matches!(
@@ -69,11 +74,11 @@ fn apply_command(
 ) -> Applied {
     match command {
         Command::Put { key, value } => match writer.put(key, value, version) {
-            Ok(_) => Applied::Done(CommandResult::Written { version }),
+            Ok(_) => replied(Response::Written { version }),
             Err(e) => on_error(writer, &e, 0, give_up),
         },
         Command::Delete { key } => match writer.delete(key) {
-            Ok(previous) => Applied::Done(CommandResult::Deleted {
+            Ok(previous) => replied(Response::Deleted {
                 existed: previous.is_some(),
                 version,
             }),
@@ -90,11 +95,11 @@ fn apply_command(
             };
             if current != *expected_version {
                 return Applied::Done(match writer.get(key) {
-                    Ok(current) => CommandResult::CasDone {
+                    Ok(current) => CommandResult::Applied(Response::CasDone {
                         succeeded: false,
                         version,
                         current,
-                    },
+                    }),
                     Err(e) => failed(&e),
                 });
             }
@@ -103,7 +108,7 @@ fn apply_command(
                 None => writer.delete(key).map(drop),
             };
             match written {
-                Ok(()) => Applied::Done(CommandResult::CasDone {
+                Ok(()) => replied(Response::CasDone {
                     succeeded: true,
                     version,
                     current: None,
@@ -129,11 +134,11 @@ fn apply_command(
                     };
                 }
             }
-            Applied::Done(CommandResult::MWritten { version })
+            replied(Response::MWritten { version })
         }
         Command::Update { key, update } => apply_update(writer, key, update, version, give_up),
         Command::Clear => match writer.clear() {
-            Ok(removed) => Applied::Done(CommandResult::Cleared { removed, version }),
+            Ok(removed) => replied(Response::Cleared { removed, version }),
             Err(e) => Applied::Done(failed(&e)),
         },
     }
@@ -166,15 +171,11 @@ fn apply_update(
                 None => 0,
                 Some(Some(n)) => n,
                 Some(None) => {
-                    return Applied::Done(CommandResult::Updated(UpdateOutcome::NotAnInteger {
-                        version,
-                    }));
+                    return replied(Response::Updated(UpdateOutcome::NotAnInteger { version }));
                 }
             };
             let Some(value) = base.checked_add(*delta) else {
-                return Applied::Done(CommandResult::Updated(UpdateOutcome::NotAnInteger {
-                    version,
-                }));
+                return replied(Response::Updated(UpdateOutcome::NotAnInteger { version }));
             };
             (
                 Bytes::from(value.to_string()),
@@ -185,10 +186,7 @@ fn apply_update(
             let mut value = current.map(|c| c.to_vec()).unwrap_or_default();
             let len = (value.len() + suffix.len()) as u64;
             if len > u64::from(writer.layout().max_value_bytes) {
-                return Applied::Done(CommandResult::Updated(UpdateOutcome::TooLarge {
-                    len,
-                    version,
-                }));
+                return replied(Response::Updated(UpdateOutcome::TooLarge { len, version }));
             }
             value.extend_from_slice(suffix);
             (Bytes::from(value), UpdateOutcome::Length { len, version })
@@ -209,13 +207,13 @@ fn apply_update(
                 version,
             };
             if !write {
-                return Applied::Done(CommandResult::Updated(outcome));
+                return replied(Response::Updated(outcome));
             }
             (value.clone(), outcome)
         }
     };
     match writer.put(key, &new_value, version) {
-        Ok(_) => Applied::Done(CommandResult::Updated(outcome)),
+        Ok(_) => replied(Response::Updated(outcome)),
         Err(e) => on_error(writer, &e, 0, give_up),
     }
 }

@@ -30,6 +30,15 @@ pub(super) struct KeyedRegion {
     keys: BTreeSet<Bytes>,
 }
 
+/// The keys a scan covers: `start` (inclusive) to `end` (exclusive; `None`:
+/// to the end), at most `limit` pairs.
+#[derive(Debug, Clone, Copy)]
+pub struct ScanRange<'a> {
+    pub start: &'a [u8],
+    pub end: Option<&'a [u8]>,
+    pub limit: usize,
+}
+
 /// One page of a scan: pairs in key order; `more` when the byte budget cut it
 /// short before the limit and before the end of the range.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,17 +104,16 @@ impl KeyedRegion {
         self.keys.len()
     }
 
-    /// Up to `limit` pairs from `start` (inclusive) to `end` (exclusive), read
-    /// from the region; stops early (with `more`) once the keys and values
-    /// gathered would exceed `max_bytes`, but always returns at least one pair
-    /// when there is one, so a scan always makes progress.
+    /// The pairs of `range`, read from the region; stops early (with `more`)
+    /// once the keys and values gathered would exceed `max_bytes`, but always
+    /// returns at least one pair when there is one, so a scan always makes
+    /// progress.
     pub(super) fn scan(
         &self,
-        start: &[u8],
-        end: Option<&[u8]>,
-        limit: usize,
+        range: ScanRange<'_>,
         max_bytes: u64,
     ) -> Result<ScanPage, StateMachineError> {
+        let ScanRange { start, end, limit } = range;
         let upper = end.map_or(Bound::Unbounded, Bound::Excluded);
         if end.is_some_and(|end| end <= start) {
             return Ok(ScanPage {

@@ -32,7 +32,7 @@ use crate::region::{
 };
 use apply::{Applied, apply_entry};
 use keyed::KeyedRegion;
-pub use keyed::ScanPage;
+pub use keyed::{ScanPage, ScanRange};
 use snapshot::{SnapshotError, SnapshotWriter};
 
 pub type SnapshotData = Bytes;
@@ -227,12 +227,10 @@ impl RegionStateMachine {
     /// (a request's batch limit), so the lock is held briefly.
     pub fn scan_local(
         &self,
-        start: &[u8],
-        end: Option<&[u8]>,
-        limit: usize,
+        range: ScanRange<'_>,
         max_bytes: u64,
     ) -> Result<ScanPage, StateMachineError> {
-        self.lock().writer.scan(start, end, limit, max_bytes)
+        self.lock().writer.scan(range, max_bytes)
     }
 
     /// Keys in the ordered scan index; always equal to the region's live keys.
