@@ -1,6 +1,7 @@
 //! One `rdkv-server` process: its addresses, data directory and log, and
 //! starting, killing, stopping, freezing and thawing it.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -228,4 +229,11 @@ impl Drop for NodeProc {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The segment files of the Raft log in a node's `data_dir`, by first index.
+pub fn log_segments(data_dir: &Path) -> Result<BTreeMap<u64, PathBuf>> {
+    let dir = data_dir.join("raft-log");
+    rdkv_storage::raft_log::segment::segment_files(&dir)
+        .with_context(|| format!("listing the log segments in {}", dir.display()))
 }

@@ -14,6 +14,7 @@ use bytes::Bytes;
 use rdkv_client::{Client, ClientOptions, Error as ClientError, Versioned};
 use rdkv_proto::wire::Consistency;
 use rdkv_storage::raft_log::{DEFAULT_MAX_RECORD_SIZE, segment};
+use rdkv_tests::node::log_segments;
 use rdkv_tests::{
     Cluster, Intent, LEADER_TIMEOUT, check, check_with_leader, client_options, eventually, garbage,
     lost_writes,
@@ -200,10 +201,7 @@ async fn no_acknowledged_write_lost_when_leader_is_killed_repeatedly() -> Result
 
 /// The newest segment file of a node's Raft log.
 fn last_segment(data_dir: &Path) -> Result<PathBuf> {
-    let dir = data_dir.join("raft-log");
-    let (_, path) = segment::segment_files(&dir)?
-        .pop_last()
-        .context("no segment file")?;
+    let (_, path) = log_segments(data_dir)?.pop_last().context("no segment")?;
     Ok(path)
 }
 

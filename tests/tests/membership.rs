@@ -2,13 +2,12 @@
 //! brought up to date by a snapshot (the log it would need is purged), a
 //! member is removed, and the leadership moves on request.
 
-use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use bytes::Bytes;
 use rdkv_proto::wire::{Consistency, ErrorCode};
-use rdkv_storage::raft_log::segment;
+use rdkv_tests::node::log_segments;
 use rdkv_tests::{
     Cluster, Intent, LEADER_TIMEOUT, SNAPSHOT_OFTEN, check_with_leader, eventually, numbered,
 };
@@ -18,15 +17,6 @@ const TEST_LIMIT_SECS: u64 = 90;
 /// server purges in batches of 256 entries (`purge_batch_size`), so with
 /// ~200 writes nothing would be purged and a joiner would get the log.
 const KEYS: usize = 400;
-
-/// The first index of the oldest segment of a node's Raft log.
-fn first_segment_index(data_dir: &Path) -> Result<u64> {
-    let dir = data_dir.join("raft-log");
-    let (first, _) = segment::segment_files(&dir)?
-        .pop_first()
-        .context("no segment")?;
-    Ok(first)
-}
 
 /// Reads every key from node `id` alone (follower read) and compares.
 async fn node_has_all_keys(cluster: &Cluster, id: u64) -> Result<()> {
@@ -102,7 +92,8 @@ async fn joiner_catches_up_by_snapshot_then_is_removed() -> Result<()> {
             Ok(status)
         })
         .await?;
-        let first = first_segment_index(&cluster.node(4)?.data_dir)?;
+        let segments = log_segments(&cluster.node(4)?.data_dir)?;
+        let first = *segments.keys().next().context("no segment")?;
         ensure!(
             first > 0,
             "node 4's log starts at index {first}: it was sent the log, not a snapshot"

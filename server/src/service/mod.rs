@@ -25,7 +25,9 @@ mod read;
 mod status;
 mod write;
 
-use rdkv_proto::wire::{ErrorReply, Response};
+use std::time::Duration;
+
+use rdkv_proto::wire::{ErrorCode, ErrorReply, Response};
 
 pub use connection::{serve_clients, serve_unix_clients};
 pub use handler::{Endpoints, Handler, HandlerSettings};
@@ -35,3 +37,17 @@ pub const MAX_IN_FLIGHT: u32 = 128;
 
 /// A request's answer before it is sent: an error is a `Response::Error`.
 type Reply = Result<Response, ErrorReply>;
+
+/// `work`'s output, or an error reply with `code` when it takes longer than
+/// `limit`: a leader cut off from its quorum would otherwise hold a request
+/// (and its connection's credit) forever. `missed` says what did not happen.
+async fn within<T>(
+    limit: Duration,
+    code: ErrorCode,
+    missed: &str,
+    work: impl Future<Output = T>,
+) -> Result<T, ErrorReply> {
+    tokio::time::timeout(limit, work)
+        .await
+        .map_err(|_| ErrorReply::new(code, format!("{missed} within {limit:?}")))
+}

@@ -11,7 +11,7 @@ use rdkv_proto::wire::{
 use rdkv_storage::raft::TypeConfig;
 use rdkv_storage::state_machine::ScanRange;
 
-use super::Reply;
+use super::{Reply, within};
 use crate::lease;
 use crate::replica::Replica;
 
@@ -117,14 +117,13 @@ async fn confirm(
     replica: &Replica,
     policy: ReadPolicy,
 ) -> Result<Result<(), ReadError>, ErrorReply> {
-    let confirmed = tokio::time::timeout(CONFIRM_TIMEOUT, replica.raft.ensure_linearizable(policy))
-        .await
-        .map_err(|_| {
-            ErrorReply::new(
-                ErrorCode::Unavailable,
-                format!("leadership not confirmed within {CONFIRM_TIMEOUT:?}"),
-            )
-        })?;
+    let confirmed = within(
+        CONFIRM_TIMEOUT,
+        ErrorCode::Unavailable,
+        "leadership not confirmed",
+        replica.raft.ensure_linearizable(policy),
+    )
+    .await?;
     Ok(confirmed.map(|_| ()))
 }
 

@@ -7,7 +7,7 @@ use openraft::errors::{ClientWriteError, RaftError};
 use rdkv_proto::wire::{ErrorCode, ErrorReply, Response};
 use rdkv_storage::raft::{Command, TypeConfig};
 
-use super::Reply;
+use super::{Reply, within};
 use crate::replica::Replica;
 
 /// Longest a write may wait to commit.
@@ -16,17 +16,15 @@ const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Proposes `command` and waits for its result (the caller has checked that
 /// this node leads and the region has room).
 pub async fn commit(replica: &Replica, command: Command) -> Reply {
-    // A leader cut off from its quorum would hold the request (and the
-    // connection's credit) forever: bound it; the outcome is then unknown.
-    let response = tokio::time::timeout(COMMIT_TIMEOUT, replica.raft.client_write(command))
-        .await
-        .map_err(|_| {
-            ErrorReply::new(
-                ErrorCode::Timeout,
-                format!("not committed within {COMMIT_TIMEOUT:?}: it may or may not be applied"),
-            )
-        })?
-        .map_err(|e| write_error(replica, e))?;
+    // Past the limit the outcome is unknown: the entry may still commit.
+    let response = within(
+        COMMIT_TIMEOUT,
+        ErrorCode::Timeout,
+        "not committed (it may or may not be applied)",
+        replica.raft.client_write(command),
+    )
+    .await?
+    .map_err(|e| write_error(replica, e))?;
     Ok(Response::from(response.data))
 }
 
