@@ -136,6 +136,13 @@ impl Region {
         (region, slot)
     }
 
+    /// [`Region::with_key`] plus `OTHER` = `two` at version 2.
+    fn with_two_keys() -> (Region, Slot) {
+        let (mut region, slot) = Region::with_key();
+        region.put(OTHER, b"two", 2);
+        (region, slot)
+    }
+
     fn sized(memory_bytes: usize, layout: RegionLayout) -> Region {
         let memory = Arc::new(RegionMemory::anonymous(memory_bytes).expect("mapping"));
         memory
@@ -304,6 +311,20 @@ fn cached(reader: &RegionReader, cache: &IndexCache) -> Option<Versioned> {
     reader.get_cached(KEY, cache).expect("get")
 }
 
+/// `KEY` read through the batched path.
+fn many_of_key(reader: &RegionReader) -> Vec<Option<Versioned>> {
+    reader
+        .get_many(&[Bytes::from_static(KEY)])
+        .expect("get_many")
+}
+
+/// Reads `KEY` and then `OTHER` through `cache`.
+fn cache_both(reader: &RegionReader, cache: &IndexCache) {
+    for key in [KEY, OTHER] {
+        reader.get_cached(key, cache).expect("get");
+    }
+}
+
 fn stats(reads: u64, hits: u64, misses: u64) -> ReadStats {
     ReadStats {
         reads,
@@ -361,10 +382,7 @@ fn a_fingerprint_collision_is_skipped_when_its_slot_did_not_change() {
     assert_eq!(hooked.reads(), 4);
     assert_eq!(hooked.reader.stats(), stats(1, 1, 0));
     // The batched path sees two candidates and reads the key on its own.
-    let many = hooked
-        .reader
-        .get_many(&[Bytes::from_static(KEY)])
-        .expect("get_many");
+    let many = many_of_key(&hooked.reader);
     assert_eq!(many, vec![versioned(b"mine", 5)]);
 }
 
@@ -581,8 +599,7 @@ fn header_words_are_read_and_a_rebuilt_region_is_noticed() {
 
 #[test]
 fn get_many_answers_like_get_in_two_batched_rounds() {
-    let (mut region, _) = Region::with_key();
-    region.put(OTHER, b"two", 2);
+    let (region, _) = Region::with_two_keys();
     let hooked = region.default_hooked_reader();
     let keys = [
         Bytes::from_static(KEY),
@@ -601,10 +618,7 @@ fn get_many_answers_like_get_in_two_batched_rounds() {
 fn get_many_reads_a_key_again_on_its_own_when_its_block_does_not_match() {
     let (region, slot) = Region::with_key();
     let hooked = region.default_hooked_reader();
-    let many = hooked
-        .reader
-        .get_many(&[Bytes::from_static(KEY)])
-        .expect("get_many");
+    let many = many_of_key(&hooked.reader);
     assert_eq!(many, vec![versioned(b"one", 1)]);
     // One neighbourhood, one block.
     assert_eq!(hooked.reads(), 2);
@@ -731,12 +745,10 @@ fn a_slow_cached_read_falls_back_to_the_slot() {
 
 #[test]
 fn the_index_cache_is_bounded_and_keyed_by_epoch() {
-    let (mut region, _) = Region::with_key();
-    region.put(OTHER, b"two", 2);
+    let (region, _) = Region::with_two_keys();
     let reader = region.default_reader();
     let one = IndexCache::new(1);
-    reader.get_cached(KEY, &one).expect("get");
-    reader.get_cached(OTHER, &one).expect("get");
+    cache_both(&reader, &one);
     assert_eq!(one.len(), 1);
     let none = IndexCache::new(0);
     reader.get_cached(KEY, &none).expect("get");
@@ -775,9 +787,7 @@ fn the_widest_neighbourhood_is_read_to_its_last_slot() {
     region.put_at(KEY, last, b"far", 4);
     let reader = region.default_reader();
     assert_eq!(reader.get(KEY).expect("get"), versioned(b"far", 4));
-    let many = reader
-        .get_many(&[Bytes::from_static(KEY)])
-        .expect("get_many");
+    let many = many_of_key(&reader);
     assert_eq!(many, vec![versioned(b"far", 4)]);
 }
 
@@ -787,21 +797,17 @@ fn get_many_reads_the_whole_neighbourhood() {
     let mut region = Region::new();
     region.put_at(KEY, 9, b"second bucket", 2);
     let reader = region.default_reader();
-    let many = reader
-        .get_many(&[Bytes::from_static(KEY)])
-        .expect("get_many");
+    let many = many_of_key(&reader);
     assert_eq!(many, vec![versioned(b"second bucket", 2)]);
     assert_eq!(reader.stats(), stats(1, 1, 0));
 }
 
 #[test]
 fn the_index_cache_holds_distinct_keys_and_forgets_a_deleted_one() {
-    let (mut region, slot) = Region::with_key();
-    region.put(OTHER, b"two", 2);
+    let (region, slot) = Region::with_two_keys();
     let reader = region.default_reader();
     let cache = IndexCache::new(16);
-    reader.get_cached(KEY, &cache).expect("get");
-    reader.get_cached(OTHER, &cache).expect("get");
+    cache_both(&reader, &cache);
     assert_eq!(cache.len(), 2);
     assert!(!cache.is_empty());
     // The writer deletes KEY: invalidates its block, clears its slot.

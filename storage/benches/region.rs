@@ -253,6 +253,24 @@ fn timed_rounds<S>(
     elapsed
 }
 
+/// Benchmarks `insert` of fresh keys: each timed round inserts keys not yet
+/// inserted; when they run out, `reset` (untimed) removes them all.
+fn bench_fresh_inserts<S>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    fresh: &[Key],
+    state: &mut S,
+    mut insert: impl FnMut(&mut S, &Key),
+    mut reset: impl FnMut(&mut S),
+) {
+    let mut cursor = 0;
+    group.bench_function(name, |b| {
+        b.iter_custom(|iters| {
+            timed_rounds(iters, fresh, &mut cursor, state, &mut insert, &mut reset)
+        })
+    });
+}
+
 fn bench_apply(c: &mut Criterion, label: &str, value_len: usize) {
     let hit_keys = keys(b"key-", PREFILL_KEYS);
     let order = shuffled(hit_keys.clone(), 3);
@@ -291,30 +309,25 @@ fn bench_apply(c: &mut Criterion, label: &str, value_len: usize) {
     {
         let mut writer = region(&hit_keys);
         let mut version = PREFILL_KEYS as u64;
-        let mut cursor = 0;
-        group.bench_function("rdkv_region_insert", |b| {
-            b.iter_custom(|iters| {
-                timed_rounds(
-                    iters,
-                    &fresh,
-                    &mut cursor,
-                    &mut (&mut writer, &mut version),
-                    |(writer, version), key| {
-                        **version += 1;
-                        put(writer, black_box(key), &values[0], **version, "insert");
-                    },
-                    |(writer, _)| {
-                        for key in &fresh {
-                            delete(writer, key, "insert reset");
-                        }
-                        // Let the deleted blocks' grace period pass and return
-                        // them to the allocator before the timer restarts.
-                        std::thread::sleep(Duration::from_micros(2 * APPLY_GRACE_US));
-                        writer.reclaim();
-                    },
-                )
-            })
-        });
+        bench_fresh_inserts(
+            &mut group,
+            "rdkv_region_insert",
+            &fresh,
+            &mut (&mut writer, &mut version),
+            |(writer, version), key| {
+                **version += 1;
+                put(writer, black_box(key), &values[0], **version, "insert");
+            },
+            |(writer, _)| {
+                for key in &fresh {
+                    delete(writer, key, "insert reset");
+                }
+                // Let the deleted blocks' grace period pass and return
+                // them to the allocator before the timer restarts.
+                std::thread::sleep(Duration::from_micros(2 * APPLY_GRACE_US));
+                writer.reclaim();
+            },
+        );
     }
 
     // Delete then put of an existing key: two slot stores, one retire.
@@ -354,30 +367,25 @@ fn bench_apply(c: &mut Criterion, label: &str, value_len: usize) {
     }
     {
         let map = map();
-        let mut cursor = 0;
-        group.bench_function("rwlock_hashmap_insert", |b| {
-            b.iter_custom(|iters| {
-                timed_rounds(
-                    iters,
-                    &fresh,
-                    &mut cursor,
-                    &mut (),
-                    |_, key| {
-                        let old = map
-                            .write()
-                            .unwrap()
-                            .insert(black_box(key).to_vec(), Bytes::copy_from_slice(&values[0]));
-                        black_box(old);
-                    },
-                    |_| {
-                        let mut map = map.write().unwrap();
-                        for key in &fresh {
-                            map.remove(&key[..]).expect("fresh key present");
-                        }
-                    },
-                )
-            })
-        });
+        bench_fresh_inserts(
+            &mut group,
+            "rwlock_hashmap_insert",
+            &fresh,
+            &mut (),
+            |_, key| {
+                let old = map
+                    .write()
+                    .unwrap()
+                    .insert(black_box(key).to_vec(), Bytes::copy_from_slice(&values[0]));
+                black_box(old);
+            },
+            |_| {
+                let mut map = map.write().unwrap();
+                for key in &fresh {
+                    map.remove(&key[..]).expect("fresh key present");
+                }
+            },
+        );
     }
     {
         let map = map();

@@ -31,6 +31,15 @@ pub fn skip_without_hardware(test: &str, reason: &str) {
     announce(test, reason);
 }
 
+/// The name of the running test: libtest runs each test on a thread named
+/// after it (a `#[tokio::test]` body runs on that thread too).
+pub fn this_test() -> String {
+    std::thread::current()
+        .name()
+        .unwrap_or("this test")
+        .to_owned()
+}
+
 fn announce(test: &str, reason: &str) {
     // Uncaptured on purpose (see the module comment); a closed stderr leaves
     // nothing to tell.

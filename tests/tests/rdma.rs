@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail, ensure};
 use bytes::Bytes;
 use rdkv_client::{ClientOptions, Consistency, Transport};
-use rdkv_tests::skip::{skip, skip_without_hardware};
+use rdkv_tests::skip::{skip, skip_without_hardware, this_test};
 use rdkv_tests::stress_value::{check, encode};
 use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, client_options, numbered};
 
@@ -44,6 +44,26 @@ fn rdma_device(test: &str) -> Option<String> {
             None
         }
     }
+}
+
+/// Runs `body` against a cluster of `nodes` serving RDMA on the test device
+/// (`extra_args` added to each node's), within two minutes; without a
+/// device, says why the test is skipped and passes.
+async fn with_rdma_cluster(
+    nodes: u64,
+    extra_args: &[&str],
+    body: impl AsyncFnOnce(&mut Cluster, &str) -> Result<()>,
+) -> Result<()> {
+    let Some(device) = rdma_device(&this_test()) else {
+        return Ok(());
+    };
+    let mut args = vec!["--rdma-device", device.as_str()];
+    args.extend_from_slice(extra_args);
+    let mut cluster = Cluster::start_with(nodes, &args)?;
+    rdkv_tests::check_with_leader(&mut cluster, 120, async |cluster, _| {
+        body(cluster, &device).await
+    })
+    .await
 }
 
 fn rdma_options(device: &str) -> ClientOptions {
@@ -130,11 +150,7 @@ async fn without_a_device_the_node_says_why_and_auto_clients_still_work() -> Res
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rdma_gets_cost_the_servers_no_rpc() -> Result<()> {
-    let Some(device) = rdma_device("rdma_gets_cost_the_servers_no_rpc") else {
-        return Ok(());
-    };
-    let mut cluster = Cluster::start_with(3, &["--rdma-device", &device])?;
-    rdkv_tests::check_with_leader(&mut cluster, 120, async |cluster, _| {
+    with_rdma_cluster(3, &[], async |cluster, device| {
         for id in 1..=3 {
             let status = cluster.status_of(id).await?;
             ensure!(
@@ -147,7 +163,7 @@ async fn rdma_gets_cost_the_servers_no_rpc() -> Result<()> {
             Intent::Any,
             ClientOptions {
                 index_cache_entries: 1024,
-                ..rdma_options(&device)
+                ..rdma_options(device)
             },
         )?;
         numbered::put_all(&client, 100).await?;
@@ -155,7 +171,7 @@ async fn rdma_gets_cost_the_servers_no_rpc() -> Result<()> {
         let before = cluster.served_gets().await?;
         numbered::get_all(&client, 100, 10).await?;
         // An MGet without the index cache: two batches of chained READs.
-        let batched = cluster.client_with(Intent::Any, rdma_options(&device))?;
+        let batched = cluster.client_with(Intent::Any, rdma_options(device))?;
         let values = batched.mget((0..100).map(numbered::key)).await?;
         numbered::check_all(&values, "mget")?;
         ensure!(
@@ -179,12 +195,8 @@ async fn rdma_gets_cost_the_servers_no_rpc() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rdma_writes_go_over_send_recv() -> Result<()> {
-    let Some(device) = rdma_device("rdma_writes_go_over_send_recv") else {
-        return Ok(());
-    };
-    let mut cluster = Cluster::start_with(1, &["--rdma-device", &device])?;
-    rdkv_tests::check_with_leader(&mut cluster, 120, async |cluster, _| {
-        let client = cluster.client_with(Intent::Any, rdma_options(&device))?;
+    with_rdma_cluster(1, &[], async |cluster, device| {
+        let client = cluster.client_with(Intent::Any, rdma_options(device))?;
         client.put("warm", "up").await?;
         // Attaching over rdma moves this client's requests to the session.
         ensure!(client.get("warm").await?.is_some());
@@ -225,18 +237,13 @@ async fn rdma_writes_go_over_send_recv() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rdma_reads_under_a_writer_flat_out_are_never_torn() -> Result<()> {
-    let Some(device) = rdma_device("rdma_reads_under_a_writer_flat_out_are_never_torn") else {
-        return Ok(());
-    };
-    let mut cluster =
-        Cluster::start_with(1, &["--rdma-device", &device, "--grace-period-ms", "20"])?;
-    rdkv_tests::check_with_leader(&mut cluster, 120, async |cluster, _| {
+    with_rdma_cluster(1, &["--grace-period-ms", "20"], async |cluster, device| {
         let keys: Vec<String> = (0..8).map(|i| format!("hot-{i}")).collect();
         let writer = cluster.client(Intent::Any)?;
         for key in &keys {
             writer.put(key.clone(), encode(key, 0)).await?;
         }
-        let reader = cluster.client_with(Intent::Any, rdma_options(&device))?;
+        let reader = cluster.client_with(Intent::Any, rdma_options(device))?;
         let stop = Instant::now() + Duration::from_secs(5);
         let write_keys = keys.clone();
         let writing = tokio::spawn(async move {
@@ -273,15 +280,11 @@ async fn rdma_reads_under_a_writer_flat_out_are_never_torn() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_rdma_connection_falls_back_and_reconnects() -> Result<()> {
-    let Some(device) = rdma_device("a_lost_rdma_connection_falls_back_and_reconnects") else {
-        return Ok(());
-    };
-    let mut cluster = Cluster::start_with(1, &["--rdma-device", &device])?;
-    rdkv_tests::check_with_leader(&mut cluster, 120, async |cluster, _| {
+    with_rdma_cluster(1, &[], async |cluster, device| {
         let client = cluster.client_with(
             Intent::Any,
             ClientOptions {
-                rdma_device: Some(device.clone()),
+                rdma_device: Some(device.to_owned()),
                 ..client_options(None)
             },
         )?;
