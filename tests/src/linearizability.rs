@@ -265,19 +265,12 @@ pub fn describe(op: &OpRecord) -> String {
 
 /// A history the checker cannot interpret (an outcome that does not belong
 /// to its operation).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("operation #{op_id}: {reason}")]
 pub struct HistoryError {
     pub op_id: usize,
     pub reason: String,
 }
-
-impl fmt::Display for HistoryError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "operation #{}: {}", self.op_id, self.reason)
-    }
-}
-
-impl std::error::Error for HistoryError {}
 
 // ---------------------------------------------------------------------------
 // The model.

@@ -28,3 +28,35 @@ pub async fn eventually<T>(
         }
     }
 }
+
+/// What [`calls_beside`] counted.
+#[derive(Debug, Clone, Copy)]
+pub struct CallsBeside {
+    pub calls: usize,
+    /// Calls that completed while the adversary was still busy.
+    pub while_busy: usize,
+}
+
+/// Makes `call` (numbered from 0) every 100 ms while `go_on(round)` holds,
+/// and counts the calls that completed while `busy()` still held. Fairness
+/// tests need the count: a node that served a client only after an
+/// adversary (a flood, slow handshakes) finished would still serve every call.
+pub async fn calls_beside(
+    mut go_on: impl FnMut(usize) -> bool,
+    busy: impl Fn() -> bool,
+    mut call: impl AsyncFnMut(usize) -> Result<()>,
+) -> Result<CallsBeside> {
+    let mut counted = CallsBeside {
+        calls: 0,
+        while_busy: 0,
+    };
+    while go_on(counted.calls) {
+        call(counted.calls).await?;
+        counted.calls += 1;
+        if busy() {
+            counted.while_busy += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(counted)
+}

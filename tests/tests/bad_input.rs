@@ -13,6 +13,7 @@ use rdkv_proto::wire::{
     ClientHello, Consistency, DEFAULT_MAX_FRAME_BYTES, ErrorCode, Frame, FrameDecoder, FrameKind,
     Request, Response, ServerHello, decode_payload, encoded_frame,
 };
+use rdkv_tests::wait::calls_beside;
 use rdkv_tests::{Cluster, Intent, check, client_options, garbage};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -546,22 +547,23 @@ async fn slowloris_does_not_block_other_clients() -> Result<()> {
         // that handled hellos one at a time would hold it up until every
         // slow hello was complete).
         let client = cluster.client_with(Intent::Any, client_options(Some(TOKEN)))?;
-        let mut done_beside_slow = 0;
-        for i in 0..20 {
-            let key = format!("during-slowloris-{i}");
-            client
-                .put(key.clone(), "v")
-                .await
-                .with_context(|| format!("call {i} beside the slow clients"))?;
-            let got = client.get_with(key, Consistency::Linearizable).await?;
-            ensure!(got.is_some_and(|v| v.value == "v"), "call {i}: wrong value");
-            if slow.iter().any(|task| !task.is_finished()) {
-                done_beside_slow += 1;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let done = calls_beside(
+            |i| i < 20,
+            || slow.iter().any(|task| !task.is_finished()),
+            async |i| {
+                let key = format!("during-slowloris-{i}");
+                client
+                    .put(key.clone(), "v")
+                    .await
+                    .with_context(|| format!("call {i} beside the slow clients"))?;
+                let got = client.get_with(key, Consistency::Linearizable).await?;
+                ensure!(got.is_some_and(|v| v.value == "v"), "call {i}: wrong value");
+                Ok(())
+            },
+        )
+        .await?;
         ensure!(
-            done_beside_slow > 0,
+            done.while_busy > 0,
             "no call completed before every slow hello was complete"
         );
         for task in slow {

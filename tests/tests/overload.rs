@@ -15,6 +15,7 @@ use rdkv_proto::wire::{
     decode_payload, encode_frame, encoded_frame,
 };
 use rdkv_tests::prometheus::{http_get, parse};
+use rdkv_tests::wait::{CallsBeside, calls_beside};
 use rdkv_tests::{Cluster, Intent, check, client_options};
 
 const MAX_CONNECTIONS: usize = 24;
@@ -148,19 +149,21 @@ async fn a_flood_stays_within_the_budget_and_others_are_served() -> Result<()> {
         // while flooders are still writing, not how fast: a node that made
         // reads wait behind the flood would serve them only once it ended.
         let mut peak = baseline;
-        let mut reads = 0;
-        let mut reads_during_flood = 0;
         let until = Instant::now() + Duration::from_secs(4);
-        while Instant::now() < until {
-            peak = peak.max(rss_anon_bytes(pid)?);
-            let got = good.get_with("good", Consistency::Lease).await?;
-            ensure!(got.is_some_and(|v| v.value == "1"));
-            reads += 1;
-            if flooders.iter().any(|f| !f.is_finished()) {
-                reads_during_flood += 1;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let CallsBeside {
+            calls: reads,
+            while_busy: reads_during_flood,
+        } = calls_beside(
+            |_| Instant::now() < until,
+            || flooders.iter().any(|f| !f.is_finished()),
+            async |_| {
+                peak = peak.max(rss_anon_bytes(pid)?);
+                let got = good.get_with("good", Consistency::Lease).await?;
+                ensure!(got.is_some_and(|v| v.value == "1"));
+                Ok(())
+            },
+        )
+        .await?;
         ensure!(
             reads_during_flood > 0,
             "no read completed while the flood went on ({reads} after it)"

@@ -10,12 +10,11 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
 use bytes::Bytes;
-use openraft::errors::RaftError;
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
-    TransferLeaderResponse, VoteRequest, VoteResponse,
+use rdkv_storage::raft::rpc::{
+    AppendEntriesRequest, AppendEntriesResponse, RaftError, SnapshotResponse,
+    TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
 };
-use rdkv_storage::raft::{SnapshotMeta, TypeConfig, Vote};
+use rdkv_storage::raft::{SnapshotMeta, Vote};
 use serde::{Deserialize, Serialize};
 
 pub use network::PeerNetwork;
@@ -47,10 +46,10 @@ pub enum PeerHelloReply {
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum PeerRequest {
-    Append(AppendEntriesRequest<TypeConfig>),
-    Vote(VoteRequest<TypeConfig>),
-    PreVote(VoteRequest<TypeConfig>),
-    TransferLeader(TransferLeaderRequest<TypeConfig>),
+    Append(AppendEntriesRequest),
+    Vote(VoteRequest),
+    PreVote(VoteRequest),
+    TransferLeader(TransferLeaderRequest),
     SnapshotChunk(SnapshotPiece),
 }
 
@@ -69,11 +68,11 @@ pub struct SnapshotPiece {
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum PeerResponse {
-    Append(Result<AppendEntriesResponse<TypeConfig>, RaftError<TypeConfig>>),
-    Vote(Result<VoteResponse<TypeConfig>, RaftError<TypeConfig>>),
-    TransferLeader(Result<TransferLeaderResponse<TypeConfig>, RaftError<TypeConfig>>),
+    Append(Result<AppendEntriesResponse, RaftError>),
+    Vote(Result<VoteResponse, RaftError>),
+    TransferLeader(Result<TransferLeaderResponse, RaftError>),
     /// `Some` once the last chunk has been installed.
-    SnapshotChunk(Result<Option<SnapshotResponse<TypeConfig>>, String>),
+    SnapshotChunk(Result<Option<SnapshotResponse>, String>),
     /// The request could not be handled at all (decode error, bad chunk).
     Failed(String),
 }

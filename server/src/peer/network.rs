@@ -5,14 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::OptionalSend;
-use openraft::errors::{NetworkError, RPCError, ReplicationClosed, StreamingError, Unreachable};
+use openraft::errors::{NetworkError, ReplicationClosed, Unreachable};
 use openraft::network::v2::RaftNetworkV2;
 use openraft::network::{RPCOption, RaftNetworkFactory};
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
-    TransferLeaderResponse, VoteRequest, VoteResponse,
-};
 use rdkv_proto::wire::{FrameKind, decode_payload};
+use rdkv_storage::raft::rpc::{
+    AppendEntriesRequest, AppendEntriesResponse, RaftError, RpcError, SnapshotResponse,
+    StreamingError, TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
+};
 use rdkv_storage::raft::{NodeAddr, TypeConfig, Vote};
 use rdkv_storage::state_machine::Snapshot;
 use tokio::net::TcpStream;
@@ -55,6 +55,9 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
     }
 }
 
+/// What a Raft RPC to a peer returns.
+type RpcResult<T> = Result<T, RpcError>;
+
 type Conn = (FrameReader<OwnedReadHalf>, FrameWriter<OwnedWriteHalf>);
 
 #[derive(Debug)]
@@ -66,16 +69,16 @@ pub struct PeerConn {
     next_request_id: u64,
 }
 
-fn unreachable(message: String) -> RPCError<TypeConfig> {
-    RPCError::Unreachable(Unreachable::from_string(message))
+fn unreachable(message: String) -> RpcError {
+    RpcError::Unreachable(Unreachable::from_string(message))
 }
 
-fn network(message: String) -> RPCError<TypeConfig> {
-    RPCError::Network(NetworkError::from_string(message))
+fn network(message: String) -> RpcError {
+    RpcError::Network(NetworkError::from_string(message))
 }
 
 impl PeerConn {
-    async fn connect(&mut self) -> Result<Conn, RPCError<TypeConfig>> {
+    async fn connect(&mut self) -> RpcResult<Conn> {
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.addr))
             .await
             .map_err(|_| {
@@ -142,11 +145,7 @@ impl PeerConn {
 
     /// One request, one response; any failure drops the connection so the
     /// next call starts clean.
-    async fn call(
-        &mut self,
-        request: &PeerRequest,
-        timeout: Duration,
-    ) -> Result<PeerResponse, RPCError<TypeConfig>> {
+    async fn call(&mut self, request: &PeerRequest, timeout: Duration) -> RpcResult<PeerResponse> {
         if self.ctx.is_isolated_from(self.target) {
             self.conn = None;
             return Err(unreachable(format!(
@@ -188,7 +187,7 @@ impl PeerConn {
     }
 }
 
-fn unexpected(target: u64, response: PeerResponse) -> RPCError<TypeConfig> {
+fn unexpected(target: u64, response: PeerResponse) -> RpcError {
     match response {
         PeerResponse::Failed(message) => network(format!("node {target}: {message}")),
         other => network(format!(
@@ -199,10 +198,7 @@ fn unexpected(target: u64, response: PeerResponse) -> RPCError<TypeConfig> {
 
 /// A remote Raft error means the peer cannot serve Raft right now (it is
 /// shutting down or broken): back off like an unreachable peer.
-fn remote<T>(
-    target: u64,
-    result: Result<T, openraft::errors::RaftError<TypeConfig>>,
-) -> Result<T, RPCError<TypeConfig>> {
+fn remote<T>(target: u64, result: Result<T, RaftError>) -> RpcResult<T> {
     result.map_err(|e| unreachable(format!("node {target}: {e}")))
 }
 
@@ -223,34 +219,26 @@ impl RaftNetworkV2<TypeConfig> for PeerConn {
 
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        rpc: AppendEntriesRequest,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+    ) -> RpcResult<AppendEntriesResponse> {
         let timeout = option.hard_ttl().max(MIN_APPEND_TIMEOUT);
         raft_call!(self, Append(rpc), timeout, Append)
     }
 
-    async fn vote(
-        &mut self,
-        rpc: VoteRequest<TypeConfig>,
-        option: RPCOption,
-    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+    async fn vote(&mut self, rpc: VoteRequest, option: RPCOption) -> RpcResult<VoteResponse> {
         raft_call!(self, Vote(rpc), option.hard_ttl(), Vote)
     }
 
-    async fn pre_vote(
-        &mut self,
-        rpc: VoteRequest<TypeConfig>,
-        option: RPCOption,
-    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+    async fn pre_vote(&mut self, rpc: VoteRequest, option: RPCOption) -> RpcResult<VoteResponse> {
         raft_call!(self, PreVote(rpc), option.hard_ttl(), Vote)
     }
 
     async fn transfer_leader(
         &mut self,
-        req: TransferLeaderRequest<TypeConfig>,
+        req: TransferLeaderRequest,
         option: RPCOption,
-    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+    ) -> RpcResult<TransferLeaderResponse> {
         raft_call!(self, TransferLeader(req), option.hard_ttl(), TransferLeader)
     }
 
@@ -260,7 +248,7 @@ impl RaftNetworkV2<TypeConfig> for PeerConn {
         snapshot: Snapshot,
         cancel: impl Future<Output = ReplicationClosed> + OptionalSend + 'static,
         _option: RPCOption,
-    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+    ) -> Result<SnapshotResponse, StreamingError> {
         let send = async {
             let total_bytes = snapshot.snapshot.len() as u64;
             let mut offset = 0usize;

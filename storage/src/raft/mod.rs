@@ -3,6 +3,7 @@
 
 pub mod types;
 
+pub use types::rpc;
 pub use types::{
     Command, CommandResult, Entry, LogId, NodeAddr, SnapshotMeta, StoredMembership, TypeConfig,
     Vote,

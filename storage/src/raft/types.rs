@@ -154,6 +154,24 @@ pub type Entry = openraft::alias::EntryOf<TypeConfig>;
 pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
 pub type StoredMembership = openraft::alias::StoredMembershipOf<TypeConfig>;
 
+/// The Raft RPCs and their errors, as peers exchange them.
+pub mod rpc {
+    use super::TypeConfig;
+
+    pub type AppendEntriesRequest = openraft::raft::AppendEntriesRequest<TypeConfig>;
+    pub type AppendEntriesResponse = openraft::raft::AppendEntriesResponse<TypeConfig>;
+    pub type VoteRequest = openraft::raft::VoteRequest<TypeConfig>;
+    pub type VoteResponse = openraft::raft::VoteResponse<TypeConfig>;
+    pub type TransferLeaderRequest = openraft::raft::TransferLeaderRequest<TypeConfig>;
+    pub type TransferLeaderResponse = openraft::raft::TransferLeaderResponse<TypeConfig>;
+    pub type SnapshotResponse = openraft::raft::SnapshotResponse<TypeConfig>;
+    /// What the remote node's Raft answered with instead of a response.
+    pub type RaftError = openraft::errors::RaftError<TypeConfig>;
+    /// A failed call: the peer unreachable, the network, or the remote's error.
+    pub type RpcError = openraft::errors::RPCError<TypeConfig>;
+    pub type StreamingError = openraft::errors::StreamingError<TypeConfig>;
+}
+
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
