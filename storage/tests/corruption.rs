@@ -5,8 +5,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use rdkv_proto::region::{
-    BLOCK_HEADER_BYTES, BlockError, HeaderError, SLOT_BYTES, Slot, SlotError, UNIT_BYTES,
+    BLOCK_HEADER_BYTES, BlockError, HeaderError, INVALIDATION_WORD_OFFSET, SLOT_BYTES, Slot,
+    SlotError, UNIT_BYTES,
 };
+use rdkv_storage::region::IndexCache;
 use rdkv_storage::{
     ManualClock, ReadError, ReadProblem, ReaderOptions, RegionConfig, RegionError, RegionReader,
     RegionWriter,
@@ -149,4 +151,33 @@ fn corrupted_header_is_reported() {
         reader.check_header(),
         Err(ReadError::Header(HeaderError::BadMagic { .. }))
     ));
+}
+
+/// A cached location points at a block the writer has since replaced. When
+/// the freed block is reused for a pair of the same key and value lengths,
+/// the reusing writer's first stores put back the very value_len and magic
+/// that invalidation cleared, while the rest of the block still holds the
+/// old pair: a reader copying it then must not find the old version valid.
+#[test]
+fn a_reused_block_never_revives_a_cached_old_version() {
+    let (mut writer, reader) = setup();
+    let cache = IndexCache::new(16);
+    let key = b"key-7";
+    let cached = reader.get_cached(key, &cache).unwrap();
+    assert_eq!(cached.map(|v| v.version), Some(8));
+    let (_, old_block) = locate(&writer, key);
+    let word_at = old_block + INVALIDATION_WORD_OFFSET;
+    let live_word = writer
+        .memory()
+        .load_u64(word_at, Ordering::Acquire)
+        .unwrap();
+
+    writer.put(key, b"value-7-new", 1_000).unwrap();
+    writer
+        .memory()
+        .store_u64(word_at, live_word, Ordering::Release)
+        .unwrap();
+
+    let got = reader.get_cached(key, &cache).unwrap();
+    assert_eq!(got.map(|v| v.version), Some(1_000), "a stale version");
 }

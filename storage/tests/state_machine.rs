@@ -296,3 +296,33 @@ async fn clear_deletes_every_key() {
     .await;
     assert_eq!(value_of(&sm, "b"), Some(("again".into(), 10)));
 }
+
+/// A publisher that decided to publish a lease just before a leadership
+/// transfer suppressed it must not publish it after the suppression: the
+/// check and the publication are one step under the state lock.
+#[test]
+fn a_suppressed_lease_is_not_republished_by_a_racing_publisher() {
+    let dir = tempfile::tempdir().unwrap();
+    let sm = common::open(dir.path());
+    let (arrived_tx, arrived_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    sm.hook_before_publish(move || {
+        let _ = arrived_tx.send(());
+        let _ = go_rx.lock().unwrap().recv();
+    });
+    let far_us = rdkv_fabric::clock::unix_now_us() + 60_000_000;
+    let publisher = {
+        let sm = sm.clone();
+        std::thread::spawn(move || sm.publish_leadership(1, Some(far_us)))
+    };
+    arrived_rx.recv().unwrap();
+    sm.suppress_lease_until(far_us).unwrap();
+    drop(go_tx);
+    publisher.join().unwrap().unwrap();
+    let header = sm.reader().dynamic_header().unwrap();
+    assert_eq!(
+        header.lease_deadline_unix_us, None,
+        "the lease was published during the suppression"
+    );
+}

@@ -17,6 +17,11 @@
 //! Before a slot moves away from a block, the writer clears the block's
 //! invalidation word (value_len and magic, bytes 8..16) with one atomic store;
 //! a reader then finds it [`BlockError::Invalidated`] and reads the slot again.
+//! It then revokes the CRC word (crc and key_len, bytes 0..8: the CRC
+//! inverted, [`revoked_crc_word`]): when the freed block is later reused for
+//! a pair of the same lengths, the reusing writer's stores put back the same
+//! value_len and magic, and a reader copying the block mid-write (an index
+//! cache's old location) would otherwise find the old pair whole and valid.
 
 use bytes::Bytes;
 
@@ -43,6 +48,8 @@ pub const BLOCK_MAGIC: u32 = u32::from_le_bytes(*b"RKB1");
 /// [`INVALIDATED_WORD`] into to take a block out of service.
 pub const INVALIDATION_WORD_OFFSET: u64 = block_field::VALUE_LEN as u64;
 pub const INVALIDATED_WORD: u64 = 0;
+/// The 8-aligned word (crc and key_len) that invalidation revokes second.
+pub const CRC_WORD_OFFSET: u64 = block_field::CRC as u64;
 /// The magic an invalidated block shows.
 const INVALIDATED_MAGIC: u32 = INVALIDATED_WORD as u32;
 
@@ -55,6 +62,19 @@ const _: () = assert!(INVALIDATION_WORD_OFFSET.is_multiple_of(8));
 const _: () = assert!(INVALIDATION_WORD_OFFSET <= block_field::MAGIC as u64);
 const _: () = assert!(block_field::MAGIC as u64 + 4 <= INVALIDATION_WORD_OFFSET + 8);
 const _: () = assert!(BLOCK_MAGIC != INVALIDATED_MAGIC);
+// The CRC word holds the CRC and key_len, apart from the invalidation word.
+const _: () = assert!(CRC_WORD_OFFSET == 0 && block_field::KEY_LEN == 4);
+const _: () = assert!(CRC_WORD_OFFSET + 8 <= INVALIDATION_WORD_OFFSET);
+
+/// What invalidation stores into the CRC word of a block with `header`: the
+/// same key_len and the CRC inverted, which no content of the old block can
+/// match, so the old pair never validates again.
+pub fn revoked_crc_word(header: &BlockHeader) -> u64 {
+    let mut word = [0u8; 8];
+    word[..4].copy_from_slice(&(!header.crc).to_le_bytes());
+    word[4..].copy_from_slice(&header.key_len.to_le_bytes());
+    u64::from_le_bytes(word)
+}
 
 /// Size of the encoded block before padding to its size class.
 pub fn encoded_block_bytes(key_len: usize, value_len: usize) -> u64 {
@@ -253,6 +273,25 @@ mod tests {
             let _ = BlockHeader::decode(&bytes, u32::MAX, u32::MAX);
             let _ = BlockRef::validate(&bytes, u32::MAX, u32::MAX);
         }
+    }
+
+    #[test]
+    fn a_revoked_crc_word_keeps_the_key_length_and_fails_the_old_pair() {
+        let mut buf = Vec::new();
+        encode_block(b"key", b"value", 9, &mut buf);
+        let header = BlockHeader::decode(&buf, 64, 64).unwrap();
+        let at = CRC_WORD_OFFSET as usize;
+        buf[at..at + 8].copy_from_slice(&revoked_crc_word(&header).to_le_bytes());
+        let revoked = BlockHeader::decode(&buf, 64, 64).unwrap();
+        assert_eq!(revoked.key_len, 3);
+        assert_eq!(revoked.crc, !header.crc);
+        assert_eq!(
+            BlockRef::validate(&buf, 64, 64),
+            Err(BlockError::Checksum {
+                stored: !header.crc,
+                computed: header.crc,
+            })
+        );
     }
 
     #[test]

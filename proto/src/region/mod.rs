@@ -23,8 +23,9 @@ pub mod size_class;
 pub mod slot;
 
 pub use block::{
-    BLOCK_HEADER_BYTES, BLOCK_MAGIC, BlockHeader, BlockRef, INVALIDATED_WORD,
+    BLOCK_HEADER_BYTES, BLOCK_MAGIC, BlockHeader, BlockRef, CRC_WORD_OFFSET, INVALIDATED_WORD,
     INVALIDATION_WORD_OFFSET, ValueShape, block_field, encode_block, encoded_block_bytes,
+    revoked_crc_word,
 };
 pub use error::{BlockError, HeaderError, SlotError};
 pub use hash::{HashSeed, KeyHash};

@@ -13,10 +13,10 @@ use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 
 use rdkv_proto::region::{
-    BLOCK_HEADER_BYTES, BUCKET_BYTES, BlockHeader, BlockRef, INVALIDATED_WORD,
+    BLOCK_HEADER_BYTES, BUCKET_BYTES, BlockHeader, BlockRef, CRC_WORD_OFFSET, INVALIDATED_WORD,
     INVALIDATION_WORD_OFFSET, KeyHash, MAX_NEIGHBOURHOOD_SLOTS, RegionLayout, RegionState,
     SLOT_BYTES, SizeClass, Slot, UNIT_BYTES, ValueShape, dynamic_word, encode_block,
-    encoded_block_bytes, neighbourhood_slots, verify_neighbourhood,
+    encoded_block_bytes, neighbourhood_slots, revoked_crc_word, verify_neighbourhood,
 };
 
 use crate::region::alloc::BlockAllocator;
@@ -315,13 +315,20 @@ impl RegionWriter {
     /// A reader holding a cached location of this key then cannot return the
     /// old version once the new one is published; it falls back to the slot
     /// read. This is the one change a writer makes to a block a slot still
-    /// points to (invariant 1): a single atomic store, and only to take the
-    /// block out of service.
+    /// points to (invariant 1): two atomic stores, only to take the block
+    /// out of service. The first fails every later validation at once; the
+    /// second (the CRC revoked) keeps the old pair from validating again when
+    /// a reuse of the block puts the first word back (see `proto`'s block).
     fn invalidate(&self, old: Found) -> Result<(), RegionError> {
         let (block, _) = self.layout.block_range(old.slot)?;
         self.memory.store_u64(
             block + INVALIDATION_WORD_OFFSET,
             INVALIDATED_WORD,
+            Ordering::Release,
+        )?;
+        self.memory.store_u64(
+            block + CRC_WORD_OFFSET,
+            revoked_crc_word(&old.header),
             Ordering::Release,
         )?;
         Ok(())

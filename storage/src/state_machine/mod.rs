@@ -90,6 +90,17 @@ struct Shared {
     persist_lock: tokio::sync::Mutex<()>,
     /// No lease is published before this (unix µs): see `suppress_lease_until`.
     lease_suppressed_until_us: AtomicU64,
+    /// Test hook: runs in `publish_leadership` before it takes the state lock.
+    before_publish: std::sync::OnceLock<PublishHook>,
+}
+
+/// A test's code to run at one point of `publish_leadership`.
+struct PublishHook(Box<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for PublishHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PublishHook")
+    }
 }
 
 /// A cheap-clone handle: openraft owns one, the server keeps others for reads.
@@ -160,6 +171,7 @@ impl RegionStateMachine {
                 clock,
                 persist_lock: tokio::sync::Mutex::new(()),
                 lease_suppressed_until_us: AtomicU64::new(0),
+                before_publish: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -241,11 +253,16 @@ impl RegionStateMachine {
     /// Withdraws the lease now and keeps it withdrawn until `until_unix_us`:
     /// during a leadership transfer the target may be elected (and commit)
     /// while this node still believes it leads.
+    ///
+    /// The suppression is set, and the lease cleared, under the state lock
+    /// that `publish_leadership` checks it under: a publisher that had
+    /// decided to publish before the suppression cannot publish after it.
     pub fn suppress_lease_until(&self, until_unix_us: u64) -> Result<(), StateMachineError> {
+        let state = self.lock();
         self.shared
             .lease_suppressed_until_us
             .fetch_max(until_unix_us, Ordering::AcqRel);
-        self.lock().writer.publish_lease(None)?;
+        state.writer.publish_lease(None)?;
         Ok(())
     }
 
@@ -258,14 +275,26 @@ impl RegionStateMachine {
                 .load(Ordering::Acquire)
     }
 
+    /// Test hook: `hook` runs inside every later `publish_leadership`, just
+    /// before it takes the state lock (to stage a race with
+    /// `suppress_lease_until`). Set once; later calls are ignored.
+    #[doc(hidden)]
+    pub fn hook_before_publish(&self, hook: impl Fn() + Send + Sync + 'static) {
+        let _ = self.shared.before_publish.set(PublishHook(Box::new(hook)));
+    }
+
     /// Publishes the Raft term and the leader lease in the region header.
     pub fn publish_leadership(
         &self,
         term: u64,
         lease_deadline_unix_us: Option<u64>,
     ) -> Result<(), StateMachineError> {
-        let lease_deadline_unix_us = lease_deadline_unix_us.filter(|_| !self.lease_suppressed());
+        if let Some(hook) = self.shared.before_publish.get() {
+            (hook.0)();
+        }
         let state = self.lock();
+        // Checked under the lock `suppress_lease_until` sets it under.
+        let lease_deadline_unix_us = lease_deadline_unix_us.filter(|_| !self.lease_suppressed());
         state.writer.publish_term(term)?;
         state.writer.publish_lease(lease_deadline_unix_us)?;
         Ok(())
