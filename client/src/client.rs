@@ -145,7 +145,11 @@ impl Client {
     /// large, and inlined into `send` it made every one-sided GET's future
     /// as large (moved on every poll set-up), about 0.1 us a GET.
     async fn routed(&self, request: Request) -> Result<Response> {
-        Box::pin(self.router.send(request)).await
+        let response = Box::pin(self.router.send(request)).await?;
+        if let Some(index) = response.applied_at_least() {
+            self.one_sided.saw_applied(index);
+        }
+        Ok(response)
     }
 
     /// [`send`](Client::send) with the answer taken out of the response.

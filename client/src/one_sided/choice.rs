@@ -1,6 +1,8 @@
 //! Which mapped region may serve a read at a consistency level right now:
 //! the leader's while its lease holds (`Lease`), any replica within the lag
-//! bound (`Follower`). The rules are the pure functions at the top.
+//! bound (`Follower`); either only if it is not behind what this client has
+//! already seen (its reads never go back). The rules are the pure functions
+//! at the top.
 
 use std::sync::atomic::Ordering;
 
@@ -38,6 +40,14 @@ pub(super) fn within_lag(
     header.state == RegionState::Serving && within
 }
 
+/// Whether a region with `header` has applied at least `seen`, the highest
+/// log index this client has seen applied anywhere: reading a replica behind
+/// it could return a state older than one the client already read (or
+/// wrote), so its reads would go back in time.
+pub(super) fn not_behind(header: &DynamicHeader, seen: u64) -> bool {
+    header.applied_index >= seen
+}
+
 impl OneSided {
     /// The reader that may serve a read at `consistency` now, if any.
     pub(super) fn reader_for(
@@ -64,7 +74,9 @@ impl OneSided {
         let reader = topology.leader_reader()?.clone();
         let header = reader.dynamic_header().ok()?;
         if lease_holds(&header, unix_now_us(), self.max_clock_drift_us) {
-            return Some(reader);
+            // A leader applies what it committed a moment later: until it
+            // catches up with what this client saw, the server answers.
+            return not_behind(&header, self.seen()).then_some(reader);
         }
         self.counters.lease_refusals.fetch_add(1, Ordering::Relaxed);
         // The leader may have changed: look again on the next read.
@@ -77,11 +89,13 @@ impl OneSided {
         // its lease holds: a leader cut off from its quorum (which may not
         // know it has been replaced) publishes a stale one.
         let leader_applied = self.leased_header(topology).map(|h| h.applied_index);
+        let seen = self.seen();
         let candidates: Vec<&RegionReader> = topology
             .readers()
             .filter(|r| {
-                r.dynamic_header()
-                    .is_ok_and(|h| within_lag(&h, leader_applied, max_lag_entries))
+                r.dynamic_header().is_ok_and(|h| {
+                    within_lag(&h, leader_applied, max_lag_entries) && not_behind(&h, seen)
+                })
             })
             .collect();
         if candidates.is_empty() {
@@ -118,6 +132,14 @@ mod tests {
             0,
             0
         ));
+    }
+
+    #[test]
+    fn a_region_behind_what_was_seen_is_not_read() {
+        let replica = header(RegionState::Serving, 90, None);
+        assert!(not_behind(&replica, 89));
+        assert!(not_behind(&replica, 90));
+        assert!(!not_behind(&replica, 91));
     }
 
     #[test]

@@ -19,6 +19,11 @@
 //!   index trails the leader's by at most the bound.
 //! - `Linearizable`: always by RPC (ReadIndex).
 //!
+//! Both one-sided levels read only a region that has applied at least the
+//! highest log index this client has seen (a region's applied index after a
+//! read from it, a write's index, a value's version): one client's reads
+//! never go back in time, even spread over replicas that lag differently.
+//!
 //! A read that keeps failing validation falls back to RPC as well.
 
 mod choice;
@@ -76,6 +81,9 @@ pub(crate) struct OneSided {
     clock: Arc<dyn Clock>,
     /// Where the next follower read starts among the candidate replicas.
     spread: AtomicUsize,
+    /// The highest log index this client has seen applied (see the module
+    /// comment): no region behind it serves this client a read.
+    seen_applied: AtomicU64,
     max_clock_drift_us: u64,
     use_cache: bool,
 }
@@ -95,6 +103,7 @@ impl OneSided {
             counters: Counters::default(),
             clock: Arc::new(MonotonicClock::new()),
             spread: AtomicUsize::new(0),
+            seen_applied: AtomicU64::new(0),
             router,
         }
     }
@@ -125,6 +134,7 @@ impl OneSided {
     ) -> Option<Option<Versioned>> {
         let reader = self.reader(consistency).await?;
         let read = self.read_one(&reader, key);
+        self.read_from(&reader);
         self.served(read, 1).await
     }
 
@@ -142,7 +152,27 @@ impl OneSided {
         } else {
             keys.iter().map(|key| self.read_one(&reader, key)).collect()
         };
+        self.read_from(&reader);
         self.served(read, keys.len()).await
+    }
+
+    /// The highest log index this client has seen applied.
+    fn seen(&self) -> u64 {
+        self.seen_applied.load(Ordering::Acquire)
+    }
+
+    /// Notes that some replica had applied `index` (a response showed it).
+    pub(crate) fn saw_applied(&self, index: u64) {
+        self.seen_applied.fetch_max(index, Ordering::AcqRel);
+    }
+
+    /// After a read from `reader`: the state it returned is at most the
+    /// region's applied index now (read after the value: a region moving on
+    /// mid-read is covered too).
+    fn read_from(&self, reader: &RegionReader) {
+        if let Ok(header) = reader.dynamic_header() {
+            self.saw_applied(header.applied_index);
+        }
     }
 
     fn read_one(&self, reader: &RegionReader, key: &[u8]) -> Result<Option<Versioned>, ReadError> {

@@ -245,6 +245,40 @@ pub struct ErrorReply {
     pub leader_hint: Option<LeaderHint>,
 }
 
+impl UpdateOutcome {
+    /// The log index of the entry that applied the update.
+    pub fn version(&self) -> u64 {
+        match self {
+            UpdateOutcome::Integer { version, .. }
+            | UpdateOutcome::Length { version, .. }
+            | UpdateOutcome::Set { version, .. }
+            | UpdateOutcome::NotAnInteger { version }
+            | UpdateOutcome::TooLarge { version, .. } => *version,
+        }
+    }
+}
+
+impl Response {
+    /// The highest log index this response shows the answering replica had
+    /// applied: a write's own index, the version of a value read. A client
+    /// that must never read an older state than it has seen keeps the
+    /// largest of these (`None`: the response shows no index).
+    pub fn applied_at_least(&self) -> Option<u64> {
+        match self {
+            Response::Value(value) => value.as_ref().map(|v| v.version),
+            Response::Values(values) => values.iter().flatten().map(|v| v.version).max(),
+            Response::Pairs { pairs, .. } => pairs.iter().map(|(_, v)| v.version).max(),
+            Response::Written { version }
+            | Response::Deleted { version, .. }
+            | Response::CasDone { version, .. }
+            | Response::MWritten { version }
+            | Response::Cleared { version, .. } => Some(*version),
+            Response::Updated(outcome) => Some(outcome.version()),
+            _ => None,
+        }
+    }
+}
+
 impl ErrorReply {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
