@@ -75,6 +75,10 @@ pub trait Fabric: Send + Sync + Debug {
 pub trait RemoteRegion: Send + Sync + Debug {
     fn descriptor(&self) -> RegionDescriptor;
 
+    /// Whether the region's memory is on this host (a mapping), so that its
+    /// owner's host clocks are this process's clocks too.
+    fn on_this_host(&self) -> bool;
+
     /// Copies `buf.len()` bytes at `offset` into `buf`. The copy may mix two
     /// writes if the owner changes those bytes meanwhile: callers validate
     /// what they read.
@@ -142,6 +146,10 @@ impl MappedRegion {
 impl RemoteRegion for MappedRegion {
     fn descriptor(&self) -> RegionDescriptor {
         self.descriptor
+    }
+
+    fn on_this_host(&self) -> bool {
+        true
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {

@@ -107,6 +107,10 @@ impl RemoteRegion for HookedRegion {
         self.inner.descriptor()
     }
 
+    fn on_this_host(&self) -> bool {
+        self.inner.on_this_host()
+    }
+
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
         self.inner.read(offset, buf)?;
         self.reads.fetch_add(1, Ordering::SeqCst);

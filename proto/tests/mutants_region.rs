@@ -195,7 +195,7 @@ fn block_range_is_offset_by_the_data_area() {
     );
 }
 
-fn dynamic_bytes(words: [(u64, u64); 5]) -> [u8; HEADER_USED_BYTES] {
+fn dynamic_bytes(words: [(u64, u64); 6]) -> [u8; HEADER_USED_BYTES] {
     let mut bytes = [0u8; HEADER_USED_BYTES];
     for (offset, value) in words {
         let at = offset as usize;
@@ -213,6 +213,7 @@ fn dynamic_header_words_decode_from_their_offsets() {
             (dynamic_word::APPLIED_AT_UNIX_US, 1_000_000),
             (dynamic_word::LEADER_LEASE, lease),
             (dynamic_word::REGION_STATE, state),
+            (dynamic_word::LEADER_LEASE_BOOTTIME, lease * 2),
         ]
     };
     let leader = DynamicHeader::decode(&dynamic_bytes(words(77, 1))).expect("decodes");
@@ -224,10 +225,12 @@ fn dynamic_header_words_decode_from_their_offsets() {
             applied_at_unix_us: 1_000_000,
             lease_deadline_unix_us: Some(77),
             state: RegionState::Serving,
+            lease_deadline_boottime_us: Some(154),
         }
     );
     let follower = DynamicHeader::decode(&dynamic_bytes(words(0, 2))).expect("decodes");
     assert_eq!(follower.lease_deadline_unix_us, None);
+    assert_eq!(follower.lease_deadline_boottime_us, None);
     assert_eq!(follower.state, RegionState::Retired);
     let bytes = dynamic_bytes(words(0, 1));
     assert_eq!(
@@ -375,9 +378,10 @@ fn candidates_skip_empty_and_foreign_slots_and_report_corrupt_ones() {
 #[test]
 fn the_header_sizes_are_the_documented_ones() {
     assert_eq!(STATIC_HEADER_BYTES, 120, "static words before the CRC");
-    // The last dynamic word (region state, offset 160) ends at 168.
+    // The last dynamic word (the boottime lease, offset 168) ends at 176.
     assert_eq!(dynamic_word::REGION_STATE, 160);
-    assert_eq!(HEADER_USED_BYTES, 168);
+    assert_eq!(dynamic_word::LEADER_LEASE_BOOTTIME, 168);
+    assert_eq!(HEADER_USED_BYTES, 176);
     assert_eq!(HEADER_BYTES, 4096);
 }
 

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use openraft::async_runtime::WatchReceiver;
 use openraft::{RaftMetrics, ReadPolicy, ServerState};
+use rdkv_fabric::clock;
+use rdkv_proto::region::LeaseDeadline;
 use rdkv_proto::wire::{Consistency, ErrorCode, ErrorReply};
 use rdkv_storage::raft::TypeConfig;
 use rdkv_storage::state_machine::RegionStateMachine;
@@ -35,13 +37,13 @@ pub fn quorum_ack_age(metrics: &RaftMetrics<TypeConfig>) -> Option<Duration> {
     Some(openraft::Instant::elapsed(&**acked))
 }
 
-/// The unix-µs deadline of the leader's lease, if this node leads: the last
-/// instant a quorum acknowledged it, plus the minimum election timeout (no
-/// follower votes for another candidate before that has passed).
-fn lease_deadline_us(
+/// The deadline of the leader's lease, if this node leads: the last instant
+/// a quorum acknowledged it, plus the minimum election timeout (no follower
+/// votes for another candidate before that has passed), on both clocks.
+fn lease_deadline(
     metrics: &RaftMetrics<TypeConfig>,
     election_timeout_min_ms: u64,
-) -> Option<u64> {
+) -> Option<LeaseDeadline> {
     // A new leader's region may still lack entries its predecessor
     // committed: it serves one-sided reads only once it has applied an entry
     // of its own term (its first blank entry), as openraft's own lease reads
@@ -50,10 +52,13 @@ fn lease_deadline_us(
     if applied_term != Some(metrics.current_term) {
         return None;
     }
-    let age = quorum_ack_age(metrics)?;
-    let now_us = rdkv_fabric::clock::unix_now_us();
-    let acked_us = now_us.saturating_sub(u64::try_from(age.as_micros()).unwrap_or(u64::MAX));
-    Some(acked_us + election_timeout_min_ms * 1000)
+    let age_us = u64::try_from(quorum_ack_age(metrics)?.as_micros()).unwrap_or(u64::MAX);
+    let lease_us = election_timeout_min_ms * 1000;
+    let deadline_us = |now_us: u64| now_us.saturating_sub(age_us) + lease_us;
+    Some(LeaseDeadline {
+        unix_us: deadline_us(clock::unix_now_us()),
+        boottime_us: deadline_us(clock::boottime_now_us()),
+    })
 }
 
 /// Keeps the region header's term and lease words current: renewed on every
@@ -70,7 +75,7 @@ pub async fn publish_leadership(
     let mut tick = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(1)));
     loop {
         let current = metrics.borrow_watched().clone();
-        let deadline = lease_deadline_us(&current, election_timeout_min_ms);
+        let deadline = lease_deadline(&current, election_timeout_min_ms);
         if let Err(e) = sm.publish_leadership(current.current_term, deadline) {
             tracing::error!("publishing leadership in the region header: {e}");
         }
@@ -128,7 +133,7 @@ pub fn follower_contact(
 /// completed.
 pub fn suspend_for_transfer(replica: &Replica) -> Result<(), ErrorReply> {
     let hold_ms = replica.raft.config().election_timeout_max * 2;
-    let until_us = rdkv_fabric::clock::unix_now_us() + hold_ms * 1000;
+    let until_us = clock::unix_now_us() + hold_ms * 1000;
     replica
         .sm
         .suppress_lease_until(until_us)

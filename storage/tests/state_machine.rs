@@ -312,9 +312,13 @@ fn a_suppressed_lease_is_not_republished_by_a_racing_publisher() {
         let _ = go_rx.lock().unwrap().recv();
     });
     let far_us = rdkv_fabric::clock::unix_now_us() + 60_000_000;
+    let lease = rdkv_proto::region::LeaseDeadline {
+        unix_us: far_us,
+        boottime_us: far_us,
+    };
     let publisher = {
         let sm = sm.clone();
-        std::thread::spawn(move || sm.publish_leadership(1, Some(far_us)))
+        std::thread::spawn(move || sm.publish_leadership(1, Some(lease)))
     };
     arrived_rx.recv().unwrap();
     sm.suppress_lease_until(far_us).unwrap();
@@ -322,7 +326,11 @@ fn a_suppressed_lease_is_not_republished_by_a_racing_publisher() {
     publisher.join().unwrap().unwrap();
     let header = sm.reader().dynamic_header().unwrap();
     assert_eq!(
-        header.lease_deadline_unix_us, None,
+        (
+            header.lease_deadline_unix_us,
+            header.lease_deadline_boottime_us
+        ),
+        (None, None),
         "the lease was published during the suppression"
     );
 }

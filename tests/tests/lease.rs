@@ -4,6 +4,9 @@
 //! never return the old leader's value once the new one is committed: the
 //! lease deadline in the header (which the frozen node can no longer renew)
 //! is what stops it, and the test shows the stale value is still there.
+//! The same holds when the wall clock steps back an hour just then (this
+//! test process's clock, through the fabric's test hook): a client on the
+//! servers' host judges leases on a clock that does not step.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -18,6 +21,17 @@ use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, check_with_leader, client_opti
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_reads_never_return_a_deposed_leaders_value() -> Result<()> {
+    after_a_leader_change(0).await.context("no clock step")?;
+    // The step is process-wide: this runs after the first, not beside it.
+    after_a_leader_change(-3_600_000_000)
+        .await
+        .context("the wall clock stepped back an hour")
+}
+
+/// Freezes the leader, commits a newer value through a new one, steps this
+/// process's wall clock by `clock_step_us`, then reads with `Lease` until
+/// 200 reads returned the new value; none may return the old one.
+async fn after_a_leader_change(clock_step_us: i64) -> Result<()> {
     let mut cluster = Cluster::start(3)?;
     let mut paused = None;
     let result = check_with_leader(&mut cluster, 90, async |cluster, old_leader| {
@@ -78,6 +92,7 @@ async fn lease_reads_never_return_a_deposed_leaders_value() -> Result<()> {
             .lease_deadline_unix_us
             .context("the frozen leader's lease flag is clear")?;
         ensure!(lease < unix_now_us(), "the old lease has not expired yet");
+        rdkv_fabric::clock::step_wall_clock_for_tests(clock_step_us);
 
         // Every lease read from now on returns the new value (or fails while
         // the client finds the new leader); never the old one.
@@ -106,6 +121,7 @@ async fn lease_reads_never_return_a_deposed_leaders_value() -> Result<()> {
         Ok(())
     })
     .await;
+    rdkv_fabric::clock::step_wall_clock_for_tests(0);
     if let Some(id) = paused {
         let _ = cluster.node_mut(id)?.resume();
     }

@@ -7,21 +7,49 @@
 use std::sync::atomic::Ordering;
 
 use rdkv_fabric::RegionReader;
-use rdkv_fabric::clock::unix_now_us;
+use rdkv_fabric::clock::{boottime_now_us, unix_now_us};
 use rdkv_proto::region::{DynamicHeader, RegionState};
 use rdkv_proto::wire::Consistency;
 
 use super::OneSided;
 use super::topology::Topology;
 
-/// Whether a leader's region header grants lease reads at `now_us`: the
-/// region serves and its lease runs at least `max_clock_drift_us` beyond
-/// now (the bound on how far the two clocks may differ).
-pub(super) fn lease_holds(header: &DynamicHeader, now_us: u64, max_clock_drift_us: u64) -> bool {
+/// Which clock a lease is judged on, and now on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LeaseClock {
+    /// A region on this host: the boottime clock both processes read.
+    Boottime(u64),
+    /// A region on another host: the wall clocks, apart by less than the
+    /// allowed drift (the documented assumption of remote lease reads).
+    Unix(u64),
+}
+
+impl LeaseClock {
+    /// Now, on the clock that judges a lease of `reader`'s region.
+    pub(super) fn for_reader(reader: &RegionReader) -> LeaseClock {
+        if reader.on_this_host() {
+            LeaseClock::Boottime(boottime_now_us())
+        } else {
+            LeaseClock::Unix(unix_now_us())
+        }
+    }
+}
+
+/// Whether a leader's region header grants lease reads at `now`: the region
+/// serves and its lease runs at least `max_clock_drift_us` beyond now on
+/// that clock (the bound on how far two hosts' wall clocks may differ; on
+/// one host, the margin for the read that follows the check).
+pub(super) fn lease_holds(
+    header: &DynamicHeader,
+    now: LeaseClock,
+    max_clock_drift_us: u64,
+) -> bool {
+    let (deadline, now_us) = match now {
+        LeaseClock::Boottime(now_us) => (header.lease_deadline_boottime_us, now_us),
+        LeaseClock::Unix(now_us) => (header.lease_deadline_unix_us, now_us),
+    };
     header.state == RegionState::Serving
-        && header
-            .lease_deadline_unix_us
-            .is_some_and(|deadline| now_us.saturating_add(max_clock_drift_us) < deadline)
+        && deadline.is_some_and(|deadline| now_us.saturating_add(max_clock_drift_us) < deadline)
 }
 
 /// Whether a replica with `header` may serve a read lagging at most
@@ -66,14 +94,20 @@ impl OneSided {
 
     /// The leader's header, if its lease holds now.
     fn leased_header(&self, topology: &Topology) -> Option<DynamicHeader> {
-        let header = topology.leader_reader()?.dynamic_header().ok()?;
-        lease_holds(&header, unix_now_us(), self.max_clock_drift_us).then_some(header)
+        let reader = topology.leader_reader()?;
+        let header = reader.dynamic_header().ok()?;
+        let now = LeaseClock::for_reader(reader);
+        lease_holds(&header, now, self.max_clock_drift_us).then_some(header)
     }
 
     fn lease_reader(&self, topology: &mut Topology) -> Option<RegionReader> {
         let reader = topology.leader_reader()?.clone();
         let header = reader.dynamic_header().ok()?;
-        if lease_holds(&header, unix_now_us(), self.max_clock_drift_us) {
+        if lease_holds(
+            &header,
+            LeaseClock::for_reader(&reader),
+            self.max_clock_drift_us,
+        ) {
             // A leader applies what it committed a moment later: until it
             // catches up with what this client saw, the server answers.
             return not_behind(&header, self.seen()).then_some(reader);
@@ -111,6 +145,8 @@ impl OneSided {
 mod tests {
     use super::*;
 
+    /// A header whose lease (if any) ends at `lease` on the wall clock and
+    /// ten times that on the boottime clock.
     fn header(state: RegionState, applied_index: u64, lease: Option<u64>) -> DynamicHeader {
         DynamicHeader {
             raft_term: 1,
@@ -118,20 +154,45 @@ mod tests {
             applied_at_unix_us: 0,
             lease_deadline_unix_us: lease,
             state,
+            lease_deadline_boottime_us: lease.map(|us| us * 10),
         }
     }
 
     #[test]
     fn a_lease_holds_only_beyond_the_clock_drift() {
+        use LeaseClock::{Boottime, Unix};
         let leased = header(RegionState::Serving, 10, Some(1_000));
-        assert!(lease_holds(&leased, 900, 50));
-        assert!(!lease_holds(&leased, 950, 50), "deadline within the drift");
-        assert!(!lease_holds(&header(RegionState::Serving, 10, None), 0, 0));
+        assert!(lease_holds(&leased, Unix(900), 50));
+        assert!(
+            !lease_holds(&leased, Unix(950), 50),
+            "deadline within the drift"
+        );
         assert!(!lease_holds(
-            &header(RegionState::Retired, 10, Some(1_000)),
-            0,
+            &header(RegionState::Serving, 10, None),
+            Unix(0),
             0
         ));
+        assert!(!lease_holds(
+            &header(RegionState::Serving, 10, None),
+            Boottime(0),
+            0
+        ));
+        assert!(!lease_holds(
+            &header(RegionState::Retired, 10, Some(1_000)),
+            Unix(0),
+            0
+        ));
+    }
+
+    #[test]
+    fn a_lease_on_this_host_is_judged_on_the_boottime_clock() {
+        use LeaseClock::{Boottime, Unix};
+        let leased = header(RegionState::Serving, 10, Some(1_000));
+        // Past the wall-clock deadline but not the boottime one, and back.
+        assert!(lease_holds(&leased, Boottime(9_000), 50));
+        assert!(!lease_holds(&leased, Unix(9_000), 50));
+        assert!(!lease_holds(&leased, Boottime(9_960), 50));
+        assert!(lease_holds(&leased, Unix(900), 50));
     }
 
     #[test]

@@ -9,10 +9,11 @@
 //! - otherwise none: GETs are RPCs over TCP.
 //!
 //! Consistency, per read:
-//! - `Lease`: only from the leader's region, and only while the lease word
-//!   in its header says the lease runs at least `max_clock_drift` beyond the
-//!   client's clock. Clock assumption: the client's and the leader's wall
-//!   clocks differ by less than `max_clock_drift`. Otherwise (no lease, a
+//! - `Lease`: only from the leader's region, and only while the lease in
+//!   its header runs at least `max_clock_drift` beyond now: on the boottime
+//!   clock for a region on this host (`shm`; no clock step can move it), on
+//!   the wall clock for a remote one (`rdma`; assumes the two hosts' wall
+//!   clocks differ by less than `max_clock_drift`). Otherwise (no lease, a
 //!   retired region, a node that stopped leading) the read goes to the
 //!   server by RPC, which confirms leadership itself.
 //! - `Follower { max_lag_entries }`: from any mapped replica whose applied

@@ -184,6 +184,11 @@ impl RegionReader {
         &self.layout
     }
 
+    /// Whether the region is on this host (see [`RemoteRegion::on_this_host`]).
+    pub fn on_this_host(&self) -> bool {
+        self.region.on_this_host()
+    }
+
     /// The dynamic header words (term, applied index, lease, state) without
     /// re-validating the static part: the per-GET check of a lease read.
     pub fn dynamic_header(&self) -> Result<DynamicHeader, ReadError> {

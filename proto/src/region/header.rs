@@ -31,6 +31,13 @@
 //! | 144 | applied_at_unix_us | wall clock when `applied_index` was stored |
 //! | 152 | leader_lease | 0: not leader; else the lease deadline, unix µs (never 0) |
 //! | 160 | region_state | 1 serving, 2 retired (re-attach) |
+//! | 168 | leader_lease_boottime | 0: not leader; else the same deadline on the owner host's `CLOCK_BOOTTIME`, µs (never 0) |
+//!
+//! The lease is published on two clocks ([`LeaseDeadline`]): readers on
+//! other hosts compare the wall-clock word with their own wall clock (safe
+//! while the clocks differ by less than the drift they allow for), readers
+//! on the owner's host the boottime word with the same boottime clock, which
+//! a wall-clock step cannot move.
 
 use crate::region::block::{BlockHeader, BlockRef, encoded_block_bytes};
 use crate::region::error::{BlockError, HeaderError, SlotError};
@@ -40,7 +47,8 @@ use crate::region::size_class::{SizeClass, UNIT_BYTES};
 use crate::region::slot::{BUCKET_BYTES, MAX_DATA_UNITS, SLOTS_PER_BUCKET, Slot};
 
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"RDKVREGN");
-pub const REGION_LAYOUT_VERSION: u64 = 1;
+/// 2: the boottime lease word (168).
+pub const REGION_LAYOUT_VERSION: u64 = 2;
 /// The header occupies the first page; the index starts right after it.
 pub const HEADER_BYTES: u64 = 4096;
 /// Bytes covered by `static_crc`.
@@ -48,7 +56,7 @@ pub const STATIC_HEADER_BYTES: usize = static_word::STATIC_CRC;
 /// The static part as stored: the covered bytes and the CRC word.
 pub const STATIC_ENCODED_BYTES: usize = static_word::STATIC_CRC + WORD_BYTES;
 /// Bytes a reader needs to decode the whole header (static + dynamic words).
-pub const HEADER_USED_BYTES: usize = dynamic_word::REGION_STATE as usize + WORD_BYTES;
+pub const HEADER_USED_BYTES: usize = dynamic_word::LEADER_LEASE_BOOTTIME as usize + WORD_BYTES;
 const DATA_ALIGN_BYTES: u64 = 4096;
 /// Every header field is one little-endian u64.
 const WORD_BYTES: usize = 8;
@@ -81,6 +89,7 @@ pub mod dynamic_word {
     pub const APPLIED_AT_UNIX_US: u64 = 144;
     pub const LEADER_LEASE: u64 = 152;
     pub const REGION_STATE: u64 = 160;
+    pub const LEADER_LEASE_BOOTTIME: u64 = 168;
 }
 
 // The CRC is the last static word; the dynamic words follow the static part,
@@ -93,6 +102,7 @@ const _: () = assert!(words_in_order(&[
     dynamic_word::APPLIED_AT_UNIX_US,
     dynamic_word::LEADER_LEASE,
     dynamic_word::REGION_STATE,
+    dynamic_word::LEADER_LEASE_BOOTTIME,
 ]));
 const _: () = assert!(HEADER_USED_BYTES as u64 <= HEADER_BYTES);
 
@@ -411,6 +421,15 @@ impl RegionState {
     }
 }
 
+/// A leader's lease deadline, published on two clocks (see the module
+/// comment): the wall clock, for readers on other hosts, and the owner
+/// host's `CLOCK_BOOTTIME`, for readers on that host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseDeadline {
+    pub unix_us: u64,
+    pub boottime_us: u64,
+}
+
 /// The dynamic header words as one reader saw them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DynamicHeader {
@@ -420,6 +439,8 @@ pub struct DynamicHeader {
     /// `Some(deadline)` while this node is leader with a lease.
     pub lease_deadline_unix_us: Option<u64>,
     pub state: RegionState,
+    /// The same deadline on the owner host's boottime clock.
+    pub lease_deadline_boottime_us: Option<u64>,
 }
 
 impl DynamicHeader {
@@ -431,13 +452,14 @@ impl DynamicHeader {
             });
         }
         let at = |offset: u64| read_u64(bytes, offset as usize);
-        let lease = at(dynamic_word::LEADER_LEASE);
+        let deadline = |offset: u64| Some(at(offset)).filter(|word| *word != 0);
         Ok(DynamicHeader {
             raft_term: at(dynamic_word::RAFT_TERM),
             applied_index: at(dynamic_word::APPLIED_INDEX),
             applied_at_unix_us: at(dynamic_word::APPLIED_AT_UNIX_US),
-            lease_deadline_unix_us: (lease != 0).then_some(lease),
+            lease_deadline_unix_us: deadline(dynamic_word::LEADER_LEASE),
             state: RegionState::from_word(at(dynamic_word::REGION_STATE)),
+            lease_deadline_boottime_us: deadline(dynamic_word::LEADER_LEASE_BOOTTIME),
         })
     }
 }

@@ -30,9 +30,9 @@ pub use block::{
 pub use error::{BlockError, HeaderError, SlotError};
 pub use hash::{HashSeed, KeyHash};
 pub use header::{
-    DynamicHeader, HEADER_BYTES, HEADER_USED_BYTES, LayoutParams, REGION_LAYOUT_VERSION,
-    REGION_MAGIC, RegionLayout, RegionState, STATIC_ENCODED_BYTES, STATIC_HEADER_BYTES,
-    dynamic_word, static_word,
+    DynamicHeader, HEADER_BYTES, HEADER_USED_BYTES, LayoutParams, LeaseDeadline,
+    REGION_LAYOUT_VERSION, REGION_MAGIC, RegionLayout, RegionState, STATIC_ENCODED_BYTES,
+    STATIC_HEADER_BYTES, dynamic_word, static_word,
 };
 pub use lookup::{BlockVerdict, examine_block, neighbourhood_slots, verify_neighbourhood};
 pub use neighbourhood::{

@@ -14,8 +14,8 @@ use std::sync::atomic::{Ordering, fence};
 
 use rdkv_proto::region::{
     BLOCK_HEADER_BYTES, BUCKET_BYTES, BlockHeader, BlockRef, CRC_WORD_OFFSET, INVALIDATED_WORD,
-    INVALIDATION_WORD_OFFSET, KeyHash, MAX_NEIGHBOURHOOD_SLOTS, RegionLayout, RegionState,
-    SLOT_BYTES, SizeClass, Slot, UNIT_BYTES, ValueShape, dynamic_word, encode_block,
+    INVALIDATION_WORD_OFFSET, KeyHash, LeaseDeadline, MAX_NEIGHBOURHOOD_SLOTS, RegionLayout,
+    RegionState, SLOT_BYTES, SizeClass, Slot, UNIT_BYTES, ValueShape, dynamic_word, encode_block,
     encoded_block_bytes, neighbourhood_slots, revoked_crc_word, verify_neighbourhood,
 };
 
@@ -438,12 +438,18 @@ impl RegionWriter {
     /// `Some(deadline)` while leader with a lease; `None` clears the flag (on
     /// step-down, at once). The word 0 means "not leader", so a deadline of 0
     /// (the epoch, long past) is published as 1: equally expired.
-    pub fn publish_lease(&self, deadline_unix_us: Option<u64>) -> Result<(), RegionError> {
+    pub fn publish_lease(&self, deadline: Option<LeaseDeadline>) -> Result<(), RegionError> {
+        // 0 means "no lease": a deadline is never stored as 0. Each reader
+        // reads one of the two words, so they need not change together.
+        let word = |us: Option<u64>| us.map_or(0, |us| us.max(1));
         self.memory.store_u64(
             dynamic_word::LEADER_LEASE,
-            deadline_unix_us
-                .unwrap_or(0)
-                .max(u64::from(deadline_unix_us.is_some())),
+            word(deadline.map(|d| d.unix_us)),
+            Ordering::Release,
+        )?;
+        self.memory.store_u64(
+            dynamic_word::LEADER_LEASE_BOOTTIME,
+            word(deadline.map(|d| d.boottime_us)),
             Ordering::Release,
         )?;
         Ok(())

@@ -22,6 +22,7 @@ use openraft::alias::SnapshotOf;
 use openraft::storage::EntryResponder;
 use openraft::storage::RaftStateMachine;
 use openraft::{OptionalSend, RaftSnapshotBuilder};
+use rdkv_proto::region::LeaseDeadline;
 use rdkv_proto::wire::Versioned;
 use thiserror::Error;
 
@@ -287,16 +288,16 @@ impl RegionStateMachine {
     pub fn publish_leadership(
         &self,
         term: u64,
-        lease_deadline_unix_us: Option<u64>,
+        lease_deadline: Option<LeaseDeadline>,
     ) -> Result<(), StateMachineError> {
         if let Some(hook) = self.shared.before_publish.get() {
             (hook.0)();
         }
         let state = self.lock();
         // Checked under the lock `suppress_lease_until` sets it under.
-        let lease_deadline_unix_us = lease_deadline_unix_us.filter(|_| !self.lease_suppressed());
+        let lease_deadline = lease_deadline.filter(|_| !self.lease_suppressed());
         state.writer.publish_term(term)?;
-        state.writer.publish_lease(lease_deadline_unix_us)?;
+        state.writer.publish_lease(lease_deadline)?;
         Ok(())
     }
 

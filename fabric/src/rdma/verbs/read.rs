@@ -139,6 +139,12 @@ impl RemoteRegion for RdmaRegion {
         descriptor_of(&self.grant)
     }
 
+    /// Even over a loopback device: the grant says nothing of where the
+    /// owner runs, so its clocks are not assumed to be ours.
+    fn on_this_host(&self) -> bool {
+        false
+    }
+
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
         self.read_batch(&mut [ReadOp { offset, buf }])
     }
