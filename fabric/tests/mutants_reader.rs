@@ -587,6 +587,7 @@ fn header_words_are_read_and_a_rebuilt_region_is_noticed() {
     let reader = region.default_reader();
     let dynamic = reader.dynamic_header().expect("dynamic");
     assert_eq!((dynamic.applied_index, dynamic.raft_term), (12, 4));
+    assert_eq!(reader.applied_index().expect("applied"), 12);
     assert_eq!(reader.check_header().expect("same header"), dynamic);
     region
         .memory

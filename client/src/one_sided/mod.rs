@@ -171,8 +171,8 @@ impl OneSided {
     /// region's applied index now (read after the value: a region moving on
     /// mid-read is covered too).
     fn read_from(&self, reader: &RegionReader) {
-        if let Ok(header) = reader.dynamic_header() {
-            self.saw_applied(header.applied_index);
+        if let Ok(applied) = reader.applied_index() {
+            self.saw_applied(applied);
         }
     }
 

@@ -9,7 +9,7 @@ use std::sync::atomic::{Ordering, fence};
 use rdkv_proto::region::{
     BlockError, BlockVerdict, DynamicHeader, HEADER_USED_BYTES, HeaderError,
     MAX_NEIGHBOURHOOD_BYTES, NeighbourhoodWords, RegionLayout, SLOT_BYTES, SlotError, ValueShape,
-    examine_block, neighbourhood_slots, verify_neighbourhood,
+    dynamic_word, examine_block, neighbourhood_slots, verify_neighbourhood,
 };
 use rdkv_proto::wire::Versioned;
 use thiserror::Error;
@@ -195,6 +195,14 @@ impl RegionReader {
         let mut header = [0u8; HEADER_USED_BYTES];
         self.region.read(0, &mut header)?;
         Ok(DynamicHeader::decode(&header)?)
+    }
+
+    /// The applied index word alone (one 8-byte read, little-endian as every
+    /// header word): what a client notes after a read from this region.
+    pub fn applied_index(&self) -> Result<u64, ReadError> {
+        let mut word = [0u8; 8];
+        self.region.read(dynamic_word::APPLIED_INDEX, &mut word)?;
+        Ok(u64::from_le_bytes(word))
     }
 
     /// Re-validates the header (a remote client does this on its header
