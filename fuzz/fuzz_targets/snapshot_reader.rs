@@ -10,14 +10,17 @@
 //!   borrows keys and values from the input;
 //! - every pair it hands out lies inside one record, so within the bound;
 //! - round trip: a snapshot written by `SnapshotWriter` from fuzzer-chosen
-//!   pairs reads back the same pairs in order with the same meta, and any
+//!   pairs reads back the same pairs in order with the same meta and region
+//!   state, and any
 //!   truncation or single-byte change of it is refused (every byte is under
 //!   a CRC, a length, or the structure check).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use rdkv_storage::raft::SnapshotMeta;
-use rdkv_storage::state_machine::snapshot::{SnapshotWriter, read_snapshot};
+use rdkv_storage::state_machine::snapshot::{
+    SnapshotReader, SnapshotRegion, SnapshotWriter, read_snapshot,
+};
 
 /// The state machine's bound for default limits: max key + max value + 4 KiB
 /// (`max_snapshot_record_bytes`).
@@ -43,14 +46,17 @@ fuzz_target!(|data: &[u8]| {
     }
 });
 
-fn read_all(bytes: &[u8]) -> Option<(SnapshotMeta, Vec<Pair>)> {
+fn read_all(bytes: &[u8]) -> Option<(SnapshotMeta, SnapshotRegion, Vec<Pair>)> {
     let mut pairs = Vec::new();
-    let meta = read_snapshot(bytes, MAX_RECORD_BYTES, |key, value, version| {
-        pairs.push((key.to_vec(), value.to_vec(), version));
-        Ok(())
-    })
-    .ok()?;
-    Some((meta, pairs))
+    let reader = SnapshotReader::open(bytes, MAX_RECORD_BYTES).ok()?;
+    let region = reader.region;
+    let meta = reader
+        .pairs(|key, value, version| {
+            pairs.push((key.to_vec(), value.to_vec(), version));
+            Ok(())
+        })
+        .ok()?;
+    Some((meta, region, pairs))
 }
 
 /// Pairs cut from the input: `[key_len][value_len][version][key][value]`...
@@ -70,13 +76,18 @@ fn pairs_from(mut bytes: &[u8]) -> Vec<Pair> {
 fn round_trip(mode: u8, bytes: &[u8]) {
     let pairs = pairs_from(bytes);
     let meta = SnapshotMeta::default();
-    let mut writer = SnapshotWriter::new(&meta).unwrap();
+    let region = SnapshotRegion {
+        hash_seed: (mode & 2 == 2).then_some((u64::from(mode), bytes.len() as u64)),
+    };
+    let mut writer = SnapshotWriter::new(&meta, region).unwrap();
     for (key, value, version) in &pairs {
         writer.pair(key, value, *version).unwrap();
     }
     let snapshot = writer.finish().unwrap();
-    let (read_meta, read_pairs) = read_all(&snapshot).expect("a written snapshot reads back");
+    let (read_meta, read_region, read_pairs) =
+        read_all(&snapshot).expect("a written snapshot reads back");
     assert_eq!(read_meta, meta);
+    assert_eq!(read_region, region);
     assert_eq!(read_pairs, pairs);
 
     // Damage chosen by the mode byte and the input length.

@@ -48,8 +48,7 @@ fn lease_deadline(
     // committed: it serves one-sided reads only once it has applied an entry
     // of its own term (its first blank entry), as openraft's own lease reads
     // wait for it too.
-    let applied_term = metrics.last_applied.map(|l| l.leader_id.term);
-    if applied_term != Some(metrics.current_term) {
+    if !applied_own_term(metrics) {
         return None;
     }
     let age_us = u64::try_from(quorum_ack_age(metrics)?.as_micros()).unwrap_or(u64::MAX);
@@ -59,6 +58,17 @@ fn lease_deadline(
         unix_us: deadline_us(clock::unix_now_us()),
         boottime_us: deadline_us(clock::boottime_now_us()),
     })
+}
+
+/// Whether this node has applied an entry of its current term: a leader then
+/// holds everything its predecessors committed.
+fn applied_own_term(metrics: &RaftMetrics<TypeConfig>) -> bool {
+    metrics.last_applied.map(|l| l.leader_id.term) == Some(metrics.current_term)
+}
+
+/// Whether this node leads and has applied an entry of its own term.
+pub fn leads_with_own_entry(metrics: &RaftMetrics<TypeConfig>) -> bool {
+    metrics.state == ServerState::Leader && applied_own_term(metrics)
 }
 
 /// Keeps the region header's term and lease words current: renewed on every

@@ -22,6 +22,7 @@
 mod accept;
 pub mod config;
 mod framed;
+mod hash_seed;
 pub mod http;
 mod join;
 mod lease;

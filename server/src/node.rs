@@ -355,6 +355,11 @@ impl Node {
             config.heartbeat_ms,
             shutdown_rx.clone(),
         )));
+        tasks.push(tokio::spawn(crate::hash_seed::propose_while_unseeded(
+            raft.clone(),
+            replica.sm.clone(),
+            shutdown_rx.clone(),
+        )));
         let initialized = raft.is_initialized().await.context("reading raft state")?;
         if let Some(seed) = config.join.clone().filter(|_| !initialized) {
             tasks.push(tokio::spawn(crate::join::join_cluster(

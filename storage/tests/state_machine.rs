@@ -334,3 +334,49 @@ fn a_suppressed_lease_is_not_republished_by_a_racing_publisher() {
         "the lease was published during the suppression"
     );
 }
+
+/// The first `SetHashSeed` applied fixes the seed (writes applied before it
+/// are placed anew with it), a later one changes nothing, and snapshots
+/// carry it to a restart and to another replica.
+#[tokio::test]
+async fn the_first_hash_seed_applied_is_the_clusters_for_good() {
+    use rdkv_proto::region::HashSeed;
+    let dir = tempfile::tempdir().unwrap();
+    let mut sm = common::open(dir.path());
+    assert_eq!(sm.reader().layout().hash_seed, HashSeed::default());
+    assert!(!sm.has_hash_seed());
+    let put = |key: &str, value: &str| Command::Put {
+        key: b(key),
+        value: b(value),
+    };
+    apply(
+        &mut sm,
+        vec![
+            membership_ent::<TypeConfig>(1, 1, 1, vec![BTreeSet::from([1])]),
+            normal(2, put("before", "1")),
+            normal(3, Command::SetHashSeed { seed: (11, 12) }),
+            normal(4, Command::SetHashSeed { seed: (21, 22) }),
+            normal(5, put("after", "2")),
+        ],
+    )
+    .await;
+    assert!(sm.has_hash_seed());
+    assert_eq!(sm.reader().layout().hash_seed, HashSeed(11, 12));
+    assert_eq!(value_of(&sm, "before"), Some(("1".into(), 2)));
+    assert_eq!(value_of(&sm, "after"), Some(("2".into(), 5)));
+    assert_eq!(sm.applied_index(), 5);
+
+    let snapshot = sm.build_snapshot().await.unwrap();
+    drop(sm);
+    let reopened = common::open(dir.path());
+    assert_eq!(reopened.reader().layout().hash_seed, HashSeed(11, 12));
+    assert!(reopened.has_hash_seed());
+    let other_dir = tempfile::tempdir().unwrap();
+    let mut other = common::open(other_dir.path());
+    other
+        .install_snapshot(&snapshot.meta, snapshot.snapshot.clone())
+        .await
+        .unwrap();
+    assert_eq!(other.reader().layout().hash_seed, HashSeed(11, 12));
+    assert_eq!(value_of(&other, "before"), Some(("1".into(), 2)));
+}

@@ -20,7 +20,7 @@ use rdkv_proto::wire::{
 };
 use rdkv_storage::raft::SnapshotMeta;
 use rdkv_storage::record::encode_record;
-use rdkv_storage::state_machine::snapshot::SnapshotWriter;
+use rdkv_storage::state_machine::snapshot::{SnapshotRegion, SnapshotWriter};
 
 const MAX_FRAME_BYTES: u32 = 64 * 1024;
 
@@ -285,7 +285,13 @@ fn snapshot_reader(dir: &Path) {
             vec![(&b"key"[..], &b"value"[..], 9)],
         ),
     ] {
-        let mut writer = SnapshotWriter::new(&SnapshotMeta::default()).unwrap();
+        let mut writer = SnapshotWriter::new(
+            &SnapshotMeta::default(),
+            SnapshotRegion {
+                hash_seed: Some((7, 9)),
+            },
+        )
+        .unwrap();
         for (key, value, version) in pairs {
             writer.pair(key, value, version).unwrap();
         }

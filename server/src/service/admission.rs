@@ -102,6 +102,7 @@ fn incoming_bytes(command: &Command) -> Option<u64> {
         }
         Command::Delete { .. }
         | Command::Clear
+        | Command::SetHashSeed { .. }
         | Command::Cas {
             new_value: None, ..
         } => return None,

@@ -38,6 +38,13 @@ pub enum Command {
     },
     /// Deletes every key.
     Clear,
+    /// The cluster's hash seed (SipHash keys of the region index), proposed
+    /// by the first leader that finds none applied. The first one applied
+    /// fixes the seed for good; later ones change nothing. Internal: no
+    /// client request becomes this command.
+    SetHashSeed {
+        seed: (u64, u64),
+    },
 }
 
 impl fmt::Display for Command {
@@ -56,6 +63,7 @@ impl fmt::Display for Command {
             Command::MPut { pairs } => write!(f, "mput {} pairs", pairs.len()),
             Command::Update { key, .. } => write!(f, "update {} bytes key", key.len()),
             Command::Clear => write!(f, "clear"),
+            Command::SetHashSeed { .. } => write!(f, "set the hash seed"),
         }
     }
 }

@@ -2,6 +2,7 @@
 
 use bytes::Bytes;
 use openraft::EntryPayload;
+use rdkv_proto::region::HashSeed;
 use rdkv_proto::wire::{Response, SetCondition, Update, UpdateOutcome};
 
 use super::State;
@@ -11,6 +12,9 @@ use crate::region::RegionError;
 
 pub(super) enum Applied {
     Done(CommandResult),
+    /// `Command::SetHashSeed`: the caller adopts the seed if there is none
+    /// yet (it replaces the region, which needs more than the state).
+    AdoptSeed(HashSeed),
     /// The region is full but blocks come back at `at_us` (region clock):
     /// retry from pair `next_pair` (for MPut; 0 otherwise).
     WaitForReclaim {
@@ -137,6 +141,7 @@ fn apply_command(
             replied(Response::MWritten { version })
         }
         Command::Update { key, update } => apply_update(writer, key, update, version, give_up),
+        Command::SetHashSeed { seed: (k0, k1) } => Applied::AdoptSeed(HashSeed(*k0, *k1)),
         Command::Clear => match writer.clear() {
             Ok(removed) => replied(Response::Cleared { removed, version }),
             Err(e) => Applied::Done(failed(&e)),

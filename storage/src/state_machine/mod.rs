@@ -22,19 +22,19 @@ use openraft::alias::SnapshotOf;
 use openraft::storage::EntryResponder;
 use openraft::storage::RaftStateMachine;
 use openraft::{OptionalSend, RaftSnapshotBuilder};
-use rdkv_proto::region::LeaseDeadline;
-use rdkv_proto::wire::Versioned;
+use rdkv_proto::region::{HashSeed, LeaseDeadline};
+use rdkv_proto::wire::{Response, Versioned};
 use thiserror::Error;
 
 use crate::raft::{CommandResult, LogId, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::region::{
     Clock, MonotonicClock, ReadError, ReaderOptions, RegionConfig, RegionError, RegionReader,
-    RegionStats, RegionWriter, random_seed,
+    RegionStats, RegionWriter,
 };
 use apply::{Applied, apply_entry};
 use keyed::KeyedRegion;
 pub use keyed::{ScanPage, ScanRange};
-use snapshot::{SnapshotError, SnapshotWriter};
+use snapshot::{SnapshotError, SnapshotReader, SnapshotRegion, SnapshotWriter};
 
 pub type SnapshotData = Bytes;
 pub type Snapshot = SnapshotOf<TypeConfig, SnapshotData>;
@@ -74,6 +74,10 @@ impl From<StateMachineError> for io::Error {
 #[derive(Debug)]
 struct State {
     writer: KeyedRegion,
+    /// The cluster's hash seed once `Command::SetHashSeed` was applied; until
+    /// then the region is placed with the placeholder `HashSeed::default()`,
+    /// which every replica uses alike.
+    hash_seed: Option<HashSeed>,
     last_applied: Option<LogId>,
     last_membership: StoredMembership,
     snapshot: Option<(SnapshotMeta, SnapshotData)>,
@@ -112,14 +116,17 @@ pub struct RegionStateMachine {
 
 use rdkv_fabric::clock::unix_now_us;
 
+/// An empty region placed with the cluster's `seed` (the placeholder while
+/// there is none): every replica places keys alike.
 fn new_region(
     config: &StateMachineConfig,
     clock: &Arc<dyn Clock>,
     epoch: u64,
+    seed: Option<HashSeed>,
 ) -> Result<RegionWriter, RegionError> {
     let region = RegionConfig {
         region_epoch: epoch,
-        hash_seed: random_seed(),
+        hash_seed: seed.unwrap_or_default(),
         ..config.region.clone()
     };
     RegionWriter::create(&region, Arc::clone(clock))
@@ -138,13 +145,15 @@ impl RegionStateMachine {
         // it count up from there), so a client still mapping the region of a
         // previous incarnation can tell it is not the current one.
         let first_epoch = unix_now_us().max(1);
-        let (writer, meta, data) = match snapshot::load_latest(&config.snapshot_dir)? {
+        let (writer, hash_seed, meta, data) = match snapshot::load_latest(&config.snapshot_dir)? {
             Some(bytes) => {
-                let (writer, meta) = load_region(&config, &clock, first_epoch, &bytes)?;
-                (writer, Some(meta), Some(Bytes::from(bytes)))
+                let loaded = load_region(&config, &clock, first_epoch, &bytes)?;
+                let data = Some(Bytes::from(bytes));
+                (loaded.writer, loaded.hash_seed, Some(loaded.meta), data)
             }
             None => (
-                KeyedRegion::new(new_region(&config, &clock, first_epoch)?)?,
+                KeyedRegion::new(new_region(&config, &clock, first_epoch, None)?)?,
+                None,
                 None,
                 None,
             ),
@@ -162,6 +171,7 @@ impl RegionStateMachine {
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
                     writer,
+                    hash_seed,
                     last_applied,
                     last_membership,
                     snapshot: meta.zip(data),
@@ -301,6 +311,58 @@ impl RegionStateMachine {
         Ok(())
     }
 
+    /// Makes `writer` the region this replica serves, its readers included,
+    /// and returns the one it replaces, for the caller to retire once the
+    /// state lock is released (clients mapping it then re-attach).
+    fn swap_region(
+        &self,
+        state: &mut State,
+        writer: KeyedRegion,
+    ) -> Result<KeyedRegion, StateMachineError> {
+        let reader = writer.reader(ReaderOptions::for_layout(writer.layout()))?;
+        let old = std::mem::replace(&mut state.writer, writer);
+        *self
+            .shared
+            .reader
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = reader;
+        Ok(old)
+    }
+
+    /// Applies `Command::SetHashSeed`: the first seed applied becomes the
+    /// cluster's for good, and the region is placed anew with it (it holds
+    /// at most the few writes applied before the seed); a later seed
+    /// changes nothing. Every replica applies the same log, so every one
+    /// ends with the same seed and placement rule.
+    fn adopt_hash_seed(&self, seed: HashSeed) -> Result<(), StateMachineError> {
+        let old = {
+            let mut state = self.lock();
+            if state.hash_seed.is_some() {
+                return Ok(());
+            }
+            let epoch = state.writer.layout().region_epoch + 1;
+            let config = &self.shared.config;
+            let empty = new_region(config, &self.shared.clock, epoch, Some(seed))?;
+            let mut writer = KeyedRegion::new(empty)?;
+            state
+                .writer
+                .for_each_live(|key, value, version| writer.put(key, value, version).map(drop))?;
+            if let Some(applied) = state.last_applied {
+                writer.publish_applied(applied.index, unix_now_us())?;
+            }
+            state.hash_seed = Some(seed);
+            self.swap_region(&mut state, writer)?
+        };
+        old.retire_region()?;
+        tracing::info!("the cluster's hash seed is applied; the region is placed with it");
+        Ok(())
+    }
+
+    /// Whether the cluster's hash seed has been applied here.
+    pub fn has_hash_seed(&self) -> bool {
+        self.lock().hash_seed.is_some()
+    }
+
     /// The current snapshot, building one if there is none yet.
     pub async fn snapshot_bytes(&self) -> Result<(SnapshotMeta, SnapshotData), StateMachineError> {
         if let Some(current) = self.lock().snapshot.clone() {
@@ -317,7 +379,10 @@ impl RegionStateMachine {
                 last_log_id: state.last_applied,
                 last_membership: state.last_membership.clone(),
             };
-            let mut writer = SnapshotWriter::new(&meta)?;
+            let region = SnapshotRegion {
+                hash_seed: state.hash_seed.map(|seed| (seed.0, seed.1)),
+            };
+            let mut writer = SnapshotWriter::new(&meta, region)?;
             let mut encode_error = None;
             state.writer.for_each_live(|key, value, version| {
                 if let Err(e) = writer.pair(key, value, version) {
@@ -377,28 +442,39 @@ fn index_of(meta: &SnapshotMeta) -> u64 {
 }
 
 /// Builds a fresh region from snapshot bytes, validating all of it first.
+/// A region rebuilt from a snapshot.
+struct LoadedRegion {
+    writer: KeyedRegion,
+    hash_seed: Option<HashSeed>,
+    meta: SnapshotMeta,
+}
+
+/// Validates the snapshot in `bytes` whole and places its pairs in a new
+/// region of `epoch`, with the cluster seed the snapshot names.
 fn load_region(
     config: &StateMachineConfig,
     clock: &Arc<dyn Clock>,
     epoch: u64,
     bytes: &[u8],
-) -> Result<(KeyedRegion, SnapshotMeta), StateMachineError> {
-    let mut writer = KeyedRegion::new(new_region(config, clock, epoch)?)?;
+) -> Result<LoadedRegion, StateMachineError> {
+    let reader = SnapshotReader::open(bytes, max_snapshot_record_bytes(&config.region))?;
+    let hash_seed = reader.region.hash_seed.map(|(k0, k1)| HashSeed(k0, k1));
+    let mut writer = KeyedRegion::new(new_region(config, clock, epoch, hash_seed)?)?;
     let mut region_error = None;
-    let meta = snapshot::read_snapshot(
-        bytes,
-        max_snapshot_record_bytes(&config.region),
-        |key, value, version| {
-            if let Err(e) = writer.put(key, value, version) {
-                region_error.get_or_insert(e);
-            }
-            Ok(())
-        },
-    )?;
+    let meta = reader.pairs(|key, value, version| {
+        if let Err(e) = writer.put(key, value, version) {
+            region_error.get_or_insert(e);
+        }
+        Ok(())
+    })?;
     if let Some(e) = region_error {
         return Err(e.into());
     }
-    Ok((writer, meta))
+    Ok(LoadedRegion {
+        writer,
+        hash_seed,
+        meta,
+    })
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for RegionStateMachine {
@@ -433,6 +509,10 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
                 };
                 match applied {
                     Applied::Done(result) => break result,
+                    Applied::AdoptSeed(seed) => {
+                        self.adopt_hash_seed(seed)?;
+                        break CommandResult::Applied(Response::Done);
+                    }
                     // Full, but blocks come back once their grace period ends:
                     // waiting keeps replicas from diverging on a transient full.
                     Applied::WaitForReclaim { at_us, next_pair } => {
@@ -474,8 +554,8 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
         snapshot: SnapshotData,
     ) -> Result<(), io::Error> {
         let epoch = self.lock().writer.layout().region_epoch + 1;
-        let (writer, stored_meta) =
-            load_region(&self.shared.config, &self.shared.clock, epoch, &snapshot)?;
+        let loaded = load_region(&self.shared.config, &self.shared.clock, epoch, &snapshot)?;
+        let (writer, stored_meta) = (loaded.writer, loaded.meta);
         if stored_meta.last_log_id != meta.last_log_id {
             return Err(io::Error::other(
                 "snapshot bytes describe a different log position than their meta",
@@ -484,26 +564,19 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
         let _persisting = self.shared.persist_lock.lock().await;
         self.persist(meta, &snapshot).await?;
         crate::failpoint::hit(crate::failpoint::SNAPSHOT_INSTALL_AFTER_PERSIST);
-        let reader = writer
-            .reader(ReaderOptions::for_layout(writer.layout()))
-            .map_err(StateMachineError::from)?;
         let index = meta.last_log_id.map_or(0, |l| l.index);
         writer
             .publish_applied(index, unix_now_us())
             .map_err(StateMachineError::from)?;
         let old = {
             let mut state = self.lock();
-            let old = std::mem::replace(&mut state.writer, writer);
+            let old = self.swap_region(&mut state, writer)?;
+            state.hash_seed = loaded.hash_seed;
             state.last_applied = meta.last_log_id;
             state.last_membership = meta.last_membership.clone();
             state.snapshot = Some((meta.clone(), snapshot));
             old
         };
-        *self
-            .shared
-            .reader
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = reader;
         self.shared.applied_index.store(index, Ordering::Release);
         // Remote readers holding the old region see it retired and re-attach.
         old.retire_region().map_err(StateMachineError::from)?;

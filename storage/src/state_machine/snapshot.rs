@@ -5,9 +5,13 @@
 //! ```text
 //! record: "RDKVSNAP" + u32 LE format version
 //! record: postcard(SnapshotRecord::Meta(SnapshotMeta))
+//! record: postcard(SnapshotRecord::Region(RegionState))             (version 2 on)
 //! record: postcard(SnapshotRecord::Pair { key, value, version })   (any number)
 //! record: postcard(SnapshotRecord::End { pairs })
 //! ```
+//!
+//! Version 1 files (no region record) are still read: their state has no
+//! cluster hash seed yet.
 
 use std::fs;
 use std::io::{self, Write};
@@ -21,7 +25,9 @@ use crate::raft::SnapshotMeta;
 use crate::record::{RecordError, decode_record, encode_record};
 
 const MAGIC: &[u8; 8] = b"RDKVSNAP";
-const FORMAT_VERSION: u32 = 1;
+const FORMAT_VERSION: u32 = 2;
+/// The oldest format version still read.
+const OLDEST_READ_VERSION: u32 = 1;
 const FILE_PREFIX: &str = "snap-";
 const FILE_SUFFIX: &str = ".bin";
 
@@ -36,6 +42,15 @@ enum SnapshotRecord<'a> {
     End {
         pairs: u64,
     },
+    Region(SnapshotRegion),
+}
+
+/// What a snapshot says of its region beyond the pairs: the replicated
+/// parts of its state that placing the pairs depends on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRegion {
+    /// The cluster's hash seed, once `Command::SetHashSeed` was applied.
+    pub hash_seed: Option<(u64, u64)>,
 }
 
 #[derive(Debug, Error)]
@@ -61,7 +76,10 @@ pub struct SnapshotWriter {
 }
 
 impl SnapshotWriter {
-    pub fn new(meta: &SnapshotMeta) -> Result<SnapshotWriter, postcard::Error> {
+    pub fn new(
+        meta: &SnapshotMeta,
+        region: SnapshotRegion,
+    ) -> Result<SnapshotWriter, postcard::Error> {
         let mut writer = SnapshotWriter {
             bytes: Vec::new(),
             pairs: 0,
@@ -71,6 +89,7 @@ impl SnapshotWriter {
         header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
         encode_record(&header, &mut writer.bytes);
         writer.push(&SnapshotRecord::Meta(meta.clone()))?;
+        writer.push(&SnapshotRecord::Region(region))?;
         Ok(writer)
     }
 
@@ -98,53 +117,102 @@ impl SnapshotWriter {
     }
 }
 
-/// Validates a whole snapshot and hands its pairs to `on_pair`; returns its
-/// meta. Nothing is trusted before its record's CRC has been checked, and the
-/// pair count must match the end record (a truncated snapshot is refused).
-pub fn read_snapshot(
-    bytes: &[u8],
-    max_record_bytes: u64,
-    mut on_pair: impl FnMut(&[u8], &[u8], u64) -> Result<(), SnapshotError>,
-) -> Result<SnapshotMeta, SnapshotError> {
-    let mut records = Records {
-        rest: bytes,
-        index: 0,
-        max_record_bytes,
-    };
-    let header = records.next_payload()?;
-    if header.len() != 12 || &header[..8] != MAGIC || header[8..] != FORMAT_VERSION.to_le_bytes() {
-        return Err(SnapshotError::BadHeader);
+/// A snapshot being read: the meta and region records validated, the pairs
+/// not yet. Nothing is trusted before its record's CRC has been checked, and
+/// the pair count must match the end record (a truncated snapshot is
+/// refused).
+#[derive(Debug)]
+pub struct SnapshotReader<'a> {
+    pub meta: SnapshotMeta,
+    pub region: SnapshotRegion,
+    records: Records<'a>,
+}
+
+impl<'a> SnapshotReader<'a> {
+    /// Validates the header, meta and region records.
+    pub fn open(bytes: &'a [u8], max_record_bytes: u64) -> Result<Self, SnapshotError> {
+        let mut records = Records {
+            rest: bytes,
+            index: 0,
+            max_record_bytes,
+        };
+        let version = format_version(records.next_payload()?)?;
+        let SnapshotRecord::Meta(meta) = records.next_record()? else {
+            return Err(SnapshotError::Structure("second record is not the meta"));
+        };
+        let region = if version >= 2 {
+            let SnapshotRecord::Region(region) = records.next_record()? else {
+                return Err(SnapshotError::Structure("third record is not the region"));
+            };
+            region
+        } else {
+            SnapshotRegion::default()
+        };
+        Ok(SnapshotReader {
+            meta,
+            region,
+            records,
+        })
     }
-    let SnapshotRecord::Meta(meta) = records.next_record()? else {
-        return Err(SnapshotError::Structure("second record is not the meta"));
-    };
-    let mut pairs = 0u64;
-    loop {
-        match records.next_record()? {
-            SnapshotRecord::Pair {
-                key,
-                value,
-                version,
-            } => {
-                on_pair(key, value, version)?;
-                pairs += 1;
-            }
-            SnapshotRecord::End { pairs: expected } => {
-                if expected != pairs {
-                    return Err(SnapshotError::Structure("pair count does not match"));
+
+    /// Hands every pair to `on_pair`, then checks the end record; returns
+    /// the meta.
+    pub fn pairs(
+        mut self,
+        mut on_pair: impl FnMut(&[u8], &[u8], u64) -> Result<(), SnapshotError>,
+    ) -> Result<SnapshotMeta, SnapshotError> {
+        let mut pairs = 0u64;
+        loop {
+            match self.records.next_record()? {
+                SnapshotRecord::Pair {
+                    key,
+                    value,
+                    version,
+                } => {
+                    on_pair(key, value, version)?;
+                    pairs += 1;
                 }
-                if !records.rest.is_empty() {
-                    return Err(SnapshotError::Structure("bytes after the end record"));
+                SnapshotRecord::End { pairs: expected } => {
+                    if expected != pairs {
+                        return Err(SnapshotError::Structure("pair count does not match"));
+                    }
+                    if !self.records.rest.is_empty() {
+                        return Err(SnapshotError::Structure("bytes after the end record"));
+                    }
+                    return Ok(self.meta);
                 }
-                return Ok(meta);
-            }
-            SnapshotRecord::Meta(_) => {
-                return Err(SnapshotError::Structure("a second meta record"));
+                SnapshotRecord::Meta(_) | SnapshotRecord::Region(_) => {
+                    return Err(SnapshotError::Structure("a second meta or region record"));
+                }
             }
         }
     }
 }
 
+/// Validates a whole snapshot and hands its pairs to `on_pair`; returns its
+/// meta (see [`SnapshotReader`]).
+pub fn read_snapshot(
+    bytes: &[u8],
+    max_record_bytes: u64,
+    on_pair: impl FnMut(&[u8], &[u8], u64) -> Result<(), SnapshotError>,
+) -> Result<SnapshotMeta, SnapshotError> {
+    SnapshotReader::open(bytes, max_record_bytes)?.pairs(on_pair)
+}
+
+/// The format version a header record names, if this build reads it.
+fn format_version(header: &[u8]) -> Result<u32, SnapshotError> {
+    let (Some(magic), Some(version)) = (header.get(..8), header.get(8..)) else {
+        return Err(SnapshotError::BadHeader);
+    };
+    let version = <[u8; 4]>::try_from(version).map_err(|_| SnapshotError::BadHeader)?;
+    let version = u32::from_le_bytes(version);
+    if magic != MAGIC || !(OLDEST_READ_VERSION..=FORMAT_VERSION).contains(&version) {
+        return Err(SnapshotError::BadHeader);
+    }
+    Ok(version)
+}
+
+#[derive(Debug)]
 struct Records<'a> {
     rest: &'a [u8],
     index: u64,
@@ -233,6 +301,65 @@ pub fn load_latest(dir: &Path) -> Result<Option<Vec<u8>>, SnapshotError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A snapshot as version 1 wrote it: no region record.
+    fn version_1_snapshot(pairs: &[(&[u8], &[u8], u64)]) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        let mut header = MAGIC.to_vec();
+        header.extend_from_slice(&1u32.to_le_bytes());
+        encode_record(&header, &mut bytes);
+        let mut push = |record: &SnapshotRecord<'_>| {
+            encode_record(&postcard::to_allocvec(record).unwrap(), &mut bytes);
+        };
+        push(&SnapshotRecord::Meta(SnapshotMeta::default()));
+        for &(key, value, version) in pairs {
+            push(&SnapshotRecord::Pair {
+                key,
+                value,
+                version,
+            });
+        }
+        push(&SnapshotRecord::End {
+            pairs: pairs.len() as u64,
+        });
+        bytes
+    }
+
+    #[test]
+    fn a_version_1_snapshot_is_read_without_a_seed_and_version_3_is_refused() {
+        let bytes = version_1_snapshot(&[(b"k", b"v", 4)]);
+        let reader = SnapshotReader::open(&bytes, 1024).unwrap();
+        assert_eq!(reader.region, SnapshotRegion::default());
+        let mut pairs = Vec::new();
+        reader
+            .pairs(|k, v, version| {
+                pairs.push((k.to_vec(), v.to_vec(), version));
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(pairs, vec![(b"k".to_vec(), b"v".to_vec(), 4)]);
+
+        let mut writer = SnapshotWriter::new(
+            &SnapshotMeta::default(),
+            SnapshotRegion {
+                hash_seed: Some((5, 6)),
+            },
+        )
+        .unwrap();
+        writer.pair(b"k", b"v", 4).unwrap();
+        let mut bytes = writer.finish().unwrap();
+        let reader = SnapshotReader::open(&bytes, 1024).unwrap();
+        assert_eq!(reader.region.hash_seed, Some((5, 6)));
+        // The version word of the header record, under its CRC: rewrite both.
+        let header_end = crate::record::RECORD_HEADER_BYTES + 12;
+        bytes[header_end - 4..header_end].copy_from_slice(&3u32.to_le_bytes());
+        let crc = crc32fast::hash(&bytes[crate::record::RECORD_HEADER_BYTES..header_end]);
+        bytes[4..8].copy_from_slice(&crc.to_le_bytes());
+        assert!(matches!(
+            SnapshotReader::open(&bytes, 1024),
+            Err(SnapshotError::BadHeader)
+        ));
+    }
 
     #[test]
     fn an_older_snapshot_never_replaces_a_newer_file() {

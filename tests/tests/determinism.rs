@@ -1,0 +1,96 @@
+//! Apply is a pure function of the log and the snapshot: every replica
+//! places keys with the cluster's one hash seed (chosen once, carried by the
+//! log and by snapshots), through a restart and a snapshot install.
+
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use rdkv_proto::region::HashSeed;
+use rdkv_tests::{
+    Cluster, Intent, LEADER_TIMEOUT, SNAPSHOT_OFTEN, check_with_leader, eventually, numbered,
+};
+
+const KEYS: usize = 400;
+
+/// The hash seed in node `id`'s region header.
+async fn seed_of(cluster: &Cluster, id: u64) -> Result<HashSeed> {
+    Ok(cluster.map_region(id).await?.layout().hash_seed)
+}
+
+/// Every node in `ids` uses one seed, and it is not the placeholder a
+/// region starts with before the cluster's seed is applied.
+async fn one_seed(cluster: &Cluster, ids: &[u64]) -> Result<HashSeed> {
+    let first = seed_of(cluster, ids[0]).await?;
+    ensure!(
+        first != HashSeed::default(),
+        "node {} has no cluster seed",
+        ids[0]
+    );
+    for id in &ids[1..] {
+        let seed = seed_of(cluster, *id).await?;
+        ensure!(
+            seed == first,
+            "node {id} has {seed:?}, node {} {first:?}",
+            ids[0]
+        );
+    }
+    Ok(first)
+}
+
+/// Every key of `numbered` from node `id` alone.
+async fn has_every_key(cluster: &Cluster, id: u64) -> Result<()> {
+    let values = cluster
+        .replica(id)?
+        .mget((0..KEYS).map(numbered::key))
+        .await?;
+    numbered::check_all(&values, &format!("node {id}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_uses_the_clusters_hash_seed() -> Result<()> {
+    let mut cluster = Cluster::start_with(3, &SNAPSHOT_OFTEN)?;
+    check_with_leader(&mut cluster, 120, async |cluster, leader| {
+        let client = cluster.client(Intent::Any)?;
+        numbered::put_all(&client, KEYS).await?;
+        let seed = eventually(LEADER_TIMEOUT, "one seed on every node", async || {
+            one_seed(cluster, &[1, 2, 3]).await
+        })
+        .await?;
+
+        // A restarted follower rebuilds its region from its snapshot (and
+        // the log after it): the same seed.
+        let follower = (1..=3).find(|id| *id != leader).unwrap_or(1);
+        let status = cluster.status_of(follower).await?;
+        ensure!(
+            status.snapshot_index > 0,
+            "no snapshot to restart from: {status:?}"
+        );
+        cluster.node_mut(follower)?.kill();
+        cluster.restart(follower)?;
+        eventually(
+            LEADER_TIMEOUT,
+            "the restarted follower's keys",
+            async || has_every_key(cluster, follower).await,
+        )
+        .await?;
+        ensure!(
+            seed_of(cluster, follower).await? == seed,
+            "the restart changed the seed"
+        );
+
+        // A joiner gets the state by snapshot install: the same seed.
+        cluster.join(4, leader)?;
+        eventually(
+            Duration::from_secs(40),
+            "node 4 has every key",
+            async || has_every_key(cluster, 4).await,
+        )
+        .await?;
+        ensure!(
+            seed_of(cluster, 4).await? == seed,
+            "the joiner has another seed"
+        );
+        Ok(())
+    })
+    .await
+}
