@@ -92,6 +92,10 @@ pub enum Command {
     /// Per-endpoint status and health.
     #[command(subcommand)]
     Endpoint(EndpointCommand),
+    /// Whether every member holds the same state: compares the members'
+    /// state digests at the newest applied index they all passed; exits 1
+    /// if they differ (or no such index is found).
+    Check,
     /// Transfers leadership to member ID.
     MoveLeader { id: u64 },
     /// Snapshots of a node's state.

@@ -6,6 +6,7 @@ use anyhow::{Context, Result, bail};
 use rdkv_client::{Client, ClientOptions};
 
 use crate::args::{Command, EndpointCommand, Global, MemberCommand, SnapshotCommand, arg_bytes};
+use crate::check::CheckView;
 use crate::output::{Json, Message, View};
 use crate::views::{
     DelView, GetView, HealthRow, HealthView, MembersView, PutView, ScanView, StatusRow, StatusView,
@@ -101,6 +102,7 @@ pub async fn run(client: &Client, command: Command) -> Result<Outcome> {
             let endpoints = targets(client, cluster).await?;
             Ok(endpoint_health(client, endpoints).await)
         }
+        Command::Check => check(client).await,
         Command::MoveLeader { id } => {
             client
                 .move_leader(id)
@@ -257,6 +259,29 @@ async fn endpoint_status(client: &Client, endpoints: Vec<String>) -> Result<Outc
     });
     Ok(Outcome {
         view: Box::new(StatusView { rows }),
+        failure,
+    })
+}
+
+/// `check`: every member's digest history, compared at a common index.
+async fn check(client: &Client) -> Result<Outcome> {
+    let endpoints = targets(client, true).await?;
+    let answers = each(client, endpoints, |client, endpoint| async move {
+        client.digests_of(&endpoint).await
+    })
+    .await;
+    let mut histories = Vec::new();
+    for (endpoint, answer) in answers {
+        let history = answer.with_context(|| format!("{endpoint}: reading its state digests"))?;
+        histories.push((endpoint, history));
+    }
+    let view = CheckView::compare(histories);
+    let failure = (!view.agrees()).then(|| match view.common_index {
+        Some(index) => anyhow::anyhow!("the members' states differ at applied index {index}"),
+        None => anyhow::anyhow!("no applied index is held by every member; retry"),
+    });
+    Ok(Outcome {
+        view: Box::new(view),
         failure,
     })
 }

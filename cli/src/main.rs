@@ -10,6 +10,7 @@
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
 mod args;
+mod check;
 mod commands;
 mod output;
 mod top;

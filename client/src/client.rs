@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use rdkv_proto::wire::{
-    Consistency, Fault, Health, MemberInfo, NodeStatus, Op, Request, Response, Update,
-    UpdateOutcome, Versioned,
+    Consistency, Fault, Health, MemberInfo, NodeStatus, Op, Request, Response, StateDigestAt,
+    Update, UpdateOutcome, Versioned,
 };
 use tokio::io::AsyncWrite;
 
@@ -326,6 +326,12 @@ impl Client {
     /// Status of one node, asked directly (no redirect, no retry elsewhere).
     pub async fn status_of(&self, endpoint: &str) -> Result<NodeStatus> {
         self.call_to(endpoint, Request::Status).await
+    }
+
+    /// One node's state digests at its last applied indexes, oldest first,
+    /// asked directly (see [`StateDigestAt`]).
+    pub async fn digests_of(&self, endpoint: &str) -> Result<Vec<StateDigestAt>> {
+        self.call_to(endpoint, Request::Digests).await
     }
 
     /// Health of one node, asked directly.

@@ -98,6 +98,6 @@ pub use options::{ClientOptions, Transport};
 pub use outcome::{CasOutcome, DeleteOutcome};
 pub use rdkv_proto::wire::{
     Consistency, ErrorCode, ErrorReply, Fault, Health, LeaderHint, MemberInfo, NodeStatus, OpStats,
-    OpenConnections, RegionFill, ReplicationLag, Role, Versioned,
+    OpenConnections, RegionFill, ReplicationLag, Role, StateDigestAt, Versioned,
 };
 pub use snapshot::SnapshotInfo;

@@ -5,7 +5,8 @@
 
 use bytes::Bytes;
 use rdkv_proto::wire::{
-    Health, MemberInfo, NodeStatus, Op, Response, SnapshotChunk, UpdateOutcome, Versioned,
+    Health, MemberInfo, NodeStatus, Op, Response, SnapshotChunk, StateDigestAt, UpdateOutcome,
+    Versioned,
 };
 
 use crate::error::{Error, Result};
@@ -110,6 +111,7 @@ from_response! {
     Health: Response::Health(health) => health;
     Vec<MemberInfo>: Response::Members(members) => members;
     SnapshotChunk: Response::Snapshot(chunk) => chunk;
+    Vec<StateDigestAt>: Response::Digests(digests) => digests;
 }
 
 #[cfg(test)]

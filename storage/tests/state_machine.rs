@@ -380,3 +380,61 @@ async fn the_first_hash_seed_applied_is_the_clusters_for_good() {
     assert_eq!(other.reader().layout().hash_seed, HashSeed(11, 12));
     assert_eq!(value_of(&other, "before"), Some(("1".into(), 2)));
 }
+
+/// Two replicas that reach one applied index by different paths (one
+/// applying every entry, one installing a snapshot midway and applying the
+/// rest) report the same state digest there; a different state does not.
+#[tokio::test]
+async fn replicas_at_one_index_have_one_digest() {
+    let put = |key: &str, value: &str| Command::Put {
+        key: b(key),
+        value: b(value),
+    };
+    let first = vec![
+        membership_ent::<TypeConfig>(1, 1, 1, vec![BTreeSet::from([1])]),
+        normal(2, put("a", "1")),
+        normal(3, put("b", "2")),
+        normal(4, put("a", "3")),
+    ];
+    let rest = vec![
+        normal(5, Command::Delete { key: b("b") }),
+        normal(6, put("c", "4")),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let mut whole = common::open(dir.path());
+    apply(&mut whole, first.clone()).await;
+    let snapshot = whole.build_snapshot().await.unwrap();
+    apply(&mut whole, rest.clone()).await;
+
+    let other_dir = tempfile::tempdir().unwrap();
+    let mut joined = common::open(other_dir.path());
+    joined
+        .install_snapshot(&snapshot.meta, snapshot.snapshot.clone())
+        .await
+        .unwrap();
+    apply(&mut joined, rest).await;
+    assert_eq!(whole.digest_now(), joined.digest_now());
+    assert_eq!(whole.digest_now().0, 6);
+    let at = |sm: &RegionStateMachine, index: u64| {
+        sm.digests()
+            .into_iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, d)| d)
+    };
+    assert_eq!(at(&whole, 6), at(&joined, 6));
+    assert_eq!(at(&whole, 4), at(&joined, 4), "the snapshot's index");
+    assert_ne!(at(&whole, 4), at(&whole, 6));
+
+    let diverged_dir = tempfile::tempdir().unwrap();
+    let mut diverged = common::open(diverged_dir.path());
+    apply(&mut diverged, first).await;
+    apply(
+        &mut diverged,
+        vec![
+            normal(5, Command::Delete { key: b("a") }),
+            normal(6, put("c", "4")),
+        ],
+    )
+    .await;
+    assert_ne!(whole.digest_now(), diverged.digest_now());
+}

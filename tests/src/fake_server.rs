@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use bytes::{Bytes, BytesMut};
 use rdkv_proto::wire::{
     ClientHello, DEFAULT_MAX_FRAME_BYTES, ErrorCode, ErrorReply, Frame, FrameDecoder, FrameKind,
-    NodeStatus, RegionFill, Request, Response, Role, ServerHello, ServerInfo, Versioned,
-    decode_payload, encoded_frame,
+    NodeStatus, RegionFill, Request, Response, Role, ServerHello, ServerInfo, StateDigestAt,
+    Versioned, decode_payload, encoded_frame,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -63,6 +63,10 @@ pub fn node_status(id: u64, role: Role) -> NodeStatus {
         region_epoch: 1,
         ops: Vec::new(),
         open_connections: Default::default(),
+        state_digest: StateDigestAt {
+            applied_index: 118,
+            digest: 0x5eed,
+        },
     }
 }
 

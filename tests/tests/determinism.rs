@@ -1,13 +1,16 @@
 //! Apply is a pure function of the log and the snapshot: every replica
 //! places keys with the cluster's one hash seed (chosen once, carried by the
-//! log and by snapshots), through a restart and a snapshot install.
+//! log and by snapshots), through a restart and a snapshot install, and
+//! every replica holds the same state: `rdkvctl check` finds the members'
+//! state digests equal at an applied index they all passed.
 
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use rdkv_proto::region::HashSeed;
 use rdkv_tests::{
-    Cluster, Intent, LEADER_TIMEOUT, SNAPSHOT_OFTEN, check_with_leader, eventually, numbered,
+    Cluster, Intent, LEADER_TIMEOUT, SNAPSHOT_OFTEN, binary, check_with_leader, eventually,
+    numbered,
 };
 
 const KEYS: usize = 400;
@@ -44,6 +47,28 @@ async fn has_every_key(cluster: &Cluster, id: u64) -> Result<()> {
         .mget((0..KEYS).map(numbered::key))
         .await?;
     numbered::check_all(&values, &format!("node {id}"))
+}
+
+/// `rdkvctl check -w json` through `endpoint`: its report when it exits 0
+/// and says the members agree.
+async fn rdkvctl_check(endpoint: &str) -> Result<String> {
+    let endpoint = endpoint.to_owned();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(binary("rdkvctl"))
+            .args(["--endpoints", &endpoint, "-w", "json", "check"])
+            .env_remove("RDKV_ENDPOINTS")
+            .env_remove("RDKV_TOKEN")
+            .output()
+    })
+    .await??;
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(
+        out.status.success() && report.contains("\"agree\":true"),
+        "rdkvctl check ({}): {report} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(report)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -89,6 +114,17 @@ async fn every_replica_uses_the_clusters_hash_seed() -> Result<()> {
         ensure!(
             seed_of(cluster, 4).await? == seed,
             "the joiner has another seed"
+        );
+
+        // The four members (one restarted, one joined by snapshot) agree.
+        let endpoint = cluster.node(leader)?.endpoint();
+        let report = eventually(Duration::from_secs(20), "rdkvctl check", async || {
+            rdkvctl_check(&endpoint).await
+        })
+        .await?;
+        ensure!(
+            report.matches("\"endpoint\"").count() == 4,
+            "not every member was checked: {report}"
         );
         Ok(())
     })

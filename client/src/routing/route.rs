@@ -41,7 +41,8 @@ pub(crate) fn route_of(request: &Request) -> (Route, Idempotence) {
         | Request::Members
         | Request::SnapshotRead { .. }
         | Request::ReportReads(_)
-        | Request::RdmaRegion => (Route::AnyPreferLeader, Idempotence::Read),
+        | Request::RdmaRegion
+        | Request::Digests => (Route::AnyPreferLeader, Idempotence::Read),
         Request::Put { .. }
         | Request::Delete { .. }
         | Request::Cas { .. }

@@ -76,6 +76,18 @@ pub struct NodeStatus {
     pub open_connections: OpenConnections,
     /// The RDMA transport: `on: <device, port, GID, MTU>` or `off: <why>`.
     pub rdma: String,
+    /// The state digest at the applied index this status was taken at (see
+    /// [`StateDigestAt`]).
+    pub state_digest: StateDigestAt,
+}
+
+/// A replica's state digest at one applied index: replicas that applied the
+/// same log to that index report the same digest (a wrapping sum over the
+/// live pairs of SipHash-1-3 of key and version, with fixed keys).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateDigestAt {
+    pub applied_index: u64,
+    pub digest: u64,
 }
 
 /// One request kind's counters on one node.

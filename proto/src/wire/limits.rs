@@ -161,7 +161,8 @@ impl Request {
             | Self::InjectFault(_)
             | Self::Clear
             | Self::RdmaConnect { .. }
-            | Self::RdmaRegion => Ok(()),
+            | Self::RdmaRegion
+            | Self::Digests => Ok(()),
         }
     }
 }

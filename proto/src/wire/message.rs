@@ -8,7 +8,9 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::admin::{Fault, Health, MemberInfo, NodeStatus, ReadReport, SnapshotChunk};
+use super::admin::{
+    Fault, Health, MemberInfo, NodeStatus, ReadReport, SnapshotChunk, StateDigestAt,
+};
 use super::batch::bounded_vec;
 use super::rdma::{QpEndpoint, RdmaRegionGrant};
 
@@ -124,6 +126,10 @@ pub enum Request {
     /// The current region's grant (after an epoch change), answered with
     /// [`Response::RdmaRegion`].
     RdmaRegion,
+    /// The node's state digests at its last applied indexes, answered with
+    /// [`Response::Digests`] by any node: `rdkvctl check` compares members
+    /// at an index they all passed.
+    Digests,
 }
 
 /// What a [`Request::Update`] does to its key. Append-only.
@@ -233,6 +239,8 @@ pub enum Response {
         region: RdmaRegionGrant,
     },
     RdmaRegion(RdmaRegionGrant),
+    /// The answer to [`Request::Digests`]: oldest first.
+    Digests(#[serde(deserialize_with = "bounded_vec")] Vec<StateDigestAt>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -24,7 +24,7 @@ pub mod shm;
 
 pub use admin::{
     Fault, Health, MemberInfo, NodeStatus, OpStats, OpenConnections, ReadReport, RegionFill,
-    ReplicationLag, Role, ServedCounts, SnapshotChunk,
+    ReplicationLag, Role, ServedCounts, SnapshotChunk, StateDigestAt,
 };
 pub use batch::HARD_MAX_BATCH_ENTRIES;
 pub use error::{LimitError, LimitsConfigError, WireError};

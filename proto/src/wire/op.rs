@@ -27,11 +27,12 @@ pub enum Op {
     InjectFault,
     RdmaConnect,
     RdmaRegion,
+    Digests,
 }
 
 impl Op {
     /// Every op, in a fixed order (indexes of per-op tables).
-    pub const ALL: [Op; 22] = [
+    pub const ALL: [Op; 23] = [
         Op::Get,
         Op::MGet,
         Op::Put,
@@ -54,6 +55,7 @@ impl Op {
         Op::InjectFault,
         Op::RdmaConnect,
         Op::RdmaRegion,
+        Op::Digests,
     ];
 
     pub fn name(self) -> &'static str {
@@ -80,6 +82,7 @@ impl Op {
             Op::InjectFault => "inject_fault",
             Op::RdmaConnect => "rdma_connect",
             Op::RdmaRegion => "rdma_region",
+            Op::Digests => "digests",
         }
     }
 
@@ -131,6 +134,7 @@ impl Request {
             Request::InjectFault(_) => Op::InjectFault,
             Request::RdmaConnect { .. } => Op::RdmaConnect,
             Request::RdmaRegion => Op::RdmaRegion,
+            Request::Digests => Op::Digests,
         }
     }
 }

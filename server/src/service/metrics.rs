@@ -31,6 +31,15 @@ fn raft_gauges(status: &NodeStatus, log: &LogStats) {
     set("rdkv_raft_commit_index", status.commit_index);
     set("rdkv_raft_applied_index", status.applied_index);
     set("rdkv_raft_snapshot_index", status.snapshot_index);
+    // A gauge is an f64: the digest's low 52 bits are exact in one.
+    set(
+        "rdkv_state_digest_applied_index",
+        status.state_digest.applied_index,
+    );
+    set(
+        "rdkv_state_digest_low52",
+        status.state_digest.digest & ((1 << 52) - 1),
+    );
     set("rdkv_raft_members", status.members.len() as u64);
     set("rdkv_raft_log_bytes", log.bytes_on_disk);
     set("rdkv_raft_log_segments", log.segments);

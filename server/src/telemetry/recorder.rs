@@ -184,6 +184,14 @@ fn describe_state() {
         ),
         ("rdkv_region_live_keys", "Live keys in the region."),
         (
+            "rdkv_state_digest_applied_index",
+            "Applied index at which rdkv_state_digest_low52 was taken.",
+        ),
+        (
+            "rdkv_state_digest_low52",
+            "Low 52 bits of the state digest (equal on replicas at one applied index; rdkvctl check compares the full digests).",
+        ),
+        (
             "rdkv_region_index_slots",
             "Slots in the region's hash index.",
         ),

@@ -18,6 +18,7 @@ use bytes::Bytes;
 use rdkv_proto::wire::Versioned;
 
 use super::StateMachineError;
+use super::digest::StateDigest;
 use crate::region::{RegionError, RegionWriter};
 
 /// Reply bytes a pair costs besides its key and value: two length varints,
@@ -28,6 +29,8 @@ const PAIR_OVERHEAD_BYTES: u64 = 32;
 pub(super) struct KeyedRegion {
     writer: RegionWriter,
     keys: BTreeSet<Bytes>,
+    /// The digest of the live (key, version) pairs (see `digest`).
+    digest: StateDigest,
 }
 
 /// The keys a scan covers: `start` (inclusive) to `end` (exclusive; `None`:
@@ -59,11 +62,22 @@ impl KeyedRegion {
     /// Wraps a region, indexing the keys it already holds.
     pub(super) fn new(writer: RegionWriter) -> Result<KeyedRegion, RegionError> {
         let mut keys = BTreeSet::new();
-        writer.for_each_live(|key, _, _| {
+        let mut digest = StateDigest::default();
+        writer.for_each_live(|key, _, version| {
             keys.insert(Bytes::copy_from_slice(key));
+            digest.add(key, version);
             Ok(())
         })?;
-        Ok(KeyedRegion { writer, keys })
+        Ok(KeyedRegion {
+            writer,
+            keys,
+            digest,
+        })
+    }
+
+    /// The digest of the live pairs.
+    pub(super) fn digest(&self) -> StateDigest {
+        self.digest
     }
 
     pub(super) fn put(
@@ -73,16 +87,21 @@ impl KeyedRegion {
         version: u64,
     ) -> Result<Option<u64>, RegionError> {
         let replaced = self.writer.put(key, value, version)?;
-        if replaced.is_none() {
-            self.keys.insert(Bytes::copy_from_slice(key));
+        match replaced {
+            Some(old) => self.digest.remove(key, old),
+            None => {
+                self.keys.insert(Bytes::copy_from_slice(key));
+            }
         }
+        self.digest.add(key, version);
         Ok(replaced)
     }
 
     pub(super) fn delete(&mut self, key: &[u8]) -> Result<Option<u64>, RegionError> {
         let removed = self.writer.delete(key)?;
-        if removed.is_some() {
+        if let Some(old) = removed {
             self.keys.remove(key);
+            self.digest.remove(key, old);
         }
         Ok(removed)
     }
@@ -91,8 +110,9 @@ impl KeyedRegion {
     pub(super) fn clear(&mut self) -> Result<u64, RegionError> {
         let mut removed = 0;
         while let Some(key) = self.keys.first().cloned() {
-            if self.writer.delete(&key)?.is_some() {
+            if let Some(old) = self.writer.delete(&key)? {
                 removed += 1;
+                self.digest.remove(&key, old);
             }
             self.keys.remove(&key);
         }

@@ -7,6 +7,7 @@
 //! there up to the committed index the log store saved.
 
 mod apply;
+pub mod digest;
 mod keyed;
 pub mod snapshot;
 
@@ -32,6 +33,7 @@ use crate::region::{
     RegionStats, RegionWriter,
 };
 use apply::{Applied, apply_entry};
+use digest::DigestHistory;
 use keyed::KeyedRegion;
 pub use keyed::{ScanPage, ScanRange};
 use snapshot::{SnapshotError, SnapshotReader, SnapshotRegion, SnapshotWriter};
@@ -78,6 +80,8 @@ struct State {
     /// then the region is placed with the placeholder `HashSeed::default()`,
     /// which every replica uses alike.
     hash_seed: Option<HashSeed>,
+    /// The state digest at each of the last applied indexes.
+    digests: DigestHistory,
     last_applied: Option<LogId>,
     last_membership: StoredMembership,
     snapshot: Option<(SnapshotMeta, SnapshotData)>,
@@ -167,11 +171,14 @@ impl RegionStateMachine {
         if let Some(log_id) = last_applied {
             writer.publish_applied(log_id.index, unix_now_us())?;
         }
+        let mut digests = DigestHistory::default();
+        digests.record(last_applied.map_or(0, |l| l.index), writer.digest());
         Ok(RegionStateMachine {
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
                     writer,
                     hash_seed,
+                    digests,
                     last_applied,
                     last_membership,
                     snapshot: meta.zip(data),
@@ -358,6 +365,19 @@ impl RegionStateMachine {
         Ok(())
     }
 
+    /// The state digest at each of the last applied indexes, oldest first
+    /// (see `digest`): replicas compare them at an index they all passed.
+    pub fn digests(&self) -> Vec<(u64, u64)> {
+        self.lock().digests.entries()
+    }
+
+    /// The applied index and the state digest there, read together.
+    pub fn digest_now(&self) -> (u64, u64) {
+        let state = self.lock();
+        let index = state.last_applied.map_or(0, |l| l.index);
+        (index, state.writer.digest().value())
+    }
+
     /// Whether the cluster's hash seed has been applied here.
     pub fn has_hash_seed(&self) -> bool {
         self.lock().hash_seed.is_some()
@@ -529,6 +549,8 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
             {
                 let mut state = self.lock();
                 state.last_applied = Some(entry.log_id);
+                let digest = state.writer.digest();
+                state.digests.record(entry.log_id.index, digest);
                 state
                     .writer
                     .publish_applied(entry.log_id.index, unix_now_us())
@@ -572,6 +594,8 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
             let mut state = self.lock();
             let old = self.swap_region(&mut state, writer)?;
             state.hash_seed = loaded.hash_seed;
+            let digest = state.writer.digest();
+            state.digests.record(index, digest);
             state.last_applied = meta.last_log_id;
             state.last_membership = meta.last_membership.clone();
             state.snapshot = Some((meta.clone(), snapshot));
