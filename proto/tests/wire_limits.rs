@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use rdkv_proto::wire::{
     Consistency, ErrorCode, ErrorReply, HARD_MAX_BATCH_ENTRIES, LimitError, Limits,
-    LimitsConfigError, Request,
+    LimitsConfigError, Request, Response,
 };
 
 fn key(n: usize) -> Bytes {
@@ -247,5 +247,97 @@ fn error_codes_have_their_label_and_retry_rule() {
         ErrorCode::Unauthenticated,
     ] {
         assert!(!final_code.is_retryable(), "{final_code:?}");
+    }
+}
+
+/// What a response shows the answering replica had applied: the largest
+/// version it carries (a client's reads must not go back past it).
+#[test]
+fn a_response_shows_the_highest_index_it_carries() {
+    use rdkv_proto::wire::{UpdateOutcome, Versioned};
+    let v = |version| Versioned {
+        value: Bytes::from_static(b"x"),
+        version,
+    };
+    let cases = [
+        (Response::Value(Some(v(7))), Some(7)),
+        (Response::Value(None), None),
+        (
+            Response::Values(vec![Some(v(3)), None, Some(v(9)), Some(v(4))]),
+            Some(9),
+        ),
+        (Response::Values(vec![None]), None),
+        (
+            Response::Pairs {
+                pairs: vec![
+                    (Bytes::from_static(b"a"), v(5)),
+                    (Bytes::from_static(b"b"), v(2)),
+                ],
+                more: false,
+            },
+            Some(5),
+        ),
+        (Response::Written { version: 11 }, Some(11)),
+        (
+            Response::Deleted {
+                existed: false,
+                version: 12,
+            },
+            Some(12),
+        ),
+        (
+            Response::CasDone {
+                succeeded: false,
+                version: 13,
+                current: None,
+            },
+            Some(13),
+        ),
+        (Response::MWritten { version: 14 }, Some(14)),
+        (
+            Response::Cleared {
+                removed: 0,
+                version: 15,
+            },
+            Some(15),
+        ),
+        (
+            Response::Updated(UpdateOutcome::Integer {
+                value: 1,
+                version: 16,
+            }),
+            Some(16),
+        ),
+        (
+            Response::Updated(UpdateOutcome::Length {
+                len: 1,
+                version: 17,
+            }),
+            Some(17),
+        ),
+        (
+            Response::Updated(UpdateOutcome::Set {
+                written: true,
+                old: None,
+                version: 18,
+            }),
+            Some(18),
+        ),
+        (
+            Response::Updated(UpdateOutcome::NotAnInteger { version: 19 }),
+            Some(19),
+        ),
+        (
+            Response::Updated(UpdateOutcome::TooLarge {
+                len: 1,
+                version: 20,
+            }),
+            Some(20),
+        ),
+        (Response::Pong, None),
+        (Response::Done, None),
+    ];
+    for (response, expected) in cases {
+        assert_eq!(response.applied_at_least(), expected, "{response:?}");
     }
 }
