@@ -72,12 +72,15 @@ struct HookedFabric {
     inner: MappedFabric,
     reads: Arc<AtomicUsize>,
     hook: Arc<Mutex<Option<Hook>>>,
+    /// Its regions say they are on another host (as RDMA ones do).
+    elsewhere: bool,
 }
 
 struct HookedRegion {
     inner: Arc<dyn RemoteRegion>,
     reads: Arc<AtomicUsize>,
     hook: Arc<Mutex<Option<Hook>>>,
+    elsewhere: bool,
 }
 
 impl std::fmt::Debug for HookedFabric {
@@ -98,6 +101,7 @@ impl Fabric for HookedFabric {
             inner: self.inner.open(remote)?,
             reads: Arc::clone(&self.reads),
             hook: Arc::clone(&self.hook),
+            elsewhere: self.elsewhere,
         }))
     }
 }
@@ -108,7 +112,7 @@ impl RemoteRegion for HookedRegion {
     }
 
     fn on_this_host(&self) -> bool {
-        self.inner.on_this_host()
+        !self.elsewhere && self.inner.on_this_host()
     }
 
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
@@ -260,10 +264,25 @@ impl Region {
     }
 
     fn hooked_reader(&self, clock: Arc<dyn Clock>, options: ReaderOptions) -> HookedReader {
+        self.reader_through(clock, options, false)
+    }
+
+    /// A reader whose region says it is on another host.
+    fn remote_reader(&self) -> HookedReader {
+        self.reader_through(SteppingClock::stepping(0), reader_options(1, None), true)
+    }
+
+    fn reader_through(
+        &self,
+        clock: Arc<dyn Clock>,
+        options: ReaderOptions,
+        elsewhere: bool,
+    ) -> HookedReader {
         let fabric = Arc::new(HookedFabric {
             inner: MappedFabric::new(),
             reads: Arc::default(),
             hook: Arc::default(),
+            elsewhere,
         });
         let remote = fabric.inner.register(Arc::clone(&self.memory), 1, 0);
         let reader = RegionReader::over(
@@ -588,6 +607,10 @@ fn header_words_are_read_and_a_rebuilt_region_is_noticed() {
     let dynamic = reader.dynamic_header().expect("dynamic");
     assert_eq!((dynamic.applied_index, dynamic.raft_term), (12, 4));
     assert_eq!(reader.applied_index().expect("applied"), 12);
+    // A mapping is on this host: its lease is judged on the boottime clock;
+    // a reader says so of its region, whatever the transport says.
+    assert!(reader.on_this_host());
+    assert!(!region.remote_reader().reader.on_this_host());
     assert_eq!(reader.check_header().expect("same header"), dynamic);
     region
         .memory
