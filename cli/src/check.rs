@@ -123,19 +123,18 @@ impl View for CheckView {
             ("agree", Json::Bool(self.agrees())),
             (
                 "members",
-                Json::Arr(
-                    self.rows
-                        .iter()
-                        .map(|r| {
-                            Json::obj([
-                                ("endpoint", Json::str(&r.endpoint)),
-                                ("applied_index", Json::U64(r.applied_index)),
-                                ("digest", r.digest.map_or(Json::Null, Json::U64)),
-                            ])
-                        })
-                        .collect(),
-                ),
+                Json::Arr(self.rows.iter().map(CheckRow::json).collect()),
             ),
+        ])
+    }
+}
+
+impl CheckRow {
+    fn json(&self) -> Json {
+        Json::obj([
+            ("endpoint", Json::str(&self.endpoint)),
+            ("applied_index", Json::U64(self.applied_index)),
+            ("digest", self.digest.map_or(Json::Null, Json::U64)),
         ])
     }
 }

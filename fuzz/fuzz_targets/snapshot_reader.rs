@@ -19,7 +19,7 @@
 use libfuzzer_sys::fuzz_target;
 use rdkv_storage::raft::SnapshotMeta;
 use rdkv_storage::state_machine::snapshot::{
-    SnapshotReader, SnapshotRegion, SnapshotWriter, read_snapshot,
+    SnapshotError, SnapshotReader, SnapshotRegion, SnapshotWriter, read_snapshot,
 };
 
 /// The state machine's bound for default limits: max key + max value + 4 KiB
@@ -53,7 +53,7 @@ fn read_all(bytes: &[u8]) -> Option<(SnapshotMeta, SnapshotRegion, Vec<Pair>)> {
     let meta = reader
         .pairs(|key, value, version| {
             pairs.push((key.to_vec(), value.to_vec(), version));
-            Ok(())
+            Ok::<_, SnapshotError>(())
         })
         .ok()?;
     Some((meta, region, pairs))

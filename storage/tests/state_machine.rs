@@ -17,6 +17,25 @@ fn b(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())
 }
 
+/// A fresh state machine (in its own directory) that installed `snapshot`.
+async fn installed_elsewhere(
+    snapshot: &rdkv_storage::state_machine::Snapshot,
+) -> (tempfile::TempDir, RegionStateMachine) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sm = common::open(dir.path());
+    sm.install_snapshot(&snapshot.meta, snapshot.snapshot.clone())
+        .await
+        .unwrap();
+    (dir, sm)
+}
+
+fn put(key: &str, value: &str) -> Command {
+    Command::Put {
+        key: b(key),
+        value: b(value),
+    }
+}
+
 fn value_of(sm: &RegionStateMachine, key: &str) -> Option<(String, u64)> {
     sm.get_local(key.as_bytes())
         .unwrap()
@@ -345,10 +364,6 @@ async fn the_first_hash_seed_applied_is_the_clusters_for_good() {
     let mut sm = common::open(dir.path());
     assert_eq!(sm.reader().layout().hash_seed, HashSeed::default());
     assert!(!sm.has_hash_seed());
-    let put = |key: &str, value: &str| Command::Put {
-        key: b(key),
-        value: b(value),
-    };
     apply(
         &mut sm,
         vec![
@@ -371,12 +386,7 @@ async fn the_first_hash_seed_applied_is_the_clusters_for_good() {
     let reopened = common::open(dir.path());
     assert_eq!(reopened.reader().layout().hash_seed, HashSeed(11, 12));
     assert!(reopened.has_hash_seed());
-    let other_dir = tempfile::tempdir().unwrap();
-    let mut other = common::open(other_dir.path());
-    other
-        .install_snapshot(&snapshot.meta, snapshot.snapshot.clone())
-        .await
-        .unwrap();
+    let (_other_dir, other) = installed_elsewhere(&snapshot).await;
     assert_eq!(other.reader().layout().hash_seed, HashSeed(11, 12));
     assert_eq!(value_of(&other, "before"), Some(("1".into(), 2)));
 }
@@ -386,10 +396,6 @@ async fn the_first_hash_seed_applied_is_the_clusters_for_good() {
 /// rest) report the same state digest there; a different state does not.
 #[tokio::test]
 async fn replicas_at_one_index_have_one_digest() {
-    let put = |key: &str, value: &str| Command::Put {
-        key: b(key),
-        value: b(value),
-    };
     let first = vec![
         membership_ent::<TypeConfig>(1, 1, 1, vec![BTreeSet::from([1])]),
         normal(2, put("a", "1")),
@@ -406,12 +412,7 @@ async fn replicas_at_one_index_have_one_digest() {
     let snapshot = whole.build_snapshot().await.unwrap();
     apply(&mut whole, rest.clone()).await;
 
-    let other_dir = tempfile::tempdir().unwrap();
-    let mut joined = common::open(other_dir.path());
-    joined
-        .install_snapshot(&snapshot.meta, snapshot.snapshot.clone())
-        .await
-        .unwrap();
+    let (_joined_dir, mut joined) = installed_elsewhere(&snapshot).await;
     apply(&mut joined, rest).await;
     assert_eq!(whole.digest_now(), joined.digest_now());
     assert_eq!(whole.digest_now().0, 6);

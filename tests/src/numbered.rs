@@ -50,3 +50,10 @@ pub fn check_all(got: &[Option<Versioned>], what: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// Fails unless node `id` alone (a [`crate::Replica`] read) holds keys
+/// `0..n` with their values.
+pub async fn check_replica(cluster: &crate::Cluster, id: u64, n: usize) -> Result<()> {
+    let values = cluster.replica(id)?.mget((0..n).map(key)).await?;
+    check_all(&values, &format!("node {id}"))
+}

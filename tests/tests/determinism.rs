@@ -40,15 +40,6 @@ async fn one_seed(cluster: &Cluster, ids: &[u64]) -> Result<HashSeed> {
     Ok(first)
 }
 
-/// Every key of `numbered` from node `id` alone.
-async fn has_every_key(cluster: &Cluster, id: u64) -> Result<()> {
-    let values = cluster
-        .replica(id)?
-        .mget((0..KEYS).map(numbered::key))
-        .await?;
-    numbered::check_all(&values, &format!("node {id}"))
-}
-
 /// `rdkvctl check -w json` through `endpoint`: its report when it exits 0
 /// and says the members agree.
 async fn rdkvctl_check(endpoint: &str) -> Result<String> {
@@ -95,7 +86,7 @@ async fn every_replica_uses_the_clusters_hash_seed() -> Result<()> {
         eventually(
             LEADER_TIMEOUT,
             "the restarted follower's keys",
-            async || has_every_key(cluster, follower).await,
+            async || numbered::check_replica(cluster, follower, KEYS).await,
         )
         .await?;
         ensure!(
@@ -108,7 +99,7 @@ async fn every_replica_uses_the_clusters_hash_seed() -> Result<()> {
         eventually(
             Duration::from_secs(40),
             "node 4 has every key",
-            async || has_every_key(cluster, 4).await,
+            async || numbered::check_replica(cluster, 4, KEYS).await,
         )
         .await?;
         ensure!(

@@ -18,15 +18,6 @@ const TEST_LIMIT_SECS: u64 = 90;
 /// ~200 writes nothing would be purged and a joiner would get the log.
 const KEYS: usize = 400;
 
-/// Reads every key from node `id` alone (follower read) and compares.
-async fn node_has_all_keys(cluster: &Cluster, id: u64) -> Result<()> {
-    let values = cluster
-        .replica(id)?
-        .mget((0..KEYS).map(numbered::key))
-        .await?;
-    numbered::check_all(&values, &format!("node {id}"))
-}
-
 /// A 3-node cluster that snapshots every 20 entries and keeps no log behind
 /// its snapshots takes ~200 writes; a 4th node then joins through a
 /// follower's client address. It can only catch up by snapshot. It must
@@ -76,7 +67,7 @@ async fn joiner_catches_up_by_snapshot_then_is_removed() -> Result<()> {
         eventually(
             Duration::from_secs(15),
             "node 4 has every key",
-            async || node_has_all_keys(cluster, 4).await,
+            async || numbered::check_replica(cluster, 4, KEYS).await,
         )
         .await?;
         // It holds at least the leader's snapshot from before the join, and

@@ -480,16 +480,10 @@ fn load_region(
     let reader = SnapshotReader::open(bytes, max_snapshot_record_bytes(&config.region))?;
     let hash_seed = reader.region.hash_seed.map(|(k0, k1)| HashSeed(k0, k1));
     let mut writer = KeyedRegion::new(new_region(config, clock, epoch, hash_seed)?)?;
-    let mut region_error = None;
     let meta = reader.pairs(|key, value, version| {
-        if let Err(e) = writer.put(key, value, version) {
-            region_error.get_or_insert(e);
-        }
-        Ok(())
+        writer.put(key, value, version)?;
+        Ok::<_, StateMachineError>(())
     })?;
-    if let Some(e) = region_error {
-        return Err(e.into());
-    }
     Ok(LoadedRegion {
         writer,
         hash_seed,

@@ -156,11 +156,11 @@ impl<'a> SnapshotReader<'a> {
     }
 
     /// Hands every pair to `on_pair`, then checks the end record; returns
-    /// the meta.
-    pub fn pairs(
+    /// the meta. The first error, of the snapshot or of `on_pair`, stops it.
+    pub fn pairs<E: From<SnapshotError>>(
         mut self,
-        mut on_pair: impl FnMut(&[u8], &[u8], u64) -> Result<(), SnapshotError>,
-    ) -> Result<SnapshotMeta, SnapshotError> {
+        mut on_pair: impl FnMut(&[u8], &[u8], u64) -> Result<(), E>,
+    ) -> Result<SnapshotMeta, E> {
         let mut pairs = 0u64;
         loop {
             match self.records.next_record()? {
@@ -174,15 +174,15 @@ impl<'a> SnapshotReader<'a> {
                 }
                 SnapshotRecord::End { pairs: expected } => {
                     if expected != pairs {
-                        return Err(SnapshotError::Structure("pair count does not match"));
+                        return Err(SnapshotError::Structure("pair count does not match").into());
                     }
                     if !self.records.rest.is_empty() {
-                        return Err(SnapshotError::Structure("bytes after the end record"));
+                        return Err(SnapshotError::Structure("bytes after the end record").into());
                     }
                     return Ok(self.meta);
                 }
                 SnapshotRecord::Meta(_) | SnapshotRecord::Region(_) => {
-                    return Err(SnapshotError::Structure("a second meta or region record"));
+                    return Err(SnapshotError::Structure("a second meta or region record").into());
                 }
             }
         }
@@ -334,7 +334,7 @@ mod tests {
         reader
             .pairs(|k, v, version| {
                 pairs.push((k.to_vec(), v.to_vec(), version));
-                Ok(())
+                Ok::<_, SnapshotError>(())
             })
             .unwrap();
         assert_eq!(pairs, vec![(b"k".to_vec(), b"v".to_vec(), 4)]);
