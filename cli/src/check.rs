@@ -28,27 +28,19 @@ impl CheckView {
     /// Compares the members' digest histories (oldest first) at the newest
     /// index all of them hold.
     pub fn compare(histories: Vec<(String, Vec<StateDigestAt>)>) -> CheckView {
-        let common_index = histories
-            .iter()
-            .map(|(_, history)| history.iter().map(|d| d.applied_index).max())
-            .collect::<Option<Vec<u64>>>()
-            .and_then(|newest| newest.into_iter().min())
-            .and_then(|candidate| {
-                // The newest index at or below every member's newest that
-                // every member still holds.
-                let held = |index: u64| {
-                    histories
-                        .iter()
-                        .all(|(_, h)| h.iter().any(|d| d.applied_index == index))
-                };
-                histories
-                    .first()?
-                    .1
-                    .iter()
-                    .map(|d| d.applied_index)
-                    .filter(|index| *index <= candidate && held(*index))
-                    .max()
-            });
+        // An index every member holds is at or below every member's newest.
+        let held_by_all = |index: u64| {
+            histories
+                .iter()
+                .all(|(_, h)| h.iter().any(|d| d.applied_index == index))
+        };
+        let common_index = histories.first().and_then(|(_, first)| {
+            first
+                .iter()
+                .map(|d| d.applied_index)
+                .filter(|index| held_by_all(*index))
+                .max()
+        });
         let rows = histories
             .into_iter()
             .map(|(endpoint, history)| CheckRow {
