@@ -415,12 +415,12 @@ async fn replicas_at_one_index_have_one_digest() {
     let (_joined_dir, mut joined) = installed_elsewhere(&snapshot).await;
     apply(&mut joined, rest).await;
     assert_eq!(whole.digest_now(), joined.digest_now());
-    assert_eq!(whole.digest_now().0, 6);
+    assert_eq!(whole.digest_now().applied_index, 6);
     let at = |sm: &RegionStateMachine, index: u64| {
         sm.digests()
             .into_iter()
-            .find(|(i, _)| *i == index)
-            .map(|(_, d)| d)
+            .find(|d| d.applied_index == index)
+            .map(|d| d.digest)
     };
     assert_eq!(at(&whole, 6), at(&joined, 6));
     assert_eq!(at(&whole, 4), at(&joined, 4), "the snapshot's index");

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use rdkv_proto::wire::{ErrorCode, ErrorReply, Limits, Request, Response, StateDigestAt};
+use rdkv_proto::wire::{ErrorCode, ErrorReply, Limits, Request, Response};
 use rdkv_storage::raft::{Command, NodeAddr};
 use rdkv_storage::state_machine::ScanRange;
 
@@ -144,17 +144,7 @@ impl Handler {
             Request::Status => Ok(Response::Status(Box::new(self.status()))),
             Request::Health => Ok(Response::Health(self.health())),
             Request::Members => Ok(Response::Members(replica.members())),
-            Request::Digests => Ok(Response::Digests(
-                replica
-                    .sm
-                    .digests()
-                    .into_iter()
-                    .map(|(applied_index, digest)| StateDigestAt {
-                        applied_index,
-                        digest,
-                    })
-                    .collect(),
-            )),
+            Request::Digests => Ok(Response::Digests(replica.sm.digests())),
             Request::AddMember {
                 id,
                 peer_addr,

@@ -1,9 +1,7 @@
 //! `endpoint status` and `endpoint health` of this node.
 
 use openraft::ServerState;
-use rdkv_proto::wire::{
-    Health, NodeStatus, Op, RegionFill, ReplicationLag, Role, ServedCounts, StateDigestAt,
-};
+use rdkv_proto::wire::{Health, NodeStatus, Op, RegionFill, ReplicationLag, Role, ServedCounts};
 
 use super::Handler;
 use crate::lease::quorum_ack_age;
@@ -66,13 +64,7 @@ impl Handler {
             last_log_index,
             commit_index: metrics.cluster_committed.map_or(0, |l| l.index),
             applied_index: replica.sm.applied_index(),
-            state_digest: {
-                let (applied_index, digest) = replica.sm.digest_now();
-                StateDigestAt {
-                    applied_index,
-                    digest,
-                }
-            },
+            state_digest: replica.sm.digest_now(),
             snapshot_index: metrics.snapshot.map_or(0, |l| l.index),
             region: RegionFill {
                 capacity_bytes: stats.data_capacity_bytes,

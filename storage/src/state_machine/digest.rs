@@ -13,6 +13,7 @@
 use std::collections::VecDeque;
 use std::hash::Hasher;
 
+use rdkv_proto::wire::StateDigestAt;
 use siphasher::sip::SipHasher13;
 
 /// Applied indexes whose digests a replica keeps.
@@ -50,7 +51,7 @@ fn pair_hash(key: &[u8], version: u64) -> u64 {
 /// The digests of the last applied indexes, oldest first.
 #[derive(Debug, Clone, Default)]
 pub struct DigestHistory {
-    entries: VecDeque<(u64, u64)>,
+    entries: VecDeque<StateDigestAt>,
 }
 
 impl DigestHistory {
@@ -60,18 +61,21 @@ impl DigestHistory {
         if self
             .entries
             .back()
-            .is_some_and(|(last, _)| *last >= applied_index)
+            .is_some_and(|last| last.applied_index >= applied_index)
         {
             self.entries.clear();
         }
         if self.entries.len() == HISTORY_LEN {
             self.entries.pop_front();
         }
-        self.entries.push_back((applied_index, digest.value()));
+        self.entries.push_back(StateDigestAt {
+            applied_index,
+            digest: digest.value(),
+        });
     }
 
-    /// (applied index, digest) pairs, oldest first.
-    pub fn entries(&self) -> Vec<(u64, u64)> {
+    /// The recorded digests, oldest first.
+    pub fn entries(&self) -> Vec<StateDigestAt> {
         self.entries.iter().copied().collect()
     }
 }
@@ -115,12 +119,21 @@ mod tests {
         }
         let entries = history.entries();
         assert_eq!(entries.len(), HISTORY_LEN);
-        assert_eq!(entries.first().map(|e| e.0), Some(6));
+        assert_eq!(entries.first().map(|e| e.applied_index), Some(6));
         assert_eq!(
             entries.last(),
-            Some(&(HISTORY_LEN as u64 + 5, digest.value()))
+            Some(&StateDigestAt {
+                applied_index: HISTORY_LEN as u64 + 5,
+                digest: digest.value()
+            })
         );
         history.record(3, StateDigest::default());
-        assert_eq!(history.entries(), vec![(3, 0)]);
+        assert_eq!(
+            history.entries(),
+            vec![StateDigestAt {
+                applied_index: 3,
+                digest: 0
+            }]
+        );
     }
 }

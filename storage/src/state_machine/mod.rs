@@ -24,7 +24,7 @@ use openraft::storage::EntryResponder;
 use openraft::storage::RaftStateMachine;
 use openraft::{OptionalSend, RaftSnapshotBuilder};
 use rdkv_proto::region::{HashSeed, LeaseDeadline};
-use rdkv_proto::wire::{Response, Versioned};
+use rdkv_proto::wire::{Response, StateDigestAt, Versioned};
 use thiserror::Error;
 
 use crate::raft::{CommandResult, LogId, SnapshotMeta, StoredMembership, TypeConfig};
@@ -367,15 +367,17 @@ impl RegionStateMachine {
 
     /// The state digest at each of the last applied indexes, oldest first
     /// (see `digest`): replicas compare them at an index they all passed.
-    pub fn digests(&self) -> Vec<(u64, u64)> {
+    pub fn digests(&self) -> Vec<StateDigestAt> {
         self.lock().digests.entries()
     }
 
     /// The applied index and the state digest there, read together.
-    pub fn digest_now(&self) -> (u64, u64) {
+    pub fn digest_now(&self) -> StateDigestAt {
         let state = self.lock();
-        let index = state.last_applied.map_or(0, |l| l.index);
-        (index, state.writer.digest().value())
+        StateDigestAt {
+            applied_index: state.last_applied.map_or(0, |l| l.index),
+            digest: state.writer.digest().value(),
+        }
     }
 
     /// Whether the cluster's hash seed has been applied here.
