@@ -92,25 +92,31 @@ impl OneSided {
         }
     }
 
-    /// The leader's header, if its lease holds now.
-    fn leased_header(&self, topology: &Topology) -> Option<DynamicHeader> {
+    /// The leader's mapped region, its header, and whether its lease holds
+    /// now (`None`: no leader region is mapped, or its header is unreadable).
+    fn leader_lease<'t>(
+        &self,
+        topology: &'t Topology,
+    ) -> Option<(&'t RegionReader, DynamicHeader, bool)> {
         let reader = topology.leader_reader()?;
         let header = reader.dynamic_header().ok()?;
         let now = LeaseClock::for_reader(reader);
-        lease_holds(&header, now, self.max_clock_drift_us).then_some(header)
+        let holds = lease_holds(&header, now, self.max_clock_drift_us);
+        Some((reader, header, holds))
+    }
+
+    /// The leader's header, if its lease holds now.
+    fn leased_header(&self, topology: &Topology) -> Option<DynamicHeader> {
+        let (_, header, holds) = self.leader_lease(topology)?;
+        holds.then_some(header)
     }
 
     fn lease_reader(&self, topology: &mut Topology) -> Option<RegionReader> {
-        let reader = topology.leader_reader()?.clone();
-        let header = reader.dynamic_header().ok()?;
-        if lease_holds(
-            &header,
-            LeaseClock::for_reader(&reader),
-            self.max_clock_drift_us,
-        ) {
+        let (reader, header, holds) = self.leader_lease(topology)?;
+        if holds {
             // A leader applies what it committed a moment later: until it
             // catches up with what this client saw, the server answers.
-            return not_behind(&header, self.seen()).then_some(reader);
+            return not_behind(&header, self.seen()).then(|| reader.clone());
         }
         self.counters.lease_refusals.fetch_add(1, Ordering::Relaxed);
         // The leader may have changed: look again on the next read.
