@@ -439,8 +439,7 @@ impl RegionWriter {
     /// step-down, at once). The word 0 means "not leader", so a deadline of 0
     /// (the epoch, long past) is published as 1: equally expired.
     pub fn publish_lease(&self, deadline: Option<LeaseDeadline>) -> Result<(), RegionError> {
-        // 0 means "no lease": a deadline is never stored as 0. Each reader
-        // reads one of the two words, so they need not change together.
+        // Each reader reads one of the two words: they need not change together.
         let word = |us: Option<u64>| us.map_or(0, |us| us.max(1));
         self.memory.store_u64(
             dynamic_word::LEADER_LEASE,

@@ -463,7 +463,6 @@ fn index_of(meta: &SnapshotMeta) -> u64 {
     meta.last_log_id.map_or(0, |l| l.index)
 }
 
-/// Builds a fresh region from snapshot bytes, validating all of it first.
 /// A region rebuilt from a snapshot.
 struct LoadedRegion {
     writer: KeyedRegion,
@@ -471,8 +470,10 @@ struct LoadedRegion {
     meta: SnapshotMeta,
 }
 
-/// Validates the snapshot in `bytes` whole and places its pairs in a new
-/// region of `epoch`, with the cluster seed the snapshot names.
+/// Places the pairs of the snapshot in `bytes` in a new region of `epoch`,
+/// with the cluster seed the snapshot names. A record that fails its check,
+/// or a pair the region refuses, is an error; the caller then keeps the
+/// region it has.
 fn load_region(
     config: &StateMachineConfig,
     clock: &Arc<dyn Clock>,
