@@ -220,7 +220,24 @@ impl StatusRow {
         (r.capacity_bytes > 0).then(|| r.used_bytes as f64 * 100.0 / r.capacity_bytes as f64)
     }
 
-    fn cells(&self) -> [String; 10] {
+    /// The charge as a share of the quota, once a quota is applied.
+    fn quota_percent(&self) -> Option<f64> {
+        let q = &self.status.quota;
+        q.quota_bytes
+            .filter(|&bytes| bytes > 0)
+            .map(|bytes| q.charged_bytes as f64 * 100.0 / bytes as f64)
+    }
+
+    fn alarms(&self) -> String {
+        let names: Vec<&str> = self.status.alarms.iter().map(|a| a.name()).collect();
+        if names.is_empty() {
+            "-".to_owned()
+        } else {
+            names.join(" ")
+        }
+    }
+
+    fn cells(&self) -> [String; 12] {
         let s = &self.status;
         [
             self.endpoint.clone(),
@@ -233,6 +250,9 @@ impl StatusRow {
             s.applied_index.to_string(),
             self.fill_percent()
                 .map_or_else(|| "-".to_owned(), |p| format!("{p:.1}%")),
+            self.quota_percent()
+                .map_or_else(|| "-".to_owned(), |p| format!("{p:.1}%")),
+            self.alarms(),
             self.lag_entries
                 .map_or_else(|| "-".to_owned(), |l| l.to_string()),
             s.shm_socket.clone().unwrap_or_else(|| "-".to_owned()),
@@ -291,6 +311,8 @@ impl View for StatusView {
             "COMMIT INDEX",
             "APPLIED INDEX",
             "REGION FILL",
+            "QUOTA USE",
+            "ALARMS",
             "LAG",
             "SHM SOCKET",
         ];
@@ -332,6 +354,17 @@ impl View for StatusView {
                                     row.fill_percent().map_or(Json::Null, Json::F64),
                                 ),
                             ]),
+                        ),
+                        (
+                            "quota",
+                            Json::obj([
+                                ("quota_bytes", Json::opt_u64(s.quota.quota_bytes)),
+                                ("charged_bytes", Json::U64(s.quota.charged_bytes)),
+                            ]),
+                        ),
+                        (
+                            "alarms",
+                            Json::Arr(s.alarms.iter().map(|a| Json::str(a.name())).collect()),
                         ),
                         ("lag_entries", Json::opt_u64(row.lag_entries)),
                         (
@@ -525,12 +558,17 @@ mod tests {
             },
         ];
         fill_lag(&mut rows);
+        rows[1].status.quota = rdkv_proto::wire::QuotaUse {
+            quota_bytes: Some(1000),
+            charged_bytes: 950,
+        };
+        rows[1].status.alarms = vec![rdkv_proto::wire::Alarm::NoSpace];
         let view = StatusView { rows };
         assert_eq!(
             render(&view, Format::Simple),
-            "10.0.0.1:7379, 1, leader, 4, 1, 120, 118, 12.5%, 0, -\n\
-             10.0.0.2:7379, 2, follower, 4, 1, 120, 118, 12.5%, 5, -\n\
-             10.0.0.3:7379, 3, learner, 4, 1, 120, 118, 12.5%, -, -\n"
+            "10.0.0.1:7379, 1, leader, 4, 1, 120, 118, 12.5%, -, -, 0, -\n\
+             10.0.0.2:7379, 2, follower, 4, 1, 120, 118, 12.5%, 95.0%, NOSPACE, 5, -\n\
+             10.0.0.3:7379, 3, learner, 4, 1, 120, 118, 12.5%, -, -, -, -\n"
         );
         let table = render(&view, Format::Table);
         let widths: Vec<usize> = table.lines().map(|l| l.chars().count()).collect();
@@ -539,6 +577,11 @@ mod tests {
         assert!(json.contains("\"fill_percent\":12.5"), "{json}");
         assert!(json.contains("\"lag_entries\":5"), "{json}");
         assert!(json.contains("\"lag_entries\":null"), "{json}");
+        assert!(json.contains("\"alarms\":[\"NOSPACE\"]"), "{json}");
+        assert!(
+            json.contains("\"quota\":{\"quota_bytes\":1000,\"charged_bytes\":950}"),
+            "{json}"
+        );
     }
 
     #[test]

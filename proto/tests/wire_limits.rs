@@ -229,7 +229,9 @@ fn a_max_size_put_fits_in_a_max_size_frame_under_valid_limits() {
 #[test]
 fn error_codes_have_their_label_and_retry_rule() {
     assert_eq!(ErrorCode::NotLeader.name(), "not_leader");
-    assert_eq!(ErrorCode::RegionFull.name(), "region_full");
+    assert_eq!(ErrorCode::NoSpace.name(), "no_space");
+    // NoSpace kept RegionFull's wire number: an older peer's code decodes.
+    assert_eq!(u32::from(ErrorCode::NoSpace), 6);
     assert_eq!(ErrorCode::TooManyInFlight.name(), "too_many_in_flight");
     for retryable in [
         ErrorCode::NotLeader,
@@ -243,7 +245,7 @@ fn error_codes_have_their_label_and_retry_rule() {
     for final_code in [
         ErrorCode::Timeout,
         ErrorCode::Malformed,
-        ErrorCode::RegionFull,
+        ErrorCode::NoSpace,
         ErrorCode::Unauthenticated,
     ] {
         assert!(!final_code.is_retryable(), "{final_code:?}");

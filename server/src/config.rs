@@ -80,6 +80,14 @@ pub struct Args {
     /// Region size in MiB. Default 256.
     #[arg(long, env = "RDKV_REGION_MIB")]
     pub region_mib: Option<u64>,
+    /// The cluster's quota: the most keys, values and their per-key
+    /// overhead may take (a pair is charged its block's size class plus an
+    /// index slot). Writes past it are refused with NoSpace (RESP: OOM);
+    /// deletes always pass. The leader's setting is replicated to every
+    /// member, so set the same on each. Default: 90% of the region's data
+    /// area, leaving room for fragments and blocks in their grace period.
+    #[arg(long, env = "RDKV_QUOTA_BYTES")]
+    pub quota_bytes: Option<u64>,
     /// Client connections (TCP and Unix socket together) served at once;
     /// more are refused at the handshake with `Unavailable`. Default 1024.
     #[arg(long, env = "RDKV_MAX_CLIENT_CONNECTIONS")]
@@ -130,6 +138,7 @@ struct FileConfig {
     token: Option<String>,
     insecure: Option<bool>,
     region_mib: Option<u64>,
+    quota_bytes: Option<u64>,
     max_client_connections: Option<u32>,
     max_in_flight_mib: Option<u32>,
     grace_period_ms: Option<u64>,
@@ -164,6 +173,8 @@ pub struct Config {
     pub join: Option<String>,
     pub token: Option<String>,
     pub region_bytes: u64,
+    /// `None`: derived from the region (see `Args::quota_bytes`).
+    pub quota_bytes: Option<u64>,
     pub grace_period_ms: u64,
     pub heartbeat_ms: u64,
     pub snapshot_entries: u64,
@@ -309,6 +320,7 @@ fn parse_log_format(text: Option<&str>) -> Result<LogFormat> {
 /// default; the sizes, counts and periods with a range are checked against it.
 struct NumericSettings {
     region_mib: u64,
+    quota_bytes: Option<u64>,
     max_client_connections: u32,
     max_in_flight_mib: u32,
     grace_period_ms: u64,
@@ -321,6 +333,10 @@ impl NumericSettings {
     fn resolve(args: &Args, file: &FileConfig) -> Result<NumericSettings> {
         let region_mib = args.region_mib.or(file.region_mib).unwrap_or(256);
         let region_mib = within("region-mib", region_mib, 1..=1024 * 1024)?;
+        let quota_bytes = args.quota_bytes.or(file.quota_bytes);
+        let quota_bytes = quota_bytes
+            .map(|bytes| within("quota-bytes", bytes, 1..=region_mib * 1024 * 1024))
+            .transpose()?;
         let connections = args.max_client_connections.or(file.max_client_connections);
         let max_client_connections = within(
             "max-client-connections",
@@ -342,6 +358,7 @@ impl NumericSettings {
         let snapshot_keep_entries = args.snapshot_keep_entries.or(file.snapshot_keep_entries);
         Ok(NumericSettings {
             region_mib,
+            quota_bytes,
             max_client_connections,
             max_in_flight_mib,
             grace_period_ms,
@@ -417,6 +434,7 @@ impl Config {
             join,
             token,
             region_bytes: numbers.region_mib * 1024 * 1024,
+            quota_bytes: numbers.quota_bytes,
             grace_period_ms: numbers.grace_period_ms,
             heartbeat_ms: numbers.heartbeat_ms,
             snapshot_entries: numbers.snapshot_entries,
@@ -511,5 +529,20 @@ mod tests {
         std::fs::write(&path, "bogus = 1\n").unwrap();
         let error = Config::resolve(args(&["--config", p])).unwrap_err();
         assert!(format!("{error:#}").contains("unknown field"));
+    }
+
+    #[test]
+    fn the_quota_is_optional_and_bounded_by_the_region() {
+        assert_eq!(Config::resolve(args(&[])).unwrap().quota_bytes, None);
+        let config = Config::resolve(args(&["--region-mib", "8", "--quota-bytes", "1000"]));
+        assert_eq!(config.unwrap().quota_bytes, Some(1000));
+        for bad in ["0", "8388609"] {
+            let config = Config::resolve(args(&["--region-mib", "8", "--quota-bytes", bad]));
+            assert!(config.is_err(), "--quota-bytes {bad}");
+        }
+        for unparsable in ["-1", "lots"] {
+            let argv = ["rdkv-server", "--quota-bytes", unparsable];
+            assert!(Args::try_parse_from(argv).is_err(), "{unparsable}");
+        }
     }
 }

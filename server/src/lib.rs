@@ -22,7 +22,6 @@
 mod accept;
 pub mod config;
 mod framed;
-mod hash_seed;
 pub mod http;
 mod join;
 mod lease;
@@ -32,6 +31,7 @@ pub mod rdma;
 pub mod replica;
 pub mod resp;
 pub mod service;
+mod settings;
 pub mod telemetry;
 
 use rdkv_storage::raft::TypeConfig;

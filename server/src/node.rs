@@ -226,6 +226,28 @@ fn region_config(config: &Config) -> RegionConfig {
     }
 }
 
+/// Share of the data area the quota defaults to: the rest is room for
+/// fragments, blocks in their grace period and overflow tables, which the
+/// quota does not count.
+const DEFAULT_QUOTA_PERCENT: u64 = 90;
+
+/// The quota this node proposes when it leads: `--quota-bytes`, else
+/// derived from the region. A quota the data area cannot hold would admit
+/// writes no replica can place, so it is refused.
+fn quota_bytes(config: &Config, region: &RegionConfig) -> Result<u64> {
+    let data_bytes = region.layout().context("region layout")?.data_bytes;
+    let quota = config
+        .quota_bytes
+        .unwrap_or(data_bytes / 100 * DEFAULT_QUOTA_PERCENT);
+    if quota > data_bytes {
+        bail!(
+            "--quota-bytes {quota} exceeds the region's data area ({data_bytes} bytes): \
+             raise --region-mib or lower --quota-bytes"
+        );
+    }
+    Ok(quota)
+}
+
 /// The protocol limits this node's region implies.
 fn protocol_limits(region: &RegionConfig) -> Result<Limits> {
     let limits = Limits {
@@ -244,7 +266,6 @@ async fn start_replica(config: &Config, region: RegionConfig) -> Result<Replica>
     let sm = RegionStateMachine::open(StateMachineConfig {
         region,
         snapshot_dir: config.data_dir.join("snapshots"),
-        region_full_wait_ms: config.grace_period_ms * 2,
     })
     .context("opening the state machine")?;
     // A snapshot holds at most the region's live pairs plus framing.
@@ -282,6 +303,14 @@ async fn start_replica(config: &Config, region: RegionConfig) -> Result<Replica>
     })
 }
 
+/// What a node settles before it serves: its protocol limits, the quota it
+/// proposes, and the lock on its data directory.
+struct Fixed {
+    limits: Limits,
+    quota_bytes: u64,
+    lock: File,
+}
+
 impl Node {
     pub async fn start(config: Config) -> Result<Node> {
         // Before anything records a metric.
@@ -290,9 +319,15 @@ impl Node {
         let listeners = Listeners::bind(&config).await?;
         let region = region_config(&config);
         let limits = protocol_limits(&region)?;
+        let quota_bytes = quota_bytes(&config, &region)?;
         let replica = start_replica(&config, region).await?;
         let raft = replica.raft.clone();
-        match Self::serve(config, replica, limits, listeners, lock).await {
+        let fixed = Fixed {
+            limits,
+            quota_bytes,
+            lock,
+        };
+        match Self::serve(config, replica, fixed, listeners).await {
             Ok(node) => Ok(node),
             Err(e) => {
                 // Raft is running and owns the log: stop it before giving up.
@@ -305,10 +340,14 @@ impl Node {
     async fn serve(
         config: Config,
         replica: Replica,
-        limits: Limits,
+        fixed: Fixed,
         listeners: Listeners,
-        lock: File,
     ) -> Result<Node> {
+        let Fixed {
+            limits,
+            quota_bytes,
+            lock,
+        } = fixed;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = Tasks::default();
         let raft = replica.raft.clone();
@@ -333,6 +372,7 @@ impl Node {
         )));
         let settings = HandlerSettings {
             limits,
+            quota_bytes,
             endpoints: listeners.front.endpoints(&config),
             fault_injection: config.fault_injection,
             max_client_connections: config.max_client_connections,
@@ -355,9 +395,10 @@ impl Node {
             config.heartbeat_ms,
             shutdown_rx.clone(),
         )));
-        tasks.push(tokio::spawn(crate::hash_seed::propose_while_unseeded(
+        tasks.push(tokio::spawn(crate::settings::propose_while_leading(
             raft.clone(),
             replica.sm.clone(),
+            quota_bytes,
             shutdown_rx.clone(),
         )));
         let initialized = raft.is_initialized().await.context("reading raft state")?;

@@ -31,7 +31,6 @@ impl StoreBuilder<TypeConfig, LogStore, RegionStateMachine, TempDir> for Builder
                 ..RegionConfig::default()
             },
             snapshot_dir: dir.path().join("snapshots"),
-            region_full_wait_ms: 10,
         })
         .map_err(|e| StorageError::read(TypeConfig::err_from_error(&e)))?;
         Ok((dir, log, sm))

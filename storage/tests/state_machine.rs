@@ -11,22 +11,10 @@ use openraft::testing::membership_ent;
 use rdkv_storage::raft::{Command, TypeConfig};
 use rdkv_storage::state_machine::RegionStateMachine;
 
-use common::{apply, normal};
+use common::{apply, installed_elsewhere, normal};
 
 fn b(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())
-}
-
-/// A fresh state machine (in its own directory) that installed `snapshot`.
-async fn installed_elsewhere(
-    snapshot: &rdkv_storage::state_machine::Snapshot,
-) -> (tempfile::TempDir, RegionStateMachine) {
-    let dir = tempfile::tempdir().unwrap();
-    let mut sm = common::open(dir.path());
-    sm.install_snapshot(&snapshot.meta, snapshot.snapshot.clone())
-        .await
-        .unwrap();
-    (dir, sm)
 }
 
 fn put(key: &str, value: &str) -> Command {

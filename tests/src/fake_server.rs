@@ -67,6 +67,8 @@ pub fn node_status(id: u64, role: Role) -> NodeStatus {
             applied_index: 118,
             digest: 0x5eed,
         },
+        quota: Default::default(),
+        alarms: Vec::new(),
     }
 }
 

@@ -338,7 +338,7 @@ pub fn write_error_outcome(error: &Error) -> Outcome {
         | Error::NoLeader
         | Error::OneSidedUnavailable => Outcome::Fail,
         Error::Server(reply) => match reply.code {
-            // Refused by validation, routing or backpressure before the log.
+            // Refused by validation, routing, backpressure or the quota.
             ErrorCode::NotLeader
             | ErrorCode::KeyTooLarge
             | ErrorCode::ValueTooLarge
@@ -352,11 +352,12 @@ pub fn write_error_outcome(error: &Error) -> Outcome {
             | ErrorCode::TooManyInFlight
             | ErrorCode::UnsupportedVersion
             | ErrorCode::NotFound
-            | ErrorCode::InvalidRequest => Outcome::Fail,
-            // RegionFull may come from an apply of a committed entry that
-            // other replicas applied; Timeout, Internal, Unknown say nothing.
-            ErrorCode::RegionFull
-            | ErrorCode::Timeout
+            | ErrorCode::InvalidRequest
+            // Refused before the log, or by every replica's apply alike:
+            // the quota decides the same everywhere.
+            | ErrorCode::NoSpace => Outcome::Fail,
+            // Timeout, Internal, Unknown say nothing.
+            ErrorCode::Timeout
             | ErrorCode::Internal
             | ErrorCode::Unknown => Outcome::Unknown,
         },

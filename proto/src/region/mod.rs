@@ -14,6 +14,7 @@
 //! from a region validates them and returns a typed error instead of panicking.
 
 pub mod block;
+pub mod charge;
 pub mod error;
 pub mod hash;
 pub mod header;
@@ -27,6 +28,7 @@ pub use block::{
     INVALIDATION_WORD_OFFSET, ValueShape, block_field, encode_block, encoded_block_bytes,
     revoked_crc_word,
 };
+pub use charge::charged_bytes;
 pub use error::{BlockError, HeaderError, SlotError};
 pub use hash::{HashSeed, KeyHash};
 pub use header::{

@@ -79,6 +79,36 @@ pub struct NodeStatus {
     /// The state digest at the applied index this status was taken at (see
     /// [`StateDigestAt`]).
     pub state_digest: StateDigestAt,
+    /// The cluster's quota as this replica applied it, and its charge.
+    pub quota: QuotaUse,
+    /// Alarms raised on this node (etcd's `alarm list`).
+    pub alarms: Vec<Alarm>,
+}
+
+/// The quota and what the live pairs are charged against it (a pair's
+/// block size class plus an index slot).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaUse {
+    /// `None` until the leader's `SetQuota` is applied here.
+    pub quota_bytes: Option<u64>,
+    pub charged_bytes: u64,
+}
+
+/// A condition an operator must act on, as etcd's alarms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Alarm {
+    /// A write was refused for the quota, and the charge has not yet fallen
+    /// back under 90% of it: delete keys or raise `--quota-bytes`.
+    NoSpace,
+}
+
+impl Alarm {
+    /// The name etcd uses for the same alarm.
+    pub fn name(self) -> &'static str {
+        match self {
+            Alarm::NoSpace => "NOSPACE",
+        }
+    }
 }
 
 /// A replica's state digest at one applied index: replicas that applied the

@@ -340,8 +340,10 @@ pub enum ErrorCode {
     EmptyBatch,
     /// A request or its response would exceed the frame limit (e.g. a large MGet).
     FrameTooLarge,
-    /// The region has no room for the value.
-    RegionFull,
+    /// The write would take the cluster past its replicated quota (or, on a
+    /// leader, past what its region can hold). Deletes are always admitted,
+    /// so deleting makes room. (Wire number 6, formerly `RegionFull`.)
+    NoSpace,
     Unauthenticated,
     /// No quorum or the node is shutting down. Retryable.
     Unavailable,
@@ -373,7 +375,7 @@ impl ErrorCode {
         ErrorCode::BatchTooLarge,
         ErrorCode::EmptyBatch,
         ErrorCode::FrameTooLarge,
-        ErrorCode::RegionFull,
+        ErrorCode::NoSpace,
         ErrorCode::Unauthenticated,
         ErrorCode::Unavailable,
         ErrorCode::Timeout,
@@ -416,7 +418,7 @@ impl ErrorCode {
             Self::BatchTooLarge => "batch_too_large",
             Self::EmptyBatch => "empty_batch",
             Self::FrameTooLarge => "frame_too_large",
-            Self::RegionFull => "region_full",
+            Self::NoSpace => "no_space",
             Self::Unauthenticated => "unauthenticated",
             Self::Unavailable => "unavailable",
             Self::Timeout => "timeout",

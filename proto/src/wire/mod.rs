@@ -23,8 +23,8 @@ pub mod rdma;
 pub mod shm;
 
 pub use admin::{
-    Fault, Health, MemberInfo, NodeStatus, OpStats, OpenConnections, ReadReport, RegionFill,
-    ReplicationLag, Role, ServedCounts, SnapshotChunk, StateDigestAt,
+    Alarm, Fault, Health, MemberInfo, NodeStatus, OpStats, OpenConnections, QuotaUse, ReadReport,
+    RegionFill, ReplicationLag, Role, ServedCounts, SnapshotChunk, StateDigestAt,
 };
 pub use batch::HARD_MAX_BATCH_ENTRIES;
 pub use error::{LimitError, LimitsConfigError, WireError};

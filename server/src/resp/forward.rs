@@ -58,12 +58,18 @@ impl Forwarder {
     }
 }
 
+/// What Redis answers a write refused at `maxmemory` (noeviction).
+pub const REDIS_OOM: &str = "OOM command not allowed when used memory > 'maxmemory'.";
+
 /// A native error as a Redis error.
 pub fn error_reply(error: &ErrorReply) -> Reply {
     match error.code {
         ErrorCode::NotLeader | ErrorCode::Unavailable => {
             Reply::Error(format!("TRYAGAIN {}", error.message))
         }
+        // Redis's own words for a write refused at `maxmemory`: clients and
+        // tools recognise them.
+        ErrorCode::NoSpace => Reply::Error(REDIS_OOM.to_owned()),
         _ => Reply::err(&error.message),
     }
 }

@@ -1,22 +1,20 @@
 //! What the node takes in: client connections (a fixed number of slots),
 //! bytes of large requests in flight across connections (a budget that
-//! backpressures readers), and the region headroom a write must leave.
+//! backpressures readers), and the quota a write must stay within.
 
 use std::sync::Arc;
 
-use rdkv_proto::wire::{ErrorCode, ErrorReply, Update};
-use rdkv_storage::RegionStats;
+use bytes::Bytes;
+use rdkv_proto::region::charged_bytes;
+use rdkv_proto::wire::{ErrorReply, Update};
 use rdkv_storage::raft::Command;
+use rdkv_storage::state_machine::no_space;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Requests up to this size do not take from the in-flight budget: a node
 /// at its budget still answers reads and small writes (each connection's
 /// credits bound those).
 pub const SMALL_REQUEST_BYTES: usize = 64 * 1024;
-/// A leader refuses writes that would leave less than this share of the
-/// region free: replicas' regions fill differently (fragmentation, grace
-/// periods), and a follower must never be the one that runs out.
-const WRITE_HEADROOM_PERCENT: u64 = 5;
 /// What an INCR may add to a value at most (an i64 in decimal, with sign).
 const INCR_GROWTH_BYTES: usize = 20;
 
@@ -82,90 +80,75 @@ impl Admission {
     }
 }
 
-/// Bytes `command` may add to the region (`None`: it only removes).
-fn incoming_bytes(command: &Command) -> Option<u64> {
-    let bytes = match command {
-        Command::Put { key, value } => key.len() + value.len(),
+/// The most `command` may add to the live pairs' charge (`None`: it only
+/// removes): each written pair's charge, as if no key existed before.
+fn incoming_charge(command: &Command) -> Option<u64> {
+    let charge = |key: &Bytes, value_len: usize| charged_bytes(key.len(), value_len).unwrap_or(0);
+    Some(match command {
+        Command::Put { key, value } => charge(key, value.len()),
         Command::Cas {
             key,
             new_value: Some(value),
             ..
-        } => key.len() + value.len(),
-        Command::MPut { pairs } => pairs.iter().map(|(k, v)| k.len() + v.len()).sum(),
-        Command::Update { key, update } => {
-            key.len()
-                + match update {
-                    Update::Incr { .. } => INCR_GROWTH_BYTES,
-                    Update::Append { suffix } => suffix.len(),
-                    Update::SetIf { value, .. } => value.len(),
-                }
-        }
+        } => charge(key, value.len()),
+        Command::MPut { pairs } => pairs.iter().map(|(k, v)| charge(k, v.len())).sum(),
+        Command::Update { key, update } => charge(
+            key,
+            match update {
+                // The current value's length is not known before apply.
+                Update::Incr { .. } => INCR_GROWTH_BYTES,
+                Update::Append { suffix } => suffix.len(),
+                Update::SetIf { value, .. } => value.len(),
+            },
+        ),
         Command::Delete { .. }
         | Command::Clear
         | Command::SetHashSeed { .. }
+        | Command::SetQuota { .. }
         | Command::Cas {
             new_value: None, ..
         } => return None,
-    };
-    Some(bytes as u64)
+    })
 }
 
-/// Refuses a write the region could not take with headroom to spare.
-pub fn write_headroom(command: &Command, region: &RegionStats) -> Result<(), ErrorReply> {
-    let Some(incoming) = incoming_bytes(command) else {
-        return Ok(());
-    };
-    let reserve = region.data_capacity_bytes * WRITE_HEADROOM_PERCENT / 100;
-    let available = region.free_bytes + region.pending_reclaim_bytes;
-    if available < incoming.saturating_add(reserve) {
-        return Err(ErrorReply::new(
-            ErrorCode::RegionFull,
-            format!(
-                "region full: {available} bytes free or reclaimable, {incoming} needed plus a {reserve}-byte reserve"
-            ),
-        ));
+/// Refuses, before proposing, a write that would take the live pairs past
+/// `quota_bytes` (as Redis refuses writes past `maxmemory`, overwrites
+/// included); apply checks it exactly on every replica, overwrites
+/// credited. Removing is always admitted.
+pub fn within_quota(
+    command: &Command,
+    charged_bytes: u64,
+    quota_bytes: u64,
+) -> Result<(), ErrorReply> {
+    match incoming_charge(command) {
+        Some(incoming) if charged_bytes.saturating_add(incoming) > quota_bytes => {
+            Err(no_space(charged_bytes, incoming, quota_bytes))
+        }
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    use bytes::Bytes;
+    use rdkv_proto::wire::ErrorCode;
 
     use super::*;
 
-    fn region_with_free(free_bytes: u64) -> RegionStats {
-        RegionStats {
-            data_capacity_bytes: 1000,
-            used_bytes: 1000 - free_bytes,
-            payload_bytes: 0,
-            pending_reclaim_bytes: 0,
-            pending_reclaim_blocks: 0,
-            free_bytes,
-            largest_free_bytes: free_bytes,
-            fragmentation: 0.0,
-            live_keys: 0,
-            index_slots: 0,
-            reclaimed_blocks_total: 0,
-            reclaimed_bytes_total: 0,
-        }
-    }
-
     #[test]
-    fn a_write_must_leave_the_reserve_free() {
+    fn a_write_must_stay_within_the_quota() {
         let put = Command::Put {
             key: Bytes::from("k"),
-            value: Bytes::from(vec![0u8; 49]),
+            value: Bytes::from(vec![0u8; 39]),
         };
-        // 50 bytes incoming plus a 50-byte reserve (5% of 1000).
-        assert!(write_headroom(&put, &region_with_free(100)).is_ok());
-        let refused = write_headroom(&put, &region_with_free(99));
-        assert!(refused.is_err_and(|e| e.code == ErrorCode::RegionFull));
-        // Removing is always admitted, even into a full region.
+        // 24-byte header + 1 + 39 = one 64-byte unit, plus an 8-byte slot.
+        assert!(within_quota(&put, 928, 1000).is_ok());
+        let refused = within_quota(&put, 929, 1000);
+        assert!(refused.is_err_and(|e| e.code == ErrorCode::NoSpace));
+        // Removing is always admitted, even past the quota.
         let delete = Command::Delete {
             key: Bytes::from("k"),
         };
-        assert!(write_headroom(&delete, &region_with_free(0)).is_ok());
+        assert!(within_quota(&delete, 2000, 1000).is_ok());
     }
 
     #[tokio::test]

@@ -8,7 +8,7 @@ use rdkv_proto::wire::{ErrorCode, ErrorReply, Limits, Request, Response};
 use rdkv_storage::raft::{Command, NodeAddr};
 use rdkv_storage::state_machine::ScanRange;
 
-use super::admission::{Admission, write_headroom};
+use super::admission::{Admission, within_quota};
 use super::{Reply, admin, read, write};
 use crate::rdma::RdmaState;
 use crate::replica::Replica;
@@ -31,6 +31,9 @@ pub struct Endpoints {
 #[derive(Debug, Clone)]
 pub struct HandlerSettings {
     pub limits: Limits,
+    /// The quota this node proposes; it admits writes by the applied one
+    /// (the cluster's) once there is one.
+    pub quota_bytes: u64,
     pub endpoints: Endpoints,
     /// Accept `InjectFault` (fault tests only).
     pub fault_injection: bool,
@@ -44,6 +47,7 @@ pub struct HandlerSettings {
 pub struct Handler {
     replica: Replica,
     limits: Limits,
+    quota_bytes: u64,
     endpoints: Endpoints,
     stats: RequestStats,
     fault_injection: bool,
@@ -67,6 +71,7 @@ impl Handler {
         Handler {
             replica,
             limits: settings.limits,
+            quota_bytes: settings.quota_bytes,
             endpoints: settings.endpoints,
             stats: RequestStats::default(),
             fault_injection: settings.fault_injection,
@@ -185,7 +190,7 @@ impl Handler {
         }
     }
 
-    /// A write goes through the log on the leader, if the region has room
+    /// A write goes through the log on the leader, if the quota has room
     /// for it.
     async fn write(&self, request: Request) -> Reply {
         let command = Command::try_from(request).map_err(|request| {
@@ -195,7 +200,18 @@ impl Handler {
             )
         })?;
         self.replica.require_leader()?;
-        write_headroom(&command, &self.replica.sm.region_stats())?;
+        self.admit_within_quota(&command)?;
         write::commit(&self.replica, command).await
+    }
+
+    /// Checks `command` against the cluster's quota (this node's own until
+    /// one is applied); a refusal raises the no-space alarm.
+    fn admit_within_quota(&self, command: &Command) -> Result<(), ErrorReply> {
+        let sm = &self.replica.sm;
+        let status = sm.quota_status();
+        let quota_bytes = status.quota_bytes.unwrap_or(self.quota_bytes);
+        within_quota(command, status.charged_bytes, quota_bytes).inspect_err(|_| {
+            sm.raise_no_space_alarm();
+        })
     }
 }

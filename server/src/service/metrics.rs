@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use metrics::{counter, gauge};
-use rdkv_proto::wire::{NodeStatus, Role};
+use rdkv_proto::wire::{Alarm, NodeStatus, Role};
 use rdkv_storage::RegionStats;
 use rdkv_storage::raft_log::LogStats;
 
@@ -41,6 +41,13 @@ fn raft_gauges(status: &NodeStatus, log: &LogStats) {
         status.state_digest.digest & ((1 << 52) - 1),
     );
     set("rdkv_raft_members", status.members.len() as u64);
+    // No quota applied yet reads as 0 (no limit but the region's).
+    set("rdkv_quota_bytes", status.quota.quota_bytes.unwrap_or(0));
+    set("rdkv_quota_charged_bytes", status.quota.charged_bytes);
+    set(
+        "rdkv_alarm_nospace",
+        u64::from(status.alarms.contains(&Alarm::NoSpace)),
+    );
     set("rdkv_raft_log_bytes", log.bytes_on_disk);
     set("rdkv_raft_log_segments", log.segments);
 }

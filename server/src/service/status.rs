@@ -1,7 +1,9 @@
 //! `endpoint status` and `endpoint health` of this node.
 
 use openraft::ServerState;
-use rdkv_proto::wire::{Health, NodeStatus, Op, RegionFill, ReplicationLag, Role, ServedCounts};
+use rdkv_proto::wire::{
+    Alarm, Health, NodeStatus, Op, QuotaUse, RegionFill, ReplicationLag, Role, ServedCounts,
+};
 
 use super::Handler;
 use crate::lease::quorum_ack_age;
@@ -25,6 +27,7 @@ impl Handler {
         let replica = self.replica();
         let metrics = replica.metrics();
         let stats = replica.sm.region_stats();
+        let quota = replica.sm.quota_status();
         let last_log_index = metrics.last_log_index.unwrap_or(0);
         let leader_client_addr = metrics.current_leader.and_then(|id| {
             let node = metrics
@@ -81,6 +84,15 @@ impl Handler {
             ops: self.stats().ops(),
             open_connections: self.stats().open_connections(),
             rdma: self.rdma().status().to_owned(),
+            quota: QuotaUse {
+                quota_bytes: quota.quota_bytes,
+                charged_bytes: quota.charged_bytes,
+            },
+            alarms: quota
+                .no_space_alarm
+                .then_some(Alarm::NoSpace)
+                .into_iter()
+                .collect(),
         }
     }
 
@@ -125,6 +137,10 @@ impl Handler {
         let quorum_contact_bound_ms = replica.raft.config().election_timeout_max;
         let reason = if let Err(e) = &metrics.running_state {
             format!("raft stopped: {e}")
+        } else if replica.sm.quota_status().no_space_alarm {
+            "alarm NOSPACE: a write was refused for the quota; delete keys or raise \
+             --quota-bytes"
+                .to_owned()
         } else if metrics.current_leader.is_none() {
             format!(
                 "no leader known (term {}, role {:?})",

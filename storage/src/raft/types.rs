@@ -45,6 +45,13 @@ pub enum Command {
     SetHashSeed {
         seed: (u64, u64),
     },
+    /// The cluster's quota: the most the live pairs may be charged
+    /// (`rdkv_proto::region::charged_bytes`). Proposed by a leader whose
+    /// `--quota-bytes` differs from the one applied; every replica refuses
+    /// a write past it alike. Internal: no client request becomes this.
+    SetQuota {
+        bytes: u64,
+    },
 }
 
 impl fmt::Display for Command {
@@ -64,6 +71,7 @@ impl fmt::Display for Command {
             Command::Update { key, .. } => write!(f, "update {} bytes key", key.len()),
             Command::Clear => write!(f, "clear"),
             Command::SetHashSeed { .. } => write!(f, "set the hash seed"),
+            Command::SetQuota { bytes } => write!(f, "set the quota to {bytes} bytes"),
         }
     }
 }
@@ -100,9 +108,10 @@ impl TryFrom<Request> for Command {
 pub enum CommandResult {
     /// Applied: the reply its proposer gets (versions are the entry's log index).
     Applied(Response),
-    /// The command could not be applied here (e.g. the region is full); the
-    /// region is unchanged by it.
-    Failed { region_full: bool, message: String },
+    /// The command could not be applied here (the region is corrupt); the
+    /// region is unchanged by it. A refusal every replica makes alike (the
+    /// quota, a limit) is `Applied` with an error response instead.
+    Failed { message: String },
     /// For blank and membership entries, which have no client.
     None,
 }
@@ -114,16 +123,8 @@ impl From<CommandResult> for Response {
     fn from(result: CommandResult) -> Response {
         match result {
             CommandResult::Applied(response) => response,
-            CommandResult::Failed {
-                region_full,
-                message,
-            } => {
-                let code = if region_full {
-                    ErrorCode::RegionFull
-                } else {
-                    ErrorCode::Internal
-                };
-                Response::Error(ErrorReply::new(code, message))
+            CommandResult::Failed { message } => {
+                Response::Error(ErrorReply::new(ErrorCode::Internal, message))
             }
             CommandResult::None => Response::Error(ErrorReply::new(
                 ErrorCode::Internal,
@@ -210,13 +211,12 @@ mod tests {
 
     #[test]
     fn failed_results_become_error_replies() {
-        let full = CommandResult::Failed {
-            region_full: true,
-            message: "full".into(),
+        let failed = CommandResult::Failed {
+            message: "corrupt".into(),
         };
         assert!(matches!(
-            Response::from(full),
-            Response::Error(reply) if reply.code == ErrorCode::RegionFull
+            Response::from(failed),
+            Response::Error(reply) if reply.code == ErrorCode::Internal
         ));
         assert!(matches!(
             Response::from(CommandResult::None),

@@ -13,6 +13,9 @@ pub struct RegionStats {
     /// 1 - largest free extent / free bytes: 0 when free space is one piece.
     pub fragmentation: f64,
     pub live_keys: u64,
+    /// The live pairs' charge against the quota: their blocks' size classes
+    /// plus one index slot each (see `rdkv_proto::region::charge`).
+    pub charged_bytes: u64,
     pub index_slots: u64,
     pub reclaimed_blocks_total: u64,
     pub reclaimed_bytes_total: u64,

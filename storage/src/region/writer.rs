@@ -48,6 +48,11 @@ pub struct RegionWriter {
     live_keys: u64,
     used_units: u64,
     payload_bytes: u64,
+    /// The live pairs' charge against the quota (`rdkv_proto::region::charge`):
+    /// their blocks' classes plus a slot each. It counts no overflow table,
+    /// fragment or block in its grace period, so it depends on the live
+    /// pairs alone and is the same on every replica.
+    charged_bytes: u64,
     reclaimed_blocks_total: u64,
     reclaimed_units_total: u64,
 }
@@ -84,6 +89,7 @@ impl RegionWriter {
             live_keys: 0,
             used_units: 0,
             payload_bytes: 0,
+            charged_bytes: 0,
             reclaimed_blocks_total: 0,
             reclaimed_units_total: 0,
         })
@@ -177,6 +183,7 @@ impl RegionWriter {
         }
         self.used_units += units;
         self.payload_bytes += key.len() as u64 + value.len() as u64;
+        self.charged_bytes += class.bytes() + if found.is_none() { SLOT_BYTES } else { 0 };
         match found {
             Some(old) => {
                 self.retire(old);
@@ -202,6 +209,7 @@ impl RegionWriter {
         self.memory
             .store_u64(found.slot_offset, 0, Ordering::Release)?;
         self.live_keys -= 1;
+        self.charged_bytes -= SLOT_BYTES;
         self.retire(found);
         Ok(Some(found.header.version))
     }
@@ -241,6 +249,16 @@ impl RegionWriter {
         Ok(self
             .find(key, self.layout.key_hash(key))?
             .map(|f| f.header.version))
+    }
+
+    /// What `key`'s current pair is charged against the quota (`None`: absent).
+    pub fn charge_of(&self, key: &[u8]) -> Result<Option<u64>, RegionError> {
+        if !self.layout.admits_key(key) {
+            return Ok(None);
+        }
+        Ok(self
+            .find(key, self.layout.key_hash(key))?
+            .map(|f| f.slot.class.bytes() + SLOT_BYTES))
     }
 
     /// The key's slot and block header. A miss verifies every slot of the
@@ -337,6 +355,7 @@ impl RegionWriter {
     fn retire(&mut self, old: Found) {
         let units = u64::from(old.slot.class.units());
         self.used_units -= units;
+        self.charged_bytes -= old.slot.class.bytes();
         self.payload_bytes -= old.header.key_len as u64 + old.header.value_len as u64;
         // Stamped after the slot store: no reader that saw the old slot can
         // have started after this instant.
@@ -408,6 +427,7 @@ impl RegionWriter {
                 1.0 - largest_free_bytes as f64 / free_bytes as f64
             },
             live_keys: self.live_keys,
+            charged_bytes: self.charged_bytes,
             index_slots: self.layout.slot_count(),
             reclaimed_blocks_total: self.reclaimed_blocks_total,
             reclaimed_bytes_total: self.reclaimed_units_total * UNIT_BYTES,

@@ -2,8 +2,8 @@
 
 use bytes::Bytes;
 use openraft::EntryPayload;
-use rdkv_proto::region::HashSeed;
-use rdkv_proto::wire::{Response, SetCondition, Update, UpdateOutcome};
+use rdkv_proto::region::{HashSeed, charged_bytes};
+use rdkv_proto::wire::{ErrorCode, ErrorReply, Response, SetCondition, Update, UpdateOutcome};
 
 use super::State;
 use super::keyed::KeyedRegion;
@@ -15,22 +15,26 @@ pub(super) enum Applied {
     /// `Command::SetHashSeed`: the caller adopts the seed if there is none
     /// yet (it replaces the region, which needs more than the state).
     AdoptSeed(HashSeed),
-    /// The region is full but blocks come back at `at_us` (region clock):
-    /// retry from pair `next_pair` (for MPut; 0 otherwise).
-    WaitForReclaim {
-        at_us: u64,
+    /// The quota admitted the write but this region cannot place it now
+    /// (blocks in their grace period, fragments, overflow tables: none of
+    /// which the quota counts). The caller waits until `reclaim_at_us`
+    /// (region clock) when blocks come back, else compacts the region, and
+    /// applies again from pair `next_pair` (for MPut; 0 otherwise). It is
+    /// never recorded as a result: another replica placed it.
+    Full {
+        reclaim_at_us: Option<u64>,
         next_pair: usize,
     },
 }
 
-/// Applies `entry`; with `give_up` set a full region fails the command
-/// instead of asking to wait.
-pub(super) fn apply_entry(
-    state: &mut State,
-    entry: &Entry,
-    resume_at: usize,
-    give_up: bool,
-) -> Applied {
+/// What apply checks writes against: replicated, so the same everywhere.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    quota_bytes: Option<u64>,
+}
+
+/// Applies `entry` from pair `resume_at` of an MPut (0 otherwise).
+pub(super) fn apply_entry(state: &mut State, entry: &Entry, resume_at: usize) -> Applied {
     let index = entry.log_id.index;
     match &entry.payload {
         EntryPayload::Blank => Applied::Done(CommandResult::None),
@@ -38,8 +42,19 @@ pub(super) fn apply_entry(
             state.last_membership = StoredMembership::new(Some(entry.log_id), membership.clone());
             Applied::Done(CommandResult::None)
         }
+        EntryPayload::Normal(Command::SetQuota { bytes }) => {
+            state.quota_bytes = Some(*bytes);
+            replied(Response::Done)
+        }
         EntryPayload::Normal(command) => {
-            apply_command(&mut state.writer, command, index, resume_at, give_up)
+            let limits = Limits {
+                quota_bytes: state.quota_bytes,
+            };
+            let applied = apply_command(&mut state.writer, command, index, resume_at, limits);
+            if is_quota_refusal(&applied) {
+                state.no_space_alarm = true;
+            }
+            applied
         }
     }
 }
@@ -49,24 +64,93 @@ fn replied(response: Response) -> Applied {
     Applied::Done(CommandResult::Applied(response))
 }
 
-fn failed(error: &RegionError) -> CommandResult {
-    CommandResult::Failed {
-        region_full: matches!(
-            error,
-            RegionError::RegionFull { .. } | RegionError::IndexFull { .. }
-        ),
+fn failed(error: &RegionError) -> Applied {
+    Applied::Done(CommandResult::Failed {
         message: error.to_string(),
+    })
+}
+
+fn is_quota_refusal(applied: &Applied) -> bool {
+    matches!(
+        applied,
+        Applied::Done(CommandResult::Applied(Response::Error(reply))) if reply.code == ErrorCode::NoSpace
+    )
+}
+
+/// What to do with an error from the write of pair `next_pair` (0 for a
+/// single write): a region that cannot place it waits or compacts.
+fn on_error(writer: &KeyedRegion, error: &RegionError, next_pair: usize) -> Applied {
+    match error {
+        RegionError::RegionFull { .. } | RegionError::IndexFull { .. } => Applied::Full {
+            reclaim_at_us: writer.next_reclaim_at_us(),
+            next_pair,
+        },
+        _ => failed(error),
     }
 }
 
-/// What to do with an error from one write of a command.
-fn on_error(writer: &KeyedRegion, error: &RegionError, next_pair: usize, give_up: bool) -> Applied {
-    if let (RegionError::RegionFull { .. }, false, Some(at_us)) =
-        (error, give_up, writer.next_reclaim_at_us())
-    {
-        return Applied::WaitForReclaim { at_us, next_pair };
+/// Refuses, the same way on every replica, writes that would grow the live
+/// pairs' charge past the quota. `writes` are (key, value length) in the
+/// order applied; a key written twice counts once, with its last value.
+/// Writes that do not grow the charge (overwrites with smaller values) pass
+/// even over the quota, as deletes do, so an operator can always make room.
+fn check_quota(
+    writer: &KeyedRegion,
+    limits: Limits,
+    writes: &[(&[u8], usize)],
+) -> Result<(), Applied> {
+    let Some(quota) = limits.quota_bytes else {
+        return Ok(());
+    };
+    let charged = writer.stats().charged_bytes;
+    let mut seen = std::collections::HashSet::new();
+    let last_writes: Vec<(&[u8], u64)> = writes
+        .iter()
+        .rev()
+        .filter(|(key, _)| seen.insert(*key))
+        // A pair no class holds is refused by the writer with its own error.
+        .map(|&(key, value_len)| (key, charged_bytes(key.len(), value_len).unwrap_or(0)))
+        .collect();
+    let incoming: u64 = last_writes.iter().map(|(_, charge)| charge).sum();
+    if charged.saturating_add(incoming) <= quota {
+        return Ok(());
     }
-    Applied::Done(failed(error))
+    // Near the quota: what the writes replace counts too (one lookup each).
+    let mut replaced = 0;
+    for (key, _) in &last_writes {
+        replaced += writer.charge_of(key).map_err(|e| failed(&e))?.unwrap_or(0);
+    }
+    let growth = incoming.saturating_sub(replaced);
+    if growth == 0 || charged.saturating_add(growth) <= quota {
+        return Ok(());
+    }
+    Err(replied(Response::Error(no_space(charged, growth, quota))))
+}
+
+/// The refusal of a write past the quota.
+pub fn no_space(charged_bytes: u64, growth_bytes: u64, quota_bytes: u64) -> ErrorReply {
+    ErrorReply::new(
+        ErrorCode::NoSpace,
+        format!(
+            "no space: the write needs {growth_bytes} more bytes of quota, \
+             {charged_bytes} of {quota_bytes} are used (delete keys or raise --quota-bytes)"
+        ),
+    )
+}
+
+/// Writes one pair within the quota.
+fn put_within(
+    writer: &mut KeyedRegion,
+    limits: Limits,
+    key: &[u8],
+    value: &[u8],
+    version: u64,
+) -> Result<(), Applied> {
+    check_quota(writer, limits, &[(key, value.len())])?;
+    writer
+        .put(key, value, version)
+        .map(drop)
+        .map_err(|e| on_error(writer, &e, 0))
 }
 
 fn apply_command(
@@ -74,79 +158,102 @@ fn apply_command(
     command: &Command,
     version: u64,
     resume_at: usize,
-    give_up: bool,
+    limits: Limits,
 ) -> Applied {
     match command {
-        Command::Put { key, value } => match writer.put(key, value, version) {
-            Ok(_) => replied(Response::Written { version }),
-            Err(e) => on_error(writer, &e, 0, give_up),
+        Command::Put { key, value } => match put_within(writer, limits, key, value, version) {
+            Ok(()) => replied(Response::Written { version }),
+            Err(applied) => applied,
         },
         Command::Delete { key } => match writer.delete(key) {
             Ok(previous) => replied(Response::Deleted {
                 existed: previous.is_some(),
                 version,
             }),
-            Err(e) => Applied::Done(failed(&e)),
+            Err(e) => failed(&e),
         },
         Command::Cas {
             key,
             expected_version,
             new_value,
-        } => {
-            let current = match writer.version_of(key) {
-                Ok(current) => current,
-                Err(e) => return Applied::Done(failed(&e)),
-            };
-            if current != *expected_version {
-                return Applied::Done(match writer.get(key) {
-                    Ok(current) => CommandResult::Applied(Response::CasDone {
-                        succeeded: false,
-                        version,
-                        current,
-                    }),
-                    Err(e) => failed(&e),
-                });
-            }
-            let written = match new_value {
-                Some(value) => writer.put(key, value, version).map(drop),
-                None => writer.delete(key).map(drop),
-            };
-            match written {
-                Ok(()) => replied(Response::CasDone {
-                    succeeded: true,
-                    version,
-                    current: None,
-                }),
-                Err(e) => on_error(writer, &e, 0, give_up),
-            }
-        }
-        Command::MPut { pairs } => {
-            for (i, (key, value)) in pairs.iter().enumerate().skip(resume_at) {
-                if let Err(e) = writer.put(key, value, version) {
-                    return match on_error(writer, &e, i, give_up) {
-                        Applied::Done(CommandResult::Failed {
-                            region_full,
-                            message,
-                        }) => Applied::Done(CommandResult::Failed {
-                            region_full,
-                            message: format!(
-                                "{message}; {i} of {} pairs were applied",
-                                pairs.len()
-                            ),
-                        }),
-                        other => other,
-                    };
-                }
-            }
-            replied(Response::MWritten { version })
-        }
-        Command::Update { key, update } => apply_update(writer, key, update, version, give_up),
+        } => apply_cas(writer, limits, key, *expected_version, new_value, version),
+        Command::MPut { pairs } => apply_mput(writer, limits, pairs, version, resume_at),
+        Command::Update { key, update } => apply_update(writer, limits, key, update, version),
         Command::SetHashSeed { seed: (k0, k1) } => Applied::AdoptSeed(HashSeed(*k0, *k1)),
+        // Applied by `apply_entry`, which holds the quota.
+        Command::SetQuota { .. } => replied(Response::Done),
         Command::Clear => match writer.clear() {
             Ok(removed) => replied(Response::Cleared { removed, version }),
-            Err(e) => Applied::Done(failed(&e)),
+            Err(e) => failed(&e),
         },
     }
+}
+
+fn apply_cas(
+    writer: &mut KeyedRegion,
+    limits: Limits,
+    key: &Bytes,
+    expected_version: Option<u64>,
+    new_value: &Option<Bytes>,
+    version: u64,
+) -> Applied {
+    let current = match writer.version_of(key) {
+        Ok(current) => current,
+        Err(e) => return failed(&e),
+    };
+    if current != expected_version {
+        return match writer.get(key) {
+            Ok(current) => replied(Response::CasDone {
+                succeeded: false,
+                version,
+                current,
+            }),
+            Err(e) => failed(&e),
+        };
+    }
+    let written = match new_value {
+        Some(value) => put_within(writer, limits, key, value, version),
+        None => writer.delete(key).map(drop).map_err(|e| failed(&e)),
+    };
+    match written {
+        Ok(()) => replied(Response::CasDone {
+            succeeded: true,
+            version,
+            current: None,
+        }),
+        Err(applied) => applied,
+    }
+}
+
+/// All pairs or none against the quota (checked once, before the first
+/// pair); a region that cannot place pair `i` resumes there.
+fn apply_mput(
+    writer: &mut KeyedRegion,
+    limits: Limits,
+    pairs: &[(Bytes, Bytes)],
+    version: u64,
+    resume_at: usize,
+) -> Applied {
+    if resume_at == 0 {
+        let writes: Vec<(&[u8], usize)> =
+            pairs.iter().map(|(k, v)| (k.as_ref(), v.len())).collect();
+        if let Err(refused) = check_quota(writer, limits, &writes) {
+            return refused;
+        }
+    }
+    for (i, (key, value)) in pairs.iter().enumerate().skip(resume_at) {
+        if let Err(e) = writer.put(key, value, version) {
+            return match on_error(writer, &e, i) {
+                Applied::Done(CommandResult::Failed { message }) => {
+                    Applied::Done(CommandResult::Failed {
+                        message: format!("{message}; {i} of {} pairs were applied", pairs.len()),
+                    })
+                }
+                other => other,
+            };
+        }
+    }
+    replied(Response::MWritten { version })
 }
 
 /// Reads a value as Redis reads an integer: canonical decimal `i64` only
@@ -161,14 +268,14 @@ pub fn parse_integer(value: &[u8]) -> Option<i64> {
 /// so every replica reaches the same outcome.
 fn apply_update(
     writer: &mut KeyedRegion,
+    limits: Limits,
     key: &Bytes,
     update: &Update,
     version: u64,
-    give_up: bool,
 ) -> Applied {
     let current = match writer.get(key) {
         Ok(current) => current.map(|v| v.value),
-        Err(e) => return Applied::Done(failed(&e)),
+        Err(e) => return failed(&e),
     };
     let (new_value, outcome) = match update {
         Update::Incr { delta } => {
@@ -217,9 +324,9 @@ fn apply_update(
             (value.clone(), outcome)
         }
     };
-    match writer.put(key, &new_value, version) {
-        Ok(_) => replied(Response::Updated(outcome)),
-        Err(e) => on_error(writer, &e, 0, give_up),
+    match put_within(writer, limits, key, &new_value, version) {
+        Ok(()) => replied(Response::Updated(outcome)),
+        Err(applied) => applied,
     }
 }
 

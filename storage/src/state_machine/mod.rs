@@ -27,11 +27,12 @@ use rdkv_proto::region::{HashSeed, LeaseDeadline};
 use rdkv_proto::wire::{Response, StateDigestAt, Versioned};
 use thiserror::Error;
 
-use crate::raft::{CommandResult, LogId, SnapshotMeta, StoredMembership, TypeConfig};
+use crate::raft::{CommandResult, Entry, LogId, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::region::{
     Clock, MonotonicClock, ReadError, ReaderOptions, RegionConfig, RegionError, RegionReader,
     RegionStats, RegionWriter,
 };
+pub use apply::no_space;
 use apply::{Applied, apply_entry};
 use digest::DigestHistory;
 use keyed::KeyedRegion;
@@ -48,9 +49,6 @@ pub struct StateMachineConfig {
     pub region: RegionConfig,
     /// Where snapshots are persisted.
     pub snapshot_dir: PathBuf,
-    /// How long an apply waits for blocks in their grace period when the
-    /// region is full, before reporting the write as failed.
-    pub region_full_wait_ms: u64,
 }
 
 #[derive(Debug, Error)]
@@ -65,6 +63,15 @@ pub enum StateMachineError {
     Encode(#[from] postcard::Error),
     #[error("the ordered key index names a {key_len}-byte key the region does not hold")]
     KeyIndexMismatch { key_len: usize },
+    /// The quota admitted a write that this replica's region cannot hold
+    /// even compacted: applying anything else would diverge from the
+    /// replicas that hold it, so this replica stops applying.
+    #[error(
+        "log index {index} cannot be placed even in a compacted region ({source}); \
+         this replica stops applying: give it a larger --region-mib, or lower the \
+         cluster's --quota-bytes, and restart it"
+    )]
+    Unplaceable { index: u64, source: RegionError },
 }
 
 impl From<StateMachineError> for io::Error {
@@ -80,6 +87,13 @@ struct State {
     /// then the region is placed with the placeholder `HashSeed::default()`,
     /// which every replica uses alike.
     hash_seed: Option<HashSeed>,
+    /// The cluster's quota once `Command::SetQuota` was applied (no limit
+    /// but the region's until then).
+    quota_bytes: Option<u64>,
+    /// Raised when a write is refused for the quota (here or, on a leader,
+    /// before proposing), cleared once the charge is back under
+    /// `ALARM_CLEAR_PERCENT` of the quota.
+    no_space_alarm: bool,
     /// The state digest at each of the last applied indexes.
     digests: DigestHistory,
     last_applied: Option<LogId>,
@@ -110,6 +124,18 @@ impl std::fmt::Debug for PublishHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("PublishHook")
     }
+}
+
+/// The no-space alarm clears once the live pairs' charge is at most this
+/// share of the quota: room for more than a few writes.
+const ALARM_CLEAR_PERCENT: u64 = 90;
+
+/// The quota and what is charged against it, as a replica sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuotaStatus {
+    pub quota_bytes: Option<u64>,
+    pub charged_bytes: u64,
+    pub no_space_alarm: bool,
 }
 
 /// A cheap-clone handle: openraft owns one, the server keeps others for reads.
@@ -149,15 +175,15 @@ impl RegionStateMachine {
         // it count up from there), so a client still mapping the region of a
         // previous incarnation can tell it is not the current one.
         let first_epoch = unix_now_us().max(1);
-        let (writer, hash_seed, meta, data) = match snapshot::load_latest(&config.snapshot_dir)? {
+        let (writer, region, meta, data) = match snapshot::load_latest(&config.snapshot_dir)? {
             Some(bytes) => {
                 let loaded = load_region(&config, &clock, first_epoch, &bytes)?;
                 let data = Some(Bytes::from(bytes));
-                (loaded.writer, loaded.hash_seed, Some(loaded.meta), data)
+                (loaded.writer, loaded.region, Some(loaded.meta), data)
             }
             None => (
                 KeyedRegion::new(new_region(&config, &clock, first_epoch, None)?)?,
-                None,
+                SnapshotRegion::default(),
                 None,
                 None,
             ),
@@ -177,7 +203,9 @@ impl RegionStateMachine {
             shared: Arc::new(Shared {
                 state: Mutex::new(State {
                     writer,
-                    hash_seed,
+                    hash_seed: seed_of(&region),
+                    quota_bytes: region.quota_bytes,
+                    no_space_alarm: false,
                     digests,
                     last_applied,
                     last_membership,
@@ -347,22 +375,145 @@ impl RegionStateMachine {
             if state.hash_seed.is_some() {
                 return Ok(());
             }
-            let epoch = state.writer.layout().region_epoch + 1;
-            let config = &self.shared.config;
-            let empty = new_region(config, &self.shared.clock, epoch, Some(seed))?;
-            let mut writer = KeyedRegion::new(empty)?;
-            state
-                .writer
-                .for_each_live(|key, value, version| writer.put(key, value, version).map(drop))?;
-            if let Some(applied) = state.last_applied {
-                writer.publish_applied(applied.index, unix_now_us())?;
-            }
+            let old = self.rebuild_region(&mut state, Some(seed))?;
             state.hash_seed = Some(seed);
-            self.swap_region(&mut state, writer)?
+            old
         };
         old.retire_region()?;
         tracing::info!("the cluster's hash seed is applied; the region is placed with it");
         Ok(())
+    }
+
+    /// Places every live pair anew in an empty region (the next epoch)
+    /// placed with `seed`, makes it the served one, and returns the old one
+    /// for the caller to retire once the lock is released. The new region
+    /// has no fragments and no block in a grace period: this is also how a
+    /// region that cannot place a write compacts.
+    fn rebuild_region(
+        &self,
+        state: &mut State,
+        seed: Option<HashSeed>,
+    ) -> Result<KeyedRegion, StateMachineError> {
+        let epoch = state.writer.layout().region_epoch + 1;
+        let empty = new_region(&self.shared.config, &self.shared.clock, epoch, seed)?;
+        let mut writer = KeyedRegion::new(empty)?;
+        state
+            .writer
+            .for_each_live(|key, value, version| writer.put(key, value, version).map(drop))?;
+        if let Some(applied) = state.last_applied {
+            writer.publish_applied(applied.index, unix_now_us())?;
+        }
+        self.swap_region(state, writer)
+    }
+
+    /// Compacts the region (see `rebuild_region`) so that a write the quota
+    /// admitted can be placed.
+    fn compact(&self) -> Result<(), StateMachineError> {
+        let old = {
+            let mut state = self.lock();
+            let seed = state.hash_seed;
+            self.rebuild_region(&mut state, seed)?
+        };
+        old.retire_region()?;
+        metrics::counter!("rdkv_region_compactions_total").increment(1);
+        tracing::warn!("the region could not place an admitted write; compacted it");
+        Ok(())
+    }
+
+    /// Applies one entry to completion. A write the quota admitted but the
+    /// region cannot place now waits for blocks in their grace period, then
+    /// compacts the region, and stops this replica (an error) only if even
+    /// the compacted region cannot hold it. It is never recorded as failed:
+    /// other replicas applied it.
+    async fn apply_one(&self, entry: &Entry) -> Result<CommandResult, StateMachineError> {
+        let mut resume_at = 0;
+        let mut compacted_at = None;
+        loop {
+            let applied = apply_entry(&mut self.lock(), entry, resume_at);
+            match applied {
+                Applied::Done(result) => return Ok(result),
+                Applied::AdoptSeed(seed) => {
+                    self.adopt_hash_seed(seed)?;
+                    return Ok(CommandResult::Applied(Response::Done));
+                }
+                Applied::Full {
+                    reclaim_at_us: Some(at_us),
+                    next_pair,
+                } => {
+                    let now_us = self.shared.clock.now_us();
+                    let pause_us = at_us.saturating_sub(now_us).max(MIN_RECLAIM_PAUSE_US);
+                    tokio::time::sleep(Duration::from_micros(pause_us)).await;
+                    resume_at = next_pair;
+                }
+                Applied::Full {
+                    reclaim_at_us: None,
+                    next_pair,
+                } => {
+                    if compacted_at == Some(next_pair) {
+                        return Err(self.unplaceable(entry, next_pair));
+                    }
+                    self.compact()?;
+                    compacted_at = Some(next_pair);
+                    resume_at = next_pair;
+                }
+            }
+        }
+    }
+
+    /// The error that stops this replica: write `pair` of the entry does not
+    /// fit a compacted region.
+    fn unplaceable(&self, entry: &Entry, pair: usize) -> StateMachineError {
+        let stats = self.lock().writer.stats();
+        let source = RegionError::RegionFull {
+            needed_bytes: 0,
+            free_bytes: stats.free_bytes,
+            largest_free_bytes: stats.largest_free_bytes,
+            pending_reclaim_bytes: stats.pending_reclaim_bytes,
+        };
+        tracing::error!(index = entry.log_id.index, pair, "{source}");
+        StateMachineError::Unplaceable {
+            index: entry.log_id.index,
+            source,
+        }
+    }
+
+    /// Records `entry` as applied: the digest there, the applied index in
+    /// the region header, and the no-space alarm's state.
+    fn record_applied(&self, entry: &Entry) -> Result<(), StateMachineError> {
+        let index = entry.log_id.index;
+        {
+            let mut state = self.lock();
+            state.last_applied = Some(entry.log_id);
+            let digest = state.writer.digest();
+            state.digests.record(index, digest);
+            state.writer.publish_applied(index, unix_now_us())?;
+            if state.no_space_alarm && has_room(&state) {
+                state.no_space_alarm = false;
+                tracing::info!("the no-space alarm is cleared");
+            }
+        }
+        self.shared.applied_index.store(index, Ordering::Release);
+        Ok(())
+    }
+
+    /// The quota, the charge against it and the alarm, read together.
+    pub fn quota_status(&self) -> QuotaStatus {
+        let state = self.lock();
+        QuotaStatus {
+            quota_bytes: state.quota_bytes,
+            charged_bytes: state.writer.stats().charged_bytes,
+            no_space_alarm: state.no_space_alarm,
+        }
+    }
+
+    /// Raises the no-space alarm: a leader refused a write for the quota
+    /// before proposing it.
+    pub fn raise_no_space_alarm(&self) {
+        let mut state = self.lock();
+        if !state.no_space_alarm {
+            state.no_space_alarm = true;
+            tracing::warn!("no-space alarm: a write was refused for the quota");
+        }
     }
 
     /// The state digest at each of the last applied indexes, oldest first
@@ -403,6 +554,7 @@ impl RegionStateMachine {
             };
             let region = SnapshotRegion {
                 hash_seed: state.hash_seed.map(|seed| (seed.0, seed.1)),
+                quota_bytes: state.quota_bytes,
             };
             let mut writer = SnapshotWriter::new(&meta, region)?;
             let mut encode_error = None;
@@ -466,8 +618,13 @@ fn index_of(meta: &SnapshotMeta) -> u64 {
 /// A region rebuilt from a snapshot.
 struct LoadedRegion {
     writer: KeyedRegion,
-    hash_seed: Option<HashSeed>,
+    /// The replicated settings the snapshot carries.
+    region: SnapshotRegion,
     meta: SnapshotMeta,
+}
+
+fn seed_of(region: &SnapshotRegion) -> Option<HashSeed> {
+    region.hash_seed.map(|(k0, k1)| HashSeed(k0, k1))
 }
 
 /// Places the pairs of the snapshot in `bytes` in a new region of `epoch`,
@@ -481,15 +638,15 @@ fn load_region(
     bytes: &[u8],
 ) -> Result<LoadedRegion, StateMachineError> {
     let reader = SnapshotReader::open(bytes, max_snapshot_record_bytes(&config.region))?;
-    let hash_seed = reader.region.hash_seed.map(|(k0, k1)| HashSeed(k0, k1));
-    let mut writer = KeyedRegion::new(new_region(config, clock, epoch, hash_seed)?)?;
+    let region = reader.region;
+    let mut writer = KeyedRegion::new(new_region(config, clock, epoch, seed_of(&region))?)?;
     let meta = reader.pairs(|key, value, version| {
         writer.put(key, value, version)?;
         Ok::<_, StateMachineError>(())
     })?;
     Ok(LoadedRegion {
         writer,
-        hash_seed,
+        region,
         meta,
     })
 }
@@ -515,47 +672,9 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
     where
         S: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
     {
-        let wait_budget = Duration::from_millis(self.shared.config.region_full_wait_ms);
         while let Some((entry, responder)) = entries.try_next().await? {
-            let mut resume_at = 0;
-            let mut waited = Duration::ZERO;
-            let result = loop {
-                let applied = {
-                    let mut state = self.lock();
-                    apply_entry(&mut state, &entry, resume_at, waited >= wait_budget)
-                };
-                match applied {
-                    Applied::Done(result) => break result,
-                    Applied::AdoptSeed(seed) => {
-                        self.adopt_hash_seed(seed)?;
-                        break CommandResult::Applied(Response::Done);
-                    }
-                    // Full, but blocks come back once their grace period ends:
-                    // waiting keeps replicas from diverging on a transient full.
-                    Applied::WaitForReclaim { at_us, next_pair } => {
-                        let pause = Duration::from_micros(
-                            at_us.saturating_sub(self.shared.clock.now_us()).max(100),
-                        )
-                        .min(wait_budget.saturating_sub(waited));
-                        tokio::time::sleep(pause).await;
-                        waited += pause;
-                        resume_at = next_pair;
-                    }
-                }
-            };
-            {
-                let mut state = self.lock();
-                state.last_applied = Some(entry.log_id);
-                let digest = state.writer.digest();
-                state.digests.record(entry.log_id.index, digest);
-                state
-                    .writer
-                    .publish_applied(entry.log_id.index, unix_now_us())
-                    .map_err(StateMachineError::from)?;
-            }
-            self.shared
-                .applied_index
-                .store(entry.log_id.index, Ordering::Release);
+            let result = self.apply_one(&entry).await?;
+            self.record_applied(&entry)?;
             if let Some(responder) = responder {
                 responder.send(result);
             }
@@ -590,7 +709,8 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
         let old = {
             let mut state = self.lock();
             let old = self.swap_region(&mut state, writer)?;
-            state.hash_seed = loaded.hash_seed;
+            state.hash_seed = seed_of(&loaded.region);
+            state.quota_bytes = loaded.region.quota_bytes;
             let digest = state.writer.digest();
             state.digests.record(index, digest);
             state.last_applied = meta.last_log_id;
@@ -613,6 +733,17 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
             .clone()
             .map(|(meta, snapshot)| Snapshot { meta, snapshot }))
     }
+}
+
+/// Pause between tries when the region waits for blocks to come back.
+const MIN_RECLAIM_PAUSE_US: u64 = 100;
+
+/// Whether the charge is back under the alarm's clearing mark.
+fn has_room(state: &State) -> bool {
+    state.quota_bytes.is_none_or(|quota| {
+        state.writer.stats().charged_bytes.saturating_mul(100)
+            <= quota.saturating_mul(ALARM_CLEAR_PERCENT)
+    })
 }
 
 impl CommandResult {

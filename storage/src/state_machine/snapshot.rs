@@ -5,13 +5,13 @@
 //! ```text
 //! record: "RDKVSNAP" + u32 LE format version
 //! record: postcard(SnapshotRecord::Meta(SnapshotMeta))
-//! record: postcard(SnapshotRecord::Region(RegionState))             (version 2 on)
+//! record: postcard(SnapshotRecord::Region(SnapshotRegion))          (version 3; version 2: RegionV2)
 //! record: postcard(SnapshotRecord::Pair { key, value, version })   (any number)
 //! record: postcard(SnapshotRecord::End { pairs })
 //! ```
 //!
-//! Version 1 files (no region record) are still read: their state has no
-//! cluster hash seed yet.
+//! Older files are still read: version 1 has no region record (no cluster
+//! hash seed yet), version 2's region record has the seed but no quota.
 
 use std::fs;
 use std::io::{self, Write};
@@ -25,7 +25,7 @@ use crate::raft::SnapshotMeta;
 use crate::record::{RecordError, decode_record, encode_record};
 
 const MAGIC: &[u8; 8] = b"RDKVSNAP";
-const FORMAT_VERSION: u32 = 2;
+const FORMAT_VERSION: u32 = 3;
 /// The oldest format version still read.
 const OLDEST_READ_VERSION: u32 = 1;
 const FILE_PREFIX: &str = "snap-";
@@ -42,15 +42,25 @@ enum SnapshotRecord<'a> {
     End {
         pairs: u64,
     },
+    /// Version 2's region record (read, never written).
+    RegionV2(RegionRecordV2),
     Region(SnapshotRegion),
 }
 
 /// What a snapshot says of its region beyond the pairs: the replicated
-/// parts of its state that placing the pairs depends on.
+/// parts of its state that placing and admitting pairs depend on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotRegion {
     /// The cluster's hash seed, once `Command::SetHashSeed` was applied.
     pub hash_seed: Option<(u64, u64)>,
+    /// The cluster's quota, once `Command::SetQuota` was applied.
+    pub quota_bytes: Option<u64>,
+}
+
+/// The region record of format version 2.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct RegionRecordV2 {
+    hash_seed: Option<(u64, u64)>,
 }
 
 #[derive(Debug, Error)]
@@ -140,13 +150,19 @@ impl<'a> SnapshotReader<'a> {
         let SnapshotRecord::Meta(meta) = records.next_record()? else {
             return Err(SnapshotError::Structure("second record is not the meta"));
         };
-        let region = if version >= 2 {
-            let SnapshotRecord::Region(region) = records.next_record()? else {
-                return Err(SnapshotError::Structure("third record is not the region"));
-            };
-            region
-        } else {
-            SnapshotRegion::default()
+        let region = match version {
+            1 => SnapshotRegion::default(),
+            2 => match records.next_record()? {
+                SnapshotRecord::RegionV2(old) => SnapshotRegion {
+                    hash_seed: old.hash_seed,
+                    quota_bytes: None,
+                },
+                _ => return Err(SnapshotError::Structure("third record is not the region")),
+            },
+            _ => match records.next_record()? {
+                SnapshotRecord::Region(region) => region,
+                _ => return Err(SnapshotError::Structure("third record is not the region")),
+            },
         };
         Ok(SnapshotReader {
             meta,
@@ -181,7 +197,9 @@ impl<'a> SnapshotReader<'a> {
                     }
                     return Ok(self.meta);
                 }
-                SnapshotRecord::Meta(_) | SnapshotRecord::Region(_) => {
+                SnapshotRecord::Meta(_)
+                | SnapshotRecord::Region(_)
+                | SnapshotRecord::RegionV2(_) => {
                     return Err(SnapshotError::Structure("a second meta or region record").into());
                 }
             }
@@ -302,16 +320,22 @@ pub fn load_latest(dir: &Path) -> Result<Option<Vec<u8>>, SnapshotError> {
 mod tests {
     use super::*;
 
-    /// A snapshot as version 1 wrote it: no region record.
-    fn version_1_snapshot(pairs: &[(&[u8], &[u8], u64)]) -> Vec<u8> {
+    /// A snapshot as an older version wrote it: version 1 has no region
+    /// record, version 2 the region record without the quota.
+    fn old_snapshot(version: u32, pairs: &[(&[u8], &[u8], u64)]) -> Vec<u8> {
         let mut bytes = Vec::new();
         let mut header = MAGIC.to_vec();
-        header.extend_from_slice(&1u32.to_le_bytes());
+        header.extend_from_slice(&version.to_le_bytes());
         encode_record(&header, &mut bytes);
         let mut push = |record: &SnapshotRecord<'_>| {
             encode_record(&postcard::to_allocvec(record).unwrap(), &mut bytes);
         };
         push(&SnapshotRecord::Meta(SnapshotMeta::default()));
+        if version == 2 {
+            push(&SnapshotRecord::RegionV2(RegionRecordV2 {
+                hash_seed: Some((7, 8)),
+            }));
+        }
         for &(key, value, version) in pairs {
             push(&SnapshotRecord::Pair {
                 key,
@@ -325,11 +349,7 @@ mod tests {
         bytes
     }
 
-    #[test]
-    fn a_version_1_snapshot_is_read_without_a_seed_and_version_3_is_refused() {
-        let bytes = version_1_snapshot(&[(b"k", b"v", 4)]);
-        let reader = SnapshotReader::open(&bytes, 1024).unwrap();
-        assert_eq!(reader.region, SnapshotRegion::default());
+    fn pairs_of(reader: SnapshotReader<'_>) -> Vec<(Vec<u8>, Vec<u8>, u64)> {
         let mut pairs = Vec::new();
         reader
             .pairs(|k, v, version| {
@@ -337,22 +357,39 @@ mod tests {
                 Ok::<_, SnapshotError>(())
             })
             .unwrap();
-        assert_eq!(pairs, vec![(b"k".to_vec(), b"v".to_vec(), 4)]);
+        pairs
+    }
 
-        let mut writer = SnapshotWriter::new(
-            &SnapshotMeta::default(),
-            SnapshotRegion {
-                hash_seed: Some((5, 6)),
-            },
-        )
-        .unwrap();
+    #[test]
+    fn older_versions_are_read_and_a_newer_one_is_refused() {
+        let expected = vec![(b"k".to_vec(), b"v".to_vec(), 4)];
+        let bytes = old_snapshot(1, &[(b"k", b"v", 4)]);
+        let reader = SnapshotReader::open(&bytes, 1024).unwrap();
+        assert_eq!(reader.region, SnapshotRegion::default());
+        assert_eq!(pairs_of(reader), expected);
+
+        let bytes = old_snapshot(2, &[(b"k", b"v", 4)]);
+        let reader = SnapshotReader::open(&bytes, 1024).unwrap();
+        let seed_only = SnapshotRegion {
+            hash_seed: Some((7, 8)),
+            quota_bytes: None,
+        };
+        assert_eq!(reader.region, seed_only);
+        assert_eq!(pairs_of(reader), expected);
+
+        let region = SnapshotRegion {
+            hash_seed: Some((5, 6)),
+            quota_bytes: Some(1 << 20),
+        };
+        let mut writer = SnapshotWriter::new(&SnapshotMeta::default(), region).unwrap();
         writer.pair(b"k", b"v", 4).unwrap();
         let mut bytes = writer.finish().unwrap();
         let reader = SnapshotReader::open(&bytes, 1024).unwrap();
-        assert_eq!(reader.region.hash_seed, Some((5, 6)));
+        assert_eq!(reader.region, region);
+        assert_eq!(pairs_of(reader), expected);
         // The version word of the header record, under its CRC: rewrite both.
         let header_end = crate::record::RECORD_HEADER_BYTES + 12;
-        bytes[header_end - 4..header_end].copy_from_slice(&3u32.to_le_bytes());
+        bytes[header_end - 4..header_end].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
         let crc = crc32fast::hash(&bytes[crate::record::RECORD_HEADER_BYTES..header_end]);
         bytes[4..8].copy_from_slice(&crc.to_le_bytes());
         assert!(matches!(

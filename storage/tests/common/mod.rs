@@ -21,7 +21,6 @@ pub fn open(dir: &Path) -> RegionStateMachine {
             ..RegionConfig::default()
         },
         snapshot_dir: dir.join("snapshots"),
-        region_full_wait_ms: 10,
     })
     .unwrap()
 }
@@ -34,4 +33,17 @@ pub fn normal(index: u64, command: Command) -> Entry {
 pub async fn apply(sm: &mut RegionStateMachine, entries: Vec<Entry>) {
     let stream = futures::stream::iter(entries.into_iter().map(|e| Ok((e, None))));
     sm.apply(stream).await.unwrap();
+}
+
+/// A fresh state machine (in its own directory) that installed `snapshot`.
+#[allow(dead_code)] // Not every test binary that shares this module uses it.
+pub async fn installed_elsewhere(
+    snapshot: &rdkv_storage::state_machine::Snapshot,
+) -> (tempfile::TempDir, RegionStateMachine) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sm = open(dir.path());
+    sm.install_snapshot(&snapshot.meta, snapshot.snapshot.clone())
+        .await
+        .unwrap();
+    (dir, sm)
 }

@@ -1,0 +1,188 @@
+//! A full region never makes replicas diverge: the quota refuses the same
+//! writes on every replica (whatever each region's layout history), a write
+//! the quota admitted is placed even in a fragmented region (it waits for
+//! reclaim, then compacts), and a replica that cannot place it even then
+//! stops instead of recording a different result.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use bytes::Bytes;
+use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
+use openraft::testing::membership_ent;
+use rdkv_storage::raft::{Command, Entry, TypeConfig};
+use rdkv_storage::state_machine::RegionStateMachine;
+
+use common::{apply, installed_elsewhere, normal};
+
+fn put(key: String, value_bytes: usize, fill: u8) -> Command {
+    Command::Put {
+        key: Bytes::from(key),
+        value: Bytes::from(vec![fill; value_bytes]),
+    }
+}
+
+fn version_of(sm: &RegionStateMachine, key: &str) -> Option<u64> {
+    sm.get_local(key.as_bytes()).unwrap().map(|v| v.version)
+}
+
+/// Entries from `first_index` on, one per command.
+fn entries(first_index: u64, commands: impl IntoIterator<Item = Command>) -> Vec<Entry> {
+    commands
+        .into_iter()
+        .zip(first_index..)
+        .map(|(command, index)| normal(index, command))
+        .collect()
+}
+
+/// Replica A fills its 4 MiB region with 2 KiB blocks and deletes every
+/// other one, leaving free space only in 2 KiB holes and a short tail; B
+/// installs A's snapshot of that state, so its region is compact. Both then
+/// apply the same 4 KiB writes, which fit B's free space but not A's holes.
+/// Before: A gave up after a short wait and recorded them failed while B
+/// applied them (different digests). Now A compacts and places them too.
+#[tokio::test]
+async fn a_fragmented_replica_places_what_a_compact_one_places() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut fragmented = common::open(dir.path());
+    let mut first = vec![membership_ent::<TypeConfig>(
+        1,
+        1,
+        1,
+        vec![BTreeSet::from([1])],
+    )];
+    first.extend(entries(
+        2,
+        (0..1700).map(|i| put(format!("s{i:04}"), 2000, 1)),
+    ));
+    let deletes = (0..1700).step_by(2).map(|i| Command::Delete {
+        key: Bytes::from(format!("s{i:04}")),
+    });
+    first.extend(entries(1702, deletes));
+    apply(&mut fragmented, first).await;
+    let snapshot = fragmented.build_snapshot().await.unwrap();
+    let (_compact_dir, mut compact) = installed_elsewhere(&snapshot).await;
+
+    let next = snapshot.meta.last_log_id.unwrap().index + 1;
+    let large = entries(next, (0..400).map(|i| put(format!("l{i:04}"), 4000, 2)));
+    let epoch_before = fragmented.region_epoch();
+    apply(&mut compact, large.clone()).await;
+    apply(&mut fragmented, large).await;
+
+    assert_eq!(compact.digest_now(), fragmented.digest_now());
+    assert_eq!(compact.region_stats().live_keys, 850 + 400);
+    assert_eq!(fragmented.region_stats().live_keys, 850 + 400);
+    assert_eq!(version_of(&fragmented, "l0399"), Some(next + 399));
+    assert_ne!(
+        fragmented.region_epoch(),
+        epoch_before,
+        "the fragmented region was compacted (rebuilt at a new epoch)"
+    );
+}
+
+/// Writes past the quota are refused alike by a replica that applied every
+/// entry and one that installed a snapshot midway; an MPut is refused whole;
+/// an overwrite that does not grow passes; deletes make room and clear the
+/// alarm; the quota survives a restart.
+#[tokio::test]
+async fn the_quota_refuses_the_same_writes_everywhere() {
+    // A 1000-byte value and a 5-byte key take a 1280-byte block and a slot.
+    const CHARGE: u64 = 1280 + 8;
+    const QUOTA: u64 = 100_000;
+    let dir = tempfile::tempdir().unwrap();
+    let mut whole = common::open(dir.path());
+    let mut first = vec![membership_ent::<TypeConfig>(
+        1,
+        1,
+        1,
+        vec![BTreeSet::from([1])],
+    )];
+    first.push(normal(2, Command::SetQuota { bytes: QUOTA }));
+    first.extend(entries(
+        3,
+        (0..40).map(|i| put(format!("k{i:04}"), 1000, 1)),
+    ));
+    apply(&mut whole, first).await;
+    let snapshot = whole.build_snapshot().await.unwrap();
+    let (_joined_dir, mut joined) = installed_elsewhere(&snapshot).await;
+    assert_eq!(joined.quota_status().quota_bytes, Some(QUOTA));
+
+    let fits = QUOTA / CHARGE; // 77 pairs
+    let mut rest: Vec<Command> = (40..100)
+        .map(|i| put(format!("k{i:04}"), 1000, 1))
+        .collect();
+    // Over the quota: an overwrite of the same size still passes...
+    rest.push(put("k0000".into(), 1000, 9));
+    // ...an MPut adding one key is refused whole, its overwrite included.
+    rest.push(Command::MPut {
+        pairs: vec![
+            (Bytes::from("k0001"), Bytes::from(vec![9; 1000])),
+            (Bytes::from("m0000"), Bytes::from(vec![9; 1000])),
+        ],
+    });
+    let rest = entries(43, rest);
+    let overwrite_index = 43 + 60;
+    apply(&mut whole, rest.clone()).await;
+    apply(&mut joined, rest).await;
+
+    for sm in [&whole, &joined] {
+        let quota = sm.quota_status();
+        assert_eq!(quota.charged_bytes, fits * CHARGE);
+        assert!(quota.no_space_alarm);
+        assert_eq!(sm.region_stats().live_keys, fits);
+        assert_eq!(version_of(sm, &format!("k{:04}", fits - 1)), Some(2 + fits));
+        assert_eq!(version_of(sm, &format!("k{fits:04}")), None);
+        assert_eq!(version_of(sm, "k0000"), Some(overwrite_index));
+        assert_eq!(
+            version_of(sm, "k0001"),
+            Some(4),
+            "the MPut was refused whole"
+        );
+        assert_eq!(version_of(sm, "m0000"), None);
+    }
+    assert_eq!(whole.digest_now(), joined.digest_now());
+
+    // Deleting 10 pairs brings the charge under 90% of the quota.
+    let next = whole.applied_index() + 1;
+    let deletes = (0..10).map(|i| Command::Delete {
+        key: Bytes::from(format!("k{i:04}")),
+    });
+    apply(&mut whole, entries(next, deletes)).await;
+    assert!(!whole.quota_status().no_space_alarm);
+    assert_eq!(whole.quota_status().charged_bytes, (fits - 10) * CHARGE);
+
+    whole.build_snapshot().await.unwrap();
+    drop(whole);
+    let reopened = common::open(dir.path());
+    assert_eq!(reopened.quota_status().quota_bytes, Some(QUOTA));
+}
+
+/// A write no compaction can place (no quota limits it here) stops the
+/// replica with an error naming the cure; before, it was recorded as failed
+/// on this replica alone and applying went on.
+#[tokio::test]
+async fn a_write_no_region_can_place_stops_the_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sm = common::open(dir.path());
+    let mut all = vec![membership_ent::<TypeConfig>(
+        1,
+        1,
+        1,
+        vec![BTreeSet::from([1])],
+    )];
+    all.extend(entries(
+        2,
+        (0..2500).map(|i| put(format!("s{i:04}"), 2000, 1)),
+    ));
+    let stream = futures::stream::iter(all.into_iter().map(|e| Ok((e, None))));
+    let error = sm
+        .apply(stream)
+        .await
+        .expect_err("the region cannot hold 5 MB");
+    let message = error.to_string();
+    assert!(message.contains("cannot be placed"), "{message}");
+    assert!(message.contains("--quota-bytes"), "{message}");
+    let applied = sm.applied_index();
+    assert!(applied > 1000 && applied < 2500, "stopped at {applied}");
+}
