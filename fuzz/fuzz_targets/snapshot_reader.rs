@@ -78,6 +78,7 @@ fn round_trip(mode: u8, bytes: &[u8]) {
     let meta = SnapshotMeta::default();
     let region = SnapshotRegion {
         hash_seed: (mode & 2 == 2).then_some((u64::from(mode), bytes.len() as u64)),
+        quota_bytes: (mode & 4 == 4).then_some(bytes.len() as u64),
     };
     let mut writer = SnapshotWriter::new(&meta, region).unwrap();
     for (key, value, version) in &pairs {

@@ -289,6 +289,7 @@ fn snapshot_reader(dir: &Path) {
             &SnapshotMeta::default(),
             SnapshotRegion {
                 hash_seed: Some((7, 9)),
+                quota_bytes: Some(1 << 20),
             },
         )
         .unwrap();
