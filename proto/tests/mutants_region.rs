@@ -252,13 +252,14 @@ fn region_state_words_other_than_serving_and_retired_are_unknown() {
 
 #[test]
 fn size_class_indices_stop_at_the_last_class() {
-    let last = SizeClass::from_index(87).expect("88 classes");
+    let last = SizeClass::from_index(99).expect("100 classes");
     assert_eq!(last.units(), MAX_BLOCK_UNITS);
     assert_eq!(last.bytes(), u64::from(MAX_BLOCK_UNITS) * 64);
-    assert_eq!(SizeClass::from_index(88), None);
+    assert_eq!(SizeClass::from_index(100), None);
     let first = SizeClass::from_index(0).expect("class 0");
     assert_eq!((first.units(), first.bytes()), (1, 64));
-    assert_eq!(SizeClass::for_units(17).map(SizeClass::units), Some(20));
+    assert_eq!(SizeClass::for_units(17).map(SizeClass::units), Some(17));
+    assert_eq!(SizeClass::for_units(33).map(SizeClass::units), Some(40));
     // The largest block has a class (the last); one unit more has none.
     assert_eq!(SizeClass::for_units(u64::from(MAX_BLOCK_UNITS)), Some(last));
     assert_eq!(SizeClass::for_units(u64::from(MAX_BLOCK_UNITS) + 1), None);

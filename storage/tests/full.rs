@@ -87,8 +87,8 @@ async fn a_fragmented_replica_places_what_a_compact_one_places() {
 /// alarm; the quota survives a restart.
 #[tokio::test]
 async fn the_quota_refuses_the_same_writes_everywhere() {
-    // A 1000-byte value and a 5-byte key take a 1280-byte block and a slot.
-    const CHARGE: u64 = 1280 + 8;
+    // A 1000-byte value and a 5-byte key take a 1088-byte block and a slot.
+    const CHARGE: u64 = 1088 + 8;
     const QUOTA: u64 = 100_000;
     let dir = tempfile::tempdir().unwrap();
     let mut whole = common::open(dir.path());
@@ -108,7 +108,7 @@ async fn the_quota_refuses_the_same_writes_everywhere() {
     let (_joined_dir, mut joined) = installed_elsewhere(&snapshot).await;
     assert_eq!(joined.quota_status().quota_bytes, Some(QUOTA));
 
-    let fits = QUOTA / CHARGE; // 77 pairs
+    let fits = QUOTA / CHARGE; // 91 pairs
     let mut rest: Vec<Command> = (40..100)
         .map(|i| put(format!("k{i:04}"), 1000, 1))
         .collect();

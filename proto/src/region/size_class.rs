@@ -1,18 +1,19 @@
 //! Block size classes. A slot stores a class index (7 bits) rather than an
 //! exact length: the reader reads the whole class in one READ and the block
 //! header says how much of it is payload. Classes are exact 64-byte steps up to
-//! 1 KiB (no over-read for small values), then four per doubling (at most 25%
-//! over-read, and large values are read in slices anyway).
+//! 2 KiB (at most 63 bytes of padding: a 1 KiB value with its key and header
+//! takes 1088 bytes, not 1280), then four per doubling (at most 25% over-read,
+//! and large values are read in slices anyway).
 
 /// The data area's allocation unit and block alignment: one cache line.
 pub const UNIT_BYTES: u64 = 64;
 
-const LINEAR_CLASSES: u32 = 16;
+const LINEAR_CLASSES: u32 = 32;
 const STEPS_PER_DOUBLING: u32 = 4;
 /// Largest block: 2^22 units = 256 MiB.
 pub const MAX_BLOCK_UNITS: u32 = 1 << 22;
 /// Classes in the table (the slot's class field must be able to name each).
-pub(crate) const CLASS_COUNT: usize = 16 + 4 * 18;
+pub(crate) const CLASS_COUNT: usize = LINEAR_CLASSES as usize + 4 * 17;
 
 const TABLE: [u32; CLASS_COUNT] = build_table();
 const _: () = assert!(TABLE[CLASS_COUNT - 1] == MAX_BLOCK_UNITS);
@@ -37,7 +38,7 @@ const fn build_table() -> [u32; CLASS_COUNT] {
     table
 }
 
-/// Index into the class table, as stored in a slot (0 ..= 87).
+/// Index into the class table, as stored in a slot (0 ..= 99).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SizeClass(u8);
 
@@ -103,12 +104,22 @@ mod tests {
         assert_eq!(SizeClass::for_units(u64::from(MAX_BLOCK_UNITS) + 1), None);
         assert_eq!(SizeClass::for_bytes(64).unwrap().units(), 1);
         assert_eq!(SizeClass::for_bytes(65).unwrap().units(), 2);
-        assert_eq!(SizeClass::for_bytes(1025).unwrap().units(), 20);
+        assert_eq!(SizeClass::for_bytes(1025).unwrap().units(), 17);
+        assert_eq!(SizeClass::for_bytes(2048).unwrap().units(), 32);
+        assert_eq!(SizeClass::for_bytes(2049).unwrap().units(), 40);
     }
 
     #[test]
-    fn over_allocation_is_at_most_a_quarter_above_one_kib() {
-        for units in 17..=100_000u64 {
+    fn padding_is_under_a_unit_up_to_two_kib() {
+        for bytes in 1..=2048u64 {
+            let class = SizeClass::for_bytes(bytes).unwrap();
+            assert!(class.bytes() - bytes < UNIT_BYTES, "{bytes}");
+        }
+    }
+
+    #[test]
+    fn over_allocation_is_at_most_a_quarter_above_two_kib() {
+        for units in 33..=100_000u64 {
             let class = SizeClass::for_units(units).unwrap();
             assert!(u64::from(class.units()) * 4 <= units * 5, "{units}");
         }
