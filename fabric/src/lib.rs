@@ -26,6 +26,7 @@
 compile_error!("rdkv regions are little-endian; big-endian targets are not supported");
 
 pub mod clock;
+pub mod mapped_file;
 pub mod memory;
 pub mod rdma;
 pub mod read_stats;

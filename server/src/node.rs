@@ -261,13 +261,21 @@ fn protocol_limits(region: &RegionConfig) -> Result<Limits> {
 
 /// Opens the log and the region, then starts Raft on them.
 async fn start_replica(config: &Config, region: RegionConfig) -> Result<Replica> {
+    let started = std::time::Instant::now();
     let log = LogStore::open(config.data_dir.join("raft-log"), LogOptions::default())
         .context("opening the raft log")?;
+    let log_opened = started.elapsed();
     let sm = RegionStateMachine::open(StateMachineConfig {
         region,
         snapshot_dir: config.data_dir.join("snapshots"),
     })
     .context("opening the state machine")?;
+    tracing::info!(
+        log_ms = log_opened.as_millis(),
+        region_ms = (started.elapsed() - log_opened).as_millis(),
+        live_keys = sm.region_stats().live_keys,
+        "opened the log and the region"
+    );
     // A snapshot holds at most the region's live pairs plus framing.
     let max_snapshot_bytes = config.region_bytes * 2 + SNAPSHOT_CHUNK_BYTES as u64;
     let peers = Arc::new(PeerContext::new(
@@ -282,9 +290,12 @@ async fn start_replica(config: &Config, region: RegionConfig) -> Result<Replica>
     // Nothing this incarnation commits may become visible before that
     // lease has run out: in a cluster the other voters guarantee it (they
     // vote for no one that soon), but a sole voter elects itself at once.
-    // So a restarted node waits the lease out before it starts Raft.
+    // So a restarted node waits the lease out before it starts Raft: from
+    // its own start, which came after the previous incarnation's last
+    // publication, so that opening the log and the region counts towards it.
     if log.stats().last_index.is_some() || sm.applied_index() > 0 {
-        tokio::time::sleep(Duration::from_millis(raft_config.election_timeout_min)).await;
+        let lease_out = started + Duration::from_millis(raft_config.election_timeout_min);
+        tokio::time::sleep_until(lease_out.into()).await;
     }
     let raft = Raft::new(
         config.id,

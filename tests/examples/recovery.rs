@@ -1,10 +1,14 @@
-//! Time to recover: a node holding 100 000 keys (100-byte values) is stopped
-//! and restarted; we measure from the restart to the first successful
+//! Time to recover, and the memory it takes: a node holding `--keys` keys
+//! (default 100 000) of `--value-bytes` values (default 100) is stopped and
+//! restarted; we measure from the restart to the first successful
 //! linearizable read and to all keys being present, once recovering by log
-//! replay and once from a snapshot. The same data in a real redis-server with
-//! an fsync-always AOF is restarted the same way, in the same run, as a peer.
+//! replay and once from a snapshot, and the region bytes per stored byte
+//! (`rdkv_region_used_bytes` / `rdkv_region_payload_bytes`). The same data
+//! in a real redis-server with an fsync-always AOF is restarted the same
+//! way, in the same run, as a peer (its `used_memory` per stored byte).
 //!
-//! `cargo run --release -p rdkv-tests --example recovery`
+//! `cargo run --release -p rdkv-tests --example recovery -- [--keys N]
+//! [--value-bytes N] [--region-mib N] [--snapshot-entries N]`
 //! (redis-server must be on PATH for the comparison; it is skipped otherwise).
 
 use std::io::Write;
@@ -15,56 +19,134 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use rdkv_proto::wire::Consistency;
+use rdkv_tests::prometheus::{http_get, parse};
 use rdkv_tests::{Cluster, Intent, free_port};
 
-const KEYS: usize = 100_000;
 const BATCH: usize = 1_000;
-const VALUE_BYTES: usize = 100;
 
-fn value(i: usize) -> Bytes {
-    let mut v = format!("{i:010}").into_bytes();
-    v.resize(VALUE_BYTES, b'v');
-    Bytes::from(v)
+/// The run's scale, from the command line.
+#[derive(Debug, Clone, Copy)]
+struct Scale {
+    keys: usize,
+    value_bytes: usize,
+    region_mib: u64,
+    /// Entries (batches) between snapshots in the snapshot run.
+    snapshot_entries: u64,
 }
 
-async fn rdkv_recovery(label: &str, extra: &[&str]) -> Result<(Duration, Duration)> {
-    let mut cluster = Cluster::start_with(1, extra)?;
-    cluster.wait_for_leader(Duration::from_secs(20)).await?;
-    let client = cluster.client(Intent::Any)?;
-    for batch in 0..KEYS / BATCH {
+impl Scale {
+    fn from_args() -> Result<Scale> {
+        let mut scale = Scale {
+            keys: 100_000,
+            value_bytes: 100,
+            region_mib: 256,
+            snapshot_entries: 10,
+        };
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        for pair in args.chunks(2) {
+            let [flag, value] = pair else {
+                bail!("flags take a value: {args:?}");
+            };
+            let number: u64 = value.parse().with_context(|| format!("{flag} {value}"))?;
+            match flag.as_str() {
+                "--keys" => scale.keys = usize::try_from(number)?,
+                "--value-bytes" => scale.value_bytes = usize::try_from(number)?,
+                "--region-mib" => scale.region_mib = number,
+                "--snapshot-entries" => scale.snapshot_entries = number,
+                other => bail!("unknown flag {other}"),
+            }
+        }
+        if scale.keys % BATCH != 0 || scale.keys == 0 {
+            bail!("--keys must be a positive multiple of {BATCH}");
+        }
+        Ok(scale)
+    }
+
+    fn key(&self, i: usize) -> String {
+        format!("key{i:08}")
+    }
+
+    fn value(&self, i: usize) -> Bytes {
+        let mut v = format!("{i:010}").into_bytes();
+        v.resize(self.value_bytes, b'v');
+        Bytes::from(v)
+    }
+
+    /// Keys and values, as both stores hold them.
+    fn payload_bytes(&self) -> u64 {
+        (self.keys * (self.key(0).len() + self.value_bytes)) as u64
+    }
+}
+
+/// What one restart measured.
+struct Recovery {
+    first_read: Duration,
+    all_keys: Duration,
+    /// Memory the store holds per byte of keys and values.
+    bytes_per_byte: f64,
+}
+
+/// `used / payload` from a node's `/metrics`.
+fn region_bytes_per_byte(cluster: &Cluster) -> Result<f64> {
+    let (status, body) = http_get(cluster.node(1)?.http_addr, "/metrics")?;
+    if status != 200 {
+        bail!("/metrics answered {status}");
+    }
+    let metrics = parse(&body)?;
+    let sample = |name: &str| metrics.get(name, &[]).with_context(|| format!("no {name}"));
+    Ok(sample("rdkv_region_used_bytes")? / sample("rdkv_region_payload_bytes")?)
+}
+
+async fn load(client: &rdkv_client::Client, scale: Scale) -> Result<()> {
+    for batch in 0..scale.keys / BATCH {
         let pairs = (batch * BATCH..(batch + 1) * BATCH)
-            .map(|i| (Bytes::from(format!("key{i:08}")), value(i)))
+            .map(|i| (Bytes::from(scale.key(i)), scale.value(i)))
             .collect::<Vec<_>>();
         client.mput(pairs).await?;
     }
+    Ok(())
+}
+
+async fn rdkv_recovery(label: &str, scale: Scale, extra: &[&str]) -> Result<Recovery> {
+    let region_mib = scale.region_mib.to_string();
+    let mut args = vec!["--region-mib", &region_mib];
+    args.extend_from_slice(extra);
+    let mut cluster = Cluster::start_with(1, &args)?;
+    cluster.wait_for_leader(Duration::from_secs(20)).await?;
+    load(&cluster.client(Intent::Any)?, scale).await?;
+    let bytes_per_byte = region_bytes_per_byte(&cluster)?;
     cluster.node_mut(1)?.stop()?;
     let started = Instant::now();
     cluster.restart(1)?;
     let client = cluster.client(Intent::Any)?;
-    let probe = Bytes::from(format!("key{:08}", KEYS - 1));
+    let probe = Bytes::from(scale.key(scale.keys - 1));
     let first_read = loop {
         if let Ok(Some(v)) = client
             .get_with(probe.clone(), Consistency::Linearizable)
             .await
-            && v.value == value(KEYS - 1)
+            && v.value == scale.value(scale.keys - 1)
         {
             break started.elapsed();
         }
-        if started.elapsed() > Duration::from_secs(120) {
-            bail!("{label}: no read within 120 s");
+        if started.elapsed() > Duration::from_secs(300) {
+            bail!("{label}: no read within 300 s");
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
-    let all = loop {
+    let all_keys = loop {
         if let Ok(status) = client.status().await
-            && status.region.live_keys == KEYS as u64
+            && status.region.live_keys == scale.keys as u64
         {
             break started.elapsed();
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
     cluster.node_mut(1)?.stop()?;
-    Ok((first_read, all))
+    Ok(Recovery {
+        first_read,
+        all_keys,
+        bytes_per_byte,
+    })
 }
 
 fn redis(port: u16, dir: &std::path::Path) -> Result<Child> {
@@ -95,7 +177,47 @@ fn redis_cli(port: u16, args: &[&str]) -> Option<String> {
     Some(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
-fn redis_recovery() -> Result<Option<(Duration, Duration)>> {
+/// The same data, MSET batches of the same size, through redis-cli --pipe.
+fn redis_load(port: u16, scale: Scale) -> Result<()> {
+    let mut pipe = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "--pipe"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()?;
+    let mut stdin = pipe.stdin.take().context("redis-cli stdin")?;
+    for batch in 0..scale.keys / BATCH {
+        let mut input = Vec::new();
+        write!(input, "*{}\r\n$4\r\nMSET\r\n", 1 + 2 * BATCH)?;
+        for i in batch * BATCH..(batch + 1) * BATCH {
+            let key = scale.key(i);
+            let v = scale.value(i);
+            write!(input, "${}\r\n{key}\r\n${}\r\n", key.len(), v.len())?;
+            input.extend_from_slice(&v);
+            input.extend_from_slice(b"\r\n");
+        }
+        stdin.write_all(&input)?;
+    }
+    drop(stdin);
+    pipe.wait()?;
+    if redis_cli(port, &["DBSIZE"]).as_deref() != Some(&scale.keys.to_string()) {
+        bail!("redis did not load {} keys", scale.keys);
+    }
+    Ok(())
+}
+
+/// `used_memory` of `INFO memory` per byte of keys and values.
+fn redis_bytes_per_byte(port: u16, scale: Scale) -> Result<f64> {
+    let info = redis_cli(port, &["INFO", "memory"]).context("INFO memory")?;
+    let used: f64 = info
+        .lines()
+        .find_map(|line| line.strip_prefix("used_memory:"))
+        .context("no used_memory")?
+        .trim()
+        .parse()?;
+    Ok(used / scale.payload_bytes() as f64)
+}
+
+fn redis_recovery(scale: Scale) -> Result<Option<Recovery>> {
     if Command::new("redis-server")
         .arg("--version")
         .output()
@@ -109,90 +231,76 @@ fn redis_recovery() -> Result<Option<(Duration, Duration)>> {
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         std::thread::sleep(Duration::from_millis(10));
     }
-    // Same data, MSET batches of the same size, through redis-cli --pipe.
-    let mut input = Vec::new();
-    for batch in 0..KEYS / BATCH {
-        write!(input, "*{}\r\n$4\r\nMSET\r\n", 1 + 2 * BATCH)?;
-        for i in batch * BATCH..(batch + 1) * BATCH {
-            let key = format!("key{i:08}");
-            let v = value(i);
-            write!(input, "${}\r\n{key}\r\n${}\r\n", key.len(), v.len())?;
-            input.extend_from_slice(&v);
-            input.extend_from_slice(b"\r\n");
-        }
-    }
-    let mut pipe = Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "--pipe"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()?;
-    pipe.stdin
-        .take()
-        .context("redis-cli stdin")?
-        .write_all(&input)?;
-    pipe.wait()?;
-    if redis_cli(port, &["DBSIZE"]).as_deref() != Some(&KEYS.to_string()) {
-        bail!("redis did not load {KEYS} keys");
-    }
+    redis_load(port, scale)?;
+    let bytes_per_byte = redis_bytes_per_byte(port, scale)?;
     Command::new("kill")
         .args(["-TERM", &server.id().to_string()])
         .status()?;
     server.wait()?;
     let started = Instant::now();
     let mut server = redis(port, dir.path())?;
-    let probe = format!("key{:08}", KEYS - 1);
+    let probe = scale.key(scale.keys - 1);
     let first_read = loop {
         if let Some(v) = redis_cli(port, &["GET", &probe])
-            && v.starts_with(&format!("{:010}", KEYS - 1))
+            && v.starts_with(&format!("{:010}", scale.keys - 1))
         {
             break started.elapsed();
         }
         std::thread::sleep(Duration::from_millis(5));
     };
-    let all = loop {
-        if redis_cli(port, &["DBSIZE"]).as_deref() == Some(&KEYS.to_string()) {
+    let all_keys = loop {
+        if redis_cli(port, &["DBSIZE"]).as_deref() == Some(&scale.keys.to_string()) {
             break started.elapsed();
         }
         std::thread::sleep(Duration::from_millis(5));
     };
     let _ = server.kill();
     let _ = server.wait();
-    Ok(Some((first_read, all)))
+    Ok(Some(Recovery {
+        first_read,
+        all_keys,
+        bytes_per_byte,
+    }))
+}
+
+fn row(system: &str, recovery: &Recovery) {
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "{system:<44} {:>16.1} {:>16.1} {:>14.3}",
+        ms(recovery.first_read),
+        ms(recovery.all_keys),
+        recovery.bytes_per_byte
+    );
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    println!("recovery of {KEYS} keys x {VALUE_BYTES} B values (time from restart)");
+    let scale = Scale::from_args()?;
     println!(
-        "{:<42} {:>16} {:>16}",
-        "system", "first read (ms)", "all keys (ms)"
+        "recovery of {} keys x {} B values (time from restart; memory per byte of keys and values)",
+        scale.keys, scale.value_bytes
     );
-    let (r, a) = rdkv_recovery("log replay", &[]).await?;
     println!(
-        "{:<42} {:>16.1} {:>16.1}",
+        "{:<44} {:>16} {:>16} {:>14}",
+        "system", "first read (ms)", "all keys (ms)", "bytes/byte"
+    );
+    row(
         "rdkv, 1 node, log replay",
-        ms(r),
-        ms(a)
+        &rdkv_recovery("log replay", scale, &[]).await?,
     );
-    let (r, a) = rdkv_recovery(
-        "snapshot",
-        &["--snapshot-entries", "10", "--snapshot-keep-entries", "0"],
-    )
-    .await?;
-    println!(
-        "{:<42} {:>16.1} {:>16.1}",
+    let entries = scale.snapshot_entries.to_string();
+    let snapshot_args = [
+        "--snapshot-entries",
+        &entries,
+        "--snapshot-keep-entries",
+        "0",
+    ];
+    row(
         "rdkv, 1 node, snapshot + log tail",
-        ms(r),
-        ms(a)
+        &rdkv_recovery("snapshot", scale, &snapshot_args).await?,
     );
-    match redis_recovery()? {
-        Some((r, a)) => println!(
-            "{:<42} {:>16.1} {:>16.1}",
-            "redis-server 7, AOF fsync always",
-            ms(r),
-            ms(a)
-        ),
+    match redis_recovery(scale)? {
+        Some(recovery) => row("redis-server 7, AOF fsync always", &recovery),
         None => println!("redis-server not found: comparison skipped"),
     }
     Ok(())

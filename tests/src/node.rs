@@ -140,7 +140,12 @@ impl NodeProc {
             .arg(self.http_addr.to_string())
             .arg("--resp-listen")
             .arg(self.resp_addr.to_string())
-            .args(["--heartbeat-ms", "50", "--region-mib", "64"]);
+            .args(["--heartbeat-ms", "50"]);
+        // The harness's region size unless the test sets its own (a flag
+        // given twice is refused).
+        if !self.extra_args.iter().any(|a| a == "--region-mib") {
+            command.args(["--region-mib", "64"]);
+        }
         command
     }
 

@@ -59,20 +59,41 @@ impl Deref for KeyedRegion {
 }
 
 impl KeyedRegion {
-    /// Wraps a region, indexing the keys it already holds.
-    pub(super) fn new(writer: RegionWriter) -> Result<KeyedRegion, RegionError> {
-        let mut keys = BTreeSet::new();
-        let mut digest = StateDigest::default();
-        writer.for_each_live(|key, _, version| {
-            keys.insert(Bytes::copy_from_slice(key));
-            digest.add(key, version);
+    /// Wraps a freshly created (empty) region.
+    pub(super) fn empty(writer: RegionWriter) -> KeyedRegion {
+        // Every region is created empty, then filled through this type: a
+        // non-empty one here would leave its keys out of the set.
+        assert_eq!(
+            writer.stats().live_keys,
+            0,
+            "KeyedRegion::empty of a filled region"
+        );
+        KeyedRegion {
+            writer,
+            keys: BTreeSet::new(),
+            digest: StateDigest::default(),
+        }
+    }
+
+    /// Fills a freshly created region with `pairs` (from a snapshot or
+    /// another region), building the ordered key set once at the end from
+    /// the keys collected (a bulk build, not one tree insert per key).
+    pub(super) fn load<E: From<RegionError>>(
+        writer: RegionWriter,
+        pairs: impl FnOnce(&mut dyn FnMut(&[u8], &[u8], u64) -> Result<(), E>) -> Result<(), E>,
+    ) -> Result<KeyedRegion, E> {
+        let mut region = KeyedRegion::empty(writer);
+        let mut keys = Vec::new();
+        pairs(&mut |key, value, version| {
+            match region.writer.put(key, value, version)? {
+                Some(old) => region.digest.remove(key, old),
+                None => keys.push(Bytes::copy_from_slice(key)),
+            }
+            region.digest.add(key, version);
             Ok(())
         })?;
-        Ok(KeyedRegion {
-            writer,
-            keys,
-            digest,
-        })
+        region.keys = keys.into_iter().collect();
+        Ok(region)
     }
 
     /// The digest of the live pairs.

@@ -9,6 +9,7 @@
 mod apply;
 pub mod digest;
 mod keyed;
+mod load;
 pub mod snapshot;
 
 use std::io;
@@ -37,7 +38,8 @@ use apply::{Applied, apply_entry};
 use digest::DigestHistory;
 use keyed::KeyedRegion;
 pub use keyed::{ScanPage, ScanRange};
-use snapshot::{SnapshotError, SnapshotReader, SnapshotRegion, SnapshotWriter};
+use load::{load_region, seed_of};
+use snapshot::{SnapshotError, SnapshotRegion, SnapshotWriter};
 
 pub type SnapshotData = Bytes;
 pub type Snapshot = SnapshotOf<TypeConfig, SnapshotData>;
@@ -178,11 +180,10 @@ impl RegionStateMachine {
         let (writer, region, meta, data) = match snapshot::load_latest(&config.snapshot_dir)? {
             Some(bytes) => {
                 let loaded = load_region(&config, &clock, first_epoch, &bytes)?;
-                let data = Some(Bytes::from(bytes));
-                (loaded.writer, loaded.region, Some(loaded.meta), data)
+                (loaded.writer, loaded.region, Some(loaded.meta), Some(bytes))
             }
             None => (
-                KeyedRegion::new(new_region(&config, &clock, first_epoch, None)?)?,
+                KeyedRegion::empty(new_region(&config, &clock, first_epoch, None)?),
                 SnapshotRegion::default(),
                 None,
                 None,
@@ -396,10 +397,7 @@ impl RegionStateMachine {
     ) -> Result<KeyedRegion, StateMachineError> {
         let epoch = state.writer.layout().region_epoch + 1;
         let empty = new_region(&self.shared.config, &self.shared.clock, epoch, seed)?;
-        let mut writer = KeyedRegion::new(empty)?;
-        state
-            .writer
-            .for_each_live(|key, value, version| writer.put(key, value, version).map(drop))?;
+        let writer = KeyedRegion::load(empty, |put| state.writer.for_each_live(put))?;
         if let Some(applied) = state.last_applied {
             writer.publish_applied(applied.index, unix_now_us())?;
         }
@@ -613,42 +611,6 @@ impl RegionStateMachine {
 
 fn index_of(meta: &SnapshotMeta) -> u64 {
     meta.last_log_id.map_or(0, |l| l.index)
-}
-
-/// A region rebuilt from a snapshot.
-struct LoadedRegion {
-    writer: KeyedRegion,
-    /// The replicated settings the snapshot carries.
-    region: SnapshotRegion,
-    meta: SnapshotMeta,
-}
-
-fn seed_of(region: &SnapshotRegion) -> Option<HashSeed> {
-    region.hash_seed.map(|(k0, k1)| HashSeed(k0, k1))
-}
-
-/// Places the pairs of the snapshot in `bytes` in a new region of `epoch`,
-/// with the cluster seed the snapshot names. A record that fails its check,
-/// or a pair the region refuses, is an error; the caller then keeps the
-/// region it has.
-fn load_region(
-    config: &StateMachineConfig,
-    clock: &Arc<dyn Clock>,
-    epoch: u64,
-    bytes: &[u8],
-) -> Result<LoadedRegion, StateMachineError> {
-    let reader = SnapshotReader::open(bytes, max_snapshot_record_bytes(&config.region))?;
-    let region = reader.region;
-    let mut writer = KeyedRegion::new(new_region(config, clock, epoch, seed_of(&region))?)?;
-    let meta = reader.pairs(|key, value, version| {
-        writer.put(key, value, version)?;
-        Ok::<_, StateMachineError>(())
-    })?;
-    Ok(LoadedRegion {
-        writer,
-        region,
-        meta,
-    })
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for RegionStateMachine {

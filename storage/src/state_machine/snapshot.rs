@@ -17,6 +17,7 @@ use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -308,12 +309,17 @@ fn snapshot_files(dir: &Path) -> Result<Vec<PathBuf>, SnapshotError> {
     Ok(files)
 }
 
-/// The newest persisted snapshot's bytes, if any.
-pub fn load_latest(dir: &Path) -> Result<Option<Vec<u8>>, SnapshotError> {
+/// The newest persisted snapshot's bytes, if any: the file mapped, not
+/// read into the heap (a snapshot is as large as the region's live data).
+/// Snapshot files are never changed in place (`persist` renames finished
+/// files), which the mapping relies on.
+pub fn load_latest(dir: &Path) -> Result<Option<Bytes>, SnapshotError> {
     let Some(path) = snapshot_files(dir)?.pop() else {
         return Ok(None);
     };
-    fs::read(&path).map(Some).map_err(io_error(&path))
+    rdkv_fabric::mapped_file::map_file(&path)
+        .map(Some)
+        .map_err(io_error(&path))
 }
 
 #[cfg(test)]
