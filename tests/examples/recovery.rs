@@ -56,7 +56,7 @@ impl Scale {
                 other => bail!("unknown flag {other}"),
             }
         }
-        if scale.keys % BATCH != 0 || scale.keys == 0 {
+        if !scale.keys.is_multiple_of(BATCH) || scale.keys == 0 {
             bail!("--keys must be a positive multiple of {BATCH}");
         }
         Ok(scale)
