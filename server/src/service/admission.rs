@@ -146,6 +146,8 @@ mod tests {
             fragmentation: 0.0,
             live_keys: 0,
             index_slots: 0,
+            overflow_tables: 0,
+            overflow_bytes: 0,
             reclaimed_blocks_total: 0,
             reclaimed_bytes_total: 0,
         }
