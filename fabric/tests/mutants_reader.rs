@@ -14,8 +14,8 @@ use rdkv_fabric::{
     ReaderOptions, RegionDescriptor, RegionMemory, RegionReader, RemoteRegion,
 };
 use rdkv_proto::region::{
-    BlockError, HashSeed, LayoutParams, RegionLayout, SLOTS_PER_BUCKET, SizeClass, Slot, SlotError,
-    dynamic_word, encode_block,
+    ANCHOR_SLOT, BlockError, HashSeed, LayoutParams, MAX_OVERFLOW_TABLES, OverflowLink,
+    RegionLayout, SLOTS_PER_BUCKET, SizeClass, Slot, SlotError, dynamic_word, encode_block,
 };
 use rdkv_proto::wire::Versioned;
 
@@ -235,6 +235,36 @@ impl Region {
                 word.expect("slot word") == slot.encode()
             })
             .expect("published")
+    }
+
+    /// A zeroed overflow table of `units` at the next free units, not yet
+    /// linked from anywhere.
+    fn table(&mut self, units: u64) -> OverflowLink {
+        let link = OverflowLink::new(units, self.next_unit);
+        self.next_unit += units;
+        let (at, len) = self.layout.table_range(link).expect("in range");
+        self.memory
+            .write_bytes(at, &vec![0u8; len as usize])
+            .expect("table");
+        link
+    }
+
+    /// Region offset of slot `index` of the table `link` names.
+    fn table_slot(&self, link: OverflowLink, index: u64) -> u64 {
+        self.layout.table_range(link).expect("in range").0 + index * 8
+    }
+
+    fn publish_in_table(&self, link: OverflowLink, index: u64, raw: u64) {
+        self.memory
+            .store_u64(self.table_slot(link, index), raw, Ordering::Release)
+            .expect("table slot");
+    }
+
+    /// `KEY`'s home anchor linked to a new table of one unit.
+    fn anchored_table(&mut self) -> OverflowLink {
+        let link = self.table(1);
+        self.publish(KEY, ANCHOR_SLOT as u64, link.encode());
+        link
     }
 
     fn block_offset(&self, slot: Slot) -> u64 {
@@ -856,4 +886,143 @@ fn a_collision_past_the_first_slot_rereads_its_own_slot() {
     let reader = region.reader(reader_options(2, None));
     assert_eq!(reader.get(KEY).expect("get"), versioned(b"mine", 5));
     assert_eq!(reader.stats().retries_moved, 0);
+}
+
+// Overflow chains: a key whose neighbourhood was full lives in a table its
+// home anchor links to.
+
+#[test]
+fn a_key_in_an_overflow_table_is_found_through_its_home_anchor() {
+    let mut region = Region::new();
+    let table = region.anchored_table();
+    let slot = region.block(region.fingerprint(KEY), KEY, b"overflowed", 6);
+    region.publish_in_table(table, 3, slot.encode());
+    let hooked = region.default_hooked_reader();
+    assert_eq!(
+        hooked.reader.get(KEY).expect("get"),
+        versioned(b"overflowed", 6)
+    );
+    // Neighbourhood, table, block.
+    assert_eq!(hooked.reads(), 3);
+    // The batched path has no candidate but a chain: it reads the key alone.
+    assert_eq!(
+        many_of_key(&hooked.reader),
+        vec![versioned(b"overflowed", 6)]
+    );
+    let cache = IndexCache::new(4);
+    assert_eq!(cached(&hooked.reader, &cache), versioned(b"overflowed", 6));
+    assert_eq!(cached(&hooked.reader, &cache), versioned(b"overflowed", 6));
+    assert_eq!(hooked.reader.stats().cache_hits, 1);
+    // Without the link the key is absent, and the batch says so at once.
+    region.publish(KEY, ANCHOR_SLOT as u64, 0);
+    assert_eq!(hooked.reader.get(KEY).expect("get"), None);
+    assert_eq!(many_of_key(&hooked.reader), vec![None]);
+}
+
+#[test]
+fn a_chain_is_followed_table_by_table_to_its_end() {
+    let mut region = Region::new();
+    let first = region.anchored_table();
+    let second = region.table(2);
+    region.publish_in_table(first, 7, second.encode());
+    let slot = region.block(region.fingerprint(KEY), KEY, b"deep", 9);
+    region.publish_in_table(second, 14, slot.encode());
+    let hooked = region.default_hooked_reader();
+    assert_eq!(hooked.reader.get(KEY).expect("get"), versioned(b"deep", 9));
+    // Neighbourhood, two tables, block.
+    assert_eq!(hooked.reads(), 4);
+    assert_eq!(hooked.reader.get(OTHER).expect("get"), None);
+}
+
+#[test]
+fn only_the_home_anchor_starts_a_chain_and_links_elsewhere_are_corrupt() {
+    let mut region = Region::new();
+    let table = region.table(1);
+    let slot = region.block(region.fingerprint(KEY), KEY, b"v", 2);
+    region.publish_in_table(table, 0, slot.encode());
+    // The next bucket's anchor is another home's chain: not KEY's.
+    region.publish(KEY, (SLOTS_PER_BUCKET + ANCHOR_SLOT) as u64, table.encode());
+    let reader = region.reader(reader_options(2, None));
+    assert_eq!(reader.get(KEY).expect("get"), None);
+    // A link in a slot that is no anchor is refused, not followed.
+    region.publish(KEY, 3, table.encode());
+    assert!(matches!(
+        reader.get(KEY),
+        Err(ReadError::Exhausted {
+            last: ReadProblem::Slot(SlotError::Misplaced { .. }),
+            ..
+        })
+    ));
+}
+
+#[test]
+fn a_chain_that_loops_is_refused_after_the_bound() {
+    let mut region = Region::new();
+    let table = region.anchored_table();
+    region.publish_in_table(table, 7, table.encode());
+    let hooked = region.hooked_reader(SteppingClock::stepping(0), reader_options(1, None));
+    assert!(matches!(
+        hooked.reader.get(KEY),
+        Err(ReadError::Exhausted {
+            last: ReadProblem::Slot(SlotError::ChainTooLong { .. }),
+            ..
+        })
+    ));
+    // The neighbourhood and the bound's worth of tables, no more.
+    assert_eq!(hooked.reads(), 1 + MAX_OVERFLOW_TABLES);
+}
+
+#[test]
+fn a_corrupt_table_word_turns_a_miss_into_an_error() {
+    let mut region = Region::new();
+    let table = region.anchored_table();
+    let slot = region.block(other_fingerprint(region.fingerprint(KEY)), OTHER, b"v", 1);
+    region.publish_in_table(table, 2, slot.encode() ^ (1 << 3));
+    let reader = region.reader(reader_options(2, None));
+    assert!(matches!(
+        reader.get(KEY),
+        Err(ReadError::Exhausted {
+            last: ReadProblem::Slot(SlotError::Check { .. }),
+            ..
+        })
+    ));
+}
+
+#[test]
+fn a_collision_in_a_table_rereads_its_table_slot() {
+    let mut region = Region::new();
+    let table = region.anchored_table();
+    let foreign = region.block(region.fingerprint(KEY), OTHER, b"foreign", 4);
+    region.publish_in_table(table, 0, foreign.encode());
+    let mine = region.block(region.fingerprint(KEY), KEY, b"mine", 5);
+    region.publish_in_table(table, 1, mine.encode());
+    let hooked = region.default_hooked_reader();
+    assert_eq!(hooked.reader.get(KEY).expect("get"), versioned(b"mine", 5));
+    // Neighbourhood, table, foreign block, its table slot again, KEY's block.
+    assert_eq!(hooked.reads(), 5);
+    assert_eq!(hooked.reader.stats().retries_moved, 0);
+}
+
+#[test]
+fn a_table_slot_that_moved_while_its_block_was_read_is_read_again() {
+    let mut region = Region::new();
+    let table = region.anchored_table();
+    let foreign = region.block(region.fingerprint(KEY), OTHER, b"foreign", 4);
+    region.publish_in_table(table, 0, foreign.encode());
+    let mine = region.block(region.fingerprint(KEY), KEY, b"mine", 5);
+    let hooked = region.default_hooked_reader();
+    // Once the foreign block has been copied, the writer puts KEY in its slot.
+    let foreign_at = region.block_offset(foreign);
+    let memory = Arc::clone(&region.memory);
+    let slot_at = region.table_slot(table, 0);
+    hooked.set_hook(move |offset| {
+        if offset == foreign_at {
+            memory
+                .store_u64(slot_at, mine.encode(), Ordering::Release)
+                .expect("slot");
+        }
+    });
+    assert_eq!(hooked.reader.get(KEY).expect("get"), versioned(b"mine", 5));
+    let seen = hooked.reader.stats();
+    assert_eq!((seen.retries_moved, seen.hits), (1, 1));
 }

@@ -8,19 +8,25 @@
 //!   and value inside the input, right after the 24-byte header, lengths
 //!   within the limits, a version >= 1 and a CRC that matches; re-encoding it
 //!   gives back the same bytes (the block format is canonical);
-//! - `Slot::decode` of every 8-byte word never panics; a decoded slot
-//!   re-encodes to the same word (the check byte covers all other bits);
+//! - `SlotWord::decode` (and `Slot::decode`) of every 8-byte word never
+//!   panics; a decoded word re-encodes to the same word (the check byte
+//!   covers all other bits); a link has fingerprint 0 and is never a
+//!   candidate of any key's fingerprint; `verify_neighbourhood` accepts
+//!   exactly the words that decode with links in anchors only,
+//!   `verify_table` those with a link, if any, in the last slot only;
 //! - `RegionLayout::decode` / `DynamicHeader::decode` never panic, on raw
 //!   bytes and on headers whose CRC the target fixes up (so the geometry
 //!   checks behind the CRC are reached); a layout that validates keeps every
-//!   slot's block range inside its data area and re-encodes to the same
-//!   static header.
+//!   slot's block range and every link's table range inside its data area
+//!   and re-encodes to the same static header.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use rdkv_proto::region::{
-    BLOCK_HEADER_BYTES, BlockRef, DynamicHeader, RegionLayout, STATIC_HEADER_BYTES, Slot,
-    encode_block, examine_block, neighbourhood_slots, verify_neighbourhood,
+    BLOCK_HEADER_BYTES, BlockRef, ChainWalk, DynamicHeader, MAX_OVERFLOW_TABLE_BYTES,
+    REGION_LAYOUT_VERSION, RegionLayout, STATIC_HEADER_BYTES, Slot, SlotError, SlotWord,
+    encode_block, examine_block, is_anchor, neighbourhood_slots, verify_neighbourhood,
+    verify_table,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -34,7 +40,7 @@ fuzz_target!(|data: &[u8]| {
         // Fix up magic, version and CRC so that only the geometry decides.
         let mut header = bytes.to_vec();
         header[..8].copy_from_slice(b"RDKVREGN");
-        header[8..16].copy_from_slice(&1u64.to_le_bytes());
+        header[8..16].copy_from_slice(&REGION_LAYOUT_VERSION.to_le_bytes());
         let crc = u64::from(crc32fast::hash(&header[..STATIC_HEADER_BYTES]));
         header[STATIC_HEADER_BYTES..128].copy_from_slice(&crc.to_le_bytes());
         check_header(&header, bytes);
@@ -71,18 +77,29 @@ fn check_slots(bytes: &[u8]) {
         .map(|w| u64::from_le_bytes(w.try_into().unwrap()))
         .collect();
     for &raw in &words {
-        match Slot::decode(raw) {
-            Ok(Some(slot)) => {
-                assert_ne!(raw, 0);
-                assert_ne!(slot.fingerprint, 0);
-                assert_eq!(slot.encode(), raw, "slot does not re-encode to its word");
-            }
-            Ok(None) => assert_eq!(raw, 0),
-            Err(_) => {}
-        }
+        check_word(raw);
     }
-    let all_valid = words.iter().all(|&raw| Slot::decode(raw).is_ok());
-    assert_eq!(verify_neighbourhood(&words).is_ok(), all_valid);
+    let neighbourhood_valid = words.iter().enumerate().all(|(p, &raw)| {
+        matches!(
+            SlotWord::decode(raw),
+            Ok(SlotWord::Empty | SlotWord::Entry(_))
+        ) || (is_anchor(p) && matches!(SlotWord::decode(raw), Ok(SlotWord::Link(_))))
+    });
+    assert_eq!(verify_neighbourhood(&words).is_ok(), neighbourhood_valid);
+    assert_eq!(
+        ChainWalk::from_neighbourhood(&words).is_ok(),
+        neighbourhood_valid
+    );
+    let table_valid = words
+        .iter()
+        .enumerate()
+        .all(|(p, &raw)| match SlotWord::decode(raw) {
+            Ok(SlotWord::Empty) => true,
+            Ok(SlotWord::Entry(_)) => p + 1 < words.len(),
+            Ok(SlotWord::Link(_)) => p + 1 == words.len(),
+            Err(_) => false,
+        });
+    assert_eq!(verify_table(&words).is_ok(), table_valid);
     if let Some(&first) = words.first() {
         // Every candidate has the fingerprint asked for.
         let fingerprint = Slot::raw_fingerprint(first);
@@ -92,6 +109,27 @@ fn check_slots(bytes: &[u8]) {
                 assert_eq!(slot.fingerprint, fingerprint);
             }
         }
+    }
+}
+
+/// One word: decodes to a kind that re-encodes to it, or is refused.
+fn check_word(raw: u64) {
+    match SlotWord::decode(raw) {
+        Ok(SlotWord::Empty) => assert_eq!(raw, 0),
+        Ok(SlotWord::Entry(slot)) => {
+            assert_ne!(slot.fingerprint, 0);
+            assert_eq!(slot.encode(), raw, "entry does not re-encode to its word");
+            assert_eq!(Slot::decode(raw), Ok(Some(slot)));
+        }
+        Ok(SlotWord::Link(link)) => {
+            assert_ne!(raw, 0);
+            assert_eq!(Slot::raw_fingerprint(raw), 0);
+            assert_eq!(link.encode(), raw, "link does not re-encode to its word");
+            assert_eq!(Slot::decode(raw), Err(SlotError::Misplaced { raw }));
+            // No key has fingerprint 0, and no other fingerprint picks it.
+            assert_eq!(neighbourhood_slots(&[raw], 1).count(), 0);
+        }
+        Err(error) => assert_eq!(Slot::decode(raw), Err(error)),
     }
 }
 
@@ -106,13 +144,18 @@ fn check_header(header: &[u8], rest: &[u8]) {
     // no larger than the region's largest block.
     for word in rest.chunks_exact(8) {
         let raw = u64::from_le_bytes(word.try_into().unwrap());
-        let Ok(Some(slot)) = Slot::decode(raw) else {
-            continue;
+        let range = match SlotWord::decode(raw) {
+            Ok(SlotWord::Entry(slot)) => layout.block_range(slot).inspect(|&(_, len)| {
+                assert!(len <= layout.max_class().unwrap().bytes());
+            }),
+            Ok(SlotWord::Link(link)) => layout.table_range(link).inspect(|&(_, len)| {
+                assert!(len <= MAX_OVERFLOW_TABLE_BYTES as u64);
+            }),
+            _ => continue,
         };
-        if let Ok((start, len)) = layout.block_range(slot) {
+        if let Ok((start, len)) = range {
             assert!(start >= layout.data_offset);
             assert!(start + len <= layout.data_offset + layout.data_bytes);
-            assert!(len <= layout.max_class().unwrap().bytes());
         }
     }
     // Hashing any key lands its neighbourhood inside the index.

@@ -18,6 +18,10 @@ pub const DEFAULT_RESP_LISTEN: &str = "127.0.0.1:6380";
 pub const DEFAULT_DATA_DIR: &str = "rdkv-data";
 /// A grace period below this cannot cover a slow reader (see ARCHITECTURE.md).
 pub const MIN_GRACE_PERIOD_MS: u64 = 10;
+/// The region's default index: one slot per 128 bytes (`RegionConfig`).
+pub const DEFAULT_BYTES_PER_SLOT: u64 = 128;
+/// An index denser than one slot per 16 bytes would take half the region.
+pub const MIN_BYTES_PER_SLOT: u64 = 16;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -88,6 +92,11 @@ pub struct Args {
     /// area, leaving room for fragments and blocks in their grace period.
     #[arg(long, env = "RDKV_QUOTA_BYTES")]
     pub quota_bytes: Option<u64>,
+    /// Index sizing: one index slot per this many bytes of region. Default
+    /// 128. Larger means a smaller index and more keys in overflow tables
+    /// (tests use it to exercise them).
+    #[arg(long, env = "RDKV_BYTES_PER_SLOT")]
+    pub bytes_per_slot: Option<u64>,
     /// Client connections (TCP and Unix socket together) served at once;
     /// more are refused at the handshake with `Unavailable`. Default 1024.
     #[arg(long, env = "RDKV_MAX_CLIENT_CONNECTIONS")]
@@ -139,6 +148,7 @@ struct FileConfig {
     insecure: Option<bool>,
     region_mib: Option<u64>,
     quota_bytes: Option<u64>,
+    bytes_per_slot: Option<u64>,
     max_client_connections: Option<u32>,
     max_in_flight_mib: Option<u32>,
     grace_period_ms: Option<u64>,
@@ -175,6 +185,8 @@ pub struct Config {
     pub region_bytes: u64,
     /// `None`: derived from the region (see `Args::quota_bytes`).
     pub quota_bytes: Option<u64>,
+    /// One index slot per this many bytes of region.
+    pub bytes_per_slot: u64,
     pub grace_period_ms: u64,
     pub heartbeat_ms: u64,
     pub snapshot_entries: u64,
@@ -321,6 +333,7 @@ fn parse_log_format(text: Option<&str>) -> Result<LogFormat> {
 struct NumericSettings {
     region_mib: u64,
     quota_bytes: Option<u64>,
+    bytes_per_slot: u64,
     max_client_connections: u32,
     max_in_flight_mib: u32,
     grace_period_ms: u64,
@@ -337,6 +350,12 @@ impl NumericSettings {
         let quota_bytes = quota_bytes
             .map(|bytes| within("quota-bytes", bytes, 1..=region_mib * 1024 * 1024))
             .transpose()?;
+        let bytes_per_slot = args.bytes_per_slot.or(file.bytes_per_slot);
+        let bytes_per_slot = within(
+            "bytes-per-slot",
+            bytes_per_slot.unwrap_or(DEFAULT_BYTES_PER_SLOT),
+            MIN_BYTES_PER_SLOT..=1024 * 1024 * 1024,
+        )?;
         let connections = args.max_client_connections.or(file.max_client_connections);
         let max_client_connections = within(
             "max-client-connections",
@@ -359,6 +378,7 @@ impl NumericSettings {
         Ok(NumericSettings {
             region_mib,
             quota_bytes,
+            bytes_per_slot,
             max_client_connections,
             max_in_flight_mib,
             grace_period_ms,
@@ -435,6 +455,7 @@ impl Config {
             token,
             region_bytes: numbers.region_mib * 1024 * 1024,
             quota_bytes: numbers.quota_bytes,
+            bytes_per_slot: numbers.bytes_per_slot,
             grace_period_ms: numbers.grace_period_ms,
             heartbeat_ms: numbers.heartbeat_ms,
             snapshot_entries: numbers.snapshot_entries,
@@ -509,6 +530,26 @@ mod tests {
             Consistency::Follower { max_lag_entries: 5 }
         );
         assert!(Config::resolve(args(&["--resp-read-consistency", "eventual"])).is_err());
+    }
+
+    #[test]
+    fn bytes_per_slot_comes_from_the_flag_or_the_file_within_its_range() {
+        assert_eq!(Config::resolve(args(&[])).unwrap().bytes_per_slot, 128);
+        let config = Config::resolve(args(&["--bytes-per-slot", "65536"])).unwrap();
+        assert_eq!(config.bytes_per_slot, 65536);
+        for bad in ["15", "0", "1073741825"] {
+            let error = Config::resolve(args(&["--bytes-per-slot", bad])).unwrap_err();
+            assert!(error.to_string().contains("--bytes-per-slot"), "{error}");
+        }
+        assert!(Config::resolve(args(&["--bytes-per-slot", "16"])).is_ok());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rdkv.toml");
+        std::fs::write(&path, "bytes_per_slot = 4096\n").unwrap();
+        let p = path.to_str().unwrap();
+        let config = Config::resolve(args(&["--config", p])).unwrap();
+        assert_eq!(config.bytes_per_slot, 4096);
+        let config = Config::resolve(args(&["--config", p, "--bytes-per-slot", "256"])).unwrap();
+        assert_eq!(config.bytes_per_slot, 256);
     }
 
     #[test]

@@ -220,6 +220,7 @@ impl FrontEnds {
 fn region_config(config: &Config) -> RegionConfig {
     RegionConfig {
         region_bytes: config.region_bytes,
+        bytes_per_slot: config.bytes_per_slot,
         grace_period_us: config.grace_period_ms * 1000,
         node_id: config.id,
         ..RegionConfig::default()

@@ -1,4 +1,5 @@
-//! Size limits, full regions and full indexes: clear errors, nothing lost.
+//! Size limits, full regions and full neighbourhoods: clear errors or an
+//! overflow table, nothing lost.
 
 use std::sync::Arc;
 
@@ -123,8 +124,11 @@ fn a_full_region_refuses_writes_and_keeps_every_value() {
 }
 
 #[test]
-fn a_full_neighbourhood_refuses_new_keys_but_not_updates() {
-    // Two buckets in all: one neighbourhood of 16 slots.
+fn a_full_neighbourhood_spills_into_an_overflow_table() {
+    // Two buckets in all: one home bucket, whose neighbourhood offers a key
+    // 15 slots (the second bucket's anchor belongs to no key). Replicas
+    // place keys differently, so a full neighbourhood must not refuse one:
+    // the 16th key goes to an overflow table (it was `IndexFull` before).
     let mut w = writer(RegionConfig {
         region_bytes: 64 * 1024,
         bytes_per_slot: 4096,
@@ -134,11 +138,15 @@ fn a_full_neighbourhood_refuses_new_keys_but_not_updates() {
     for i in 0..16u64 {
         w.put(format!("k{i}").as_bytes(), b"v", i + 1).unwrap();
     }
-    assert!(matches!(
-        w.put(b"one-more", b"v", 100),
-        Err(RegionError::IndexFull { slots: 16 })
-    ));
+    assert_eq!(w.stats().overflow_tables, 1);
+    assert_eq!(w.put(b"one-more", b"v", 100).unwrap(), None);
     assert_eq!(w.put(b"k3", b"updated", 101).unwrap(), Some(4));
     assert_eq!(&reader.get(b"k3").unwrap().unwrap().value[..], b"updated");
-    assert_eq!(reader.get(b"one-more").unwrap(), None);
+    assert_eq!(&reader.get(b"one-more").unwrap().unwrap().value[..], b"v");
+    for i in 0..16u64 {
+        assert!(reader.get(format!("k{i}").as_bytes()).unwrap().is_some());
+    }
+    let stats = w.stats();
+    assert_eq!((stats.live_keys, stats.overflow_tables), (17, 1));
+    assert_eq!(stats.overflow_bytes, 64);
 }

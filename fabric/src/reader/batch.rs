@@ -6,8 +6,8 @@ use std::sync::atomic::{Ordering, fence};
 
 use bytes::Bytes;
 use rdkv_proto::region::{
-    BlockVerdict, KeyHash, NeighbourhoodWords, ValueShape, examine_block, neighbourhood_slots,
-    verify_neighbourhood,
+    BlockVerdict, ChainWalk, KeyHash, NeighbourhoodWords, ValueShape, examine_block,
+    neighbourhood_slots,
 };
 use rdkv_proto::wire::Versioned;
 
@@ -16,11 +16,12 @@ use crate::transport::ReadOp;
 
 /// What the first round of a batched read decided for one key.
 enum Plan {
-    /// No candidate slot and every slot checked: absent.
+    /// No candidate slot, every slot checked and no overflow chain: absent.
     Absent,
     /// One candidate: read this block in the second round.
     Block { offset: u64, len: u64 },
-    /// Anything else: read the key on its own.
+    /// Anything else (several candidates, a slot that fails its check, an
+    /// overflow chain to walk): read the key on its own.
     Alone,
 }
 
@@ -86,7 +87,10 @@ impl RegionReader {
         let words = words.as_slice();
         let mut candidates = neighbourhood_slots(words, hash.fingerprint);
         match (candidates.next(), candidates.next()) {
-            (None, _) if verify_neighbourhood(words).is_ok() => Plan::Absent,
+            (None, _) => match ChainWalk::from_neighbourhood(words) {
+                Ok(walk) if walk.next_table().is_none() => Plan::Absent,
+                _ => Plan::Alone,
+            },
             (Some((_, Ok(slot))), None) => match self.layout.block_range(slot) {
                 Ok((offset, len)) => Plan::Block { offset, len },
                 Err(_) => Plan::Alone,

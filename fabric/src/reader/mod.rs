@@ -7,9 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 
 use rdkv_proto::region::{
-    BlockError, BlockVerdict, DynamicHeader, HEADER_USED_BYTES, HeaderError,
-    MAX_NEIGHBOURHOOD_BYTES, NeighbourhoodWords, RegionLayout, SLOT_BYTES, SlotError, ValueShape,
-    dynamic_word, examine_block, neighbourhood_slots, verify_neighbourhood,
+    BlockError, BlockVerdict, ChainWalk, DynamicHeader, HEADER_USED_BYTES, HeaderError,
+    MAX_NEIGHBOURHOOD_BYTES, MAX_OVERFLOW_TABLE_BYTES, NeighbourhoodWords, RegionLayout,
+    SLOT_BYTES, SlotError, TableWords, ValueShape, dynamic_word, examine_block,
+    neighbourhood_slots,
 };
 use rdkv_proto::wire::Versioned;
 use thiserror::Error;
@@ -94,6 +95,18 @@ pub enum ReadError {
     Exhausted { attempts: u32, last: ReadProblem },
     #[error(transparent)]
     Fabric(#[from] FabricError),
+}
+
+/// What one attempt looks for: a key, its fingerprint, and when the
+/// attempt started (for the abandon bound).
+struct Probe<'a> {
+    key: &'a [u8],
+    fingerprint: u16,
+    started_us: u64,
+}
+
+fn slot_problem(error: SlotError) -> AttemptError {
+    AttemptError::Retry(ReadProblem::Slot(error))
 }
 
 /// A value and where its block was.
@@ -281,30 +294,67 @@ impl RegionReader {
         // acquire loads: a block published by a slot seen here is seen whole.
         fence(Ordering::Acquire);
         let words = NeighbourhoodWords::decode(slot_bytes);
-        let slots = words.as_slice();
-        for (position, slot) in neighbourhood_slots(slots, hash.fingerprint) {
-            let slot = slot.map_err(|e| AttemptError::Retry(ReadProblem::Slot(e)))?;
-            let (offset, block_len) = self
-                .layout
-                .block_range(slot)
-                .map_err(|e| AttemptError::Retry(ReadProblem::Slot(e)))?;
+        let probe = Probe {
+            key,
+            fingerprint: hash.fingerprint,
+            started_us,
+        };
+        if let Some(found) = self.search(&probe, start, words.as_slice())? {
+            return Ok(Some(found));
+        }
+        let walk = ChainWalk::from_neighbourhood(words.as_slice()).map_err(slot_problem)?;
+        self.search_chain(&probe, walk)
+    }
+
+    /// After the neighbourhood missed: each table of the home bucket's
+    /// overflow chain in turn, one read each, searched as the neighbourhood
+    /// was. Tables are never freed, and a slot moves only forward along the
+    /// reading order (an anchor's entry into the first table), so a key
+    /// present throughout is found.
+    fn search_chain(
+        &self,
+        probe: &Probe<'_>,
+        mut walk: ChainWalk,
+    ) -> Result<Option<Found>, AttemptError> {
+        let mut table_bytes = [0u8; MAX_OVERFLOW_TABLE_BYTES];
+        while let Some(link) = walk.next_table() {
+            let (offset, len) = self.layout.table_range(link).map_err(slot_problem)?;
+            let table_bytes = &mut table_bytes[..len as usize];
+            self.region.read(offset, table_bytes)?;
+            // As after the neighbourhood read: entries seen here are whole.
+            fence(Ordering::Acquire);
+            let words = TableWords::decode(table_bytes);
+            if let Some(found) = self.search(probe, offset, words.as_slice())? {
+                return Ok(Some(found));
+            }
+            walk.advance(words.as_slice()).map_err(slot_problem)?;
+        }
+        Ok(None)
+    }
+
+    /// The key among the candidates of `words`, slot words read at region
+    /// offset `words_at` (a neighbourhood or an overflow table).
+    fn search(
+        &self,
+        probe: &Probe<'_>,
+        words_at: u64,
+        words: &[u64],
+    ) -> Result<Option<Found>, AttemptError> {
+        for (position, slot) in neighbourhood_slots(words, probe.fingerprint) {
+            let slot = slot.map_err(slot_problem)?;
+            let (offset, block_len) = self.layout.block_range(slot).map_err(slot_problem)?;
             let mut block = vec![0u8; block_len as usize];
             self.region.read(offset, &mut block)?;
             // Keeps the slot re-read below (and the clock read) after the copy.
             fence(Ordering::Acquire);
-            if let Some(elapsed_us) = self.past_abandon_bound(started_us) {
+            if let Some(elapsed_us) = self.past_abandon_bound(probe.started_us) {
                 return Err(AttemptError::Retry(ReadProblem::Slow { elapsed_us }));
             }
-            let shape = match examine_block(&self.layout, key, &block) {
+            let shape = match examine_block(&self.layout, probe.key, &block) {
                 BlockVerdict::Match(found) => ValueShape::of(&found),
                 BlockVerdict::OtherKey => {
-                    let slot_offset = start + position as u64 * SLOT_BYTES;
-                    let mut again = [0u8; SLOT_BYTES as usize];
-                    self.region.read(slot_offset, &mut again)?;
-                    fence(Ordering::Acquire);
-                    if u64::from_le_bytes(again) != slots[position] {
-                        return Err(AttemptError::Retry(ReadProblem::Moved));
-                    }
+                    let slot_offset = words_at + position as u64 * SLOT_BYTES;
+                    self.check_unmoved(slot_offset, words[position])?;
                     continue;
                 }
                 BlockVerdict::Torn(error) => {
@@ -322,8 +372,20 @@ impl RegionReader {
                 },
             }));
         }
-        verify_neighbourhood(slots).map_err(|e| AttemptError::Retry(ReadProblem::Slot(e)))?;
         Ok(None)
+    }
+
+    /// After a candidate's block held another key: a fingerprint collision
+    /// if the slot at `slot_offset` still holds `seen`, else the block was
+    /// reused under a slot that moved on (retry).
+    fn check_unmoved(&self, slot_offset: u64, seen: u64) -> Result<(), AttemptError> {
+        let mut again = [0u8; SLOT_BYTES as usize];
+        self.region.read(slot_offset, &mut again)?;
+        fence(Ordering::Acquire);
+        if u64::from_le_bytes(again) != seen {
+            return Err(AttemptError::Retry(ReadProblem::Moved));
+        }
+        Ok(())
     }
 
     /// Like [`RegionReader::get`], but first tries the key's cached block

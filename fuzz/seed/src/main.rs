@@ -13,7 +13,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use bytes::{Bytes, BytesMut};
-use rdkv_proto::region::{HashSeed, LayoutParams, RegionLayout, SizeClass, Slot, encode_block};
+use rdkv_proto::region::{
+    HashSeed, LayoutParams, OverflowLink, RegionLayout, SizeClass, Slot, encode_block,
+};
 use rdkv_proto::wire::{
     ClientHello, Consistency, ErrorCode, ErrorReply, FrameKind, Request, Response, ServerHello,
     ServerInfo, SetCondition, Update, Versioned, encode_frame,
@@ -242,6 +244,32 @@ fn region_block(dir: &Path) {
     }
     out.extend_from_slice(&[0; 8]);
     write(dir, "header-and-slots", &out);
+    // A bucket whose anchor (slot 7) links to a table, then that table of
+    // one unit: entries, and a link to the next in its last slot.
+    let mut out = vec![0];
+    let entry = |fingerprint, offset| Slot::new(fingerprint, class, offset).encode();
+    let words = [
+        entry(5, 0),
+        entry(9, 3),
+        0,
+        entry(77, 100),
+        0,
+        0,
+        entry(6, 7),
+        OverflowLink::new(1, 200).encode(),
+        entry(11, 40),
+        0,
+        entry(12, 41),
+        0,
+        0,
+        0,
+        0,
+        OverflowLink::new(2, 201).encode(),
+    ];
+    for word in words {
+        out.extend_from_slice(&word.to_le_bytes());
+    }
+    write(dir, "bucket-with-link-and-table", &out);
 }
 
 /// `[u16 LE payload bound][records...]`.

@@ -27,6 +27,14 @@ pub enum SlotError {
     SizeClass { raw: u64 },
     #[error("slot {raw:#018x} points outside the data area")]
     OutOfRange { raw: u64 },
+    /// A valid word of a kind its position cannot hold: a link outside an
+    /// anchor or a table's last slot, an entry in a table's last slot.
+    #[error("slot word {raw:#018x} is of a kind its position cannot hold")]
+    Misplaced { raw: u64 },
+    /// An overflow chain goes on past the bound every writer keeps to: a
+    /// corrupt link (perhaps a cycle).
+    #[error("overflow chain longer than {max_tables} tables")]
+    ChainTooLong { max_tables: usize },
 }
 
 /// A block read from the data area is not a whole, committed block. Under

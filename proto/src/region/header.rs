@@ -33,6 +33,11 @@
 //! | 160 | region_state | 1 serving, 2 retired (re-attach) |
 //! | 168 | leader_lease_boottime | 0: not leader; else the same deadline on the owner host's `CLOCK_BOOTTIME`, µs (never 0) |
 //!
+//! The index after the header is `bucket_count` buckets of 8 slot words
+//! (`slot`); since layout version 3 a bucket's last slot may link to an
+//! overflow table in the data area (`overflow`), which readers must follow
+//! before they call a key absent.
+//!
 //! The lease is published on two clocks ([`LeaseDeadline`]): readers on
 //! other hosts compare the wall-clock word with their own wall clock (safe
 //! while the clocks differ by less than the drift they allow for), readers
@@ -44,11 +49,14 @@ use crate::region::error::{BlockError, HeaderError, SlotError};
 use crate::region::hash::{HashSeed, KeyHash};
 use crate::region::neighbourhood::MAX_NEIGHBOURHOOD_BUCKETS;
 use crate::region::size_class::{SizeClass, UNIT_BYTES};
-use crate::region::slot::{BUCKET_BYTES, MAX_DATA_UNITS, SLOTS_PER_BUCKET, Slot};
+use crate::region::slot::{BUCKET_BYTES, MAX_DATA_UNITS, OverflowLink, SLOTS_PER_BUCKET, Slot};
 
 pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"RDKVREGN");
 /// 2: the boottime lease word (168).
-pub const REGION_LAYOUT_VERSION: u64 = 2;
+/// 3: link slot words and overflow tables (a full neighbourhood spills into
+/// its home bucket's chain; see `overflow`); a v2 reader would take a key in
+/// a table for absent, so it must refuse the region.
+pub const REGION_LAYOUT_VERSION: u64 = 3;
 /// The header occupies the first page; the index starts right after it.
 pub const HEADER_BYTES: u64 = 4096;
 /// Bytes covered by `static_crc`.
@@ -378,6 +386,14 @@ impl RegionLayout {
         Ok((self.data_offset + start, len))
     }
 
+    /// The byte range of an overflow table inside the region, refused when
+    /// it lies outside the data area: a corrupt link cannot send a reader
+    /// out of bounds (and a table is at most 4 KiB by construction).
+    pub fn table_range(&self, link: OverflowLink) -> Result<(u64, u64), SlotError> {
+        let (start, len) = link.table_range(self.data_bytes)?;
+        Ok((self.data_offset + start, len))
+    }
+
     /// Whether a key of this length can be stored here at all: a longer key
     /// is absent without a read.
     pub fn admits_key(&self, key: &[u8]) -> bool {
@@ -546,6 +562,22 @@ mod tests {
         let past_end = Slot::new(1, max, layout.data_bytes / UNIT_BYTES);
         assert!(matches!(
             layout.block_range(past_end),
+            Err(SlotError::OutOfRange { .. })
+        ));
+    }
+
+    #[test]
+    fn table_range_is_inside_the_data_area() {
+        let layout = RegionLayout::plan(LayoutParams::for_tests()).unwrap();
+        let last_unit = layout.data_bytes / UNIT_BYTES - 1;
+        let fits = OverflowLink::new(1, last_unit);
+        assert_eq!(
+            layout.table_range(fits),
+            Ok((layout.data_offset + last_unit * UNIT_BYTES, 64))
+        );
+        let past_end = OverflowLink::new(2, last_unit);
+        assert!(matches!(
+            layout.table_range(past_end),
             Err(SlotError::OutOfRange { .. })
         ));
     }

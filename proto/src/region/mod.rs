@@ -8,7 +8,7 @@
 //! |---|---|
 //! | `0 .. 4096` | [`header`]: static geometry (CRC-protected) + dynamic words |
 //! | `4096 .. data_offset` | index: `bucket_count` buckets of 64 bytes, 8 [`slot`]s each |
-//! | `data_offset .. data_offset + data_bytes` | data area: [`block`]s at 64-byte units |
+//! | `data_offset .. data_offset + data_bytes` | data area: [`block`]s and [`overflow`] tables at 64-byte units |
 //!
 //! Readers never trust what they read: every function here that takes bytes read
 //! from a region validates them and returns a typed error instead of panicking.
@@ -20,6 +20,7 @@ pub mod hash;
 pub mod header;
 pub mod lookup;
 pub mod neighbourhood;
+pub mod overflow;
 pub mod size_class;
 pub mod slot;
 
@@ -36,9 +37,21 @@ pub use header::{
     REGION_LAYOUT_VERSION, REGION_MAGIC, RegionLayout, RegionState, STATIC_ENCODED_BYTES,
     STATIC_HEADER_BYTES, dynamic_word, static_word,
 };
-pub use lookup::{BlockVerdict, examine_block, neighbourhood_slots, verify_neighbourhood};
+pub use lookup::{
+    BlockVerdict, ChainWalk, anchor_link, examine_block, neighbourhood_slots, verify_neighbourhood,
+    verify_table,
+};
 pub use neighbourhood::{
-    MAX_NEIGHBOURHOOD_BUCKETS, MAX_NEIGHBOURHOOD_BYTES, MAX_NEIGHBOURHOOD_SLOTS, NeighbourhoodWords,
+    MAX_NEIGHBOURHOOD_BUCKETS, MAX_NEIGHBOURHOOD_BYTES, MAX_NEIGHBOURHOOD_SLOTS,
+    NeighbourhoodWords, SlotWords,
+};
+pub use overflow::{
+    ANCHOR_SLOT, MAX_OVERFLOW_TABLE_BYTES, MAX_OVERFLOW_TABLE_SLOTS, MAX_OVERFLOW_TABLES,
+    TableWords, chain_capacity, free_neighbourhood_slot, free_table_slot, is_anchor, may_hold_key,
+    overflow_table_units,
 };
 pub use size_class::{MAX_BLOCK_UNITS, SizeClass, UNIT_BYTES};
-pub use slot::{BUCKET_BYTES, MAX_DATA_UNITS, SLOT_BYTES, SLOTS_PER_BUCKET, Slot};
+pub use slot::{
+    BUCKET_BYTES, LINK_CLASS_BASE, MAX_DATA_UNITS, MAX_OVERFLOW_TABLE_UNITS, OverflowLink,
+    SLOT_BYTES, SLOTS_PER_BUCKET, Slot, SlotWord,
+};

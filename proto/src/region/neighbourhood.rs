@@ -15,17 +15,22 @@ const _: () =
 
 /// The slot words of one neighbourhood, decoded from the little-endian bytes
 /// a reader copied, in a fixed buffer (no allocation on the GET path).
+pub type NeighbourhoodWords = SlotWords<MAX_NEIGHBOURHOOD_SLOTS>;
+
+/// Up to `N` slot words decoded from bytes a reader copied: a neighbourhood
+/// ([`NeighbourhoodWords`]) or an overflow table
+/// ([`TableWords`](crate::region::TableWords)).
 #[derive(Debug, Clone, Copy)]
-pub struct NeighbourhoodWords {
-    words: [u64; MAX_NEIGHBOURHOOD_SLOTS],
+pub struct SlotWords<const N: usize> {
+    words: [u64; N],
     len: usize,
 }
 
-impl NeighbourhoodWords {
-    /// Decodes every whole word of `bytes`, up to [`MAX_NEIGHBOURHOOD_SLOTS`]
-    /// (a validated layout never asks for more).
-    pub fn decode(bytes: &[u8]) -> NeighbourhoodWords {
-        let mut words = [0u64; MAX_NEIGHBOURHOOD_SLOTS];
+impl<const N: usize> SlotWords<N> {
+    /// Decodes every whole word of `bytes`, up to `N` (a validated layout
+    /// or link never asks for more).
+    pub fn decode(bytes: &[u8]) -> SlotWords<N> {
+        let mut words = [0u64; N];
         let mut len = 0;
         for (word, le) in words
             .iter_mut()
@@ -36,7 +41,7 @@ impl NeighbourhoodWords {
             *word = u64::from_le_bytes(raw);
             len += 1;
         }
-        NeighbourhoodWords { words, len }
+        SlotWords { words, len }
     }
 
     pub fn as_slice(&self) -> &[u64] {

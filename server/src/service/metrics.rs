@@ -59,6 +59,8 @@ fn region_gauges(region: &RegionStats) {
     set("rdkv_region_free_bytes", region.free_bytes);
     set("rdkv_region_live_keys", region.live_keys);
     set("rdkv_region_index_slots", region.index_slots);
+    set("rdkv_region_overflow_tables", region.overflow_tables);
+    set("rdkv_region_overflow_bytes", region.overflow_bytes);
     gauge!("rdkv_region_fragmentation_ratio").set(region.fragmentation);
     set(
         "rdkv_region_grace_queue_blocks",

@@ -196,6 +196,10 @@ fn describe_state() {
             "Slots in the region's hash index.",
         ),
         (
+            "rdkv_region_overflow_tables",
+            "Overflow tables linked from the index (keys whose neighbourhood was full; kept until the region is rebuilt).",
+        ),
+        (
             "rdkv_region_fragmentation_ratio",
             "1 - largest free extent / free bytes (0: free space is one piece).",
         ),
@@ -220,7 +224,11 @@ fn describe_state() {
         ),
         (
             "rdkv_region_used_bytes",
-            "Bytes in live blocks (size classes).",
+            "Bytes in live blocks (size classes) and overflow tables.",
+        ),
+        (
+            "rdkv_region_overflow_bytes",
+            "Bytes of the data area in overflow tables.",
         ),
         (
             "rdkv_region_payload_bytes",

@@ -17,6 +17,8 @@ pub struct RegionConfig {
     pub region_bytes: u64,
     /// Index sizing: one slot per this many bytes of region (default 128:
     /// ~6% of the region is index, enough for blocks of one or two units).
+    /// A smaller index is never full: keys whose neighbourhood is full go
+    /// to overflow tables, at one more read each for a one-sided GET.
     pub bytes_per_slot: u64,
     /// Buckets a key may be placed in, read together on lookup (1..=8).
     pub neighbourhood_buckets: u64,

@@ -11,8 +11,10 @@ pub enum RegionError {
     ValueTooLarge { len: usize, max: u32 },
     #[error("version must be a Raft log index >= 1")]
     ZeroVersion,
+    /// `needed_bytes`: the block's size class, plus a new overflow table's
+    /// when the key needed one.
     #[error(
-        "region full: a {needed_bytes}-byte block does not fit \
+        "region full: a {needed_bytes}-byte block (with the overflow table it needs, if any) does not fit \
          ({free_bytes} bytes free, largest free extent {largest_free_bytes}, \
          {pending_reclaim_bytes} bytes waiting for the grace period)"
     )]
@@ -22,7 +24,11 @@ pub enum RegionError {
         largest_free_bytes: u64,
         pending_reclaim_bytes: u64,
     },
-    #[error("index full: all {slots} slots of the key's neighbourhood are in use")]
+    /// The key's neighbourhood and every table of its home bucket's overflow
+    /// chain, up to the chain's bound, are full.
+    #[error(
+        "index full: all {slots} slots of the key's neighbourhood and overflow chain are in use"
+    )]
     IndexFull { slots: usize },
     #[error(transparent)]
     Memory(#[from] rdkv_fabric::MemoryError),

@@ -1,5 +1,6 @@
 //! Region statistics for metrics and `endpoint status`. Byte figures count
-//! allocated block space (size classes), `payload_bytes` the keys and values.
+//! allocated space (blocks by size class, and overflow tables: `used_bytes`
+//! includes `overflow_bytes`), `payload_bytes` the keys and values.
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RegionStats {
@@ -17,6 +18,9 @@ pub struct RegionStats {
     /// plus one index slot each (see `rdkv_proto::region::charge`).
     pub charged_bytes: u64,
     pub index_slots: u64,
+    /// Overflow tables linked (never freed while the region lives).
+    pub overflow_tables: u64,
+    pub overflow_bytes: u64,
     pub reclaimed_blocks_total: u64,
     pub reclaimed_bytes_total: u64,
 }

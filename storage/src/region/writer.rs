@@ -6,17 +6,26 @@
 //! - a replaced or deleted block goes to the grace queue and is reused only
 //!   after `grace_period_us` (invariant 3);
 //! - every failure (limits, full region or index, corruption) is reported
-//!   before anything visible changes.
+//!   before anything visible changes;
+//! - a key whose neighbourhood is full goes into its home bucket's overflow
+//!   chain (see `rdkv_proto::region::overflow`), so the index refuses a key
+//!   only past the chain's bound, not because of where this replica's
+//!   history happened to put other keys. A table is linked with one release
+//!   store after it is zeroed (and after the anchor's entry, if the anchor
+//!   becomes the link, is copied into it), and is never freed.
 
 use std::sync::Arc;
 
 use std::sync::atomic::{Ordering, fence};
 
 use rdkv_proto::region::{
-    BLOCK_HEADER_BYTES, BUCKET_BYTES, BlockHeader, BlockRef, CRC_WORD_OFFSET, INVALIDATED_WORD,
-    INVALIDATION_WORD_OFFSET, KeyHash, LeaseDeadline, MAX_NEIGHBOURHOOD_SLOTS, RegionLayout,
-    RegionState, SLOT_BYTES, SizeClass, Slot, UNIT_BYTES, ValueShape, dynamic_word, encode_block,
-    encoded_block_bytes, neighbourhood_slots, revoked_crc_word, verify_neighbourhood,
+    ANCHOR_SLOT, BLOCK_HEADER_BYTES, BUCKET_BYTES, BlockHeader, BlockRef, CRC_WORD_OFFSET,
+    ChainWalk, INVALIDATED_WORD, INVALIDATION_WORD_OFFSET, KeyHash, LeaseDeadline,
+    MAX_NEIGHBOURHOOD_SLOTS, MAX_OVERFLOW_TABLE_SLOTS, MAX_OVERFLOW_TABLES, OverflowLink,
+    RegionLayout, RegionState, SLOT_BYTES, SLOTS_PER_BUCKET, SizeClass, Slot, SlotWord, UNIT_BYTES,
+    ValueShape, chain_capacity, dynamic_word, encode_block, encoded_block_bytes,
+    free_neighbourhood_slot, free_table_slot, may_hold_key, neighbourhood_slots,
+    overflow_table_units, revoked_crc_word,
 };
 
 use crate::region::alloc::BlockAllocator;
@@ -32,9 +41,56 @@ use rdkv_proto::wire::Versioned;
 /// A key's current slot and block, as the writer found them.
 #[derive(Debug, Clone, Copy)]
 struct Found {
+    /// Region offset of the slot word: in the index, or in an overflow
+    /// table in the data area (updates and deletes store to it alike).
     slot_offset: u64,
     slot: Slot,
     header: BlockHeader,
+}
+
+/// Where a key's slot word will be stored.
+#[derive(Debug, Clone, Copy)]
+enum Place {
+    /// This slot (region offset): the key's own, or an empty one it may take.
+    Slot(u64),
+    /// Its home chain has no room: a new table first (see [`Extension`]).
+    Extend(Extension),
+}
+
+/// A new table at the end of a home bucket's overflow chain.
+#[derive(Debug, Clone, Copy)]
+struct Extension {
+    /// Region offset of the word that will link to it: the home anchor, or
+    /// the link slot of the chain's last table.
+    link_at: u64,
+    /// The anchor's entry when the anchor becomes the link: it moves into
+    /// the new table's first slot.
+    moved: Option<u64>,
+    units: u64,
+}
+
+/// Space allocated for one put: the block, and where its slot will be.
+#[derive(Debug, Clone, Copy)]
+struct Reserved {
+    block: u64,
+    block_units: u64,
+    slot: Opening,
+}
+
+/// Where a reserved put's slot will be.
+#[derive(Debug, Clone, Copy)]
+enum Opening {
+    Slot(u64),
+    /// In the new table allocated at `table` (units), once it is linked.
+    NewTable {
+        extension: Extension,
+        table: u64,
+    },
+}
+
+/// Region offset of slot `position` of the words read at `words_at`.
+fn slot_at(words_at: u64, position: usize) -> u64 {
+    words_at + position as u64 * SLOT_BYTES
 }
 
 #[derive(Debug)]
@@ -46,6 +102,7 @@ pub struct RegionWriter {
     clock: Arc<dyn Clock>,
     scratch: Vec<u8>,
     live_keys: u64,
+    /// Blocks and overflow tables.
     used_units: u64,
     payload_bytes: u64,
     /// The live pairs' charge against the quota (`rdkv_proto::region::charge`):
@@ -53,6 +110,8 @@ pub struct RegionWriter {
     /// fragment or block in its grace period, so it depends on the live
     /// pairs alone and is the same on every replica.
     charged_bytes: u64,
+    overflow_tables: u64,
+    overflow_units: u64,
     reclaimed_blocks_total: u64,
     reclaimed_units_total: u64,
 }
@@ -90,6 +149,8 @@ impl RegionWriter {
             used_units: 0,
             payload_bytes: 0,
             charged_bytes: 0,
+            overflow_tables: 0,
+            overflow_units: 0,
             reclaimed_blocks_total: 0,
             reclaimed_units_total: 0,
         })
@@ -138,9 +199,9 @@ impl RegionWriter {
         }
         let hash = self.layout.key_hash(key);
         let found = self.find(key, hash)?;
-        let slot_offset = match found {
-            Some(found) => found.slot_offset,
-            None => self.free_slot(hash)?,
+        let place = match found {
+            Some(found) => Place::Slot(found.slot_offset),
+            None => self.place(hash)?,
         };
         let block_bytes = encoded_block_bytes(key.len(), value.len());
         let class = SizeClass::for_bytes(block_bytes).ok_or(RegionError::ValueTooLarge {
@@ -148,29 +209,15 @@ impl RegionWriter {
             max: self.layout.max_value_bytes,
         })?;
         self.reclaim();
-        let units = u64::from(class.units());
-        let Some(offset_units) = self.allocator.alloc(units) else {
-            return Err(RegionError::RegionFull {
-                needed_bytes: class.bytes(),
-                free_bytes: self.allocator.free_units() * UNIT_BYTES,
-                largest_free_bytes: self.allocator.largest_free_units() * UNIT_BYTES,
-                pending_reclaim_bytes: self.grace.pending_units() * UNIT_BYTES,
-            });
+        let space = self.reserve(class, place)?;
+        let slot_offset = match self.write_and_open(key, value, version, space) {
+            Ok(slot_offset) => slot_offset,
+            Err(error) => {
+                self.release(space.block, space.block_units);
+                return Err(error);
+            }
         };
-        encode_block(key, value, version, &mut self.scratch);
-        // Orders the slot stores that retired this space (before its grace
-        // period) ahead of the new contents, so a reader that sees new bytes
-        // and then re-reads the slot sees the change (seqlock discipline).
-        fence(Ordering::Release);
-        let written = self.memory.write_bytes(
-            self.layout.data_offset + offset_units * UNIT_BYTES,
-            &self.scratch,
-        );
-        if let Err(error) = written {
-            self.release(offset_units, units);
-            return Err(error.into());
-        }
-        let slot = Slot::new(hash.fingerprint, class, offset_units);
+        let slot = Slot::new(hash.fingerprint, class, space.block);
         if let Some(old) = found {
             self.invalidate(old)?;
         }
@@ -178,10 +225,10 @@ impl RegionWriter {
             .memory
             .store_u64(slot_offset, slot.encode(), Ordering::Release);
         if let Err(error) = published {
-            self.release(offset_units, units);
+            self.release(space.block, space.block_units);
             return Err(error.into());
         }
-        self.used_units += units;
+        self.used_units += space.block_units;
         self.payload_bytes += key.len() as u64 + value.len() as u64;
         self.charged_bytes += class.bytes() + if found.is_none() { SLOT_BYTES } else { 0 };
         match found {
@@ -194,6 +241,107 @@ impl RegionWriter {
                 Ok(None)
             }
         }
+    }
+
+    /// Allocates the block of `class` and, when `place` needs one, the new
+    /// overflow table: both or neither.
+    fn reserve(&mut self, class: SizeClass, place: Place) -> Result<Reserved, RegionError> {
+        let block_units = u64::from(class.units());
+        let slot = match place {
+            Place::Slot(slot_offset) => Opening::Slot(slot_offset),
+            Place::Extend(extension) => {
+                let needed_bytes = (block_units + extension.units) * UNIT_BYTES;
+                let table = self.allocator.alloc(extension.units);
+                let table = table.ok_or_else(|| self.region_full(needed_bytes))?;
+                Opening::NewTable { extension, table }
+            }
+        };
+        let Some(block) = self.allocator.alloc(block_units) else {
+            let mut needed_bytes = block_units * UNIT_BYTES;
+            if let Opening::NewTable { extension, table } = slot {
+                self.release(table, extension.units);
+                needed_bytes += extension.units * UNIT_BYTES;
+            }
+            return Err(self.region_full(needed_bytes));
+        };
+        Ok(Reserved {
+            block,
+            block_units,
+            slot,
+        })
+    }
+
+    fn region_full(&self, needed_bytes: u64) -> RegionError {
+        RegionError::RegionFull {
+            needed_bytes,
+            free_bytes: self.allocator.free_units() * UNIT_BYTES,
+            largest_free_bytes: self.allocator.largest_free_units() * UNIT_BYTES,
+            pending_reclaim_bytes: self.grace.pending_units() * UNIT_BYTES,
+        }
+    }
+
+    /// Writes the block into its reserved space, then makes its slot ready:
+    /// the region offset the slot word goes to. On error the block's space
+    /// is the caller's to release; a table that was not linked is released.
+    fn write_and_open(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        version: u64,
+        space: Reserved,
+    ) -> Result<u64, RegionError> {
+        encode_block(key, value, version, &mut self.scratch);
+        // Orders the slot stores that retired this space (before its grace
+        // period) ahead of the new contents, so a reader that sees new bytes
+        // and then re-reads the slot sees the change (seqlock discipline).
+        // A new table's space comes from the allocator too: it is covered.
+        fence(Ordering::Release);
+        let written = self.memory.write_bytes(
+            self.layout.data_offset + space.block * UNIT_BYTES,
+            &self.scratch,
+        );
+        match (written, space.slot) {
+            (Ok(()), Opening::Slot(slot_offset)) => Ok(slot_offset),
+            (Ok(()), Opening::NewTable { extension, table }) => {
+                let opened = self.extend_chain(extension, table);
+                if opened.is_err() {
+                    self.release(table, extension.units);
+                }
+                opened
+            }
+            (Err(error), Opening::NewTable { extension, table }) => {
+                self.release(table, extension.units);
+                Err(error.into())
+            }
+            (Err(error), Opening::Slot(_)) => Err(error.into()),
+        }
+    }
+
+    /// Zeroes the new table at `table` (units), copies the anchor's entry
+    /// into its first slot if the anchor is to become the link, and links
+    /// it with one release store: a reader that sees the link sees the
+    /// table zeroed and the moved entry in it (the entry's block does not
+    /// move, so a reader finds it at the anchor before, in the table after).
+    /// Returns the region offset of the first slot left for the key. On
+    /// error nothing was linked.
+    fn extend_chain(&mut self, extension: Extension, table: u64) -> Result<u64, RegionError> {
+        let link = OverflowLink::new(extension.units, table);
+        let table_at = self.layout.data_offset + table * UNIT_BYTES;
+        for position in 0..link.table_slots() {
+            self.memory
+                .store_u64(slot_at(table_at, position), 0, Ordering::Relaxed)?;
+        }
+        let mut first_free = 0;
+        if let Some(entry) = extension.moved {
+            self.memory.store_u64(table_at, entry, Ordering::Relaxed)?;
+            first_free = 1;
+        }
+        self.memory
+            .store_u64(extension.link_at, link.encode(), Ordering::Release)?;
+        self.overflow_tables += 1;
+        self.overflow_units += extension.units;
+        self.used_units += extension.units;
+        Ok(slot_at(table_at, first_free))
     }
 
     /// Removes `key`; returns the version it had, or `None` if absent.
@@ -261,15 +409,40 @@ impl RegionWriter {
             .map(|f| f.slot.class.bytes() + SLOT_BYTES))
     }
 
-    /// The key's slot and block header. A miss verifies every slot of the
-    /// neighbourhood, so a corrupted slot is reported instead of a duplicate
-    /// being inserted beside it.
+    /// The key's slot and block header: in its neighbourhood, else in its
+    /// home bucket's overflow chain. A miss verifies every slot word it
+    /// passed, so a corrupted slot is reported instead of a duplicate being
+    /// inserted beside it.
     fn find(&self, key: &[u8], hash: KeyHash) -> Result<Option<Found>, RegionError> {
         let (start, len) = self.layout.neighbourhood_range(hash);
         let mut words = [0u64; MAX_NEIGHBOURHOOD_SLOTS];
         let words = &mut words[..(len / SLOT_BYTES) as usize];
         self.memory.read_words(start, words, Ordering::Relaxed)?;
-        for (position, slot) in neighbourhood_slots(words, hash.fingerprint) {
+        if let Some(found) = self.find_among(key, hash.fingerprint, start, words)? {
+            return Ok(Some(found));
+        }
+        let mut walk = ChainWalk::from_neighbourhood(words)?;
+        let mut table = [0u64; MAX_OVERFLOW_TABLE_SLOTS];
+        while let Some(link) = walk.next_table() {
+            let (table_at, words) = self.read_table(link, &mut table)?;
+            if let Some(found) = self.find_among(key, hash.fingerprint, table_at, words)? {
+                return Ok(Some(found));
+            }
+            walk.advance(words)?;
+        }
+        Ok(None)
+    }
+
+    /// The key among the candidates of `words`, read at region offset
+    /// `words_at`.
+    fn find_among(
+        &self,
+        key: &[u8],
+        fingerprint: u16,
+        words_at: u64,
+        words: &[u64],
+    ) -> Result<Option<Found>, RegionError> {
+        for (position, slot) in neighbourhood_slots(words, fingerprint) {
             let slot = slot?;
             let (block, _) = self.layout.block_range(slot)?;
             let mut head = [0u8; BLOCK_HEADER_BYTES];
@@ -279,14 +452,27 @@ impl RegionWriter {
                 && self.key_at(block + BLOCK_HEADER_BYTES as u64, key)?
             {
                 return Ok(Some(Found {
-                    slot_offset: start + position as u64 * SLOT_BYTES,
+                    slot_offset: slot_at(words_at, position),
                     slot,
                     header,
                 }));
             }
         }
-        verify_neighbourhood(words)?;
         Ok(None)
+    }
+
+    /// Reads the words of the table `link` names into `buf`: the table's
+    /// region offset and its words.
+    fn read_table<'b>(
+        &self,
+        link: OverflowLink,
+        buf: &'b mut [u64; MAX_OVERFLOW_TABLE_SLOTS],
+    ) -> Result<(u64, &'b [u64]), RegionError> {
+        let (table_at, len) = self.layout.table_range(link)?;
+        // A decoded link names at most the largest table: this fits `buf`.
+        let words = &mut buf[..(len / SLOT_BYTES) as usize];
+        self.memory.read_words(table_at, words, Ordering::Relaxed)?;
+        Ok((table_at, words))
     }
 
     /// Compares the key stored at `offset` (8-aligned) with `key`, a chunk at a
@@ -305,27 +491,68 @@ impl RegionWriter {
         Ok(true)
     }
 
-    /// A free slot in the key's neighbourhood, in the bucket with the most room.
-    fn free_slot(&self, hash: KeyHash) -> Result<u64, RegionError> {
+    /// Where a new key's slot goes: an empty slot of its neighbourhood it
+    /// may take (the anchor rule, the bucket with the most room), else the
+    /// first empty entry slot of its home chain, else a new table at the
+    /// chain's end. Changes nothing; `IndexFull` only when the chain has
+    /// reached its bound.
+    fn place(&self, hash: KeyHash) -> Result<Place, RegionError> {
         let (start, len) = self.layout.neighbourhood_range(hash);
-        let mut best: Option<(usize, u64)> = None;
-        for bucket in (start..start + len).step_by(BUCKET_BYTES as usize) {
-            let mut free = 0;
-            let mut first_free = None;
-            for slot_offset in (bucket..bucket + BUCKET_BYTES).step_by(SLOT_BYTES as usize) {
-                if self.memory.load_u64(slot_offset, Ordering::Relaxed)? == 0 {
-                    free += 1;
-                    first_free.get_or_insert(slot_offset);
-                }
-            }
-            if let Some(offset) = first_free.filter(|_| best.is_none_or(|(n, _)| free > n)) {
-                best = Some((free, offset));
-            }
+        let mut words = [0u64; MAX_NEIGHBOURHOOD_SLOTS];
+        let words = &mut words[..(len / SLOT_BYTES) as usize];
+        self.memory.read_words(start, words, Ordering::Relaxed)?;
+        if let Some(position) = free_neighbourhood_slot(words) {
+            return Ok(Place::Slot(slot_at(start, position)));
         }
-        best.map(|(_, offset)| offset)
-            .ok_or(RegionError::IndexFull {
-                slots: (len / SLOT_BYTES) as usize,
+        // The anchor is a slot the key may take, so it is full: with an
+        // entry of this home (which moves into the first table) or the link.
+        let anchor = words.get(ANCHOR_SLOT).copied().unwrap_or(0);
+        let moved = matches!(SlotWord::decode(anchor)?, SlotWord::Entry(_)).then_some(anchor);
+        let extension = Extension {
+            link_at: slot_at(start, ANCHOR_SLOT),
+            moved,
+            units: overflow_table_units(0),
+        };
+        let walk = ChainWalk::from_neighbourhood(words)?;
+        self.place_in_chain(walk, extension)
+            .map_err(|error| match error {
+                RegionError::IndexFull { slots } => RegionError::IndexFull {
+                    // The anchor, a slot the key may take, is the chain's link.
+                    slots: slots
+                        + (0..words.len())
+                            .filter(|&p| p != ANCHOR_SLOT && may_hold_key(p))
+                            .count(),
+                },
+                other => other,
             })
+    }
+
+    /// The first empty entry slot along `walk`'s chain, else a new table
+    /// after its last (`extension` when the chain has none yet).
+    fn place_in_chain(
+        &self,
+        mut walk: ChainWalk,
+        mut extension: Extension,
+    ) -> Result<Place, RegionError> {
+        let mut table = [0u64; MAX_OVERFLOW_TABLE_SLOTS];
+        while let Some(link) = walk.next_table() {
+            let (table_at, words) = self.read_table(link, &mut table)?;
+            if let Some(position) = free_table_slot(words) {
+                return Ok(Place::Slot(slot_at(table_at, position)));
+            }
+            walk.advance(words)?;
+            extension = Extension {
+                link_at: slot_at(table_at, words.len().saturating_sub(1)),
+                moved: None,
+                units: overflow_table_units(walk.tables_read()),
+            };
+        }
+        if walk.tables_read() >= MAX_OVERFLOW_TABLES {
+            return Err(RegionError::IndexFull {
+                slots: chain_capacity(MAX_OVERFLOW_TABLES),
+            });
+        }
+        Ok(Place::Extend(extension))
     }
 
     /// Makes a block that is about to be replaced fail validation (as
@@ -371,22 +598,45 @@ impl RegionWriter {
         debug_assert!(freed.is_ok(), "allocator bookkeeping broken: {freed:?}");
     }
 
-    /// Calls `f(key, value, version)` for every live pair, in index order,
-    /// validating each block (a corrupt one stops the scan with its error).
-    /// Snapshots are built with this.
+    /// Calls `f(key, value, version)` for every live pair, in index order
+    /// (each bucket, then its overflow chain), validating each block (a
+    /// corrupt one stops the scan with its error). Every entry is reached
+    /// once: a table belongs to one chain, reached from its bucket's anchor.
+    /// Snapshots and region rebuilds are made with this.
     pub fn for_each_live(
         &self,
         mut f: impl FnMut(&[u8], &[u8], u64) -> Result<(), RegionError>,
     ) -> Result<(), RegionError> {
         let mut block = Vec::new();
-        let slots_end = self.layout.index_offset + self.layout.slot_count() * SLOT_BYTES;
-        for slot_offset in (self.layout.index_offset..slots_end).step_by(SLOT_BYTES as usize) {
-            let Some(slot) = Slot::decode(self.memory.load_u64(slot_offset, Ordering::Relaxed)?)?
-            else {
-                continue;
-            };
-            let valid = self.read_block(slot, &mut block)?;
-            f(valid.key, valid.value, valid.version)?;
+        let mut table = [0u64; MAX_OVERFLOW_TABLE_SLOTS];
+        for bucket in 0..self.layout.bucket_count {
+            let bucket_at = self.layout.index_offset + bucket * BUCKET_BYTES;
+            let mut words = [0u64; SLOTS_PER_BUCKET];
+            self.memory
+                .read_words(bucket_at, &mut words, Ordering::Relaxed)?;
+            self.each_entry(&words, &mut block, &mut f)?;
+            let mut walk = ChainWalk::from_neighbourhood(&words)?;
+            while let Some(link) = walk.next_table() {
+                let (_, words) = self.read_table(link, &mut table)?;
+                self.each_entry(words, &mut block, &mut f)?;
+                walk.advance(words)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `f` for the pair of every entry among `words`.
+    fn each_entry(
+        &self,
+        words: &[u64],
+        block: &mut Vec<u8>,
+        f: &mut impl FnMut(&[u8], &[u8], u64) -> Result<(), RegionError>,
+    ) -> Result<(), RegionError> {
+        for &raw in words {
+            if let SlotWord::Entry(slot) = SlotWord::decode(raw)? {
+                let valid = self.read_block(slot, block)?;
+                f(valid.key, valid.value, valid.version)?;
+            }
         }
         Ok(())
     }
@@ -429,6 +679,8 @@ impl RegionWriter {
             live_keys: self.live_keys,
             charged_bytes: self.charged_bytes,
             index_slots: self.layout.slot_count(),
+            overflow_tables: self.overflow_tables,
+            overflow_bytes: self.overflow_units * UNIT_BYTES,
             reclaimed_blocks_total: self.reclaimed_blocks_total,
             reclaimed_bytes_total: self.reclaimed_units_total * UNIT_BYTES,
         }
