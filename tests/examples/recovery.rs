@@ -107,13 +107,40 @@ async fn load(client: &rdkv_client::Client, scale: Scale) -> Result<()> {
     Ok(())
 }
 
-async fn rdkv_recovery(label: &str, scale: Scale, extra: &[&str]) -> Result<Recovery> {
+/// Waits until the node's snapshot covers all but fewer than `entries`
+/// entries of its log (the snapshot policy caught up with the load), so
+/// that what a restart replays does not depend on when the stop came.
+async fn settle_snapshot(client: &rdkv_client::Client, entries: u64) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        let status = client.status().await?;
+        if status.snapshot_index + entries > status.last_log_index {
+            return Ok(());
+        }
+        if started.elapsed() > Duration::from_secs(300) {
+            bail!("the snapshot did not catch up: {status:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One load, stop and restart; `snapshot_entries` when the node snapshots.
+async fn rdkv_recovery(
+    label: &str,
+    scale: Scale,
+    extra: &[&str],
+    snapshot_entries: Option<u64>,
+) -> Result<Recovery> {
     let region_mib = scale.region_mib.to_string();
     let mut args = vec!["--region-mib", &region_mib];
     args.extend_from_slice(extra);
     let mut cluster = Cluster::start_with(1, &args)?;
     cluster.wait_for_leader(Duration::from_secs(20)).await?;
-    load(&cluster.client(Intent::Any)?, scale).await?;
+    let client = cluster.client(Intent::Any)?;
+    load(&client, scale).await?;
+    if let Some(entries) = snapshot_entries {
+        settle_snapshot(&client, entries).await?;
+    }
     let bytes_per_byte = region_bytes_per_byte(&cluster)?;
     cluster.node_mut(1)?.stop()?;
     let started = Instant::now();
@@ -286,7 +313,7 @@ async fn main() -> Result<()> {
     );
     row(
         "rdkv, 1 node, log replay",
-        &rdkv_recovery("log replay", scale, &[]).await?,
+        &rdkv_recovery("log replay", scale, &[], None).await?,
     );
     let entries = scale.snapshot_entries.to_string();
     let snapshot_args = [
@@ -297,7 +324,13 @@ async fn main() -> Result<()> {
     ];
     row(
         "rdkv, 1 node, snapshot + log tail",
-        &rdkv_recovery("snapshot", scale, &snapshot_args).await?,
+        &rdkv_recovery(
+            "snapshot",
+            scale,
+            &snapshot_args,
+            Some(scale.snapshot_entries),
+        )
+        .await?,
     );
     match redis_recovery(scale)? {
         Some(recovery) => row("redis-server 7, AOF fsync always", &recovery),
