@@ -341,6 +341,20 @@ impl HookedReader {
     fn set_hook(&self, hook: impl Fn(u64) + Send + Sync + 'static) {
         *self.fabric.hook.lock().expect("hook lock") = Some(Box::new(hook));
     }
+
+    /// Once `copied`'s block has been read, stores `new` into the slot word
+    /// at `slot_at`: the writer moving a key while a reader copies a block.
+    fn move_slot_after_copy(&self, region: &Region, copied: Slot, slot_at: u64, new: Slot) {
+        let copied_at = region.block_offset(copied);
+        let memory = Arc::clone(&region.memory);
+        self.set_hook(move |offset| {
+            if offset == copied_at {
+                memory
+                    .store_u64(slot_at, new.encode(), Ordering::Release)
+                    .expect("slot");
+            }
+        });
+    }
 }
 
 fn versioned(value: &[u8], version: u64) -> Option<Versioned> {
@@ -446,16 +460,7 @@ fn a_slot_that_moved_while_its_block_was_read_is_read_again() {
     let mine = region.block(region.fingerprint(KEY), KEY, b"mine", 5);
     let hooked = region.default_hooked_reader();
     // Once the foreign block has been copied, the writer puts KEY in slot 0.
-    let foreign_at = region.block_offset(foreign);
-    let memory = Arc::clone(&region.memory);
-    let slot_at = region.slot_offset(KEY, 0);
-    hooked.set_hook(move |offset| {
-        if offset == foreign_at {
-            memory
-                .store_u64(slot_at, mine.encode(), Ordering::Release)
-                .expect("slot");
-        }
-    });
+    hooked.move_slot_after_copy(&region, foreign, region.slot_offset(KEY, 0), mine);
     assert_eq!(hooked.reader.get(KEY).expect("get"), versioned(b"mine", 5));
     let seen = hooked.reader.stats();
     assert_eq!((seen.retries_moved, seen.hits, seen.retries()), (1, 1, 1));
@@ -1012,16 +1017,7 @@ fn a_table_slot_that_moved_while_its_block_was_read_is_read_again() {
     let mine = region.block(region.fingerprint(KEY), KEY, b"mine", 5);
     let hooked = region.default_hooked_reader();
     // Once the foreign block has been copied, the writer puts KEY in its slot.
-    let foreign_at = region.block_offset(foreign);
-    let memory = Arc::clone(&region.memory);
-    let slot_at = region.table_slot(table, 0);
-    hooked.set_hook(move |offset| {
-        if offset == foreign_at {
-            memory
-                .store_u64(slot_at, mine.encode(), Ordering::Release)
-                .expect("slot");
-        }
-    });
+    hooked.move_slot_after_copy(&region, foreign, region.table_slot(table, 0), mine);
     assert_eq!(hooked.reader.get(KEY).expect("get"), versioned(b"mine", 5));
     let seen = hooked.reader.stats();
     assert_eq!((seen.retries_moved, seen.hits), (1, 1));
