@@ -226,6 +226,10 @@ mod tests {
         words[7] = link(8, 99).encode();
         assert_eq!(anchor_link(&words), Ok(Some(link(8, 99))));
         assert_eq!(anchor_link(&words[..7]), Ok(None));
+        // A corrupted anchor is an error, not "no chain" (a miss there
+        // would hide every key of the chain).
+        words[7] ^= 1 << 20;
+        assert!(anchor_link(&words).is_err());
     }
 
     #[test]
