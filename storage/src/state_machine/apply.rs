@@ -91,9 +91,9 @@ fn on_error(writer: &KeyedRegion, error: &RegionError, next_pair: usize) -> Appl
 
 /// Refuses, the same way on every replica, writes that would grow the live
 /// pairs' charge past the quota. `writes` are (key, value length) in the
-/// order applied; a key written twice counts once, with its last value.
-/// Writes that do not grow the charge (overwrites with smaller values) pass
-/// even over the quota, as deletes do, so an operator can always make room.
+/// order applied. Writes that do not grow the charge (overwrites with
+/// smaller values) pass even over the quota, as deletes do, so an operator
+/// can always make room.
 fn check_quota(
     writer: &KeyedRegion,
     limits: Limits,
@@ -103,28 +103,38 @@ fn check_quota(
         return Ok(());
     };
     let charged = writer.stats().charged_bytes;
-    let mut seen = std::collections::HashSet::new();
-    let last_writes: Vec<(&[u8], u64)> = writes
-        .iter()
-        .rev()
-        .filter(|(key, _)| seen.insert(*key))
-        // A pair no class holds is refused by the writer with its own error.
-        .map(|&(key, value_len)| (key, charged_bytes(key.len(), value_len).unwrap_or(0)))
-        .collect();
-    let incoming: u64 = last_writes.iter().map(|(_, charge)| charge).sum();
-    if charged.saturating_add(incoming) <= quota {
+    // Far from the quota (the common case) the writes fit even counted as
+    // new keys: no lookup, no allocation.
+    let at_most: u64 = writes.iter().map(|&(key, len)| charge(key, len)).sum();
+    if charged.saturating_add(at_most) <= quota {
         return Ok(());
     }
-    // Near the quota: what the writes replace counts too (one lookup each).
-    let mut replaced = 0;
-    for (key, _) in &last_writes {
-        replaced += writer.charge_of(key).map_err(|e| failed(&e))?.unwrap_or(0);
-    }
-    let growth = incoming.saturating_sub(replaced);
+    let growth = exact_growth(writer, writes)?;
     if growth == 0 || charged.saturating_add(growth) <= quota {
         return Ok(());
     }
     Err(replied(Response::Error(no_space(charged, growth, quota))))
+}
+
+/// What `writes` add to the charge: each key once, with its last value,
+/// less what its current pair is charged (one lookup per key).
+fn exact_growth(writer: &KeyedRegion, writes: &[(&[u8], usize)]) -> Result<u64, Applied> {
+    let mut seen = std::collections::HashSet::new();
+    let (mut incoming, mut replaced) = (0u64, 0u64);
+    for &(key, value_len) in writes.iter().rev() {
+        if !seen.insert(key) {
+            continue;
+        }
+        incoming += charge(key, value_len);
+        replaced += writer.charge_of(key).map_err(|e| failed(&e))?.unwrap_or(0);
+    }
+    Ok(incoming.saturating_sub(replaced))
+}
+
+/// A pair's charge; one no class holds counts 0 here, as the writer
+/// refuses it with its own error.
+fn charge(key: &[u8], value_len: usize) -> u64 {
+    charged_bytes(key.len(), value_len).unwrap_or(0)
 }
 
 /// The refusal of a write past the quota.
