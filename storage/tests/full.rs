@@ -143,6 +143,13 @@ async fn the_quota_refuses_the_same_writes_everywhere() {
     }
     assert_eq!(whole.digest_now(), joined.digest_now());
 
+    // Near the quota, an overwrite that grows but still fits passes: a
+    // 1100-byte value takes a 1152-byte block, 64 more than before.
+    let next = whole.applied_index() + 1;
+    apply(&mut whole, entries(next, [put("k0002".into(), 1100, 7)])).await;
+    assert_eq!(version_of(&whole, "k0002"), Some(next));
+    assert_eq!(whole.quota_status().charged_bytes, fits * CHARGE + 64);
+
     // Deleting 10 pairs brings the charge under 90% of the quota.
     let next = whole.applied_index() + 1;
     let deletes = (0..10).map(|i| Command::Delete {
@@ -150,7 +157,10 @@ async fn the_quota_refuses_the_same_writes_everywhere() {
     });
     apply(&mut whole, entries(next, deletes)).await;
     assert!(!whole.quota_status().no_space_alarm);
-    assert_eq!(whole.quota_status().charged_bytes, (fits - 10) * CHARGE);
+    assert_eq!(
+        whole.quota_status().charged_bytes,
+        (fits - 10) * CHARGE + 64
+    );
 
     whole.build_snapshot().await.unwrap();
     drop(whole);
@@ -185,4 +195,37 @@ async fn a_write_no_region_can_place_stops_the_replica() {
     assert!(message.contains("--quota-bytes"), "{message}");
     let applied = sm.applied_index();
     assert!(applied > 1000 && applied < 2500, "stopped at {applied}");
+}
+
+/// The alarm says a write was refused, not that the quota is nearly used:
+/// a charge between 90% and 100% of the quota raises nothing until a
+/// refusal does.
+#[tokio::test]
+async fn only_a_refusal_raises_the_no_space_alarm() {
+    const QUOTA: u64 = 100_000;
+    let dir = tempfile::tempdir().unwrap();
+    let mut sm = common::open(dir.path());
+    let mut first = vec![membership_ent::<TypeConfig>(
+        1,
+        1,
+        1,
+        vec![BTreeSet::from([1])],
+    )];
+    first.push(normal(2, Command::SetQuota { bytes: QUOTA }));
+    // 85 pairs of 1096 bytes: 93,160, over 90% of the quota.
+    first.extend(entries(
+        3,
+        (0..85).map(|i| put(format!("k{i:04}"), 1000, 1)),
+    ));
+    apply(&mut sm, first).await;
+    let quota = sm.quota_status();
+    assert_eq!(quota.charged_bytes, 85 * 1096);
+    assert!(!quota.no_space_alarm, "raised without a refusal");
+    let next = sm.applied_index() + 1;
+    apply(
+        &mut sm,
+        entries(next, (85..100).map(|i| put(format!("k{i:04}"), 1000, 1))),
+    )
+    .await;
+    assert!(sm.quota_status().no_space_alarm);
 }

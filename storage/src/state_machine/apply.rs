@@ -274,6 +274,18 @@ pub fn parse_integer(value: &[u8]) -> Option<i64> {
     (n.to_string() == text).then_some(n)
 }
 
+/// The length of a value after an APPEND: `Ok` up to `max_value_bytes`,
+/// else `Err` with the length it would have had (refused, as Redis refuses
+/// a string past its limit, before anything is written).
+fn appended_len(value_len: usize, suffix_len: usize, max_value_bytes: u32) -> Result<u64, u64> {
+    let len = value_len as u64 + suffix_len as u64;
+    if len > u64::from(max_value_bytes) {
+        Err(len)
+    } else {
+        Ok(len)
+    }
+}
+
 /// A read-modify-write: decided from the key's current value in the region,
 /// so every replica reaches the same outcome.
 fn apply_update(
@@ -306,10 +318,13 @@ fn apply_update(
         }
         Update::Append { suffix } => {
             let mut value = current.map(|c| c.to_vec()).unwrap_or_default();
-            let len = (value.len() + suffix.len()) as u64;
-            if len > u64::from(writer.layout().max_value_bytes) {
-                return replied(Response::Updated(UpdateOutcome::TooLarge { len, version }));
-            }
+            let max = writer.layout().max_value_bytes;
+            let len = match appended_len(value.len(), suffix.len(), max) {
+                Ok(len) => len,
+                Err(len) => {
+                    return replied(Response::Updated(UpdateOutcome::TooLarge { len, version }));
+                }
+            };
             value.extend_from_slice(suffix);
             (Bytes::from(value), UpdateOutcome::Length { len, version })
         }
@@ -342,7 +357,15 @@ fn apply_update(
 
 #[cfg(test)]
 mod tests {
-    use super::parse_integer;
+    use super::{appended_len, parse_integer};
+
+    #[test]
+    fn an_append_may_reach_the_value_limit_but_not_pass_it() {
+        assert_eq!(appended_len(3, 4, 10), Ok(7));
+        assert_eq!(appended_len(6, 4, 10), Ok(10));
+        assert_eq!(appended_len(7, 4, 10), Err(11));
+        assert_eq!(appended_len(0, 11, 10), Err(11));
+    }
 
     #[test]
     fn integers_are_read_as_redis_reads_them() {
