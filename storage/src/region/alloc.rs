@@ -94,10 +94,6 @@ impl BlockAllocator {
         Ok(())
     }
 
-    pub fn total_units(&self) -> u64 {
-        self.total_units
-    }
-
     pub fn free_units(&self) -> u64 {
         self.free_units
     }
@@ -114,6 +110,21 @@ impl BlockAllocator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn frees_that_are_empty_overrun_or_overlap_one_side_are_refused() {
+        let mut allocator = BlockAllocator::new(100);
+        let first = allocator.alloc(10).expect("first"); // 0..10
+        let second = allocator.alloc(10).expect("second"); // 10..20
+        assert!(allocator.free(first, 0).is_err(), "empty");
+        assert!(allocator.free(95, 10).is_err(), "past the end");
+        // 15..25 overlaps the free extent after it (20..100) alone.
+        assert!(allocator.free(second + 5, 10).is_err(), "overlaps after");
+        allocator.free(first, 10).expect("free first");
+        // 5..15 overlaps the free extent before it (0..10) alone.
+        assert!(allocator.free(5, 10).is_err(), "overlaps before");
+        assert_eq!(allocator.free_units(), 90);
+    }
     use proptest::prelude::*;
 
     #[test]

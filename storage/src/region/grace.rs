@@ -59,3 +59,34 @@ impl GraceQueue {
         self.queue.is_empty()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(retired_at_us: u64) -> RetiredBlock {
+        RetiredBlock {
+            retired_at_us,
+            offset_units: retired_at_us,
+            units: 2,
+        }
+    }
+
+    #[test]
+    fn blocks_come_back_in_order_once_their_grace_period_has_passed() {
+        let mut queue = GraceQueue::default();
+        assert!(queue.is_empty());
+        assert_eq!(queue.next_expiry_us(100), None);
+        queue.retire(block(10));
+        queue.retire(block(20));
+        assert!(!queue.is_empty());
+        assert_eq!((queue.len(), queue.pending_units()), (2, 4));
+        assert_eq!(queue.next_expiry_us(100), Some(110));
+        assert_eq!(queue.pop_expired(109, 100), None);
+        assert_eq!(queue.pop_expired(110, 100), Some(block(10)));
+        assert_eq!(queue.pop_expired(110, 100), None);
+        assert_eq!(queue.len(), 1);
+        assert_eq!(queue.pop_expired(500, 100), Some(block(20)));
+        assert!(queue.is_empty());
+    }
+}
