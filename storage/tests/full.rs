@@ -36,6 +36,29 @@ fn entries(first_index: u64, commands: impl IntoIterator<Item = Command>) -> Vec
         .collect()
 }
 
+/// A one-voter membership at index 1, then `commands` from index 2.
+fn opening(commands: impl IntoIterator<Item = Command>) -> Vec<Entry> {
+    let mut all = vec![membership_ent::<TypeConfig>(
+        1,
+        1,
+        1,
+        vec![BTreeSet::from([1])],
+    )];
+    all.extend(entries(2, commands));
+    all
+}
+
+/// `SetQuota` then `puts` 1000-byte values under keys `k0000`, `k0001`, ...
+fn quota_then_puts(quota_bytes: u64, puts: usize) -> Vec<Entry> {
+    let set_quota = Command::SetQuota { bytes: quota_bytes };
+    let puts = (0..puts).map(|i| put(format!("k{i:04}"), 1000, 1));
+    opening(std::iter::once(set_quota).chain(puts))
+}
+
+/// What a 1000-byte value under a 5-byte key is charged: a 1088-byte
+/// block and a slot.
+const CHARGE: u64 = 1088 + 8;
+
 /// Replica A fills its 4 MiB region with 2 KiB blocks and deletes every
 /// other one, leaving free space only in 2 KiB holes and a short tail; B
 /// installs A's snapshot of that state, so its region is compact. Both then
@@ -46,16 +69,7 @@ fn entries(first_index: u64, commands: impl IntoIterator<Item = Command>) -> Vec
 async fn a_fragmented_replica_places_what_a_compact_one_places() {
     let dir = tempfile::tempdir().unwrap();
     let mut fragmented = common::open(dir.path());
-    let mut first = vec![membership_ent::<TypeConfig>(
-        1,
-        1,
-        1,
-        vec![BTreeSet::from([1])],
-    )];
-    first.extend(entries(
-        2,
-        (0..1700).map(|i| put(format!("s{i:04}"), 2000, 1)),
-    ));
+    let mut first = opening((0..1700).map(|i| put(format!("s{i:04}"), 2000, 1)));
     let deletes = (0..1700).step_by(2).map(|i| Command::Delete {
         key: Bytes::from(format!("s{i:04}")),
     });
@@ -87,23 +101,10 @@ async fn a_fragmented_replica_places_what_a_compact_one_places() {
 /// alarm; the quota survives a restart.
 #[tokio::test]
 async fn the_quota_refuses_the_same_writes_everywhere() {
-    // A 1000-byte value and a 5-byte key take a 1088-byte block and a slot.
-    const CHARGE: u64 = 1088 + 8;
     const QUOTA: u64 = 100_000;
     let dir = tempfile::tempdir().unwrap();
     let mut whole = common::open(dir.path());
-    let mut first = vec![membership_ent::<TypeConfig>(
-        1,
-        1,
-        1,
-        vec![BTreeSet::from([1])],
-    )];
-    first.push(normal(2, Command::SetQuota { bytes: QUOTA }));
-    first.extend(entries(
-        3,
-        (0..40).map(|i| put(format!("k{i:04}"), 1000, 1)),
-    ));
-    apply(&mut whole, first).await;
+    apply(&mut whole, quota_then_puts(QUOTA, 40)).await;
     let snapshot = whole.build_snapshot().await.unwrap();
     let (_joined_dir, mut joined) = installed_elsewhere(&snapshot).await;
     assert_eq!(joined.quota_status().quota_bytes, Some(QUOTA));
@@ -173,16 +174,7 @@ async fn the_quota_refuses_the_same_writes_everywhere() {
 async fn a_write_no_region_can_place_stops_the_replica() {
     let dir = tempfile::tempdir().unwrap();
     let mut sm = common::open(dir.path());
-    let mut all = vec![membership_ent::<TypeConfig>(
-        1,
-        1,
-        1,
-        vec![BTreeSet::from([1])],
-    )];
-    all.extend(entries(
-        2,
-        (0..2500).map(|i| put(format!("s{i:04}"), 2000, 1)),
-    ));
+    let all = opening((0..2500).map(|i| put(format!("s{i:04}"), 2000, 1)));
     let stream = futures::stream::iter(all.into_iter().map(|e| Ok((e, None))));
     let error = sm
         .apply(stream)
@@ -203,21 +195,10 @@ async fn only_a_refusal_raises_the_no_space_alarm() {
     const QUOTA: u64 = 100_000;
     let dir = tempfile::tempdir().unwrap();
     let mut sm = common::open(dir.path());
-    let mut first = vec![membership_ent::<TypeConfig>(
-        1,
-        1,
-        1,
-        vec![BTreeSet::from([1])],
-    )];
-    first.push(normal(2, Command::SetQuota { bytes: QUOTA }));
     // 85 pairs of 1096 bytes: 93,160, over 90% of the quota.
-    first.extend(entries(
-        3,
-        (0..85).map(|i| put(format!("k{i:04}"), 1000, 1)),
-    ));
-    apply(&mut sm, first).await;
+    apply(&mut sm, quota_then_puts(QUOTA, 85)).await;
     let quota = sm.quota_status();
-    assert_eq!(quota.charged_bytes, 85 * 1096);
+    assert_eq!(quota.charged_bytes, 85 * CHARGE);
     assert!(!quota.no_space_alarm, "raised without a refusal");
     let next = sm.applied_index() + 1;
     apply(

@@ -399,6 +399,11 @@ impl RegionWriter {
             .map(|f| f.header.version))
     }
 
+    /// The live pairs' charge against the quota (see the field).
+    pub fn charged_bytes(&self) -> u64 {
+        self.charged_bytes
+    }
+
     /// What `key`'s current pair is charged against the quota (`None`: absent).
     pub fn charge_of(&self, key: &[u8]) -> Result<Option<u64>, RegionError> {
         if !self.layout.admits_key(key) {

@@ -20,10 +20,12 @@ pub(super) enum Applied {
     /// which the quota counts). The caller waits until `reclaim_at_us`
     /// (region clock) when blocks come back, else compacts the region, and
     /// applies again from pair `next_pair` (for MPut; 0 otherwise). It is
-    /// never recorded as a result: another replica placed it.
+    /// never recorded as a result: another replica placed it. `cause` is the
+    /// writer's refusal, reported if even a compacted region refuses.
     Full {
         reclaim_at_us: Option<u64>,
         next_pair: usize,
+        cause: RegionError,
     },
 }
 
@@ -79,13 +81,14 @@ fn is_quota_refusal(applied: &Applied) -> bool {
 
 /// What to do with an error from the write of pair `next_pair` (0 for a
 /// single write): a region that cannot place it waits or compacts.
-fn on_error(writer: &KeyedRegion, error: &RegionError, next_pair: usize) -> Applied {
+fn on_error(writer: &KeyedRegion, error: RegionError, next_pair: usize) -> Applied {
     match error {
         RegionError::RegionFull { .. } | RegionError::IndexFull { .. } => Applied::Full {
             reclaim_at_us: writer.next_reclaim_at_us(),
             next_pair,
+            cause: error,
         },
-        _ => failed(error),
+        _ => failed(&error),
     }
 }
 
@@ -102,7 +105,7 @@ fn check_quota(
     let Some(quota) = limits.quota_bytes else {
         return Ok(());
     };
-    let charged = writer.stats().charged_bytes;
+    let charged = writer.charged_bytes();
     // Far from the quota (the common case) the writes fit even counted as
     // new keys: no lookup, no allocation.
     let at_most: u64 = writes.iter().map(|&(key, len)| charge(key, len)).sum();
@@ -160,7 +163,7 @@ fn put_within(
     writer
         .put(key, value, version)
         .map(drop)
-        .map_err(|e| on_error(writer, &e, 0))
+        .map_err(|e| on_error(writer, e, 0))
 }
 
 fn apply_command(
@@ -253,7 +256,7 @@ fn apply_mput(
     }
     for (i, (key, value)) in pairs.iter().enumerate().skip(resume_at) {
         if let Err(e) = writer.put(key, value, version) {
-            return match on_error(writer, &e, i) {
+            return match on_error(writer, e, i) {
                 Applied::Done(CommandResult::Failed { message }) => {
                     Applied::Done(CommandResult::Failed {
                         message: format!("{message}; {i} of {} pairs were applied", pairs.len()),

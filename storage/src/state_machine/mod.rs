@@ -437,6 +437,7 @@ impl RegionStateMachine {
                 Applied::Full {
                     reclaim_at_us: Some(at_us),
                     next_pair,
+                    ..
                 } => {
                     let now_us = self.shared.clock.now_us();
                     let pause_us = at_us.saturating_sub(now_us).max(MIN_RECLAIM_PAUSE_US);
@@ -446,32 +447,20 @@ impl RegionStateMachine {
                 Applied::Full {
                     reclaim_at_us: None,
                     next_pair,
+                    cause,
                 } => {
                     if compacted_at == Some(next_pair) {
-                        return Err(self.unplaceable(entry, next_pair));
+                        tracing::error!(index = entry.log_id.index, pair = next_pair, "{cause}");
+                        return Err(StateMachineError::Unplaceable {
+                            index: entry.log_id.index,
+                            source: cause,
+                        });
                     }
                     self.compact()?;
                     compacted_at = Some(next_pair);
                     resume_at = next_pair;
                 }
             }
-        }
-    }
-
-    /// The error that stops this replica: write `pair` of the entry does not
-    /// fit a compacted region.
-    fn unplaceable(&self, entry: &Entry, pair: usize) -> StateMachineError {
-        let stats = self.lock().writer.stats();
-        let source = RegionError::RegionFull {
-            needed_bytes: 0,
-            free_bytes: stats.free_bytes,
-            largest_free_bytes: stats.largest_free_bytes,
-            pending_reclaim_bytes: stats.pending_reclaim_bytes,
-        };
-        tracing::error!(index = entry.log_id.index, pair, "{source}");
-        StateMachineError::Unplaceable {
-            index: entry.log_id.index,
-            source,
         }
     }
 
@@ -499,7 +488,7 @@ impl RegionStateMachine {
         let state = self.lock();
         QuotaStatus {
             quota_bytes: state.quota_bytes,
-            charged_bytes: state.writer.stats().charged_bytes,
+            charged_bytes: state.writer.charged_bytes(),
             no_space_alarm: state.no_space_alarm,
         }
     }
@@ -703,7 +692,7 @@ const MIN_RECLAIM_PAUSE_US: u64 = 100;
 /// Whether the charge is back under the alarm's clearing mark.
 fn has_room(state: &State) -> bool {
     state.quota_bytes.is_none_or(|quota| {
-        state.writer.stats().charged_bytes.saturating_mul(100)
+        state.writer.charged_bytes().saturating_mul(100)
             <= quota.saturating_mul(ALARM_CLEAR_PERCENT)
     })
 }
