@@ -339,6 +339,7 @@ impl View for StatusView {
                         ("commit_index", Json::U64(s.commit_index)),
                         ("applied_index", Json::U64(s.applied_index)),
                         ("snapshot_index", Json::U64(s.snapshot_index)),
+                        ("purged_index", Json::U64(s.purged_index)),
                         (
                             "region",
                             Json::obj([

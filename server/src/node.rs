@@ -81,7 +81,11 @@ fn raft_config(config: &Config) -> Result<openraft::Config> {
         max_payload_entries: 64,
         snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_entries),
         max_in_snapshot_log_to_keep: config.snapshot_keep_entries,
-        purge_batch_size: 256,
+        // A purge is scheduled only after a snapshot, so the snapshot
+        // interval already batches purges; a larger batch kept the log a
+        // dead follower needed for hundreds of entries past every snapshot,
+        // and whether it caught up by snapshot or by log was luck.
+        purge_batch_size: 1,
         install_snapshot_timeout: 60_000,
         // A follower whose disk lost acknowledged entries (a torn or
         // corrupted tail cut off on restart) is repaired by resending them,

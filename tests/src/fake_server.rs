@@ -48,6 +48,7 @@ pub fn node_status(id: u64, role: Role) -> NodeStatus {
         commit_index: 120,
         applied_index: 118,
         snapshot_index: 100,
+        purged_index: 90,
         region: RegionFill {
             capacity_bytes: 1000,
             used_bytes: 125,

@@ -3,9 +3,10 @@
 //! log behind), and the follower is restarted and killed again at a random
 //! point of its catch-up, six times. Every acknowledged write must end up on
 //! every node, and the victim must come back from whatever its disk holds.
-//! openraft keeps the log a lagging follower still needs, so most catch-ups
-//! replay the log; the test requires at least one to have been a snapshot
-//! install (one per run so far). Kills timed to land inside an install are
+//! Each round writes on until the leader has purged the log the victim
+//! needs, so its restart catches up by a snapshot install; the test requires
+//! at least one install to have completed (the last round's is never
+//! interrupted). Kills timed to land inside an install are
 //! not guaranteed here; the second test puts them there with failpoints (a
 //! purge interrupted after its meta write, an install interrupted after its
 //! snapshot file was persisted) and checks that the node stopped at them.
@@ -42,9 +43,18 @@ async fn killed_during_snapshot_install_and_purge_loses_nothing() -> Result<()> 
         write(100, &mut acknowledged).await?;
         let mut seed = 7;
         for round in 0..6 {
+            let victim_end = cluster.status_of(leader).await?.last_log_index;
             cluster.node_mut(victim)?.kill();
-            // The leader moves past the victim's log and purges it.
+            // The leader moves past the victim's log and purges it; openraft
+            // postpones a purge while a replication stream to the dead victim
+            // is in flight, so write on until the purge has happened.
             write(60, &mut acknowledged).await?;
+            let mut extra_batches = 0;
+            while cluster.status_of(leader).await?.purged_index <= victim_end {
+                write(10, &mut acknowledged).await?;
+                extra_batches += 1;
+                ensure!(extra_batches < 200, "the leader never purged past the victim");
+            }
             cluster.restart(victim)?;
             // Kill it again at a random point of its catch-up (snapshot
             // transfer or install), except in the last round.

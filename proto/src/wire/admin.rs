@@ -57,6 +57,9 @@ pub struct NodeStatus {
     pub commit_index: u64,
     pub applied_index: u64,
     pub snapshot_index: u64,
+    /// The last log index removed behind a snapshot (0: none): a follower
+    /// behind it can catch up only by a snapshot install.
+    pub purged_index: u64,
     pub region: RegionFill,
     pub members: Vec<MemberInfo>,
     /// Filled on the leader only.

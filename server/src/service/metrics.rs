@@ -31,6 +31,7 @@ fn raft_gauges(status: &NodeStatus, log: &LogStats) {
     set("rdkv_raft_commit_index", status.commit_index);
     set("rdkv_raft_applied_index", status.applied_index);
     set("rdkv_raft_snapshot_index", status.snapshot_index);
+    set("rdkv_raft_purged_index", status.purged_index);
     // A gauge is an f64: the digest's low 52 bits are exact in one.
     set(
         "rdkv_state_digest_applied_index",

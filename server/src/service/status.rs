@@ -69,6 +69,7 @@ impl Handler {
             applied_index: replica.sm.applied_index(),
             state_digest: replica.sm.digest_now(),
             snapshot_index: metrics.snapshot.map_or(0, |l| l.index),
+            purged_index: metrics.purged.map_or(0, |l| l.index),
             region: RegionFill {
                 capacity_bytes: stats.data_capacity_bytes,
                 used_bytes: stats.used_bytes,

@@ -179,6 +179,10 @@ fn describe_state() {
             "Last log index covered by the current snapshot.",
         ),
         (
+            "rdkv_raft_purged_index",
+            "Last log index removed behind the snapshot (0: none).",
+        ),
+        (
             "rdkv_raft_members",
             "Members (voters and learners) in the configuration.",
         ),
