@@ -26,6 +26,7 @@ pub mod http;
 mod join;
 mod lease;
 pub mod node;
+mod order;
 pub mod peer;
 pub mod rdma;
 pub mod replica;

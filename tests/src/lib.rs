@@ -18,6 +18,7 @@ pub mod netns;
 pub mod node;
 pub mod numbered;
 pub mod prometheus;
+pub mod raw_native;
 pub mod skip;
 pub mod stress_value;
 pub mod wait;

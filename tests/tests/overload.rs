@@ -3,18 +3,16 @@
 //! client is still served; connections beyond the limit are refused with a
 //! clear error; the node survives and recovers.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use bytes::{Bytes, BytesMut};
 use rdkv_client::{ClientOptions, Consistency, Fault, Transport};
-use rdkv_proto::wire::{
-    ClientHello, DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameKind, Request, ServerHello,
-    decode_payload, encode_frame, encoded_frame,
-};
+use rdkv_proto::wire::{DEFAULT_MAX_FRAME_BYTES, FrameKind, Request, encode_frame};
 use rdkv_tests::prometheus::{http_get, parse};
+use rdkv_tests::raw_native::RawConnection;
 use rdkv_tests::wait::{CallsBeside, calls_beside};
 use rdkv_tests::{Cluster, Intent, check, client_options};
 
@@ -42,32 +40,7 @@ fn rss_anon_bytes(pid: u32) -> Result<u64> {
 
 /// A raw connection that has done the handshake; `Err` carries the refusal.
 fn handshake(addr: SocketAddr) -> Result<std::result::Result<TcpStream, String>> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let out = encoded_frame(
-        FrameKind::ClientHello,
-        0,
-        &ClientHello::new("overload-test", None),
-        DEFAULT_MAX_FRAME_BYTES,
-    )?;
-    stream.write_all(&out)?;
-    let mut buf = BytesMut::new();
-    let mut decoder = FrameDecoder::new(DEFAULT_MAX_FRAME_BYTES);
-    let mut chunk = [0u8; 4096];
-    let frame = loop {
-        if let Some(frame) = decoder.decode(&mut buf)? {
-            break frame;
-        }
-        let n = stream.read(&mut chunk)?;
-        if n == 0 {
-            bail!("closed before the server hello");
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    Ok(match decode_payload::<ServerHello>(&frame)? {
-        ServerHello::Accepted(_) => Ok(stream),
-        ServerHello::Rejected { code, message } => Err(format!("{code:?}: {message}")),
-    })
+    Ok(RawConnection::open(addr, "overload-test", None)?.map(|c| c.stream))
 }
 
 /// Writes large puts as fast as the server reads them, never reading the

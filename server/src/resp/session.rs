@@ -7,10 +7,38 @@ use rdkv_proto::wire::tokens_match;
 use super::RespServer;
 use super::commands::{hello_reply, integer_arg, upper};
 use super::reply::Reply;
-use super::table::{self, Run};
+use super::table::{self, Run, Spec, StoreRun};
 use crate::telemetry::RequestStats;
 
 const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
+
+/// A handler of a command that reads or changes the connection's state.
+pub type SessionRun = fn(&mut Session<'_>, &[Bytes]) -> Reply;
+
+/// How a parsed command is run.
+#[derive(Debug)]
+pub enum Step {
+    /// Answered already; `close`: the connection closes after the reply.
+    Now { reply: Reply, close: bool },
+    /// Reads or changes the connection's (or the node's) state: runs once
+    /// every earlier command has finished.
+    Session { run: SessionRun, argv: Vec<Bytes> },
+    /// Served by the store, after the earlier commands on its keys.
+    Store {
+        spec: &'static Spec,
+        run: StoreRun,
+        argv: Vec<Bytes>,
+    },
+}
+
+impl Step {
+    fn now(reply: Reply) -> Step {
+        Step::Now {
+            reply,
+            close: false,
+        }
+    }
+}
 
 #[derive(Debug)]
 pub struct Session<'a> {
@@ -34,38 +62,40 @@ impl<'a> Session<'a> {
         self.server
     }
 
-    /// Runs one command (`args[0]` is its name); `true` closes the
-    /// connection after the reply.
-    pub async fn execute(&mut self, args: &[Bytes]) -> (Reply, bool) {
-        let Some((name, args)) = args.split_first() else {
-            return (Reply::err("empty command"), false);
+    /// Decides how command `argv` (the name first) runs: answered now,
+    /// against the connection's state once every earlier command has
+    /// finished, or by the store.
+    pub fn prepare(&self, argv: Vec<Bytes>) -> Step {
+        let Some(name) = argv.first() else {
+            return Step::now(Reply::err("empty command"));
         };
         let spec = table::lookup(name);
         if !self.authenticated && !spec.is_some_and(|s| s.before_auth) {
-            return (
-                Reply::Error("NOAUTH Authentication required.".into()),
-                false,
-            );
+            return Step::now(Reply::Error("NOAUTH Authentication required.".into()));
         }
         let Some(spec) = spec else {
             let shown: String = String::from_utf8_lossy(name).chars().take(128).collect();
-            return (
-                Reply::err(format!(
-                    "unknown command '{shown}', with args beginning with: "
-                )),
-                false,
-            );
+            return Step::now(Reply::err(format!(
+                "unknown command '{shown}', with args beginning with: "
+            )));
         };
-        if !spec.accepts(args.len() + 1) {
-            return (Reply::wrong_arity(spec.name), false);
+        if !spec.accepts(argv.len()) {
+            return Step::now(Reply::wrong_arity(spec.name));
         }
-        let reply = match spec.run {
-            Run::Quit => return (Reply::ok(), true),
-            Run::Pure(run) => run(args),
-            Run::Session(run) => run(self, args),
-            Run::Store(run) => run(self.server, args).await,
-        };
-        (reply, false)
+        match spec.run {
+            Run::Quit => Step::Now {
+                reply: Reply::ok(),
+                close: true,
+            },
+            Run::Pure(run) => Step::now(run(&argv[1..])),
+            Run::Session(run) => Step::Session { run, argv },
+            Run::Store(run) => Step::Store { spec, run, argv },
+        }
+    }
+
+    /// Runs a command that reads or changes the connection's state.
+    pub fn run_session(&mut self, run: SessionRun, argv: &[Bytes]) -> Reply {
+        run(self, &argv[1..])
     }
 
     /// AUTH [user] password (only the `default` user exists).

@@ -1,6 +1,6 @@
 //! The commands the front end knows, one row each: name, arity, flags, key
 //! positions, whether it is allowed before AUTH, and its handler. Dispatch
-//! (`Session::execute`) and the `COMMAND` reply are both read from here.
+//! (`Session::prepare`) and the `COMMAND` reply are both read from here.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -10,11 +10,14 @@ use bytes::Bytes;
 use super::RespServer;
 use super::commands::{self, upper};
 use super::reply::Reply;
-use super::session::Session;
+use super::session::SessionRun;
 
 /// What a command served by the store returns: it may wait for Raft or the
 /// leader.
 pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Reply> + Send + 'a>>;
+
+/// A handler of a command served by the store.
+pub type StoreRun = for<'a> fn(&'a RespServer, &'a [Bytes]) -> StoreFuture<'a>;
 
 /// How a command is run; every handler gets the arguments after the name.
 #[derive(Debug, Clone, Copy)]
@@ -24,9 +27,9 @@ pub enum Run {
     /// Answered from the arguments alone.
     Pure(fn(&[Bytes]) -> Reply),
     /// Reads or changes the connection's state, or reads the node's.
-    Session(fn(&mut Session<'_>, &[Bytes]) -> Reply),
+    Session(SessionRun),
     /// Served by the store, here or at the leader.
-    Store(for<'a> fn(&'a RespServer, &'a [Bytes]) -> StoreFuture<'a>),
+    Store(StoreRun),
 }
 
 /// Where a command's keys are, as `COMMAND` reports them: the first and last
@@ -107,6 +110,25 @@ impl Spec {
         } else {
             argc >= -self.arity
         }
+    }
+
+    /// Whether the command may change the store (its flags say `write`).
+    pub fn writes(&self) -> bool {
+        self.flags.contains(&"write")
+    }
+
+    /// The keys in `argv` (the name first), by the row's key positions.
+    pub fn keys_in<'b>(&self, argv: &'b [Bytes]) -> Vec<&'b Bytes> {
+        let Keys { first, last, step } = self.keys;
+        let argc = i64::try_from(argv.len()).unwrap_or(i64::MAX);
+        let last = if last < 0 { argc + last } else { last };
+        if first <= 0 || step <= 0 || last < first {
+            return Vec::new();
+        }
+        (first..=last.min(argc - 1))
+            .step_by(usize::try_from(step).unwrap_or(1))
+            .filter_map(|i| usize::try_from(i).ok().and_then(|i| argv.get(i)))
+            .collect()
     }
 
     /// This command's entry in the `COMMAND` reply.
@@ -244,6 +266,30 @@ mod tests {
             Reply::Integer(2),
         ])]);
         assert_eq!(reply, expected);
+    }
+
+    #[test]
+    fn keys_are_found_where_the_row_says() {
+        let argv = |words: &[&'static str]| -> Vec<Bytes> {
+            words
+                .iter()
+                .map(|w| Bytes::from_static(w.as_bytes()))
+                .collect()
+        };
+        let keys = |name: &[u8], argv: &[Bytes]| -> Vec<Bytes> {
+            let spec = lookup(name).expect("a known command");
+            spec.keys_in(argv).into_iter().cloned().collect()
+        };
+        let set = argv(&["SET", "k", "v", "NX"]);
+        assert_eq!(keys(b"set", &set), argv(&["k"]));
+        let mset = argv(&["MSET", "a", "1", "b", "2"]);
+        assert_eq!(keys(b"mset", &mset), argv(&["a", "b"]));
+        let del = argv(&["DEL", "a", "b", "c"]);
+        assert_eq!(keys(b"del", &del), argv(&["a", "b", "c"]));
+        assert!(keys(b"flushdb", &argv(&["FLUSHDB"])).is_empty());
+        assert!(keys(b"ping", &argv(&["PING", "x"])).is_empty());
+        assert!(lookup(b"incr").is_some_and(Spec::writes));
+        assert!(!lookup(b"mget").is_some_and(Spec::writes));
     }
 
     #[test]

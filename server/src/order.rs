@@ -1,0 +1,237 @@
+//! The order a pipelined connection's requests must keep, by key (RESP and
+//! native connections alike): a command
+//! waits for the earlier ones it could observe or be observed by (a read
+//! after a write of its key, a write after any earlier use of its key), and
+//! nothing else. Commands on different keys run at once, so a pipeline of
+//! independent commands costs one round of the store, not one per command.
+//! A store command without keys (FLUSHDB) waits for everything before it,
+//! and everything after it waits for it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use rdkv_proto::wire::Request;
+use tokio::sync::Notify;
+
+/// The keys a native request touches and whether it may change them;
+/// `None`: it is not ordered (liveness, status, membership). A scan or a
+/// clear has no keys: it is ordered against everything.
+pub fn request_keys(request: &Request) -> Option<(Vec<&Bytes>, bool)> {
+    let keys = match request {
+        Request::Get { key, .. } => (vec![key], false),
+        Request::MGet { keys, .. } => (keys.iter().collect(), false),
+        Request::Scan { .. } => (Vec::new(), false),
+        Request::Put { key, .. }
+        | Request::Delete { key }
+        | Request::Cas { key, .. }
+        | Request::Update { key, .. } => (vec![key], true),
+        Request::MPut { pairs } => (pairs.iter().map(|(k, _)| k).collect(), true),
+        Request::Clear => (Vec::new(), true),
+        _ => return None,
+    };
+    Some(keys)
+}
+
+#[derive(Debug, Default)]
+struct Completion {
+    finished: AtomicBool,
+    notify: Notify,
+}
+
+/// A command's completion, awaited by the commands that must follow it.
+#[derive(Debug, Clone)]
+pub struct Done(Arc<Completion>);
+
+impl Done {
+    fn finished(&self) -> bool {
+        self.0.finished.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the command has finished (or was dropped).
+    pub async fn wait(&self) {
+        loop {
+            let notified = self.0.notify.notified();
+            if self.finished() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Held by a running command; dropping it finishes the command's [`Done`].
+#[derive(Debug)]
+pub struct Finish(Arc<Completion>);
+
+impl Drop for Finish {
+    fn drop(&mut self) {
+        self.0.finished.store(true, Ordering::Release);
+        self.0.notify.notify_waiters();
+    }
+}
+
+/// A new command's completion signal and the handle that fires it.
+pub fn completion() -> (Finish, Done) {
+    let shared = Arc::new(Completion::default());
+    (Finish(Arc::clone(&shared)), Done(shared))
+}
+
+fn finished(done: &Done) -> bool {
+    done.finished()
+}
+
+/// The commands in flight on one key.
+#[derive(Debug, Default)]
+struct KeyUse {
+    last_write: Option<Done>,
+    reads_since_write: Vec<Done>,
+}
+
+impl KeyUse {
+    fn finished(&self) -> bool {
+        self.last_write.as_ref().is_none_or(finished) && self.reads_since_write.iter().all(finished)
+    }
+}
+
+/// What one connection's commands in flight hold, by key.
+#[derive(Debug, Default)]
+pub struct KeyOrder {
+    keys: HashMap<Bytes, KeyUse>,
+    /// Every admitted command not yet seen finished.
+    in_flight: Vec<Done>,
+    /// The last keyless store command, if it may still run.
+    barrier: Option<Done>,
+}
+
+impl KeyOrder {
+    /// Admits a command on `keys` (`writes`: it may change them) whose
+    /// completion is `done`; returns the commands it must wait for.
+    pub fn admit(&mut self, keys: &[&Bytes], writes: bool, done: &Done) -> Vec<Done> {
+        self.forget_finished();
+        let mut waits: Vec<Done> = self.barrier.iter().cloned().collect();
+        if keys.is_empty() {
+            waits.extend(self.in_flight.iter().cloned());
+            self.barrier = Some(done.clone());
+        }
+        for &key in keys {
+            let entry = self.keys.entry(key.clone()).or_default();
+            waits.extend(entry.last_write.iter().cloned());
+            if writes {
+                waits.append(&mut entry.reads_since_write);
+                entry.last_write = Some(done.clone());
+            } else {
+                entry.reads_since_write.push(done.clone());
+            }
+        }
+        self.in_flight.push(done.clone());
+        waits
+    }
+
+    /// Drops what finished commands left behind: the map holds only keys
+    /// of commands still in flight, so it never outgrows the window.
+    fn forget_finished(&mut self) {
+        self.in_flight.retain(|done| !finished(done));
+        if self.in_flight.is_empty() {
+            self.keys.clear();
+            self.barrier = None;
+            return;
+        }
+        self.keys.retain(|_, use_| !use_.finished());
+        if self.barrier.as_ref().is_some_and(finished) {
+            self.barrier = None;
+        }
+    }
+
+    /// Keys with a command in flight (for tests of the bound).
+    #[cfg(test)]
+    fn tracked_keys(&self) -> usize {
+        self.keys.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(k: &'static str) -> Bytes {
+        Bytes::from_static(k.as_bytes())
+    }
+
+    /// Admits a command and returns its finish handle and how many
+    /// unfinished commands it waits for.
+    fn admit(order: &mut KeyOrder, keys: &[&'static str], writes: bool) -> (Finish, usize) {
+        let (finish, done) = completion();
+        let keys: Vec<Bytes> = keys.iter().map(|k| key(k)).collect();
+        let refs: Vec<&Bytes> = keys.iter().collect();
+        let waits = order.admit(&refs, writes, &done);
+        (finish, waits.iter().filter(|d| !finished(d)).count())
+    }
+
+    #[test]
+    fn a_read_waits_for_the_write_before_it_on_its_key_only() {
+        let mut order = KeyOrder::default();
+        let (_w, waits) = admit(&mut order, &["a"], true);
+        assert_eq!(waits, 0);
+        let (_r, waits) = admit(&mut order, &["a"], false);
+        assert_eq!(waits, 1, "GET a after SET a");
+        let (_other, waits) = admit(&mut order, &["b"], false);
+        assert_eq!(waits, 0, "GET b is independent");
+        let (_r2, waits) = admit(&mut order, &["a"], false);
+        assert_eq!(waits, 1, "reads of a run together, after the write");
+    }
+
+    #[test]
+    fn a_write_waits_for_every_earlier_use_of_its_keys() {
+        let mut order = KeyOrder::default();
+        let (_r1, _) = admit(&mut order, &["a"], false);
+        let (_r2, _) = admit(&mut order, &["a", "b"], false);
+        let (_w, waits) = admit(&mut order, &["a"], true);
+        assert_eq!(waits, 2, "SET a after two reads of a");
+        let (_w2, waits) = admit(&mut order, &["a", "c"], true);
+        assert_eq!(waits, 1, "the second write waits for the first only");
+    }
+
+    #[test]
+    fn a_keyless_command_is_a_barrier_both_ways() {
+        let mut order = KeyOrder::default();
+        let (_a, _) = admit(&mut order, &["a"], true);
+        let (_b, _) = admit(&mut order, &["b"], false);
+        let (_flush, waits) = admit(&mut order, &[], true);
+        assert_eq!(waits, 2, "FLUSHDB waits for everything before it");
+        let (_c, waits) = admit(&mut order, &["c"], false);
+        assert_eq!(waits, 1, "and everything after waits for it");
+    }
+
+    #[tokio::test]
+    async fn waiting_ends_when_the_earlier_command_finishes() {
+        let (finish, done) = completion();
+        let waiter = tokio::spawn({
+            let done = done.clone();
+            async move { done.wait().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "nothing has finished yet");
+        drop(finish);
+        tokio::time::timeout(std::time::Duration::from_secs(10), waiter)
+            .await
+            .expect("woken")
+            .expect("joined");
+        done.wait().await;
+    }
+
+    #[test]
+    fn finished_commands_are_forgotten() {
+        let mut order = KeyOrder::default();
+        let (first, _) = admit(&mut order, &["a"], true);
+        let (second, _) = admit(&mut order, &["b"], true);
+        drop(first);
+        let (_third, waits) = admit(&mut order, &["a"], false);
+        assert_eq!(waits, 0, "the write of a has finished");
+        assert_eq!(order.tracked_keys(), 2, "b is still in flight");
+        drop(second);
+        let (_fourth, _) = admit(&mut order, &["c"], true);
+        assert_eq!(order.tracked_keys(), 2, "a (read) and c");
+    }
+}

@@ -1,0 +1,231 @@
+//! One RESP connection: reads commands while earlier ones run, runs those
+//! on different keys at once (`order`), and writes the replies in request
+//! order.
+//!
+//! Bounds: at most [`MAX_PIPELINED_COMMANDS`] commands, and
+//! [`MAX_PIPELINED_BYTES`] of their arguments (one command may exceed it
+//! alone), are in flight; past either the socket is not read, so a client
+//! that pipelines without reading replies is held back by TCP. Replies are
+//! written whenever the next one is not ready yet, or past [`FLUSH_BYTES`];
+//! a client that never reads them stops the connection at its socket buffer.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use anyhow::Result;
+use bytes::{Bytes, BytesMut};
+use futures::FutureExt;
+use futures::stream::{FuturesOrdered, StreamExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::OwnedWriteHalf;
+
+use super::parse::{ParseLimits, ProtocolError, next_command};
+use super::reply::Reply;
+use super::session::{Session, Step};
+use super::table::{Spec, StoreRun};
+use super::{FLUSH_BYTES, RespServer};
+use crate::order::{KeyOrder, completion};
+use crate::telemetry::Via;
+
+/// Commands read ahead of their replies on one connection.
+pub const MAX_PIPELINED_COMMANDS: usize = 128;
+/// Argument bytes held by one connection's commands in flight.
+pub const MAX_PIPELINED_BYTES: usize = 1024 * 1024;
+const READ_CHUNK_BYTES: usize = 16 * 1024;
+/// What a connection may send before it has authenticated (AUTH, HELLO, PING).
+const UNAUTHENTICATED_LIMITS: ParseLimits = ParseLimits {
+    max_bulk_bytes: 4096,
+    max_array_len: 16,
+    max_inline_bytes: 4096,
+    max_command_bytes: 16 * 1024,
+};
+
+/// A command's reply, whether the connection closes after it, and the
+/// argument bytes it held.
+type Outcome = (Reply, bool, usize);
+type Running<'a> = Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
+
+/// Why a connection ends early.
+#[derive(Debug, thiserror::Error)]
+enum Closed {
+    #[error("protocol error: {0}")]
+    Protocol(#[from] ProtocolError),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+struct Pipeline<'a> {
+    server: &'a RespServer,
+    session: Session<'a>,
+    order: KeyOrder,
+    running: FuturesOrdered<Running<'a>>,
+    /// Argument bytes of the commands in `running`.
+    held_bytes: usize,
+    /// QUIT was read: nothing after it is read or run.
+    closing: bool,
+    /// A reply that closes the connection has been encoded.
+    closed: bool,
+    write: OwnedWriteHalf,
+    output: BytesMut,
+}
+
+pub async fn serve(stream: TcpStream, server: &RespServer) -> Result<()> {
+    let _ = stream.set_nodelay(true);
+    let (mut read, write) = stream.into_split();
+    let _open = server.handler.stats().connection(Via::Resp);
+    let mut input = BytesMut::with_capacity(READ_CHUNK_BYTES);
+    let mut pipeline = Pipeline {
+        server,
+        session: Session::new(server),
+        order: KeyOrder::default(),
+        running: FuturesOrdered::new(),
+        held_bytes: 0,
+        closing: false,
+        closed: false,
+        write,
+        output: BytesMut::new(),
+    };
+    let mut input_open = true;
+    loop {
+        let window_full = match pipeline.start_buffered(&mut input).await {
+            Ok(full) => full,
+            Err(Closed::Protocol(e)) => {
+                // The stream cannot be resynchronised: answer what was
+                // read, say why, then close.
+                pipeline.finish_all().await?;
+                Reply::err(format!("Protocol error: {e}")).encode(&mut pipeline.output);
+                pipeline.flush().await?;
+                anyhow::bail!("protocol error: {e}");
+            }
+            Err(Closed::Io(e)) => return Err(e.into()),
+        };
+        pipeline.take_ready().await?;
+        if window_full && pipeline.has_room() && !pipeline.closed {
+            // More commands may be buffered already: start them first.
+            continue;
+        }
+        let idle = pipeline.running.is_empty() && (pipeline.closing || !input_open);
+        // Nothing more is ready: what is buffered goes out before waiting.
+        pipeline.flush().await?;
+        if pipeline.closed || idle {
+            return Ok(());
+        }
+        let may_read = input_open && !pipeline.closing && pipeline.has_room();
+        input.reserve(READ_CHUNK_BYTES);
+        tokio::select! {
+            Some(outcome) = pipeline.running.next(), if !pipeline.running.is_empty() => {
+                pipeline.take(outcome).await?;
+            }
+            read = read.read_buf(&mut input), if may_read => {
+                if read? == 0 {
+                    input_open = false;
+                }
+            }
+        }
+    }
+}
+
+impl<'a> Pipeline<'a> {
+    fn has_room(&self) -> bool {
+        self.running.len() < MAX_PIPELINED_COMMANDS && self.held_bytes < MAX_PIPELINED_BYTES
+    }
+
+    /// Starts every complete command in `input` that the window has room
+    /// for; `true`: it stopped because the window is full. A command on
+    /// the connection's state first lets every earlier one finish (their
+    /// replies are encoded first).
+    async fn start_buffered(&mut self, input: &mut BytesMut) -> Result<bool, Closed> {
+        while !self.closing && self.has_room() {
+            // Before AUTH only small commands are read: nothing large is
+            // buffered for a client that has not authenticated.
+            let limits = if self.session.authenticated() {
+                &self.server.limits
+            } else {
+                &UNAUTHENTICATED_LIMITS
+            };
+            let Some(argv) = next_command(input, limits)? else {
+                return Ok(false);
+            };
+            if argv.is_empty() {
+                continue;
+            }
+            match self.session.prepare(argv) {
+                Step::Now { reply, close } => {
+                    self.closing |= close;
+                    self.push_ready(reply, close);
+                }
+                Step::Session { run, argv } => {
+                    self.finish_all().await?;
+                    let reply = self.session.run_session(run, &argv);
+                    self.push_ready(reply, false);
+                }
+                Step::Store { spec, run, argv } => self.start_store(spec, run, argv),
+            }
+        }
+        Ok(!self.closing)
+    }
+
+    fn push_ready(&mut self, reply: Reply, close: bool) {
+        self.running
+            .push_back(Box::pin(std::future::ready((reply, close, 0))));
+    }
+
+    /// Starts a store command after the earlier commands on its keys.
+    fn start_store(&mut self, spec: &'static Spec, run: StoreRun, argv: Vec<Bytes>) {
+        let bytes: usize = argv.iter().map(Bytes::len).sum();
+        let (finish, done) = completion();
+        let waits = self.order.admit(&spec.keys_in(&argv), spec.writes(), &done);
+        self.held_bytes += bytes;
+        let server = self.server;
+        self.running.push_back(Box::pin(async move {
+            for earlier in &waits {
+                earlier.wait().await;
+            }
+            let reply = run(server, &argv[1..]).await;
+            drop(finish);
+            (reply, false, bytes)
+        }));
+    }
+
+    /// Encodes every reply that is ready now, in order.
+    async fn take_ready(&mut self) -> std::io::Result<()> {
+        while !self.closed {
+            let Some(Some(outcome)) = self.running.next().now_or_never() else {
+                break;
+            };
+            self.take(outcome).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits for every command in flight and encodes their replies.
+    async fn finish_all(&mut self) -> std::io::Result<()> {
+        while let Some(outcome) = self.running.next().await {
+            self.take(outcome).await?;
+        }
+        Ok(())
+    }
+
+    /// Encodes one reply, writing the buffer out once it is large.
+    async fn take(&mut self, (reply, close, bytes): Outcome) -> std::io::Result<()> {
+        self.held_bytes -= bytes;
+        if self.closed {
+            return Ok(());
+        }
+        reply.encode(&mut self.output);
+        self.closed = close;
+        if self.output.len() >= FLUSH_BYTES {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> std::io::Result<()> {
+        if !self.output.is_empty() {
+            self.write.write_all(&self.output).await?;
+            self.output.clear();
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,249 @@
+//! Deep pipelines keep their order: 10,000 mixed SET/GET/INCR/DEL over 40
+//! keys are written on one connection without waiting for any reply (RESP
+//! through the leader, RESP through a follower, which forwards, and the
+//! native protocol through the leader), and every reply is checked against
+//! a model that applies the commands one at a time in request order. So
+//! RESP replies come back in request order, and every read sees every
+//! earlier write of its key on its connection, while the server runs the
+//! commands on different keys at once.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use bytes::{Bytes, BytesMut};
+use rdkv_proto::wire::{
+    Consistency, DEFAULT_MAX_FRAME_BYTES, FrameKind, Request, Response, Update, UpdateOutcome,
+    decode_payload, encode_frame,
+};
+use rdkv_tests::raw_native::RawConnection;
+use rdkv_tests::stress_value::splitmix64;
+use rdkv_tests::{Cluster, check_with_leader};
+
+const COMMANDS: usize = 10_000;
+const KEYS: u64 = 40;
+const TEST_LIMIT_SECS: u64 = 180;
+/// Longest the test waits for the whole pipeline's replies.
+const REPLIES_TIMEOUT: Duration = Duration::from_secs(90);
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Set(u64, i64),
+    Get(u64),
+    Incr(u64),
+    Del(u64),
+}
+
+/// What the model says a command answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expected {
+    Ok,
+    Value(Option<i64>),
+    Integer(i64),
+    Deleted(bool),
+}
+
+/// A deterministic mix: a third reads, the rest writes of three kinds.
+fn script(seed: u64) -> Vec<Op> {
+    let mut state = seed;
+    (0..COMMANDS)
+        .map(|_| {
+            state = splitmix64(state);
+            let key = (state >> 8) % KEYS;
+            let value = ((state >> 32) % 1000) as i64;
+            match state % 6 {
+                0 | 1 => Op::Get(key),
+                2 => Op::Set(key, value),
+                3 | 4 => Op::Incr(key),
+                _ => Op::Del(key),
+            }
+        })
+        .collect()
+}
+
+/// Applies the script one command at a time, in order.
+fn expected(ops: &[Op]) -> Vec<Expected> {
+    let mut state: HashMap<u64, i64> = HashMap::new();
+    ops.iter()
+        .map(|op| match *op {
+            Op::Set(k, v) => {
+                state.insert(k, v);
+                Expected::Ok
+            }
+            Op::Get(k) => Expected::Value(state.get(&k).copied()),
+            Op::Incr(k) => {
+                let n = state.get(&k).copied().unwrap_or(0) + 1;
+                state.insert(k, n);
+                Expected::Integer(n)
+            }
+            Op::Del(k) => Expected::Deleted(state.remove(&k).is_some()),
+        })
+        .collect()
+}
+
+fn key_name(prefix: &str, k: u64) -> String {
+    format!("{prefix}/{k}")
+}
+
+fn resp_command(prefix: &str, op: Op) -> Vec<u8> {
+    let args: Vec<String> = match op {
+        Op::Set(k, v) => vec!["SET".into(), key_name(prefix, k), v.to_string()],
+        Op::Get(k) => vec!["GET".into(), key_name(prefix, k)],
+        Op::Incr(k) => vec!["INCR".into(), key_name(prefix, k)],
+        Op::Del(k) => vec!["DEL".into(), key_name(prefix, k)],
+    };
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n{arg}\r\n", arg.len()).as_bytes());
+    }
+    out
+}
+
+fn resp_reply(expected: Expected) -> Vec<u8> {
+    match expected {
+        Expected::Ok => b"+OK\r\n".to_vec(),
+        Expected::Value(None) => b"$-1\r\n".to_vec(),
+        Expected::Value(Some(v)) => {
+            let v = v.to_string();
+            format!("${}\r\n{v}\r\n", v.len()).into_bytes()
+        }
+        Expected::Integer(n) => format!(":{n}\r\n").into_bytes(),
+        Expected::Deleted(existed) => format!(":{}\r\n", u8::from(existed)).into_bytes(),
+    }
+}
+
+/// Writes the whole script (then QUIT) on one RESP connection from another
+/// thread while this one reads every reply.
+fn resp_pipeline(addr: SocketAddr, prefix: &str) -> Result<()> {
+    let ops = script(0x5eed ^ prefix.len() as u64);
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(REPLIES_TIMEOUT))?;
+    let mut writer = stream.try_clone()?;
+    let mut requests: Vec<u8> = ops
+        .iter()
+        .flat_map(|&op| resp_command(prefix, op))
+        .collect();
+    requests.extend_from_slice(b"QUIT\r\n");
+    let sender = std::thread::spawn(move || writer.write_all(&requests));
+    let mut out = Vec::new();
+    stream
+        .read_to_end(&mut out)
+        .context("reading the replies")?;
+    sender
+        .join()
+        .map_err(|_| anyhow::anyhow!("the sender panicked"))??;
+    let mut rest = out.as_slice();
+    for (i, want) in expected(&ops).into_iter().enumerate() {
+        let want = resp_reply(want);
+        ensure!(
+            rest.starts_with(&want),
+            "{prefix}: reply {i} to {:?}: expected {:?}, got {:?}",
+            ops[i],
+            String::from_utf8_lossy(&want),
+            String::from_utf8_lossy(&rest[..rest.len().min(want.len() + 16)])
+        );
+        rest = &rest[want.len()..];
+    }
+    ensure!(rest == b"+OK\r\n", "{prefix}: after the replies: {rest:?}");
+    Ok(())
+}
+
+fn native_request(prefix: &str, op: Op) -> Request {
+    let key = |k| Bytes::from(key_name(prefix, k));
+    match op {
+        Op::Set(k, v) => Request::Put {
+            key: key(k),
+            value: Bytes::from(v.to_string()),
+        },
+        Op::Get(k) => Request::Get {
+            key: key(k),
+            consistency: Consistency::Linearizable,
+        },
+        Op::Incr(k) => Request::Update {
+            key: key(k),
+            update: Update::Incr { delta: 1 },
+        },
+        Op::Del(k) => Request::Delete { key: key(k) },
+    }
+}
+
+/// What a native response says, in the model's terms.
+fn native_answer(response: Response) -> Result<Expected> {
+    Ok(match response {
+        Response::Written { .. } => Expected::Ok,
+        Response::Value(value) => Expected::Value(
+            value
+                .map(|v| String::from_utf8_lossy(&v.value).parse::<i64>())
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("not a number: {e}"))?,
+        ),
+        Response::Updated(UpdateOutcome::Integer { value, .. }) => Expected::Integer(value),
+        Response::Deleted { existed, .. } => Expected::Deleted(existed),
+        other => bail!("unexpected response {other:?}"),
+    })
+}
+
+/// Writes the whole script on one native connection (request ids 1..)
+/// from another thread while this one reads every response (they may
+/// arrive in any order; each is matched by its id).
+fn native_pipeline(addr: SocketAddr, prefix: &str) -> Result<()> {
+    let ops = script(0xfeed);
+    let mut connection = RawConnection::open(addr, "pipelining-test", None)?
+        .map_err(|refusal| anyhow::anyhow!("refused: {refusal}"))?;
+    connection.stream.set_read_timeout(Some(REPLIES_TIMEOUT))?;
+    let mut frames = BytesMut::new();
+    for (i, &op) in ops.iter().enumerate() {
+        let request = native_request(prefix, op);
+        encode_frame(
+            FrameKind::Request,
+            i as u64 + 1,
+            &request,
+            DEFAULT_MAX_FRAME_BYTES,
+            &mut frames,
+        )?;
+    }
+    let mut writer = connection.stream.try_clone()?;
+    let sender = std::thread::spawn(move || writer.write_all(&frames));
+    let mut answers: Vec<Option<Expected>> = vec![None; ops.len()];
+    for _ in 0..ops.len() {
+        let frame = connection.next_frame()?;
+        let index = usize::try_from(frame.request_id)?
+            .checked_sub(1)
+            .filter(|&i| i < ops.len())
+            .context("a response to no request")?;
+        ensure!(answers[index].is_none(), "two responses to request {index}");
+        answers[index] = Some(native_answer(decode_payload(&frame)?)?);
+    }
+    sender
+        .join()
+        .map_err(|_| anyhow::anyhow!("the sender panicked"))??;
+    for (i, (want, got)) in expected(&ops).into_iter().zip(answers).enumerate() {
+        ensure!(
+            got == Some(want),
+            "{prefix}: request {i} ({:?}): expected {want:?}, got {got:?}",
+            ops[i]
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_pipelined_commands_keep_their_order() -> Result<()> {
+    let mut cluster = Cluster::start(3)?;
+    check_with_leader(&mut cluster, TEST_LIMIT_SECS, async |cluster, leader| {
+        let follower = (1..=3).find(|&id| id != leader).context("a follower")?;
+        let leader_resp = cluster.node(leader)?.resp_addr;
+        let follower_resp = cluster.node(follower)?.resp_addr;
+        let leader_native = cluster.node(leader)?.client_addr;
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            resp_pipeline(leader_resp, "resp-leader")?;
+            resp_pipeline(follower_resp, "resp-follower")?;
+            native_pipeline(leader_native, "native")
+        })
+        .await??;
+        Ok(())
+    })
+    .await
+}
