@@ -308,6 +308,40 @@ mod tests {
     }
 
     #[test]
+    fn small_files_are_read_up_to_their_bound_and_newer_versions_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let dir_file = File::open(dir.path()).expect("open dir");
+        // A record well above a vote's size but under the 64 KiB bound.
+        let large = vec![7u8; 2000];
+        write_small_file(dir.path(), &dir_file, "large", &large).expect("write");
+        let read = read_small_file::<Vec<u8>>(&dir.path().join("large")).expect("read");
+        assert_eq!(read, Some(large));
+
+        let vote = Vote::new(3, 1);
+        let newer = VoteFile { version: 2, vote };
+        write_small_file(dir.path(), &dir_file, VOTE_FILE, &newer).expect("write");
+        let refused = read_vote(dir.path()).expect_err("a newer vote file");
+        assert!(refused.to_string().contains("format version 2"), "{refused}");
+        let newer = MetaFile {
+            version: 2,
+            meta: Meta::default(),
+        };
+        write_small_file(dir.path(), &dir_file, META_FILE, &newer).expect("write");
+        assert!(read_meta(dir.path()).is_err(), "a newer meta file");
+    }
+
+    #[test]
+    fn a_small_file_that_cannot_be_opened_is_an_error_not_missing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(matches!(read_vote(dir.path()), Ok(None)), "missing");
+        // A regular file where the directory should be: opening
+        // `not-a-dir/vote` fails with ENOTDIR, which is not "missing".
+        let not_a_dir = dir.path().join("not-a-dir");
+        fs::write(&not_a_dir, b"x").expect("write");
+        assert!(read_vote(&not_a_dir).is_err());
+    }
+
+    #[test]
     fn segment_header_is_checked() {
         let h = segment_header();
         assert!(check_segment_header(&h).is_ok());
