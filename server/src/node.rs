@@ -22,6 +22,7 @@ use crate::Raft;
 use crate::config::Config;
 use crate::peer::{PeerContext, PeerNetwork, SNAPSHOT_CHUNK_BYTES, serve_peers};
 use crate::replica::Replica;
+use crate::service::read_rounds::ReadRounds;
 use crate::service::{Endpoints, Handler, HandlerSettings, serve_clients, serve_unix_clients};
 
 /// Background tasks of a node, aborted when dropped: a start that fails
@@ -87,6 +88,12 @@ fn raft_config(config: &Config) -> Result<openraft::Config> {
         // and whether it caught up by snapshot or by log was luck.
         purge_batch_size: 1,
         install_snapshot_timeout: 60_000,
+        // Replicate entries as soon as they are written to the log (readable
+        // at once from the page cache), so the leader's fsync overlaps the
+        // followers' (Raft thesis 10.2.1): the leader's own append counts
+        // toward the quorum only once flushed, so nothing is committed on
+        // fewer durable copies than before.
+        broadcast_submitted_on_append: Some(true),
         // A follower whose disk lost acknowledged entries (a torn or
         // corrupted tail cut off on restart) is repaired by resending them,
         // instead of the leader treating it as impossible.
@@ -312,6 +319,7 @@ async fn start_replica(config: &Config, region: RegionConfig) -> Result<Replica>
     .await
     .context("starting raft")?;
     Ok(Replica {
+        reads: ReadRounds::start(raft.clone()),
         raft,
         sm,
         log,

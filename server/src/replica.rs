@@ -14,6 +14,7 @@ use rdkv_storage::state_machine::RegionStateMachine;
 
 use crate::Raft;
 use crate::peer::PeerContext;
+use crate::service::read_rounds::ReadRounds;
 
 /// Raft and the stores it runs on, started. Cheap to clone: every part is
 /// a handle.
@@ -23,6 +24,8 @@ pub struct Replica {
     pub sm: RegionStateMachine,
     pub log: LogStore,
     pub peers: Arc<PeerContext>,
+    /// Linearizable reads share ReadIndex rounds through it.
+    pub reads: ReadRounds,
 }
 
 impl Replica {

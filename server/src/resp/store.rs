@@ -41,7 +41,9 @@ impl RespServer {
             match &error.leader_hint {
                 Some(hint) if hint.node_id != handler.replica().node_id() => {
                     let endpoints = self.leader_endpoints(hint);
-                    return self.forwarder.forward(endpoints, request).await;
+                    // Boxed: the forwarding client's future is large, and
+                    // inline it would be copied on every local call too.
+                    return Box::pin(self.forwarder.forward(endpoints, request)).await;
                 }
                 _ if tokio::time::Instant::now() + backoff > deadline => {
                     return Err(error_reply(&error));

@@ -124,6 +124,9 @@ impl Handler {
         response
     }
 
+    /// The hot requests (GET, MGET, writes) are awaited here; the rest are
+    /// boxed: a future is as large as its largest arm, and it is copied at
+    /// every await on the way down.
     async fn dispatch(&self, request: Request) -> Reply {
         let replica = &self.replica;
         let max_frame_bytes = self.limits.max_frame_bytes;
@@ -133,6 +136,19 @@ impl Handler {
             Request::MGet { keys, consistency } => {
                 read::mget(replica, &keys, consistency, max_frame_bytes).await
             }
+            // Every write is a command for the log.
+            other => match Command::try_from(other) {
+                Ok(command) => self.write(command).await,
+                Err(other) => Box::pin(self.dispatch_rest(other)).await,
+            },
+        }
+    }
+
+    async fn dispatch_rest(&self, request: Request) -> Reply {
+        let replica = &self.replica;
+        let max_frame_bytes = self.limits.max_frame_bytes;
+        match request {
+            Request::Ping => Ok(Response::Pong),
             Request::Scan {
                 start_key,
                 end_key,
@@ -185,20 +201,17 @@ impl Handler {
                 .rdma
                 .region_grant(&replica.sm, replica.node_id())
                 .map(Response::RdmaRegion),
-            // Every other request is a write: a command for the log.
-            other => self.write(other).await,
+            // GET and MGET are served by `dispatch`, writes by `write`.
+            other => Err(ErrorReply::new(
+                ErrorCode::InvalidRequest,
+                format!("{:?} is not served here", other.op()),
+            )),
         }
     }
 
     /// A write goes through the log on the leader, if the quota has room
     /// for it.
-    async fn write(&self, request: Request) -> Reply {
-        let command = Command::try_from(request).map_err(|request| {
-            ErrorReply::new(
-                ErrorCode::InvalidRequest,
-                format!("{:?} is not served by this node", request.op()),
-            )
-        })?;
+    async fn write(&self, command: Command) -> Reply {
         self.replica.require_leader()?;
         self.admit_within_quota(&command)?;
         write::commit(&self.replica, command).await

@@ -130,6 +130,7 @@ impl Handler {
         // region; they restart when a snapshot install replaces the region).
         server_reads(&replica.sm.reader().stats());
         self.connection_gauges(&status);
+        set("rdkv_in_flight_requests", self.stats().in_flight());
         let mut out = prometheus().render();
         replication_lag(&status, &mut out);
         out

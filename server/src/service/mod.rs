@@ -22,6 +22,7 @@ mod handler;
 mod handshake;
 mod metrics;
 mod read;
+pub mod read_rounds;
 mod status;
 mod write;
 

@@ -1,24 +1,17 @@
 //! Reads served by RPC: GET, MGET and SCAN from this node's region (its
 //! lock-free reader), once the read's consistency allows it here.
 
-use std::time::Duration;
-
 use openraft::ReadPolicy;
 use openraft::errors::{LinearizableReadError, RaftError};
 use rdkv_proto::wire::{
     Consistency, ErrorCode, ErrorReply, Response, SINGLE_ENTRY_OVERHEAD_BYTES, Versioned,
 };
-use rdkv_storage::raft::TypeConfig;
 use rdkv_storage::state_machine::ScanRange;
 
+use super::read_rounds::{CONFIRM_TIMEOUT, Confirmed, ReadError};
 use super::{Reply, within};
 use crate::lease;
 use crate::replica::Replica;
-
-/// Longest a read waits for this node to confirm it leads.
-const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
-
-type ReadError = RaftError<TypeConfig, LinearizableReadError<TypeConfig>>;
 
 pub async fn get(replica: &Replica, key: &[u8], consistency: Consistency) -> Reply {
     barrier(replica, consistency).await?;
@@ -113,15 +106,17 @@ fn follower_barrier(replica: &Replica, max_lag_entries: u64) -> Result<(), Error
 }
 
 /// Confirms leadership by `policy`; the outer error is the timeout.
-async fn confirm(
-    replica: &Replica,
-    policy: ReadPolicy,
-) -> Result<Result<(), ReadError>, ErrorReply> {
+/// ReadIndex reads share rounds ([`super::read_rounds`]).
+async fn confirm(replica: &Replica, policy: ReadPolicy) -> Confirmed {
+    if policy == ReadPolicy::ReadIndex {
+        return replica.reads.confirm().await;
+    }
     let confirmed = within(
         CONFIRM_TIMEOUT,
         ErrorCode::Unavailable,
         "leadership not confirmed",
-        replica.raft.ensure_linearizable(policy),
+        // Boxed for the reason given in `write::commit`.
+        Box::pin(replica.raft.ensure_linearizable(policy)),
     )
     .await?;
     Ok(confirmed.map(|_| ()))

@@ -21,7 +21,10 @@ pub async fn commit(replica: &Replica, command: Command) -> Reply {
         COMMIT_TIMEOUT,
         ErrorCode::Timeout,
         "not committed (it may or may not be applied)",
-        replica.raft.client_write(command),
+        // Boxed: openraft's write future is large, and every future that
+        // awaits it inline (the whole request path, reads included) would
+        // be as large and copied at each level.
+        Box::pin(replica.raft.client_write(command)),
     )
     .await?
     .map_err(|e| write_error(replica, e))?;

@@ -1,12 +1,15 @@
 //! Per-request accounting: one call per answered request feeds both the
-//! Prometheus metrics and the per-op figures of `endpoint status`.
+//! Prometheus metrics and the per-op figures of `endpoint status`. The
+//! metric handles of every (op, transport) are looked up once, on the first
+//! request (a lookup by name and labels costs more than a GET); the
+//! in-flight gauge is read at scrape time.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use metrics::{counter, gauge, histogram};
+use metrics::{Counter, counter, histogram};
 use rdkv_proto::wire::{ErrorCode, Op, OpStats, OpenConnections};
 
 /// How a request reached the node.
@@ -21,6 +24,12 @@ pub enum Via {
 }
 
 impl Via {
+    pub const ALL: [Via; 4] = [Via::Tcp, Via::Unix, Via::Mem, Via::Resp];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Via::Tcp => "tcp",
@@ -90,6 +99,36 @@ struct PerOp {
     window: Mutex<Option<Window>>,
 }
 
+/// The metric handles one answered request updates.
+#[derive(Debug)]
+struct Handles {
+    /// `rdkv_requests_total`, by op then transport.
+    requests: Vec<[Counter; Via::ALL.len()]>,
+    /// `rdkv_request_duration_seconds`, by op.
+    durations: Vec<metrics::Histogram>,
+}
+
+impl Handles {
+    /// Registers every handle with the process's recorder (installed by
+    /// then: the first request comes after `telemetry::init`).
+    fn register() -> Handles {
+        Handles {
+            requests: Op::ALL
+                .iter()
+                .map(|op| {
+                    Via::ALL.map(|via| {
+                        counter!("rdkv_requests_total", "op" => op.name(), "transport" => via.name())
+                    })
+                })
+                .collect(),
+            durations: Op::ALL
+                .iter()
+                .map(|op| histogram!("rdkv_request_duration_seconds", "op" => op.name()))
+                .collect(),
+        }
+    }
+}
+
 /// Request and connection accounting of one node.
 #[derive(Debug)]
 pub struct RequestStats {
@@ -100,6 +139,7 @@ pub struct RequestStats {
     accepted_tcp: AtomicU64,
     accepted_unix: AtomicU64,
     in_flight: AtomicU64,
+    handles: OnceLock<Handles>,
 }
 
 impl Default for RequestStats {
@@ -119,6 +159,7 @@ impl Default for RequestStats {
             accepted_tcp: AtomicU64::new(0),
             accepted_unix: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
+            handles: OnceLock::new(),
         }
     }
 }
@@ -126,8 +167,7 @@ impl Default for RequestStats {
 impl RequestStats {
     /// A request is being served until the guard drops.
     pub fn start(&self) -> InFlight<'_> {
-        let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-        gauge!("rdkv_in_flight_requests").set(now as f64);
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
         InFlight {
             stats: self,
             started: Instant::now(),
@@ -139,10 +179,13 @@ impl RequestStats {
     pub fn finish(&self, flight: InFlight<'_>, op: Op, via: Via, error: Option<ErrorCode>) {
         let elapsed = flight.started.elapsed();
         drop(flight);
-        let labels = [("op", op.name()), ("transport", via.name())];
-        counter!("rdkv_requests_total", &labels).increment(1);
-        histogram!("rdkv_request_duration_seconds", "op" => op.name())
-            .record(elapsed.as_secs_f64());
+        let handles = self.handles.get_or_init(Handles::register);
+        if let Some(by_via) = handles.requests.get(op.index()) {
+            by_via[via.index()].increment(1);
+        }
+        if let Some(duration) = handles.durations.get(op.index()) {
+            duration.record(elapsed.as_secs_f64());
+        }
         let Some(per_op) = self.ops.get(op.index()) else {
             return;
         };
@@ -272,8 +315,7 @@ pub struct InFlight<'a> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        let now = self.stats.in_flight.fetch_sub(1, Ordering::Relaxed) - 1;
-        gauge!("rdkv_in_flight_requests").set(now as f64);
+        self.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -321,7 +321,10 @@ mod tests {
         let newer = VoteFile { version: 2, vote };
         write_small_file(dir.path(), &dir_file, VOTE_FILE, &newer).expect("write");
         let refused = read_vote(dir.path()).expect_err("a newer vote file");
-        assert!(refused.to_string().contains("format version 2"), "{refused}");
+        assert!(
+            refused.to_string().contains("format version 2"),
+            "{refused}"
+        );
         let newer = MetaFile {
             version: 2,
             meta: Meta::default(),
