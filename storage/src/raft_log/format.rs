@@ -317,6 +317,23 @@ mod tests {
         let read = read_small_file::<Vec<u8>>(&dir.path().join("large")).expect("read");
         assert_eq!(read, Some(large));
 
+        // Exactly at the bound is read; one byte over is refused by its size
+        // before anything is read.
+        let mut at_bound = vec![1u8; 60_000];
+        write_small_file(dir.path(), &dir_file, "edge", &at_bound).expect("write");
+        let path = dir.path().join("edge");
+        let size = fs::metadata(&path).expect("stat").len();
+        at_bound.resize(at_bound.len() + (MAX_SMALL_FILE_BYTES - size) as usize, 1);
+        write_small_file(dir.path(), &dir_file, "edge", &at_bound).expect("write");
+        assert_eq!(fs::metadata(&path).expect("stat").len(), MAX_SMALL_FILE_BYTES);
+        let read = read_small_file::<Vec<u8>>(&path).expect("read at the bound");
+        assert_eq!(read.map(|v| v.len()), Some(at_bound.len()));
+        let mut over = fs::read(&path).expect("read");
+        over.push(0);
+        fs::write(&path, &over).expect("write");
+        let refused = read_small_file::<Vec<u8>>(&path).expect_err("over the bound");
+        assert!(refused.to_string().contains("more than"), "{refused}");
+
         let vote = Vote::new(3, 1);
         let newer = VoteFile { version: 2, vote };
         write_small_file(dir.path(), &dir_file, VOTE_FILE, &newer).expect("write");
