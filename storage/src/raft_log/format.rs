@@ -189,17 +189,45 @@ pub(crate) fn write_meta(dir: &Path, dir_file: &File, meta: &Meta) -> Result<(),
 /// The committed log id is advisory: openraft uses it to re-apply the log
 /// after a restart without waiting for the cluster, and loses nothing if it
 /// is older than the truth. So it is written on every commit advance without
-/// any fsync (a temp file renamed into place), and a missing or damaged file
-/// (a crash right after the rename) reads as "unknown" instead of failing the
-/// open. Two fsyncs per commit halved write throughput; see docs/benchmarks.md.
-pub(crate) fn write_committed(dir: &Path, committed: Option<LogId>) -> Result<(), LogError> {
-    let payload = postcard::to_allocvec(&(SMALL_FILE_FORMAT_VERSION, committed))?;
-    let mut bytes = Vec::with_capacity(RECORD_HEADER_BYTES + payload.len());
-    encode_record(&payload, &mut bytes);
-    let tmp = dir.join(format!("{COMMITTED_FILE}.tmp"));
-    fs::write(&tmp, &bytes).map_err(|e| LogError::io(&tmp, e))?;
-    let path = dir.join(COMMITTED_FILE);
-    durability::rename(&tmp, &path).map_err(|e| LogError::io(&path, e))
+/// any fsync, overwritten in place (one `pwrite`; a rename per commit cost a
+/// directory update each), and a missing or damaged file (a torn overwrite
+/// at a crash fails the record's CRC) reads as "unknown" instead of failing
+/// the open. Two fsyncs per commit halved write throughput; see
+/// docs/benchmarks.md.
+#[derive(Debug)]
+pub(crate) struct CommittedFile {
+    file: File,
+    len: u64,
+}
+
+impl CommittedFile {
+    pub(crate) fn open(dir: &Path) -> Result<CommittedFile, LogError> {
+        let path = dir.join(COMMITTED_FILE);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| LogError::io(&path, e))?;
+        let len = file.metadata().map_err(|e| LogError::io(&path, e))?.len();
+        Ok(CommittedFile { file, len })
+    }
+
+    pub(crate) fn write(&mut self, dir: &Path, committed: Option<LogId>) -> Result<(), LogError> {
+        let payload = postcard::to_allocvec(&(SMALL_FILE_FORMAT_VERSION, committed))?;
+        let mut bytes = Vec::with_capacity(RECORD_HEADER_BYTES + payload.len());
+        encode_record(&payload, &mut bytes);
+        let io_error = |e| LogError::io(&dir.join(COMMITTED_FILE), e);
+        self.file.write_all_at(&bytes, 0).map_err(io_error)?;
+        let len = bytes.len() as u64;
+        // A shorter record must not leave the old one's tail behind.
+        if len < self.len {
+            self.file.set_len(len).map_err(io_error)?;
+        }
+        self.len = len;
+        Ok(())
+    }
 }
 
 pub(crate) fn read_committed(dir: &Path) -> Option<LogId> {
@@ -325,7 +353,10 @@ mod tests {
         let size = fs::metadata(&path).expect("stat").len();
         at_bound.resize(at_bound.len() + (MAX_SMALL_FILE_BYTES - size) as usize, 1);
         write_small_file(dir.path(), &dir_file, "edge", &at_bound).expect("write");
-        assert_eq!(fs::metadata(&path).expect("stat").len(), MAX_SMALL_FILE_BYTES);
+        assert_eq!(
+            fs::metadata(&path).expect("stat").len(),
+            MAX_SMALL_FILE_BYTES
+        );
         let read = read_small_file::<Vec<u8>>(&path).expect("read at the bound");
         assert_eq!(read.map(|v| v.len()), Some(at_bound.len()));
         let mut over = fs::read(&path).expect("read");
@@ -359,6 +390,21 @@ mod tests {
         let not_a_dir = dir.path().join("not-a-dir");
         fs::write(&not_a_dir, b"x").expect("write");
         assert!(read_vote(&not_a_dir).is_err());
+    }
+
+    #[test]
+    fn the_committed_index_is_overwritten_in_place_shorter_or_longer() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let lid = |index| openraft::testing::log_id::<crate::raft::TypeConfig>(2, 1, index);
+        let mut file = CommittedFile::open(dir.path()).expect("open");
+        for committed in [Some(lid(5_000_000)), Some(lid(7)), None, Some(lid(300))] {
+            file.write(dir.path(), committed).expect("write");
+            assert_eq!(read_committed(dir.path()), committed);
+        }
+        // Reopened, it overwrites what is there.
+        let mut file = CommittedFile::open(dir.path()).expect("reopen");
+        file.write(dir.path(), Some(lid(1))).expect("write");
+        assert_eq!(read_committed(dir.path()), Some(lid(1)));
     }
 
     #[test]

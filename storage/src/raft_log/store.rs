@@ -123,6 +123,8 @@ struct Inner {
     /// Bumped whenever bytes of a segment may be rewritten (truncate_after),
     /// so a read done without the lock can tell that it must be redone.
     generation: u64,
+    /// Opened at the first save of the committed index.
+    committed_file: Option<format::CommittedFile>,
 }
 
 pub(crate) struct Shared {
@@ -151,6 +153,7 @@ impl Inner {
             cache: VecDeque::new(),
             cached_bytes: 0,
             generation: 0,
+            committed_file: None,
         }
     }
 
@@ -598,7 +601,11 @@ impl Shared {
         if inner.meta.committed == committed {
             return Ok(());
         }
-        format::write_committed(&self.dir, committed)?;
+        let file = match &mut inner.committed_file {
+            Some(file) => file,
+            empty => empty.insert(format::CommittedFile::open(&self.dir)?),
+        };
+        file.write(&self.dir, committed)?;
         inner.meta.committed = committed;
         Ok(())
     }
