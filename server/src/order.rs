@@ -115,7 +115,12 @@ impl KeyOrder {
             waits.extend(self.in_flight.iter().cloned());
             self.barrier = Some(done.clone());
         }
-        for &key in keys {
+        // A key named twice (MSET k 1 k 2) is one use: the command must not
+        // wait for itself.
+        let mut unique: Vec<&Bytes> = keys.to_vec();
+        unique.sort_unstable();
+        unique.dedup();
+        for key in unique {
             let entry = self.keys.entry(key.clone()).or_default();
             waits.extend(entry.last_write.iter().cloned());
             if writes {
@@ -191,6 +196,15 @@ mod tests {
         assert_eq!(waits, 2, "SET a after two reads of a");
         let (_w2, waits) = admit(&mut order, &["a", "c"], true);
         assert_eq!(waits, 1, "the second write waits for the first only");
+    }
+
+    #[test]
+    fn a_key_named_twice_does_not_make_a_command_wait_for_itself() {
+        let mut order = KeyOrder::default();
+        let (_mset, waits) = admit(&mut order, &["k", "j", "k"], true);
+        assert_eq!(waits, 0);
+        let (_mget, waits) = admit(&mut order, &["k", "k"], false);
+        assert_eq!(waits, 1, "after the MSET");
     }
 
     #[test]

@@ -18,7 +18,7 @@
 //! a torn tail. The vote and meta files are replaced atomically (write
 //! `*.tmp`, fsync, rename, fsync the directory).
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -318,6 +318,7 @@ fn write_small_file<T: Serialize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn segment_names_round_trip() {
