@@ -1,9 +1,10 @@
 //! Local servers a benchmark starts for itself and removes afterwards:
 //! an N-node rdkv cluster of real `rdkv-server` processes on loopback
-//! (`--embedded N`) and a `redis-server` (`--start-redis`). Each lives in a
-//! temporary directory; dropping the handle kills the processes and removes
-//! the directory, so an error or Ctrl-C (handled by the binary, which then
-//! unwinds normally) leaves nothing behind.
+//! (`--embedded N`), a `redis-server` (`--start-redis`) and, with the
+//! feature `etcd`, an N-member etcd cluster (`--start-etcd N`, module
+//! `etcd`). Each lives in a temporary directory; dropping the handle kills
+//! the processes and removes the directory, so an error or Ctrl-C (handled
+//! by the binary, which then unwinds normally) leaves nothing behind.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -14,6 +15,11 @@ use std::time::{Duration, Instant};
 
 use rdkv_client::{Client, ClientOptions};
 use thiserror::Error;
+
+#[cfg(feature = "etcd")]
+pub mod etcd;
+#[cfg(feature = "etcd")]
+pub use etcd::LocalEtcd;
 
 #[derive(Debug, Error)]
 pub enum EmbeddedError {
@@ -27,6 +33,12 @@ pub enum EmbeddedError {
          or set REDIS_SERVER_BIN"
     )]
     RedisMissing,
+    #[cfg(feature = "etcd")]
+    #[error(
+        "etcd not found on PATH: install it (Debian: apt-get install etcd-server) \
+         or set ETCD_BIN"
+    )]
+    EtcdMissing,
     #[error("{what}: {source}")]
     Io {
         what: String,

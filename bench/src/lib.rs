@@ -4,14 +4,15 @@
 //!   choosers, records), with YCSB's [`generator`]s ported from its Java
 //!   source; [`properties`] reads YCSB property files and `-p` overrides;
 //!   [`record`] is the one-value encoding of a record.
-//! - [`driver`]: the stores behind one async trait: [`driver::rdkv`] and
-//!   [`driver::redis`].
+//! - [`driver`]: the stores behind one async trait: [`driver::rdkv`],
+//!   [`driver::redis`] and, with the feature `etcd`, `driver::etcd`.
 //! - [`runner`]: threads x in-flight tasks, target rate with
 //!   coordinated-omission-corrected latencies, warm-up, duration or count.
 //! - [`report`]: hdrhistogram measurements, YCSB's text output, JSON,
 //!   comparison tables; [`sla`]: pass/fail thresholds.
-//! - [`embedded`]: a local rdkv cluster (real `rdkv-server` processes) and
-//!   a local `redis-server`, removed on drop.
+//! - [`embedded`]: a local rdkv cluster (real `rdkv-server` processes), a
+//!   local `redis-server` and (feature `etcd`) a local etcd cluster,
+//!   removed on drop.
 //! - [`fabric_bench`]: perftest-style read latency and bandwidth by size.
 //!
 //! The binary `rdkv-bench` (`src/main.rs`, `src/cli/`) wires these to

@@ -1,4 +1,4 @@
-//! `rdkv-bench`: YCSB workloads against rdkv and Redis, fabric
+//! `rdkv-bench`: YCSB workloads against rdkv, Redis and etcd, fabric
 //! micro-benchmarks. See `rdkv-bench --help` and docs/benchmarks.md.
 
 #![forbid(unsafe_code)]

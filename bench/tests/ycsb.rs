@@ -2,40 +2,17 @@
 //! tiny counts (seconds). No timing is asserted: only that the output is
 //! YCSB's, the counts add up and nothing failed.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn bench_binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_rdkv-bench"))
-}
+use std::process::Output;
+
+use common::{run, values, workload};
 
 /// `rdkv-server` next to `rdkv-bench`, built with the same profile: cargo
 /// builds only this package's binaries for its tests.
 fn build_server() {
     let server = rdkv_tests::binary("rdkv-server");
     assert!(server.is_file(), "{} missing", server.display());
-}
-
-fn workload(name: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("workloads")
-        .join(name)
-        .display()
-        .to_string()
-}
-
-fn run(args: &[&str]) -> (Output, String) {
-    let output = Command::new(bench_binary())
-        .args(args)
-        .env_remove("RDKV_SERVER_BIN")
-        .output()
-        .expect("running rdkv-bench");
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    eprintln!(
-        "---- stdout ----\n{stdout}\n---- stderr ----\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (output, stdout)
 }
 
 /// `rdkv-bench ycsb` against one embedded node with 200 records of workload
@@ -56,16 +33,6 @@ fn embedded_ycsb(name: &str, operations: u32, extra: &[&str]) -> (Output, String
     ];
     args.extend_from_slice(extra);
     run(&args)
-}
-
-/// The value of `[section], name, value` lines, in order.
-fn values(stdout: &str, section: &str, name: &str) -> Vec<f64> {
-    let prefix = format!("[{section}], {name}, ");
-    stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix(&prefix))
-        .map(|v| v.trim().parse::<f64>().expect("a number"))
-        .collect()
 }
 
 #[test]
@@ -216,4 +183,22 @@ fn bad_input_gets_clear_errors() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("no RDMA transport"), "{stderr}");
+}
+
+/// A build without the feature `etcd` refuses its flags and says how to
+/// get them, rather than ignoring them.
+#[cfg(not(feature = "etcd"))]
+#[test]
+fn etcd_flags_need_the_etcd_feature() {
+    let target = ["ycsb", "-p", "recordcount=10", "--target", "etcd"];
+    let start = ["ycsb", "-p", "recordcount=10", "--start-etcd", "3"];
+    for args in [&target[..], &start[..]] {
+        let (output, _) = run(args);
+        assert!(!output.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("--features etcd") && stderr.contains("protoc"),
+            "{args:?}: {stderr}"
+        );
+    }
 }

@@ -14,7 +14,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "rdkv-bench",
     version,
-    about = "YCSB core workloads against rdkv and Redis, fabric micro-benchmarks, SLA checks"
+    about = "YCSB core workloads against rdkv, Redis and etcd, fabric micro-benchmarks, SLA checks"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -23,7 +23,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// YCSB core workloads A-F (load and run phases) against rdkv and/or Redis.
+    /// YCSB core workloads A-F (load and run phases) against rdkv, Redis and/or etcd.
     Ycsb(Box<ycsb::YcsbArgs>),
     /// perftest-style one-sided read and RPC latency/bandwidth by message size.
     Fabric(fabric::FabricArgs),

@@ -9,8 +9,12 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use rdkv_bench::driver::DriverFactory;
+#[cfg(feature = "etcd")]
+use rdkv_bench::driver::etcd::EtcdFactory;
 use rdkv_bench::driver::rdkv::{self, RdkvFactory, TransportChoice};
 use rdkv_bench::driver::redis::RedisFactory;
+#[cfg(feature = "etcd")]
+use rdkv_bench::embedded::LocalEtcd;
 use rdkv_bench::embedded::{ClusterOptions, EmbeddedCluster, LocalRedis, RedisFsync};
 use rdkv_bench::properties::Properties;
 use rdkv_bench::report::{self, PhaseResult};
@@ -37,7 +41,8 @@ pub struct YcsbArgs {
     #[arg(long, value_enum, default_value = "both")]
     phase: PhaseArg,
     /// Store(s) to benchmark, one after another with the same seed and records:
-    /// rdkv (with --transport), rdkv-shm, rdkv-tcp, rdkv-auto, rdkv-rdma or redis. Repeatable.
+    /// rdkv (with --transport), rdkv-shm, rdkv-tcp, rdkv-auto, rdkv-rdma, redis or etcd
+    /// (etcd needs a build with `--features etcd`). Repeatable.
     #[arg(long = "target", value_name = "TARGET", default_value = "rdkv")]
     targets: Vec<String>,
 
@@ -70,6 +75,16 @@ pub struct YcsbArgs {
     /// everysec or always (appendonly yes with that appendfsync).
     #[arg(long, default_value = "none")]
     redis_fsync: String,
+
+    /// etcd client endpoints for --target etcd (host:port, comma separated).
+    // Read only by the etcd target, which a build without the feature lacks.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:2379")]
+    etcd_endpoints: Vec<String>,
+    /// Start an N-member etcd cluster of local etcd processes for this run
+    /// (etcd on PATH, or ETCD_BIN) and stop it afterwards.
+    #[arg(long, value_name = "N")]
+    start_etcd: Option<u64>,
 
     /// Benchmark threads, each with its own client (default: YCSB's threadcount property, else 1).
     #[arg(long)]
@@ -107,6 +122,37 @@ pub struct YcsbArgs {
 enum Target {
     Rdkv(TransportChoice),
     Redis,
+    #[cfg(feature = "etcd")]
+    Etcd,
+}
+
+/// What a build without the feature says to `--target etcd` and `--start-etcd`.
+#[cfg(not(feature = "etcd"))]
+const NO_ETCD: &str = "this rdkv-bench was built without the etcd target: rebuild it with \
+    `--features etcd` (cargo run --release -p rdkv-bench --features etcd -- ycsb ...); \
+    building etcd-client needs protoc (Debian: apt-get install protobuf-compiler)";
+
+#[cfg(feature = "etcd")]
+fn etcd_target() -> Result<Target> {
+    Ok(Target::Etcd)
+}
+
+#[cfg(not(feature = "etcd"))]
+fn etcd_target() -> Result<Target> {
+    bail!("--target etcd: {NO_ETCD}")
+}
+
+/// `--start-etcd` without the etcd target built in fails rather than
+/// being ignored.
+fn check_etcd_flags(args: &YcsbArgs) -> Result<()> {
+    #[cfg(not(feature = "etcd"))]
+    if args.start_etcd.is_some() {
+        bail!("--start-etcd: {NO_ETCD}");
+    }
+    if args.start_etcd == Some(0) {
+        bail!("--start-etcd needs at least 1 member");
+    }
+    Ok(())
 }
 
 fn resolve_targets(args: &YcsbArgs) -> Result<Vec<Target>> {
@@ -117,10 +163,11 @@ fn resolve_targets(args: &YcsbArgs) -> Result<Vec<Target>> {
             Ok(match t.as_str() {
                 "rdkv" => Target::Rdkv(default_transport),
                 "redis" => Target::Redis,
+                "etcd" => etcd_target()?,
                 other => match other.strip_prefix("rdkv-") {
                     Some(transport) => Target::Rdkv(TransportChoice::parse(transport)?),
                     None => bail!(
-                        "unknown target {other:?}: expected rdkv, rdkv-shm, rdkv-tcp, rdkv-auto, rdkv-rdma or redis"
+                        "unknown target {other:?}: expected rdkv, rdkv-shm, rdkv-tcp, rdkv-auto, rdkv-rdma, redis or etcd"
                     ),
                 },
             })
@@ -142,6 +189,7 @@ pub fn run(args: YcsbArgs, stop: Arc<AtomicBool>) -> Result<ExitCode> {
     if spec.record_count == 0 {
         bail!("recordcount is 0: set it in the workload file or with -p recordcount=N");
     }
+    check_etcd_flags(&args)?;
     let targets = resolve_targets(&args)?;
     for target in &targets {
         if let Target::Rdkv(transport) = target {
@@ -193,6 +241,14 @@ pub fn run(args: YcsbArgs, stop: Arc<AtomicBool>) -> Result<ExitCode> {
                 Target::Redis => {
                     let factory = RedisFactory {
                         url: servers.redis_url.clone(),
+                    };
+                    run_one(phase, &workload, &factory, &run_options)?
+                }
+                #[cfg(feature = "etcd")]
+                Target::Etcd => {
+                    let factory = EtcdFactory {
+                        endpoints: servers.etcd_endpoints.clone(),
+                        request_timeout: Duration::from_secs(10),
                     };
                     run_one(phase, &workload, &factory, &run_options)?
                 }
@@ -285,8 +341,12 @@ fn run_options(
 struct Servers {
     cluster: Option<EmbeddedCluster>,
     redis: Option<LocalRedis>,
+    #[cfg(feature = "etcd")]
+    etcd: Option<LocalEtcd>,
     endpoints: Vec<String>,
     redis_url: String,
+    #[cfg(feature = "etcd")]
+    etcd_endpoints: Vec<String>,
 }
 
 impl Servers {
@@ -301,8 +361,12 @@ impl Servers {
         let mut servers = Servers {
             cluster: None,
             redis: None,
+            #[cfg(feature = "etcd")]
+            etcd: None,
             endpoints: args.endpoints.clone(),
             redis_url: args.redis_url.clone(),
+            #[cfg(feature = "etcd")]
+            etcd_endpoints: args.etcd_endpoints.clone(),
         };
         let wants_rdkv = targets.iter().any(|t| matches!(t, Target::Rdkv(_)));
         if wants_rdkv && let Some(n) = args.embedded {
@@ -319,14 +383,17 @@ impl Servers {
             );
             servers.redis = Some(r);
         }
+        #[cfg(feature = "etcd")]
+        if targets.iter().any(|t| matches!(t, Target::Etcd))
+            && let Some(n) = args.start_etcd
+        {
+            servers.start_etcd(n, stop)?;
+        }
         Ok(servers)
     }
 
     fn start_cluster(&mut self, nodes: u64, region_mib: u64, stop: &AtomicBool) -> Result<()> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("starting a tokio runtime")?;
+        let runtime = waiting_runtime()?;
         eprintln!("rdkv-bench: starting an embedded {nodes}-node rdkv cluster");
         let mut c = EmbeddedCluster::start(&ClusterOptions {
             nodes,
@@ -345,6 +412,32 @@ impl Servers {
         self.cluster = Some(c);
         Ok(())
     }
+
+    #[cfg(feature = "etcd")]
+    fn start_etcd(&mut self, members: u64, stop: &AtomicBool) -> Result<()> {
+        let runtime = waiting_runtime()?;
+        eprintln!("rdkv-bench: starting a local {members}-member etcd cluster");
+        let mut etcd = LocalEtcd::start(members).context("starting the etcd cluster")?;
+        runtime
+            .block_on(etcd.wait_ready(Duration::from_secs(30), stop))
+            .context("waiting for the etcd cluster")?;
+        eprintln!(
+            "rdkv-bench: etcd cluster ready: {}",
+            etcd.endpoints().join(",")
+        );
+        self.etcd_endpoints = etcd.endpoints().to_vec();
+        self.etcd = Some(etcd);
+        Ok(())
+    }
+}
+
+/// A runtime to wait for started servers in (the benchmark threads have
+/// their own).
+fn waiting_runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting a tokio runtime")
 }
 
 /// One phase's YCSB text, with a heading that says how it ran.

@@ -1,8 +1,11 @@
 //! The stores a benchmark drives, behind one trait: [`rdkv::RdkvDriver`]
-//! (the `rdkv-client` crate) and [`redis::RedisDriver`] (any
-//! Redis-compatible endpoint). Both store a record as one value with the
-//! same bytes (see [`crate::record`]).
+//! (the `rdkv-client` crate), [`redis::RedisDriver`] (any Redis-compatible
+//! endpoint) and, with the feature `etcd`, `etcd::EtcdDriver` (etcd v3).
+//! All store a record as one value with the same bytes (see
+//! [`crate::record`]).
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod rdkv;
 pub mod redis;
 
@@ -15,6 +18,9 @@ pub enum DriverError {
     Rdkv(#[from] rdkv_client::Error),
     #[error("redis: {0}")]
     Redis(#[from] ::redis::RedisError),
+    #[cfg(feature = "etcd")]
+    #[error("etcd: {0}")]
+    Etcd(#[from] etcd_client::Error),
     #[error("{0}")]
     Unsupported(String),
     #[error("{0}")]
