@@ -218,7 +218,7 @@ impl CommittedFile {
         let payload = postcard::to_allocvec(&(SMALL_FILE_FORMAT_VERSION, committed))?;
         let mut bytes = Vec::with_capacity(RECORD_HEADER_BYTES + payload.len());
         encode_record(&payload, &mut bytes);
-        let io_error = |e| LogError::io(&dir.join(COMMITTED_FILE), e);
+        let io_error = |e| LogError::io(dir.join(COMMITTED_FILE), e);
         self.file.write_all_at(&bytes, 0).map_err(io_error)?;
         let len = bytes.len() as u64;
         // A shorter record must not leave the old one's tail behind.
