@@ -1,5 +1,5 @@
-//! The order a pipelined connection's requests must keep, by key (RESP and
-//! native connections alike): a command
+//! The order a pipelined RESP connection's commands must keep, by key: a
+//! command
 //! waits for the earlier ones it could observe or be observed by (a read
 //! after a write of its key, a write after any earlier use of its key), and
 //! nothing else. Commands on different keys run at once, so a pipeline of
@@ -12,27 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
-use rdkv_proto::wire::Request;
 use tokio::sync::Notify;
-
-/// The keys a native request touches and whether it may change them;
-/// `None`: it is not ordered (liveness, status, membership). A scan or a
-/// clear has no keys: it is ordered against everything.
-pub fn request_keys(request: &Request) -> Option<(Vec<&Bytes>, bool)> {
-    let keys = match request {
-        Request::Get { key, .. } => (vec![key], false),
-        Request::MGet { keys, .. } => (keys.iter().collect(), false),
-        Request::Scan { .. } => (Vec::new(), false),
-        Request::Put { key, .. }
-        | Request::Delete { key }
-        | Request::Cas { key, .. }
-        | Request::Update { key, .. } => (vec![key], true),
-        Request::MPut { pairs } => (pairs.iter().map(|(k, _)| k).collect(), true),
-        Request::Clear => (Vec::new(), true),
-        _ => return None,
-    };
-    Some(keys)
-}
 
 #[derive(Debug, Default)]
 struct Completion {

@@ -2,8 +2,8 @@
 //! frames (acquiring a credit per request before reading the next, so a
 //! client can never have more than `MAX_IN_FLIGHT` requests in the server:
 //! backpressure instead of an unbounded queue), one task per request
-//! computes the answer (after the earlier requests on its keys, `order`),
-//! one task writes responses as they complete (pipelining, any order).
+//! computes the answer, one task writes responses as they complete
+//! (pipelining, any order).
 
 use std::sync::Arc;
 
@@ -19,7 +19,6 @@ use super::handshake::{HANDSHAKE_MAX_FRAME_BYTES, handshake};
 use super::{Handler, MAX_IN_FLIGHT};
 use crate::accept::accept_until;
 use crate::framed::{FrameReader, FrameWriter, FramedError};
-use crate::order::{KeyOrder, completion, request_keys};
 use crate::telemetry::Via;
 
 pub async fn serve_clients(
@@ -172,9 +171,6 @@ async fn read_requests<R: AsyncRead + Unpin>(
     done: &mpsc::Sender<(u64, Response)>,
     rdma_sessions: &RdmaSessions,
 ) -> Result<()> {
-    // Requests run at once unless an earlier one on their keys is still
-    // running: a read sent after a write of its key sees that write.
-    let mut order = KeyOrder::default();
     loop {
         let permit = match Arc::clone(credits).try_acquire_owned() {
             Ok(permit) => permit,
@@ -213,20 +209,10 @@ async fn read_requests<R: AsyncRead + Unpin>(
             handler.stats().backpressure(via);
         }
         let request = decode_payload::<Request>(&frame);
-        let (finish, waits) = match request.as_ref().ok().and_then(request_keys) {
-            Some((keys, writes)) => {
-                let (finish, done) = completion();
-                (Some(finish), order.admit(&keys, writes, &done))
-            }
-            None => (None, Vec::new()),
-        };
         let handler = Arc::clone(handler);
         let done = done.clone();
         let rdma_sessions = Arc::clone(rdma_sessions);
         tokio::spawn(async move {
-            for earlier in &waits {
-                earlier.wait().await;
-            }
             let response = match request {
                 Err(e) => {
                     handler.stats().malformed(via);
@@ -237,7 +223,6 @@ async fn read_requests<R: AsyncRead + Unpin>(
                 }
                 Ok(request) => handler.handle(request, via).await,
             };
-            drop(finish);
             let _ = done.send((request_id, response)).await;
             drop(permit);
             drop(budget);
