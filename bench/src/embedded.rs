@@ -60,6 +60,14 @@ pub enum EmbeddedError {
     Interrupted,
 }
 
+/// A temporary directory for one run's servers, removed when dropped.
+fn temp_dir(prefix: &str) -> Result<tempfile::TempDir, EmbeddedError> {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .map_err(io("creating a temporary directory"))
+}
+
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> EmbeddedError {
     let what = what.into();
     move |source| EmbeddedError::Io { what, source }
@@ -166,10 +174,7 @@ impl EmbeddedCluster {
     /// cluster through `--initial-cluster`.
     pub fn start(options: &ClusterOptions) -> Result<EmbeddedCluster, EmbeddedError> {
         let binary = server_binary()?;
-        let dir = tempfile::Builder::new()
-            .prefix("rdkv-bench-cluster-")
-            .tempdir()
-            .map_err(io("creating a temporary directory"))?;
+        let dir = temp_dir("rdkv-bench-cluster-")?;
         let mut nodes = Vec::new();
         for id in 1..=options.nodes.max(1) {
             let client = SocketAddr::from(([127, 0, 0, 1], free_port()?));
@@ -315,10 +320,7 @@ impl LocalRedis {
             Some(p) => PathBuf::from(p),
             None => find_on_path("redis-server").ok_or(EmbeddedError::RedisMissing)?,
         };
-        let dir = tempfile::Builder::new()
-            .prefix("rdkv-bench-redis-")
-            .tempdir()
-            .map_err(io("creating a temporary directory"))?;
+        let dir = temp_dir("rdkv-bench-redis-")?;
         let port = free_port()?;
         let mut command = Command::new(&binary);
         command

@@ -58,10 +58,6 @@ pub fn completion() -> (Finish, Done) {
     (Finish(Arc::clone(&shared)), Done(shared))
 }
 
-fn finished(done: &Done) -> bool {
-    done.finished()
-}
-
 /// The commands in flight on one key.
 #[derive(Debug, Default)]
 struct KeyUse {
@@ -71,7 +67,8 @@ struct KeyUse {
 
 impl KeyUse {
     fn finished(&self) -> bool {
-        self.last_write.as_ref().is_none_or(finished) && self.reads_since_write.iter().all(finished)
+        self.last_write.as_ref().is_none_or(Done::finished)
+            && self.reads_since_write.iter().all(Done::finished)
     }
 }
 
@@ -117,14 +114,14 @@ impl KeyOrder {
     /// Drops what finished commands left behind: the map holds only keys
     /// of commands still in flight, so it never outgrows the window.
     fn forget_finished(&mut self) {
-        self.in_flight.retain(|done| !finished(done));
+        self.in_flight.retain(|done| !done.finished());
         if self.in_flight.is_empty() {
             self.keys.clear();
             self.barrier = None;
             return;
         }
         self.keys.retain(|_, use_| !use_.finished());
-        if self.barrier.as_ref().is_some_and(finished) {
+        if self.barrier.as_ref().is_some_and(Done::finished) {
             self.barrier = None;
         }
     }
@@ -151,7 +148,7 @@ mod tests {
         let keys: Vec<Bytes> = keys.iter().map(|k| key(k)).collect();
         let refs: Vec<&Bytes> = keys.iter().collect();
         let waits = order.admit(&refs, writes, &done);
-        (finish, waits.iter().filter(|d| !finished(d)).count())
+        (finish, waits.iter().filter(|d| !d.finished()).count())
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{EmbeddedError, Proc, find_on_path, free_port, io, spawn};
+use super::{EmbeddedError, Proc, find_on_path, free_port, spawn, temp_dir};
 use crate::driver::etcd::{EtcdFactory, probe};
 
 /// The lines of each member's log shown when the cluster does not start.
@@ -48,10 +48,7 @@ impl LocalEtcd {
     /// forming one new cluster through `--initial-cluster`.
     pub fn start(members: u64) -> Result<LocalEtcd, EmbeddedError> {
         let binary = etcd_binary()?;
-        let dir = tempfile::Builder::new()
-            .prefix("rdkv-bench-etcd-")
-            .tempdir()
-            .map_err(io("creating a temporary directory"))?;
+        let dir = temp_dir("rdkv-bench-etcd-")?;
         let mut planned = Vec::new();
         for i in 1..=members.max(1) {
             planned.push(Member {
