@@ -97,6 +97,28 @@ pub async fn publish_leadership(
     }
 }
 
+/// How far before its lease runs out a leader stops serving lease reads
+/// from its region: the margin for the read that follows the check.
+const LOCAL_LEASE_MARGIN_US: u64 = 10_000;
+
+/// Whether this node may serve a lease read from its own region now, with
+/// no round to RaftCore or the followers: the lease it publishes in its
+/// region header for one-sided readers ([`publish_leadership`]: it leads,
+/// has applied an entry of its term, a quorum acknowledged it within the
+/// lease, no transfer suspended it) runs at least [`LOCAL_LEASE_MARGIN_US`]
+/// beyond now on this host's boottime clock. Every write this node
+/// acknowledged is applied here before its reply, and no other node can be
+/// elected before the deadline, so the region holds every acknowledged
+/// write.
+pub fn serves_lease_reads(replica: &Replica) -> bool {
+    replica
+        .sm
+        .published_lease_boottime_us()
+        .is_some_and(|deadline_us| {
+            clock::boottime_now_us().saturating_add(LOCAL_LEASE_MARGIN_US) < deadline_us
+        })
+}
+
 /// How a leader confirms it may serve a read at `consistency` (follower
 /// reads are judged by [`follower_contact`] instead): a lease read, unless
 /// a leadership transfer suspended the lease, else a ReadIndex round.

@@ -111,6 +111,19 @@ impl KeyOrder {
         waits
     }
 
+    /// Whether a read of `keys` may run now, ahead of the commands in
+    /// flight: none of them may write those keys (earlier reads of them do
+    /// not matter to it), and no keyless command is in flight. Such a read
+    /// finishes before anything later is admitted, so it is not tracked.
+    pub fn read_may_run_now(&self, keys: &[&Bytes]) -> bool {
+        self.barrier.as_ref().is_none_or(Done::finished)
+            && keys.iter().all(|key| {
+                self.keys
+                    .get(*key)
+                    .is_none_or(|use_| use_.last_write.as_ref().is_none_or(Done::finished))
+            })
+    }
+
     /// Drops what finished commands left behind: the map holds only keys
     /// of commands still in flight, so it never outgrows the window.
     fn forget_finished(&mut self) {
@@ -173,6 +186,31 @@ mod tests {
         assert_eq!(waits, 2, "SET a after two reads of a");
         let (_w2, waits) = admit(&mut order, &["a", "c"], true);
         assert_eq!(waits, 1, "the second write waits for the first only");
+    }
+
+    #[test]
+    fn a_read_runs_now_only_with_no_unfinished_write_of_its_keys_or_barrier() {
+        let mut order = KeyOrder::default();
+        let (a, b) = (key("a"), key("b"));
+        assert!(order.read_may_run_now(&[&a]), "nothing in flight");
+        let (_read_a, _) = admit(&mut order, &["a"], false);
+        assert!(
+            order.read_may_run_now(&[&a]),
+            "an earlier read does not matter"
+        );
+        let (write_b, _) = admit(&mut order, &["b"], true);
+        assert!(order.read_may_run_now(&[&a]));
+        assert!(!order.read_may_run_now(&[&b]), "SET b is in flight");
+        assert!(
+            !order.read_may_run_now(&[&a, &b]),
+            "MGET a b waits for it too"
+        );
+        drop(write_b);
+        assert!(order.read_may_run_now(&[&b]), "once SET b has finished");
+        let (flush, _) = admit(&mut order, &[], true);
+        assert!(!order.read_may_run_now(&[&a]), "FLUSHDB is in flight");
+        drop(flush);
+        assert!(order.read_may_run_now(&[&a]));
     }
 
     #[test]

@@ -4,8 +4,10 @@
 //! reply is checked against a model that applies the commands one at a time
 //! in request order. So replies come back in request order, and every read
 //! sees every earlier write of its key on its connection, while the server
-//! runs the commands on different keys at once. (Native requests in flight
-//! together are concurrent: the protocol answers them in any order.)
+//! runs the commands on different keys at once. With `lease` reads the
+//! leader answers GETs at once when it may; the same script checks them.
+//! (Native requests in flight together are concurrent: the protocol
+//! answers them in any order.)
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -13,6 +15,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use rdkv_tests::prometheus::http_get;
 use rdkv_tests::stress_value::splitmix64;
 use rdkv_tests::{Cluster, check_with_leader};
 
@@ -146,7 +149,21 @@ fn resp_pipeline(addr: SocketAddr, prefix: &str) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_pipelined_commands_keep_their_order() -> Result<()> {
-    let mut cluster = Cluster::start(3)?;
+    pipelines_through_leader_and_follower(&[]).await
+}
+
+/// With `lease` RESP reads the leader answers a GET at once from its region
+/// when nothing earlier on the connection writes its key: the same script
+/// must still see every earlier write, and some GETs must have been
+/// answered that way (else this checks nothing new).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_answered_at_once_still_see_earlier_writes() -> Result<()> {
+    pipelines_through_leader_and_follower(&["--resp-read-consistency", "lease"]).await
+}
+
+async fn pipelines_through_leader_and_follower(extra_args: &[&str]) -> Result<()> {
+    let lease_reads = !extra_args.is_empty();
+    let mut cluster = Cluster::start_with(3, extra_args)?;
     check_with_leader(&mut cluster, TEST_LIMIT_SECS, async |cluster, leader| {
         let follower = (1..=3).find(|&id| id != leader).context("a follower")?;
         let leader_resp = cluster.node(leader)?.resp_addr;
@@ -156,7 +173,24 @@ async fn ten_thousand_pipelined_commands_keep_their_order() -> Result<()> {
             resp_pipeline(follower_resp, "resp-follower")
         })
         .await??;
+        let answered = reads_answered_at_once(cluster, leader).await?;
+        println!("the leader answered {answered} GETs at once");
+        if lease_reads {
+            ensure!(answered > 0.0, "no GET was answered at once");
+        } else {
+            ensure!(
+                answered == 0.0,
+                "{answered} linearizable GETs skipped the store"
+            );
+        }
         Ok(())
     })
     .await
+}
+
+async fn reads_answered_at_once(cluster: &Cluster, id: u64) -> Result<f64> {
+    let addr = cluster.node(id)?.http_addr;
+    let (_, text) = tokio::task::spawn_blocking(move || http_get(addr, "/metrics")).await??;
+    let metrics = rdkv_tests::prometheus::parse(&text)?;
+    Ok(metrics.sum("rdkv_resp_reads_answered_at_once_total", &[]))
 }

@@ -316,8 +316,10 @@ impl RegionReader {
         probe: &Probe<'_>,
         mut walk: ChainWalk,
     ) -> Result<Option<Found>, AttemptError> {
-        let mut table_bytes = [0u8; MAX_OVERFLOW_TABLE_BYTES];
         while let Some(link) = walk.next_table() {
+            // Inside the loop: a miss with no overflow table (the common
+            // one) does not pay for clearing a table-sized buffer.
+            let mut table_bytes = [0u8; MAX_OVERFLOW_TABLE_BYTES];
             let (offset, len) = self.layout.table_range(link).map_err(slot_problem)?;
             let table_bytes = &mut table_bytes[..len as usize];
             self.region.read(offset, table_bytes)?;

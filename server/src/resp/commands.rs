@@ -54,6 +54,14 @@ pub async fn get(server: &RespServer, args: &[Bytes]) -> Reply {
     }
 }
 
+/// GET answered at once from this node's region ([`RespServer::get_now`]).
+pub fn get_now(server: &RespServer, args: &[Bytes]) -> Option<Reply> {
+    Some(match server.get_now(&args[0])? {
+        Some(value) => Reply::Bulk(value),
+        None => Reply::Null,
+    })
+}
+
 pub async fn strlen(server: &RespServer, args: &[Bytes]) -> Reply {
     match server.get(&args[0]).await {
         Ok(value) => Reply::Integer(value.map_or(0, |v| v.len() as i64)),

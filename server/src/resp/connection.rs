@@ -11,11 +11,13 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Instant;
 
 use anyhow::Result;
 use bytes::{Bytes, BytesMut};
 use futures::FutureExt;
 use futures::stream::{FuturesOrdered, StreamExt};
+use rdkv_proto::wire::Op;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedWriteHalf;
@@ -126,6 +128,49 @@ pub async fn serve(stream: TcpStream, server: &RespServer) -> Result<()> {
     }
 }
 
+/// The reads one batch of buffered commands answered at once: whether the
+/// node may (asked at the batch's first such read; the lease's margin
+/// covers the batch), and how many of each op, for the request metrics.
+#[derive(Debug, Default)]
+struct NowReads {
+    allowed: Option<bool>,
+    started: Option<Instant>,
+    answered: Vec<(Op, u64)>,
+}
+
+impl NowReads {
+    fn allowed(&mut self, server: &RespServer) -> bool {
+        *self.allowed.get_or_insert_with(|| {
+            self.started = Some(Instant::now());
+            server.reads_now()
+        })
+    }
+
+    fn answered(&mut self, op: Op) {
+        match self.answered.iter_mut().find(|(o, _)| *o == op) {
+            Some((_, count)) => *count += 1,
+            None => self.answered.push((op, 1)),
+        }
+    }
+
+    /// Records the batch's reads, each charged an equal share of its time.
+    fn account(self, server: &RespServer) {
+        let Some(started) = self.started else {
+            return;
+        };
+        let total: u64 = self.answered.iter().map(|(_, count)| count).sum();
+        let elapsed = started.elapsed();
+        metrics::counter!("rdkv_resp_reads_answered_at_once_total").increment(total);
+        for (op, count) in self.answered {
+            let share = elapsed.mul_f64(count as f64 / total as f64);
+            server
+                .handler
+                .stats()
+                .finish_many(op, Via::Resp, count, share);
+        }
+    }
+}
+
 impl<'a> Pipeline<'a> {
     fn has_room(&self) -> bool {
         self.running.len() < MAX_PIPELINED_COMMANDS && self.held_bytes < MAX_PIPELINED_BYTES
@@ -136,6 +181,17 @@ impl<'a> Pipeline<'a> {
     /// the connection's state first lets every earlier one finish (their
     /// replies are encoded first).
     async fn start_buffered(&mut self, input: &mut BytesMut) -> Result<bool, Closed> {
+        let mut now = NowReads::default();
+        let started = self.start_commands(input, &mut now).await;
+        now.account(self.server);
+        started
+    }
+
+    async fn start_commands(
+        &mut self,
+        input: &mut BytesMut,
+        reads_now: &mut NowReads,
+    ) -> Result<bool, Closed> {
         while !self.closing && self.has_room() {
             // Before AUTH only small commands are read: nothing large is
             // buffered for a client that has not authenticated.
@@ -153,22 +209,50 @@ impl<'a> Pipeline<'a> {
             match self.session.prepare(argv) {
                 Step::Now { reply, close } => {
                     self.closing |= close;
-                    self.push_ready(reply, close);
+                    self.push_ready(reply, close).await?;
                 }
                 Step::Session { run, argv } => {
                     self.finish_all().await?;
                     let reply = self.session.run_session(run, &argv);
-                    self.push_ready(reply, false);
+                    self.push_ready(reply, false).await?;
                 }
-                Step::Store { spec, run, argv } => self.start_store(spec, run, argv),
+                Step::Store { spec, run, argv } => match self.answer_now(spec, &argv, reads_now) {
+                    Some(reply) => self.push_ready(reply, false).await?,
+                    None => self.start_store(spec, run, argv),
+                },
             }
         }
         Ok(!self.closing)
     }
 
-    fn push_ready(&mut self, reply: Reply, close: bool) {
+    /// A reply known now: encoded at once when nothing earlier is still
+    /// running (the common case of a pipeline of reads), else queued
+    /// behind the earlier ones.
+    async fn push_ready(&mut self, reply: Reply, close: bool) -> std::io::Result<()> {
+        if self.running.is_empty() {
+            return self.take((reply, close, 0)).await;
+        }
         self.running
             .push_back(Box::pin(std::future::ready((reply, close, 0))));
+        Ok(())
+    }
+
+    /// Answers a read at once from this node's region when its row allows
+    /// it, nothing earlier on the connection may write its keys, and the
+    /// node may serve reads without waiting (asked once per batch).
+    fn answer_now(
+        &self,
+        spec: &'static Spec,
+        argv: &[Bytes],
+        reads_now: &mut NowReads,
+    ) -> Option<Reply> {
+        let (op, now) = spec.now?;
+        if !reads_now.allowed(self.server) || !self.order.read_may_run_now(&spec.keys_in(argv)) {
+            return None;
+        }
+        let reply = now(self.server, &argv[1..])?;
+        reads_now.answered(op);
+        Some(reply)
     }
 
     /// Starts a store command after the earlier commands on its keys.

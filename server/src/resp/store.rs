@@ -6,11 +6,14 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use rdkv_proto::wire::{ErrorCode, LeaderHint, Request, Response, Update, UpdateOutcome};
+use rdkv_proto::wire::{
+    Consistency, ErrorCode, LeaderHint, Request, Response, Update, UpdateOutcome,
+};
 
 use super::RespServer;
 use super::forward::error_reply;
 use super::reply::Reply;
+use crate::lease;
 use crate::telemetry::Via;
 
 /// Longest a command waits for an election to produce a leader.
@@ -72,6 +75,27 @@ impl RespServer {
         }
         endpoints.sort();
         endpoints
+    }
+
+    /// Whether this node may answer reads at once from its region: the
+    /// connections read at `lease` consistency and this node holds the
+    /// lease ([`lease::serves_lease_reads`]). Checked once per batch of
+    /// buffered commands, within the lease's margin.
+    pub(super) fn reads_now(&self) -> bool {
+        self.consistency == Consistency::Lease && lease::serves_lease_reads(self.handler.replica())
+    }
+
+    /// Reads `key` from this node's region at once, once [`Self::reads_now`]
+    /// said it may; `None` for a key over the limit or a failed read (the
+    /// read goes through [`RespServer::get`], which refuses it or reports
+    /// the failure). The caller accounts for it in the request metrics.
+    pub(super) fn get_now(&self, key: &Bytes) -> Option<Option<Bytes>> {
+        let handler = &self.handler;
+        if key.len() > handler.limits().max_key_bytes as usize {
+            return None;
+        }
+        let found = handler.replica().sm.get_local(key).ok()?;
+        Some(found.map(|v| v.value))
     }
 
     pub(super) async fn get(&self, key: &Bytes) -> Result<Option<Bytes>, Reply> {

@@ -74,6 +74,9 @@ async fn barrier(replica: &Replica, consistency: Consistency) -> Result<(), Erro
     if let Consistency::Follower { max_lag_entries } = consistency {
         return follower_barrier(replica, max_lag_entries);
     }
+    if consistency == Consistency::Lease && lease::serves_lease_reads(replica) {
+        return Ok(());
+    }
     match confirm(replica, lease::leader_read_policy(consistency, &replica.sm)).await? {
         Ok(()) => Ok(()),
         // The lease has lapsed (no quorum contact lately): a ReadIndex

@@ -115,6 +115,9 @@ struct Shared {
     persist_lock: tokio::sync::Mutex<()>,
     /// No lease is published before this (unix µs): see `suppress_lease_until`.
     lease_suppressed_until_us: AtomicU64,
+    /// The lease deadline last published in the region header, on the
+    /// boottime clock (µs; 0: none), for this node's own lease reads.
+    published_lease_boottime_us: AtomicU64,
     /// Test hook: runs in `publish_leadership` before it takes the state lock.
     before_publish: std::sync::OnceLock<PublishHook>,
 }
@@ -218,6 +221,7 @@ impl RegionStateMachine {
                 clock,
                 persist_lock: tokio::sync::Mutex::new(()),
                 lease_suppressed_until_us: AtomicU64::new(0),
+                published_lease_boottime_us: AtomicU64::new(0),
                 before_publish: std::sync::OnceLock::new(),
             }),
         })
@@ -245,7 +249,16 @@ impl RegionStateMachine {
     /// Reads a key from this replica's region: lock-free, with the locked
     /// writer's view as the fallback when validation keeps failing.
     pub fn get_local(&self, key: &[u8]) -> Result<Option<Versioned>, StateMachineError> {
-        match self.reader().get(key) {
+        // Read under the reader's shared lock (no clone of the reader); the
+        // guard is gone before the fallback takes the state lock, which
+        // `swap_region` holds while it takes this one.
+        let read = self
+            .shared
+            .reader
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(key);
+        match read {
             Ok(found) => Ok(found),
             Err(ReadError::Exhausted { .. }) => Ok(self.lock().writer.get(key)?),
             Err(other) => Err(other.into()),
@@ -267,7 +280,7 @@ impl RegionStateMachine {
     /// shutdown, so that clients mapping it stop reading it at once.
     pub fn retire(&self) -> Result<(), StateMachineError> {
         let state = self.lock();
-        state.writer.publish_lease(None)?;
+        self.publish_lease(&state, None)?;
         state.writer.retire_region()?;
         Ok(())
     }
@@ -309,7 +322,7 @@ impl RegionStateMachine {
         self.shared
             .lease_suppressed_until_us
             .fetch_max(until_unix_us, Ordering::AcqRel);
-        state.writer.publish_lease(None)?;
+        self.publish_lease(&state, None)?;
         Ok(())
     }
 
@@ -343,8 +356,38 @@ impl RegionStateMachine {
         // Checked under the lock `suppress_lease_until` sets it under.
         let lease_deadline = lease_deadline.filter(|_| !self.lease_suppressed());
         state.writer.publish_term(term)?;
-        state.writer.publish_lease(lease_deadline)?;
+        self.publish_lease(&state, lease_deadline)?;
         Ok(())
+    }
+
+    /// Writes the lease words of the region header, and keeps their
+    /// boottime deadline for [`Self::published_lease_boottime_us`].
+    fn publish_lease(
+        &self,
+        state: &State,
+        deadline: Option<LeaseDeadline>,
+    ) -> Result<(), StateMachineError> {
+        state.writer.publish_lease(deadline)?;
+        self.shared
+            .published_lease_boottime_us
+            .store(deadline.map_or(0, |d| d.boottime_us), Ordering::Release);
+        Ok(())
+    }
+
+    /// The leader lease this node last published in its region header, on
+    /// the boottime clock (µs): what one-sided readers on this host judge
+    /// a lease read by, and so what this node's own lease reads are judged
+    /// by too. `None`: no lease is published (not leading, no quorum
+    /// contact, a transfer under way, retired).
+    pub fn published_lease_boottime_us(&self) -> Option<u64> {
+        match self
+            .shared
+            .published_lease_boottime_us
+            .load(Ordering::Acquire)
+        {
+            0 => None,
+            deadline_us => Some(deadline_us),
+        }
     }
 
     /// Makes `writer` the region this replica serves, its readers included,
