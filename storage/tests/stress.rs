@@ -31,6 +31,10 @@ const STEADY_KEYS: u64 = HOT_KEYS / 2;
 /// under it): at most one in this many. A reader that gives up instead of
 /// retrying would exceed it by orders of magnitude.
 const EXHAUSTED_AT_MOST_ONE_IN: u64 = 1_000;
+/// A batch gives up when any of its keys does, so its bound is looser: a
+/// loaded machine (the full suite beside other work) made 150 of 100,000
+/// batches give up, while a reader that gives up wrongly does so on most.
+const EXHAUSTED_BATCHES_AT_MOST_ONE_IN: u64 = 50;
 const READERS: usize = 2;
 const READS_PER_READER: u64 = 1_500_000;
 
@@ -349,7 +353,7 @@ fn batched_reads_are_never_torn_or_stale() {
     assert_eq!(backwards, 0);
     assert_eq!(absent, 0, "a batch said a key that always exists is absent");
     assert!(
-        exhausted * EXHAUSTED_AT_MOST_ONE_IN <= BATCHES,
+        exhausted * EXHAUSTED_BATCHES_AT_MOST_ONE_IN <= BATCHES,
         "{exhausted} of {BATCHES} batches gave up"
     );
     assert!(values > 100_000);

@@ -3,6 +3,8 @@
 //! with a [`PeerHello`] carrying the cluster token and the sender's id; a peer
 //! that is not a member (or presents the wrong token) is refused.
 
+mod append_in;
+mod append_out;
 mod network;
 mod service;
 

@@ -5,19 +5,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::OptionalSend;
+use openraft::base::{BoxFuture, BoxStream};
 use openraft::errors::{NetworkError, ReplicationClosed, Unreachable};
 use openraft::network::v2::RaftNetworkV2;
 use openraft::network::{RPCOption, RaftNetworkFactory};
 use rdkv_proto::wire::{FrameKind, decode_payload};
 use rdkv_storage::raft::rpc::{
     AppendEntriesRequest, AppendEntriesResponse, RaftError, RpcError, SnapshotResponse,
-    StreamingError, TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
+    StreamAppendResult, StreamingError, TransferLeaderRequest, TransferLeaderResponse, VoteRequest,
+    VoteResponse,
 };
 use rdkv_storage::raft::{NodeAddr, TypeConfig, Vote};
 use rdkv_storage::state_machine::Snapshot;
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
+use super::append_out;
 use super::{
     PEER_MAGIC, PEER_MAX_FRAME_BYTES, PEER_PROTOCOL_VERSION, PeerContext, PeerHello,
     PeerHelloReply, PeerRequest, PeerResponse, SNAPSHOT_CHUNK_BYTES, SnapshotPiece,
@@ -58,22 +61,24 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 /// What a Raft RPC to a peer returns.
 type RpcResult<T> = Result<T, RpcError>;
 
-type Conn = (FrameReader<OwnedReadHalf>, FrameWriter<OwnedWriteHalf>);
+pub(super) type Conn = (FrameReader<OwnedReadHalf>, FrameWriter<OwnedWriteHalf>);
 
 #[derive(Debug)]
 pub struct PeerConn {
     ctx: Arc<PeerContext>,
-    target: u64,
+    pub(super) target: u64,
     addr: String,
-    conn: Option<Conn>,
+    /// The open connection between calls (none while a call or an append
+    /// stream holds it, or after a failure).
+    pub(super) conn: Option<Conn>,
     next_request_id: u64,
 }
 
-fn unreachable(message: String) -> RpcError {
+pub(super) fn unreachable(message: String) -> RpcError {
     RpcError::Unreachable(Unreachable::from_string(message))
 }
 
-fn network(message: String) -> RpcError {
+pub(super) fn network(message: String) -> RpcError {
     RpcError::Network(NetworkError::from_string(message))
 }
 
@@ -143,22 +148,38 @@ impl PeerConn {
         }
     }
 
-    /// One request, one response; any failure drops the connection so the
-    /// next call starts clean.
-    async fn call(&mut self, request: &PeerRequest, timeout: Duration) -> RpcResult<PeerResponse> {
-        if self.ctx.is_isolated_from(self.target) {
+    /// Whether fault injection has cut this node off from the target.
+    pub(super) fn cut_off(&self) -> bool {
+        self.ctx.is_isolated_from(self.target)
+    }
+
+    pub(super) fn next_request_id(&mut self) -> u64 {
+        let id = self.next_request_id;
+        self.next_request_id += 1;
+        id
+    }
+
+    /// The connection for a call or a stream: the open one, or a new one.
+    /// Whoever takes it gives it back only when nothing is left unread.
+    pub(super) async fn open(&mut self) -> RpcResult<Conn> {
+        if self.cut_off() {
             self.conn = None;
             return Err(unreachable(format!(
                 "node {} is cut off by fault injection",
                 self.target
             )));
         }
-        let (mut reader, mut writer) = match self.conn.take() {
-            Some(conn) => conn,
-            None => self.connect().await?,
-        };
-        let request_id = self.next_request_id;
-        self.next_request_id += 1;
+        match self.conn.take() {
+            Some(conn) => Ok(conn),
+            None => self.connect().await,
+        }
+    }
+
+    /// One request, one response; any failure drops the connection so the
+    /// next call starts clean.
+    async fn call(&mut self, request: &PeerRequest, timeout: Duration) -> RpcResult<PeerResponse> {
+        let (mut reader, mut writer) = self.open().await?;
+        let request_id = self.next_request_id();
         let target = self.target;
         let exchange = async {
             writer
@@ -187,7 +208,7 @@ impl PeerConn {
     }
 }
 
-fn unexpected(target: u64, response: PeerResponse) -> RpcError {
+pub(super) fn unexpected(target: u64, response: PeerResponse) -> RpcError {
     match response {
         PeerResponse::Failed(message) => network(format!("node {target}: {message}")),
         other => network(format!(
@@ -198,7 +219,7 @@ fn unexpected(target: u64, response: PeerResponse) -> RpcError {
 
 /// A remote Raft error means the peer cannot serve Raft right now (it is
 /// shutting down or broken): back off like an unreachable peer.
-fn remote<T>(target: u64, result: Result<T, RaftError>) -> RpcResult<T> {
+pub(super) fn remote<T>(target: u64, result: Result<T, RaftError>) -> RpcResult<T> {
     result.map_err(|e| unreachable(format!("node {target}: {e}")))
 }
 
@@ -224,6 +245,19 @@ impl RaftNetworkV2<TypeConfig> for PeerConn {
     ) -> RpcResult<AppendEntriesResponse> {
         let timeout = option.hard_ttl().max(MIN_APPEND_TIMEOUT);
         raft_call!(self, Append(rpc), timeout, Append)
+    }
+
+    /// Pipelined: see `append_out`.
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<'s, RpcResult<BoxStream<'s, RpcResult<StreamAppendResult>>>>
+    where
+        S: futures::Stream<Item = AppendEntriesRequest> + OptionalSend + Unpin + 'static,
+    {
+        let timeout = option.hard_ttl().max(MIN_APPEND_TIMEOUT);
+        append_out::stream(self, input, timeout)
     }
 
     async fn vote(&mut self, rpc: VoteRequest, option: RPCOption) -> RpcResult<VoteResponse> {

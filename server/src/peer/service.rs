@@ -12,9 +12,11 @@ use openraft::raft::AppendEntriesResponse;
 use rdkv_proto::wire::{FrameKind, decode_payload, tokens_match};
 use rdkv_storage::raft::SnapshotMeta;
 use rdkv_storage::state_machine::Snapshot;
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use super::append_in::Inbound;
 use super::{
     PEER_MAGIC, PEER_MAX_FRAME_BYTES, PEER_PROTOCOL_VERSION, PeerContext, PeerHello,
     PeerHelloReply, PeerRequest, PeerResponse, SnapshotPiece,
@@ -103,20 +105,71 @@ async fn handle(stream: TcpStream, raft: Raft, ctx: Arc<PeerContext>) -> Result<
     reader.set_max_frame_bytes(PEER_MAX_FRAME_BYTES);
 
     let mut incoming = IncomingSnapshot::default();
-    while let Some(frame) = reader.next().await? {
+    let mut appends = Inbound::new(raft.clone());
+    loop {
+        // Answers to pipelined appends go out as they complete; the next
+        // request is read meanwhile.
+        let frame = tokio::select! {
+            biased;
+            Some((request_id, response)) = appends.next_answer(), if appends.has_waiting() => {
+                answer(&mut writer, &ctx, request_id, &response).await?;
+                continue;
+            }
+            frame = reader.next() => frame?,
+        };
+        let Some(frame) = frame else {
+            return Ok(());
+        };
         if ctx.is_isolated_from(hello.from_id) {
             // As if the network lost it: no answer, and the sender's
             // connection goes away.
             bail!("node {} is cut off by fault injection", hello.from_id);
         }
-        let response = match decode_payload::<PeerRequest>(&frame) {
-            Err(e) => PeerResponse::Failed(format!("undecodable request: {e}")),
-            Ok(request) => dispatch(request, &raft, &ctx, &mut incoming).await,
-        };
-        writer
-            .send(FrameKind::Response, frame.request_id, &response)
-            .await?;
+        match decode_payload::<PeerRequest>(&frame) {
+            Ok(PeerRequest::Append(rpc)) => {
+                // A leader keeps at most `MAX_APPENDS_IN_FLIGHT` appends
+                // unanswered; past that, the oldest is answered before
+                // another is taken (bounded, and never waiting on a queue
+                // that only our own answering drains).
+                while appends.is_full() {
+                    if let Some((request_id, response)) = appends.next_answer().await {
+                        answer(&mut writer, &ctx, request_id, &response).await?;
+                    }
+                }
+                appends.submit(frame.request_id, rpc).await;
+            }
+            decoded => {
+                // Answers keep request order: the appends before this
+                // request are answered first.
+                while let Some((request_id, response)) = appends.next_answer().await {
+                    answer(&mut writer, &ctx, request_id, &response).await?;
+                }
+                let response = match decoded {
+                    Err(e) => PeerResponse::Failed(format!("undecodable request: {e}")),
+                    Ok(request) => dispatch(request, &raft, &ctx, &mut incoming).await,
+                };
+                answer(&mut writer, &ctx, frame.request_id, &response).await?;
+            }
+        }
     }
+}
+
+/// Sends one answer; an accepted append (any answer but a higher vote)
+/// means the sender leads now.
+async fn answer(
+    writer: &mut FrameWriter<OwnedWriteHalf>,
+    ctx: &PeerContext,
+    request_id: u64,
+    response: &PeerResponse,
+) -> Result<()> {
+    if let PeerResponse::Append(Ok(r)) = response
+        && !matches!(r, AppendEntriesResponse::HigherVote(_))
+    {
+        ctx.leader_contact();
+    }
+    writer
+        .send(FrameKind::Response, request_id, response)
+        .await?;
     Ok(())
 }
 
@@ -127,14 +180,9 @@ async fn dispatch(
     incoming: &mut IncomingSnapshot,
 ) -> PeerResponse {
     match request {
-        PeerRequest::Append(rpc) => {
-            let response = raft.append_entries(rpc).await;
-            // Any answer but a higher vote means the sender leads now.
-            if matches!(&response, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
-                ctx.leader_contact();
-            }
-            PeerResponse::Append(response)
-        }
+        // `handle` pipelines appends (`append_in`); one that reaches here
+        // is served alone.
+        PeerRequest::Append(rpc) => PeerResponse::Append(raft.append_entries(rpc).await),
         PeerRequest::Vote(rpc) => PeerResponse::Vote(raft.vote(rpc).await),
         PeerRequest::PreVote(rpc) => PeerResponse::Vote(raft.pre_vote(rpc).await),
         PeerRequest::TransferLeader(rpc) => PeerResponse::TransferLeader(

@@ -153,6 +153,20 @@ fn describe_events() {
         "rdkv_raft_log_entries_per_fsync",
         "Log entries made durable by one group-commit fsync."
     );
+    describe_histogram!(
+        "rdkv_raft_apply_duration_seconds",
+        Unit::Seconds,
+        "Duration of each batch of committed entries applied to the region."
+    );
+    describe_histogram!(
+        "rdkv_raft_apply_batch_entries",
+        "Committed entries applied in one batch."
+    );
+    describe_histogram!(
+        "rdkv_peer_append_round_trip_seconds",
+        Unit::Seconds,
+        "From sending an AppendEntries to a follower to its answer (the follower's fsync included), by follower."
+    );
     describe_gauge!("rdkv_in_flight_requests", "Requests being served now.");
 }
 

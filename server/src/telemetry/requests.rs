@@ -385,7 +385,11 @@ mod tests {
         assert_eq!(stats.requests_of(Op::Get), 4);
         assert_eq!(stats.requests_of(Op::Put), 0);
         let get = stats.ops().into_iter().find(|o| o.op == "get").unwrap();
-        assert!((9_900..=10_100).contains(&get.recent_p99_us), "{}", get.recent_p99_us);
+        assert!(
+            (9_900..=10_100).contains(&get.recent_p99_us),
+            "{}",
+            get.recent_p99_us
+        );
         assert_eq!(stats.in_flight(), 0);
     }
 

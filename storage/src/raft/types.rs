@@ -179,6 +179,12 @@ pub mod rpc {
     /// A failed call: the peer unreachable, the network, or the remote's error.
     pub type RpcError = openraft::errors::RPCError<TypeConfig>;
     pub type StreamingError = openraft::errors::StreamingError<TypeConfig>;
+    /// One answer of a pipelined AppendEntries stream: the log id the
+    /// follower has flushed up to, or why the stream stops.
+    pub type StreamAppendResult = openraft::raft::StreamAppendResult<TypeConfig>;
+    pub type StreamAppendError = openraft::raft::StreamAppendError<TypeConfig>;
+    /// RaftCore has stopped.
+    pub type Fatal = openraft::errors::Fatal<TypeConfig>;
 }
 
 #[cfg(test)]

@@ -1,0 +1,233 @@
+//! The leader's half of pipelined replication: openraft's `stream_append`
+//! over one peer connection. Up to [`MAX_APPENDS_IN_FLIGHT`] AppendEntries
+//! are sent ahead of their answers, so a follower's fsync and the round
+//! trip overlap the next appends instead of gating them. The follower
+//! answers in order (`append_in`), so each answer belongs to the oldest
+//! request in flight; its request id must say so.
+//!
+//! The stream ends after an answer that stops replication (a conflict, a
+//! higher vote, a partial success), on any error, or when openraft's input
+//! ends. Only a stream that ends with nothing in flight gives its
+//! connection back for the next call: answers still on their way would
+//! otherwise be read as the answers to later requests.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use futures::StreamExt;
+use openraft::base::{BoxFuture, BoxStream};
+use rdkv_proto::wire::{Frame, FrameKind, decode_payload};
+use rdkv_storage::raft::LogId;
+use rdkv_storage::raft::rpc::{
+    AppendEntriesRequest, AppendEntriesResponse, RpcError, StreamAppendError, StreamAppendResult,
+};
+use tokio::time::Instant;
+
+use super::network::{Conn, PeerConn, network, remote, unexpected, unreachable};
+use super::{PeerRequest, PeerResponse};
+
+/// AppendEntries sent to one follower ahead of its answers.
+pub const MAX_APPENDS_IN_FLIGHT: usize = 8;
+
+type Answer = Result<StreamAppendResult, RpcError>;
+
+/// An append sent and not yet answered.
+#[derive(Debug)]
+struct Sent {
+    request_id: u64,
+    prev: Option<LogId>,
+    last: Option<LogId>,
+    at: Instant,
+}
+
+struct Outbound<'s, S> {
+    peer: &'s mut PeerConn,
+    /// Taken back by the peer when the stream ends cleanly.
+    conn: Option<Conn>,
+    input: S,
+    input_done: bool,
+    in_flight: VecDeque<Sent>,
+    /// Longest the oldest append waits for its answer.
+    timeout: Duration,
+    finished: bool,
+}
+
+/// Opens the pipelined stream of `input`'s appends to `peer`'s node.
+pub fn stream<'s, S>(
+    peer: &'s mut PeerConn,
+    input: S,
+    timeout: Duration,
+) -> BoxFuture<'s, Result<BoxStream<'s, Answer>, RpcError>>
+where
+    S: futures::Stream<Item = AppendEntriesRequest> + Send + Unpin + 'static,
+{
+    Box::pin(async move {
+        let conn = peer.open().await?;
+        let outbound = Outbound {
+            peer,
+            conn: Some(conn),
+            input,
+            input_done: false,
+            in_flight: VecDeque::new(),
+            timeout,
+            finished: false,
+        };
+        let answers = futures::stream::unfold(outbound, |mut outbound| async move {
+            let answer = outbound.next().await?;
+            Some((answer, outbound))
+        });
+        Ok(Box::pin(answers) as BoxStream<'s, Answer>)
+    })
+}
+
+impl<S> Outbound<'_, S>
+where
+    S: futures::Stream<Item = AppendEntriesRequest> + Unpin,
+{
+    /// The next answer, sending more appends while waiting for it.
+    async fn next(&mut self) -> Option<Answer> {
+        if self.finished {
+            return None;
+        }
+        loop {
+            let Some(oldest) = self.in_flight.front() else {
+                if self.input_done {
+                    return self.end_cleanly();
+                }
+                match self.input.next().await {
+                    Some(rpc) => {
+                        if let Err(e) = self.send(rpc).await {
+                            return self.fail(e);
+                        }
+                    }
+                    None => self.input_done = true,
+                }
+                continue;
+            };
+            let deadline = oldest.at + self.timeout;
+            let may_send = !self.input_done && self.in_flight.len() < MAX_APPENDS_IN_FLIGHT;
+            let Some((reader, _)) = self.conn.as_mut() else {
+                return self.fail(network("the connection is gone".into()));
+            };
+            tokio::select! {
+                biased;
+                frame = reader.next() => {
+                    let frame = match frame {
+                        Ok(Some(frame)) => frame,
+                        Ok(None) => return self.fail(network(format!(
+                            "node {} closed the connection", self.peer.target
+                        ))),
+                        Err(e) => return self.fail(network(format!(
+                            "receive from node {}: {e}", self.peer.target
+                        ))),
+                    };
+                    return Some(self.answer(&frame));
+                }
+                rpc = self.input.next(), if may_send => match rpc {
+                    Some(rpc) => {
+                        if let Err(e) = self.send(rpc).await {
+                            return self.fail(e);
+                        }
+                    }
+                    None => self.input_done = true,
+                },
+                () = tokio::time::sleep_until(deadline) => {
+                    return self.fail(network(format!(
+                        "node {} did not answer an append within {:?}",
+                        self.peer.target, self.timeout
+                    )));
+                }
+            }
+        }
+    }
+
+    async fn send(&mut self, rpc: AppendEntriesRequest) -> Result<(), RpcError> {
+        let target = self.peer.target;
+        if self.peer.cut_off() {
+            return Err(unreachable(format!(
+                "node {target} is cut off by fault injection"
+            )));
+        }
+        let request_id = self.peer.next_request_id();
+        let prev = rpc.prev_log_id.clone();
+        let last = rpc
+            .entries
+            .last()
+            .map(|entry| entry.log_id.clone())
+            .or_else(|| prev.clone());
+        let Some((_, writer)) = self.conn.as_mut() else {
+            return Err(network("the connection is gone".into()));
+        };
+        writer
+            .send(FrameKind::Request, request_id, &PeerRequest::Append(rpc))
+            .await
+            .map_err(|e| network(format!("send to node {target}: {e}")))?;
+        self.in_flight.push_back(Sent {
+            request_id,
+            prev,
+            last,
+            at: Instant::now(),
+        });
+        Ok(())
+    }
+
+    /// The oldest append's answer; the stream ends after it unless
+    /// replication goes on from exactly where that append ended.
+    fn answer(&mut self, frame: &Frame) -> Answer {
+        let target = self.peer.target;
+        let Some(sent) = self.in_flight.pop_front() else {
+            self.finished = true;
+            return Err(network(format!("node {target} answered nothing asked")));
+        };
+        let answer = if frame.request_id != sent.request_id {
+            Err(network(format!(
+                "node {target} answered request {} out of turn",
+                frame.request_id
+            )))
+        } else {
+            match decode_payload::<PeerResponse>(frame) {
+                Ok(PeerResponse::Append(Ok(response))) => stream_result(target, response, &sent),
+                Ok(PeerResponse::Append(Err(e))) => remote(target, Err(e)),
+                Ok(other) => Err(unexpected(target, other)),
+                Err(e) => Err(network(format!("decode from node {target}: {e}"))),
+            }
+        };
+        metrics::histogram!("rdkv_peer_append_round_trip_seconds", "peer" => target.to_string())
+            .record(sent.at.elapsed().as_secs_f64());
+        let goes_on = matches!(&answer, Ok(Ok(matched)) if *matched == sent.last);
+        self.finished = !goes_on;
+        answer
+    }
+
+    fn fail(&mut self, error: RpcError) -> Option<Answer> {
+        self.finished = true;
+        Some(Err(error))
+    }
+
+    /// Nothing in flight and nothing more to send: the connection is clean
+    /// and goes back to the peer for its next call.
+    fn end_cleanly(&mut self) -> Option<Answer> {
+        self.finished = true;
+        self.peer.conn = self.conn.take();
+        None
+    }
+}
+
+/// What a follower's answer to the append `sent` means for the stream.
+/// (openraft's own conversion would panic on a conflict before the first
+/// entry; a peer's answer must not be able to do that.)
+fn stream_result(target: u64, response: AppendEntriesResponse, sent: &Sent) -> Answer {
+    Ok(match response {
+        AppendEntriesResponse::Success => Ok(sent.last.clone()),
+        AppendEntriesResponse::PartialSuccess(matched) => Ok(matched),
+        AppendEntriesResponse::Conflict => match sent.prev {
+            Some(prev) => Err(StreamAppendError::Conflict(prev.clone())),
+            None => {
+                return Err(network(format!(
+                    "node {target} reported a conflict before the first entry"
+                )));
+            }
+        },
+        AppendEntriesResponse::HigherVote(vote) => Err(StreamAppendError::HigherVote(vote)),
+    })
+}
