@@ -149,12 +149,8 @@ where
             )));
         }
         let request_id = self.peer.next_request_id();
-        let prev = rpc.prev_log_id.clone();
-        let last = rpc
-            .entries
-            .last()
-            .map(|entry| entry.log_id.clone())
-            .or_else(|| prev.clone());
+        let prev = rpc.prev_log_id;
+        let last = rpc.entries.last().map(|entry| entry.log_id).or(prev);
         let Some((_, writer)) = self.conn.as_mut() else {
             return Err(network("the connection is gone".into()));
         };
@@ -218,10 +214,10 @@ where
 /// entry; a peer's answer must not be able to do that.)
 fn stream_result(target: u64, response: AppendEntriesResponse, sent: &Sent) -> Answer {
     Ok(match response {
-        AppendEntriesResponse::Success => Ok(sent.last.clone()),
+        AppendEntriesResponse::Success => Ok(sent.last),
         AppendEntriesResponse::PartialSuccess(matched) => Ok(matched),
         AppendEntriesResponse::Conflict => match sent.prev {
-            Some(prev) => Err(StreamAppendError::Conflict(prev.clone())),
+            Some(prev) => Err(StreamAppendError::Conflict(prev)),
             None => {
                 return Err(network(format!(
                     "node {target} reported a conflict before the first entry"
