@@ -917,3 +917,318 @@ fn cap_committed(inner: &mut Inner) {
         inner.meta.committed = last;
     }
 }
+
+/// The entry cache of `Inner`. A cache miss falls back to reading the
+/// segment, so reads through `LogStore` cannot tell a wrong cache from an
+/// empty one: these tests look at the cache itself.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::entry::RaftEntry;
+
+    fn lid(index: u64) -> LogId {
+        openraft::testing::log_id::<TypeConfig>(1, 1, index)
+    }
+
+    fn loc(index: u64, len: u32) -> Loc {
+        Loc {
+            log_id: lid(index),
+            segment: 0,
+            offset: 0,
+            len,
+        }
+    }
+
+    fn empty_log() -> Inner {
+        Inner::new(Meta::default(), None)
+    }
+
+    /// Appends entry `index` as a cacheable record of `len` bytes.
+    fn push(inner: &mut Inner, index: u64, len: u32, budget: usize) {
+        inner.push(loc(index, len), Some(Entry::new_blank(lid(index))), budget);
+    }
+
+    fn push_uncacheable(inner: &mut Inner, index: u64, len: u32, budget: usize) {
+        inner.push(loc(index, len), None, budget);
+    }
+
+    /// Asserts every rule of the cache, given that exactly the newest
+    /// `cached` entries of the log are expected in it: it is a suffix of the
+    /// log (`cached(i)` gives entry i for those and `None` for every other
+    /// index), `cached_bytes` is the sum of their record lengths, and that
+    /// sum is within the budget.
+    fn assert_cache(inner: &Inner, budget: usize, cached: usize) {
+        assert!(
+            cached <= inner.locs.len(),
+            "the model caches more than the log"
+        );
+        assert_eq!(inner.cache.len(), cached, "cached entries");
+        let next = inner.next_index();
+        let start = next - cached as u64;
+        for index in inner.first_index.saturating_sub(2)..=next + 1 {
+            let got = inner.cached(index).map(|e| e.log_id.index);
+            let want = (start..next).contains(&index).then_some(index);
+            assert_eq!(got, want, "cached({index})");
+        }
+        let suffix = inner.locs.iter().skip(inner.locs.len() - cached);
+        let lens: Vec<u32> = inner.cache.iter().map(|(_, len)| *len).collect();
+        let loc_lens: Vec<u32> = suffix.map(|l| l.len).collect();
+        assert_eq!(lens, loc_lens, "cached lengths are the records' lengths");
+        let total: usize = lens.iter().map(|&len| len as usize).sum();
+        assert_eq!(inner.cached_bytes, total, "cached_bytes");
+        assert!(
+            total <= budget,
+            "{total} cached bytes over the budget {budget}"
+        );
+    }
+
+    #[test]
+    fn entries_that_exactly_fit_the_budget_are_all_kept() {
+        let mut inner = empty_log();
+        for index in 5..8 {
+            push(&mut inner, index, 10, 30);
+        }
+        assert_eq!(inner.first_index, 5);
+        assert_cache(&inner, 30, 3);
+    }
+
+    #[test]
+    fn one_byte_over_the_budget_evicts_the_oldest() {
+        let mut inner = empty_log();
+        for index in 5..8 {
+            push(&mut inner, index, 10, 30);
+        }
+        push(&mut inner, 8, 1, 30);
+        assert_cache(&inner, 30, 3);
+        assert_eq!(inner.cached_bytes, 21);
+        // An entry larger than the whole budget is not cached, and leaves
+        // nothing older behind it.
+        push(&mut inner, 9, 31, 30);
+        assert_cache(&inner, 30, 0);
+    }
+
+    #[test]
+    fn a_zero_budget_caches_nothing_not_even_empty_records() {
+        let mut inner = empty_log();
+        for (index, len) in [(1, 0), (2, 7), (3, 0)] {
+            push(&mut inner, index, len, 0);
+            assert_cache(&inner, 0, 0);
+        }
+    }
+
+    #[test]
+    fn an_uncacheable_entry_clears_the_cache() {
+        let mut inner = empty_log();
+        for index in 1..4 {
+            push(&mut inner, index, 4, 100);
+        }
+        push_uncacheable(&mut inner, 4, 4, 100);
+        assert_cache(&inner, 100, 0);
+        push(&mut inner, 5, 4, 100);
+        assert_cache(&inner, 100, 1);
+    }
+
+    #[test]
+    fn truncation_drops_the_cached_tail_with_its_bytes() {
+        let mut inner = empty_log();
+        for (index, len) in [(1, 50), (2, 3), (3, 5), (4, 7), (5, 11)] {
+            push(&mut inner, index, len, 30);
+        }
+        assert_cache(&inner, 30, 4);
+        inner.truncate_locs(6);
+        assert_cache(&inner, 30, 4);
+        inner.truncate_locs(3);
+        assert_eq!(inner.next_index(), 4);
+        assert_cache(&inner, 30, 2);
+        assert_eq!(inner.cached_bytes, 8);
+        // Past the cached part: only uncached entries are left.
+        inner.truncate_locs(1);
+        assert_cache(&inner, 30, 0);
+    }
+
+    #[test]
+    fn dropping_inside_the_log_keeps_the_cache_within_it() {
+        let mut inner = empty_log();
+        for index in 10..16 {
+            push(&mut inner, index, 2 + index as u32, 100);
+        }
+        // Before the first entry: nothing changes.
+        inner.drop_through(8);
+        assert_eq!(inner.first_index, 10);
+        assert_cache(&inner, 100, 6);
+        inner.drop_through(9);
+        assert_eq!(inner.first_index, 10);
+        assert_cache(&inner, 100, 6);
+        inner.drop_through(12);
+        assert_eq!((inner.first_index, inner.locs.len()), (13, 3));
+        assert_cache(&inner, 100, 3);
+        assert_eq!(inner.cached_bytes, 15 + 16 + 17);
+    }
+
+    #[test]
+    fn dropping_uncached_entries_keeps_the_whole_cache() {
+        let mut inner = empty_log();
+        for index in 1..6 {
+            push(&mut inner, index, 10, 20);
+        }
+        assert_cache(&inner, 20, 2);
+        inner.drop_through(2);
+        assert_cache(&inner, 20, 2);
+        inner.drop_through(3);
+        assert_cache(&inner, 20, 2);
+        inner.drop_through(4);
+        assert_cache(&inner, 20, 1);
+    }
+
+    #[test]
+    fn dropping_through_the_last_entry_or_past_it_empties_the_log() {
+        for (through, first) in [(5, 6), (9, 10)] {
+            let mut inner = empty_log();
+            for index in 1..6 {
+                push(&mut inner, index, 3, 100);
+            }
+            inner.drop_through(through);
+            assert!(inner.locs.is_empty());
+            assert_eq!(inner.first_index, first);
+            assert_cache(&inner, 100, 0);
+        }
+    }
+
+    #[test]
+    fn a_push_after_the_log_empties_starts_a_fresh_cache() {
+        let mut inner = empty_log();
+        for index in 1..4 {
+            push(&mut inner, index, 3, 100);
+        }
+        inner.drop_through(3);
+        push(&mut inner, 4, 5, 100);
+        assert_eq!(inner.first_index, 4);
+        assert_cache(&inner, 100, 1);
+        inner.truncate_locs(0);
+        // A log cut to nothing may start again at any index.
+        push(&mut inner, 20, 6, 100);
+        assert_eq!(inner.first_index, 20);
+        assert_cache(&inner, 100, 1);
+    }
+
+    /// What `Inner` should hold, stated without its eviction loops: the
+    /// (index, len) of each entry, and how many of the newest are cached.
+    struct Model {
+        first_index: u64,
+        entries: VecDeque<(u64, u32)>,
+        cached: usize,
+    }
+
+    impl Model {
+        fn next_index(&self) -> u64 {
+            self.first_index + self.entries.len() as u64
+        }
+
+        fn cached_bytes(&self) -> usize {
+            let skip = self.entries.len() - self.cached;
+            self.entries
+                .iter()
+                .skip(skip)
+                .map(|&(_, len)| len as usize)
+                .sum()
+        }
+
+        fn push(&mut self, index: u64, len: u32, cacheable: bool, budget: usize) {
+            if self.entries.is_empty() {
+                self.first_index = index;
+            }
+            self.entries.push_back((index, len));
+            // A budget of 0 turns the cache off, even for empty records.
+            self.cached = if cacheable && budget > 0 {
+                self.cached + 1
+            } else {
+                0
+            };
+            while self.cached > 0 && self.cached_bytes() > budget {
+                self.cached -= 1;
+            }
+        }
+
+        fn truncate(&mut self, keep: usize) {
+            let removed = self.entries.len().saturating_sub(keep);
+            self.entries.truncate(keep);
+            self.cached = self.cached.saturating_sub(removed);
+        }
+
+        fn drop_through(&mut self, index: u64) {
+            let next = index + 1;
+            if next >= self.next_index() {
+                self.entries.clear();
+                self.first_index = next;
+            } else if next > self.first_index {
+                self.entries.drain(..(next - self.first_index) as usize);
+                self.first_index = next;
+            }
+            self.cached = self.cached.min(self.entries.len());
+        }
+    }
+
+    /// xorshift64: a fixed, reproducible sequence of operations.
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    /// One random operation on both the model and `inner`.
+    fn step(rng: &mut Rng, model: &mut Model, inner: &mut Inner, budget: usize) {
+        let next = model.next_index();
+        match rng.below(10) {
+            0..6 => {
+                // Lengths from 0 so that small budgets still cache some.
+                let len = rng.below(21) as u32;
+                model.push(next, len, true, budget);
+                push(inner, next, len, budget);
+            }
+            6 => {
+                let len = rng.below(21) as u32;
+                model.push(next, len, false, budget);
+                push_uncacheable(inner, next, len, budget);
+            }
+            7 => {
+                let keep = rng.below(model.entries.len() as u64 + 2) as usize;
+                model.truncate(keep);
+                inner.truncate_locs(keep);
+            }
+            _ => {
+                // From before the first entry to past the last one.
+                let span = next - model.first_index + 4;
+                let index = (model.first_index + rng.below(span)).saturating_sub(2);
+                model.drop_through(index);
+                inner.drop_through(index);
+            }
+        }
+    }
+
+    #[test]
+    fn the_cache_follows_a_model_through_random_operations() {
+        for budget in [0, 1, 25, 64, 10_000] {
+            let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ budget as u64);
+            let mut model = Model {
+                first_index: 1,
+                entries: VecDeque::new(),
+                cached: 0,
+            };
+            let mut inner = empty_log();
+            inner.first_index = 1;
+            for _ in 0..3000 {
+                step(&mut rng, &mut model, &mut inner, budget);
+                let locs: Vec<(u64, u32)> =
+                    inner.locs.iter().map(|l| (l.log_id.index, l.len)).collect();
+                assert_eq!(locs, Vec::from(model.entries.clone()), "budget {budget}");
+                assert_eq!(inner.first_index, model.first_index, "budget {budget}");
+                assert_cache(&inner, budget, model.cached);
+            }
+        }
+    }
+}
