@@ -58,8 +58,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.blocking(move |s| s.save_vote(&vote)).await
     }
 
+    /// Inline, not on the blocking pool: it is one small `pwrite` of the
+    /// advisory committed index (no fsync), and it lies on every write's
+    /// path between commit and apply, where a thread hand-off cost more
+    /// than the write.
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
-        self.blocking(move |s| s.save_committed(committed)).await
+        Ok(self.shared.save_committed(committed)?)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
