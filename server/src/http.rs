@@ -66,7 +66,11 @@ async fn respond(mut stream: TcpStream, handler: &Handler) -> std::io::Result<()
             (status, "application/json", body)
         }
         (b"GET", b"/status") => ("200 OK", "application/json", status_json(handler)),
-        (b"GET", b"/metrics") => ("200 OK", "text/plain; version=0.0.4", handler.metrics()),
+        (b"GET", b"/metrics") => (
+            "200 OK",
+            "text/plain; version=0.0.4",
+            handler.metrics().await,
+        ),
         _ => ("404 Not Found", "text/plain", "not found\n".to_owned()),
     };
     let head = format!(

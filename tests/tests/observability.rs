@@ -149,6 +149,22 @@ async fn metrics_count_every_operation_and_report_follower_lag() -> Result<()> {
             after.sum("rdkv_raft_log_fsync_duration_seconds_count", &[]) > 0.0,
             "no fsync recorded"
         );
+        // The write path's stages, from RaftCore: every write waits for its
+        // fsync, so neither the median from submitted to persisted nor that
+        // of the whole path can be 0. (Each is an interpolated estimate of
+        // its own histogram, so they are not compared with each other.)
+        let stage = |name: &'static str| {
+            after.get(
+                "rdkv_raft_stage_latency_microseconds",
+                &[("stage", name), ("quantile", "0.5")],
+            )
+        };
+        let persisted = stage("submitted_to_persisted").context("no fsync stage")?;
+        let whole = stage("proposed_to_applied").context("no whole-path stage")?;
+        ensure!(
+            persisted > 0.0 && whole > 0.0,
+            "stages: fsync {persisted} us, whole {whole} us"
+        );
 
         // The Grafana dashboard reads only metrics that exist.
         let dashboard = std::fs::read_to_string(

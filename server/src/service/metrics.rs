@@ -3,6 +3,7 @@
 //! then everything the process recorded, rendered.
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
 use metrics::{counter, gauge};
 use rdkv_proto::wire::{Alarm, NodeStatus, Role};
@@ -10,6 +11,7 @@ use rdkv_storage::RegionStats;
 use rdkv_storage::raft_log::LogStats;
 
 use super::{Handler, MAX_IN_FLIGHT};
+use crate::Raft;
 use crate::telemetry::prometheus;
 use crate::telemetry::scrape::server_reads;
 
@@ -94,6 +96,48 @@ fn replication_lag(status: &NodeStatus, out: &mut String) {
     }
 }
 
+/// Longest a scrape waits for RaftCore's statistics.
+const STAGE_STATS_TIMEOUT: Duration = Duration::from_secs(1);
+/// The quantiles of each stage shown.
+const STAGE_QUANTILES: [f64; 2] = [0.5, 0.99];
+
+/// Where a write's time goes at this node, stage by stage, from openraft's
+/// own log-stage histograms (it samples the last 1,024 entries): proposed
+/// (`client_write`) to received by RaftCore, to submitted to the log, to
+/// persisted (the fsync), to committed (the quorum), to applied. Rendered
+/// here, not recorded: RaftCore keeps them.
+async fn stage_latencies(raft: &Raft, out: &mut String) {
+    let Ok(Ok(stats)) = tokio::time::timeout(STAGE_STATS_TIMEOUT, raft.runtime_stats()).await
+    else {
+        return;
+    };
+    let stages = &stats.log_stage_histograms;
+    let rows = [
+        ("proposed_to_received", &stages.proposed_to_received),
+        ("received_to_submitted", &stages.received_to_submitted),
+        ("submitted_to_persisted", &stages.submitted_to_persisted),
+        ("persisted_to_committed", &stages.persisted_to_committed),
+        ("committed_to_applied", &stages.committed_to_applied),
+        ("proposed_to_applied", &stages.proposed_to_applied),
+    ];
+    out.push_str(
+        "# HELP rdkv_raft_stage_latency_microseconds Time between consecutive stages of a log entry at this node (openraft's sample of the last 1,024 entries), by stage and quantile.\n\
+         # TYPE rdkv_raft_stage_latency_microseconds gauge\n",
+    );
+    for (stage, histogram) in rows {
+        if histogram.total() == 0 {
+            continue;
+        }
+        for quantile in STAGE_QUANTILES {
+            let _ = writeln!(
+                out,
+                "rdkv_raft_stage_latency_microseconds{{stage=\"{stage}\",quantile=\"{quantile}\"}} {}",
+                histogram.percentile(quantile)
+            );
+        }
+    }
+}
+
 impl Handler {
     fn connection_gauges(&self, status: &NodeStatus) {
         let open = status.open_connections;
@@ -121,7 +165,7 @@ impl Handler {
     }
 
     /// Everything `/metrics` shows, in the Prometheus text format (0.0.4).
-    pub fn metrics(&self) -> String {
+    pub async fn metrics(&self) -> String {
         let status = self.status();
         let replica = self.replica();
         raft_gauges(&status, &replica.log.stats());
@@ -133,6 +177,7 @@ impl Handler {
         set("rdkv_in_flight_requests", self.stats().in_flight());
         let mut out = prometheus().render();
         replication_lag(&status, &mut out);
+        stage_latencies(&replica.raft, &mut out).await;
         out
     }
 }
