@@ -16,7 +16,9 @@ use openraft::entry::RaftEntry;
 use openraft::storage::{IOFlushed, RaftLogReader, RaftLogStorage};
 use openraft::testing::log_id;
 use openraft::type_config::TypeConfigExt;
-use rdkv_storage::durability::{PowerCut, UnsyncedTail, apply_power_loss, enable_journal};
+use rdkv_storage::durability::{
+    PowerCut, UnsyncedTail, XorShift, apply_power_loss, enable_journal,
+};
 use rdkv_storage::raft::{Command, Entry, LogId, TypeConfig, Vote};
 use rdkv_storage::raft_log::{LogError, LogOptions, LogStore};
 
@@ -178,30 +180,20 @@ fn ids(entries: &[Entry]) -> Vec<LogId> {
     entries.iter().map(|e| e.log_id).collect()
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-
-    fn tail(&mut self) -> UnsyncedTail {
-        let seed = self.below(u64::MAX);
-        match self.below(5) {
-            0 => UnsyncedTail::Lost,
-            1 => UnsyncedTail::Kept,
-            2 => UnsyncedTail::Prefix { seed },
-            3 => UnsyncedTail::Garbage { seed },
-            _ => UnsyncedTail::Zeros,
-        }
+/// What a simulated power cut does to the unsynced tail of each file.
+fn random_tail(rng: &mut XorShift) -> UnsyncedTail {
+    let seed = rng.below(u64::MAX);
+    match rng.below(5) {
+        0 => UnsyncedTail::Lost,
+        1 => UnsyncedTail::Kept,
+        2 => UnsyncedTail::Prefix { seed },
+        3 => UnsyncedTail::Garbage { seed },
+        _ => UnsyncedTail::Zeros,
     }
 }
 
 /// One step of a random run: an operation, or a power cut and a check.
-async fn step(rng: &mut Rng, dir: &Path, store: LogStore, model: &mut Model) -> LogStore {
+async fn step(rng: &mut XorShift, dir: &Path, store: LogStore, model: &mut Model) -> LogStore {
     let mut store = store;
     let stats = store.stats();
     model.trace.push(format!(
@@ -259,7 +251,7 @@ async fn step(rng: &mut Rng, dir: &Path, store: LogStore, model: &mut Model) -> 
             store.save_committed(last).await.expect("committed");
         }
         _ => {
-            let tail = rng.tail();
+            let tail = random_tail(rng);
             model.trace.push(format!("cut {tail:?}"));
             store = try_cut_and_reopen(dir, store, tail)
                 .await
@@ -284,7 +276,7 @@ async fn acknowledged_state_survives_power_cuts_at_many_points() {
     for seed in 1..=24u64 {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("raft-log");
-        let mut rng = Rng(seed.wrapping_mul(0x2545_F491_4F6C_DD1D));
+        let mut rng = XorShift::new(seed);
         let mut model = Model {
             term: 1,
             ..Model::default()
@@ -294,7 +286,7 @@ async fn acknowledged_state_survives_power_cuts_at_many_points() {
         for _ in 0..80 {
             store = step(&mut rng, &dir, store, &mut model).await;
         }
-        let tail = rng.tail();
+        let tail = random_tail(&mut rng);
         let mut store = cut_and_reopen(&dir, store, tail).await;
         let problems = model.check(&mut store).await;
         assert!(problems.is_empty(), "seed {seed}, final cut: {problems:?}");

@@ -24,7 +24,9 @@ use std::io;
 use std::path::Path;
 
 pub use journal::{JOURNAL_ENV, enable_journal};
-pub use power_loss::{PowerCut, PowerLossError, PowerLossReport, UnsyncedTail, apply_power_loss};
+pub use power_loss::{
+    PowerCut, PowerLossError, PowerLossReport, UnsyncedTail, XorShift, apply_power_loss,
+};
 
 /// `fdatasync`: the file's data (and its length) are durable on return.
 pub fn sync_data(file: &File) -> io::Result<()> {

@@ -283,18 +283,27 @@ impl Restorer<'_> {
     }
 }
 
-/// Deterministic pseudo-random numbers (xorshift64), enough for torn tails.
-struct XorShift(u64);
+/// Deterministic pseudo-random numbers (xorshift64): enough for torn tails
+/// here, and the one generator the storage tests draw their operation
+/// sequences from.
+#[derive(Debug, Clone)]
+pub struct XorShift(u64);
 
 impl XorShift {
-    fn new(seed: u64) -> XorShift {
+    /// A generator whose sequence is fixed by `seed` (any value, 0 too).
+    pub fn new(seed: u64) -> XorShift {
         XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
 
-    fn next_u64(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         self.0
+    }
+
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
     }
 }

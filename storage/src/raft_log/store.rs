@@ -924,6 +924,7 @@ fn cap_committed(inner: &mut Inner) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::durability::XorShift;
     use openraft::entry::RaftEntry;
 
     fn lid(index: u64) -> LogId {
@@ -1168,20 +1169,8 @@ mod tests {
         }
     }
 
-    /// xorshift64: a fixed, reproducible sequence of operations.
-    struct Rng(u64);
-
-    impl Rng {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0 % n
-        }
-    }
-
     /// One random operation on both the model and `inner`.
-    fn step(rng: &mut Rng, model: &mut Model, inner: &mut Inner, budget: usize) {
+    fn step(rng: &mut XorShift, model: &mut Model, inner: &mut Inner, budget: usize) {
         let next = model.next_index();
         match rng.below(10) {
             0..6 => {
@@ -1213,7 +1202,7 @@ mod tests {
     #[test]
     fn the_cache_follows_a_model_through_random_operations() {
         for budget in [0, 1, 25, 64, 10_000] {
-            let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ budget as u64);
+            let mut rng = XorShift::new(budget as u64);
             let mut model = Model {
                 first_index: 1,
                 entries: VecDeque::new(),
