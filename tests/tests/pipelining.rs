@@ -1,4 +1,4 @@
-//! Deep RESP pipelines keep their order: 10,000 mixed SET/GET/INCR/DEL over
+//! Deep RESP pipelines keep their order: 10,000 mixed SET/GET/MGET/INCR/DEL over
 //! 40 keys are written on one connection without waiting for any reply
 //! (through the leader, and through a follower, which forwards), and every
 //! reply is checked against a model that applies the commands one at a time
@@ -29,6 +29,7 @@ const REPLIES_TIMEOUT: Duration = Duration::from_secs(90);
 enum Op {
     Set(u64, i64),
     Get(u64),
+    MGet(u64, u64),
     Incr(u64),
     Del(u64),
 }
@@ -38,11 +39,13 @@ enum Op {
 enum Expected {
     Ok,
     Value(Option<i64>),
+    Values(Option<i64>, Option<i64>),
     Integer(i64),
     Deleted(bool),
 }
 
-/// A deterministic mix: a third reads, the rest writes of three kinds.
+/// A deterministic mix: three in seven reads (GET, MGET of two keys), the
+/// rest writes of three kinds.
 fn script(seed: u64) -> Vec<Op> {
     let mut state = seed;
     (0..COMMANDS)
@@ -50,10 +53,12 @@ fn script(seed: u64) -> Vec<Op> {
             state = splitmix64(state);
             let key = (state >> 8) % KEYS;
             let value = ((state >> 32) % 1000) as i64;
-            match state % 6 {
+            let other = (state >> 16) % KEYS;
+            match state % 7 {
                 0 | 1 => Op::Get(key),
-                2 => Op::Set(key, value),
-                3 | 4 => Op::Incr(key),
+                2 => Op::MGet(key, other),
+                3 => Op::Set(key, value),
+                4 | 5 => Op::Incr(key),
                 _ => Op::Del(key),
             }
         })
@@ -70,6 +75,7 @@ fn expected(ops: &[Op]) -> Vec<Expected> {
                 Expected::Ok
             }
             Op::Get(k) => Expected::Value(state.get(&k).copied()),
+            Op::MGet(a, b) => Expected::Values(state.get(&a).copied(), state.get(&b).copied()),
             Op::Incr(k) => {
                 let n = state.get(&k).copied().unwrap_or(0) + 1;
                 state.insert(k, n);
@@ -88,6 +94,7 @@ fn resp_command(prefix: &str, op: Op) -> Vec<u8> {
     let args: Vec<String> = match op {
         Op::Set(k, v) => vec!["SET".into(), key_name(prefix, k), v.to_string()],
         Op::Get(k) => vec!["GET".into(), key_name(prefix, k)],
+        Op::MGet(a, b) => vec!["MGET".into(), key_name(prefix, a), key_name(prefix, b)],
         Op::Incr(k) => vec!["INCR".into(), key_name(prefix, k)],
         Op::Del(k) => vec!["DEL".into(), key_name(prefix, k)],
     };
@@ -98,14 +105,21 @@ fn resp_command(prefix: &str, op: Op) -> Vec<u8> {
     out
 }
 
-fn resp_reply(expected: Expected) -> Vec<u8> {
-    match expected {
-        Expected::Ok => b"+OK\r\n".to_vec(),
-        Expected::Value(None) => b"$-1\r\n".to_vec(),
-        Expected::Value(Some(v)) => {
+fn bulk_reply(value: Option<i64>) -> Vec<u8> {
+    match value {
+        None => b"$-1\r\n".to_vec(),
+        Some(v) => {
             let v = v.to_string();
             format!("${}\r\n{v}\r\n", v.len()).into_bytes()
         }
+    }
+}
+
+fn resp_reply(expected: Expected) -> Vec<u8> {
+    match expected {
+        Expected::Ok => b"+OK\r\n".to_vec(),
+        Expected::Value(value) => bulk_reply(value),
+        Expected::Values(a, b) => [b"*2\r\n".to_vec(), bulk_reply(a), bulk_reply(b)].concat(),
         Expected::Integer(n) => format!(":{n}\r\n").into_bytes(),
         Expected::Deleted(existed) => format!(":{}\r\n", u8::from(existed)).into_bytes(),
     }

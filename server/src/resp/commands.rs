@@ -202,14 +202,23 @@ pub async fn exists(server: &RespServer, args: &[Bytes]) -> Reply {
 
 pub async fn mget(server: &RespServer, args: &[Bytes]) -> Reply {
     match server.mget(args).await {
-        Ok(values) => Reply::Array(
-            values
-                .into_iter()
-                .map(|v| v.map_or(Reply::Null, Reply::Bulk))
-                .collect(),
-        ),
+        Ok(values) => values_reply(values),
         Err(e) => e,
     }
+}
+
+/// MGET answered at once from this node's region ([`RespServer::mget_now`]).
+pub fn mget_now(server: &RespServer, args: &[Bytes]) -> Option<Reply> {
+    server.mget_now(args).map(values_reply)
+}
+
+fn values_reply(values: Vec<Option<Bytes>>) -> Reply {
+    Reply::Array(
+        values
+            .into_iter()
+            .map(|v| v.map_or(Reply::Null, Reply::Bulk))
+            .collect(),
+    )
 }
 
 pub async fn mset(server: &RespServer, args: &[Bytes]) -> Reply {

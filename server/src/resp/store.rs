@@ -14,6 +14,7 @@ use super::RespServer;
 use super::forward::error_reply;
 use super::reply::Reply;
 use crate::lease;
+use crate::service::read;
 use crate::telemetry::Via;
 
 /// Longest a command waits for an election to produce a leader.
@@ -96,6 +97,23 @@ impl RespServer {
         }
         let found = handler.replica().sm.get_local(key).ok()?;
         Some(found.map(|v| v.value))
+    }
+
+    /// MGET's values read at once, like [`Self::get_now`]; `None` for a
+    /// batch over the limits or a failed read (the store path refuses or
+    /// reports it).
+    pub(super) fn mget_now(&self, keys: &[Bytes]) -> Option<Vec<Option<Bytes>>> {
+        let limits = self.handler.limits();
+        let fits = keys.len() <= limits.max_batch_keys as usize
+            && keys
+                .iter()
+                .all(|k| k.len() <= limits.max_key_bytes as usize);
+        if !fits {
+            return None;
+        }
+        let replica = self.handler.replica();
+        let values = read::local_values(replica, keys, limits.max_frame_bytes).ok()?;
+        Some(values.into_iter().map(|v| v.map(|v| v.value)).collect())
     }
 
     pub(super) async fn get(&self, key: &Bytes) -> Result<Option<Bytes>, Reply> {

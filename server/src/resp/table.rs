@@ -214,7 +214,7 @@ pub static COMMANDS: &[Spec] = &[
     row("getset", 3, FAST_WRITE, ONE, store!(getset)),
     row("del", -2, &["write"], ALL, store!(del)),
     row("exists", -2, READ, ALL, store!(exists)),
-    row("mget", -2, READ, ALL, store!(mget)),
+    row("mget", -2, READ, ALL, store!(mget)).answered_now(Op::MGet, commands::mget_now),
     row("mset", -3, &["write"], Keys::PAIRS, store!(mset)),
     row("incr", 2, FAST_WRITE, ONE, store!(incr)),
     row("incrby", 3, FAST_WRITE, ONE, store!(incrby)),

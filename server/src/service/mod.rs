@@ -21,7 +21,7 @@ mod connection;
 mod handler;
 mod handshake;
 mod metrics;
-mod read;
+pub(crate) mod read;
 pub mod read_rounds;
 mod status;
 mod write;

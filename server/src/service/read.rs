@@ -25,8 +25,21 @@ pub async fn mget(
     max_frame_bytes: u32,
 ) -> Reply {
     barrier(replica, consistency).await?;
-    // Stop as soon as the reply could not fit a frame: a batch of large
-    // values must not be gathered in memory just to be refused.
+    Ok(Response::Values(local_values(
+        replica,
+        keys,
+        max_frame_bytes,
+    )?))
+}
+
+/// The values of `keys` in this node's region, once the read's consistency
+/// allows it here. Stops as soon as the reply could not fit a frame: a
+/// batch of large values must not be gathered in memory just to be refused.
+pub fn local_values(
+    replica: &Replica,
+    keys: &[bytes::Bytes],
+    max_frame_bytes: u32,
+) -> Result<Vec<Option<Versioned>>, ErrorReply> {
     let budget = u64::from(max_frame_bytes);
     let mut bytes = 0u64;
     let mut values = Vec::with_capacity(keys.len());
@@ -41,7 +54,7 @@ pub async fn mget(
         }
         values.push(value);
     }
-    Ok(Response::Values(values))
+    Ok(values)
 }
 
 pub async fn scan(
