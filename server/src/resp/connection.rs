@@ -159,14 +159,16 @@ impl NowReads {
             return;
         };
         let total: u64 = self.answered.iter().map(|(_, count)| count).sum();
-        let elapsed = started.elapsed();
+        if total == 0 {
+            return;
+        }
+        let each = started.elapsed().div_f64(total as f64);
         metrics::counter!("rdkv_resp_reads_answered_at_once_total").increment(total);
         for (op, count) in self.answered {
-            let share = elapsed.mul_f64(count as f64 / total as f64);
             server
                 .handler
                 .stats()
-                .finish_many(op, Via::Resp, count, share);
+                .finish_many(op, Via::Resp, count, each);
         }
     }
 }

@@ -92,9 +92,7 @@ impl RespServer {
     /// the failure). The caller accounts for it in the request metrics.
     pub(super) fn get_now(&self, key: &Bytes) -> Option<Option<Bytes>> {
         let handler = &self.handler;
-        if key.len() > handler.limits().max_key_bytes as usize {
-            return None;
-        }
+        handler.limits().check_key(key).ok()?;
         let found = handler.replica().sm.get_local(key).ok()?;
         Some(found.map(|v| v.value))
     }
@@ -104,13 +102,8 @@ impl RespServer {
     /// reports it).
     pub(super) fn mget_now(&self, keys: &[Bytes]) -> Option<Vec<Option<Bytes>>> {
         let limits = self.handler.limits();
-        let fits = keys.len() <= limits.max_batch_keys as usize
-            && keys
-                .iter()
-                .all(|k| k.len() <= limits.max_key_bytes as usize);
-        if !fits {
-            return None;
-        }
+        limits.check_batch(keys.len()).ok()?;
+        keys.iter().try_for_each(|key| limits.check_key(key)).ok()?;
         let replica = self.handler.replica();
         let values = read::local_values(replica, keys, limits.max_frame_bytes).ok()?;
         Some(values.into_iter().map(|v| v.map(|v| v.value)).collect())
