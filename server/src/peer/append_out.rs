@@ -50,6 +50,9 @@ struct Outbound<'s, S> {
     /// Longest the oldest append waits for its answer.
     timeout: Duration,
     finished: bool,
+    /// `rdkv_peer_append_round_trip_seconds` of this follower, looked up
+    /// once per stream rather than once per answer.
+    round_trip: metrics::Histogram,
 }
 
 /// Opens the pipelined stream of `input`'s appends to `peer`'s node.
@@ -63,6 +66,7 @@ where
 {
     Box::pin(async move {
         let conn = peer.open().await?;
+        let round_trip = metrics::histogram!("rdkv_peer_append_round_trip_seconds", "peer" => peer.target.to_string());
         let outbound = Outbound {
             peer,
             conn: Some(conn),
@@ -71,6 +75,7 @@ where
             in_flight: VecDeque::new(),
             timeout,
             finished: false,
+            round_trip,
         };
         let answers = futures::stream::unfold(outbound, |mut outbound| async move {
             let answer = outbound.next().await?;
@@ -188,8 +193,7 @@ where
                 Err(e) => Err(network(format!("decode from node {target}: {e}"))),
             }
         };
-        metrics::histogram!("rdkv_peer_append_round_trip_seconds", "peer" => target.to_string())
-            .record(sent.at.elapsed().as_secs_f64());
+        self.round_trip.record(sent.at.elapsed().as_secs_f64());
         let goes_on = matches!(&answer, Ok(Ok(matched)) if *matched == sent.last);
         self.finished = !goes_on;
         answer
