@@ -48,6 +48,19 @@ async fn metrics_count_every_operation_and_report_follower_lag() -> Result<()> {
         // TCP only: every GET is a request the server counts.
         let tcp = client(cluster, leader, Transport::Tcp)?;
         tcp.put("warm", "up").await?;
+        // The leader proposes the cluster's settings (hash seed, then
+        // quota) on its own after its election; the log must have them
+        // before the count below starts, or one lands among the writes.
+        eventually(
+            Duration::from_secs(15),
+            "the quota is applied",
+            async || {
+                let status = cluster.status_of(leader).await?;
+                ensure!(status.quota.quota_bytes.is_some(), "no quota applied yet");
+                Ok(())
+            },
+        )
+        .await?;
 
         let before = scrape(cluster, leader).await?;
         let before_follower = scrape(cluster, follower).await?;
