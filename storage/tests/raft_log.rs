@@ -573,3 +573,97 @@ async fn the_directory_is_locked_and_oversized_entries_are_refused() {
     let mut store = LogStore::open(dir.path(), options).unwrap();
     assert!(all_entries(&mut store).await.is_empty());
 }
+
+/// A Put of `bytes` value bytes at `index`.
+fn sized_entry(index: u64, bytes: usize) -> Entry {
+    Entry::new_normal(
+        lid(1, index),
+        Command::Put {
+            key: Bytes::from(format!("key-{index}")),
+            value: Bytes::from(vec![index as u8; bytes]),
+        },
+    )
+}
+
+#[tokio::test]
+async fn a_segment_takes_records_up_to_exactly_its_size() {
+    let written: Vec<Entry> = (1..=3).map(|i| sized_entry(i, 100 * i as usize)).collect();
+    // The three records' sizes, from a log whose segment holds them all.
+    let probe = closed_log(LogOptions::default(), written.clone()).await;
+    let offsets = record_offsets(&last_segment(probe.path()));
+    assert_eq!(offsets.len(), 3);
+    // The first two records fill the segment to the byte; the third one
+    // would take it over by its whole size.
+    let exact = LogOptions {
+        segment_size: offsets[2],
+        ..small_segments()
+    };
+    for one_append in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = LogStore::open(dir.path(), exact.clone()).unwrap();
+        if one_append {
+            append(&mut store, written.clone()).await.unwrap();
+        } else {
+            for e in &written {
+                append(&mut store, vec![e.clone()]).await.unwrap();
+            }
+        }
+        let segs = segment_files(dir.path());
+        let firsts: Vec<u64> = segs.iter().map(|(first, _)| *first).collect();
+        assert_eq!(firsts, [1, 3], "one append: {one_append}");
+        assert_eq!(file_len(&segs[0].1), exact.segment_size);
+        assert_entries(&all_entries(&mut store).await, &written);
+    }
+}
+
+#[tokio::test]
+async fn an_oversized_entry_goes_into_an_empty_last_segment() {
+    let options = LogOptions {
+        segment_size: 1024,
+        ..small_segments()
+    };
+    let written: Vec<Entry> = (1..=3).map(|i| sized_entry(i, 3000)).collect();
+    let dir = closed_log(options.clone(), written.clone()).await;
+    // Each oversized record has a segment of its own. Cut the last one back
+    // to its header, as a crash right after the record's write can leave it.
+    let segs = segment_files(dir.path());
+    assert_eq!(segs.len(), 3);
+    let offsets = record_offsets(&segs[2].1);
+    OpenOptions::new()
+        .write(true)
+        .open(&segs[2].1)
+        .unwrap()
+        .set_len(offsets[0])
+        .unwrap();
+    let mut store = reopen(dir.path(), options, &written[..2]).await;
+    // The entry that replaces it goes into that empty segment: no new one.
+    append(&mut store, vec![sized_entry(3, 5000)]).await.unwrap();
+    assert_eq!(segment_files(dir.path()).len(), 3);
+    assert_eq!(store.stats().last_index, Some(3));
+}
+
+#[tokio::test]
+async fn a_leftover_temporary_file_that_cannot_be_removed_fails_open() {
+    let dir = closed_log(LogOptions::default(), entries(1, 0..3)).await;
+    // A directory where the vote's temporary file would be: removing it
+    // fails with something other than "not found", which must not be ignored.
+    fs::create_dir_all(dir.path().join("vote.tmp").join("inside")).unwrap();
+    let err = LogStore::open(dir.path(), LogOptions::default()).err();
+    assert!(matches!(err, Some(LogError::Io { .. })), "{err:?}");
+    fs::remove_dir_all(dir.path().join("vote.tmp")).unwrap();
+    reopen(dir.path(), LogOptions::default(), &entries(1, 0..3)).await;
+}
+
+#[tokio::test]
+async fn an_injected_fsync_delay_delays_the_acknowledgement() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+    let delay = std::time::Duration::from_millis(300);
+    store.set_fsync_delay(delay);
+    // A lower bound only: the delay is a sleep, which never ends early.
+    let started = std::time::Instant::now();
+    append(&mut store, entries(1, 0..2)).await.unwrap();
+    assert!(started.elapsed() >= delay, "{:?}", started.elapsed());
+    store.set_fsync_delay(std::time::Duration::ZERO);
+    append(&mut store, entries(1, 2..4)).await.unwrap();
+}

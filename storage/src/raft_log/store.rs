@@ -292,10 +292,6 @@ impl LogStore {
         &self.shared.dir
     }
 
-    pub fn options(&self) -> &LogOptions {
-        &self.shared.options
-    }
-
     /// Failpoint for fault tests: every segment fsync from now on takes at
     /// least `delay` longer (zero removes the delay), as on a slow disk.
     pub fn set_fsync_delay(&self, delay: std::time::Duration) {
@@ -625,6 +621,17 @@ impl Shared {
 
     /// The entries present in `[start, end)`.
     pub(crate) fn read(&self, start: u64, end: u64) -> Result<Vec<Entry>, LogError> {
+        self.read_around(start, end, || {})
+    }
+
+    /// `read`, with `meanwhile` run after the files are read and before the
+    /// result is checked against truncations: tests truncate there.
+    fn read_around(
+        &self,
+        start: u64,
+        end: u64,
+        meanwhile: impl FnOnce(),
+    ) -> Result<Vec<Entry>, LogError> {
         let (plan, generation) = {
             let inner = self.lock()?;
             (self.plan(&inner, start, end)?, inner.generation)
@@ -635,6 +642,7 @@ impl Shared {
         // Read the files without holding the lock, then check that no
         // truncation rewrote them meanwhile; if one did, read again under it.
         let result = self.fetch(plan);
+        meanwhile();
         let inner = self.lock()?;
         if inner.generation == generation {
             return result;
@@ -1219,5 +1227,96 @@ mod tests {
                 assert_cache(&inner, budget, model.cached);
             }
         }
+    }
+
+    // ------------------------------------------------------------ the store
+
+    fn open_log(dir: &Path, segment_size: u64) -> LogStore {
+        let options = LogOptions {
+            segment_size,
+            cache_bytes: 0,
+            ..LogOptions::default()
+        };
+        LogStore::open(dir, options).unwrap()
+    }
+
+    fn blank(term: u64, index: u64) -> Entry {
+        Entry::new_blank(openraft::testing::log_id::<TypeConfig>(term, 1, index))
+    }
+
+    fn append_blank(shared: &Shared, term: u64, indexes: std::ops::Range<u64>) {
+        let entries = indexes.map(|i| blank(term, i)).collect();
+        shared.append(entries, IOFlushed::noop()).unwrap();
+    }
+
+    /// (index, term) of each entry.
+    fn ids(entries: &[Entry]) -> Vec<(u64, u64)> {
+        let id = |e: &Entry| (e.log_id.index, e.log_id.leader_id.term);
+        entries.iter().map(id).collect()
+    }
+
+    #[test]
+    fn after_a_failed_fsync_every_write_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_log(dir.path(), DEFAULT_SEGMENT_SIZE);
+        let shared = &store.shared;
+        append_blank(shared, 1, 1..4);
+        // Linux may drop the dirty pages of a failed fsync: nothing written
+        // after it can be trusted to reach the disk (fsyncgate).
+        shared
+            .flusher
+            .poison(&io::Error::other("injected fsync failure"));
+        let writes = [
+            shared.append(vec![blank(1, 4)], IOFlushed::noop()),
+            shared.truncate_after(Some(lid(2))),
+            shared.purge(lid(1)),
+        ];
+        for result in writes {
+            assert!(matches!(result, Err(LogError::SyncFailed(_))), "{result:?}");
+        }
+        assert_eq!(ids(&shared.read(0, 10).unwrap()), [(1, 1), (2, 1), (3, 1)]);
+    }
+
+    #[test]
+    fn a_read_that_races_a_truncation_answers_from_the_rewritten_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_log(dir.path(), DEFAULT_SEGMENT_SIZE);
+        let shared = &store.shared;
+        append_blank(shared, 1, 1..6);
+        // A new leader's entries replace 4 and 5 after the read fetched the
+        // old ones from the file.
+        let read = shared
+            .read_around(1, 6, || {
+                shared.truncate_after(Some(lid(3))).unwrap();
+                append_blank(shared, 2, 4..6);
+            })
+            .unwrap();
+        assert_eq!(ids(&read), [(1, 1), (2, 1), (3, 1), (4, 2), (5, 2)]);
+    }
+
+    #[test]
+    fn a_truncation_stopped_midway_indexes_no_entry_of_a_removed_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_log(dir.path(), 160);
+        let shared = &store.shared;
+        append_blank(shared, 1, 1..40);
+        let firsts: Vec<u64> = shared.lock().unwrap().segments.keys().copied().collect();
+        assert!(firsts.len() >= 3 && firsts[1] > 2, "segments {firsts:?}");
+        let newest = firsts[firsts.len() - 1];
+        // The second newest segment's file cannot be removed (a directory
+        // stands in its place): removal fails with something other than
+        // "not found", after the newest segment is already gone.
+        let blocked = shared.segment_path(firsts[firsts.len() - 2]);
+        fs::remove_file(&blocked).unwrap();
+        fs::create_dir(&blocked).unwrap();
+        let result = shared.truncate_after(Some(lid(1)));
+        assert!(matches!(result, Err(LogError::Io { .. })), "{result:?}");
+        assert_eq!(shared.stats().last_index, Some(newest - 1));
+        // With the obstacle gone, the file is missing: the truncation
+        // completes, as it must after a crash between unlink and index.
+        fs::remove_dir(&blocked).unwrap();
+        shared.truncate_after(Some(lid(1))).unwrap();
+        assert_eq!(shared.stats().last_index, Some(1));
+        assert_eq!(ids(&shared.read(0, 50).unwrap()), [(1, 1)]);
     }
 }
