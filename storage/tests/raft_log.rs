@@ -637,7 +637,9 @@ async fn an_oversized_entry_goes_into_an_empty_last_segment() {
         .unwrap();
     let mut store = reopen(dir.path(), options, &written[..2]).await;
     // The entry that replaces it goes into that empty segment: no new one.
-    append(&mut store, vec![sized_entry(3, 5000)]).await.unwrap();
+    append(&mut store, vec![sized_entry(3, 5000)])
+        .await
+        .unwrap();
     assert_eq!(segment_files(dir.path()).len(), 3);
     assert_eq!(store.stats().last_index, Some(3));
 }

@@ -337,3 +337,120 @@ async fn the_token_is_required_on_the_resp_port() -> Result<()> {
     })
     .await
 }
+
+/// Reads replies until `expected_len` bytes have arrived (the connection
+/// stays open).
+fn raw_request(stream: &mut TcpStream, bytes: &[u8], expected_len: usize) -> Result<Vec<u8>> {
+    stream.write_all(bytes)?;
+    let mut out = vec![0u8; expected_len];
+    stream
+        .read_exact(&mut out)
+        .context("fewer reply bytes than expected")?;
+    Ok(out)
+}
+
+/// HELLO 3 switches the connection to RESP3 after AUTH and SETNAME, and
+/// RESET switches it back (and logs it out); byte for byte.
+fn hello_switches_the_protocol(addr: SocketAddr) -> Result<()> {
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    // Refused HELLOs change nothing: an unknown version, a wrong password.
+    let refused = b"-NOPROTO unsupported protocol version\r\n\
+        -WRONGPASS invalid username-password pair or user is disabled.\r\n\
+        -NOAUTH Authentication required.\r\n";
+    let out = raw_request(
+        &mut stream,
+        b"HELLO 4\r\nHELLO 3 AUTH default wrong\r\nGET k\r\n",
+        refused.len(),
+    )?;
+    ensure!(out == refused, "{}", String::from_utf8_lossy(&out));
+    let hello = b"HELLO 3 AUTH default s3cret SETNAME app\r\n";
+    let head = b"%7\r\n$6\r\nserver\r\n$4\r\nrdkv\r\n";
+    let out = raw_request(&mut stream, hello, head.len())?;
+    ensure!(out == head, "{}", String::from_utf8_lossy(&out));
+    // The rest of the map, then RESP3 nulls; RESET answers in RESP3 and
+    // the next command in RESP2.
+    let mut rest = Vec::new();
+    stream.write_all(
+        b"GET missing\r\nMGET missing\r\nCLIENT GETNAME\r\nRESET\r\nGET k\r\nHELLO\r\nQUIT\r\n",
+    )?;
+    stream.read_to_end(&mut rest)?;
+    let text = String::from_utf8_lossy(&rest);
+    let tail = "_\r\n*1\r\n_\r\n$3\r\napp\r\n+RESET\r\n-NOAUTH Authentication required.\r\n";
+    ensure!(
+        text.contains("$5\r\nproto\r\n:3\r\n") && text.contains("$7\r\nmodules\r\n*0\r\n"),
+        "{text}"
+    );
+    ensure!(
+        text.contains(tail) && text.ends_with("+OK\r\n"),
+        "RESP3 replies after HELLO: {text}"
+    );
+    Ok(())
+}
+
+/// The `redis` crate over RESP3 (its `protocol=resp3`): nulls, maps and
+/// verbatim strings decode, and the connection's name and protocol show
+/// in CLIENT LIST.
+fn resp3_client_through_every_node(addrs: &[SocketAddr]) -> Result<()> {
+    for (i, addr) in addrs.iter().enumerate() {
+        let url = format!("redis://:{TOKEN}@{addr}/?protocol=resp3");
+        let client = redis::Client::open(url)?;
+        let mut con = client.get_connection_with_timeout(Duration::from_secs(10))?;
+        con.set_read_timeout(Some(Duration::from_secs(15)))?;
+        let key = format!("resp3-{i}");
+        let _: () = query(&mut con, &["SET", &key, "v"])?;
+        let got: Vec<Option<String>> = query(&mut con, &["MGET", &key, "resp3-none"])?;
+        ensure!(got == vec![Some("v".into()), None], "{got:?}");
+        let name = format!("worker-{i}");
+        let _: () = query(&mut con, &["CLIENT", "SETNAME", &name])?;
+        let got: Option<String> = query(&mut con, &["CLIENT", "GETNAME"])?;
+        ensure!(got.as_deref() == Some(name.as_str()), "{got:?}");
+        let list = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query::<redis::Value>(&mut con)?;
+        let redis::Value::VerbatimString { text, .. } = &list else {
+            anyhow::bail!("CLIENT LIST is not a verbatim string in RESP3: {list:?}");
+        };
+        let line = text
+            .lines()
+            .find(|l| l.contains(&format!(" name={name} ")))
+            .with_context(|| format!("{name} not in CLIENT LIST: {text}"))?;
+        ensure!(line.contains(" resp=3 "), "{line}");
+        let config: std::collections::HashMap<String, String> =
+            query(&mut con, &["CONFIG", "GET", "appendonly"])?;
+        ensure!(config.get("appendonly").map(String::as_str) == Some("no"));
+        let info = redis::cmd("INFO")
+            .arg("server")
+            .query::<redis::Value>(&mut con)?;
+        ensure!(
+            matches!(info, redis::Value::VerbatimString { .. }),
+            "{info:?}"
+        );
+        let (a, b): (i64, Option<String>) = redis::pipe()
+            .cmd("INCR")
+            .arg(format!("resp3-counter-{i}"))
+            .cmd("GET")
+            .arg("resp3-none")
+            .query(&mut con)?;
+        ensure!(a == 1 && b.is_none(), "{a} {b:?}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resp3_clients_negotiate_with_hello_through_every_node() -> Result<()> {
+    let mut cluster = Cluster::start_with(3, &["--token", TOKEN])?;
+    check(&mut cluster, TEST_LIMIT, async |cluster| {
+        let client = cluster.client_with(Intent::Any, client_options(Some(TOKEN)))?;
+        rdkv_tests::eventually(Duration::from_secs(20), "a leader", async || {
+            Ok(client.ping().await?)
+        })
+        .await?;
+        let addrs = resp_addrs(cluster);
+        let first = addrs[0];
+        tokio::task::spawn_blocking(move || hello_switches_the_protocol(first)).await??;
+        tokio::task::spawn_blocking(move || resp3_client_through_every_node(&addrs)).await??;
+        Ok(())
+    })
+    .await
+}

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use rdkv_proto::wire::{Request, Response, Role, SetCondition, Update, UpdateOutcome};
 
 use super::RespServer;
-use super::reply::Reply;
+use super::reply::{Protocol, Reply};
 use super::session::Session;
 use super::store::unexpected;
 
@@ -300,28 +300,24 @@ pub fn info(session: &mut Session<'_>, args: &[Bytes]) -> Reply {
             server.handler.replica().live_keys()
         ));
     }
-    Reply::bulk(text)
+    Reply::Verbatim(text)
 }
 
-/// The HELLO reply's map (RESP2: a flat array of names and values).
-pub fn hello_reply(server: &RespServer) -> Reply {
+/// The HELLO reply: the server, and the connection's id and protocol.
+pub fn hello_reply(server: &RespServer, client_id: u64, protocol: Protocol) -> Reply {
     let status = server.handler.status();
     let s = |text: &str| Reply::bulk(Bytes::copy_from_slice(text.as_bytes()));
-    Reply::Array(vec![
-        s("server"),
-        s("rdkv"),
-        s("version"),
-        s(env!("CARGO_PKG_VERSION")),
-        s("proto"),
-        Reply::Integer(2),
-        s("id"),
-        Reply::Integer(status.id as i64),
-        s("mode"),
-        s("standalone"),
-        s("role"),
-        s(redis_role(status.role, "replica")),
-        s("modules"),
-        Reply::Array(Vec::new()),
+    Reply::Map(vec![
+        (s("server"), s("rdkv")),
+        (s("version"), s(env!("CARGO_PKG_VERSION"))),
+        (s("proto"), Reply::Integer(protocol.version())),
+        (
+            s("id"),
+            Reply::Integer(i64::try_from(client_id).unwrap_or(i64::MAX)),
+        ),
+        (s("mode"), s("standalone")),
+        (s("role"), s(redis_role(status.role, "replica"))),
+        (s("modules"), Reply::Array(Vec::new())),
     ])
 }
 
@@ -334,12 +330,11 @@ pub fn config(args: &[Bytes]) -> Reply {
             for pattern in &args[1..] {
                 for (name, value) in settings {
                     if glob_match(pattern, name.as_bytes()) {
-                        out.push(Reply::bulk(name.to_owned()));
-                        out.push(Reply::bulk(value.to_owned()));
+                        out.push((Reply::bulk(name.to_owned()), Reply::bulk(value.to_owned())));
                     }
                 }
             }
-            Reply::Array(out)
+            Reply::Map(out)
         }
         "GET" => Reply::wrong_arity("config|get"),
         other => Reply::err(format!("CONFIG {other} is not supported by rdkv")),
@@ -384,12 +379,12 @@ mod tests {
         let reply = config(&[Bytes::from("GET"), Bytes::from("save")]);
         assert_eq!(
             reply,
-            Reply::Array(vec![Reply::bulk("save"), Reply::bulk("")])
+            Reply::Map(vec![(Reply::bulk("save"), Reply::bulk(""))])
         );
         let reply = config(&[Bytes::from("get"), Bytes::from("appendonly")]);
         assert_eq!(
             reply,
-            Reply::Array(vec![Reply::bulk("appendonly"), Reply::bulk("no")])
+            Reply::Map(vec![(Reply::bulk("appendonly"), Reply::bulk("no"))])
         );
     }
 }

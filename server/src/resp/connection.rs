@@ -22,6 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::OwnedWriteHalf;
 
+use super::clients::ClientInfo;
 use super::parse::{ParseLimits, ProtocolError, next_command};
 use super::reply::Reply;
 use super::session::{Session, Step};
@@ -72,14 +73,17 @@ struct Pipeline<'a> {
     output: BytesMut,
 }
 
-pub async fn serve(stream: TcpStream, server: &RespServer) -> Result<()> {
+pub async fn serve(stream: TcpStream, peer: String, server: &RespServer) -> Result<()> {
     let _ = stream.set_nodelay(true);
+    let local = stream
+        .local_addr()
+        .map_or_else(|_| String::from("?"), |a| a.to_string());
     let (mut read, write) = stream.into_split();
     let _open = server.handler.stats().connection(Via::Resp);
     let mut input = BytesMut::with_capacity(READ_CHUNK_BYTES);
     let mut pipeline = Pipeline {
         server,
-        session: Session::new(server),
+        session: Session::new(server, ClientInfo::new(peer, local)),
         order: KeyOrder::default(),
         running: FuturesOrdered::new(),
         held_bytes: 0,
@@ -96,7 +100,8 @@ pub async fn serve(stream: TcpStream, server: &RespServer) -> Result<()> {
                 // The stream cannot be resynchronised: answer what was
                 // read, say why, then close.
                 pipeline.finish_all().await?;
-                Reply::err(format!("Protocol error: {e}")).encode(&mut pipeline.output);
+                let protocol = pipeline.session.protocol();
+                Reply::err(format!("Protocol error: {e}")).encode(protocol, &mut pipeline.output);
                 pipeline.flush().await?;
                 anyhow::bail!("protocol error: {e}");
             }
@@ -299,7 +304,7 @@ impl<'a> Pipeline<'a> {
         if self.closed {
             return Ok(());
         }
-        reply.encode(&mut self.output);
+        reply.encode(self.session.protocol(), &mut self.output);
         self.closed = close;
         if self.output.len() >= FLUSH_BYTES {
             self.flush().await?;

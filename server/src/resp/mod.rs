@@ -1,12 +1,13 @@
 //! The RESP (Redis protocol) front end: `redis-cli`, `redis-benchmark` and
 //! Redis client libraries talk to rdkv through it (`--resp-listen`).
 //!
-//! - [`parse`]: RESP2 requests (arrays of bulk strings, inline commands),
-//!   bounded before anything is allocated.
-//! - [`reply`]: RESP2 replies.
+//! - [`parse`]: requests (arrays of bulk strings, inline commands), bounded
+//!   before anything is allocated.
+//! - [`reply`]: replies, in RESP2 or RESP3 (chosen per connection by HELLO).
 //! - `table`: one row per command (name, arity, flags, key positions,
 //!   handler); dispatch and the `COMMAND` reply are read from it.
 //! - `session`: one connection's state; runs a command by its row.
+//! - `clients`: the open connections (CLIENT LIST); `client_command`: CLIENT.
 //! - `commands`: what each Redis command does.
 //! - `store`: the native requests behind them, served by the [`Handler`]
 //!   here or forwarded to the leader (`forward`).
@@ -24,6 +25,8 @@
 //! commands (INCR, APPEND, SETNX, SET NX/XX/GET, GETSET) are
 //! `Request::Update`s, decided and applied inside the state machine.
 
+mod client_command;
+mod clients;
 mod commands;
 mod connection;
 mod forward;
@@ -40,6 +43,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::service::Handler;
+use clients::Clients;
 use forward::Forwarder;
 use parse::ParseLimits;
 
@@ -53,6 +57,7 @@ pub struct RespServer {
     limits: ParseLimits,
     consistency: Consistency,
     forwarder: Forwarder,
+    clients: Clients,
     port: u16,
 }
 
@@ -67,6 +72,7 @@ impl RespServer {
         RespServer {
             limits: ParseLimits::for_values(limits.max_value_bytes, limits.max_batch_keys),
             forwarder: Forwarder::new(token),
+            clients: Clients::default(),
             handler,
             consistency,
             port,
@@ -79,9 +85,9 @@ pub async fn serve_resp(
     server: Arc<RespServer>,
     shutdown: watch::Receiver<bool>,
 ) {
-    crate::accept::accept_until(listener, "resp", shutdown, |stream, _| {
+    crate::accept::accept_until(listener, "resp", shutdown, |stream, peer| {
         let server = Arc::clone(&server);
-        async move { connection::serve(stream, &server).await }
+        async move { connection::serve(stream, peer, &server).await }
     })
     .await;
 }

@@ -1,4 +1,6 @@
-//! RESP2 replies.
+//! Replies, encoded in the protocol the connection chose (HELLO): RESP2, or
+//! RESP3 with its own types where Redis 7 uses them (maps, null, verbatim
+//! strings); in RESP2 those fall back to what Redis sends there.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
@@ -12,9 +14,31 @@ pub enum Reply {
     Error(String),
     Integer(i64),
     Bulk(Bytes),
-    /// `$-1`
+    /// RESP2 `$-1`, RESP3 `_`.
     Null,
     Array(Vec<Reply>),
+    /// RESP3 `%`; RESP2: a flat array of keys and values.
+    Map(Vec<(Reply, Reply)>),
+    /// RESP3 `=` with the `txt` format (INFO, CLIENT INFO/LIST); RESP2: a
+    /// bulk string.
+    Verbatim(String),
+}
+
+/// The protocol a connection speaks: RESP2 until `HELLO 3`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Protocol {
+    #[default]
+    Resp2,
+    Resp3,
+}
+
+impl Protocol {
+    pub fn version(self) -> i64 {
+        match self {
+            Protocol::Resp2 => 2,
+            Protocol::Resp3 => 3,
+        }
+    }
 }
 
 impl Reply {
@@ -50,27 +74,52 @@ impl Reply {
         matches!(self, Reply::Error(_))
     }
 
-    /// Appends the encoded reply to `out`.
-    pub fn encode(&self, out: &mut BytesMut) {
+    /// Appends the reply, encoded in `protocol`, to `out`.
+    pub fn encode(&self, protocol: Protocol, out: &mut BytesMut) {
         match self {
             Reply::Simple(s) => line(out, b'+', s.as_bytes()),
             Reply::Status(s) => line(out, b'+', &sanitize(s)),
             Reply::Error(s) => line(out, b'-', &sanitize(s)),
             Reply::Integer(n) => line(out, b':', n.to_string().as_bytes()),
-            Reply::Bulk(data) => {
-                line(out, b'$', data.len().to_string().as_bytes());
-                out.put_slice(data);
-                out.put_slice(b"\r\n");
-            }
-            Reply::Null => out.put_slice(b"$-1\r\n"),
+            Reply::Bulk(data) => blob(out, b'$', &[data]),
+            Reply::Null => match protocol {
+                Protocol::Resp2 => out.put_slice(b"$-1\r\n"),
+                Protocol::Resp3 => out.put_slice(b"_\r\n"),
+            },
             Reply::Array(items) => {
                 line(out, b'*', items.len().to_string().as_bytes());
                 for item in items {
-                    item.encode(out);
+                    item.encode(protocol, out);
                 }
             }
+            Reply::Map(pairs) => {
+                let (kind, count) = match protocol {
+                    Protocol::Resp2 => (b'*', pairs.len() * 2),
+                    Protocol::Resp3 => (b'%', pairs.len()),
+                };
+                line(out, kind, count.to_string().as_bytes());
+                for (key, value) in pairs {
+                    key.encode(protocol, out);
+                    value.encode(protocol, out);
+                }
+            }
+            Reply::Verbatim(text) => match protocol {
+                Protocol::Resp2 => blob(out, b'$', &[text.as_bytes()]),
+                Protocol::Resp3 => blob(out, b'=', &[b"txt:", text.as_bytes()]),
+            },
         }
     }
+}
+
+/// A length-prefixed string made of `parts`.
+fn blob(out: &mut BytesMut, kind: u8, parts: &[&[u8]]) {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    line(out, kind, len.to_string().as_bytes());
+    out.reserve(len + 2);
+    for part in parts {
+        out.put_slice(part);
+    }
+    out.put_slice(b"\r\n");
 }
 
 fn line(out: &mut BytesMut, kind: u8, text: &[u8]) {
@@ -92,8 +141,12 @@ mod tests {
     use super::*;
 
     fn encoded(reply: &Reply) -> Vec<u8> {
+        encoded_in(Protocol::Resp2, reply)
+    }
+
+    fn encoded_in(protocol: Protocol, reply: &Reply) -> Vec<u8> {
         let mut out = BytesMut::new();
-        reply.encode(&mut out);
+        reply.encode(protocol, &mut out);
         out.to_vec()
     }
 
@@ -119,5 +172,28 @@ mod tests {
             encoded(&Reply::wrong_arity("GET")),
             b"-ERR wrong number of arguments for 'get' command\r\n"
         );
+    }
+
+    #[test]
+    fn resp3_types_fall_back_to_what_redis_sends_in_resp2() {
+        let map = Reply::Map(vec![
+            (Reply::bulk("proto"), Reply::Integer(3)),
+            (Reply::bulk("name"), Reply::Null),
+        ]);
+        assert_eq!(
+            encoded_in(Protocol::Resp3, &map),
+            b"%2\r\n$5\r\nproto\r\n:3\r\n$4\r\nname\r\n_\r\n"
+        );
+        assert_eq!(
+            encoded_in(Protocol::Resp2, &map),
+            b"*4\r\n$5\r\nproto\r\n:3\r\n$4\r\nname\r\n$-1\r\n"
+        );
+        let info = Reply::Verbatim("a:1\r\n".into());
+        assert_eq!(encoded_in(Protocol::Resp3, &info), b"=9\r\ntxt:a:1\r\n\r\n");
+        assert_eq!(encoded_in(Protocol::Resp2, &info), b"$5\r\na:1\r\n\r\n");
+        // Nested nulls follow the connection's protocol too.
+        let nested = Reply::Array(vec![Reply::Null]);
+        assert_eq!(encoded_in(Protocol::Resp3, &nested), b"*1\r\n_\r\n");
+        assert_eq!(Protocol::default(), Protocol::Resp2);
     }
 }

@@ -1,12 +1,15 @@
-//! One connection's state (whether it has authenticated) and how it runs a
-//! command: looked up in the table, gated by AUTH, checked for arity, run.
+//! One connection's state (whether it has authenticated, its protocol, its
+//! name) and how it runs a command: looked up in the table, gated by AUTH,
+//! checked for arity, run. AUTH, HELLO and RESET are here; CLIENT is in
+//! `client_command`.
 
 use bytes::Bytes;
 use rdkv_proto::wire::tokens_match;
 
 use super::RespServer;
+use super::clients::{ClientInfo, Registered, valid_client_field};
 use super::commands::{hello_reply, integer_arg, upper};
-use super::reply::Reply;
+use super::reply::{Protocol, Reply};
 use super::table::{self, Run, Spec, StoreRun};
 use crate::telemetry::RequestStats;
 
@@ -44,18 +47,57 @@ impl Step {
 pub struct Session<'a> {
     server: &'a RespServer,
     authenticated: bool,
+    protocol: Protocol,
+    client: Registered<'a>,
 }
 
+/// What a HELLO asks for, checked before any of it is done.
+struct Hello<'b> {
+    protocol: Option<Protocol>,
+    auth: Option<[&'b Bytes; 2]>,
+    name: Option<&'b Bytes>,
+}
+
+const INVALID_NAME: &str =
+    "ERR Client names cannot contain spaces, newlines or special characters.";
+
 impl<'a> Session<'a> {
-    pub fn new(server: &'a RespServer) -> Session<'a> {
+    pub fn new(server: &'a RespServer, info: ClientInfo) -> Session<'a> {
         Session {
             authenticated: server.handler.replica().token().is_none(),
+            protocol: Protocol::Resp2,
+            client: server.clients.register(info),
             server,
         }
     }
 
     pub fn authenticated(&self) -> bool {
         self.authenticated
+    }
+
+    /// The protocol replies are encoded in from now on.
+    pub fn protocol(&self) -> Protocol {
+        self.protocol
+    }
+
+    pub fn client(&self) -> &Registered<'a> {
+        &self.client
+    }
+
+    /// Sets the connection's name (CLIENT SETNAME, HELLO SETNAME); an
+    /// empty name clears it.
+    pub fn set_name(&mut self, name: &[u8]) -> Result<(), Reply> {
+        if !valid_client_field(name) {
+            return Err(Reply::Error(INVALID_NAME.into()));
+        }
+        let name = String::from_utf8_lossy(name).into_owned();
+        self.client.update(|info| info.name = name);
+        Ok(())
+    }
+
+    fn set_protocol(&mut self, protocol: Protocol) {
+        self.protocol = protocol;
+        self.client.update(|info| info.protocol = protocol);
     }
 
     pub fn server(&self) -> &'a RespServer {
@@ -122,37 +164,83 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// HELLO [2 [AUTH user password] [SETNAME name]]: RESP2 only.
+    /// HELLO [protover [AUTH user password] [SETNAME name]]: every option
+    /// is checked before any is applied; the protocol changes only when
+    /// the whole command succeeds, and its reply is in the new protocol.
     pub fn hello(&mut self, args: &[Bytes]) -> Reply {
-        let mut rest = args;
-        if let Some((version, tail)) = rest.split_first() {
-            match integer_arg(version) {
-                Some(2) => {}
-                Some(_) => {
-                    return Reply::Error("NOPROTO unsupported protocol version".into());
-                }
-                None => {
-                    return Reply::err("Protocol version is not an integer or out of range");
-                }
-            }
-            rest = tail;
-        }
-        while let Some((option, tail)) = rest.split_first() {
-            match (upper(option).as_str(), tail) {
-                ("AUTH", [user, password, more @ ..]) => {
-                    let reply = self.auth(&[user.clone(), password.clone()]);
-                    if reply.is_error() {
-                        return reply;
-                    }
-                    rest = more;
-                }
-                ("SETNAME", [_, more @ ..]) => rest = more,
-                _ => return Reply::syntax(),
+        let hello = match parse_hello(args) {
+            Ok(hello) => hello,
+            Err(reply) => return reply,
+        };
+        if let Some([user, password]) = hello.auth {
+            let reply = self.auth(&[user.clone(), password.clone()]);
+            if reply.is_error() {
+                return reply;
             }
         }
         if !self.authenticated {
             return Reply::Error("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time".into());
         }
-        hello_reply(self.server)
+        if let Some(name) = hello.name
+            && let Err(reply) = self.set_name(name)
+        {
+            return reply;
+        }
+        if let Some(protocol) = hello.protocol {
+            self.set_protocol(protocol);
+        }
+        hello_reply(self.server, self.client.id(), self.protocol)
     }
+
+    /// RESET: the connection as it was when it opened (protocol 2, no
+    /// name, not authenticated when a token is set), Redis 6.2's command.
+    pub fn reset(&mut self, _: &[Bytes]) -> Reply {
+        self.authenticated = self.server.handler.replica().token().is_none();
+        self.set_protocol(Protocol::Resp2);
+        self.client.update(|info| info.name.clear());
+        Reply::Simple("RESET")
+    }
+}
+
+fn parse_hello(args: &[Bytes]) -> Result<Hello<'_>, Reply> {
+    let mut hello = Hello {
+        protocol: None,
+        auth: None,
+        name: None,
+    };
+    let Some((version, mut rest)) = args.split_first() else {
+        return Ok(hello);
+    };
+    hello.protocol = Some(match integer_arg(version) {
+        Some(2) => Protocol::Resp2,
+        Some(3) => Protocol::Resp3,
+        Some(_) => return Err(Reply::Error("NOPROTO unsupported protocol version".into())),
+        None => {
+            return Err(Reply::err(
+                "Protocol version is not an integer or out of range",
+            ));
+        }
+    });
+    while let Some((option, tail)) = rest.split_first() {
+        match (upper(option).as_str(), tail) {
+            ("AUTH", [user, password, more @ ..]) => {
+                hello.auth = Some([user, password]);
+                rest = more;
+            }
+            ("SETNAME", [name, more @ ..]) => {
+                if !valid_client_field(name) {
+                    return Err(Reply::Error(INVALID_NAME.into()));
+                }
+                hello.name = Some(name);
+                rest = more;
+            }
+            (other, _) => {
+                return Err(Reply::err(format!(
+                    "Syntax error in HELLO option '{}'",
+                    other.to_ascii_lowercase()
+                )));
+            }
+        }
+    }
+    Ok(hello)
 }

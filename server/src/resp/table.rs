@@ -9,6 +9,7 @@ use bytes::Bytes;
 use rdkv_proto::wire::Op;
 
 use super::RespServer;
+use super::client_command;
 use super::commands::{self, upper};
 use super::reply::Reply;
 use super::session::SessionRun;
@@ -208,6 +209,21 @@ pub static COMMANDS: &[Spec] = &[
         Run::Session(|session, args| session.auth(args)),
     )
     .before_auth(),
+    row(
+        "reset",
+        1,
+        &["fast", "stale"],
+        NONE,
+        Run::Session(|session, args| session.reset(args)),
+    )
+    .before_auth(),
+    row(
+        "client",
+        -2,
+        &["admin", "stale"],
+        NONE,
+        Run::Session(client_command::client),
+    ),
     row("get", 2, READ, ONE, store!(get)).answered_now(Op::Get, commands::get_now),
     row("set", -3, &["write"], ONE, store!(set)),
     row("setnx", 3, FAST_WRITE, ONE, store!(setnx)),
@@ -251,7 +267,7 @@ fn command(args: &[Bytes]) -> Reply {
                 .collect(),
         ),
         // Docs are optional for redis-cli: it falls back to no hints.
-        "DOCS" => Reply::Array(Vec::new()),
+        "DOCS" => Reply::Map(Vec::new()),
         other => Reply::err(format!("unknown subcommand '{other}'. Try COMMAND HELP.")),
     }
 }
