@@ -1,0 +1,94 @@
+"""Drives rdkv's RESP port with redis-py at its default settings (RESP3 in
+redis-py 8) or with `protocol=2`, through every node of a cluster.
+
+Usage: redis_py_check.py PROTOCOL TOKEN HOST:PORT [HOST:PORT ...]
+PROTOCOL is `default` or `2`. Exits non-zero with the first mismatch.
+Retries are off: a retried write could apply twice and hide a fault.
+"""
+
+import sys
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+
+def connect(address, token, protocol):
+    host, port = address.rsplit(":", 1)
+    options = dict(
+        host=host,
+        port=int(port),
+        password=token,
+        socket_timeout=15,
+        retry=Retry(NoBackoff(), 0),
+    )
+    if protocol != "default":
+        options["protocol"] = int(protocol)
+    return redis.Redis(**options)
+
+
+def expect(what, got, want):
+    if got != want:
+        raise AssertionError(f"{what}: got {got!r}, want {want!r}")
+
+
+def check_node(r, node, resp):
+    prefix = f"py{resp}-{node}-"
+    key = lambda name: prefix + name
+    expect("ping", r.ping(), True)
+    expect("set", r.set(key("a"), "1"), True)
+    expect("get", r.get(key("a")), b"1")
+    expect("get missing", r.get(key("none")), None)
+    expect("set nx on a present key", r.set(key("a"), "2", nx=True), None)
+    expect("setnx", r.setnx(key("b"), "x"), True)
+    expect("getset", r.getset(key("b"), "y"), b"x")
+    expect("mset", r.mset({key("c"): "3", key("d"): "4"}), True)
+    expect("mget", r.mget([key("c"), key("none"), key("d")]), [b"3", None, b"4"])
+    expect("exists", r.exists(key("a"), key("c"), key("none")), 2)
+    expect("incr", r.incr(key("n")), 1)
+    expect("incrby", r.incrby(key("n"), 41), 42)
+    expect("decr", r.decr(key("n")), 41)
+    expect("append", r.append(key("s"), "ab"), 2)
+    expect("strlen", r.strlen(key("s")), 2)
+    expect("delete", r.delete(key("a"), key("none")), 1)
+    pipe = r.pipeline(transaction=False)
+    for i in range(100):
+        pipe.incr(key("piped"))
+    pipe.get(key("piped"))
+    replies = pipe.execute()
+    expect("pipeline", replies, list(range(1, 101)) + [b"100"])
+    name = f"redis-py-{node}"
+    expect("client setname", r.client_setname(name), True)
+    expect("client getname", r.client_getname(), name)
+    expect("client id is a number", isinstance(r.client_id(), int), True)
+    info = r.client_info()
+    expect("client info name", info.get("name"), name)
+    expect("client info resp", str(info.get("resp")), str(resp))
+    expect("client info library", info.get("lib-name"), "redis-py")
+    mine = [c for c in r.client_list() if c.get("name") == name]
+    expect("client list has this connection", len(mine), 1)
+    server = r.info("server")
+    expect("info server", server.get("redis_mode"), "standalone")
+    expect("dbsize is a number", isinstance(r.dbsize(), int), True)
+    expect("config get", r.config_get("appendonly"), {"appendonly": "no"})
+
+
+def main():
+    protocol, token, ports = sys.argv[1], sys.argv[2], sys.argv[3:]
+    resp = 3 if protocol == "default" else int(protocol)
+    for node, port in enumerate(ports):
+        r = connect(port, token, protocol)
+        check_node(r, node, resp)
+        r.close()
+    # A wrong password is refused at connect with redis-py's own error.
+    try:
+        connect(ports[0], "wrong", protocol).ping()
+    except redis.exceptions.AuthenticationError:
+        pass
+    else:
+        raise AssertionError("a wrong password was accepted")
+    print(f"redis-py {redis.__version__} protocol {resp}: ok through {len(ports)} nodes")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+//! redis-py, the Python Redis client, against rdkv's RESP port as a user
+//! installs it today: redis-py 8 from PyPI (in a virtualenv this test
+//! creates), at its default settings (RESP3) and with `protocol=2`, through
+//! every node of a 3-node cluster with a token. The checks themselves are
+//! in `tests/python/redis_py_check.py`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use rdkv_tests::{Cluster, Intent, check, client_options};
+
+const TEST_LIMIT: Duration = Duration::from_secs(300);
+const TOKEN: &str = "s3cret";
+/// The redis-py this test installs: the major version users get today.
+const REDIS_PY: &str = "redis>=8,<9";
+
+fn venv_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("redis-py-venv")
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("python/redis_py_check.py")
+}
+
+fn run(command: &mut Command) -> Result<String> {
+    let output = command
+        .output()
+        .with_context(|| format!("running {command:?}"))?;
+    let text = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    ensure!(
+        output.status.success(),
+        "{command:?} failed ({}): {text}",
+        output.status
+    );
+    Ok(text)
+}
+
+/// The virtualenv's python with redis-py 8 installed, made on first use.
+fn python_with_redis_py() -> Result<PathBuf> {
+    let venv = venv_dir();
+    let python = venv.join("bin/python");
+    let installed = Command::new(&python)
+        .args([
+            "-c",
+            "import redis, sys; sys.exit(redis.__version__.split('.')[0] != '8')",
+        ])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !installed {
+        run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+        run(Command::new(venv.join("bin/pip")).args([
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            REDIS_PY,
+        ]))?;
+    }
+    Ok(python)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_py_8_works_at_its_defaults_and_with_resp2() -> Result<()> {
+    let python = match tokio::task::spawn_blocking(python_with_redis_py).await? {
+        Ok(python) => python,
+        Err(e) => {
+            rdkv_tests::skip::skip(
+                "redis_py_8_works_at_its_defaults_and_with_resp2",
+                &format!(
+                    "no python3 virtualenv with redis-py from PyPI ({e:#}); .ci/run installs python3-venv"
+                ),
+            );
+            return Ok(());
+        }
+    };
+    let mut cluster = Cluster::start_with(3, &["--token", TOKEN])?;
+    check(&mut cluster, TEST_LIMIT, async |cluster| {
+        let client = cluster.client_with(Intent::Any, client_options(Some(TOKEN)))?;
+        rdkv_tests::eventually(Duration::from_secs(20), "a leader", async || {
+            Ok(client.ping().await?)
+        })
+        .await?;
+        let addrs: Vec<String> = cluster
+            .nodes
+            .values()
+            .map(|n| n.resp_addr.to_string())
+            .collect();
+        for protocol in ["default", "2"] {
+            let mut command = Command::new(&python);
+            command.arg(script()).args([protocol, TOKEN]).args(&addrs);
+            let out = tokio::task::spawn_blocking(move || run(&mut command)).await??;
+            eprintln!("{}", out.trim());
+        }
+        Ok(())
+    })
+    .await
+}
