@@ -617,7 +617,7 @@ async fn a_segment_takes_records_up_to_exactly_its_size() {
 }
 
 #[tokio::test]
-async fn an_oversized_entry_goes_into_an_empty_last_segment() {
+async fn a_last_segment_cut_back_to_its_header_is_removed_at_open() {
     let options = LogOptions {
         segment_size: 1024,
         ..small_segments()
@@ -625,7 +625,7 @@ async fn an_oversized_entry_goes_into_an_empty_last_segment() {
     let written: Vec<Entry> = (1..=3).map(|i| sized_entry(i, 3000)).collect();
     let dir = closed_log(options.clone(), written.clone()).await;
     // Each oversized record has a segment of its own. Cut the last one back
-    // to its header, as a crash right after the record's write can leave it.
+    // to its header, as a crash right after the segment's roll can leave it.
     let segs = segment_files(dir.path());
     assert_eq!(segs.len(), 3);
     let offsets = record_offsets(&segs[2].1);
@@ -636,11 +636,17 @@ async fn an_oversized_entry_goes_into_an_empty_last_segment() {
         .set_len(offsets[0])
         .unwrap();
     let mut store = reopen(dir.path(), options, &written[..2]).await;
-    // The entry that replaces it goes into that empty segment: no new one.
+    assert_eq!(
+        segment_files(dir.path()).len(),
+        2,
+        "the empty segment stayed"
+    );
+    // The entry that replaces it starts a segment of the same name.
     append(&mut store, vec![sized_entry(3, 5000)])
         .await
         .unwrap();
-    assert_eq!(segment_files(dir.path()).len(), 3);
+    let firsts: Vec<u64> = segment_files(dir.path()).iter().map(|s| s.0).collect();
+    assert_eq!(firsts, [1, 2, 3]);
     assert_eq!(store.stats().last_index, Some(3));
 }
 
@@ -668,4 +674,21 @@ async fn an_injected_fsync_delay_delays_the_acknowledgement() {
     assert!(started.elapsed() >= delay, "{:?}", started.elapsed());
     store.set_fsync_delay(std::time::Duration::ZERO);
     append(&mut store, entries(1, 2..4)).await.unwrap();
+}
+
+#[test]
+fn a_zero_segment_size_or_record_size_is_refused_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    for (segment_size, max_record_size) in [(0, 1024), (4096, 0), (0, 0)] {
+        let options = LogOptions {
+            segment_size,
+            max_record_size,
+            ..LogOptions::default()
+        };
+        let err = LogStore::open(dir.path(), options).err();
+        assert!(
+            matches!(err, Some(LogError::InvalidOptions(_))),
+            "{segment_size}/{max_record_size}: {err:?}"
+        );
+    }
 }
