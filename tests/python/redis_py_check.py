@@ -57,6 +57,12 @@ def check_node(r, node, resp):
     pipe.get(key("piped"))
     replies = pipe.execute()
     expect("pipeline", replies, list(range(1, 101)) + [b"100"])
+    written = sorted(key(f"k{i:02}") for i in range(30))
+    r.mset({k: "v" for k in written})
+    expect("keys", sorted(k.decode() for k in r.keys(key("k*"))), written)
+    expect("scan_iter", sorted(k.decode() for k in r.scan_iter(match=key("k*"), count=4)), written)
+    expect("type", (r.type(written[0]), r.type(key("none"))), (b"string", b"none"))
+    expect("unlink", r.unlink(written[0], key("none")), 1)
     name = f"redis-py-{node}"
     expect("client setname", r.client_setname(name), True)
     expect("client getname", r.client_getname(), name)

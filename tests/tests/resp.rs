@@ -221,6 +221,8 @@ async fn redis_commands_work_through_every_node() -> Result<()> {
         tokio::task::spawn_blocking(move || errors_keep_the_connection_usable(&run)).await??;
         let run = addrs.clone();
         tokio::task::spawn_blocking(move || large_pipelines_are_answered_in_order(&run)).await??;
+        let run = addrs.clone();
+        tokio::task::spawn_blocking(move || keyspace_through_every_node(&run)).await??;
         // What RESP wrote, the native client reads.
         let client = cluster.client(Intent::Any)?;
         let value = client.get("piped").await?.context("piped is missing")?;
@@ -238,6 +240,63 @@ async fn redis_commands_work_through_every_node() -> Result<()> {
         Ok(())
     })
     .await
+}
+
+/// KEYS, SCAN (a whole iteration in small pages), TYPE and UNLINK, each
+/// through a different node than the writes.
+fn keyspace_through_every_node(addrs: &[SocketAddr]) -> Result<()> {
+    let mut cons = addrs
+        .iter()
+        .map(|a| connect(*a, None))
+        .collect::<Result<Vec<_>>>()?;
+    let written: Vec<String> = (0..25).map(|i| format!("ks:{i:02}")).collect();
+    let mut mset = redis::cmd("MSET");
+    for key in &written {
+        mset.arg(key).arg("v");
+    }
+    let _: () = mset.arg("ks-other").arg("v").query(&mut cons[0])?;
+    let keys: Vec<String> = query(&mut cons[1], &["KEYS", "ks:*"])?;
+    ensure!(keys == written, "KEYS ks:* {keys:?}");
+    let keys: Vec<String> = query(&mut cons[1], &["KEYS", "ks:0[0-4]"])?;
+    ensure!(keys == written[..5], "KEYS ks:0[0-4] {keys:?}");
+    // SCAN returns every key of the iteration once, whatever the page size.
+    let mut cursor = 0u64;
+    let mut scanned = Vec::new();
+    let mut pages = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg("ks:*")
+            .arg("COUNT")
+            .arg(7)
+            .query(&mut cons[2])?;
+        scanned.extend(keys);
+        pages += 1;
+        ensure!(pages < 1000, "SCAN does not end");
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    ensure!(scanned == written, "SCAN {scanned:?}");
+    let (_, keys): (u64, Vec<String>) = query(&mut cons[2], &["SCAN", "0", "TYPE", "hash"])?;
+    ensure!(keys.is_empty(), "SCAN TYPE hash {keys:?}");
+    for cursor in ["123456789", "abc"] {
+        let bad: redis::RedisResult<redis::Value> = query(&mut cons[2], &["SCAN", cursor]);
+        ensure!(bad.is_err(), "SCAN {cursor} accepted: {bad:?}");
+    }
+    let kind: String = query(&mut cons[0], &["TYPE", "ks:00"])?;
+    let none: String = query(&mut cons[0], &["TYPE", "ks-none"])?;
+    ensure!(
+        (kind.as_str(), none.as_str()) == ("string", "none"),
+        "TYPE {kind} {none}"
+    );
+    let unlinked: i64 = query(&mut cons[1], &["UNLINK", "ks:00", "ks:01", "ks-none"])?;
+    ensure!(unlinked == 2, "UNLINK {unlinked}");
+    let keys: Vec<String> = query(&mut cons[2], &["KEYS", "ks:0?"])?;
+    ensure!(keys == written[2..10], "KEYS after UNLINK {keys:?}");
+    Ok(())
 }
 
 fn flush_through_every_node(addrs: &[SocketAddr]) -> Result<()> {

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use rdkv_proto::wire::{Request, Response, Role, SetCondition, Update, UpdateOutcome};
 
 use super::RespServer;
+use super::glob::glob_match;
 use super::reply::{Protocol, Reply};
 use super::session::Session;
 use super::store::unexpected;
@@ -329,7 +330,7 @@ pub fn config(args: &[Bytes]) -> Reply {
             let mut out = Vec::new();
             for pattern in &args[1..] {
                 for (name, value) in settings {
-                    if glob_match(pattern, name.as_bytes()) {
+                    if glob_match(pattern, name.as_bytes(), true) {
                         out.push((Reply::bulk(name.to_owned()), Reply::bulk(value.to_owned())));
                     }
                 }
@@ -341,30 +342,9 @@ pub fn config(args: &[Bytes]) -> Reply {
     }
 }
 
-/// Redis-style glob with `*` and `?` only.
-fn glob_match(pattern: &[u8], text: &[u8]) -> bool {
-    match pattern.split_first() {
-        None => text.is_empty(),
-        Some((b'*', rest)) => (0..=text.len()).any(|i| glob_match(rest, &text[i..])),
-        Some((b'?', rest)) => !text.is_empty() && glob_match(rest, &text[1..]),
-        Some((c, rest)) => text
-            .split_first()
-            .is_some_and(|(t, tail)| t.eq_ignore_ascii_case(c) && glob_match(rest, tail)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn globs() {
-        assert!(glob_match(b"save", b"save"));
-        assert!(glob_match(b"*", b"appendonly"));
-        assert!(glob_match(b"app*", b"appendonly"));
-        assert!(glob_match(b"s?ve", b"SAVE"));
-        assert!(!glob_match(b"sav", b"save"));
-    }
 
     #[test]
     fn integer_arguments_are_canonical_decimals() {

@@ -8,6 +8,8 @@
 //!   handler); dispatch and the `COMMAND` reply are read from it.
 //! - `session`: one connection's state; runs a command by its row.
 //! - `clients`: the open connections (CLIENT LIST); `client_command`: CLIENT.
+//! - `keyspace`: KEYS, SCAN (cursors in `keyspace::Cursors`), TYPE; `glob`:
+//!   Redis's patterns.
 //! - `commands`: what each Redis command does.
 //! - `store`: the native requests behind them, served by the [`Handler`]
 //!   here or forwarded to the leader (`forward`).
@@ -30,6 +32,8 @@ mod clients;
 mod commands;
 mod connection;
 mod forward;
+mod glob;
+mod keyspace;
 pub mod parse;
 pub mod reply;
 mod session;
@@ -45,6 +49,7 @@ use tokio::sync::watch;
 use crate::service::Handler;
 use clients::Clients;
 use forward::Forwarder;
+use keyspace::Cursors;
 use parse::ParseLimits;
 
 /// Replies buffered before they are written even if more commands wait.
@@ -58,6 +63,7 @@ pub struct RespServer {
     consistency: Consistency,
     forwarder: Forwarder,
     clients: Clients,
+    cursors: Cursors,
     port: u16,
 }
 
@@ -73,6 +79,7 @@ impl RespServer {
             limits: ParseLimits::for_values(limits.max_value_bytes, limits.max_batch_keys),
             forwarder: Forwarder::new(token),
             clients: Clients::default(),
+            cursors: Cursors::default(),
             handler,
             consistency,
             port,

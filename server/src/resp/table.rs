@@ -11,6 +11,7 @@ use rdkv_proto::wire::Op;
 use super::RespServer;
 use super::client_command;
 use super::commands::{self, upper};
+use super::keyspace;
 use super::reply::Reply;
 use super::session::SessionRun;
 
@@ -170,8 +171,8 @@ impl Spec {
 
 /// A handler of `commands` served by the store.
 macro_rules! store {
-    ($handler:ident) => {
-        Run::Store(|server, args| Box::pin(commands::$handler(server, args)))
+    ($handler:path) => {
+        Run::Store(|server, args| Box::pin($handler(server, args)))
     };
 }
 
@@ -224,23 +225,27 @@ pub static COMMANDS: &[Spec] = &[
         NONE,
         Run::Session(client_command::client),
     ),
-    row("get", 2, READ, ONE, store!(get)).answered_now(Op::Get, commands::get_now),
-    row("set", -3, &["write"], ONE, store!(set)),
-    row("setnx", 3, FAST_WRITE, ONE, store!(setnx)),
-    row("getset", 3, FAST_WRITE, ONE, store!(getset)),
-    row("del", -2, &["write"], ALL, store!(del)),
-    row("exists", -2, READ, ALL, store!(exists)),
-    row("mget", -2, READ, ALL, store!(mget)).answered_now(Op::MGet, commands::mget_now),
-    row("mset", -3, &["write"], Keys::PAIRS, store!(mset)),
-    row("incr", 2, FAST_WRITE, ONE, store!(incr)),
-    row("incrby", 3, FAST_WRITE, ONE, store!(incrby)),
-    row("decr", 2, FAST_WRITE, ONE, store!(decr)),
-    row("decrby", 3, FAST_WRITE, ONE, store!(decrby)),
-    row("append", 3, FAST_WRITE, ONE, store!(append)),
-    row("strlen", 2, READ, ONE, store!(strlen)),
+    row("get", 2, READ, ONE, store!(commands::get)).answered_now(Op::Get, commands::get_now),
+    row("set", -3, &["write"], ONE, store!(commands::set)),
+    row("setnx", 3, FAST_WRITE, ONE, store!(commands::setnx)),
+    row("getset", 3, FAST_WRITE, ONE, store!(commands::getset)),
+    row("del", -2, &["write"], ALL, store!(commands::del)),
+    row("exists", -2, READ, ALL, store!(commands::exists)),
+    row("unlink", -2, FAST_WRITE, ALL, store!(commands::del)),
+    row("type", 2, READ, ONE, store!(keyspace::key_type)),
+    row("keys", 2, &["readonly"], NONE, store!(keyspace::keys)),
+    row("scan", -2, &["readonly"], NONE, store!(keyspace::scan)),
+    row("mget", -2, READ, ALL, store!(commands::mget)).answered_now(Op::MGet, commands::mget_now),
+    row("mset", -3, &["write"], Keys::PAIRS, store!(commands::mset)),
+    row("incr", 2, FAST_WRITE, ONE, store!(commands::incr)),
+    row("incrby", 3, FAST_WRITE, ONE, store!(commands::incrby)),
+    row("decr", 2, FAST_WRITE, ONE, store!(commands::decr)),
+    row("decrby", 3, FAST_WRITE, ONE, store!(commands::decrby)),
+    row("append", 3, FAST_WRITE, ONE, store!(commands::append)),
+    row("strlen", 2, READ, ONE, store!(commands::strlen)),
     row("dbsize", 1, READ, NONE, Run::Session(commands::dbsize)),
-    row("flushdb", -1, &["write"], NONE, store!(flush)),
-    row("flushall", -1, &["write"], NONE, store!(flush)),
+    row("flushdb", -1, &["write"], NONE, store!(commands::flush)),
+    row("flushall", -1, &["write"], NONE, store!(commands::flush)),
     row("info", -1, &["stale"], NONE, Run::Session(commands::info)),
     row("command", -1, &["stale"], NONE, Run::Pure(command)),
     row("config", -2, &["admin"], NONE, Run::Pure(commands::config)),
