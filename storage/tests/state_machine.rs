@@ -427,3 +427,70 @@ async fn replicas_at_one_index_have_one_digest() {
     .await;
     assert_ne!(whole.digest_now(), diverged.digest_now());
 }
+
+/// A transaction applies every op in one entry (one version for all) when
+/// each watched key still has the version given, and nothing otherwise.
+#[tokio::test]
+async fn a_transaction_applies_every_op_or_none_when_a_watched_key_changed() {
+    use rdkv_proto::wire::{TxnOp, Update};
+    let txn = |watch: Vec<(&str, Option<u64>)>, ops: Vec<TxnOp>| Command::Transaction {
+        watch: watch.into_iter().map(|(k, v)| (b(k), v)).collect(),
+        ops,
+    };
+    let entries = vec![
+        normal(1, put("a", "1")),
+        normal(
+            2,
+            txn(
+                vec![("a", Some(1)), ("never", None)],
+                vec![
+                    TxnOp::Put {
+                        key: b("b"),
+                        value: b("2"),
+                    },
+                    TxnOp::Update {
+                        key: b("n"),
+                        update: Update::Incr { delta: 1 },
+                    },
+                    TxnOp::Update {
+                        key: b("n"),
+                        update: Update::Incr { delta: 1 },
+                    },
+                    TxnOp::Delete { key: b("a") },
+                    TxnOp::Get { key: b("b") },
+                ],
+            ),
+        ),
+        // b is at version 2 now: the watch fails and nothing is written.
+        normal(
+            3,
+            txn(
+                vec![("b", Some(1))],
+                vec![TxnOp::Put {
+                    key: b("c"),
+                    value: b("3"),
+                }],
+            ),
+        ),
+        // a was deleted: watching it as absent passes.
+        normal(
+            4,
+            txn(
+                vec![("a", None)],
+                vec![TxnOp::Put {
+                    key: b("d"),
+                    value: b("4"),
+                }],
+            ),
+        ),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let mut sm = common::open(dir.path());
+    apply(&mut sm, entries).await;
+    assert_eq!(value_of(&sm, "a"), None);
+    assert_eq!(value_of(&sm, "b"), Some(("2".into(), 2)));
+    assert_eq!(value_of(&sm, "n"), Some(("2".into(), 2)));
+    assert_eq!(value_of(&sm, "c"), None);
+    assert_eq!(value_of(&sm, "d"), Some(("4".into(), 4)));
+    assert_eq!(sm.applied_index(), 4);
+}

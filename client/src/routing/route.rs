@@ -48,6 +48,7 @@ pub(crate) fn route_of(request: &Request) -> (Route, Idempotence) {
         | Request::Cas { .. }
         | Request::MPut { .. }
         | Request::Update { .. }
+        | Request::Transaction { .. }
         | Request::Clear
         | Request::AddMember { .. }
         | Request::PromoteMember { .. }

@@ -3,7 +3,7 @@
 use super::batch::HARD_MAX_BATCH_ENTRIES;
 use super::error::{LimitError, LimitsConfigError};
 use super::frame::DEFAULT_MAX_FRAME_BYTES;
-use super::message::Request;
+use super::message::{Request, TxnOp, Update};
 
 pub const DEFAULT_MAX_KEY_BYTES: u32 = 1024;
 pub const DEFAULT_MAX_VALUE_BYTES: u32 = 1024 * 1024;
@@ -100,6 +100,14 @@ impl Limits {
     }
 }
 
+fn check_update(limits: &Limits, key: &[u8], update: &Update) -> Result<(), LimitError> {
+    limits.check_key(key)?;
+    match update {
+        Update::Incr { .. } => Ok(()),
+        Update::Append { suffix: value } | Update::SetIf { value, .. } => limits.check_value(value),
+    }
+}
+
 impl Request {
     /// Checks every key, value and batch size against `limits`; the first violation
     /// wins. Batch size is checked before the entries so an oversized batch is
@@ -128,13 +136,18 @@ impl Request {
                     limits.check_value(value)
                 })
             }
-            Self::Update { key, update } => {
-                limits.check_key(key)?;
-                match update {
-                    super::message::Update::Incr { .. } => Ok(()),
-                    super::message::Update::Append { suffix: value }
-                    | super::message::Update::SetIf { value, .. } => limits.check_value(value),
-                }
+            Self::Update { key, update } => check_update(limits, key, update),
+            Self::Transaction { watch, ops } => {
+                limits.check_batch(watch.len().saturating_add(ops.len()))?;
+                watch.iter().try_for_each(|(key, _)| limits.check_key(key))?;
+                ops.iter().try_for_each(|op| match op {
+                    TxnOp::Get { key } | TxnOp::Delete { key } => limits.check_key(key),
+                    TxnOp::Put { key, value } => {
+                        limits.check_key(key)?;
+                        limits.check_value(value)
+                    }
+                    TxnOp::Update { key, update } => check_update(limits, key, update),
+                })
             }
             Self::Scan {
                 start_key,

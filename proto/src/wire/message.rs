@@ -130,6 +130,55 @@ pub enum Request {
     /// [`Response::Digests`] by any node: `rdkvctl check` compares members
     /// at an index they all passed.
     Digests,
+    /// Redis's MULTI/EXEC: `ops` applied in order as one log entry, nothing
+    /// of another entry between them, if every `watch`ed key still has the
+    /// version given (`None`: absent); answered with
+    /// [`Response::Transaction`]. An op that fails (a quota refusal, a
+    /// non-integer INCR) gets its error and the others still apply, as in
+    /// Redis: there is no rollback.
+    Transaction {
+        #[serde(deserialize_with = "bounded_vec")]
+        watch: Vec<(Bytes, Option<u64>)>,
+        #[serde(deserialize_with = "bounded_vec")]
+        ops: Vec<TxnOp>,
+    },
+}
+
+/// One command of a [`Request::Transaction`]. Append-only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TxnOp {
+    Get { key: Bytes },
+    Put { key: Bytes, value: Bytes },
+    Delete { key: Bytes },
+    Update { key: Bytes, update: Update },
+}
+
+impl TxnOp {
+    pub fn key(&self) -> &Bytes {
+        match self {
+            TxnOp::Get { key }
+            | TxnOp::Put { key, .. }
+            | TxnOp::Delete { key }
+            | TxnOp::Update { key, .. } => key,
+        }
+    }
+}
+
+/// What one [`TxnOp`] gave; its version is the transaction's. Append-only,
+/// and not a [`Response`]: a response nested in a response would let a
+/// frame nest without bound.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TxnResult {
+    /// `Get`: the value (`None`: absent).
+    Value(Option<Versioned>),
+    /// `Put`.
+    Written,
+    /// `Delete`: whether the key existed.
+    Deleted { existed: bool },
+    /// `Update`.
+    Updated(UpdateOutcome),
+    /// The op was refused (quota, limits); the other ops still applied.
+    Error(ErrorReply),
 }
 
 /// What a [`Request::Update`] does to its key. Append-only.
@@ -241,6 +290,15 @@ pub enum Response {
     RdmaRegion(RdmaRegionGrant),
     /// The answer to [`Request::Digests`]: oldest first.
     Digests(#[serde(deserialize_with = "bounded_vec")] Vec<StateDigestAt>),
+    /// The answer to [`Request::Transaction`], applied by the entry at
+    /// `version`: `aborted` when a watched key had changed (nothing was
+    /// applied, `results` is empty), else one result per op in order.
+    Transaction {
+        aborted: bool,
+        #[serde(deserialize_with = "bounded_vec")]
+        results: Vec<TxnResult>,
+        version: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -42,7 +42,7 @@ pub use limits::{
 };
 pub use message::{
     Consistency, ErrorCode, ErrorReply, LeaderHint, Request, Response, SetCondition, Update,
-    UpdateOutcome, Versioned,
+    TxnOp, TxnResult, UpdateOutcome, Versioned,
 };
 pub use op::Op;
 pub use rdma::{

@@ -28,11 +28,12 @@ pub enum Op {
     RdmaConnect,
     RdmaRegion,
     Digests,
+    Transaction,
 }
 
 impl Op {
     /// Every op, in a fixed order (indexes of per-op tables).
-    pub const ALL: [Op; 23] = [
+    pub const ALL: [Op; 24] = [
         Op::Get,
         Op::MGet,
         Op::Put,
@@ -56,6 +57,7 @@ impl Op {
         Op::RdmaConnect,
         Op::RdmaRegion,
         Op::Digests,
+        Op::Transaction,
     ];
 
     pub fn name(self) -> &'static str {
@@ -83,6 +85,7 @@ impl Op {
             Op::RdmaConnect => "rdma_connect",
             Op::RdmaRegion => "rdma_region",
             Op::Digests => "digests",
+            Op::Transaction => "transaction",
         }
     }
 
@@ -105,6 +108,7 @@ impl Op {
                 | Op::Update
                 | Op::Scan
                 | Op::Clear
+                | Op::Transaction
         )
     }
 }
@@ -135,6 +139,7 @@ impl Request {
             Request::RdmaConnect { .. } => Op::RdmaConnect,
             Request::RdmaRegion => Op::RdmaRegion,
             Request::Digests => Op::Digests,
+            Request::Transaction { .. } => Op::Transaction,
         }
     }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use rdkv_proto::region::charged_bytes;
-use rdkv_proto::wire::{ErrorReply, Update};
+use rdkv_proto::wire::{ErrorReply, TxnOp, Update};
 use rdkv_storage::raft::Command;
 use rdkv_storage::state_machine::no_space;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -80,6 +80,16 @@ impl Admission {
     }
 }
 
+/// The most an update may make its key's value: the current value's
+/// length is not known before apply.
+fn update_growth_bytes(update: &Update) -> usize {
+    match update {
+        Update::Incr { .. } => INCR_GROWTH_BYTES,
+        Update::Append { suffix } => suffix.len(),
+        Update::SetIf { value, .. } => value.len(),
+    }
+}
+
 /// The most `command` may add to the live pairs' charge (`None`: it only
 /// removes): each written pair's charge, as if no key existed before.
 fn incoming_charge(command: &Command) -> Option<u64> {
@@ -92,15 +102,15 @@ fn incoming_charge(command: &Command) -> Option<u64> {
             ..
         } => charge(key, value.len()),
         Command::MPut { pairs } => pairs.iter().map(|(k, v)| charge(k, v.len())).sum(),
-        Command::Update { key, update } => charge(
-            key,
-            match update {
-                // The current value's length is not known before apply.
-                Update::Incr { .. } => INCR_GROWTH_BYTES,
-                Update::Append { suffix } => suffix.len(),
-                Update::SetIf { value, .. } => value.len(),
-            },
-        ),
+        Command::Update { key, update } => charge(key, update_growth_bytes(update)),
+        Command::Transaction { ops, .. } => {
+            let writes = ops.iter().filter_map(|op| match op {
+                TxnOp::Put { key, value } => Some(charge(key, value.len())),
+                TxnOp::Update { key, update } => Some(charge(key, update_growth_bytes(update))),
+                TxnOp::Get { .. } | TxnOp::Delete { .. } => None,
+            });
+            writes.reduce(u64::saturating_add)?
+        }
         Command::Delete { .. }
         | Command::Clear
         | Command::SetHashSeed { .. }

@@ -5,7 +5,7 @@
 use std::fmt;
 
 use bytes::Bytes;
-use rdkv_proto::wire::{ErrorCode, ErrorReply, Request, Response, Update};
+use rdkv_proto::wire::{ErrorCode, ErrorReply, Request, Response, TxnOp, Update};
 use serde::{Deserialize, Serialize};
 
 /// A state-machine command. Append-only (postcard encodes the variant index,
@@ -52,6 +52,12 @@ pub enum Command {
     SetQuota {
         bytes: u64,
     },
+    /// Redis's MULTI/EXEC: `ops` in order as one entry, if every watched
+    /// key still has its version (`Request::Transaction`).
+    Transaction {
+        watch: Vec<(Bytes, Option<u64>)>,
+        ops: Vec<TxnOp>,
+    },
 }
 
 impl fmt::Display for Command {
@@ -72,6 +78,12 @@ impl fmt::Display for Command {
             Command::Clear => write!(f, "clear"),
             Command::SetHashSeed { .. } => write!(f, "set the hash seed"),
             Command::SetQuota { bytes } => write!(f, "set the quota to {bytes} bytes"),
+            Command::Transaction { watch, ops } => write!(
+                f,
+                "transaction of {} ops watching {} keys",
+                ops.len(),
+                watch.len()
+            ),
         }
     }
 }
@@ -98,6 +110,7 @@ impl TryFrom<Request> for Command {
             Request::MPut { pairs } => Command::MPut { pairs },
             Request::Update { key, update } => Command::Update { key, update },
             Request::Clear => Command::Clear,
+            Request::Transaction { watch, ops } => Command::Transaction { watch, ops },
             other => return Err(other),
         })
     }

@@ -3,7 +3,9 @@
 use bytes::Bytes;
 use openraft::EntryPayload;
 use rdkv_proto::region::{HashSeed, charged_bytes};
-use rdkv_proto::wire::{ErrorCode, ErrorReply, Response, SetCondition, Update, UpdateOutcome};
+use rdkv_proto::wire::{
+    ErrorCode, ErrorReply, Response, SetCondition, TxnOp, TxnResult, Update, UpdateOutcome,
+};
 
 use super::State;
 use super::keyed::KeyedRegion;
@@ -47,6 +49,12 @@ pub(super) fn apply_entry(state: &mut State, entry: &Entry, resume_at: usize) ->
         EntryPayload::Normal(Command::SetQuota { bytes }) => {
             state.quota_bytes = Some(*bytes);
             replied(Response::Done)
+        }
+        EntryPayload::Normal(Command::Transaction { watch, ops }) => {
+            let limits = Limits {
+                quota_bytes: state.quota_bytes,
+            };
+            apply_transaction(state, watch, ops, index, resume_at, limits)
         }
         EntryPayload::Normal(command) => {
             let limits = Limits {
@@ -193,13 +201,110 @@ fn apply_command(
         Command::MPut { pairs } => apply_mput(writer, limits, pairs, version, resume_at),
         Command::Update { key, update } => apply_update(writer, limits, key, update, version),
         Command::SetHashSeed { seed: (k0, k1) } => Applied::AdoptSeed(HashSeed(*k0, *k1)),
-        // Applied by `apply_entry`, which holds the quota.
-        Command::SetQuota { .. } => replied(Response::Done),
+        // Applied by `apply_entry`, which holds the quota and the
+        // transaction's results.
+        Command::SetQuota { .. } | Command::Transaction { .. } => replied(Response::Done),
         Command::Clear => match writer.clear() {
             Ok(removed) => replied(Response::Cleared { removed, version }),
             Err(e) => failed(&e),
         },
     }
+}
+
+/// A transaction: nothing if a watched key changed, else every op in order
+/// (from op `resume_at` when its entry resumes after waiting for room; the
+/// earlier ops' results are in `state.txn_results`).
+fn apply_transaction(
+    state: &mut State,
+    watch: &[(Bytes, Option<u64>)],
+    ops: &[TxnOp],
+    version: u64,
+    resume_at: usize,
+    limits: Limits,
+) -> Applied {
+    if resume_at == 0 {
+        state.txn_results.clear();
+        for (key, expected) in watch {
+            match state.writer.version_of(key) {
+                Ok(current) if current == *expected => {}
+                Ok(_) => {
+                    return replied(Response::Transaction {
+                        aborted: true,
+                        results: Vec::new(),
+                        version,
+                    });
+                }
+                Err(e) => return failed(&e),
+            }
+        }
+    }
+    for (i, op) in ops.iter().enumerate().skip(resume_at) {
+        match apply_op(&mut state.writer, op, version, limits) {
+            Ok(result) => state.txn_results.push(result),
+            Err(Applied::Full {
+                reclaim_at_us,
+                cause,
+                ..
+            }) => {
+                return Applied::Full {
+                    reclaim_at_us,
+                    next_pair: i,
+                    cause,
+                };
+            }
+            Err(other) => return other,
+        }
+    }
+    if state.txn_results.iter().any(is_quota_refused_op) {
+        state.no_space_alarm = true;
+    }
+    replied(Response::Transaction {
+        aborted: false,
+        results: std::mem::take(&mut state.txn_results),
+        version,
+    })
+}
+
+/// One op of a transaction, applied as the command of its kind is.
+fn apply_op(
+    writer: &mut KeyedRegion,
+    op: &TxnOp,
+    version: u64,
+    limits: Limits,
+) -> Result<TxnResult, Applied> {
+    let command = match op {
+        TxnOp::Get { key } => {
+            return writer
+                .get(key)
+                .map(TxnResult::Value)
+                .map_err(|e| failed(&e));
+        }
+        TxnOp::Put { key, value } => Command::Put {
+            key: key.clone(),
+            value: value.clone(),
+        },
+        TxnOp::Delete { key } => Command::Delete { key: key.clone() },
+        TxnOp::Update { key, update } => Command::Update {
+            key: key.clone(),
+            update: update.clone(),
+        },
+    };
+    match apply_command(writer, &command, version, 0, limits) {
+        Applied::Done(CommandResult::Applied(response)) => match response {
+            Response::Written { .. } => Ok(TxnResult::Written),
+            Response::Deleted { existed, .. } => Ok(TxnResult::Deleted { existed }),
+            Response::Updated(outcome) => Ok(TxnResult::Updated(outcome)),
+            Response::Error(error) => Ok(TxnResult::Error(error)),
+            other => Err(Applied::Done(CommandResult::Failed {
+                message: format!("a transaction's {command} answered {other:?}"),
+            })),
+        },
+        other => Err(other),
+    }
+}
+
+fn is_quota_refused_op(result: &TxnResult) -> bool {
+    matches!(result, TxnResult::Error(reply) if reply.code == ErrorCode::NoSpace)
 }
 
 fn apply_cas(

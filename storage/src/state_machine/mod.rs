@@ -101,6 +101,9 @@ struct State {
     last_applied: Option<LogId>,
     last_membership: StoredMembership,
     snapshot: Option<(SnapshotMeta, SnapshotData)>,
+    /// The results of a transaction's ops applied so far, kept while its
+    /// entry waits for room (`Applied::Full`) and resumes at the next op.
+    txn_results: Vec<rdkv_proto::wire::TxnResult>,
 }
 
 #[derive(Debug)]
@@ -214,6 +217,7 @@ impl RegionStateMachine {
                     last_applied,
                     last_membership,
                     snapshot: meta.zip(data),
+                    txn_results: Vec::new(),
                 }),
                 reader: RwLock::new(reader),
                 applied_index: AtomicU64::new(last_applied.map_or(0, |l| l.index)),
