@@ -63,6 +63,19 @@ def check_node(r, node, resp):
     expect("scan_iter", sorted(k.decode() for k in r.scan_iter(match=key("k*"), count=4)), written)
     expect("type", (r.type(written[0]), r.type(key("none"))), (b"string", b"none"))
     expect("unlink", r.unlink(written[0], key("none")), 1)
+    # MULTI/EXEC through redis-py's transactional pipeline, and WATCH
+    # through its optimistic-locking helper.
+    tx = r.pipeline()
+    tx.set(key("tx"), "1").incr(key("tx")).get(key("tx"))
+    expect("multi/exec", tx.execute(), [True, 2, b"2"])
+
+    def double(pipe):
+        current = int(pipe.get(key("tx")))
+        pipe.multi()
+        pipe.set(key("tx"), current * 2)
+
+    expect("watch transaction", r.transaction(double, key("tx")), [True])
+    expect("after the watched transaction", r.get(key("tx")), b"4")
     name = f"redis-py-{node}"
     expect("client setname", r.client_setname(name), True)
     expect("client getname", r.client_getname(), name)

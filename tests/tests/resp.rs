@@ -513,3 +513,174 @@ async fn resp3_clients_negotiate_with_hello_through_every_node() -> Result<()> {
     })
     .await
 }
+
+fn exec_cmd(con: &mut redis::Connection) -> redis::RedisResult<redis::Value> {
+    redis::cmd("EXEC").query(con)
+}
+
+/// MULTI/EXEC answers every queued command in order; errors while
+/// queueing discard the transaction; WATCH aborts it when a watched key
+/// changed; DISCARD drops it.
+fn transactions_through_every_node(addrs: &[SocketAddr]) -> Result<()> {
+    use redis::Value;
+    let mut cons = addrs
+        .iter()
+        .map(|a| connect(*a, None))
+        .collect::<Result<Vec<_>>>()?;
+    let con = &mut cons[1];
+    let _: () = query(con, &["MULTI"])?;
+    for args in [
+        &["SET", "t:a", "1"][..],
+        &["INCR", "t:n"],
+        &["GET", "t:a"],
+        &["MGET", "t:a", "t:none"],
+        &["DEL", "t:a", "t:none"],
+        &["EXISTS", "t:a", "t:n"],
+        &["PING"],
+    ] {
+        let queued: String = query(con, args)?;
+        ensure!(queued == "QUEUED", "{args:?}: {queued}");
+    }
+    let replies = exec_cmd(con)?;
+    let Value::Array(replies) = replies else {
+        anyhow::bail!("EXEC: {replies:?}");
+    };
+    let shown: Vec<String> = replies.iter().map(|r| format!("{r:?}")).collect();
+    ensure!(replies.len() == 7, "{shown:?}");
+    ensure!(matches!(&replies[0], Value::Okay), "{shown:?}");
+    ensure!(matches!(&replies[1], Value::Int(1)), "{shown:?}");
+    ensure!(
+        matches!(&replies[2], Value::BulkString(v) if v == b"1"),
+        "{shown:?}"
+    );
+    ensure!(
+        matches!(&replies[3], Value::Array(v) if v.len() == 2 && v[1] == Value::Nil),
+        "{shown:?}"
+    );
+    ensure!(matches!(&replies[4], Value::Int(1)), "{shown:?}");
+    ensure!(matches!(&replies[5], Value::Int(1)), "{shown:?}");
+    // An error only EXEC finds is that command's reply; the others apply
+    // (raw bytes: the redis crate turns an EXEC holding an error into one).
+    let out = raw_exchange(
+        addrs[0],
+        b"MULTI\r\nINCRBY t:x notanumber\r\nSET t:y 1\r\nEXEC\r\nGET t:y\r\nQUIT\r\n",
+    )?;
+    let text = String::from_utf8_lossy(&out);
+    ensure!(
+        text == "+OK\r\n+QUEUED\r\n+QUEUED\r\n*2\r\n-ERR value is not an integer or out of range\r\n+OK\r\n$1\r\n1\r\n+OK\r\n",
+        "{text}"
+    );
+    // An error while queueing discards the whole transaction.
+    let _: () = query(con, &["MULTI"])?;
+    let _: String = query(con, &["SET", "t:b", "1"])?;
+    ensure!(
+        query::<String>(con, &["SET", "t:b"]).is_err(),
+        "arity error queued"
+    );
+    ensure!(query::<String>(con, &["KEYS", "*"]).is_err(), "KEYS queued");
+    let aborted = exec_cmd(con);
+    ensure!(
+        aborted
+            .as_ref()
+            .is_err_and(|e| e.to_string().to_uppercase().contains("EXECABORT")),
+        "{aborted:?}"
+    );
+    let gone: Option<String> = query(con, &["GET", "t:b"])?;
+    ensure!(gone.is_none(), "a discarded transaction wrote t:b");
+    // WATCH: a change through another node aborts, none lets it apply.
+    let _: () = query(&mut cons[0], &["SET", "t:w", "1"])?;
+    let _: () = query(&mut cons[1], &["WATCH", "t:w", "t:unset"])?;
+    let _: () = query(&mut cons[2], &["SET", "t:w", "2"])?;
+    let _: () = query(&mut cons[1], &["MULTI"])?;
+    let _: String = query(&mut cons[1], &["SET", "t:w", "3"])?;
+    let aborted = exec_cmd(&mut cons[1])?;
+    ensure!(
+        aborted == Value::Nil,
+        "EXEC after a watched change: {aborted:?}"
+    );
+    let w: String = query(&mut cons[0], &["GET", "t:w"])?;
+    ensure!(w == "2", "t:w {w}");
+    let _: () = query(&mut cons[1], &["WATCH", "t:w"])?;
+    let _: () = query(&mut cons[1], &["MULTI"])?;
+    let _: String = query(&mut cons[1], &["INCR", "t:w"])?;
+    let done = exec_cmd(&mut cons[1])?;
+    ensure!(done == Value::Array(vec![Value::Int(3)]), "{done:?}");
+    // DISCARD, and the errors Redis gives.
+    let con = &mut cons[2];
+    let _: () = query(con, &["MULTI"])?;
+    let _: String = query(con, &["SET", "t:d", "1"])?;
+    ensure!(
+        query::<String>(con, &["WATCH", "t:d"]).is_err(),
+        "WATCH inside MULTI"
+    );
+    ensure!(query::<String>(con, &["MULTI"]).is_err(), "nested MULTI");
+    let _: () = query(con, &["DISCARD"])?;
+    let d: Option<String> = query(con, &["GET", "t:d"])?;
+    ensure!(d.is_none(), "DISCARD applied t:d");
+    ensure!(exec_cmd(con).is_err(), "EXEC without MULTI");
+    ensure!(
+        query::<String>(con, &["DISCARD"]).is_err(),
+        "DISCARD without MULTI"
+    );
+    Ok(())
+}
+
+/// Optimistic increments (WATCH, GET, MULTI, SET, EXEC, retried when
+/// aborted) from clients on every node: the counter ends at exactly the
+/// number of transactions that committed.
+fn watched_increments_are_exact(addrs: &[SocketAddr]) -> Result<(u64, u64)> {
+    const CLIENTS_PER_NODE: usize = 2;
+    const INCREMENTS: u64 = 25;
+    let workers: Vec<_> = addrs
+        .iter()
+        .flat_map(|addr| std::iter::repeat_n(*addr, CLIENTS_PER_NODE))
+        .map(|addr| {
+            std::thread::spawn(move || -> Result<u64> {
+                let mut con = connect(addr, None)?;
+                let mut aborted = 0;
+                let mut committed = 0;
+                while committed < INCREMENTS {
+                    let _: () = query(&mut con, &["WATCH", "t:counter"])?;
+                    let now: Option<u64> = query(&mut con, &["GET", "t:counter"])?;
+                    let _: () = query(&mut con, &["MULTI"])?;
+                    let next = (now.unwrap_or(0) + 1).to_string();
+                    let _: String = query(&mut con, &["SET", "t:counter", &next])?;
+                    match exec_cmd(&mut con)? {
+                        redis::Value::Nil => aborted += 1,
+                        redis::Value::Array(replies) if replies == [redis::Value::Okay] => {
+                            committed += 1;
+                        }
+                        other => anyhow::bail!("EXEC: {other:?}"),
+                    }
+                }
+                Ok(aborted)
+            })
+        })
+        .collect();
+    let mut aborted = 0;
+    for worker in workers {
+        aborted += worker
+            .join()
+            .map_err(|_| anyhow::anyhow!("a client panicked"))??;
+    }
+    let expected = INCREMENTS * (addrs.len() * CLIENTS_PER_NODE) as u64;
+    let mut con = connect(addrs[0], None)?;
+    let total: u64 = query(&mut con, &["GET", "t:counter"])?;
+    ensure!(total == expected, "counter {total}, {expected} committed");
+    Ok((total, aborted))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_apply_whole_and_watch_aborts_them() -> Result<()> {
+    let mut cluster = Cluster::start(3)?;
+    check_with_leader(&mut cluster, TEST_LIMIT_SECS, async |cluster, _| {
+        let addrs = resp_addrs(cluster);
+        let run = addrs.clone();
+        tokio::task::spawn_blocking(move || transactions_through_every_node(&run)).await??;
+        let (total, aborted) =
+            tokio::task::spawn_blocking(move || watched_increments_are_exact(&addrs)).await??;
+        eprintln!("WATCH increments: {total} committed, {aborted} aborted and retried");
+        Ok(())
+    })
+    .await
+}

@@ -139,7 +139,9 @@ impl Request {
             Self::Update { key, update } => check_update(limits, key, update),
             Self::Transaction { watch, ops } => {
                 limits.check_batch(watch.len().saturating_add(ops.len()))?;
-                watch.iter().try_for_each(|(key, _)| limits.check_key(key))?;
+                watch
+                    .iter()
+                    .try_for_each(|(key, _)| limits.check_key(key))?;
                 ops.iter().try_for_each(|op| match op {
                     TxnOp::Get { key } | TxnOp::Delete { key } => limits.check_key(key),
                     TxnOp::Put { key, value } => {

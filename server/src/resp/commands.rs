@@ -70,27 +70,73 @@ pub async fn strlen(server: &RespServer, args: &[Bytes]) -> Reply {
     }
 }
 
-/// SET key value [NX|XX] [GET] [KEEPTTL]; EX/PX/EXAT/PXAT are refused
-/// (rdkv has no expiry).
-pub async fn set(server: &RespServer, args: &[Bytes]) -> Reply {
-    let (key, value) = (&args[0], &args[1]);
-    let mut condition = SetCondition::Always;
-    let mut get = false;
-    for option in &args[2..] {
-        match upper(option).as_str() {
-            "NX" if condition == SetCondition::Always => condition = SetCondition::IfAbsent,
-            "XX" if condition == SetCondition::Always => condition = SetCondition::IfPresent,
-            "GET" => get = true,
-            "KEEPTTL" => {}
-            "EX" | "PX" | "EXAT" | "PXAT" => {
-                return Reply::err(
-                    "expiry is not supported by rdkv: SET EX/PX/EXAT/PXAT cannot be used",
-                );
-            }
-            _ => return Reply::syntax(),
+/// SET's options: the condition and whether the old value is returned.
+#[derive(Debug)]
+pub struct SetOptions {
+    pub condition: SetCondition,
+    pub get: bool,
+}
+
+impl SetOptions {
+    /// A plain SET: a `Put`, no read of the current value.
+    pub fn is_plain(&self) -> bool {
+        self.condition == SetCondition::Always && !self.get
+    }
+
+    pub fn update(&self, value: &Bytes) -> Update {
+        Update::SetIf {
+            value: value.clone(),
+            condition: self.condition,
+            return_old: self.get,
         }
     }
-    if condition == SetCondition::Always && !get {
+
+    /// The reply to a SET decided by the store.
+    pub fn reply(&self, outcome: UpdateOutcome) -> Reply {
+        match outcome {
+            UpdateOutcome::Set { old, .. } if self.get => old.map_or(Reply::Null, Reply::Bulk),
+            UpdateOutcome::Set { written: true, .. } => Reply::ok(),
+            UpdateOutcome::Set { written: false, .. } => Reply::Null,
+            other => unexpected(&other),
+        }
+    }
+}
+
+/// SET key value [NX|XX] [GET] [KEEPTTL]; EX/PX/EXAT/PXAT are refused
+/// (rdkv has no expiry yet).
+pub fn set_options(options: &[Bytes]) -> Result<SetOptions, Reply> {
+    let mut parsed = SetOptions {
+        condition: SetCondition::Always,
+        get: false,
+    };
+    for option in options {
+        match upper(option).as_str() {
+            "NX" if parsed.condition == SetCondition::Always => {
+                parsed.condition = SetCondition::IfAbsent;
+            }
+            "XX" if parsed.condition == SetCondition::Always => {
+                parsed.condition = SetCondition::IfPresent;
+            }
+            "GET" => parsed.get = true,
+            "KEEPTTL" => {}
+            "EX" | "PX" | "EXAT" | "PXAT" => {
+                return Err(Reply::err(
+                    "expiry is not supported by rdkv: SET EX/PX/EXAT/PXAT cannot be used",
+                ));
+            }
+            _ => return Err(Reply::syntax()),
+        }
+    }
+    Ok(parsed)
+}
+
+pub async fn set(server: &RespServer, args: &[Bytes]) -> Reply {
+    let (key, value) = (&args[0], &args[1]);
+    let options = match set_options(&args[2..]) {
+        Ok(options) => options,
+        Err(reply) => return reply,
+    };
+    if options.is_plain() {
         let request = Request::Put {
             key: key.clone(),
             value: value.clone(),
@@ -101,73 +147,109 @@ pub async fn set(server: &RespServer, args: &[Bytes]) -> Reply {
             Err(e) => e,
         };
     }
-    match set_if(server, args, condition, get).await {
-        Ok(UpdateOutcome::Set { old, .. }) if get => old.map_or(Reply::Null, Reply::Bulk),
-        Ok(UpdateOutcome::Set { written: true, .. }) => Reply::ok(),
-        Ok(UpdateOutcome::Set { written: false, .. }) => Reply::Null,
-        Ok(other) => unexpected(&other),
+    match server.update(key, options.update(value)).await {
+        Ok(outcome) => options.reply(outcome),
         Err(e) => e,
     }
 }
 
-/// Sets `args[0]` to `args[1]` under `condition`, decided by the store.
-async fn set_if(
-    server: &RespServer,
-    args: &[Bytes],
-    condition: SetCondition,
-    return_old: bool,
-) -> Result<UpdateOutcome, Reply> {
-    let update = Update::SetIf {
-        value: args[1].clone(),
-        condition,
-        return_old,
-    };
-    server.update(&args[0], update).await
+/// SETNX's update and reply.
+pub fn setnx_update(value: &Bytes) -> Update {
+    Update::SetIf {
+        value: value.clone(),
+        condition: SetCondition::IfAbsent,
+        return_old: false,
+    }
+}
+
+pub fn setnx_reply(outcome: UpdateOutcome) -> Reply {
+    match outcome {
+        UpdateOutcome::Set { written, .. } => Reply::Integer(i64::from(written)),
+        other => unexpected(&other),
+    }
 }
 
 pub async fn setnx(server: &RespServer, args: &[Bytes]) -> Reply {
-    match set_if(server, args, SetCondition::IfAbsent, false).await {
-        Ok(UpdateOutcome::Set { written, .. }) => Reply::Integer(i64::from(written)),
-        Ok(other) => unexpected(&other),
+    match server.update(&args[0], setnx_update(&args[1])).await {
+        Ok(outcome) => setnx_reply(outcome),
         Err(e) => e,
+    }
+}
+
+/// GETSET's update and reply.
+pub fn getset_update(value: &Bytes) -> Update {
+    Update::SetIf {
+        value: value.clone(),
+        condition: SetCondition::Always,
+        return_old: true,
+    }
+}
+
+pub fn getset_reply(outcome: UpdateOutcome) -> Reply {
+    match outcome {
+        UpdateOutcome::Set { old, .. } => old.map_or(Reply::Null, Reply::Bulk),
+        other => unexpected(&other),
     }
 }
 
 pub async fn getset(server: &RespServer, args: &[Bytes]) -> Reply {
-    match set_if(server, args, SetCondition::Always, true).await {
-        Ok(UpdateOutcome::Set { old, .. }) => old.map_or(Reply::Null, Reply::Bulk),
-        Ok(other) => unexpected(&other),
+    match server.update(&args[0], getset_update(&args[1])).await {
+        Ok(outcome) => getset_reply(outcome),
         Err(e) => e,
     }
 }
 
-async fn add(server: &RespServer, key: &Bytes, delta: Option<i64>) -> Reply {
-    let Some(delta) = delta else {
+/// The delta of INCR, DECR, INCRBY or DECRBY (`args` after the name);
+/// `None`: not an integer.
+pub fn delta(command: &str, args: &[Bytes]) -> Option<i64> {
+    match command {
+        "incr" => Some(1),
+        "decr" => Some(-1),
+        "incrby" => integer_arg(&args[1]),
+        _ => integer_arg(&args[1]).and_then(i64::checked_neg),
+    }
+}
+
+pub fn add_reply(outcome: UpdateOutcome) -> Reply {
+    match outcome {
+        UpdateOutcome::Integer { value, .. } => Reply::Integer(value),
+        UpdateOutcome::NotAnInteger { .. } => Reply::not_integer(),
+        other => unexpected(&other),
+    }
+}
+
+async fn add(server: &RespServer, command: &str, args: &[Bytes]) -> Reply {
+    let Some(delta) = delta(command, args) else {
         return Reply::not_integer();
     };
-    match server.update(key, Update::Incr { delta }).await {
-        Ok(UpdateOutcome::Integer { value, .. }) => Reply::Integer(value),
-        Ok(UpdateOutcome::NotAnInteger { .. }) => Reply::not_integer(),
-        Ok(other) => unexpected(&other),
+    match server.update(&args[0], Update::Incr { delta }).await {
+        Ok(outcome) => add_reply(outcome),
         Err(e) => e,
     }
 }
 
 pub async fn incr(server: &RespServer, args: &[Bytes]) -> Reply {
-    add(server, &args[0], Some(1)).await
+    add(server, "incr", args).await
 }
 
 pub async fn decr(server: &RespServer, args: &[Bytes]) -> Reply {
-    add(server, &args[0], Some(-1)).await
+    add(server, "decr", args).await
 }
 
 pub async fn incrby(server: &RespServer, args: &[Bytes]) -> Reply {
-    add(server, &args[0], integer_arg(&args[1])).await
+    add(server, "incrby", args).await
 }
 
 pub async fn decrby(server: &RespServer, args: &[Bytes]) -> Reply {
-    let delta = integer_arg(&args[1]).and_then(i64::checked_neg);
-    add(server, &args[0], delta).await
+    add(server, "decrby", args).await
+}
+
+pub fn append_reply(outcome: UpdateOutcome) -> Reply {
+    match outcome {
+        UpdateOutcome::Length { len, .. } => Reply::Integer(len as i64),
+        UpdateOutcome::TooLarge { .. } => Reply::err("string exceeds maximum allowed size"),
+        other => unexpected(&other),
+    }
 }
 
 pub async fn append(server: &RespServer, args: &[Bytes]) -> Reply {
@@ -175,9 +257,7 @@ pub async fn append(server: &RespServer, args: &[Bytes]) -> Reply {
         suffix: args[1].clone(),
     };
     match server.update(&args[0], update).await {
-        Ok(UpdateOutcome::Length { len, .. }) => Reply::Integer(len as i64),
-        Ok(UpdateOutcome::TooLarge { .. }) => Reply::err("string exceeds maximum allowed size"),
-        Ok(other) => unexpected(&other),
+        Ok(outcome) => append_reply(outcome),
         Err(e) => e,
     }
 }
@@ -213,7 +293,7 @@ pub fn mget_now(server: &RespServer, args: &[Bytes]) -> Option<Reply> {
     server.mget_now(args).map(values_reply)
 }
 
-fn values_reply(values: Vec<Option<Bytes>>) -> Reply {
+pub fn values_reply(values: Vec<Option<Bytes>>) -> Reply {
     Reply::Array(
         values
             .into_iter()

@@ -27,6 +27,7 @@ use super::parse::{ParseLimits, ProtocolError, next_command};
 use super::reply::Reply;
 use super::session::{Session, Step};
 use super::table::{Spec, StoreRun};
+use super::transaction;
 use super::{FLUSH_BYTES, RespServer};
 use crate::order::{KeyOrder, completion};
 use crate::telemetry::Via;
@@ -221,6 +222,16 @@ impl<'a> Pipeline<'a> {
                 Step::Session { run, argv } => {
                     self.finish_all().await?;
                     let reply = self.session.run_session(run, &argv);
+                    self.push_ready(reply, false).await?;
+                }
+                Step::Exec => {
+                    self.finish_all().await?;
+                    let reply = transaction::exec(&mut self.session).await;
+                    self.push_ready(reply, false).await?;
+                }
+                Step::Watch { argv } => {
+                    self.finish_all().await?;
+                    let reply = transaction::watch(&mut self.session, &argv[1..]).await;
                     self.push_ready(reply, false).await?;
                 }
                 Step::Store { spec, run, argv } => match self.answer_now(spec, &argv, reads_now) {

@@ -8,6 +8,8 @@
 //!   handler); dispatch and the `COMMAND` reply are read from it.
 //! - `session`: one connection's state; runs a command by its row.
 //! - `clients`: the open connections (CLIENT LIST); `client_command`: CLIENT.
+//! - `transaction`: MULTI/EXEC/DISCARD, WATCH/UNWATCH (one native
+//!   `Transaction`, one log entry).
 //! - `keyspace`: KEYS, SCAN (cursors in `keyspace::Cursors`), TYPE; `glob`:
 //!   Redis's patterns.
 //! - `commands`: what each Redis command does.
@@ -39,6 +41,7 @@ pub mod reply;
 mod session;
 mod store;
 mod table;
+mod transaction;
 
 use std::sync::Arc;
 

@@ -16,6 +16,8 @@ pub enum Reply {
     Bulk(Bytes),
     /// RESP2 `$-1`, RESP3 `_`.
     Null,
+    /// RESP2 `*-1` (EXEC of an aborted transaction), RESP3 `_`.
+    NullArray,
     Array(Vec<Reply>),
     /// RESP3 `%`; RESP2: a flat array of keys and values.
     Map(Vec<(Reply, Reply)>),
@@ -84,6 +86,10 @@ impl Reply {
             Reply::Bulk(data) => blob(out, b'$', &[data]),
             Reply::Null => match protocol {
                 Protocol::Resp2 => out.put_slice(b"$-1\r\n"),
+                Protocol::Resp3 => out.put_slice(b"_\r\n"),
+            },
+            Reply::NullArray => match protocol {
+                Protocol::Resp2 => out.put_slice(b"*-1\r\n"),
                 Protocol::Resp3 => out.put_slice(b"_\r\n"),
             },
             Reply::Array(items) => {
@@ -192,6 +198,8 @@ mod tests {
         assert_eq!(encoded_in(Protocol::Resp3, &info), b"=9\r\ntxt:a:1\r\n\r\n");
         assert_eq!(encoded_in(Protocol::Resp2, &info), b"$5\r\na:1\r\n\r\n");
         // Nested nulls follow the connection's protocol too.
+        assert_eq!(encoded_in(Protocol::Resp2, &Reply::NullArray), b"*-1\r\n");
+        assert_eq!(encoded_in(Protocol::Resp3, &Reply::NullArray), b"_\r\n");
         let nested = Reply::Array(vec![Reply::Null]);
         assert_eq!(encoded_in(Protocol::Resp3, &nested), b"*1\r\n_\r\n");
         assert_eq!(Protocol::default(), Protocol::Resp2);

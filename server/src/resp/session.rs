@@ -11,6 +11,7 @@ use super::clients::{ClientInfo, Registered, valid_client_field};
 use super::commands::{hello_reply, integer_arg, upper};
 use super::reply::{Protocol, Reply};
 use super::table::{self, Run, Spec, StoreRun};
+use super::transaction::{self, Multi};
 use crate::telemetry::RequestStats;
 
 const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
@@ -32,6 +33,10 @@ pub enum Step {
         run: StoreRun,
         argv: Vec<Bytes>,
     },
+    /// EXEC, once every earlier command has finished.
+    Exec,
+    /// WATCH of `argv[1..]`, once every earlier command has finished.
+    Watch { argv: Vec<Bytes> },
 }
 
 impl Step {
@@ -49,6 +54,10 @@ pub struct Session<'a> {
     authenticated: bool,
     protocol: Protocol,
     client: Registered<'a>,
+    /// Commands queued since MULTI.
+    multi: Option<Multi>,
+    /// WATCHed keys and their versions then, until EXEC, DISCARD or UNWATCH.
+    watched: Vec<(Bytes, Option<u64>)>,
 }
 
 /// What a HELLO asks for, checked before any of it is done.
@@ -67,6 +76,8 @@ impl<'a> Session<'a> {
             authenticated: server.handler.replica().token().is_none(),
             protocol: Protocol::Resp2,
             client: server.clients.register(info),
+            multi: None,
+            watched: Vec::new(),
             server,
         }
     }
@@ -106,23 +117,19 @@ impl<'a> Session<'a> {
 
     /// Decides how command `argv` (the name first) runs: answered now,
     /// against the connection's state once every earlier command has
-    /// finished, or by the store.
-    pub fn prepare(&self, argv: Vec<Bytes>) -> Step {
-        let Some(name) = argv.first() else {
-            return Step::now(Reply::err("empty command"));
+    /// finished, or by the store. Inside MULTI most commands are queued.
+    pub fn prepare(&mut self, argv: Vec<Bytes>) -> Step {
+        let spec = match self.checked(&argv) {
+            Ok(spec) => spec,
+            Err(reply) => {
+                if let Some(multi) = &mut self.multi {
+                    multi.fail();
+                }
+                return Step::now(reply);
+            }
         };
-        let spec = table::lookup(name);
-        if !self.authenticated && !spec.is_some_and(|s| s.before_auth) {
-            return Step::now(Reply::Error("NOAUTH Authentication required.".into()));
-        }
-        let Some(spec) = spec else {
-            let shown: String = String::from_utf8_lossy(name).chars().take(128).collect();
-            return Step::now(Reply::err(format!(
-                "unknown command '{shown}', with args beginning with: "
-            )));
-        };
-        if !spec.accepts(argv.len()) {
-            return Step::now(Reply::wrong_arity(spec.name));
+        if self.multi.is_some() && !transaction::RUN_INSIDE_MULTI.contains(&spec.name) {
+            return Step::now(transaction::queue(self, spec, &argv));
         }
         match spec.run {
             Run::Quit => Step::Now {
@@ -132,7 +139,73 @@ impl<'a> Session<'a> {
             Run::Pure(run) => Step::now(run(&argv[1..])),
             Run::Session(run) => Step::Session { run, argv },
             Run::Store(run) => Step::Store { spec, run, argv },
+            Run::Exec => Step::Exec,
+            Run::Watch => Step::Watch { argv },
         }
+    }
+
+    /// The command's row, once it is known, allowed and of a valid arity.
+    fn checked(&self, argv: &[Bytes]) -> Result<&'static Spec, Reply> {
+        let Some(name) = argv.first() else {
+            return Err(Reply::err("empty command"));
+        };
+        let spec = table::lookup(name);
+        if !self.authenticated && !spec.is_some_and(|s| s.before_auth) {
+            return Err(Reply::Error("NOAUTH Authentication required.".into()));
+        }
+        let Some(spec) = spec else {
+            let shown: String = String::from_utf8_lossy(name).chars().take(128).collect();
+            return Err(Reply::err(format!(
+                "unknown command '{shown}', with args beginning with: "
+            )));
+        };
+        if !spec.accepts(argv.len()) {
+            return Err(Reply::wrong_arity(spec.name));
+        }
+        Ok(spec)
+    }
+
+    pub fn multi_mut(&mut self) -> Option<&mut Multi> {
+        self.multi.as_mut()
+    }
+
+    pub fn take_multi(&mut self) -> Option<Multi> {
+        self.multi.take()
+    }
+
+    pub fn take_watched(&mut self) -> Vec<(Bytes, Option<u64>)> {
+        std::mem::take(&mut self.watched)
+    }
+
+    pub fn watched_len(&self) -> usize {
+        self.watched.len()
+    }
+
+    pub fn watch(&mut self, versions: impl IntoIterator<Item = (Bytes, Option<u64>)>) {
+        self.watched.extend(versions);
+    }
+
+    /// MULTI: queue the next commands until EXEC or DISCARD.
+    pub fn multi(&mut self) -> Reply {
+        if self.multi.is_some() {
+            return Reply::err("MULTI calls can not be nested");
+        }
+        self.multi = Some(Multi::default());
+        Reply::ok()
+    }
+
+    /// DISCARD: drops the queued commands and the watched keys.
+    pub fn discard(&mut self) -> Reply {
+        if self.multi.take().is_none() {
+            return Reply::err("DISCARD without MULTI");
+        }
+        self.watched.clear();
+        Reply::ok()
+    }
+
+    pub fn unwatch(&mut self) -> Reply {
+        self.watched.clear();
+        Reply::ok()
     }
 
     /// Runs a command that reads or changes the connection's state.
@@ -198,6 +271,8 @@ impl<'a> Session<'a> {
         self.authenticated = self.server.handler.replica().token().is_none();
         self.set_protocol(Protocol::Resp2);
         self.client.update(|info| info.name.clear());
+        self.multi = None;
+        self.watched.clear();
         Reply::Simple("RESET")
     }
 }

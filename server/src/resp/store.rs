@@ -133,6 +133,20 @@ impl RespServer {
         }
     }
 
+    /// The keys' versions (`None`: absent), as WATCH remembers them.
+    pub(super) async fn versions(&self, keys: &[Bytes]) -> Result<Vec<Option<u64>>, Reply> {
+        let request = Request::MGet {
+            keys: keys.to_vec(),
+            consistency: self.consistency,
+        };
+        match self.call(request).await? {
+            Response::Values(values) => {
+                Ok(values.into_iter().map(|v| v.map(|v| v.version)).collect())
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// A read-modify-write of one key, decided by the state machine.
     pub(super) async fn update(&self, key: &Bytes, update: Update) -> Result<UpdateOutcome, Reply> {
         let request = Request::Update {

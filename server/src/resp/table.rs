@@ -38,6 +38,10 @@ pub enum Run {
     Session(SessionRun),
     /// Served by the store, here or at the leader.
     Store(StoreRun),
+    /// EXEC: waits for every earlier command, then runs the transaction.
+    Exec,
+    /// WATCH: waits for every earlier command, then reads versions.
+    Watch,
 }
 
 /// Where a command's keys are, as `COMMAND` reports them: the first and last
@@ -224,6 +228,23 @@ pub static COMMANDS: &[Spec] = &[
         &["admin", "stale"],
         NONE,
         Run::Session(client_command::client),
+    ),
+    row("multi", 1, &["fast"], NONE, Run::Session(|s, _| s.multi())),
+    row("exec", 1, &["write"], NONE, Run::Exec),
+    row(
+        "discard",
+        1,
+        &["fast"],
+        NONE,
+        Run::Session(|s, _| s.discard()),
+    ),
+    row("watch", -2, &["fast"], ALL, Run::Watch),
+    row(
+        "unwatch",
+        1,
+        &["fast"],
+        NONE,
+        Run::Session(|s, _| s.unwatch()),
     ),
     row("get", 2, READ, ONE, store!(commands::get)).answered_now(Op::Get, commands::get_now),
     row("set", -3, &["write"], ONE, store!(commands::set)),
