@@ -63,6 +63,10 @@ def check_node(r, node, resp):
     expect("scan_iter", sorted(k.decode() for k in r.scan_iter(match=key("k*"), count=4)), written)
     expect("type", (r.type(written[0]), r.type(key("none"))), (b"string", b"none"))
     expect("unlink", r.unlink(written[0], key("none")), 1)
+    expect("rename", r.rename(written[1], key("renamed")), True)
+    expect("renamenx onto an existing key", r.renamenx(key("renamed"), written[2]), False)
+    expect("copy", r.copy(key("renamed"), key("copied")), True)
+    expect("copied", r.mget([key("renamed"), key("copied"), written[1]]), [b"v", b"v", None])
     # MULTI/EXEC through redis-py's transactional pipeline, and WATCH
     # through its optimistic-locking helper.
     tx = r.pipeline()

@@ -296,6 +296,66 @@ fn keyspace_through_every_node(addrs: &[SocketAddr]) -> Result<()> {
     ensure!(unlinked == 2, "UNLINK {unlinked}");
     let keys: Vec<String> = query(&mut cons[2], &["KEYS", "ks:0?"])?;
     ensure!(keys == written[2..10], "KEYS after UNLINK {keys:?}");
+    renames_and_copies(&mut cons)
+}
+
+/// RENAME, RENAMENX and COPY (decided in the state machine), each through
+/// a different node, alone and inside MULTI.
+fn renames_and_copies(cons: &mut [redis::Connection]) -> Result<()> {
+    let _: () = query(&mut cons[0], &["SET", "r:a", "1"])?;
+    let _: () = query(&mut cons[1], &["RENAME", "r:a", "r:b"])?;
+    let (a, b): (Option<String>, Option<String>) = (
+        query(&mut cons[2], &["GET", "r:a"])?,
+        query(&mut cons[2], &["GET", "r:b"])?,
+    );
+    ensure!(
+        a.is_none() && b.as_deref() == Some("1"),
+        "RENAME: {a:?} {b:?}"
+    );
+    let missing = query::<String>(&mut cons[1], &["RENAME", "r:none", "r:x"]);
+    ensure!(
+        missing
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("no such key")),
+        "{missing:?}"
+    );
+    let _: () = query(&mut cons[0], &["SET", "r:c", "2"])?;
+    let n: i64 = query(&mut cons[1], &["RENAMENX", "r:b", "r:c"])?;
+    ensure!(n == 0, "RENAMENX onto an existing key: {n}");
+    let n: i64 = query(&mut cons[1], &["RENAMENX", "r:b", "r:d"])?;
+    ensure!(n == 1, "RENAMENX: {n}");
+    let copies: Vec<(Vec<&str>, i64)> = vec![
+        (vec!["COPY", "r:d", "r:c"], 0),
+        (vec!["COPY", "r:d", "r:c", "REPLACE"], 1),
+        (vec!["COPY", "r:none", "r:e"], 0),
+        (vec!["COPY", "r:d", "r:f", "DB", "0"], 1),
+    ];
+    for (args, want) in copies {
+        let n: i64 = query(&mut cons[2], &args)?;
+        ensure!(n == want, "{args:?}: {n}");
+    }
+    for args in [
+        &["COPY", "r:d", "r:d"][..],
+        &["COPY", "r:d", "r:g", "DB", "1"],
+    ] {
+        ensure!(
+            query::<i64>(&mut cons[2], args).is_err(),
+            "{args:?} accepted"
+        );
+    }
+    let values: Vec<Option<String>> = query(&mut cons[0], &["MGET", "r:c", "r:d", "r:f"])?;
+    ensure!(
+        values == [Some("1".into()), Some("1".into()), Some("1".into())],
+        "after COPY: {values:?}"
+    );
+    let _: () = query(&mut cons[1], &["MULTI"])?;
+    let _: String = query(&mut cons[1], &["RENAME", "r:c", "r:g"])?;
+    let _: String = query(&mut cons[1], &["GET", "r:g"])?;
+    let replies: (String, String) = redis::cmd("EXEC").query(&mut cons[1])?;
+    ensure!(
+        replies == ("OK".into(), "1".into()),
+        "RENAME in MULTI: {replies:?}"
+    );
     Ok(())
 }
 

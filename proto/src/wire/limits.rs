@@ -105,6 +105,7 @@ fn check_update(limits: &Limits, key: &[u8], update: &Update) -> Result<(), Limi
     match update {
         Update::Incr { .. } => Ok(()),
         Update::Append { suffix: value } | Update::SetIf { value, .. } => limits.check_value(value),
+        Update::CopyFrom { source, .. } => limits.check_key(source),
     }
 }
 

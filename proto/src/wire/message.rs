@@ -196,6 +196,14 @@ pub enum Update {
         condition: SetCondition,
         return_old: bool,
     },
+    /// Writes `source`'s value to the key (RENAME, RENAMENX, COPY): only if
+    /// `source` exists, and unless `replace` only if the key is absent;
+    /// `remove_source` then deletes `source` in the same entry.
+    CopyFrom {
+        source: Bytes,
+        replace: bool,
+        remove_source: bool,
+    },
 }
 
 /// When a [`Update::SetIf`] writes. Append-only.
@@ -228,6 +236,13 @@ pub enum UpdateOutcome {
     /// `Append` would make the value larger than the value limit; nothing
     /// was written.
     TooLarge { len: u64, version: u64 },
+    /// `CopyFrom`: whether it wrote; `source_missing` when it did not
+    /// because the source key is absent.
+    Copied {
+        copied: bool,
+        source_missing: bool,
+        version: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -319,7 +334,8 @@ impl UpdateOutcome {
             | UpdateOutcome::Length { version, .. }
             | UpdateOutcome::Set { version, .. }
             | UpdateOutcome::NotAnInteger { version }
-            | UpdateOutcome::TooLarge { version, .. } => *version,
+            | UpdateOutcome::TooLarge { version, .. }
+            | UpdateOutcome::Copied { version, .. } => *version,
         }
     }
 }

@@ -262,6 +262,91 @@ pub async fn append(server: &RespServer, args: &[Bytes]) -> Reply {
     }
 }
 
+/// RENAME, RENAMENX or COPY (`args` after the name): the update of the
+/// destination `args[1]`, decided by the store.
+pub fn copy_update(command: &str, args: &[Bytes]) -> Result<Update, Reply> {
+    let mut replace = command == "rename";
+    if command == "copy" {
+        let mut options = args[2..].iter();
+        while let Some(option) = options.next() {
+            match (upper(option).as_str(), options.next()) {
+                ("REPLACE", next) => {
+                    replace = true;
+                    if next.is_some() {
+                        return Err(Reply::syntax());
+                    }
+                }
+                ("DB", Some(db)) if integer_arg(db) == Some(0) => {}
+                ("DB", Some(_)) => return Err(Reply::err("DB index is out of range")),
+                _ => return Err(Reply::syntax()),
+            }
+        }
+        if args[0] == args[1] {
+            return Err(Reply::err("source and destination objects are the same"));
+        }
+    }
+    Ok(Update::CopyFrom {
+        source: args[0].clone(),
+        replace,
+        remove_source: command != "copy",
+    })
+}
+
+fn copied(outcome: UpdateOutcome) -> Result<bool, Reply> {
+    match outcome {
+        UpdateOutcome::Copied {
+            source_missing: true,
+            ..
+        } => Err(Reply::err("no such key")),
+        UpdateOutcome::Copied { copied, .. } => Ok(copied),
+        other => Err(unexpected(&other)),
+    }
+}
+
+pub fn rename_reply(outcome: UpdateOutcome) -> Reply {
+    copied(outcome).map_or_else(|e| e, |_| Reply::ok())
+}
+
+pub fn renamenx_reply(outcome: UpdateOutcome) -> Reply {
+    copied(outcome).map_or_else(|e| e, |c| Reply::Integer(i64::from(c)))
+}
+
+/// COPY answers 0, not an error, when the source is missing.
+pub fn copy_reply(outcome: UpdateOutcome) -> Reply {
+    match outcome {
+        UpdateOutcome::Copied { copied, .. } => Reply::Integer(i64::from(copied)),
+        other => unexpected(&other),
+    }
+}
+
+async fn copy_command(
+    server: &RespServer,
+    command: &str,
+    args: &[Bytes],
+    reply: fn(UpdateOutcome) -> Reply,
+) -> Reply {
+    let update = match copy_update(command, args) {
+        Ok(update) => update,
+        Err(e) => return e,
+    };
+    match server.update(&args[1], update).await {
+        Ok(outcome) => reply(outcome),
+        Err(e) => e,
+    }
+}
+
+pub async fn rename(server: &RespServer, args: &[Bytes]) -> Reply {
+    copy_command(server, "rename", args, rename_reply).await
+}
+
+pub async fn renamenx(server: &RespServer, args: &[Bytes]) -> Reply {
+    copy_command(server, "renamenx", args, renamenx_reply).await
+}
+
+pub async fn copy(server: &RespServer, args: &[Bytes]) -> Reply {
+    copy_command(server, "copy", args, copy_reply).await
+}
+
 pub async fn del(server: &RespServer, args: &[Bytes]) -> Reply {
     let mut deleted = 0;
     for key in args {

@@ -70,6 +70,11 @@ impl Keys {
         step: 1,
     };
     /// `key value key value ...`
+    const TWO: Keys = Keys {
+        first: 1,
+        last: 2,
+        step: 1,
+    };
     const PAIRS: Keys = Keys {
         first: 1,
         last: -1,
@@ -254,6 +259,15 @@ pub static COMMANDS: &[Spec] = &[
     row("exists", -2, READ, ALL, store!(commands::exists)),
     row("unlink", -2, FAST_WRITE, ALL, store!(commands::del)),
     row("type", 2, READ, ONE, store!(keyspace::key_type)),
+    row("rename", 3, &["write"], Keys::TWO, store!(commands::rename)),
+    row(
+        "renamenx",
+        3,
+        FAST_WRITE,
+        Keys::TWO,
+        store!(commands::renamenx),
+    ),
+    row("copy", -3, &["write"], Keys::TWO, store!(commands::copy)),
     row("keys", 2, &["readonly"], NONE, store!(keyspace::keys)),
     row("scan", -2, &["readonly"], NONE, store!(keyspace::scan)),
     row("mget", -2, READ, ALL, store!(commands::mget)).answered_now(Op::MGet, commands::mget_now),

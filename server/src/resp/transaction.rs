@@ -167,6 +167,17 @@ fn plan(name: &str, args: &[Bytes]) -> Result<Queued, Reply> {
             ),
             Finish::Outcome(commands::append_reply),
         ),
+        "rename" | "renamenx" | "copy" => {
+            let reply = match name {
+                "rename" => commands::rename_reply,
+                "renamenx" => commands::renamenx_reply,
+                _ => commands::copy_reply,
+            };
+            match commands::copy_update(name, args) {
+                Ok(update) => queued(update_op(&args[1], update), Finish::Outcome(reply)),
+                Err(error) => known(error),
+            }
+        }
         other => Err(Reply::err(format!(
             "'{other}' cannot run inside MULTI in rdkv (docs/resp.md lists the commands that can)"
         ))),

@@ -396,6 +396,55 @@ fn appended_len(value_len: usize, suffix_len: usize, max_value_bytes: u32) -> Re
 
 /// A read-modify-write: decided from the key's current value in the region,
 /// so every replica reaches the same outcome.
+/// An `Update::CopyFrom` to apply; `may_write`: the key is absent or the
+/// update replaces it.
+struct Copy<'u> {
+    source: &'u Bytes,
+    may_write: bool,
+    remove_source: bool,
+}
+
+/// RENAME, RENAMENX and COPY: `source`'s value to `key` in one entry.
+fn apply_copy(
+    writer: &mut KeyedRegion,
+    limits: Limits,
+    copy: Copy<'_>,
+    key: &Bytes,
+    version: u64,
+) -> Applied {
+    let Copy {
+        source,
+        may_write,
+        remove_source,
+    } = copy;
+    let outcome = |copied, source_missing| {
+        replied(Response::Updated(UpdateOutcome::Copied {
+            copied,
+            source_missing,
+            version,
+        }))
+    };
+    let value = match writer.get(source) {
+        Ok(Some(found)) => found.value,
+        Ok(None) => return outcome(false, true),
+        Err(e) => return failed(&e),
+    };
+    if !may_write {
+        return outcome(false, false);
+    }
+    if source == key {
+        // Nothing moves: RENAME of a key onto itself succeeds as in Redis.
+        return outcome(true, false);
+    }
+    if let Err(applied) = put_within(writer, limits, key, &value, version) {
+        return applied;
+    }
+    if remove_source && let Err(e) = writer.delete(source) {
+        return failed(&e);
+    }
+    outcome(true, false)
+}
+
 fn apply_update(
     writer: &mut KeyedRegion,
     limits: Limits,
@@ -455,6 +504,18 @@ fn apply_update(
                 return replied(Response::Updated(outcome));
             }
             (value.clone(), outcome)
+        }
+        Update::CopyFrom {
+            source,
+            replace,
+            remove_source,
+        } => {
+            let copy = Copy {
+                source,
+                may_write: *replace || current.is_none(),
+                remove_source: *remove_source,
+            };
+            return apply_copy(writer, limits, copy, key, version);
         }
     };
     match put_within(writer, limits, key, &new_value, version) {
