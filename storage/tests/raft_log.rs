@@ -692,3 +692,57 @@ fn a_zero_segment_size_or_record_size_is_refused_at_open() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_damaged_header_of_the_last_segment_fails_open() {
+    // A header that was written and is wrong is damage, not an interrupted
+    // roll: recovery refuses it instead of deleting acknowledged entries.
+    let dir = closed_log(small_segments(), entries(1, 0..40)).await;
+    let segs = segment_files(dir.path());
+    assert!(segs.len() >= 2);
+    flip_byte(&last_segment(dir.path()), 0);
+    let err = LogStore::open(dir.path(), small_segments()).err();
+    assert!(
+        matches!(err, Some(LogError::BadSegmentHeader { .. })),
+        "{err:?}"
+    );
+    assert_eq!(segment_files(dir.path()).len(), segs.len(), "a segment was removed");
+}
+
+#[tokio::test]
+async fn a_missing_first_segment_after_a_purge_is_a_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = LogStore::open(dir.path(), small_segments()).unwrap();
+        append(&mut store, entries(1, 0..60)).await.unwrap();
+        store.purge(lid(1, 5)).await.unwrap();
+    }
+    // The oldest remaining segment holds entries right after the purge
+    // point; without it the log would start past purged + 1.
+    let segs = segment_files(dir.path());
+    assert!(segs.len() >= 3 && segs[0].0 <= 6, "{segs:?}");
+    fs::remove_file(&segs[0].1).unwrap();
+    let err = LogStore::open(dir.path(), small_segments()).err();
+    assert!(matches!(err, Some(LogError::Gap { .. })), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_committed_index_past_the_recovered_end_is_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = LogStore::open(dir.path(), LogOptions::default()).unwrap();
+        append(&mut store, entries(1, 0..10)).await.unwrap();
+        store.save_committed(Some(lid(1, 9))).await.unwrap();
+    }
+    // Entry 9's record torn off: the log now ends at 8.
+    let path = last_segment(dir.path());
+    let last_record = *record_offsets(&path).last().unwrap();
+    OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(last_record + 3)
+        .unwrap();
+    let mut store = reopen(dir.path(), LogOptions::default(), &entries(1, 0..9)).await;
+    assert_eq!(store.read_committed().await.unwrap(), Some(lid(1, 8)));
+}
