@@ -150,3 +150,132 @@ fn a_full_neighbourhood_spills_into_an_overflow_table() {
     assert_eq!((stats.live_keys, stats.overflow_tables), (17, 1));
     assert_eq!(stats.overflow_bytes, 64);
 }
+
+/// The writer's accounting, byte for byte: what a pair is charged, what a
+/// block uses, what is free and in one piece, what waits for its grace
+/// period and what came back.
+#[test]
+fn stats_and_charges_account_every_byte() {
+    use rdkv_proto::region::{SLOT_BYTES, SizeClass, charged_bytes, encoded_block_bytes};
+    let clock = Arc::new(ManualClock::default());
+    let config = RegionConfig::default();
+    let mut w = RegionWriter::create(&config, clock.clone()).unwrap();
+    let empty = w.stats();
+    assert_eq!(empty.free_bytes, empty.data_capacity_bytes);
+    assert_eq!(empty.largest_free_bytes, empty.free_bytes);
+    assert_eq!(empty.fragmentation, 0.0);
+    let value = vec![7u8; 200];
+    let block_bytes = SizeClass::for_bytes(encoded_block_bytes(2, value.len()))
+        .unwrap()
+        .bytes();
+    for (i, key) in [b"k0", b"k1", b"k2"].iter().enumerate() {
+        w.put(*key, &value, i as u64 + 1).unwrap();
+    }
+    let charge = charged_bytes(2, value.len()).unwrap();
+    assert_eq!(charge, block_bytes + SLOT_BYTES);
+    assert_eq!(w.charge_of(b"k1").unwrap(), Some(charge));
+    assert_eq!(w.charge_of(b"none").unwrap(), None);
+    let stats = w.stats();
+    assert_eq!(stats.used_bytes, 3 * block_bytes);
+    assert_eq!(stats.charged_bytes, 3 * charge);
+    assert_eq!(stats.free_bytes, empty.free_bytes - 3 * block_bytes);
+    // A delete retires the block: pending until its grace period ends.
+    w.delete(b"k1").unwrap();
+    let stats = w.stats();
+    assert_eq!(
+        (stats.pending_reclaim_bytes, stats.pending_reclaim_blocks),
+        (block_bytes, 1)
+    );
+    assert_eq!(w.reclaim(), 0, "reclaimed before the grace period");
+    clock.advance_us(config.grace_period_us + 1);
+    assert_eq!(w.reclaim(), 1);
+    let stats = w.stats();
+    assert_eq!(stats.pending_reclaim_bytes, 0);
+    assert_eq!(
+        (stats.reclaimed_blocks_total, stats.reclaimed_bytes_total),
+        (1, block_bytes)
+    );
+    // k1's block is a hole between k0's and k2's: free space in two pieces.
+    assert_eq!(stats.free_bytes, empty.free_bytes - 2 * block_bytes);
+    assert!(stats.largest_free_bytes < stats.free_bytes);
+    let expected = 1.0 - stats.largest_free_bytes as f64 / stats.free_bytes as f64;
+    assert!(stats.fragmentation > 0.0);
+    assert!((stats.fragmentation - expected).abs() < 1e-12, "{stats:?}");
+}
+
+/// A full region's error says what the write needed and what is free, as
+/// the stats count it.
+#[test]
+fn a_full_regions_error_reports_its_space_exactly() {
+    use rdkv_proto::region::{SizeClass, encoded_block_bytes};
+    let mut w = writer(RegionConfig {
+        region_bytes: 256 * 1024,
+        ..RegionConfig::default()
+    });
+    let value = vec![1u8; 1000];
+    let mut i = 0u64;
+    let error = loop {
+        match w.put(format!("k{i:05}").as_bytes(), &value, i + 1) {
+            Ok(_) => i += 1,
+            Err(e) => break e,
+        }
+    };
+    let stats = w.stats();
+    let needed = SizeClass::for_bytes(encoded_block_bytes(6, value.len()))
+        .unwrap()
+        .bytes();
+    let RegionError::RegionFull {
+        needed_bytes,
+        free_bytes,
+        largest_free_bytes,
+        pending_reclaim_bytes,
+    } = error
+    else {
+        panic!("{error}");
+    };
+    assert_eq!(needed_bytes, needed);
+    assert_eq!(free_bytes, stats.free_bytes);
+    assert_eq!(largest_free_bytes, stats.largest_free_bytes);
+    assert_eq!(pending_reclaim_bytes, stats.pending_reclaim_bytes);
+    assert!(free_bytes < needed && free_bytes > 0, "{free_bytes} free");
+}
+
+/// Retiring a replaced block writes only inside that block: a neighbour
+/// whose bytes fill its class to the end stays valid.
+#[test]
+fn replacing_a_block_leaves_its_neighbours_intact() {
+    use rdkv_proto::region::{UNIT_BYTES, encoded_block_bytes};
+    let mut w = writer(RegionConfig::default());
+    let reader = w.reader(ReaderOptions::for_layout(w.layout())).unwrap();
+    // One unit exactly: the block's last byte is the value's last byte.
+    let value_len = (UNIT_BYTES - encoded_block_bytes(1, 0)) as usize;
+    assert_eq!(encoded_block_bytes(1, value_len), UNIT_BYTES);
+    let left = vec![b'L'; value_len];
+    w.put(b"a", &left, 1).unwrap();
+    w.put(b"b", &vec![b'R'; value_len], 2).unwrap();
+    w.put(b"c", &vec![b'S'; value_len], 3).unwrap();
+    // b's block (between a's and c's) is replaced, then deleted outright.
+    w.put(
+        b"b",
+        b"longer value in a new block of two units at least......",
+        4,
+    )
+    .unwrap();
+    w.delete(b"b").unwrap();
+    assert_eq!(reader.get(b"a").unwrap().unwrap().value.as_ref(), &left[..]);
+    assert_eq!(reader.get(b"c").unwrap().unwrap().version, 3);
+}
+
+/// What the writer publishes in the header, readers see.
+#[test]
+fn published_term_and_applied_index_reach_readers() {
+    let w = writer(RegionConfig::default());
+    let reader = w.reader(ReaderOptions::for_layout(w.layout())).unwrap();
+    w.publish_term(7).unwrap();
+    w.publish_applied(42, 1_700_000_000_000_000).unwrap();
+    let header = reader.dynamic_header().unwrap();
+    assert_eq!(header.raft_term, 7);
+    assert_eq!(header.applied_index, 42);
+    assert_eq!(header.applied_at_unix_us, 1_700_000_000_000_000);
+    assert_eq!(reader.applied_index().unwrap(), 42);
+}

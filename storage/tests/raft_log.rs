@@ -706,7 +706,11 @@ async fn a_damaged_header_of_the_last_segment_fails_open() {
         matches!(err, Some(LogError::BadSegmentHeader { .. })),
         "{err:?}"
     );
-    assert_eq!(segment_files(dir.path()).len(), segs.len(), "a segment was removed");
+    assert_eq!(
+        segment_files(dir.path()).len(),
+        segs.len(),
+        "a segment was removed"
+    );
 }
 
 #[tokio::test]
