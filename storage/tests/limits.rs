@@ -278,4 +278,28 @@ fn published_term_and_applied_index_reach_readers() {
     assert_eq!(header.applied_index, 42);
     assert_eq!(header.applied_at_unix_us, 1_700_000_000_000_000);
     assert_eq!(reader.applied_index().unwrap(), 42);
+    // The lease: both clocks' deadlines, a deadline of 0 published as 1
+    // (expired, not "no lease"), and None clears both.
+    let lease = |unix_us, boottime_us| {
+        Some(rdkv_proto::region::LeaseDeadline {
+            unix_us,
+            boottime_us,
+        })
+    };
+    w.publish_lease(lease(5_000, 6_000)).unwrap();
+    let header = reader.dynamic_header().unwrap();
+    assert_eq!(header.lease_deadline_unix_us, Some(5_000));
+    assert_eq!(header.lease_deadline_boottime_us, Some(6_000));
+    w.publish_lease(lease(0, 0)).unwrap();
+    let header = reader.dynamic_header().unwrap();
+    assert_eq!(header.lease_deadline_unix_us, Some(1));
+    assert_eq!(header.lease_deadline_boottime_us, Some(1));
+    w.publish_lease(None).unwrap();
+    let header = reader.dynamic_header().unwrap();
+    assert_eq!(header.lease_deadline_unix_us, None);
+    assert_eq!(header.lease_deadline_boottime_us, None);
+    assert_eq!(header.state, rdkv_proto::region::RegionState::Serving);
+    w.retire_region().unwrap();
+    let header = reader.dynamic_header().unwrap();
+    assert_eq!(header.state, rdkv_proto::region::RegionState::Retired);
 }
