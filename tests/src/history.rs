@@ -29,6 +29,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use rdkv_client::{CasOutcome, Client, Consistency, DeleteOutcome, Error, ErrorCode, Versioned};
+use rdkv_proto::wire::{Request, Response, TxnOp, TxnResult};
 
 /// A logical client. Operations of one process never overlap in time when a
 /// process waits for each reply before its next call (not required by the
@@ -55,6 +56,11 @@ pub enum Operation {
         expected_version: Option<u64>,
         new_value: Option<Bytes>,
     },
+    /// A transaction (MULTI/EXEC's native form, one log entry) that reads
+    /// the key and then writes `value`: returns what it read.
+    Swap {
+        value: Bytes,
+    },
 }
 
 impl Operation {
@@ -79,6 +85,12 @@ pub enum Returned {
         version: u64,
         current: Option<Versioned>,
     },
+    /// Of a `Swap`: what it read, and the transaction's log index (the
+    /// version it wrote).
+    Swapped {
+        old: Option<Versioned>,
+        version: u64,
+    },
 }
 
 impl Returned {
@@ -89,7 +101,8 @@ impl Returned {
             Returned::Value(value) => value.as_ref().map(|v| v.version),
             Returned::Written { version }
             | Returned::Deleted { version, .. }
-            | Returned::Cas { version, .. } => Some(*version),
+            | Returned::Cas { version, .. }
+            | Returned::Swapped { version, .. } => Some(*version),
         }
     }
 }
@@ -303,6 +316,13 @@ impl PendingOp {
         });
     }
 
+    pub fn complete_swap(self, result: &rdkv_client::Result<(Option<Versioned>, u64)>) {
+        self.complete_write(result, |(old, version)| Returned::Swapped {
+            old: old.clone(),
+            version: *version,
+        });
+    }
+
     /// A write's outcome: what it returned, or what its error says about
     /// whether it happened.
     fn complete_write<T>(
@@ -442,6 +462,52 @@ impl RecordingClient {
         );
         let result = self.client.cas(key, expected_version, new_value).await;
         pending.complete_cas(&result);
+        result
+    }
+
+    /// Reads `key` and writes `value` in one transaction: what it read and
+    /// the transaction's log index.
+    pub async fn swap(
+        &self,
+        key: impl Into<Bytes>,
+        value: impl Into<Bytes>,
+    ) -> rdkv_client::Result<(Option<Versioned>, u64)> {
+        let key = key.into();
+        let value = value.into();
+        let pending = self.recorder.invoke(
+            self.process,
+            key.clone(),
+            Operation::Swap {
+                value: value.clone(),
+            },
+        );
+        let request = Request::Transaction {
+            watch: Vec::new(),
+            ops: vec![TxnOp::Get { key: key.clone() }, TxnOp::Put { key, value }],
+        };
+        let result = match self.client.send(request).await {
+            Ok(Response::Transaction {
+                aborted: false,
+                results,
+                version,
+            }) if matches!(
+                results.as_slice(),
+                [TxnResult::Value(_), TxnResult::Written]
+            ) =>
+            {
+                let old = match results.into_iter().next() {
+                    Some(TxnResult::Value(old)) => old,
+                    _ => None,
+                };
+                Ok((old, version))
+            }
+            Ok(other) => Err(Error::UnexpectedResponse {
+                request: "transaction",
+                response: format!("{other:?}"),
+            }),
+            Err(e) => Err(e),
+        };
+        pending.complete_swap(&result);
         result
     }
 }

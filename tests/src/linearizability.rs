@@ -235,12 +235,16 @@ pub fn describe(op: &OpRecord) -> String {
             "cas(expected {expected_version:?}, new {:?})",
             new_value.as_ref().map(|v| v.escape_ascii().to_string())
         ),
+        Operation::Swap { value } => format!("swap({:?})", value.escape_ascii().to_string()),
     };
     let outcome = match &op.outcome {
         Outcome::Fail => "fail".to_owned(),
         Outcome::Unknown => "unknown".to_owned(),
         Outcome::Ok(Returned::Value(v)) => describe_versioned(v),
         Outcome::Ok(Returned::Written { version }) => format!("ok@{version}"),
+        Outcome::Ok(Returned::Swapped { old, version }) => {
+            format!("read {} wrote@{version}", describe_versioned(old))
+        }
         Outcome::Ok(Returned::Deleted { existed, version }) => {
             format!("existed={existed}@{version}")
         }
@@ -359,6 +363,12 @@ enum ModelOp {
         expected: Option<u64>,
         new: Option<ValueId>,
     },
+    /// A read of `observed` and a write of `value` at `version`, atomic.
+    Swap {
+        observed: Option<(ValueId, u64)>,
+        value: ValueId,
+        version: u64,
+    },
 }
 
 impl ModelOp {
@@ -398,6 +408,17 @@ fn step(state: RegisterState, op: ModelOp) -> Option<RegisterState> {
             value: None,
             floor: state.floor,
         }),
+        ModelOp::Swap {
+            observed,
+            value,
+            version,
+        } => {
+            let read = state.with_current(observed)?;
+            (version > read.floor).then_some(RegisterState {
+                value: Some((value, Version::Known(version))),
+                floor: version,
+            })
+        }
         ModelOp::CasSucceeded {
             expected,
             new,
@@ -505,6 +526,18 @@ fn model_op(op: &OpRecord, interner: &mut Interner) -> Result<ModelOp, HistoryEr
             }
         }
         (Operation::Delete, Outcome::Unknown) => ModelOp::Delete { result: None },
+        (Operation::Swap { value }, Outcome::Ok(Returned::Swapped { old, version })) => {
+            ModelOp::Swap {
+                observed: interner.versioned(old),
+                value: interner.id(value),
+                version: *version,
+            }
+        }
+        // What it read is unknown too: only the write constrains.
+        (Operation::Swap { value }, Outcome::Unknown) => ModelOp::Put {
+            value: interner.id(value),
+            version: None,
+        },
         (
             Operation::Cas {
                 expected_version,
@@ -931,6 +964,9 @@ fn known_write(op: &OpRecord) -> Option<KnownWrite> {
             (*version, Some(value.clone()))
         }
         (Operation::Delete, Outcome::Ok(Returned::Deleted { version, .. })) => (*version, None),
+        (Operation::Swap { value }, Outcome::Ok(Returned::Swapped { version, .. })) => {
+            (*version, Some(value.clone()))
+        }
         (
             Operation::Cas { new_value, .. },
             Outcome::Ok(Returned::Cas {

@@ -638,6 +638,7 @@ fn generate(seed: u64, shape: &Shape) -> History {
             },
             40..65 => Operation::Put { value },
             65..75 => Operation::Delete,
+            90.. => Operation::Swap { value },
             _ => Operation::Cas {
                 expected_version: match rng.below(10) {
                     0..6 => now.as_ref().map(|v| v.version),
@@ -668,6 +669,20 @@ fn generate(seed: u64, shape: &Shape) -> History {
                     log_index += 1;
                     Returned::Deleted {
                         existed: store.remove(&key).is_some(),
+                        version: log_index,
+                    }
+                }
+                Operation::Swap { value } => {
+                    log_index += 1;
+                    store.insert(
+                        key.clone(),
+                        Versioned {
+                            value: value.clone(),
+                            version: log_index,
+                        },
+                    );
+                    Returned::Swapped {
+                        old: now,
                         version: log_index,
                     }
                 }
@@ -875,4 +890,47 @@ fn five_clients_two_thousand_ops_five_keys_check_within_budget() {
     let history = generate(7, &shape);
     let verdict = check_history(&history, CheckOptions::default()).expect("well-formed");
     assert_eq!(verdict, Verdict::Linearizable, "{verdict}");
+}
+
+impl Builder {
+    fn swap(
+        &mut self,
+        p: ProcessId,
+        span: (Tick, Tick),
+        value: &str,
+        (read, version): (Option<(&str, u64)>, u64),
+    ) -> usize {
+        self.op(
+            p,
+            KEY,
+            span,
+            Operation::Swap {
+                value: Bytes::from(value.to_owned()),
+            },
+            Outcome::Ok(Returned::Swapped {
+                old: current(read),
+                version,
+            }),
+        )
+    }
+}
+
+#[test]
+fn swaps_read_and_write_atomically() {
+    let mut b = Builder::default();
+    b.put(1, (0, 1), "a", 1);
+    b.swap(2, (2, 3), "b", (Some(("a", 1)), 2));
+    b.swap(1, (4, 5), "c", (Some(("b", 2)), 3));
+    b.get(3, (6, 7), Some(("c", 3)));
+    assert_linearizable(&b);
+}
+
+#[test]
+fn two_swaps_that_read_the_same_value_are_not_linearizable() {
+    // Each read "a" and wrote: one of them must have read the other's write.
+    let mut b = Builder::default();
+    b.put(1, (0, 1), "a", 1);
+    let first = b.swap(2, (2, 10), "b", (Some(("a", 1)), 2));
+    let second = b.swap(3, (3, 11), "c", (Some(("a", 1)), 3));
+    assert_violation(&b, &[first, second]);
 }

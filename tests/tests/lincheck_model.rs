@@ -73,6 +73,13 @@ impl LogStore {
                     version: self.write(key, None),
                 }
             }
+            Operation::Swap { value } => {
+                let old = self.current(key);
+                Returned::Swapped {
+                    old,
+                    version: self.write(key, Some(value.clone())),
+                }
+            }
             Operation::Cas {
                 expected_version,
                 new_value,

@@ -1,6 +1,7 @@
-//! Randomized fault suite, Jepsen style: clients do get/put/cas/delete on a
-//! few keys at every consistency level while a nemesis partitions, pauses,
-//! kills and restarts nodes and slows disks; the recorded history must be
+//! Randomized fault suite, Jepsen style: clients do get/put/cas/delete and
+//! read-then-write transactions (MULTI/EXEC's native form) on a few keys at
+//! every consistency level while a nemesis partitions, pauses, kills and
+//! restarts nodes and slows disks; the recorded history must be
 //! linearizable (Linearizable and Lease reads, all writes) and every
 //! Follower read within its lag bound. Each fault must be seen to take
 //! effect, each scenario must have served reads one-sided (all recorded and
@@ -283,7 +284,13 @@ async fn worker(
                 .await
                 .is_ok(),
             55..=79 => client.put(key, value).await.is_ok(),
-            80..=94 => client
+            // A transaction (MULTI/EXEC's native form): read, then write.
+            90..=94 => client
+                .swap(key, value)
+                .await
+                .map(|(_, version)| seen[k] = Some(version))
+                .is_ok(),
+            80..=89 => client
                 .cas(key, seen[k], Some(value))
                 .await
                 .map(|c| {
