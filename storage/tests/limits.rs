@@ -303,3 +303,88 @@ fn published_term_and_applied_index_reach_readers() {
     let header = reader.dynamic_header().unwrap();
     assert_eq!(header.state, rdkv_proto::region::RegionState::Retired);
 }
+
+/// A key that needs a new overflow table when the region cannot hold both
+/// the table and the key's block is refused with both counted, whether the
+/// table or the block is the one that does not fit; nothing is lost.
+#[test]
+fn a_key_needing_a_new_table_counts_it_when_the_region_is_full() {
+    use rdkv_proto::region::{UNIT_BYTES, overflow_table_units};
+    // Two buckets: every key has the one home, so keys go to its overflow
+    // chain once its neighbourhood is full.
+    let config = RegionConfig {
+        region_bytes: 64 * 1024,
+        bytes_per_slot: 4096,
+        ..RegionConfig::default()
+    };
+    // Which key makes the chain's second table: placement is the same for
+    // the same keys, so a region holding the keys before it has a full
+    // chain of one table.
+    let mut probe = writer(config.clone());
+    let mut keys = 0u64;
+    while probe.stats().overflow_tables < 2 {
+        probe
+            .put(format!("k{keys}").as_bytes(), b"v", keys + 1)
+            .unwrap();
+        keys += 1;
+    }
+    let keys = keys - 1;
+    let mut w = writer(config);
+    for i in 0..keys {
+        w.put(format!("k{i}").as_bytes(), b"v", i + 1).unwrap();
+    }
+    assert_eq!(w.stats().overflow_tables, 1);
+    let table_bytes = overflow_table_units(1) * UNIT_BYTES;
+    let needed = UNIT_BYTES + table_bytes;
+    let mut version = keys;
+    // Overwrites take fresh one-unit blocks (the old ones wait for a grace
+    // period that this clock never passes): eat the free space down to
+    // exactly the table's size (the table fits, the block does not), then
+    // to nothing (the table does not fit).
+    for free_target in [table_bytes, 0] {
+        let mut k = 0;
+        while w.stats().free_bytes > free_target {
+            version += 1;
+            w.put(format!("k{}", k % keys).as_bytes(), b"w", version)
+                .unwrap();
+            k += 1;
+        }
+        assert_eq!(w.stats().free_bytes, free_target);
+        let error = w.put(format!("k{keys}").as_bytes(), b"v", version + 1);
+        let Err(RegionError::RegionFull { needed_bytes, .. }) = error else {
+            panic!("{error:?}");
+        };
+        assert_eq!(needed_bytes, needed, "with {free_target} bytes free");
+        // A table allocated for it was released again.
+        let stats = w.stats();
+        assert_eq!(stats.free_bytes, free_target);
+        assert_eq!((stats.overflow_tables, stats.live_keys), (1, keys));
+    }
+}
+
+/// A home whose chain has every overflow table it may have is full: the
+/// error counts the slots a key of that home may take, all of them held.
+#[test]
+fn a_full_chain_reports_the_slots_it_holds() {
+    use rdkv_proto::region::{MAX_OVERFLOW_TABLES, chain_capacity};
+    // Two buckets (one home), and room for the whole chain's blocks.
+    let mut w = writer(RegionConfig {
+        region_bytes: 4 * 1024 * 1024,
+        bytes_per_slot: 256 * 1024,
+        ..RegionConfig::default()
+    });
+    let mut stored = 0u64;
+    let error = loop {
+        match w.put(format!("k{stored}").as_bytes(), b"v", stored + 1) {
+            Ok(_) => stored += 1,
+            Err(e) => break e,
+        }
+    };
+    let RegionError::IndexFull { slots } = error else {
+        panic!("{error}");
+    };
+    let stats = w.stats();
+    assert_eq!(stats.overflow_tables as usize, MAX_OVERFLOW_TABLES);
+    assert_eq!(slots as u64, stored, "every slot the key may take is held");
+    assert!(slots > chain_capacity(MAX_OVERFLOW_TABLES));
+}
