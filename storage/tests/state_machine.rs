@@ -494,3 +494,47 @@ async fn a_transaction_applies_every_op_or_none_when_a_watched_key_changed() {
     assert_eq!(value_of(&sm, "d"), Some(("4".into(), 4)));
     assert_eq!(sm.applied_index(), 4);
 }
+
+/// RENAME, RENAMENX and COPY: the destination gets the source's value in
+/// the same entry (RENAME also deletes the source), only when the source
+/// exists, and without `replace` only when the destination is absent.
+#[tokio::test]
+async fn copies_and_renames_decide_from_both_keys() {
+    use rdkv_proto::wire::Update;
+    let copy = |from: &str, to: &str, replace, remove_source| {
+        update(
+            to,
+            Update::CopyFrom {
+                source: b(from),
+                replace,
+                remove_source,
+            },
+        )
+    };
+    let entries = vec![
+        normal(1, put("a", "1")),
+        normal(2, put("b", "2")),
+        // RENAME a -> c.
+        normal(3, copy("a", "c", true, true)),
+        // RENAMENX c -> b: b exists, nothing changes.
+        normal(4, copy("c", "b", false, true)),
+        // COPY b -> c REPLACE: c takes b's value, b stays.
+        normal(5, copy("b", "c", true, false)),
+        // COPY of a missing source: nothing.
+        normal(6, copy("none", "d", true, false)),
+        // RENAME of a key onto itself: nothing moves, nothing is lost.
+        normal(7, copy("b", "b", true, true)),
+        // RENAMENX b -> e: e is absent.
+        normal(8, copy("b", "e", false, true)),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let mut sm = common::open(dir.path());
+    apply(&mut sm, entries).await;
+    assert_eq!(value_of(&sm, "a"), None);
+    assert_eq!(value_of(&sm, "b"), None);
+    assert_eq!(value_of(&sm, "c"), Some(("2".into(), 5)));
+    assert_eq!(value_of(&sm, "d"), None);
+    assert_eq!(value_of(&sm, "e"), Some(("2".into(), 8)));
+    let stats = sm.region_stats();
+    assert_eq!(stats.live_keys, 2);
+}
