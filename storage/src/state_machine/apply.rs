@@ -555,4 +555,218 @@ mod tests {
             assert_eq!(parse_integer(bad), None, "{bad:?}");
         }
     }
+
+    mod results {
+        //! What each command answers, seen straight from `apply_entry`
+        //! (openraft's responders cannot be built outside openraft).
+        use bytes::Bytes;
+        use openraft::entry::RaftEntry;
+        use rdkv_proto::region::HashSeed;
+        use rdkv_proto::wire::{
+            ErrorCode, Response, SetCondition, TxnOp, TxnResult, Update, UpdateOutcome, Versioned,
+        };
+
+        use super::super::{Applied, apply_entry};
+        use crate::RegionConfig;
+        use crate::raft::{Command, CommandResult, Entry, TypeConfig};
+        use crate::state_machine::{RegionStateMachine, StateMachineConfig};
+
+        fn b(s: &str) -> Bytes {
+            Bytes::copy_from_slice(s.as_bytes())
+        }
+
+        struct Applier {
+            sm: RegionStateMachine,
+            index: u64,
+            _dir: tempfile::TempDir,
+        }
+
+        impl Applier {
+            fn new() -> Applier {
+                let dir = tempfile::tempdir().unwrap();
+                let sm = RegionStateMachine::open(StateMachineConfig {
+                    region: RegionConfig {
+                        region_bytes: 4 * 1024 * 1024,
+                        hash_seed: HashSeed(1, 1),
+                        ..RegionConfig::default()
+                    },
+                    snapshot_dir: dir.path().join("snapshots"),
+                })
+                .unwrap();
+                Applier {
+                    sm,
+                    index: 0,
+                    _dir: dir,
+                }
+            }
+
+            fn apply(&mut self, command: Command) -> Response {
+                self.index += 1;
+                let entry = Entry::new_normal(
+                    openraft::testing::log_id::<TypeConfig>(1, 1, self.index),
+                    command,
+                );
+                match apply_entry(&mut self.sm.lock(), &entry, 0) {
+                    Applied::Done(CommandResult::Applied(response)) => response,
+                    Applied::Done(other) => panic!("not applied: {other:?}"),
+                    Applied::AdoptSeed(_) | Applied::Full { .. } => panic!("not done"),
+                }
+            }
+
+            fn set_quota(&mut self, bytes: u64) {
+                self.apply(Command::SetQuota { bytes });
+            }
+
+            fn alarm(&self) -> bool {
+                self.sm.lock().no_space_alarm
+            }
+        }
+
+        fn put(key: &str, value: &str) -> Command {
+            Command::Put {
+                key: b(key),
+                value: b(value),
+            }
+        }
+
+        fn copy(from: &str, to: &str, replace: bool, remove_source: bool) -> Command {
+            Command::Update {
+                key: b(to),
+                update: Update::CopyFrom {
+                    source: b(from),
+                    replace,
+                    remove_source,
+                },
+            }
+        }
+
+        fn copied(copied: bool, source_missing: bool, version: u64) -> Response {
+            Response::Updated(UpdateOutcome::Copied {
+                copied,
+                source_missing,
+                version,
+            })
+        }
+
+        #[test]
+        fn copies_answer_whether_they_wrote_and_why_not() {
+            let mut a = Applier::new();
+            a.apply(put("a", "1"));
+            a.apply(put("b", "2"));
+            assert_eq!(
+                a.apply(copy("none", "x", true, true)),
+                copied(false, true, 3)
+            );
+            assert_eq!(
+                a.apply(copy("a", "b", false, false)),
+                copied(false, false, 4)
+            );
+            assert_eq!(
+                a.apply(copy("a", "a", false, true)),
+                copied(false, false, 5)
+            );
+            assert_eq!(a.apply(copy("a", "a", true, true)), copied(true, false, 6));
+            assert_eq!(a.apply(copy("a", "c", false, true)), copied(true, false, 7));
+        }
+
+        fn txn(watch: Vec<(&str, Option<u64>)>, ops: Vec<TxnOp>) -> Command {
+            Command::Transaction {
+                watch: watch.into_iter().map(|(k, v)| (b(k), v)).collect(),
+                ops,
+            }
+        }
+
+        #[test]
+        fn a_transaction_answers_each_op_or_that_it_aborted() {
+            let mut a = Applier::new();
+            a.apply(put("a", "1"));
+            let ops = vec![
+                TxnOp::Get { key: b("a") },
+                TxnOp::Put {
+                    key: b("a"),
+                    value: b("2"),
+                },
+                TxnOp::Update {
+                    key: b("a"),
+                    update: Update::Incr { delta: 1 },
+                },
+                TxnOp::Update {
+                    key: b("s"),
+                    update: Update::SetIf {
+                        value: b("x"),
+                        condition: SetCondition::IfPresent,
+                        return_old: false,
+                    },
+                },
+                TxnOp::Delete { key: b("a") },
+                TxnOp::Get { key: b("a") },
+            ];
+            let expected = vec![
+                TxnResult::Value(Some(Versioned {
+                    value: b("1"),
+                    version: 1,
+                })),
+                TxnResult::Written,
+                TxnResult::Updated(UpdateOutcome::Integer {
+                    value: 3,
+                    version: 2,
+                }),
+                TxnResult::Updated(UpdateOutcome::Set {
+                    written: false,
+                    old: None,
+                    version: 2,
+                }),
+                TxnResult::Deleted { existed: true },
+                TxnResult::Value(None),
+            ];
+            assert_eq!(
+                a.apply(txn(vec![("a", Some(1))], ops.clone())),
+                Response::Transaction {
+                    aborted: false,
+                    results: expected,
+                    version: 2,
+                }
+            );
+            assert_eq!(
+                a.apply(txn(vec![("a", Some(1))], ops)),
+                Response::Transaction {
+                    aborted: true,
+                    results: Vec::new(),
+                    version: 3,
+                }
+            );
+        }
+
+        #[test]
+        fn a_refused_op_is_its_own_error_and_raises_the_alarm() {
+            let mut a = Applier::new();
+            a.set_quota(1000);
+            assert!(!a.alarm());
+            let big = "v".repeat(2000);
+            let ops = vec![
+                TxnOp::Put {
+                    key: b("big"),
+                    value: b(&big),
+                },
+                TxnOp::Put {
+                    key: b("small"),
+                    value: b("v"),
+                },
+            ];
+            let Response::Transaction {
+                aborted: false,
+                results,
+                ..
+            } = a.apply(txn(Vec::new(), ops))
+            else {
+                panic!("not a transaction's results");
+            };
+            assert!(
+                matches!(&results[0], TxnResult::Error(e) if e.code == ErrorCode::NoSpace),
+                "{results:?}"
+            );
+            assert_eq!(results[1], TxnResult::Written);
+            assert!(a.alarm(), "a refused op raises the no-space alarm");
+        }
+    }
 }
