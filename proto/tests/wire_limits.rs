@@ -159,6 +159,85 @@ fn every_entry_of_a_batch_is_checked() {
 }
 
 #[test]
+fn a_transaction_counts_watched_keys_and_ops_and_checks_each() {
+    use rdkv_proto::wire::{TxnOp, Update};
+    let limits = small();
+    let get = |n| TxnOp::Get { key: key(n) };
+    let txn = |watch: Vec<Bytes>, ops: Vec<TxnOp>| Request::Transaction {
+        watch: watch.into_iter().map(|k| (k, None)).collect(),
+        ops,
+    };
+    // 4 in all is the batch limit: 2 watched and 2 ops pass, one more fails.
+    assert_eq!(
+        txn(vec![key(1), key(1)], vec![get(1), get(1)]).validate(&limits),
+        Ok(())
+    );
+    assert!(matches!(
+        txn(vec![key(1), key(1)], vec![get(1), get(1), get(1)]).validate(&limits),
+        Err(LimitError::BatchTooLarge { .. })
+    ));
+    assert!(matches!(
+        txn(vec![key(1); 5], Vec::new()).validate(&limits),
+        Err(LimitError::BatchTooLarge { .. })
+    ));
+    let too_long = [
+        txn(vec![key(9)], Vec::new()),
+        txn(Vec::new(), vec![get(9)]),
+        txn(Vec::new(), vec![TxnOp::Delete { key: key(9) }]),
+        txn(
+            Vec::new(),
+            vec![TxnOp::Put {
+                key: key(9),
+                value: value(1),
+            }],
+        ),
+        txn(
+            Vec::new(),
+            vec![TxnOp::Update {
+                key: key(9),
+                update: Update::Incr { delta: 1 },
+            }],
+        ),
+        txn(
+            Vec::new(),
+            vec![TxnOp::Update {
+                key: key(1),
+                update: Update::CopyFrom {
+                    source: key(9),
+                    replace: true,
+                    remove_source: true,
+                },
+            }],
+        ),
+    ];
+    for request in too_long {
+        assert!(
+            matches!(
+                request.validate(&limits),
+                Err(LimitError::KeyTooLarge { len_bytes: 9, .. })
+            ),
+            "{request:?}"
+        );
+    }
+    let large_values = [
+        TxnOp::Put {
+            key: key(1),
+            value: value(33),
+        },
+        TxnOp::Update {
+            key: key(1),
+            update: Update::Append { suffix: value(33) },
+        },
+    ];
+    for op in large_values {
+        assert!(matches!(
+            txn(Vec::new(), vec![op]).validate(&limits),
+            Err(LimitError::ValueTooLarge { len_bytes: 33, .. })
+        ));
+    }
+}
+
+#[test]
 fn nonsensical_configurations_are_rejected() {
     let zero_key = Limits {
         max_key_bytes: 0,
@@ -335,6 +414,22 @@ fn a_response_shows_the_highest_index_it_carries() {
                 version: 20,
             }),
             Some(20),
+        ),
+        (
+            Response::Updated(UpdateOutcome::Copied {
+                copied: false,
+                source_missing: true,
+                version: 21,
+            }),
+            Some(21),
+        ),
+        (
+            Response::Transaction {
+                aborted: true,
+                results: Vec::new(),
+                version: 22,
+            },
+            Some(22),
         ),
         (Response::Pong, None),
         (Response::Done, None),

@@ -153,17 +153,6 @@ pub enum TxnOp {
     Update { key: Bytes, update: Update },
 }
 
-impl TxnOp {
-    pub fn key(&self) -> &Bytes {
-        match self {
-            TxnOp::Get { key }
-            | TxnOp::Put { key, .. }
-            | TxnOp::Delete { key }
-            | TxnOp::Update { key, .. } => key,
-        }
-    }
-}
-
 /// What one [`TxnOp`] gave; its version is the transaction's. Append-only,
 /// and not a [`Response`]: a response nested in a response would let a
 /// frame nest without bound.
@@ -354,7 +343,8 @@ impl Response {
             | Response::Deleted { version, .. }
             | Response::CasDone { version, .. }
             | Response::MWritten { version }
-            | Response::Cleared { version, .. } => Some(*version),
+            | Response::Cleared { version, .. }
+            | Response::Transaction { version, .. } => Some(*version),
             Response::Updated(outcome) => Some(outcome.version()),
             _ => None,
         }
