@@ -727,6 +727,7 @@ mod tests {
                     version: 2,
                 }
             );
+            assert!(!a.alarm(), "no op was refused for the quota");
             assert_eq!(
                 a.apply(txn(vec![("a", Some(1))], ops)),
                 Response::Transaction {
