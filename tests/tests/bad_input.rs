@@ -8,118 +8,23 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use bytes::{Buf, BufMut, BytesMut};
+use bytes::{Buf, BufMut};
 use rdkv_proto::wire::{
-    ClientHello, Consistency, DEFAULT_MAX_FRAME_BYTES, ErrorCode, Frame, FrameDecoder, FrameKind,
-    Request, Response, ServerHello, decode_payload, encoded_frame,
+    ClientHello, Consistency, DEFAULT_MAX_FRAME_BYTES, ErrorCode, Frame, FrameKind, Request,
+    Response, ServerHello, decode_payload, encoded_frame,
 };
+use rdkv_tests::raw_native::RawConnection as Raw;
 use rdkv_tests::wait::calls_beside;
 use rdkv_tests::{Cluster, Intent, check, client_options, garbage};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 const TOKEN: &str = "s3cret";
 const TEST_LIMIT: Duration = Duration::from_secs(60);
-const CLOSE_WITHIN: Duration = Duration::from_secs(10);
 
-/// A raw connection speaking (or not) the native protocol.
-struct Raw {
-    stream: TcpStream,
-    buf: BytesMut,
-    decoder: FrameDecoder,
-}
-
-impl Raw {
-    async fn connect(addr: SocketAddr) -> Result<Raw> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        Ok(Raw {
-            stream,
-            buf: BytesMut::new(),
-            decoder: FrameDecoder::new(DEFAULT_MAX_FRAME_BYTES),
-        })
-    }
-
-    /// Connects and completes a valid handshake.
-    async fn handshaken(addr: SocketAddr) -> Result<Raw> {
-        let mut raw = Raw::connect(addr).await?;
-        raw.send_hello(&hello(Some(TOKEN))).await?;
-        match raw.server_hello().await? {
-            ServerHello::Accepted(_) => Ok(raw),
-            other => bail!("a valid hello was refused: {other:?}"),
-        }
-    }
-
-    async fn send(&mut self, bytes: &[u8]) -> Result<()> {
-        self.stream.write_all(bytes).await?;
-        self.stream.flush().await?;
-        Ok(())
-    }
-
-    async fn send_hello(&mut self, hello: &ClientHello) -> Result<()> {
-        self.send(&encoded_frame(
-            FrameKind::ClientHello,
-            0,
-            hello,
-            DEFAULT_MAX_FRAME_BYTES,
-        )?)
-        .await
-    }
-
-    async fn send_request(&mut self, request_id: u64, request: &Request) -> Result<()> {
-        self.send(&encoded_frame(
-            FrameKind::Request,
-            request_id,
-            request,
-            DEFAULT_MAX_FRAME_BYTES,
-        )?)
-        .await
-    }
-
-    /// The next frame, or `None` once the server has closed the connection
-    /// (end of stream or reset). Fails if neither happens within `CLOSE_WITHIN`.
-    async fn next_frame(&mut self) -> Result<Option<Frame>> {
-        let deadline = tokio::time::Instant::now() + CLOSE_WITHIN;
-        loop {
-            if let Some(frame) = self.decoder.decode(&mut self.buf)? {
-                return Ok(Some(frame));
-            }
-            let read = tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.buf))
-                .await
-                .context("the server neither answered nor closed the connection")?;
-            match read {
-                Ok(0) => return Ok(None),
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(None),
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-
-    async fn server_hello(&mut self) -> Result<ServerHello> {
-        let frame = self.next_frame().await?.context("closed before a hello")?;
-        ensure!(frame.kind == FrameKind::ServerHello, "got {frame:?}");
-        Ok(decode_payload(&frame)?)
-    }
-
-    async fn response(&mut self) -> Result<(u64, Response)> {
-        let frame = self
-            .next_frame()
-            .await?
-            .context("closed before a response")?;
-        ensure!(frame.kind == FrameKind::Response, "got {frame:?}");
-        Ok((frame.request_id, decode_payload(&frame)?))
-    }
-
-    /// Reads whatever the server still sends until it closes; fails if it
-    /// keeps the connection open.
-    async fn until_closed(&mut self) -> Result<Vec<Frame>> {
-        let mut frames = Vec::new();
-        while let Some(frame) = self.next_frame().await? {
-            frames.push(frame);
-        }
-        Ok(frames)
-    }
+/// Connects and completes a valid handshake.
+async fn handshaken(addr: SocketAddr) -> Result<Raw> {
+    Raw::open(addr, "bad-input-test", Some(TOKEN))
+        .await?
+        .map_err(|refusal| anyhow::anyhow!("a valid hello was refused: {refusal}"))
 }
 
 fn hello(token: Option<&str>) -> ClientHello {
@@ -244,7 +149,7 @@ async fn garbage_and_oversized_frames() -> Result<()> {
             ("an unknown frame kind", raw_frame(0x77, 5, b"hi")),
             ("a length below the minimum", vec![3, 0, 0, 0, 3, 0, 0]),
         ] {
-            let mut raw = Raw::handshaken(addr).await?;
+            let mut raw = handshaken(addr).await?;
             raw.send(&bytes).await?;
             let frames = raw.until_closed().await?;
             let codes = error_codes(&frames);
@@ -263,7 +168,7 @@ async fn garbage_and_oversized_frames() -> Result<()> {
 
         // A request frame with a garbage payload is answered (same request
         // id, Malformed) and the connection goes on.
-        let mut raw = Raw::handshaken(addr).await?;
+        let mut raw = handshaken(addr).await?;
         raw.send(&raw_frame(3, 42, &[0xFF; 32])).await?;
         match raw.response().await? {
             (42, Response::Error(reply)) => ensure!(reply.code == ErrorCode::Malformed),

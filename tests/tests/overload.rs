@@ -38,9 +38,13 @@ fn rss_anon_bytes(pid: u32) -> Result<u64> {
     Ok(kib * 1024)
 }
 
-/// A raw connection that has done the handshake; `Err` carries the refusal.
-fn handshake(addr: SocketAddr) -> Result<std::result::Result<TcpStream, String>> {
-    Ok(RawConnection::open(addr, "overload-test", None)?.map(|c| c.stream))
+/// A raw connection that has done the handshake, as a blocking stream for
+/// a flooder thread; `Err` carries the refusal.
+async fn handshake(addr: SocketAddr) -> Result<std::result::Result<TcpStream, String>> {
+    match RawConnection::open(addr, "overload-test", None).await? {
+        Ok(connection) => Ok(Ok(connection.into_std()?)),
+        Err(refusal) => Ok(Err(refusal)),
+    }
 }
 
 /// Writes large puts as fast as the server reads them, never reading the
@@ -111,8 +115,8 @@ async fn a_flood_stays_within_the_budget_and_others_are_served() -> Result<()> {
 
         let mut flooders = Vec::new();
         for f in 0..FLOODERS {
-            let stream = tokio::task::spawn_blocking(move || handshake(addr))
-                .await??
+            let stream = handshake(addr)
+                .await?
                 .map_err(|refusal| anyhow::anyhow!("flooder {f} refused: {refusal}"))?;
             flooders.push(std::thread::spawn(move || flood(stream, f)));
         }
@@ -162,7 +166,7 @@ async fn a_flood_stays_within_the_budget_and_others_are_served() -> Result<()> {
         let mut accepted = Vec::new();
         let mut refusals = Vec::new();
         for _ in 0..MAX_CONNECTIONS + 6 {
-            match tokio::task::spawn_blocking(move || handshake(addr)).await?? {
+            match handshake(addr).await? {
                 Ok(stream) => accepted.push(stream),
                 Err(refusal) => refusals.push(refusal),
             }
