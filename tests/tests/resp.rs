@@ -232,7 +232,7 @@ async fn redis_commands_work_through_every_node() -> Result<()> {
         // FLUSHDB through every node (followers forward it) empties every
         // replica.
         let run = addrs.clone();
-        tokio::task::spawn_blocking(move || flush_through_every_node(&run)).await??;
+        flush_through_every_node(&run).await?;
         ensure!(
             client.get("piped").await?.is_none(),
             "piped survived FLUSHDB"
@@ -359,27 +359,42 @@ fn renames_and_copies(cons: &mut [redis::Connection]) -> Result<()> {
     Ok(())
 }
 
-fn flush_through_every_node(addrs: &[SocketAddr]) -> Result<()> {
+/// Runs `f` with a fresh connection to `addr` on a blocking thread.
+async fn with_connection<T: Send + 'static>(
+    addr: SocketAddr,
+    f: impl FnOnce(&mut redis::Connection) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(move || f(&mut connect(addr, None)?)).await?
+}
+
+async fn flush_through_every_node(addrs: &[SocketAddr]) -> Result<()> {
     for (i, addr) in addrs.iter().enumerate() {
-        let mut con = connect(*addr, None)?;
-        let _: () = query(&mut con, &["SET", &format!("flush-{i}"), "x"])?;
-        let reply: String = query(&mut con, &["FLUSHDB"])?;
-        ensure!(reply == "OK", "FLUSHDB through node {i}: {reply}");
-        let mut con = connect(addrs[0], None)?;
-        let size: i64 = query(&mut con, &["DBSIZE"])?;
-        // DBSIZE is this node's region: it follows the leader quickly, but
-        // not instantly.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        let mut size = size;
-        while size != 0 && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-            size = query(&mut con, &["DBSIZE"])?;
-        }
-        ensure!(size == 0, "{size} keys left after FLUSHDB through node {i}");
+        with_connection(*addr, move |con| {
+            let _: () = query(con, &["SET", &format!("flush-{i}"), "x"])?;
+            let reply: String = query(con, &["FLUSHDB"])?;
+            ensure!(reply == "OK", "FLUSHDB through node {i}: {reply}");
+            Ok(())
+        })
+        .await?;
+        // DBSIZE is the first node's region: it follows the leader quickly,
+        // but not instantly.
+        let first = addrs[0];
+        rdkv_tests::eventually(
+            Duration::from_secs(10),
+            "DBSIZE 0 after FLUSHDB",
+            async || {
+                let size: i64 = with_connection(first, |con| Ok(query(con, &["DBSIZE"])?)).await?;
+                ensure!(size == 0, "{size} keys left after FLUSHDB through node {i}");
+                Ok(())
+            },
+        )
+        .await?;
     }
-    let mut con = connect(addrs[0], None)?;
-    let bad: redis::RedisResult<String> = query(&mut con, &["FLUSHDB", "NOW"]);
-    ensure!(bad.is_err(), "FLUSHDB NOW accepted");
+    let bad = with_connection(addrs[0], |con| {
+        Ok(query::<String>(con, &["FLUSHDB", "NOW"]).is_err())
+    })
+    .await?;
+    ensure!(bad, "FLUSHDB NOW accepted");
     Ok(())
 }
 
