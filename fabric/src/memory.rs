@@ -267,25 +267,18 @@ impl RegionMemory {
     /// Kernels before 5.14 lack the advice: then nothing is done.
     pub fn populate(&self, offset: u64, len_bytes: u64) -> Result<(), MemoryError> {
         self.check_writable()?;
-        const PAGE_BYTES: u64 = 4096;
-        let start = offset - offset % PAGE_BYTES;
-        let region_bytes = self.len_bytes as u64;
-        let end = offset
-            .checked_add(len_bytes)
-            .filter(|&end| end <= region_bytes)
-            .map(|end| end.next_multiple_of(PAGE_BYTES).min(region_bytes))
-            .ok_or(MemoryError::OutOfBounds { offset, len_bytes })?;
-        if start == end {
+        let Some((start, len)) = page_range(offset, len_bytes, self.len_bytes as u64)? else {
             return Ok(());
-        }
-        // SAFETY: `[start, end)` lies inside this mapping (checked above; the
-        // mapping is page aligned and `len_bytes` long). MADV_POPULATE_WRITE
-        // only faults pages in as a write would, without changing their
-        // contents, so no access through the atomics can observe it.
+        };
+        // SAFETY: `[start, start + len)` lies inside this mapping
+        // (`page_range` checked it; the mapping is page aligned and
+        // `len_bytes` long). MADV_POPULATE_WRITE only faults pages in as a
+        // write would, without changing their contents, so no access
+        // through the atomics can observe it.
         let advised = unsafe {
             rustix::mm::madvise(
                 self.base.as_ptr().add(start as usize).cast(),
-                (end - start) as usize,
+                len as usize,
                 rustix::mm::Advice::LinuxPopulateWrite,
             )
         };
@@ -308,9 +301,43 @@ impl RegionMemory {
     }
 }
 
+/// The whole pages covering `[offset, offset + len_bytes)` of a mapping of
+/// `region_bytes`, as (start, length); `None` when there is nothing to
+/// cover. A range past the mapping is refused.
+fn page_range(
+    offset: u64,
+    len_bytes: u64,
+    region_bytes: u64,
+) -> Result<Option<(u64, u64)>, MemoryError> {
+    const PAGE_BYTES: u64 = 4096;
+    let end = offset
+        .checked_add(len_bytes)
+        .filter(|&end| end <= region_bytes)
+        .ok_or(MemoryError::OutOfBounds { offset, len_bytes })?;
+    let start = offset - offset % PAGE_BYTES;
+    let end = end.next_multiple_of(PAGE_BYTES).min(region_bytes);
+    Ok((start != end).then(|| (start, end - start)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn populating_covers_whole_pages_inside_the_mapping() {
+        let range = |offset, len| page_range(offset, len, 3 * 4096).unwrap();
+        assert_eq!(range(4100, 5000), Some((4096, 2 * 4096)));
+        assert_eq!(range(100, 10), Some((0, 4096)));
+        assert_eq!(range(3 * 4096 - 1, 1), Some((2 * 4096, 4096)));
+        assert_eq!(range(0, 3 * 4096), Some((0, 3 * 4096)));
+        assert_eq!(range(4096, 0), None);
+        assert_eq!(range(3 * 4096, 0), None);
+        // A mapping that ends inside a page: the range stops at its end.
+        assert_eq!(page_range(9000, 1000, 10_000).unwrap(), Some((8192, 1808)));
+        assert!(page_range(3 * 4096, 1, 3 * 4096).is_err());
+        assert!(page_range(8, 3 * 4096, 3 * 4096).is_err());
+        assert!(page_range(8, u64::MAX, 3 * 4096).is_err());
+    }
 
     #[test]
     fn populating_keeps_contents_and_refuses_ranges_outside() {
