@@ -264,6 +264,17 @@ impl Cluster {
     }
 
     /// [`Cluster::client`] with other options (a token, a transport, budgets).
+    /// A client of any node with `token`, once the cluster answers it (a
+    /// leader is known): for clusters started with `--token`.
+    pub async fn serving_client(&self, token: &str) -> Result<Client> {
+        let client = self.client_with(Intent::Any, client_options(Some(token)))?;
+        eventually(LEADER_TIMEOUT, "a leader", async || {
+            Ok(client.ping().await?)
+        })
+        .await?;
+        Ok(client)
+    }
+
     pub fn client_with(&self, intent: Intent<'_>, options: ClientOptions) -> Result<Client> {
         Ok(Client::new(&self.endpoints(intent)?, options)?)
     }

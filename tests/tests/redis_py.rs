@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use rdkv_tests::{Cluster, Intent, check, client_options};
+use rdkv_tests::{Cluster, check};
 
 const TEST_LIMIT: Duration = Duration::from_secs(300);
 const TOKEN: &str = "s3cret";
@@ -77,11 +77,7 @@ async fn redis_py_8_works_at_its_defaults_and_with_resp2() -> Result<()> {
     };
     let mut cluster = Cluster::start_with(3, &["--token", TOKEN])?;
     check(&mut cluster, TEST_LIMIT, async |cluster| {
-        let client = cluster.client_with(Intent::Any, client_options(Some(TOKEN)))?;
-        rdkv_tests::eventually(Duration::from_secs(20), "a leader", async || {
-            Ok(client.ping().await?)
-        })
-        .await?;
+        cluster.serving_client(TOKEN).await?;
         let addrs: Vec<String> = cluster
             .nodes
             .values()

@@ -9,7 +9,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use rdkv_tests::{Cluster, Intent, check, check_with_leader, client_options};
+use rdkv_tests::{Cluster, Intent, check, check_with_leader};
 
 const TEST_LIMIT_SECS: u64 = 120;
 const TEST_LIMIT: Duration = Duration::from_secs(TEST_LIMIT_SECS);
@@ -438,11 +438,7 @@ async fn concurrent_incr_through_every_node_is_exact() -> Result<()> {
 async fn the_token_is_required_on_the_resp_port() -> Result<()> {
     let mut cluster = Cluster::start_with(1, &["--token", TOKEN])?;
     check(&mut cluster, TEST_LIMIT, async |cluster| {
-        let client = cluster.client_with(Intent::Any, client_options(Some(TOKEN)))?;
-        rdkv_tests::eventually(Duration::from_secs(20), "a leader", async || {
-            Ok(client.ping().await?)
-        })
-        .await?;
+        cluster.serving_client(TOKEN).await?;
         let addr = resp_addrs(cluster)[0];
         tokio::task::spawn_blocking(move || -> Result<()> {
             let out = raw_exchange(
@@ -575,11 +571,7 @@ fn resp3_client_through_every_node(addrs: &[SocketAddr]) -> Result<()> {
 async fn resp3_clients_negotiate_with_hello_through_every_node() -> Result<()> {
     let mut cluster = Cluster::start_with(3, &["--token", TOKEN])?;
     check(&mut cluster, TEST_LIMIT, async |cluster| {
-        let client = cluster.client_with(Intent::Any, client_options(Some(TOKEN)))?;
-        rdkv_tests::eventually(Duration::from_secs(20), "a leader", async || {
-            Ok(client.ping().await?)
-        })
-        .await?;
+        cluster.serving_client(TOKEN).await?;
         let addrs = resp_addrs(cluster);
         let first = addrs[0];
         tokio::task::spawn_blocking(move || hello_switches_the_protocol(first)).await??;
