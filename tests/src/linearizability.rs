@@ -379,6 +379,15 @@ impl ModelOp {
     }
 }
 
+/// The state after a write of `value` (`None`: a delete) at log index
+/// `version`, which must be above every index already linearized.
+fn written(state: RegisterState, value: Option<ValueId>, version: u64) -> Option<RegisterState> {
+    (version > state.floor).then_some(RegisterState {
+        value: value.map(|v| (v, Version::Known(version))),
+        floor: version,
+    })
+}
+
 /// The next state if `op` can be linearized in `state`.
 fn step(state: RegisterState, op: ModelOp) -> Option<RegisterState> {
     let unknown_after = |s: RegisterState| Version::Unknown { after: s.floor };
@@ -387,10 +396,7 @@ fn step(state: RegisterState, op: ModelOp) -> Option<RegisterState> {
         ModelOp::Put {
             value,
             version: Some(n),
-        } => (n > state.floor).then_some(RegisterState {
-            value: Some((value, Version::Known(n))),
-            floor: n,
-        }),
+        } => written(state, Some(value), n),
         ModelOp::Put {
             value,
             version: None,
@@ -400,10 +406,8 @@ fn step(state: RegisterState, op: ModelOp) -> Option<RegisterState> {
         }),
         ModelOp::Delete {
             result: Some((existed, n)),
-        } => (existed == state.value.is_some() && n > state.floor).then_some(RegisterState {
-            value: None,
-            floor: n,
-        }),
+        } if existed == state.value.is_some() => written(state, None, n),
+        ModelOp::Delete { result: Some(_) } => None,
         ModelOp::Delete { result: None } => Some(RegisterState {
             value: None,
             floor: state.floor,
@@ -412,24 +416,12 @@ fn step(state: RegisterState, op: ModelOp) -> Option<RegisterState> {
             observed,
             value,
             version,
-        } => {
-            let read = state.with_current(observed)?;
-            (version > read.floor).then_some(RegisterState {
-                value: Some((value, Version::Known(version))),
-                floor: version,
-            })
-        }
+        } => written(state.with_current(observed)?, Some(value), version),
         ModelOp::CasSucceeded {
             expected,
             new,
             version,
-        } => {
-            let matched = state.with_expected(expected)?;
-            (version > matched.floor).then_some(RegisterState {
-                value: new.map(|v| (v, Version::Known(version))),
-                floor: version,
-            })
-        }
+        } => written(state.with_expected(expected)?, new, version),
         ModelOp::CasFailed {
             expected,
             version,

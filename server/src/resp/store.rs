@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rdkv_proto::wire::{
-    Consistency, ErrorCode, LeaderHint, Request, Response, Update, UpdateOutcome,
+    Consistency, ErrorCode, LeaderHint, Request, Response, Update, UpdateOutcome, Versioned,
 };
 
 use super::RespServer;
@@ -120,31 +120,27 @@ impl RespServer {
         }
     }
 
-    pub(super) async fn mget(&self, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>, Reply> {
+    /// The keys' values with their versions (`None`: absent).
+    async fn mget_versioned(&self, keys: &[Bytes]) -> Result<Vec<Option<Versioned>>, Reply> {
         let request = Request::MGet {
             keys: keys.to_vec(),
             consistency: self.consistency,
         };
         match self.call(request).await? {
-            Response::Values(values) => {
-                Ok(values.into_iter().map(|v| v.map(|v| v.value)).collect())
-            }
+            Response::Values(values) => Ok(values),
             other => Err(unexpected(&other)),
         }
     }
 
+    pub(super) async fn mget(&self, keys: &[Bytes]) -> Result<Vec<Option<Bytes>>, Reply> {
+        let values = self.mget_versioned(keys).await?;
+        Ok(values.into_iter().map(|v| v.map(|v| v.value)).collect())
+    }
+
     /// The keys' versions (`None`: absent), as WATCH remembers them.
     pub(super) async fn versions(&self, keys: &[Bytes]) -> Result<Vec<Option<u64>>, Reply> {
-        let request = Request::MGet {
-            keys: keys.to_vec(),
-            consistency: self.consistency,
-        };
-        match self.call(request).await? {
-            Response::Values(values) => {
-                Ok(values.into_iter().map(|v| v.map(|v| v.version)).collect())
-            }
-            other => Err(unexpected(&other)),
-        }
+        let values = self.mget_versioned(keys).await?;
+        Ok(values.into_iter().map(|v| v.map(|v| v.version)).collect())
     }
 
     /// A read-modify-write of one key, decided by the state machine.
