@@ -63,9 +63,13 @@ pub fn get_now(server: &RespServer, args: &[Bytes]) -> Option<Reply> {
     })
 }
 
+pub fn strlen_reply(value: Option<&Bytes>) -> Reply {
+    Reply::Integer(value.map_or(0, |v| v.len() as i64))
+}
+
 pub async fn strlen(server: &RespServer, args: &[Bytes]) -> Reply {
     match server.get(&args[0]).await {
-        Ok(value) => Reply::Integer(value.map_or(0, |v| v.len() as i64)),
+        Ok(value) => strlen_reply(value.as_ref()),
         Err(e) => e,
     }
 }

@@ -207,9 +207,16 @@ pub async fn scan(server: &RespServer, args: &[Bytes]) -> Reply {
 /// TYPE key: every rdkv value is a string.
 pub async fn key_type(server: &RespServer, args: &[Bytes]) -> Reply {
     match server.get(&args[0]).await {
-        Ok(Some(_)) => Reply::Simple("string"),
-        Ok(None) => Reply::Simple("none"),
+        Ok(value) => type_reply(value.as_ref()),
         Err(e) => e,
+    }
+}
+
+/// TYPE's reply for a key holding `value` (`None`: absent).
+pub fn type_reply(value: Option<&Bytes>) -> Reply {
+    match value {
+        Some(_) => Reply::Simple("string"),
+        None => Reply::Simple("none"),
     }
 }
 

@@ -15,6 +15,7 @@ use rdkv_proto::wire::{Request, Response, TxnOp, TxnResult, Update, UpdateOutcom
 
 use super::RespServer;
 use super::commands::{self, SetOptions};
+use super::keyspace;
 use super::reply::Reply;
 use super::session::Session;
 use super::store::unexpected as unexpected_reply;
@@ -221,11 +222,8 @@ fn finish(finish: Finish, results: Vec<TxnResult>) -> Reply {
     match finish {
         Finish::Known(reply) => reply,
         Finish::Value => values().next().flatten().map_or(Reply::Null, Reply::Bulk),
-        Finish::Strlen => Reply::Integer(values().next().flatten().map_or(0, |v| v.len() as i64)),
-        Finish::Type => match values().next().flatten() {
-            Some(_) => Reply::Simple("string"),
-            None => Reply::Simple("none"),
-        },
+        Finish::Strlen => commands::strlen_reply(values().next().flatten().as_ref()),
+        Finish::Type => keyspace::type_reply(values().next().flatten().as_ref()),
         Finish::Values => commands::values_reply(values().collect()),
         Finish::Count => Reply::Integer(
             results
