@@ -40,6 +40,9 @@ struct Limits {
 /// Applies `entry` from pair `resume_at` of an MPut (0 otherwise).
 pub(super) fn apply_entry(state: &mut State, entry: &Entry, resume_at: usize) -> Applied {
     let index = entry.log_id.index;
+    let limits = Limits {
+        quota_bytes: state.quota_bytes,
+    };
     match &entry.payload {
         EntryPayload::Blank => Applied::Done(CommandResult::None),
         EntryPayload::Membership(membership) => {
@@ -51,15 +54,9 @@ pub(super) fn apply_entry(state: &mut State, entry: &Entry, resume_at: usize) ->
             replied(Response::Done)
         }
         EntryPayload::Normal(Command::Transaction { watch, ops }) => {
-            let limits = Limits {
-                quota_bytes: state.quota_bytes,
-            };
             apply_transaction(state, watch, ops, index, resume_at, limits)
         }
         EntryPayload::Normal(command) => {
-            let limits = Limits {
-                quota_bytes: state.quota_bytes,
-            };
             let applied = apply_command(&mut state.writer, command, index, resume_at, limits);
             if is_quota_refusal(&applied) {
                 state.no_space_alarm = true;
@@ -394,8 +391,6 @@ fn appended_len(value_len: usize, suffix_len: usize, max_value_bytes: u32) -> Re
     }
 }
 
-/// A read-modify-write: decided from the key's current value in the region,
-/// so every replica reaches the same outcome.
 /// An `Update::CopyFrom` to apply; `may_write`: the key is absent or the
 /// update replaces it.
 struct Copy<'u> {
@@ -445,6 +440,8 @@ fn apply_copy(
     outcome(true, false)
 }
 
+/// A read-modify-write: decided from the key's current value in the region,
+/// so every replica reaches the same outcome.
 fn apply_update(
     writer: &mut KeyedRegion,
     limits: Limits,
