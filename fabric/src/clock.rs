@@ -74,6 +74,19 @@ pub fn step_wall_clock_for_tests(step_us: i64) {
     WALL_CLOCK_STEP_US.store(step_us, Ordering::SeqCst);
 }
 
+/// The default bound on the clock error between two hosts (or a leader and
+/// a reader) that leases and key expiry assume: a lease serves only while
+/// it runs this much past now, and a pair counts as expired this much
+/// before its deadline.
+pub const DEFAULT_MAX_CLOCK_DRIFT_MS: u64 = 50;
+
+/// Wall-clock milliseconds since the unix epoch: the clock of key expiry
+/// deadlines (they are absolute times users give, EXPIREAT, and must mean
+/// the same instant on every host).
+pub fn unix_now_ms() -> u64 {
+    unix_now_us() / 1_000
+}
+
 /// Wall-clock microseconds since the unix epoch (0 if the clock is before it).
 /// The one reader of the wall clock for leases and apply stamps: every crate
 /// that compares against a region header's unix-microsecond fields uses it.

@@ -14,8 +14,9 @@ use rdkv_fabric::{
     ReaderOptions, RegionDescriptor, RegionMemory, RegionReader, RemoteRegion,
 };
 use rdkv_proto::region::{
-    ANCHOR_SLOT, BlockError, HashSeed, LayoutParams, MAX_OVERFLOW_TABLES, OverflowLink,
-    RegionLayout, SLOTS_PER_BUCKET, SizeClass, Slot, SlotError, dynamic_word, encode_block,
+    ANCHOR_SLOT, BlockError, HashSeed, LayoutParams, MAX_OVERFLOW_TABLES, NO_DEADLINE,
+    OverflowLink, RegionLayout, SLOTS_PER_BUCKET, SizeClass, Slot, SlotError, dynamic_word,
+    encode_block,
 };
 use rdkv_proto::wire::Versioned;
 
@@ -166,7 +167,7 @@ impl Region {
     /// Writes a block of `key` at the next free units; returns its slot.
     fn block(&mut self, fingerprint: u16, key: &[u8], value: &[u8], version: u64) -> Slot {
         let mut bytes = Vec::new();
-        encode_block(key, value, version, &mut bytes);
+        encode_block(key, value, version, NO_DEADLINE, &mut bytes);
         let class = SizeClass::for_bytes(bytes.len() as u64).expect("class");
         let offset_units = self.next_unit;
         self.next_unit += u64::from(class.units());
@@ -370,6 +371,7 @@ fn reader_options(max_attempts: u32, abandon_after_us: Option<u64>) -> ReaderOpt
     ReaderOptions {
         max_attempts,
         abandon_after_us,
+        expiry_margin_ms: 0,
     }
 }
 
@@ -772,7 +774,7 @@ fn a_cached_block_of_another_version_is_not_trusted() {
     // Same place, same key, newer version (a writer never does this; the
     // version check is what would catch a reused location).
     let mut bytes = Vec::new();
-    encode_block(KEY, b"uno", 9, &mut bytes);
+    encode_block(KEY, b"uno", 9, NO_DEADLINE, &mut bytes);
     region
         .memory
         .write_bytes(region.block_offset(slot), &bytes)

@@ -280,7 +280,7 @@ fn slot_fields_are_masked_and_read_back_from_their_bits() {
 
 fn block(key: &[u8], value: &[u8], version: u64) -> Vec<u8> {
     let mut out = Vec::new();
-    encode_block(key, value, version, &mut out);
+    encode_block(key, value, version, 1_700_000_000_123, &mut out);
     out
 }
 
@@ -290,17 +290,22 @@ fn block_lengths_at_the_limits_are_accepted_and_one_more_is_refused() {
     let value = [9u8; 16];
     let bytes = block(&key, &value, 5);
     assert_eq!(bytes.len(), BLOCK_HEADER_BYTES + 24);
-    assert_eq!(encoded_block_bytes(8, 16), 48);
+    assert_eq!(encoded_block_bytes(8, 16), 56);
     let exact = BlockRef::validate(&bytes, 8, 16).expect("lengths at the limits");
     assert_eq!(
-        (exact.key, exact.value, exact.version),
-        (&key[..], &value[..], 5)
+        (exact.key, exact.value, exact.version, exact.deadline),
+        (&key[..], &value[..], 5, 1_700_000_000_123)
     );
     let header = BlockHeader::decode(&bytes, 8, 16).expect("header");
-    assert_eq!(header.total_bytes(), 48);
+    assert_eq!(header.total_bytes(), 56);
     assert_eq!(
-        (header.key_len, header.value_len, header.version),
-        (8, 16, 5)
+        (
+            header.key_len,
+            header.value_len,
+            header.version,
+            header.deadline
+        ),
+        (8, 16, 5, 1_700_000_000_123)
     );
     assert!(matches!(
         BlockHeader::decode(&bytes, 7, 16),
@@ -313,13 +318,13 @@ fn block_lengths_at_the_limits_are_accepted_and_one_more_is_refused() {
 }
 
 #[test]
-fn a_block_header_needs_its_24_bytes_and_a_nonzero_version() {
+fn a_block_header_needs_its_32_bytes_and_a_nonzero_version() {
     let empty = block(b"", b"", 1);
     assert_eq!(empty.len(), BLOCK_HEADER_BYTES);
     assert!(BlockRef::validate(&empty, 0, 0).is_ok());
     assert_eq!(
-        BlockHeader::decode(&empty[..23], 0, 0),
-        Err(BlockError::Truncated { len: 23, need: 24 })
+        BlockHeader::decode(&empty[..31], 0, 0),
+        Err(BlockError::Truncated { len: 31, need: 32 })
     );
     let never_committed = block(b"k", b"v", 0);
     assert_eq!(

@@ -21,6 +21,7 @@
 
 mod accept;
 pub mod config;
+mod expiry;
 mod framed;
 pub mod http;
 mod join;

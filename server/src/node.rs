@@ -425,6 +425,11 @@ impl Node {
             quota_bytes,
             shutdown_rx.clone(),
         )));
+        tasks.push(tokio::spawn(crate::expiry::expire_while_leading(
+            raft.clone(),
+            replica.sm.clone(),
+            shutdown_rx.clone(),
+        )));
         let initialized = raft.is_initialized().await.context("reading raft state")?;
         if let Some(seed) = config.join.clone().filter(|_| !initialized) {
             tasks.push(tokio::spawn(crate::join::join_cluster(

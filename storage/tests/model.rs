@@ -171,8 +171,8 @@ fn run_case(tiny_index: bool, ops: &[Op], events: &Events) -> Result<(), TestCas
     // A full scan (what snapshots use) sees exactly the model.
     let mut scanned = HashMap::new();
     writer
-        .for_each_live(|key, value, version| {
-            scanned.insert(key.to_vec(), (value.to_vec(), version));
+        .for_each_live(|pair| {
+            scanned.insert(pair.key.to_vec(), (pair.value.to_vec(), pair.version));
             Ok(())
         })
         .unwrap();

@@ -119,9 +119,9 @@ fn check_reads(w: &RegionWriter, model: &Pairs, absent: &[Vec<u8>]) {
 /// The live pairs as `for_each_live` yields them, each exactly once.
 fn scan(w: &RegionWriter) -> Pairs {
     let mut pairs = Pairs::new();
-    w.for_each_live(|k, v, version| {
-        let previous = pairs.insert(k.to_vec(), (v.to_vec(), version));
-        assert!(previous.is_none(), "{k:?} yielded twice");
+    w.for_each_live(|pair| {
+        let previous = pairs.insert(pair.key.to_vec(), (pair.value.to_vec(), pair.version));
+        assert!(previous.is_none(), "{:?} yielded twice", pair.key);
         Ok(())
     })
     .unwrap();
@@ -206,7 +206,7 @@ fn a_region_rebuilt_from_a_scan_holds_the_same_pairs_in_fewer_tables() {
         },
     ] {
         let mut rebuilt = writer(&config);
-        w.for_each_live(|k, v, version| rebuilt.put(k, v, version).map(drop))
+        w.for_each_live(|pair| rebuilt.put_pair(pair).map(drop))
             .unwrap();
         assert_eq!(scan(&rebuilt), model);
         check_reads(&rebuilt, &model, &[key(301), key(302)]);

@@ -139,6 +139,7 @@ fn run(grace_period_us: u64, abandon_after_us: Option<u64>, cached: bool) -> Out
         .reader(ReaderOptions {
             max_attempts: ReaderOptions::DEFAULT_MAX_ATTEMPTS,
             abandon_after_us,
+            expiry_margin_ms: 0,
         })
         .unwrap();
     let stop = Arc::new(AtomicBool::new(false));

@@ -412,6 +412,7 @@ impl Cluster {
             rdkv_fabric::ReaderOptions {
                 max_attempts: 8,
                 abandon_after_us: None,
+                expiry_margin_ms: rdkv_fabric::clock::DEFAULT_MAX_CLOCK_DRIFT_MS,
             },
         )?)
     }

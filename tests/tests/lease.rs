@@ -60,6 +60,7 @@ async fn after_a_leader_change(clock_step_us: i64) -> Result<()> {
             ReaderOptions {
                 max_attempts: 8,
                 abandon_after_us: None,
+                expiry_margin_ms: rdkv_fabric::clock::DEFAULT_MAX_CLOCK_DRIFT_MS,
             },
         )?;
 

@@ -84,7 +84,7 @@ impl Device {
             .ok()?;
         let fabric = session.fabric();
         let descriptor = descriptor_of(&region);
-        let reader = sized_reader(|options| {
+        let reader = sized_reader(router.options().max_clock_drift, |options| {
             RegionReader::over(
                 Arc::clone(&fabric) as _,
                 descriptor,

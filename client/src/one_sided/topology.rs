@@ -110,14 +110,21 @@ impl Topology {
 
 /// A reader of a region with options sized for its layout: a first reader
 /// with defaults learns the layout, then `open` is called again for good.
+/// Pairs count as expired `max_clock_drift` before their deadline.
 pub(super) fn sized_reader(
+    max_clock_drift: std::time::Duration,
     open: impl Fn(ReaderOptions) -> Result<RegionReader, ReadError>,
 ) -> Result<RegionReader, ReadError> {
+    let expiry_margin_ms = u64::try_from(max_clock_drift.as_millis()).unwrap_or(u64::MAX);
     let probe = open(ReaderOptions {
         max_attempts: ReaderOptions::DEFAULT_MAX_ATTEMPTS,
         abandon_after_us: None,
+        expiry_margin_ms,
     })?;
-    open(ReaderOptions::for_layout(probe.layout()))
+    open(ReaderOptions {
+        expiry_margin_ms,
+        ..ReaderOptions::for_layout(probe.layout())
+    })
 }
 
 impl OneSided {
@@ -243,7 +250,7 @@ impl OneSided {
             .await
             .map_err(|e| tracing::debug!(path = %path.display(), "no shm attachment: {e}"))
             .ok()?;
-        sized_reader(|reader_options| {
+        sized_reader(options.max_clock_drift, |reader_options| {
             RegionReader::attach(
                 Arc::clone(&attachment.memory),
                 Arc::clone(&self.clock),

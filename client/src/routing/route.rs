@@ -34,7 +34,8 @@ pub(crate) fn route_of(request: &Request) -> (Route, Idempotence) {
     match request {
         Request::Get { consistency, .. }
         | Request::MGet { consistency, .. }
-        | Request::Scan { consistency, .. } => (read_route(*consistency), Idempotence::Read),
+        | Request::Scan { consistency, .. }
+        | Request::Ttl { consistency, .. } => (read_route(*consistency), Idempotence::Read),
         Request::Ping
         | Request::Status
         | Request::Health

@@ -132,7 +132,12 @@ impl RegionReader {
         match plan {
             Plan::Absent => Some(None),
             Plan::Block { .. } => match examine_block(&self.layout, key, &block) {
-                BlockVerdict::Match(found) => Some(Some(ValueShape::of(&found).take(block))),
+                BlockVerdict::Match(found) => {
+                    let shape = ValueShape::of(&found);
+                    // An expired pair is read again alone, where `search`
+                    // answers it absent.
+                    self.serves(shape.deadline).then(|| Some(shape.take(block)))
+                }
                 _ => None,
             },
             Plan::Alone => None,

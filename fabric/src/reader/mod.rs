@@ -7,15 +7,15 @@ use std::sync::Arc;
 use std::sync::atomic::{Ordering, fence};
 
 use rdkv_proto::region::{
-    BlockError, BlockVerdict, ChainWalk, DynamicHeader, HEADER_USED_BYTES, HeaderError,
-    MAX_NEIGHBOURHOOD_BYTES, MAX_OVERFLOW_TABLE_BYTES, NeighbourhoodWords, RegionLayout,
-    SLOT_BYTES, SlotError, TableWords, ValueShape, dynamic_word, examine_block,
-    neighbourhood_slots,
+    BlockError, BlockVerdict, ChainWalk, DeadlineUnixMs, DynamicHeader, HEADER_USED_BYTES,
+    HeaderError, MAX_NEIGHBOURHOOD_BYTES, MAX_OVERFLOW_TABLE_BYTES, NO_DEADLINE,
+    NeighbourhoodWords, RegionLayout, SLOT_BYTES, SlotError, TableWords, ValueShape, dynamic_word,
+    examine_block, expired_at, neighbourhood_slots,
 };
 use rdkv_proto::wire::Versioned;
 use thiserror::Error;
 
-use crate::clock::Clock;
+use crate::clock::{Clock, DEFAULT_MAX_CLOCK_DRIFT_MS, unix_now_ms};
 use crate::memory::RegionMemory;
 use crate::read_stats::{ReadCounters, ReadStats, RetryCause};
 use crate::transport::{Fabric, FabricError, MappedFabric, RegionDescriptor, RemoteRegion};
@@ -33,16 +33,24 @@ pub struct ReaderOptions {
     /// abandons (only for tests that want to provoke torn reads). Must stay
     /// below the region's grace period for invariant 3 to hold.
     pub abandon_after_us: Option<u64>,
+    /// A pair counts as expired from `expiry_margin_ms` before its deadline
+    /// on this reader's wall clock: the bound on the clock error between
+    /// the leader that chose the deadline and this reader (the lease's
+    /// `max_clock_drift`), so that no reader serves a pair past its
+    /// deadline while the clocks agree within it.
+    pub expiry_margin_ms: u64,
 }
 
 impl ReaderOptions {
     pub const DEFAULT_MAX_ATTEMPTS: u32 = 8;
 
-    /// Defaults for a region: abandon after half its grace period.
+    /// Defaults for a region: abandon after half its grace period; the
+    /// default clock-drift bound as the expiry margin.
     pub fn for_layout(layout: &RegionLayout) -> ReaderOptions {
         ReaderOptions {
             max_attempts: ReaderOptions::DEFAULT_MAX_ATTEMPTS,
             abandon_after_us: Some(layout.grace_period_us / 2),
+            expiry_margin_ms: DEFAULT_MAX_CLOCK_DRIFT_MS,
         }
     }
 }
@@ -109,9 +117,10 @@ fn slot_problem(error: SlotError) -> AttemptError {
     AttemptError::Retry(ReadProblem::Slot(error))
 }
 
-/// A value and where its block was.
+/// A value, its deadline, and where its block was.
 struct Found {
     value: Versioned,
+    deadline: DeadlineUnixMs,
     location: CachedLocation,
 }
 
@@ -251,11 +260,34 @@ impl RegionReader {
         Ok(self.get_located(key)?.map(|found| found.value))
     }
 
+    /// Like [`RegionReader::get`], with the pair's deadline
+    /// ([`NO_DEADLINE`]: none).
+    pub fn get_with_deadline(
+        &self,
+        key: &[u8],
+    ) -> Result<Option<(Versioned, DeadlineUnixMs)>, ReadError> {
+        Ok(self
+            .get_located(key)?
+            .map(|found| (found.value, found.deadline)))
+    }
+
+    /// Whether a validated pair may be served: not expired, counting the
+    /// margin. The wall clock is read only for pairs with a deadline.
+    fn serves(&self, deadline: DeadlineUnixMs) -> bool {
+        deadline == NO_DEADLINE
+            || !expired_at(
+                deadline,
+                unix_now_ms().saturating_add(self.options.expiry_margin_ms),
+            )
+    }
+
     fn get_located(&self, key: &[u8]) -> Result<Option<Found>, ReadError> {
         let mut last = None;
         for _ in 0..self.options.max_attempts {
             match self.attempt(key) {
                 Ok(found) => {
+                    // An expired pair is absent to every reader.
+                    let found = found.filter(|found| self.serves(found.deadline));
                     self.counters.finished(found.is_some());
                     return Ok(found);
                 }
@@ -364,8 +396,10 @@ impl RegionReader {
                 }
             };
             let version = shape.version;
+            let deadline = shape.deadline;
             return Ok(Some(Found {
                 value: shape.take(block),
+                deadline,
                 location: CachedLocation {
                     epoch: self.layout.region_epoch,
                     block_offset: offset,
@@ -430,7 +464,9 @@ impl RegionReader {
         match examine_block(&self.layout, key, &block) {
             BlockVerdict::Match(found) if found.version == location.version => {
                 let shape = ValueShape::of(&found);
-                Ok(Some(shape.take(block)))
+                // An expired pair falls back to the full read, which answers
+                // absent: one rule, in `search`.
+                Ok(self.serves(shape.deadline).then(|| shape.take(block)))
             }
             _ => Ok(None),
         }

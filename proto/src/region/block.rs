@@ -2,15 +2,22 @@
 //!
 //! ```text
 //! offset size field
-//!  0     4    crc32      CRC-32 (crc32fast, IEEE) of bytes 4 .. 24 + key_len + value_len
+//!  0     4    crc32      CRC-32 (crc32fast, IEEE) of bytes 4 .. 32 + key_len + value_len
 //!  4     4    key_len    u32 LE
 //!  8     4    value_len  u32 LE
-//! 12     4    magic      "RKB1"
+//! 12     4    magic      "RKB2"
 //! 16     8    version    u64 LE: the Raft log index that wrote this value, >= 1
-//! 24     ..   key bytes, then value bytes, then zero padding to the size class
+//! 24     8    deadline   u64 LE: unix milliseconds at which the pair expires
+//!                        (wall clock, chosen by the leader); 0 = never
+//! 32     ..   key bytes, then value bytes, then zero padding to the size class
 //! ```
 //!
-//! The CRC covers the lengths and the version, so a reader that copies a block
+//! The deadline is in the block, not beside it, so that every reader (local,
+//! shm, RDMA) learns it in the same copy that gives the value, and the CRC
+//! vouches for it: a key is never served past its deadline because a reader
+//! saw a value without the expiry that belongs to it.
+//!
+//! The CRC covers the lengths, the version and the deadline, so a reader that copies a block
 //! while the writer reuses its space (after the grace period) sees a mismatch
 //! instead of a value stitched from two writes.
 //!
@@ -38,12 +45,14 @@ pub mod block_field {
     pub const VALUE_LEN: usize = KEY_LEN + U32_BYTES;
     pub const MAGIC: usize = VALUE_LEN + U32_BYTES;
     pub const VERSION: usize = MAGIC + U32_BYTES;
+    pub const DEADLINE: usize = VERSION + size_of::<u64>();
     /// The key bytes, then the value bytes.
-    pub const KEY: usize = VERSION + size_of::<u64>();
+    pub const KEY: usize = DEADLINE + size_of::<u64>();
 }
 
 pub const BLOCK_HEADER_BYTES: usize = block_field::KEY;
-pub const BLOCK_MAGIC: u32 = u32::from_le_bytes(*b"RKB1");
+/// "RKB2": layout 4 added the deadline (layout 3's blocks were "RKB1").
+pub const BLOCK_MAGIC: u32 = u32::from_le_bytes(*b"RKB2");
 /// The 8-aligned word (value_len and magic) the writer stores
 /// [`INVALIDATED_WORD`] into to take a block out of service.
 pub const INVALIDATION_WORD_OFFSET: u64 = block_field::VALUE_LEN as u64;
@@ -53,8 +62,8 @@ pub const CRC_WORD_OFFSET: u64 = block_field::CRC as u64;
 /// The magic an invalidated block shows.
 const INVALIDATED_MAGIC: u32 = INVALIDATED_WORD as u32;
 
-// The documented layout: 24 header bytes, the CRC covering from byte 4.
-const _: () = assert!(BLOCK_HEADER_BYTES == 24 && block_field::KEY_LEN == 4);
+// The documented layout: 32 header bytes, the CRC covering from byte 4.
+const _: () = assert!(BLOCK_HEADER_BYTES == 32 && block_field::KEY_LEN == 4);
 // The header fits the smallest block, and the invalidation word is one
 // aligned atomic store (blocks are unit aligned) that covers the magic.
 const _: () = assert!(BLOCK_HEADER_BYTES as u64 <= UNIT_BYTES);
@@ -81,9 +90,27 @@ pub fn encoded_block_bytes(key_len: usize, value_len: usize) -> u64 {
     BLOCK_HEADER_BYTES as u64 + key_len as u64 + value_len as u64
 }
 
+/// A pair's deadline: unix milliseconds on the wall clock at which it
+/// expires, or [`NO_DEADLINE`].
+pub type DeadlineUnixMs = u64;
+/// The deadline of a pair that never expires.
+pub const NO_DEADLINE: DeadlineUnixMs = 0;
+
+/// Whether a pair with `deadline` has expired at `now_unix_ms`: from its
+/// deadline on (Redis: a key with 1 ms left is still there, one at 0 is not).
+pub fn expired_at(deadline: DeadlineUnixMs, now_unix_ms: u64) -> bool {
+    deadline != NO_DEADLINE && deadline <= now_unix_ms
+}
+
 /// Encodes a block into `out` (cleared first). The caller pads to its class.
 /// Lengths must fit u32; the writer checks its configured limits before this.
-pub fn encode_block(key: &[u8], value: &[u8], version: u64, out: &mut Vec<u8>) {
+pub fn encode_block(
+    key: &[u8],
+    value: &[u8],
+    version: u64,
+    deadline: DeadlineUnixMs,
+    out: &mut Vec<u8>,
+) {
     debug_assert!(u32::try_from(key.len()).is_ok() && u32::try_from(value.len()).is_ok());
     out.clear();
     out.extend_from_slice(&[0; 4]);
@@ -91,6 +118,7 @@ pub fn encode_block(key: &[u8], value: &[u8], version: u64, out: &mut Vec<u8>) {
     out.extend_from_slice(&(value.len() as u32).to_le_bytes());
     out.extend_from_slice(&BLOCK_MAGIC.to_le_bytes());
     out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&deadline.to_le_bytes());
     out.extend_from_slice(key);
     out.extend_from_slice(value);
     let crc = crc32fast::hash(&out[block_field::KEY_LEN..]);
@@ -104,6 +132,7 @@ pub struct BlockHeader {
     pub key_len: u32,
     pub value_len: u32,
     pub version: u64,
+    pub deadline: DeadlineUnixMs,
 }
 
 impl BlockHeader {
@@ -131,13 +160,17 @@ impl BlockHeader {
             INVALIDATED_MAGIC => return Err(BlockError::Invalidated),
             found => return Err(BlockError::BadMagic { found }),
         }
-        let mut v = [0u8; 8];
-        v.copy_from_slice(&head[block_field::VERSION..BLOCK_HEADER_BYTES]);
+        let word64 = |at: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&head[at..at + 8]);
+            u64::from_le_bytes(b)
+        };
         let header = BlockHeader {
             crc: word32(block_field::CRC),
             key_len: word32(block_field::KEY_LEN),
             value_len: word32(block_field::VALUE_LEN),
-            version: u64::from_le_bytes(v),
+            version: word64(block_field::VERSION),
+            deadline: word64(block_field::DEADLINE),
         };
         if header.key_len > max_key_bytes || header.value_len > max_value_bytes {
             return Err(BlockError::Length {
@@ -163,6 +196,7 @@ pub struct BlockRef<'a> {
     pub key: &'a [u8],
     pub value: &'a [u8],
     pub version: u64,
+    pub deadline: DeadlineUnixMs,
 }
 
 impl<'a> BlockRef<'a> {
@@ -202,6 +236,7 @@ impl<'a> BlockRef<'a> {
             key: &bytes[BLOCK_HEADER_BYTES..key_end],
             value: &bytes[key_end..end],
             version: header.version,
+            deadline: header.deadline,
         })
     }
 }
@@ -213,6 +248,7 @@ pub struct ValueShape {
     start: usize,
     len: usize,
     pub version: u64,
+    pub deadline: DeadlineUnixMs,
 }
 
 impl ValueShape {
@@ -221,6 +257,7 @@ impl ValueShape {
             start: BLOCK_HEADER_BYTES + block.key.len(),
             len: block.value.len(),
             version: block.version,
+            deadline: block.deadline,
         }
     }
 
@@ -243,15 +280,16 @@ mod tests {
         #[test]
         fn round_trip(key in proptest::collection::vec(any::<u8>(), 0..64),
                       value in proptest::collection::vec(any::<u8>(), 0..512),
-                      version in 1u64.., pad in 0usize..64) {
+                      version in 1u64.., deadline in any::<u64>(), pad in 0usize..64) {
             let mut buf = Vec::new();
-            encode_block(&key, &value, version, &mut buf);
+            encode_block(&key, &value, version, deadline, &mut buf);
             prop_assert_eq!(buf.len() as u64, encoded_block_bytes(key.len(), value.len()));
             buf.resize(buf.len() + pad, 0);
             let block = BlockRef::validate(&buf, 64, 512).unwrap();
             prop_assert_eq!(block.key, &key[..]);
             prop_assert_eq!(block.value, &value[..]);
             prop_assert_eq!(block.version, version);
+            prop_assert_eq!(block.deadline, deadline);
         }
 
         #[test]
@@ -259,9 +297,10 @@ mod tests {
             key in proptest::collection::vec(any::<u8>(), 1..32),
             value in proptest::collection::vec(any::<u8>(), 0..256),
             version in 1u64..,
+            deadline in any::<u64>(),
             bit in any::<proptest::sample::Index>()) {
             let mut buf = Vec::new();
-            encode_block(&key, &value, version, &mut buf);
+            encode_block(&key, &value, version, deadline, &mut buf);
             let bit = bit.index(buf.len() * 8);
             buf[bit / 8] ^= 1 << (bit % 8);
             prop_assert!(BlockRef::validate(&buf, 1024, 1 << 20).is_err());
@@ -278,7 +317,7 @@ mod tests {
     #[test]
     fn a_revoked_crc_word_keeps_the_key_length_and_fails_the_old_pair() {
         let mut buf = Vec::new();
-        encode_block(b"key", b"value", 9, &mut buf);
+        encode_block(b"key", b"value", 9, NO_DEADLINE, &mut buf);
         let header = BlockHeader::decode(&buf, 64, 64).unwrap();
         let at = CRC_WORD_OFFSET as usize;
         buf[at..at + 8].copy_from_slice(&revoked_crc_word(&header).to_le_bytes());
@@ -297,7 +336,7 @@ mod tests {
     #[test]
     fn a_cleared_invalidation_word_is_the_invalidated_verdict() {
         let mut buf = Vec::new();
-        encode_block(b"key", b"value", 9, &mut buf);
+        encode_block(b"key", b"value", 9, NO_DEADLINE, &mut buf);
         let at = INVALIDATION_WORD_OFFSET as usize;
         buf[at..at + 8].copy_from_slice(&INVALIDATED_WORD.to_le_bytes());
         assert_eq!(
@@ -314,7 +353,7 @@ mod tests {
     #[test]
     fn the_value_shape_takes_the_value_out_of_the_block() {
         let mut buf = Vec::new();
-        encode_block(b"key", b"value", 9, &mut buf);
+        encode_block(b"key", b"value", 9, NO_DEADLINE, &mut buf);
         buf.resize(64, 0);
         let shape = ValueShape::of(&BlockRef::validate(&buf, 64, 64).unwrap());
         let taken = shape.take(buf);
@@ -323,9 +362,17 @@ mod tests {
     }
 
     #[test]
+    fn a_pair_expires_at_its_deadline_and_one_without_never() {
+        assert!(!expired_at(NO_DEADLINE, u64::MAX));
+        assert!(!expired_at(1_000, 999));
+        assert!(expired_at(1_000, 1_000));
+        assert!(expired_at(1_000, 1_001));
+    }
+
+    #[test]
     fn lengths_beyond_the_read_are_refused() {
         let mut buf = Vec::new();
-        encode_block(b"k", b"value", 3, &mut buf);
+        encode_block(b"k", b"value", 3, NO_DEADLINE, &mut buf);
         buf.truncate(buf.len() - 1);
         assert!(matches!(
             BlockRef::validate(&buf, 64, 64),

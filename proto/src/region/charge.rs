@@ -21,9 +21,9 @@ mod tests {
 
     #[test]
     fn the_charge_is_the_block_class_plus_a_slot() {
-        // 24-byte header + 1 + 39 = 64 bytes: one unit.
-        assert_eq!(charged_bytes(1, 39), Some(64 + 8));
-        assert_eq!(charged_bytes(1, 40), Some(128 + 8));
+        // 32-byte header + 1 + 31 = 64 bytes: one unit.
+        assert_eq!(charged_bytes(1, 31), Some(64 + 8));
+        assert_eq!(charged_bytes(1, 32), Some(128 + 8));
         assert_eq!(charged_bytes(0, usize::MAX / 2), None);
     }
 }

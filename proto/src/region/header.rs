@@ -56,7 +56,9 @@ pub const REGION_MAGIC: u64 = u64::from_le_bytes(*b"RDKVREGN");
 /// 3: link slot words and overflow tables (a full neighbourhood spills into
 /// its home bucket's chain; see `overflow`); a v2 reader would take a key in
 /// a table for absent, so it must refuse the region.
-pub const REGION_LAYOUT_VERSION: u64 = 3;
+/// 4: the block's deadline (key expiry); a v3 reader would serve expired
+/// pairs, so it must refuse the region.
+pub const REGION_LAYOUT_VERSION: u64 = 4;
 /// The header occupies the first page; the index starts right after it.
 pub const HEADER_BYTES: u64 = 4096;
 /// Bytes covered by `static_crc`.

@@ -103,8 +103,12 @@ impl Limits {
 fn check_update(limits: &Limits, key: &[u8], update: &Update) -> Result<(), LimitError> {
     limits.check_key(key)?;
     match update {
-        Update::Incr { .. } => Ok(()),
-        Update::Append { suffix: value } | Update::SetIf { value, .. } => limits.check_value(value),
+        Update::Incr { .. } | Update::Expire { .. } | Update::GetEx { .. } | Update::GetDel => {
+            Ok(())
+        }
+        Update::Append { suffix: value }
+        | Update::SetIf { value, .. }
+        | Update::Set { value, .. } => limits.check_value(value),
         Update::CopyFrom { source, .. } => limits.check_key(source),
     }
 }
@@ -115,7 +119,9 @@ impl Request {
     /// rejected without scanning it.
     pub fn validate(&self, limits: &Limits) -> Result<(), LimitError> {
         match self {
-            Self::Get { key, .. } | Self::Delete { key } => limits.check_key(key),
+            Self::Get { key, .. } | Self::Delete { key } | Self::Ttl { key, .. } => {
+                limits.check_key(key)
+            }
             Self::Put { key, value } => {
                 limits.check_key(key)?;
                 limits.check_value(value)

@@ -142,6 +142,12 @@ pub enum Request {
         #[serde(deserialize_with = "bounded_vec")]
         ops: Vec<TxnOp>,
     },
+    /// The key's deadline (TTL, PTTL, EXPIRETIME); answered with
+    /// [`Response::Expiry`].
+    Ttl {
+        key: Bytes,
+        consistency: Consistency,
+    },
 }
 
 /// One command of a [`Request::Transaction`]. Append-only.
@@ -193,6 +199,68 @@ pub enum Update {
         replace: bool,
         remove_source: bool,
     },
+    /// SET with its expiry: [`Update::SetIf`], and the written pair's
+    /// deadline (`Expiry::Keep`: the one the key had, if it had one).
+    Set {
+        value: Bytes,
+        condition: SetCondition,
+        return_old: bool,
+        expiry: Expiry,
+    },
+    /// EXPIRE, PEXPIRE, EXPIREAT, PEXPIREAT (with `condition`) and PERSIST
+    /// (`Expiry::Never`): changes an existing key's deadline; a deadline
+    /// already past deletes the key. Answered with `ExpiryChanged`.
+    Expire {
+        expiry: Expiry,
+        condition: ExpireCondition,
+    },
+    /// GETEX with an option: the value, and the key's deadline changed.
+    /// Answered with `Got`.
+    GetEx { expiry: Expiry },
+    /// GETDEL: the value, and the key deleted. Answered with `Got`.
+    GetDel,
+}
+
+/// When a written pair expires. Append-only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Expiry {
+    /// Never: the pair's deadline is cleared (a plain SET, PERSIST).
+    Never,
+    /// The key keeps the deadline it has (SET KEEPTTL).
+    Keep,
+    /// `ms` milliseconds after the time the leader stamped on the log entry
+    /// (EX, PX, SETEX, EXPIRE): every replica computes the same deadline.
+    AfterMs(u64),
+    /// At this wall-clock time in unix milliseconds (EXAT, PXAT, EXPIREAT);
+    /// a time already past removes the key.
+    AtUnixMs(u64),
+}
+
+/// When an [`Update::Expire`] changes a key's deadline (Redis 7's EXPIRE
+/// options; "no deadline" counts as an infinite one). Append-only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ExpireCondition {
+    Always,
+    /// NX: only if the key has no deadline.
+    IfNone,
+    /// XX: only if the key has one.
+    IfSome,
+    /// GT: only if the new deadline is later.
+    IfLater,
+    /// LT: only if the new deadline is earlier.
+    IfEarlier,
+}
+
+/// A key's deadline as [`Request::Ttl`] reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct KeyExpiry {
+    /// The version of the pair the deadline belongs to.
+    pub version: u64,
+    /// Unix milliseconds; `None`: the key never expires.
+    pub deadline_unix_ms: Option<u64>,
+    /// The answering node's wall clock when it read the deadline, so that
+    /// a client can tell the time left without trusting its own clock.
+    pub now_unix_ms: u64,
 }
 
 /// When a [`Update::SetIf`] writes. Append-only.
@@ -232,6 +300,11 @@ pub enum UpdateOutcome {
         source_missing: bool,
         version: u64,
     },
+    /// `Expire`: whether the deadline changed (false when the key is
+    /// absent, PERSIST found no deadline, or the condition did not hold).
+    ExpiryChanged { changed: bool, version: u64 },
+    /// `GetEx`, `GetDel`: the value the key had (`None`: absent).
+    Got { value: Option<Bytes>, version: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -303,6 +376,8 @@ pub enum Response {
         results: Vec<TxnResult>,
         version: u64,
     },
+    /// The answer to [`Request::Ttl`] (`None`: the key is absent).
+    Expiry(Option<KeyExpiry>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -324,7 +399,9 @@ impl UpdateOutcome {
             | UpdateOutcome::Set { version, .. }
             | UpdateOutcome::NotAnInteger { version }
             | UpdateOutcome::TooLarge { version, .. }
-            | UpdateOutcome::Copied { version, .. } => *version,
+            | UpdateOutcome::Copied { version, .. }
+            | UpdateOutcome::ExpiryChanged { version, .. }
+            | UpdateOutcome::Got { version, .. } => *version,
         }
     }
 }
@@ -346,6 +423,7 @@ impl Response {
             | Response::Cleared { version, .. }
             | Response::Transaction { version, .. } => Some(*version),
             Response::Updated(outcome) => Some(outcome.version()),
+            Response::Expiry(expiry) => expiry.map(|e| e.version),
             _ => None,
         }
     }

@@ -41,8 +41,8 @@ pub use limits::{
     SINGLE_ENTRY_OVERHEAD_BYTES,
 };
 pub use message::{
-    Consistency, ErrorCode, ErrorReply, LeaderHint, Request, Response, SetCondition, TxnOp,
-    TxnResult, Update, UpdateOutcome, Versioned,
+    Consistency, ErrorCode, ErrorReply, ExpireCondition, Expiry, KeyExpiry, LeaderHint, Request,
+    Response, SetCondition, TxnOp, TxnResult, Update, UpdateOutcome, Versioned,
 };
 pub use op::Op;
 pub use rdma::{

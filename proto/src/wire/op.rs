@@ -29,11 +29,12 @@ pub enum Op {
     RdmaRegion,
     Digests,
     Transaction,
+    Ttl,
 }
 
 impl Op {
     /// Every op, in a fixed order (indexes of per-op tables).
-    pub const ALL: [Op; 24] = [
+    pub const ALL: [Op; 25] = [
         Op::Get,
         Op::MGet,
         Op::Put,
@@ -58,6 +59,7 @@ impl Op {
         Op::RdmaRegion,
         Op::Digests,
         Op::Transaction,
+        Op::Ttl,
     ];
 
     pub fn name(self) -> &'static str {
@@ -86,6 +88,7 @@ impl Op {
             Op::RdmaRegion => "rdma_region",
             Op::Digests => "digests",
             Op::Transaction => "transaction",
+            Op::Ttl => "ttl",
         }
     }
 
@@ -109,6 +112,7 @@ impl Op {
                 | Op::Scan
                 | Op::Clear
                 | Op::Transaction
+                | Op::Ttl
         )
     }
 }
@@ -140,6 +144,7 @@ impl Request {
             Request::RdmaRegion => Op::RdmaRegion,
             Request::Digests => Op::Digests,
             Request::Transaction { .. } => Op::Transaction,
+            Request::Ttl { .. } => Op::Ttl,
         }
     }
 }

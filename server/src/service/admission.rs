@@ -81,15 +81,18 @@ impl Admission {
 }
 
 /// The most an update may make its key's value: the current value's
-/// length is not known before apply.
-fn update_growth_bytes(update: &Update) -> usize {
+/// length is not known before apply. `None`: it writes no new value (a
+/// deadline change rewrites the same one, GETDEL removes it), so it is
+/// admitted like a delete.
+fn update_growth_bytes(update: &Update) -> Option<usize> {
     match update {
-        Update::Incr { .. } => INCR_GROWTH_BYTES,
-        Update::Append { suffix } => suffix.len(),
-        Update::SetIf { value, .. } => value.len(),
+        Update::Incr { .. } => Some(INCR_GROWTH_BYTES),
+        Update::Append { suffix } => Some(suffix.len()),
+        Update::SetIf { value, .. } | Update::Set { value, .. } => Some(value.len()),
         // The source's length is not known before apply either; apply's
         // quota check (the same on every replica) decides.
-        Update::CopyFrom { .. } => 0,
+        Update::CopyFrom { .. } => Some(0),
+        Update::Expire { .. } | Update::GetEx { .. } | Update::GetDel => None,
     }
 }
 
@@ -105,16 +108,18 @@ fn incoming_charge(command: &Command) -> Option<u64> {
             ..
         } => charge(key, value.len()),
         Command::MPut { pairs } => pairs.iter().map(|(k, v)| charge(k, v.len())).sum(),
-        Command::Update { key, update } => charge(key, update_growth_bytes(update)),
+        Command::Update { key, update } => charge(key, update_growth_bytes(update)?),
         Command::Transaction { ops, .. } => {
             let writes = ops.iter().filter_map(|op| match op {
                 TxnOp::Put { key, value } => Some(charge(key, value.len())),
-                TxnOp::Update { key, update } => Some(charge(key, update_growth_bytes(update))),
+                TxnOp::Update { key, update } => Some(charge(key, update_growth_bytes(update)?)),
                 TxnOp::Get { .. } | TxnOp::Delete { .. } => None,
             });
             writes.reduce(u64::saturating_add)?
         }
+        Command::Timed { command, .. } => return incoming_charge(command),
         Command::Delete { .. }
+        | Command::ExpireKeys { .. }
         | Command::Clear
         | Command::SetHashSeed { .. }
         | Command::SetQuota { .. }

@@ -162,6 +162,7 @@ impl Handler {
                 };
                 read::scan(replica, range, consistency, max_frame_bytes).await
             }
+            Request::Ttl { key, consistency } => read::ttl(replica, &key, consistency).await,
             Request::Status => Ok(Response::Status(Box::new(self.status()))),
             Request::Health => Ok(Response::Health(self.health())),
             Request::Members => Ok(Response::Members(replica.members())),

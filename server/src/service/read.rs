@@ -3,8 +3,11 @@
 
 use openraft::ReadPolicy;
 use openraft::errors::{LinearizableReadError, RaftError};
+use rdkv_fabric::clock::unix_now_ms;
+use rdkv_proto::region::NO_DEADLINE;
 use rdkv_proto::wire::{
-    Consistency, ErrorCode, ErrorReply, Response, SINGLE_ENTRY_OVERHEAD_BYTES, Versioned,
+    Consistency, ErrorCode, ErrorReply, KeyExpiry, Response, SINGLE_ENTRY_OVERHEAD_BYTES,
+    Versioned,
 };
 use rdkv_storage::state_machine::ScanRange;
 
@@ -73,6 +76,21 @@ pub async fn scan(
         pairs: page.pairs,
         more: page.more,
     })
+}
+
+/// The key's deadline (TTL, PTTL, EXPIRETIME), once the read's consistency
+/// allows it here; the node's clock goes with it.
+pub async fn ttl(replica: &Replica, key: &[u8], consistency: Consistency) -> Reply {
+    barrier(replica, consistency).await?;
+    let found = replica
+        .sm
+        .get_local_with_deadline(key)
+        .map_err(|e| ErrorReply::new(ErrorCode::Internal, e.to_string()))?;
+    Ok(Response::Expiry(found.map(|(value, deadline)| KeyExpiry {
+        version: value.version,
+        deadline_unix_ms: (deadline != NO_DEADLINE).then_some(deadline),
+        now_unix_ms: unix_now_ms(),
+    })))
 }
 
 fn local(replica: &Replica, key: &[u8]) -> Result<Option<Versioned>, ErrorReply> {

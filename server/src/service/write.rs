@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use openraft::errors::{ClientWriteError, RaftError};
+use rdkv_fabric::clock::unix_now_ms;
 use rdkv_proto::wire::{ErrorCode, ErrorReply, Response};
 use rdkv_storage::raft::{Command, TypeConfig};
 
@@ -13,9 +14,12 @@ use crate::replica::Replica;
 /// Longest a write may wait to commit.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Proposes `command` and waits for its result (the caller has checked that
-/// this node leads and the region has room).
+/// Proposes `command`, stamped with this leader's wall clock (the time its
+/// expiry decisions and TTLs count from, `Command::Timed`), and waits for
+/// its result (the caller has checked that this node leads and the region
+/// has room).
 pub async fn commit(replica: &Replica, command: Command) -> Reply {
+    let command = command.timed(unix_now_ms());
     // Past the limit the outcome is unknown: the entry may still commit.
     let response = within(
         COMMIT_TIMEOUT,

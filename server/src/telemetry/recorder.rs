@@ -93,6 +93,10 @@ fn describe_events() {
         "Time from a request's arrival to its answer, by op."
     );
     describe_counter!(
+        "rdkv_expired_keys_total",
+        "Expired keys removed by this node's active expire cycle while it led."
+    );
+    describe_counter!(
         "rdkv_connections_accepted_total",
         "Client connections accepted, by transport."
     );
@@ -201,6 +205,10 @@ fn describe_state() {
             "Members (voters and learners) in the configuration.",
         ),
         ("rdkv_region_live_keys", "Live keys in the region."),
+        (
+            "rdkv_region_expiring_keys",
+            "Keys with a deadline in the region (expired ones until the expire cycle removes them).",
+        ),
         (
             "rdkv_state_digest_applied_index",
             "Applied index at which rdkv_state_digest_low52 was taken.",

@@ -58,6 +58,53 @@ pub enum Command {
         watch: Vec<(Bytes, Option<u64>)>,
         ops: Vec<TxnOp>,
     },
+    /// `command` as proposed by a leader whose wall clock read
+    /// `now_unix_ms` (the entry's stamp): apply moves the replicated apply
+    /// clock to it (never back), expires keys by that clock, and turns
+    /// relative TTLs into deadlines from it, so every replica decides
+    /// alike. Every client write is proposed this way. Never nested
+    /// (decoding refuses it, so a peer cannot make decoding recurse).
+    Timed {
+        now_unix_ms: u64,
+        #[serde(deserialize_with = "timed_once")]
+        command: Box<Command>,
+    },
+    /// The active expire cycle: deletes each key that still has the
+    /// version given and has expired on the apply clock (a key written
+    /// again since the leader chose it is left alone). Internal: proposed
+    /// by the leader (`Timed`), never by a client.
+    ExpireKeys {
+        keys: Vec<(Bytes, u64)>,
+    },
+}
+
+thread_local! {
+    /// Whether this thread is decoding the command of a `Command::Timed`.
+    static DECODING_TIMED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Decodes the command of a `Command::Timed`, refusing another `Timed`
+/// inside it before it is decoded: nesting is bounded at one level.
+fn timed_once<'de, D: serde::Deserializer<'de>>(decoder: D) -> Result<Box<Command>, D::Error> {
+    if DECODING_TIMED.get() {
+        return Err(serde::de::Error::custom(
+            "a timed command inside a timed command",
+        ));
+    }
+    DECODING_TIMED.set(true);
+    let command = Box::<Command>::deserialize(decoder);
+    DECODING_TIMED.set(false);
+    command
+}
+
+impl Command {
+    /// `self` stamped with a leader's wall clock (see `Command::Timed`).
+    pub fn timed(self, now_unix_ms: u64) -> Command {
+        Command::Timed {
+            now_unix_ms,
+            command: Box::new(self),
+        }
+    }
 }
 
 impl fmt::Display for Command {
@@ -84,6 +131,8 @@ impl fmt::Display for Command {
                 ops.len(),
                 watch.len()
             ),
+            Command::Timed { command, .. } => write!(f, "{command}"),
+            Command::ExpireKeys { keys } => write!(f, "expire {} keys", keys.len()),
         }
     }
 }
@@ -226,6 +275,23 @@ mod tests {
             consistency: Consistency::Lease,
         };
         assert_eq!(Command::try_from(get.clone()), Err(get));
+    }
+
+    #[test]
+    fn a_timed_command_round_trips_and_a_nested_one_is_refused() {
+        let put = Command::Put {
+            key: Bytes::from("k"),
+            value: Bytes::from("v"),
+        };
+        let timed = put.clone().timed(7);
+        let bytes = postcard::to_allocvec(&timed).unwrap();
+        assert_eq!(postcard::from_bytes::<Command>(&bytes).unwrap(), timed);
+        let nested = timed.timed(8);
+        let bytes = postcard::to_allocvec(&nested).unwrap();
+        assert!(postcard::from_bytes::<Command>(&bytes).is_err());
+        // A refused decode leaves the guard clear for the next one.
+        let bytes = postcard::to_allocvec(&put.timed(9)).unwrap();
+        assert!(postcard::from_bytes::<Command>(&bytes).is_ok());
     }
 
     #[test]

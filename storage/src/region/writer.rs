@@ -20,12 +20,12 @@ use std::sync::atomic::{Ordering, fence};
 
 use rdkv_proto::region::{
     ANCHOR_SLOT, BLOCK_HEADER_BYTES, BUCKET_BYTES, BlockHeader, BlockRef, CRC_WORD_OFFSET,
-    ChainWalk, INVALIDATED_WORD, INVALIDATION_WORD_OFFSET, KeyHash, LeaseDeadline,
-    MAX_NEIGHBOURHOOD_SLOTS, MAX_OVERFLOW_TABLE_SLOTS, MAX_OVERFLOW_TABLES, OverflowLink,
-    RegionLayout, RegionState, SLOT_BYTES, SLOTS_PER_BUCKET, SizeClass, Slot, SlotWord, UNIT_BYTES,
-    ValueShape, chain_capacity, dynamic_word, encode_block, encoded_block_bytes,
-    free_neighbourhood_slot, free_table_slot, may_hold_key, neighbourhood_slots,
-    overflow_table_units, revoked_crc_word,
+    ChainWalk, DeadlineUnixMs, INVALIDATED_WORD, INVALIDATION_WORD_OFFSET, KeyHash, LeaseDeadline,
+    MAX_NEIGHBOURHOOD_SLOTS, MAX_OVERFLOW_TABLE_SLOTS, MAX_OVERFLOW_TABLES, NO_DEADLINE,
+    OverflowLink, RegionLayout, RegionState, SLOT_BYTES, SLOTS_PER_BUCKET, SizeClass, Slot,
+    SlotWord, UNIT_BYTES, ValueShape, chain_capacity, dynamic_word, encode_block,
+    encoded_block_bytes, free_neighbourhood_slot, free_table_slot, may_hold_key,
+    neighbourhood_slots, overflow_table_units, revoked_crc_word,
 };
 
 use crate::region::alloc::BlockAllocator;
@@ -185,14 +185,34 @@ impl RegionWriter {
         Ok(())
     }
 
-    /// Inserts or replaces `key` with `value` written by log index `version`.
-    /// Returns the replaced version, if any. On error the region is unchanged.
+    /// Inserts or replaces `key` with `value` written by log index `version`,
+    /// never expiring. Returns the replaced version, if any. On error the
+    /// region is unchanged.
     pub fn put(
         &mut self,
         key: &[u8],
         value: &[u8],
         version: u64,
     ) -> Result<Option<u64>, RegionError> {
+        let pair = BlockRef {
+            key,
+            value,
+            version,
+            deadline: NO_DEADLINE,
+        };
+        Ok(self.put_pair(pair)?.map(|old| old.version))
+    }
+
+    /// Inserts or replaces `pair.key` with the pair (value, version,
+    /// deadline). Returns the replaced pair's header, if any. On error the
+    /// region is unchanged.
+    pub fn put_pair(&mut self, pair: BlockRef<'_>) -> Result<Option<BlockHeader>, RegionError> {
+        let BlockRef {
+            key,
+            value,
+            version,
+            ..
+        } = pair;
         self.check_limits(key, value)?;
         if version == 0 {
             return Err(RegionError::ZeroVersion);
@@ -210,7 +230,7 @@ impl RegionWriter {
         })?;
         self.reclaim();
         let space = self.reserve(class, place)?;
-        let slot_offset = match self.write_and_open(key, value, version, space) {
+        let slot_offset = match self.write_and_open(pair, space) {
             Ok(slot_offset) => slot_offset,
             Err(error) => {
                 self.release(space.block, space.block_units);
@@ -234,7 +254,7 @@ impl RegionWriter {
         match found {
             Some(old) => {
                 self.retire(old);
-                Ok(Some(old.header.version))
+                Ok(Some(old.header))
             }
             None => {
                 self.live_keys += 1;
@@ -283,14 +303,14 @@ impl RegionWriter {
     /// Writes the block into its reserved space, then makes its slot ready:
     /// the region offset the slot word goes to. On error the block's space
     /// is the caller's to release; a table that was not linked is released.
-    fn write_and_open(
-        &mut self,
-        key: &[u8],
-        value: &[u8],
-        version: u64,
-        space: Reserved,
-    ) -> Result<u64, RegionError> {
-        encode_block(key, value, version, &mut self.scratch);
+    fn write_and_open(&mut self, pair: BlockRef<'_>, space: Reserved) -> Result<u64, RegionError> {
+        encode_block(
+            pair.key,
+            pair.value,
+            pair.version,
+            pair.deadline,
+            &mut self.scratch,
+        );
         // Orders the slot stores that retired this space (before its grace
         // period) ahead of the new contents, so a reader that sees new bytes
         // and then re-reads the slot sees the change (seqlock discipline).
@@ -346,6 +366,12 @@ impl RegionWriter {
 
     /// Removes `key`; returns the version it had, or `None` if absent.
     pub fn delete(&mut self, key: &[u8]) -> Result<Option<u64>, RegionError> {
+        Ok(self.delete_pair(key)?.map(|old| old.version))
+    }
+
+    /// Removes `key`; returns the header of the pair it had, or `None` if
+    /// absent.
+    pub fn delete_pair(&mut self, key: &[u8]) -> Result<Option<BlockHeader>, RegionError> {
         if !self.layout.admits_key(key) {
             return Ok(None);
         }
@@ -359,13 +385,22 @@ impl RegionWriter {
         self.live_keys -= 1;
         self.charged_bytes -= SLOT_BYTES;
         self.retire(found);
-        Ok(Some(found.header.version))
+        Ok(Some(found.header))
     }
 
     /// The current value and version of `key` (the writer's own view: no
     /// retries needed as nothing else writes, but the block is still validated
     /// so that a corrupted block is reported, not served).
     pub fn get(&self, key: &[u8]) -> Result<Option<Versioned>, RegionError> {
+        Ok(self.get_with_deadline(key)?.map(|(value, _)| value))
+    }
+
+    /// Like [`RegionWriter::get`], with the pair's deadline (expired or not:
+    /// the writer's view is the region's, whatever the time).
+    pub fn get_with_deadline(
+        &self,
+        key: &[u8],
+    ) -> Result<Option<(Versioned, DeadlineUnixMs)>, RegionError> {
         if !self.layout.admits_key(key) {
             return Ok(None);
         }
@@ -374,7 +409,16 @@ impl RegionWriter {
         };
         let mut block = Vec::new();
         let shape = ValueShape::of(&self.read_block(found.slot, &mut block)?);
-        Ok(Some(shape.take(block)))
+        let deadline = shape.deadline;
+        Ok(Some((shape.take(block), deadline)))
+    }
+
+    /// The header (version and deadline) of `key`'s pair, without its value.
+    pub fn header_of(&self, key: &[u8]) -> Result<Option<BlockHeader>, RegionError> {
+        if !self.layout.admits_key(key) {
+            return Ok(None);
+        }
+        Ok(self.find(key, self.layout.key_hash(key))?.map(|f| f.header))
     }
 
     /// Copies and validates the block `slot` points to, into `block`.
@@ -391,12 +435,7 @@ impl RegionWriter {
 
     /// The version of `key`, for compare-and-swap.
     pub fn version_of(&self, key: &[u8]) -> Result<Option<u64>, RegionError> {
-        if !self.layout.admits_key(key) {
-            return Ok(None);
-        }
-        Ok(self
-            .find(key, self.layout.key_hash(key))?
-            .map(|f| f.header.version))
+        Ok(self.header_of(key)?.map(|header| header.version))
     }
 
     /// The live pairs' charge against the quota (see the field).
@@ -603,14 +642,14 @@ impl RegionWriter {
         debug_assert!(freed.is_ok(), "allocator bookkeeping broken: {freed:?}");
     }
 
-    /// Calls `f(key, value, version)` for every live pair, in index order
+    /// Calls `f(pair)` for every live pair (expired or not), in index order
     /// (each bucket, then its overflow chain), validating each block (a
     /// corrupt one stops the scan with its error). Every entry is reached
     /// once: a table belongs to one chain, reached from its bucket's anchor.
     /// Snapshots and region rebuilds are made with this.
     pub fn for_each_live(
         &self,
-        mut f: impl FnMut(&[u8], &[u8], u64) -> Result<(), RegionError>,
+        mut f: impl FnMut(BlockRef<'_>) -> Result<(), RegionError>,
     ) -> Result<(), RegionError> {
         let mut block = Vec::new();
         let mut table = [0u64; MAX_OVERFLOW_TABLE_SLOTS];
@@ -635,12 +674,11 @@ impl RegionWriter {
         &self,
         words: &[u64],
         block: &mut Vec<u8>,
-        f: &mut impl FnMut(&[u8], &[u8], u64) -> Result<(), RegionError>,
+        f: &mut impl FnMut(BlockRef<'_>) -> Result<(), RegionError>,
     ) -> Result<(), RegionError> {
         for &raw in words {
             if let SlotWord::Entry(slot) = SlotWord::decode(raw)? {
-                let valid = self.read_block(slot, block)?;
-                f(valid.key, valid.value, valid.version)?;
+                f(self.read_block(slot, block)?)?;
             }
         }
         Ok(())

@@ -2,9 +2,10 @@
 
 use bytes::Bytes;
 use openraft::EntryPayload;
-use rdkv_proto::region::{HashSeed, charged_bytes};
+use rdkv_proto::region::{BlockRef, DeadlineUnixMs, HashSeed, NO_DEADLINE, charged_bytes};
 use rdkv_proto::wire::{
-    ErrorCode, ErrorReply, Response, SetCondition, TxnOp, TxnResult, Update, UpdateOutcome,
+    ErrorCode, ErrorReply, ExpireCondition, Expiry, Response, SetCondition, TxnOp, TxnResult,
+    Update, UpdateOutcome,
 };
 
 use super::State;
@@ -49,14 +50,34 @@ pub(super) fn apply_entry(state: &mut State, entry: &Entry, resume_at: usize) ->
             state.last_membership = StoredMembership::new(Some(entry.log_id), membership.clone());
             Applied::Done(CommandResult::None)
         }
-        EntryPayload::Normal(Command::SetQuota { bytes }) => {
+        EntryPayload::Normal(command) => apply_normal(state, command, index, resume_at, limits),
+    }
+}
+
+/// A command entry; a `Timed` one first moves the apply clock.
+fn apply_normal(
+    state: &mut State,
+    command: &Command,
+    index: u64,
+    resume_at: usize,
+    limits: Limits,
+) -> Applied {
+    match command {
+        Command::Timed {
+            now_unix_ms,
+            command,
+        } => {
+            state.writer.advance_clock(*now_unix_ms);
+            apply_normal(state, command, index, resume_at, limits)
+        }
+        Command::SetQuota { bytes } => {
             state.quota_bytes = Some(*bytes);
             replied(Response::Done)
         }
-        EntryPayload::Normal(Command::Transaction { watch, ops }) => {
+        Command::Transaction { watch, ops } => {
             apply_transaction(state, watch, ops, index, resume_at, limits)
         }
-        EntryPayload::Normal(command) => {
+        command => {
             let applied = apply_command(&mut state.writer, command, index, resume_at, limits);
             if is_quota_refusal(&applied) {
                 state.no_space_alarm = true;
@@ -156,7 +177,7 @@ pub fn no_space(charged_bytes: u64, growth_bytes: u64, quota_bytes: u64) -> Erro
     )
 }
 
-/// Writes one pair within the quota.
+/// Writes one pair that never expires within the quota.
 fn put_within(
     writer: &mut KeyedRegion,
     limits: Limits,
@@ -164,9 +185,29 @@ fn put_within(
     value: &[u8],
     version: u64,
 ) -> Result<(), Applied> {
-    check_quota(writer, limits, &[(key, value.len())])?;
+    let pair = BlockRef {
+        key,
+        value,
+        version,
+        deadline: NO_DEADLINE,
+    };
+    put_pair_within(writer, limits, pair)
+}
+
+/// Writes one pair within the quota; a pair already expired on the apply
+/// clock is not written: the key is deleted instead (as Redis does for a
+/// SET or EXPIRE with a time in the past).
+fn put_pair_within(
+    writer: &mut KeyedRegion,
+    limits: Limits,
+    pair: BlockRef<'_>,
+) -> Result<(), Applied> {
+    if writer.is_expired(pair.deadline) {
+        return writer.delete(pair.key).map(drop).map_err(|e| failed(&e));
+    }
+    check_quota(writer, limits, &[(pair.key, pair.value.len())])?;
     writer
-        .put(key, value, version)
+        .put_pair(pair)
         .map(drop)
         .map_err(|e| on_error(writer, e, 0))
 }
@@ -183,11 +224,8 @@ fn apply_command(
             Ok(()) => replied(Response::Written { version }),
             Err(applied) => applied,
         },
-        Command::Delete { key } => match writer.delete(key) {
-            Ok(previous) => replied(Response::Deleted {
-                existed: previous.is_some(),
-                version,
-            }),
+        Command::Delete { key } => match writer.delete_live(key) {
+            Ok(existed) => replied(Response::Deleted { existed, version }),
             Err(e) => failed(&e),
         },
         Command::Cas {
@@ -198,9 +236,12 @@ fn apply_command(
         Command::MPut { pairs } => apply_mput(writer, limits, pairs, version, resume_at),
         Command::Update { key, update } => apply_update(writer, limits, key, update, version),
         Command::SetHashSeed { seed: (k0, k1) } => Applied::AdoptSeed(HashSeed(*k0, *k1)),
-        // Applied by `apply_entry`, which holds the quota and the
-        // transaction's results.
-        Command::SetQuota { .. } | Command::Transaction { .. } => replied(Response::Done),
+        Command::ExpireKeys { keys } => apply_expire_keys(writer, keys, version),
+        // Applied by `apply_normal`, which holds the clock, the quota and
+        // the transaction's results.
+        Command::SetQuota { .. } | Command::Transaction { .. } | Command::Timed { .. } => {
+            replied(Response::Done)
+        }
         Command::Clear => match writer.clear() {
             Ok(removed) => replied(Response::Cleared { removed, version }),
             Err(e) => failed(&e),
@@ -222,7 +263,9 @@ fn apply_transaction(
     if resume_at == 0 {
         state.txn_results.clear();
         for (key, expected) in watch {
-            match state.writer.version_of(key) {
+            // An expired key counts as absent: a watched key that expired
+            // aborts the transaction (as in Redis 6.0.9 and later).
+            match state.writer.live_version(key) {
                 Ok(current) if current == *expected => {}
                 Ok(_) => {
                     return replied(Response::Transaction {
@@ -272,8 +315,8 @@ fn apply_op(
     let command = match op {
         TxnOp::Get { key } => {
             return writer
-                .get(key)
-                .map(TxnResult::Value)
+                .live_get(key)
+                .map(|found| TxnResult::Value(found.map(|(value, _)| value)))
                 .map_err(|e| failed(&e));
         }
         TxnOp::Put { key, value } => Command::Put {
@@ -312,16 +355,16 @@ fn apply_cas(
     new_value: &Option<Bytes>,
     version: u64,
 ) -> Applied {
-    let current = match writer.version_of(key) {
+    let current = match writer.live_version(key) {
         Ok(current) => current,
         Err(e) => return failed(&e),
     };
     if current != expected_version {
-        return match writer.get(key) {
+        return match writer.live_get(key) {
             Ok(current) => replied(Response::CasDone {
                 succeeded: false,
                 version,
-                current,
+                current: current.map(|(value, _)| value),
             }),
             Err(e) => failed(&e),
         };
@@ -419,8 +462,9 @@ fn apply_copy(
             version,
         }))
     };
-    let value = match writer.get(source) {
-        Ok(Some(found)) => found.value,
+    // The copy keeps the source's deadline, as RENAME and COPY do in Redis.
+    let (value, deadline) = match writer.live_get(source) {
+        Ok(Some((found, deadline))) => (found.value, deadline),
         Ok(None) => return outcome(false, true),
         Err(e) => return failed(&e),
     };
@@ -431,7 +475,13 @@ fn apply_copy(
         // Nothing moves: RENAME of a key onto itself succeeds as in Redis.
         return outcome(true, false);
     }
-    if let Err(applied) = put_within(writer, limits, key, &value, version) {
+    let pair = BlockRef {
+        key,
+        value: &value,
+        version,
+        deadline,
+    };
+    if let Err(applied) = put_pair_within(writer, limits, pair) {
         return applied;
     }
     if remove_source && let Err(e) = writer.delete(source) {
@@ -440,8 +490,27 @@ fn apply_copy(
     outcome(true, false)
 }
 
-/// A read-modify-write: decided from the key's current value in the region,
-/// so every replica reaches the same outcome.
+/// The key's pair as an update sees it: live on the apply clock.
+struct Current {
+    value: Bytes,
+    deadline: DeadlineUnixMs,
+}
+
+/// What an update decided from the key's current pair.
+enum Decided {
+    /// Nothing to write.
+    Answer(UpdateOutcome),
+    /// Write the key (with a deadline already past, it is deleted).
+    Write {
+        value: Bytes,
+        deadline: DeadlineUnixMs,
+        outcome: UpdateOutcome,
+    },
+    Delete(UpdateOutcome),
+}
+
+/// A read-modify-write: decided from the key's current pair in the region
+/// and the apply clock, so every replica reaches the same outcome.
 fn apply_update(
     writer: &mut KeyedRegion,
     limits: Limits,
@@ -449,59 +518,59 @@ fn apply_update(
     update: &Update,
     version: u64,
 ) -> Applied {
-    let current = match writer.get(key) {
-        Ok(current) => current.map(|v| v.value),
+    let current = match writer.live_get(key) {
+        Ok(current) => current.map(|(found, deadline)| Current {
+            value: found.value,
+            deadline,
+        }),
         Err(e) => return failed(&e),
     };
-    let (new_value, outcome) = match update {
-        Update::Incr { delta } => {
-            let base = match current.as_deref().map(parse_integer) {
-                None => 0,
-                Some(Some(n)) => n,
-                Some(None) => {
-                    return replied(Response::Updated(UpdateOutcome::NotAnInteger { version }));
-                }
-            };
-            let Some(value) = base.checked_add(*delta) else {
-                return replied(Response::Updated(UpdateOutcome::NotAnInteger { version }));
-            };
-            (
-                Bytes::from(value.to_string()),
-                UpdateOutcome::Integer { value, version },
-            )
-        }
-        Update::Append { suffix } => {
-            let mut value = current.map(|c| c.to_vec()).unwrap_or_default();
-            let max = writer.layout().max_value_bytes;
-            let len = match appended_len(value.len(), suffix.len(), max) {
-                Ok(len) => len,
-                Err(len) => {
-                    return replied(Response::Updated(UpdateOutcome::TooLarge { len, version }));
-                }
-            };
-            value.extend_from_slice(suffix);
-            (Bytes::from(value), UpdateOutcome::Length { len, version })
-        }
+    let clock = writer.clock_unix_ms();
+    let max_value_bytes = writer.layout().max_value_bytes;
+    let decided = match update {
+        Update::Incr { delta } => decide_incr(current, *delta, version),
+        Update::Append { suffix } => decide_append(current, suffix, max_value_bytes, version),
         Update::SetIf {
             value,
             condition,
             return_old,
         } => {
-            let write = match condition {
-                SetCondition::Always => true,
-                SetCondition::IfAbsent => current.is_none(),
-                SetCondition::IfPresent => current.is_some(),
+            let set = SetArgs {
+                value,
+                condition: *condition,
+                return_old: *return_old,
+                expiry: Expiry::Never,
             };
-            let outcome = UpdateOutcome::Set {
-                written: write,
-                old: if *return_old { current } else { None },
-                version,
-            };
-            if !write {
-                return replied(Response::Updated(outcome));
-            }
-            (value.clone(), outcome)
+            decide_set(current, set, clock, version)
         }
+        Update::Set {
+            value,
+            condition,
+            return_old,
+            expiry,
+        } => {
+            let set = SetArgs {
+                value,
+                condition: *condition,
+                return_old: *return_old,
+                expiry: *expiry,
+            };
+            decide_set(current, set, clock, version)
+        }
+        Update::Expire { expiry, condition } => {
+            decide_expire(current, *expiry, *condition, clock, version)
+        }
+        Update::GetEx { expiry } => decide_get_ex(current, *expiry, clock, version),
+        Update::GetDel => match current {
+            None => Decided::Answer(UpdateOutcome::Got {
+                value: None,
+                version,
+            }),
+            Some(current) => Decided::Delete(UpdateOutcome::Got {
+                value: Some(current.value),
+                version,
+            }),
+        },
         Update::CopyFrom {
             source,
             replace,
@@ -515,10 +584,220 @@ fn apply_update(
             return apply_copy(writer, limits, copy, key, version);
         }
     };
-    match put_within(writer, limits, key, &new_value, version) {
-        Ok(()) => replied(Response::Updated(outcome)),
-        Err(applied) => applied,
+    carry_out(writer, limits, key, version, decided)
+}
+
+/// Does what an update decided.
+fn carry_out(
+    writer: &mut KeyedRegion,
+    limits: Limits,
+    key: &[u8],
+    version: u64,
+    decided: Decided,
+) -> Applied {
+    match decided {
+        Decided::Answer(outcome) => replied(Response::Updated(outcome)),
+        Decided::Write {
+            value,
+            deadline,
+            outcome,
+        } => {
+            let pair = BlockRef {
+                key,
+                value: &value,
+                version,
+                deadline,
+            };
+            match put_pair_within(writer, limits, pair) {
+                Ok(()) => replied(Response::Updated(outcome)),
+                Err(applied) => applied,
+            }
+        }
+        Decided::Delete(outcome) => match writer.delete(key) {
+            Ok(_) => replied(Response::Updated(outcome)),
+            Err(e) => failed(&e),
+        },
     }
+}
+
+/// The deadline `expiry` gives a pair written at apply clock `clock` over
+/// a key whose deadline is `kept` ([`NO_DEADLINE`] when it has none or is
+/// absent). Never 0 for a time given: 0 means no deadline.
+fn deadline_of(expiry: Expiry, kept: DeadlineUnixMs, clock: u64) -> DeadlineUnixMs {
+    match expiry {
+        Expiry::Never => NO_DEADLINE,
+        Expiry::Keep => kept,
+        Expiry::AfterMs(ms) => clock.saturating_add(ms).max(1),
+        Expiry::AtUnixMs(at) => at.max(1),
+    }
+}
+
+/// INCR keeps the key's deadline, as in Redis.
+fn decide_incr(current: Option<Current>, delta: i64, version: u64) -> Decided {
+    let (base, deadline) = match current {
+        None => (0, NO_DEADLINE),
+        Some(current) => match parse_integer(&current.value) {
+            Some(n) => (n, current.deadline),
+            None => return Decided::Answer(UpdateOutcome::NotAnInteger { version }),
+        },
+    };
+    let Some(value) = base.checked_add(delta) else {
+        return Decided::Answer(UpdateOutcome::NotAnInteger { version });
+    };
+    Decided::Write {
+        value: Bytes::from(value.to_string()),
+        deadline,
+        outcome: UpdateOutcome::Integer { value, version },
+    }
+}
+
+/// APPEND keeps the key's deadline, as in Redis.
+fn decide_append(
+    current: Option<Current>,
+    suffix: &[u8],
+    max_value_bytes: u32,
+    version: u64,
+) -> Decided {
+    let (mut value, deadline) = current.map_or((Vec::new(), NO_DEADLINE), |c| {
+        (c.value.to_vec(), c.deadline)
+    });
+    let len = match appended_len(value.len(), suffix.len(), max_value_bytes) {
+        Ok(len) => len,
+        Err(len) => return Decided::Answer(UpdateOutcome::TooLarge { len, version }),
+    };
+    value.extend_from_slice(suffix);
+    Decided::Write {
+        value: Bytes::from(value),
+        deadline,
+        outcome: UpdateOutcome::Length { len, version },
+    }
+}
+
+/// A SET's arguments.
+struct SetArgs<'u> {
+    value: &'u Bytes,
+    condition: SetCondition,
+    return_old: bool,
+    expiry: Expiry,
+}
+
+fn decide_set(current: Option<Current>, set: SetArgs<'_>, clock: u64, version: u64) -> Decided {
+    let write = match set.condition {
+        SetCondition::Always => true,
+        SetCondition::IfAbsent => current.is_none(),
+        SetCondition::IfPresent => current.is_some(),
+    };
+    let kept = current.as_ref().map_or(NO_DEADLINE, |c| c.deadline);
+    let outcome = UpdateOutcome::Set {
+        written: write,
+        old: current.filter(|_| set.return_old).map(|c| c.value),
+        version,
+    };
+    if !write {
+        return Decided::Answer(outcome);
+    }
+    Decided::Write {
+        value: set.value.clone(),
+        deadline: deadline_of(set.expiry, kept, clock),
+        outcome,
+    }
+}
+
+/// Whether EXPIRE's `condition` lets `new` replace `current` (no deadline
+/// counts as an infinitely late one, as in Redis).
+fn expire_condition_holds(
+    condition: ExpireCondition,
+    current: DeadlineUnixMs,
+    new: DeadlineUnixMs,
+) -> bool {
+    let as_time = |deadline| {
+        if deadline == NO_DEADLINE {
+            u64::MAX
+        } else {
+            deadline
+        }
+    };
+    match condition {
+        ExpireCondition::Always => true,
+        ExpireCondition::IfNone => current == NO_DEADLINE,
+        ExpireCondition::IfSome => current != NO_DEADLINE,
+        ExpireCondition::IfLater => as_time(new) > as_time(current),
+        ExpireCondition::IfEarlier => as_time(new) < as_time(current),
+    }
+}
+
+/// EXPIRE and PERSIST: the same value under a new deadline (a new
+/// version, as any write), or nothing.
+fn decide_expire(
+    current: Option<Current>,
+    expiry: Expiry,
+    condition: ExpireCondition,
+    clock: u64,
+    version: u64,
+) -> Decided {
+    let unchanged = Decided::Answer(UpdateOutcome::ExpiryChanged {
+        changed: false,
+        version,
+    });
+    let Some(current) = current else {
+        return unchanged;
+    };
+    let new = deadline_of(expiry, current.deadline, clock);
+    if new == current.deadline || !expire_condition_holds(condition, current.deadline, new) {
+        return unchanged;
+    }
+    Decided::Write {
+        value: current.value,
+        deadline: new,
+        outcome: UpdateOutcome::ExpiryChanged {
+            changed: true,
+            version,
+        },
+    }
+}
+
+/// GETEX: the value, and the deadline changed when it differs.
+fn decide_get_ex(current: Option<Current>, expiry: Expiry, clock: u64, version: u64) -> Decided {
+    let Some(current) = current else {
+        return Decided::Answer(UpdateOutcome::Got {
+            value: None,
+            version,
+        });
+    };
+    let outcome = UpdateOutcome::Got {
+        value: Some(current.value.clone()),
+        version,
+    };
+    let new = deadline_of(expiry, current.deadline, clock);
+    if new == current.deadline {
+        return Decided::Answer(outcome);
+    }
+    Decided::Write {
+        value: current.value,
+        deadline: new,
+        outcome,
+    }
+}
+
+/// The active expire cycle's deletes: each key that still has the version
+/// the leader saw and has expired on the apply clock.
+fn apply_expire_keys(writer: &mut KeyedRegion, keys: &[(Bytes, u64)], version: u64) -> Applied {
+    let mut removed = 0;
+    for (key, expected) in keys {
+        match writer.header_of(key) {
+            Ok(Some(header))
+                if header.version == *expected && writer.is_expired(header.deadline) =>
+            {
+                if let Err(e) = writer.delete(key) {
+                    return failed(&e);
+                }
+                removed += 1;
+            }
+            Ok(_) => {}
+            Err(e) => return failed(&e),
+        }
+    }
+    replied(Response::Cleared { removed, version })
 }
 
 #[cfg(test)]

@@ -10,11 +10,20 @@
 //! Cost: each live key is stored a second time, on the heap, plus the set's
 //! per-entry overhead (about 40 bytes); the `Bytes` handles own their bytes
 //! so a key never pins the log entry it came from.
+//!
+//! Expiry: the keys that have a deadline are also in `deadlines`, ordered by
+//! deadline, so the leader finds the expired ones without a scan (the
+//! active expire cycle). Apply decides with the *apply clock*: the latest
+//! time a leader stamped on an applied entry (`Command::Timed`), never
+//! going back, so every replica sees the same keys expired at the same
+//! entry. A pair past its deadline stays in the region until a replicated
+//! `Command::ExpireKeys` removes it, but apply treats it as absent.
 
 use std::collections::BTreeSet;
 use std::ops::{Bound, Deref};
 
 use bytes::Bytes;
+use rdkv_proto::region::{BlockHeader, BlockRef, DeadlineUnixMs, NO_DEADLINE, expired_at};
 use rdkv_proto::wire::Versioned;
 
 use super::StateMachineError;
@@ -29,6 +38,10 @@ const PAIR_OVERHEAD_BYTES: u64 = 32;
 pub(super) struct KeyedRegion {
     writer: RegionWriter,
     keys: BTreeSet<Bytes>,
+    /// The keys that have a deadline, by deadline.
+    deadlines: BTreeSet<(DeadlineUnixMs, Bytes)>,
+    /// The apply clock (unix ms): the latest leader stamp applied.
+    clock_unix_ms: u64,
     /// The digest of the live (key, version) pairs (see `digest`).
     digest: StateDigest,
 }
@@ -71,29 +84,112 @@ impl KeyedRegion {
         KeyedRegion {
             writer,
             keys: BTreeSet::new(),
+            deadlines: BTreeSet::new(),
+            clock_unix_ms: 0,
             digest: StateDigest::default(),
         }
     }
 
     /// Fills a freshly created region with `pairs` (from a snapshot or
-    /// another region), building the ordered key set once at the end from
-    /// the keys collected (a bulk build, not one tree insert per key).
+    /// another region) at apply clock `clock_unix_ms`, building the ordered
+    /// key set once at the end from the keys collected (a bulk build, not
+    /// one tree insert per key).
     pub(super) fn load<E: From<RegionError>>(
         writer: RegionWriter,
-        pairs: impl FnOnce(&mut dyn FnMut(&[u8], &[u8], u64) -> Result<(), E>) -> Result<(), E>,
+        clock_unix_ms: u64,
+        pairs: impl FnOnce(&mut dyn FnMut(BlockRef<'_>) -> Result<(), E>) -> Result<(), E>,
     ) -> Result<KeyedRegion, E> {
         let mut region = KeyedRegion::empty(writer);
+        region.clock_unix_ms = clock_unix_ms;
         let mut keys = Vec::new();
-        pairs(&mut |key, value, version| {
-            match region.writer.put(key, value, version)? {
-                Some(old) => region.digest.remove(key, old),
-                None => keys.push(Bytes::copy_from_slice(key)),
+        pairs(&mut |pair| {
+            let replaced = region.writer.put_pair(pair)?;
+            region.forget_deadline(pair.key, replaced);
+            region.note_deadline(pair.key, pair.deadline);
+            match replaced {
+                Some(old) => region.digest.remove(pair.key, old.version),
+                None => keys.push(Bytes::copy_from_slice(pair.key)),
             }
-            region.digest.add(key, version);
+            region.digest.add(pair.key, pair.version);
             Ok(())
         })?;
         region.keys = keys.into_iter().collect();
         Ok(region)
+    }
+
+    /// The apply clock (unix ms).
+    pub(super) fn clock_unix_ms(&self) -> u64 {
+        self.clock_unix_ms
+    }
+
+    /// Moves the apply clock to a leader's stamp, never back: a new leader
+    /// whose clock is behind the old one's does not bring keys back.
+    pub(super) fn advance_clock(&mut self, stamp_unix_ms: u64) {
+        self.clock_unix_ms = self.clock_unix_ms.max(stamp_unix_ms);
+    }
+
+    /// Whether `deadline` has passed on the apply clock.
+    pub(super) fn is_expired(&self, deadline: DeadlineUnixMs) -> bool {
+        expired_at(deadline, self.clock_unix_ms)
+    }
+
+    fn note_deadline(&mut self, key: &[u8], deadline: DeadlineUnixMs) {
+        if deadline != NO_DEADLINE {
+            self.deadlines
+                .insert((deadline, Bytes::copy_from_slice(key)));
+        }
+    }
+
+    fn forget_deadline(&mut self, key: &[u8], old: Option<BlockHeader>) {
+        if let Some(old) = old.filter(|old| old.deadline != NO_DEADLINE) {
+            self.deadlines
+                .remove(&(old.deadline, Bytes::copy_from_slice(key)));
+        }
+    }
+
+    /// The pair of `key` with its deadline, absent when expired on the
+    /// apply clock: what every decision of apply reads.
+    pub(super) fn live_get(
+        &self,
+        key: &[u8],
+    ) -> Result<Option<(Versioned, DeadlineUnixMs)>, RegionError> {
+        Ok(self
+            .writer
+            .get_with_deadline(key)?
+            .filter(|(_, deadline)| !self.is_expired(*deadline)))
+    }
+
+    /// The version of `key`, absent when expired on the apply clock.
+    pub(super) fn live_version(&self, key: &[u8]) -> Result<Option<u64>, RegionError> {
+        Ok(self
+            .writer
+            .header_of(key)?
+            .filter(|header| !self.is_expired(header.deadline))
+            .map(|header| header.version))
+    }
+
+    /// Up to `limit` keys expired on the leader's clock `now_unix_ms`, with
+    /// the version each has: what the leader's next `ExpireKeys` removes.
+    pub(super) fn expired_keys(
+        &self,
+        now_unix_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<(Bytes, u64)>, RegionError> {
+        let mut expired = Vec::new();
+        for (deadline, key) in self.deadlines.iter().take(limit) {
+            if !expired_at(*deadline, now_unix_ms) {
+                break;
+            }
+            if let Some(header) = self.writer.header_of(key)? {
+                expired.push((key.clone(), header.version));
+            }
+        }
+        Ok(expired)
+    }
+
+    /// Keys with a deadline (expired or not).
+    pub(super) fn expiring_keys(&self) -> usize {
+        self.deadlines.len()
     }
 
     /// The digest of the live pairs.
@@ -101,42 +197,68 @@ impl KeyedRegion {
         self.digest
     }
 
+    /// Writes a pair that never expires; returns the replaced pair's header.
     pub(super) fn put(
         &mut self,
         key: &[u8],
         value: &[u8],
         version: u64,
-    ) -> Result<Option<u64>, RegionError> {
-        let replaced = self.writer.put(key, value, version)?;
+    ) -> Result<Option<BlockHeader>, RegionError> {
+        self.put_pair(BlockRef {
+            key,
+            value,
+            version,
+            deadline: NO_DEADLINE,
+        })
+    }
+
+    /// Writes a pair; returns the replaced pair's header.
+    pub(super) fn put_pair(
+        &mut self,
+        pair: BlockRef<'_>,
+    ) -> Result<Option<BlockHeader>, RegionError> {
+        let replaced = self.writer.put_pair(pair)?;
+        self.forget_deadline(pair.key, replaced);
+        self.note_deadline(pair.key, pair.deadline);
         match replaced {
-            Some(old) => self.digest.remove(key, old),
+            Some(old) => self.digest.remove(pair.key, old.version),
             None => {
-                self.keys.insert(Bytes::copy_from_slice(key));
+                self.keys.insert(Bytes::copy_from_slice(pair.key));
             }
         }
-        self.digest.add(key, version);
+        self.digest.add(pair.key, pair.version);
         Ok(replaced)
     }
 
-    pub(super) fn delete(&mut self, key: &[u8]) -> Result<Option<u64>, RegionError> {
-        let removed = self.writer.delete(key)?;
+    /// Removes `key`, expired or not; returns the removed pair's header.
+    pub(super) fn delete(&mut self, key: &[u8]) -> Result<Option<BlockHeader>, RegionError> {
+        let removed = self.writer.delete_pair(key)?;
         if let Some(old) = removed {
             self.keys.remove(key);
-            self.digest.remove(key, old);
+            self.forget_deadline(key, removed);
+            self.digest.remove(key, old.version);
         }
         Ok(removed)
+    }
+
+    /// Removes `key` and says whether it was there for apply: present and
+    /// not expired on the apply clock (DEL of an expired key answers 0).
+    pub(super) fn delete_live(&mut self, key: &[u8]) -> Result<bool, RegionError> {
+        let removed = self.delete(key)?;
+        Ok(removed.is_some_and(|old| !self.is_expired(old.deadline)))
     }
 
     /// Deletes every key; returns how many there were.
     pub(super) fn clear(&mut self) -> Result<u64, RegionError> {
         let mut removed = 0;
         while let Some(key) = self.keys.first().cloned() {
-            if let Some(old) = self.writer.delete(&key)? {
-                removed += 1;
-                self.digest.remove(&key, old);
+            if let Some(old) = self.writer.delete_pair(&key)? {
+                removed += u64::from(!self.is_expired(old.deadline));
+                self.digest.remove(&key, old.version);
             }
             self.keys.remove(&key);
         }
+        self.deadlines.clear();
         Ok(removed)
     }
 
@@ -145,7 +267,8 @@ impl KeyedRegion {
         self.keys.len()
     }
 
-    /// The pairs of `range`, read from the region; stops early (with `more`)
+    /// The pairs of `range` not expired at `expired_from_unix_ms` (the
+    /// reader's clock plus its margin), read from the region; stops early (with `more`)
     /// once the keys and values gathered would exceed `max_bytes`, but always
     /// returns at least one pair when there is one, so a scan always makes
     /// progress.
@@ -153,6 +276,7 @@ impl KeyedRegion {
         &self,
         range: ScanRange<'_>,
         max_bytes: u64,
+        expired_from_unix_ms: u64,
     ) -> Result<ScanPage, StateMachineError> {
         let ScanRange { start, end, limit } = range;
         let upper = end.map_or(Bound::Unbounded, Bound::Excluded);
@@ -164,16 +288,21 @@ impl KeyedRegion {
         }
         let mut pairs = Vec::new();
         let mut bytes = 0u64;
-        for key in self
-            .keys
-            .range::<[u8], _>((Bound::Included(start), upper))
-            .take(limit)
-        {
-            let Some(value) = self.writer.get(key)? else {
+        let range = self.keys.range::<[u8], _>((Bound::Included(start), upper));
+        let mut taken = 0;
+        for key in range {
+            if taken == limit {
+                break;
+            }
+            let Some((value, deadline)) = self.writer.get_with_deadline(key)? else {
                 // The set and the region change together under the state
                 // machine's lock; a key missing from the region is a bug.
                 return Err(StateMachineError::KeyIndexMismatch { key_len: key.len() });
             };
+            if expired_at(deadline, expired_from_unix_ms) {
+                continue;
+            }
+            taken += 1;
             bytes += (key.len() + value.value.len()) as u64 + PAIR_OVERHEAD_BYTES;
             if bytes > max_bytes && !pairs.is_empty() {
                 return Ok(ScanPage { pairs, more: true });

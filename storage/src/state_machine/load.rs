@@ -45,7 +45,7 @@ pub(super) fn load_region(
     let mut meta = None;
     let writer = std::thread::scope(|scope| {
         scope.spawn(|| populate_ahead(&memory, &layout, bytes.len() as u64));
-        KeyedRegion::load(empty, |put| {
+        KeyedRegion::load(empty, region.clock_unix_ms, |put| {
             meta = Some(reader.pairs::<StateMachineError>(put)?);
             Ok::<_, StateMachineError>(())
         })

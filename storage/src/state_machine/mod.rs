@@ -24,7 +24,7 @@ use openraft::alias::SnapshotOf;
 use openraft::storage::EntryResponder;
 use openraft::storage::RaftStateMachine;
 use openraft::{OptionalSend, RaftSnapshotBuilder};
-use rdkv_proto::region::{HashSeed, LeaseDeadline};
+use rdkv_proto::region::{DeadlineUnixMs, HashSeed, LeaseDeadline, expired_at};
 use rdkv_proto::wire::{Response, StateDigestAt, Versioned};
 use thiserror::Error;
 
@@ -152,7 +152,14 @@ pub struct RegionStateMachine {
     shared: Arc<Shared>,
 }
 
-use rdkv_fabric::clock::unix_now_us;
+use rdkv_fabric::clock::{DEFAULT_MAX_CLOCK_DRIFT_MS, unix_now_ms, unix_now_us};
+
+/// The time from which a server-side read counts a pair as expired: this
+/// node's wall clock plus the clock-drift margin, the rule of every reader
+/// (`ReaderOptions::expiry_margin_ms`).
+fn expired_from_unix_ms() -> u64 {
+    unix_now_ms().saturating_add(DEFAULT_MAX_CLOCK_DRIFT_MS)
+}
 
 /// An empty region placed with the cluster's `seed` (the placeholder while
 /// there is none): every replica places keys alike.
@@ -253,6 +260,16 @@ impl RegionStateMachine {
     /// Reads a key from this replica's region: lock-free, with the locked
     /// writer's view as the fallback when validation keeps failing.
     pub fn get_local(&self, key: &[u8]) -> Result<Option<Versioned>, StateMachineError> {
+        Ok(self.get_local_with_deadline(key)?.map(|(value, _)| value))
+    }
+
+    /// Like [`RegionStateMachine::get_local`], with the pair's deadline. A
+    /// pair expired on this node's wall clock (less the clock-drift margin,
+    /// as every reader counts it) is absent.
+    pub fn get_local_with_deadline(
+        &self,
+        key: &[u8],
+    ) -> Result<Option<(Versioned, DeadlineUnixMs)>, StateMachineError> {
         // Read under the reader's shared lock (no clone of the reader); the
         // guard is gone before the fallback takes the state lock, which
         // `swap_region` holds while it takes this one.
@@ -261,12 +278,32 @@ impl RegionStateMachine {
             .reader
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(key);
+            .get_with_deadline(key);
         match read {
             Ok(found) => Ok(found),
-            Err(ReadError::Exhausted { .. }) => Ok(self.lock().writer.get(key)?),
+            Err(ReadError::Exhausted { .. }) => {
+                let found = self.lock().writer.get_with_deadline(key)?;
+                let expired_from = expired_from_unix_ms();
+                Ok(found.filter(|(_, deadline)| !expired_at(*deadline, expired_from)))
+            }
             Err(other) => Err(other.into()),
         }
+    }
+
+    /// Up to `limit` keys expired at `now_unix_ms` (the leader's clock),
+    /// with their versions, soonest deadline first: the next batch of the
+    /// active expire cycle (`Command::ExpireKeys`).
+    pub fn expired_keys(
+        &self,
+        now_unix_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<(Bytes, u64)>, StateMachineError> {
+        Ok(self.lock().writer.expired_keys(now_unix_ms, limit)?)
+    }
+
+    /// Keys that have a deadline (expired or not, until removed).
+    pub fn expiring_keys(&self) -> usize {
+        self.lock().writer.expiring_keys()
     }
 
     /// The current region's memory (replaced when a snapshot is installed),
@@ -306,7 +343,9 @@ impl RegionStateMachine {
         range: ScanRange<'_>,
         max_bytes: u64,
     ) -> Result<ScanPage, StateMachineError> {
-        self.lock().writer.scan(range, max_bytes)
+        self.lock()
+            .writer
+            .scan(range, max_bytes, expired_from_unix_ms())
     }
 
     /// Keys in the ordered scan index; always equal to the region's live keys.
@@ -444,7 +483,8 @@ impl RegionStateMachine {
     ) -> Result<KeyedRegion, StateMachineError> {
         let epoch = state.writer.layout().region_epoch + 1;
         let empty = new_region(&self.shared.config, &self.shared.clock, epoch, seed)?;
-        let writer = KeyedRegion::load(empty, |put| state.writer.for_each_live(put))?;
+        let clock = state.writer.clock_unix_ms();
+        let writer = KeyedRegion::load(empty, clock, |put| state.writer.for_each_live(put))?;
         if let Some(applied) = state.last_applied {
             writer.publish_applied(applied.index, unix_now_us())?;
         }
@@ -589,11 +629,12 @@ impl RegionStateMachine {
             let region = SnapshotRegion {
                 hash_seed: state.hash_seed.map(|seed| (seed.0, seed.1)),
                 quota_bytes: state.quota_bytes,
+                clock_unix_ms: state.writer.clock_unix_ms(),
             };
             let mut writer = SnapshotWriter::new(&meta, region)?;
             let mut encode_error = None;
-            state.writer.for_each_live(|key, value, version| {
-                if let Err(e) = writer.pair(key, value, version) {
+            state.writer.for_each_live(|pair| {
+                if let Err(e) = writer.pair(pair) {
                     encode_error.get_or_insert(e);
                 }
                 Ok(())

@@ -5,19 +5,21 @@
 //! ```text
 //! record: "RDKVSNAP" + u32 LE format version
 //! record: postcard(SnapshotRecord::Meta(SnapshotMeta))
-//! record: postcard(SnapshotRecord::Region(SnapshotRegion))          (version 3; version 2: RegionV2)
-//! record: postcard(SnapshotRecord::Pair { key, value, version })   (any number)
+//! record: postcard(SnapshotRecord::Region(SnapshotRegion))   (version 4; 3: RegionV3; 2: RegionV2)
+//! record: postcard(SnapshotRecord::Pair { key, value, version, deadline })   (any number; <= 3: PairV3)
 //! record: postcard(SnapshotRecord::End { pairs })
 //! ```
 //!
 //! Older files are still read: version 1 has no region record (no cluster
-//! hash seed yet), version 2's region record has the seed but no quota.
+//! hash seed yet), version 2's region record has the seed but no quota,
+//! version 3's has no apply clock and its pairs no deadline (none expire).
 
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
+use rdkv_proto::region::{BlockRef, NO_DEADLINE};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -26,7 +28,7 @@ use crate::raft::SnapshotMeta;
 use crate::record::{RecordError, decode_record, encode_record};
 
 const MAGIC: &[u8; 8] = b"RDKVSNAP";
-const FORMAT_VERSION: u32 = 3;
+const FORMAT_VERSION: u32 = 4;
 /// The oldest format version still read.
 const OLDEST_READ_VERSION: u32 = 1;
 const FILE_PREFIX: &str = "snap-";
@@ -35,7 +37,8 @@ const FILE_SUFFIX: &str = ".bin";
 #[derive(Debug, Serialize, Deserialize)]
 enum SnapshotRecord<'a> {
     Meta(SnapshotMeta),
-    Pair {
+    /// Versions 1 to 3's pair (read, never written).
+    PairV3 {
         key: &'a [u8],
         value: &'a [u8],
         version: u64,
@@ -45,7 +48,16 @@ enum SnapshotRecord<'a> {
     },
     /// Version 2's region record (read, never written).
     RegionV2(RegionRecordV2),
+    /// Version 3's region record (read, never written).
+    RegionV3(RegionRecordV3),
     Region(SnapshotRegion),
+    Pair {
+        key: &'a [u8],
+        value: &'a [u8],
+        version: u64,
+        /// Unix ms; 0: never expires.
+        deadline: u64,
+    },
 }
 
 /// What a snapshot says of its region beyond the pairs: the replicated
@@ -56,6 +68,16 @@ pub struct SnapshotRegion {
     pub hash_seed: Option<(u64, u64)>,
     /// The cluster's quota, once `Command::SetQuota` was applied.
     pub quota_bytes: Option<u64>,
+    /// The apply clock (unix ms): the latest leader stamp applied, which
+    /// decides what has expired for the entries after the snapshot.
+    pub clock_unix_ms: u64,
+}
+
+/// The region record of format version 3.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct RegionRecordV3 {
+    hash_seed: Option<(u64, u64)>,
+    quota_bytes: Option<u64>,
 }
 
 /// The region record of format version 2.
@@ -112,12 +134,13 @@ impl SnapshotWriter {
         Ok(())
     }
 
-    pub fn pair(&mut self, key: &[u8], value: &[u8], version: u64) -> Result<(), postcard::Error> {
+    pub fn pair(&mut self, pair: BlockRef<'_>) -> Result<(), postcard::Error> {
         self.pairs += 1;
         self.push(&SnapshotRecord::Pair {
-            key,
-            value,
-            version,
+            key: pair.key,
+            value: pair.value,
+            version: pair.version,
+            deadline: pair.deadline,
         })
     }
 
@@ -156,7 +179,15 @@ impl<'a> SnapshotReader<'a> {
             2 => match records.next_record()? {
                 SnapshotRecord::RegionV2(old) => SnapshotRegion {
                     hash_seed: old.hash_seed,
-                    quota_bytes: None,
+                    ..SnapshotRegion::default()
+                },
+                _ => return Err(SnapshotError::Structure("third record is not the region")),
+            },
+            3 => match records.next_record()? {
+                SnapshotRecord::RegionV3(old) => SnapshotRegion {
+                    hash_seed: old.hash_seed,
+                    quota_bytes: old.quota_bytes,
+                    clock_unix_ms: 0,
                 },
                 _ => return Err(SnapshotError::Structure("third record is not the region")),
             },
@@ -176,19 +207,32 @@ impl<'a> SnapshotReader<'a> {
     /// the meta. The first error, of the snapshot or of `on_pair`, stops it.
     pub fn pairs<E: From<SnapshotError>>(
         mut self,
-        mut on_pair: impl FnMut(&[u8], &[u8], u64) -> Result<(), E>,
+        mut on_pair: impl FnMut(BlockRef<'_>) -> Result<(), E>,
     ) -> Result<SnapshotMeta, E> {
         let mut pairs = 0u64;
         loop {
-            match self.records.next_record()? {
+            let pair = match self.records.next_record()? {
                 SnapshotRecord::Pair {
                     key,
                     value,
                     version,
-                } => {
-                    on_pair(key, value, version)?;
-                    pairs += 1;
-                }
+                    deadline,
+                } => BlockRef {
+                    key,
+                    value,
+                    version,
+                    deadline,
+                },
+                SnapshotRecord::PairV3 {
+                    key,
+                    value,
+                    version,
+                } => BlockRef {
+                    key,
+                    value,
+                    version,
+                    deadline: NO_DEADLINE,
+                },
                 SnapshotRecord::End { pairs: expected } => {
                     if expected != pairs {
                         return Err(SnapshotError::Structure("pair count does not match").into());
@@ -200,10 +244,13 @@ impl<'a> SnapshotReader<'a> {
                 }
                 SnapshotRecord::Meta(_)
                 | SnapshotRecord::Region(_)
-                | SnapshotRecord::RegionV2(_) => {
+                | SnapshotRecord::RegionV2(_)
+                | SnapshotRecord::RegionV3(_) => {
                     return Err(SnapshotError::Structure("a second meta or region record").into());
                 }
-            }
+            };
+            on_pair(pair)?;
+            pairs += 1;
         }
     }
 }
@@ -213,7 +260,7 @@ impl<'a> SnapshotReader<'a> {
 pub fn read_snapshot(
     bytes: &[u8],
     max_record_bytes: u64,
-    on_pair: impl FnMut(&[u8], &[u8], u64) -> Result<(), SnapshotError>,
+    on_pair: impl FnMut(BlockRef<'_>) -> Result<(), SnapshotError>,
 ) -> Result<SnapshotMeta, SnapshotError> {
     SnapshotReader::open(bytes, max_record_bytes)?.pairs(on_pair)
 }
@@ -327,7 +374,8 @@ mod tests {
     use super::*;
 
     /// A snapshot as an older version wrote it: version 1 has no region
-    /// record, version 2 the region record without the quota.
+    /// record, version 2 the region record without the quota, version 3
+    /// without the clock (and pairs without deadlines).
     fn old_snapshot(version: u32, pairs: &[(&[u8], &[u8], u64)]) -> Vec<u8> {
         let mut bytes = Vec::new();
         let mut header = MAGIC.to_vec();
@@ -342,8 +390,14 @@ mod tests {
                 hash_seed: Some((7, 8)),
             }));
         }
+        if version == 3 {
+            push(&SnapshotRecord::RegionV3(RegionRecordV3 {
+                hash_seed: Some((7, 8)),
+                quota_bytes: Some(99),
+            }));
+        }
         for &(key, value, version) in pairs {
-            push(&SnapshotRecord::Pair {
+            push(&SnapshotRecord::PairV3 {
                 key,
                 value,
                 version,
@@ -355,11 +409,17 @@ mod tests {
         bytes
     }
 
-    fn pairs_of(reader: SnapshotReader<'_>) -> Vec<(Vec<u8>, Vec<u8>, u64)> {
+    fn pairs_of(reader: SnapshotReader<'_>) -> Vec<(Vec<u8>, Vec<u8>, u64, u64)> {
         let mut pairs = Vec::new();
         reader
-            .pairs(|k, v, version| {
-                pairs.push((k.to_vec(), v.to_vec(), version));
+            .pairs(|pair| {
+                let BlockRef {
+                    key,
+                    value,
+                    version,
+                    deadline,
+                } = pair;
+                pairs.push((key.to_vec(), value.to_vec(), version, deadline));
                 Ok::<_, SnapshotError>(())
             })
             .unwrap();
@@ -368,7 +428,7 @@ mod tests {
 
     #[test]
     fn older_versions_are_read_and_a_newer_one_is_refused() {
-        let expected = vec![(b"k".to_vec(), b"v".to_vec(), 4)];
+        let expected = vec![(b"k".to_vec(), b"v".to_vec(), 4, NO_DEADLINE)];
         let bytes = old_snapshot(1, &[(b"k", b"v", 4)]);
         let reader = SnapshotReader::open(&bytes, 1024).unwrap();
         assert_eq!(reader.region, SnapshotRegion::default());
@@ -378,21 +438,41 @@ mod tests {
         let reader = SnapshotReader::open(&bytes, 1024).unwrap();
         let seed_only = SnapshotRegion {
             hash_seed: Some((7, 8)),
-            quota_bytes: None,
+            ..SnapshotRegion::default()
         };
         assert_eq!(reader.region, seed_only);
+        assert_eq!(pairs_of(reader), expected);
+
+        let bytes = old_snapshot(3, &[(b"k", b"v", 4)]);
+        let reader = SnapshotReader::open(&bytes, 1024).unwrap();
+        let no_clock = SnapshotRegion {
+            hash_seed: Some((7, 8)),
+            quota_bytes: Some(99),
+            clock_unix_ms: 0,
+        };
+        assert_eq!(reader.region, no_clock);
         assert_eq!(pairs_of(reader), expected);
 
         let region = SnapshotRegion {
             hash_seed: Some((5, 6)),
             quota_bytes: Some(1 << 20),
+            clock_unix_ms: 1_700_000_000_000,
         };
         let mut writer = SnapshotWriter::new(&SnapshotMeta::default(), region).unwrap();
-        writer.pair(b"k", b"v", 4).unwrap();
+        let expiring = BlockRef {
+            key: b"k",
+            value: b"v",
+            version: 4,
+            deadline: 1_700_000_060_000,
+        };
+        writer.pair(expiring).unwrap();
         let mut bytes = writer.finish().unwrap();
         let reader = SnapshotReader::open(&bytes, 1024).unwrap();
         assert_eq!(reader.region, region);
-        assert_eq!(pairs_of(reader), expected);
+        assert_eq!(
+            pairs_of(reader),
+            vec![(b"k".to_vec(), b"v".to_vec(), 4, 1_700_000_060_000)]
+        );
         // The version word of the header record, under its CRC: rewrite both.
         let header_end = crate::record::RECORD_HEADER_BYTES + 12;
         bytes[header_end - 4..header_end].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
