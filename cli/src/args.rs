@@ -53,7 +53,17 @@ pub struct Global {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Writes a key; prints OK.
-    Put { key: OsString, value: OsString },
+    Put {
+        key: OsString,
+        value: OsString,
+        /// Expire the key this long after the leader takes the write
+        /// (e.g. 30s, 500ms, 1h); without it the key never expires.
+        #[arg(long, value_parser = parse_duration)]
+        ttl: Option<Duration>,
+    },
+    /// Prints a key's time to live in milliseconds as Redis's PTTL does:
+    /// -1 when it never expires, -2 when it is absent.
+    Ttl { key: OsString },
     /// Reads a key; prints its value, or nothing (exit 0) if it is absent.
     Get {
         key: OsString,

@@ -10,7 +10,7 @@ use crate::check::CheckView;
 use crate::output::{Json, Message, View};
 use crate::views::{
     DelView, GetView, HealthRow, HealthView, MembersView, PutView, ScanView, StatusRow, StatusView,
-    fill_lag,
+    TtlView, fill_lag,
 };
 
 /// What a command produced: something to print, and whether it failed anyway
@@ -46,12 +46,18 @@ pub fn client(global: &Global) -> Result<Client> {
 
 pub async fn run(client: &Client, command: Command) -> Result<Outcome> {
     match command {
-        Command::Put { key, value } => {
-            let version = client
-                .put(arg_bytes(key), arg_bytes(value))
-                .await
-                .context("put failed")?;
+        Command::Put { key, value, ttl } => {
+            let (key, value) = (arg_bytes(key), arg_bytes(value));
+            let version = match ttl {
+                None => client.put(key, value).await,
+                Some(ttl) => client.put_with_ttl(key, value, ttl).await,
+            }
+            .context("put failed")?;
             Ok(Outcome::ok(PutView { version }))
+        }
+        Command::Ttl { key } => {
+            let expiry = client.ttl(arg_bytes(key)).await.context("ttl failed")?;
+            Ok(Outcome::ok(TtlView { expiry }))
         }
         Command::Get {
             key,

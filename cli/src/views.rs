@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use rdkv_client::{MemberInfo, NodeStatus, Role, Versioned};
+use rdkv_client::{KeyExpiry, MemberInfo, NodeStatus, Role, Versioned};
 
 use crate::output::{Json, Table, View, lines, show_bytes};
 
@@ -23,6 +23,53 @@ impl View for PutView {
 
     fn json(&self) -> Json {
         Json::obj([("version", Json::U64(self.version))])
+    }
+}
+
+/// `ttl`: a key's deadline, as Redis's PTTL counts it.
+#[derive(Debug)]
+pub struct TtlView {
+    pub expiry: Option<KeyExpiry>,
+}
+
+impl TtlView {
+    /// Milliseconds left; -1: never expires; -2: absent (PTTL's codes).
+    fn pttl(&self) -> i64 {
+        match self.expiry.as_ref().map(KeyExpiry::remaining_ms) {
+            None => -2,
+            Some(None) => -1,
+            Some(Some(ms)) => i64::try_from(ms).unwrap_or(i64::MAX),
+        }
+    }
+}
+
+impl View for TtlView {
+    fn simple(&self) -> String {
+        self.pttl().to_string()
+    }
+
+    fn table(&self) -> String {
+        let deadline = self
+            .expiry
+            .and_then(|e| e.deadline_unix_ms)
+            .map_or_else(String::new, |d| d.to_string());
+        Table::of(
+            ["TTL_MS", "DEADLINE_UNIX_MS"],
+            [[self.pttl().to_string(), deadline]],
+        )
+    }
+
+    fn json(&self) -> Json {
+        let deadline = self
+            .expiry
+            .and_then(|e| e.deadline_unix_ms)
+            .map_or(Json::Null, Json::U64);
+        // PTTL's codes as a number (an integral f64 prints without a
+        // fraction), so that scripts test one field.
+        Json::obj([
+            ("ttl_ms", Json::F64(self.pttl() as f64)),
+            ("deadline_unix_ms", deadline),
+        ])
     }
 }
 

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use rdkv_proto::wire::{
-    Consistency, Fault, Health, MemberInfo, NodeStatus, Op, Request, Response, StateDigestAt,
-    Update, UpdateOutcome, Versioned,
+    Consistency, ExpireCondition, Expiry, Fault, Health, KeyExpiry, MemberInfo, NodeStatus, Op,
+    Request, Response, SetCondition, StateDigestAt, Update, UpdateOutcome, Versioned,
 };
 use tokio::io::AsyncWrite;
 
@@ -188,6 +188,59 @@ impl Client {
         };
         let Written(version) = self.call(request).await?;
         Ok(version)
+    }
+
+    /// Writes `key` to expire `ttl` after the leader's clock when it takes
+    /// the write (rounded up to whole milliseconds); returns the version.
+    /// Until then every read sees it; from its deadline on (less the
+    /// clock-drift margin, `ClientOptions::max_clock_drift`) none does.
+    pub async fn put_with_ttl(
+        &self,
+        key: impl Into<Bytes>,
+        value: impl Into<Bytes>,
+        ttl: std::time::Duration,
+    ) -> Result<u64> {
+        let update = Update::Set {
+            value: value.into(),
+            condition: SetCondition::Always,
+            return_old: false,
+            expiry: Expiry::AfterMs(ttl_ms(ttl)),
+        };
+        match self.update(key, update).await? {
+            UpdateOutcome::Set { version, .. } => Ok(version),
+            other => Err(unexpected(Op::Update, &Response::Updated(other))),
+        }
+    }
+
+    /// Gives `key` a deadline `ttl` from now (the leader's clock); `false`
+    /// when the key is absent.
+    pub async fn expire(&self, key: impl Into<Bytes>, ttl: std::time::Duration) -> Result<bool> {
+        self.change_expiry(key, Expiry::AfterMs(ttl_ms(ttl))).await
+    }
+
+    /// Removes `key`'s deadline; `false` when the key is absent or had none.
+    pub async fn persist(&self, key: impl Into<Bytes>) -> Result<bool> {
+        self.change_expiry(key, Expiry::Never).await
+    }
+
+    async fn change_expiry(&self, key: impl Into<Bytes>, expiry: Expiry) -> Result<bool> {
+        let update = Update::Expire {
+            expiry,
+            condition: ExpireCondition::Always,
+        };
+        match self.update(key, update).await? {
+            UpdateOutcome::ExpiryChanged { changed, .. } => Ok(changed),
+            other => Err(unexpected(Op::Update, &Response::Updated(other))),
+        }
+    }
+
+    /// `key`'s deadline with the default consistency (`None`: absent).
+    pub async fn ttl(&self, key: impl Into<Bytes>) -> Result<Option<KeyExpiry>> {
+        let request = Request::Ttl {
+            key: key.into(),
+            consistency: self.options().default_consistency,
+        };
+        self.call(request).await
     }
 
     pub async fn delete(&self, key: impl Into<Bytes>) -> Result<DeleteOutcome> {
@@ -399,4 +452,9 @@ impl Client {
     pub async fn snapshot_to_file(&self, path: impl AsRef<Path>) -> Result<SnapshotInfo> {
         snapshot::to_file(&self.router, path.as_ref()).await
     }
+}
+
+/// A TTL in whole milliseconds, rounded up: a TTL never ends early.
+fn ttl_ms(ttl: std::time::Duration) -> u64 {
+    u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }

@@ -97,7 +97,8 @@ pub use one_sided::OneSidedStats;
 pub use options::{ClientOptions, Transport};
 pub use outcome::{CasOutcome, DeleteOutcome};
 pub use rdkv_proto::wire::{
-    Consistency, ErrorCode, ErrorReply, Fault, Health, LeaderHint, MemberInfo, NodeStatus, OpStats,
-    OpenConnections, RegionFill, ReplicationLag, Role, StateDigestAt, Versioned,
+    Consistency, ErrorCode, ErrorReply, ExpireCondition, Expiry, Fault, Health, KeyExpiry,
+    LeaderHint, MemberInfo, NodeStatus, OpStats, OpenConnections, RegionFill, ReplicationLag, Role,
+    StateDigestAt, Versioned,
 };
 pub use snapshot::SnapshotInfo;

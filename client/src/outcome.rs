@@ -5,8 +5,8 @@
 
 use bytes::Bytes;
 use rdkv_proto::wire::{
-    Health, MemberInfo, NodeStatus, Op, Response, SnapshotChunk, StateDigestAt, UpdateOutcome,
-    Versioned,
+    Health, KeyExpiry, MemberInfo, NodeStatus, Op, Response, SnapshotChunk, StateDigestAt,
+    UpdateOutcome, Versioned,
 };
 
 use crate::error::{Error, Result};
@@ -112,6 +112,7 @@ from_response! {
     Vec<MemberInfo>: Response::Members(members) => members;
     SnapshotChunk: Response::Snapshot(chunk) => chunk;
     Vec<StateDigestAt>: Response::Digests(digests) => digests;
+    Option<KeyExpiry>: Response::Expiry(expiry) => expiry;
 }
 
 #[cfg(test)]

@@ -538,3 +538,71 @@ async fn copies_and_renames_decide_from_both_keys() {
     let stats = sm.region_stats();
     assert_eq!(stats.live_keys, 2);
 }
+
+fn set_expiring(key: &str, value: &str, expiry: rdkv_proto::wire::Expiry) -> Command {
+    update(
+        key,
+        rdkv_proto::wire::Update::Set {
+            value: b(value),
+            condition: rdkv_proto::wire::SetCondition::Always,
+            return_old: false,
+            expiry,
+        },
+    )
+}
+
+fn deadline_of(sm: &RegionStateMachine, key: &str) -> Option<u64> {
+    let found = sm.get_local_with_deadline(key.as_bytes()).unwrap();
+    found.map(|(_, deadline)| deadline)
+}
+
+/// Deadlines and the apply clock survive a snapshot, a restart from it and
+/// an install elsewhere: every replica keeps deciding expiry alike.
+#[tokio::test]
+async fn deadlines_and_the_apply_clock_survive_snapshots() {
+    use rdkv_proto::wire::{Expiry, SetCondition, Update};
+    let now = rdkv_fabric::clock::unix_now_ms();
+    let hour = 3_600_000;
+    let dir = tempfile::tempdir().unwrap();
+    let mut sm = common::open(dir.path());
+    apply(
+        &mut sm,
+        vec![
+            membership_ent::<TypeConfig>(1, 1, 1, vec![BTreeSet::from([1])]),
+            normal(
+                2,
+                set_expiring("long", "v", Expiry::AfterMs(hour)).timed(now),
+            ),
+            // Expired on the apply clock (stamped later) but not yet on
+            // the wall clock of the reads below.
+            normal(
+                3,
+                set_expiring("short", "v", Expiry::AfterMs(hour)).timed(now),
+            ),
+            normal(4, put("tick", "x").timed(now + 2 * hour)),
+            normal(5, put("plain", "x").timed(now)),
+        ],
+    )
+    .await;
+    let snapshot = sm.build_snapshot().await.unwrap();
+    drop(sm);
+    let reopened = common::open(dir.path());
+    let (_other_dir, mut other) = installed_elsewhere(&snapshot).await;
+    for replica in [&reopened, &other] {
+        assert_eq!(deadline_of(replica, "long"), Some(now + hour));
+        assert_eq!(deadline_of(replica, "plain"), Some(0));
+        assert_eq!(replica.expiring_keys(), 2);
+        let due = replica.expired_keys(now + hour, 10).unwrap();
+        assert_eq!(due.len(), 2, "{due:?}");
+    }
+    // The clock came along: an entry stamped before it (a new leader whose
+    // clock is behind) still finds "short" expired, so NX writes.
+    let nx = Update::Set {
+        value: b("new"),
+        condition: SetCondition::IfAbsent,
+        return_old: false,
+        expiry: Expiry::Never,
+    };
+    apply(&mut other, vec![normal(6, update("short", nx).timed(now))]).await;
+    assert_eq!(value_of(&other, "short"), Some(("new".to_owned(), 6)));
+}

@@ -263,6 +263,15 @@ pub struct KeyExpiry {
     pub now_unix_ms: u64,
 }
 
+impl KeyExpiry {
+    /// Milliseconds left on the answering node's clock (0 once past);
+    /// `None`: the key never expires.
+    pub fn remaining_ms(&self) -> Option<u64> {
+        self.deadline_unix_ms
+            .map(|deadline| deadline.saturating_sub(self.now_unix_ms))
+    }
+}
+
 /// When a [`Update::SetIf`] writes. Append-only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum SetCondition {

@@ -6,8 +6,7 @@ use openraft::errors::{LinearizableReadError, RaftError};
 use rdkv_fabric::clock::unix_now_ms;
 use rdkv_proto::region::NO_DEADLINE;
 use rdkv_proto::wire::{
-    Consistency, ErrorCode, ErrorReply, KeyExpiry, Response, SINGLE_ENTRY_OVERHEAD_BYTES,
-    Versioned,
+    Consistency, ErrorCode, ErrorReply, KeyExpiry, Response, SINGLE_ENTRY_OVERHEAD_BYTES, Versioned,
 };
 use rdkv_storage::state_machine::ScanRange;
 

@@ -839,7 +839,8 @@ mod tests {
         use openraft::entry::RaftEntry;
         use rdkv_proto::region::HashSeed;
         use rdkv_proto::wire::{
-            ErrorCode, Response, SetCondition, TxnOp, TxnResult, Update, UpdateOutcome, Versioned,
+            ErrorCode, ExpireCondition, Expiry, Response, SetCondition, TxnOp, TxnResult, Update,
+            UpdateOutcome, Versioned,
         };
 
         use super::super::{Applied, apply_entry};
@@ -1012,6 +1013,214 @@ mod tests {
                     version: 3,
                 }
             );
+        }
+
+        /// The clock every expiry test starts from (unix ms).
+        const T0: u64 = 1_700_000_000_000;
+
+        fn set(key: &str, value: &str, condition: SetCondition, expiry: Expiry) -> Command {
+            Command::Update {
+                key: b(key),
+                update: Update::Set {
+                    value: b(value),
+                    condition,
+                    return_old: false,
+                    expiry,
+                },
+            }
+        }
+
+        fn expire(key: &str, expiry: Expiry, condition: ExpireCondition) -> Command {
+            Command::Update {
+                key: b(key),
+                update: Update::Expire { expiry, condition },
+            }
+        }
+
+        impl Applier {
+            fn at(&mut self, now_unix_ms: u64, command: Command) -> Response {
+                self.apply(command.timed(now_unix_ms))
+            }
+
+            /// The key's deadline in the region, expired or not (`None`:
+            /// absent; `Some(0)`: no deadline).
+            fn deadline(&self, key: &str) -> Option<u64> {
+                let state = self.sm.lock();
+                let found = state.writer.get_with_deadline(key.as_bytes()).unwrap();
+                found.map(|(_, deadline)| deadline)
+            }
+
+            fn written(&mut self, now: u64, command: Command) -> bool {
+                match self.at(now, command) {
+                    Response::Updated(UpdateOutcome::Set { written, .. }) => written,
+                    other => panic!("not a set: {other:?}"),
+                }
+            }
+
+            fn changed(&mut self, now: u64, command: Command) -> bool {
+                match self.at(now, command) {
+                    Response::Updated(UpdateOutcome::ExpiryChanged { changed, .. }) => changed,
+                    other => panic!("not an expire: {other:?}"),
+                }
+            }
+        }
+
+        #[test]
+        fn a_relative_ttl_counts_from_the_stamp_and_an_expired_key_is_absent_to_apply() {
+            let mut a = Applier::new();
+            let always = SetCondition::Always;
+            assert!(a.written(T0, set("k", "v", always, Expiry::AfterMs(1_000))));
+            assert_eq!(a.deadline("k"), Some(T0 + 1_000));
+            // Before the deadline the key is there: NX refuses.
+            let nx = SetCondition::IfAbsent;
+            assert!(!a.written(T0 + 999, set("k", "w", nx, Expiry::Never)));
+            // From the deadline on it is absent: DEL says 0, NX writes.
+            assert_eq!(
+                a.at(T0 + 1_000, Command::Delete { key: b("k") }),
+                Response::Deleted {
+                    existed: false,
+                    version: 3,
+                }
+            );
+            assert_eq!(a.deadline("k"), None, "DEL removed the expired pair");
+            a.at(T0 + 1_000, set("k", "v", always, Expiry::AfterMs(1_000)));
+            assert!(a.written(T0 + 2_000, set("k", "w", nx, Expiry::Never)));
+            assert_eq!(a.deadline("k"), Some(0), "a plain SET has no deadline");
+        }
+
+        #[test]
+        fn the_apply_clock_never_goes_back() {
+            let mut a = Applier::new();
+            a.at(T0, set("k", "v", SetCondition::Always, Expiry::AfterMs(10)));
+            a.at(T0 + 10, put("other", "x"));
+            // A new leader whose clock is behind does not bring it back.
+            let get = txn(Vec::new(), vec![TxnOp::Get { key: b("k") }]);
+            assert_eq!(
+                a.at(T0, get),
+                Response::Transaction {
+                    aborted: false,
+                    results: vec![TxnResult::Value(None)],
+                    version: 3,
+                }
+            );
+        }
+
+        #[test]
+        fn incr_and_append_keep_the_deadline_keepttl_keeps_it_and_set_clears_it() {
+            let mut a = Applier::new();
+            let always = SetCondition::Always;
+            a.at(T0, set("n", "1", always, Expiry::AfterMs(5_000)));
+            let incr = Command::Update {
+                key: b("n"),
+                update: Update::Incr { delta: 1 },
+            };
+            a.at(T0 + 1, incr);
+            assert_eq!(a.deadline("n"), Some(T0 + 5_000));
+            let append = Command::Update {
+                key: b("n"),
+                update: Update::Append { suffix: b("0") },
+            };
+            a.at(T0 + 2, append);
+            assert_eq!(a.deadline("n"), Some(T0 + 5_000));
+            a.at(T0 + 3, set("n", "x", always, Expiry::Keep));
+            assert_eq!(a.deadline("n"), Some(T0 + 5_000));
+            a.at(T0 + 4, set("n", "y", always, Expiry::AtUnixMs(T0 + 9_000)));
+            assert_eq!(a.deadline("n"), Some(T0 + 9_000));
+            a.at(T0 + 5, set("n", "z", always, Expiry::Never));
+            assert_eq!(a.deadline("n"), Some(0));
+            // A deadline already past deletes instead of writing.
+            assert!(a.written(T0 + 6, set("n", "z", always, Expiry::AtUnixMs(T0))));
+            assert_eq!(a.deadline("n"), None);
+        }
+
+        #[test]
+        fn expire_follows_its_condition_and_a_past_time_deletes() {
+            let mut a = Applier::new();
+            use ExpireCondition::{Always, IfEarlier, IfLater, IfNone, IfSome};
+            a.apply(put("k", "v"));
+            assert!(!a.changed(T0, expire("missing", Expiry::AfterMs(10), Always)));
+            assert!(
+                !a.changed(T0, expire("k", Expiry::Never, Always)),
+                "PERSIST of none"
+            );
+            assert!(!a.changed(T0, expire("k", Expiry::AfterMs(10), IfSome)));
+            assert!(
+                !a.changed(T0, expire("k", Expiry::AfterMs(10), IfLater)),
+                "none is infinite"
+            );
+            assert!(a.changed(T0, expire("k", Expiry::AfterMs(1_000), IfEarlier)));
+            assert_eq!(a.deadline("k"), Some(T0 + 1_000));
+            assert!(!a.changed(T0, expire("k", Expiry::AfterMs(10), IfNone)));
+            assert!(!a.changed(T0, expire("k", Expiry::AfterMs(2_000), IfEarlier)));
+            assert!(a.changed(T0, expire("k", Expiry::AfterMs(2_000), IfLater)));
+            assert_eq!(a.deadline("k"), Some(T0 + 2_000));
+            assert!(a.changed(T0, expire("k", Expiry::Never, Always)), "PERSIST");
+            assert_eq!(a.deadline("k"), Some(0));
+            assert!(a.changed(T0, expire("k", Expiry::AfterMs(0), Always)));
+            assert_eq!(a.deadline("k"), None, "a TTL of 0 deletes");
+        }
+
+        #[test]
+        fn getex_and_getdel_answer_the_value_they_found() {
+            let mut a = Applier::new();
+            a.apply(put("k", "v"));
+            let get_ex = |expiry| Command::Update {
+                key: b("k"),
+                update: Update::GetEx { expiry },
+            };
+            let got = |value: Option<&str>, version| {
+                Response::Updated(UpdateOutcome::Got {
+                    value: value.map(b),
+                    version,
+                })
+            };
+            assert_eq!(a.at(T0, get_ex(Expiry::AfterMs(100))), got(Some("v"), 2));
+            assert_eq!(a.deadline("k"), Some(T0 + 100));
+            assert_eq!(a.at(T0, get_ex(Expiry::Never)), got(Some("v"), 3));
+            assert_eq!(a.deadline("k"), Some(0));
+            let get_del = Command::Update {
+                key: b("k"),
+                update: Update::GetDel,
+            };
+            assert_eq!(a.at(T0, get_del.clone()), got(Some("v"), 4));
+            assert_eq!(a.at(T0, get_del), got(None, 5));
+            assert_eq!(a.deadline("k"), None);
+        }
+
+        #[test]
+        fn expire_keys_removes_only_expired_pairs_at_the_version_seen() {
+            let mut a = Applier::new();
+            let always = SetCondition::Always;
+            a.at(T0, set("old", "v", always, Expiry::AfterMs(10))); // version 1
+            a.at(T0, set("again", "v", always, Expiry::AfterMs(10))); // 2
+            a.at(T0, set("live", "v", always, Expiry::AfterMs(10_000))); // 3
+            a.at(T0 + 10, set("again", "w", always, Expiry::AfterMs(10))); // 4
+            let expire_keys = Command::ExpireKeys {
+                keys: vec![(b("old"), 1), (b("again"), 2), (b("live"), 3)],
+            };
+            assert_eq!(
+                a.at(T0 + 20, expire_keys),
+                Response::Cleared {
+                    removed: 1,
+                    version: 5,
+                }
+            );
+            assert_eq!(a.deadline("old"), None);
+            assert_eq!(a.deadline("again"), Some(T0 + 20), "written again: kept");
+            assert_eq!(a.deadline("live"), Some(T0 + 10_000), "not expired: kept");
+        }
+
+        #[test]
+        fn a_watched_key_that_expired_aborts_and_renames_keep_the_deadline() {
+            let mut a = Applier::new();
+            a.at(T0, set("w", "v", SetCondition::Always, Expiry::AfterMs(10)));
+            a.at(T0, copy("w", "c", true, false));
+            assert_eq!(a.deadline("c"), Some(T0 + 10), "COPY keeps the TTL");
+            let watched = txn(vec![("w", Some(1))], vec![TxnOp::Get { key: b("w") }]);
+            assert!(matches!(
+                a.at(T0 + 10, watched),
+                Response::Transaction { aborted: true, .. }
+            ));
         }
 
         #[test]
