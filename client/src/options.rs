@@ -65,7 +65,7 @@ impl Default for ClientOptions {
             client_name: concat!("rdkv-client/", env!("CARGO_PKG_VERSION")).to_owned(),
             default_consistency: Consistency::Lease,
             transport: Transport::Auto,
-            max_clock_drift: Duration::from_millis(50),
+            max_clock_drift: Duration::from_millis(rdkv_proto::region::DEFAULT_MAX_CLOCK_DRIFT_MS),
             index_cache_entries: 0,
             rdma_device: std::env::var("RDKV_RDMA_DEVICE")
                 .ok()

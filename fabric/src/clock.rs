@@ -74,11 +74,7 @@ pub fn step_wall_clock_for_tests(step_us: i64) {
     WALL_CLOCK_STEP_US.store(step_us, Ordering::SeqCst);
 }
 
-/// The default bound on the clock error between two hosts (or a leader and
-/// a reader) that leases and key expiry assume: a lease serves only while
-/// it runs this much past now, and a pair counts as expired this much
-/// before its deadline.
-pub const DEFAULT_MAX_CLOCK_DRIFT_MS: u64 = 50;
+pub use rdkv_proto::region::DEFAULT_MAX_CLOCK_DRIFT_MS;
 
 /// Wall-clock milliseconds since the unix epoch: the clock of key expiry
 /// deadlines (they are absolute times users give, EXPIREAT, and must mean

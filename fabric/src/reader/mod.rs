@@ -10,7 +10,7 @@ use rdkv_proto::region::{
     BlockError, BlockVerdict, ChainWalk, DeadlineUnixMs, DynamicHeader, HEADER_USED_BYTES,
     HeaderError, MAX_NEIGHBOURHOOD_BYTES, MAX_OVERFLOW_TABLE_BYTES, NO_DEADLINE,
     NeighbourhoodWords, RegionLayout, SLOT_BYTES, SlotError, TableWords, ValueShape, dynamic_word,
-    examine_block, expired_at, neighbourhood_slots,
+    examine_block, expired_within, neighbourhood_slots,
 };
 use rdkv_proto::wire::Versioned;
 use thiserror::Error;
@@ -275,10 +275,7 @@ impl RegionReader {
     /// margin. The wall clock is read only for pairs with a deadline.
     fn serves(&self, deadline: DeadlineUnixMs) -> bool {
         deadline == NO_DEADLINE
-            || !expired_at(
-                deadline,
-                unix_now_ms().saturating_add(self.options.expiry_margin_ms),
-            )
+            || !expired_within(deadline, unix_now_ms(), self.options.expiry_margin_ms)
     }
 
     fn get_located(&self, key: &[u8]) -> Result<Option<Found>, ReadError> {

@@ -96,10 +96,31 @@ pub type DeadlineUnixMs = u64;
 /// The deadline of a pair that never expires.
 pub const NO_DEADLINE: DeadlineUnixMs = 0;
 
+/// The default bound on the clock error between two hosts (or a leader and
+/// a reader) that leases and key expiry assume: a lease serves only while it
+/// runs this much past now, and a pair counts as expired this much before
+/// its deadline.
+pub const DEFAULT_MAX_CLOCK_DRIFT_MS: u64 = 50;
+
+/// How much before its deadline apply (on the apply clock) and the servers'
+/// own reads (on their wall clocks) count a pair expired: the default clock
+/// drift bound, so that every path of one host agrees on when a key goes
+/// (a read that found it gone is never followed by a write that finds it
+/// there), and a reader whose clock is behind the leader's by up to the
+/// bound still never serves it past its deadline. Part of the apply rules:
+/// every replica must use the same value.
+pub const EXPIRY_MARGIN_MS: u64 = DEFAULT_MAX_CLOCK_DRIFT_MS;
+
 /// Whether a pair with `deadline` has expired at `now_unix_ms`: from its
 /// deadline on (Redis: a key with 1 ms left is still there, one at 0 is not).
 pub fn expired_at(deadline: DeadlineUnixMs, now_unix_ms: u64) -> bool {
     deadline != NO_DEADLINE && deadline <= now_unix_ms
+}
+
+/// Whether a pair with `deadline` counts as expired at `now_unix_ms` on a
+/// path that keeps `margin_ms` (see [`EXPIRY_MARGIN_MS`]).
+pub fn expired_within(deadline: DeadlineUnixMs, now_unix_ms: u64, margin_ms: u64) -> bool {
+    expired_at(deadline, now_unix_ms.saturating_add(margin_ms))
 }
 
 /// Encodes a block into `out` (cleared first). The caller pads to its class.

@@ -837,7 +837,7 @@ mod tests {
         //! (openraft's responders cannot be built outside openraft).
         use bytes::Bytes;
         use openraft::entry::RaftEntry;
-        use rdkv_proto::region::HashSeed;
+        use rdkv_proto::region::{EXPIRY_MARGIN_MS, HashSeed};
         use rdkv_proto::wire::{
             ErrorCode, ExpireCondition, Expiry, Response, SetCondition, TxnOp, TxnResult, Update,
             UpdateOutcome, Versioned,
@@ -1071,28 +1071,33 @@ mod tests {
             let always = SetCondition::Always;
             assert!(a.written(T0, set("k", "v", always, Expiry::AfterMs(1_000))));
             assert_eq!(a.deadline("k"), Some(T0 + 1_000));
-            // Before the deadline the key is there: NX refuses.
+            // Until the margin before the deadline the key is there: NX
+            // refuses.
             let nx = SetCondition::IfAbsent;
-            assert!(!a.written(T0 + 999, set("k", "w", nx, Expiry::Never)));
-            // From the deadline on it is absent: DEL says 0, NX writes.
+            let gone_at = T0 + 1_000 - EXPIRY_MARGIN_MS;
+            assert!(!a.written(gone_at - 1, set("k", "w", nx, Expiry::Never)));
+            // From then on it is absent: DEL says 0, NX writes.
             assert_eq!(
-                a.at(T0 + 1_000, Command::Delete { key: b("k") }),
+                a.at(gone_at, Command::Delete { key: b("k") }),
                 Response::Deleted {
                     existed: false,
                     version: 3,
                 }
             );
             assert_eq!(a.deadline("k"), None, "DEL removed the expired pair");
-            a.at(T0 + 1_000, set("k", "v", always, Expiry::AfterMs(1_000)));
-            assert!(a.written(T0 + 2_000, set("k", "w", nx, Expiry::Never)));
+            a.at(gone_at, set("k", "v", always, Expiry::AfterMs(1_000)));
+            assert!(a.written(gone_at + 1_000, set("k", "w", nx, Expiry::Never)));
             assert_eq!(a.deadline("k"), Some(0), "a plain SET has no deadline");
         }
 
         #[test]
         fn the_apply_clock_never_goes_back() {
             let mut a = Applier::new();
-            a.at(T0, set("k", "v", SetCondition::Always, Expiry::AfterMs(10)));
-            a.at(T0 + 10, put("other", "x"));
+            a.at(
+                T0,
+                set("k", "v", SetCondition::Always, Expiry::AfterMs(100)),
+            );
+            a.at(T0 + 100, put("other", "x"));
             // A new leader whose clock is behind does not bring it back.
             let get = txn(Vec::new(), vec![TxnOp::Get { key: b("k") }]);
             assert_eq!(
@@ -1191,34 +1196,37 @@ mod tests {
         fn expire_keys_removes_only_expired_pairs_at_the_version_seen() {
             let mut a = Applier::new();
             let always = SetCondition::Always;
-            a.at(T0, set("old", "v", always, Expiry::AfterMs(10))); // version 1
-            a.at(T0, set("again", "v", always, Expiry::AfterMs(10))); // 2
+            a.at(T0, set("old", "v", always, Expiry::AfterMs(100))); // version 1
+            a.at(T0, set("again", "v", always, Expiry::AfterMs(100))); // 2
             a.at(T0, set("live", "v", always, Expiry::AfterMs(10_000))); // 3
-            a.at(T0 + 10, set("again", "w", always, Expiry::AfterMs(10))); // 4
+            a.at(T0 + 100, set("again", "w", always, Expiry::AfterMs(100))); // 4
             let expire_keys = Command::ExpireKeys {
                 keys: vec![(b("old"), 1), (b("again"), 2), (b("live"), 3)],
             };
             assert_eq!(
-                a.at(T0 + 20, expire_keys),
+                a.at(T0 + 100, expire_keys),
                 Response::Cleared {
                     removed: 1,
                     version: 5,
                 }
             );
             assert_eq!(a.deadline("old"), None);
-            assert_eq!(a.deadline("again"), Some(T0 + 20), "written again: kept");
+            assert_eq!(a.deadline("again"), Some(T0 + 200), "written again: kept");
             assert_eq!(a.deadline("live"), Some(T0 + 10_000), "not expired: kept");
         }
 
         #[test]
         fn a_watched_key_that_expired_aborts_and_renames_keep_the_deadline() {
             let mut a = Applier::new();
-            a.at(T0, set("w", "v", SetCondition::Always, Expiry::AfterMs(10)));
+            a.at(
+                T0,
+                set("w", "v", SetCondition::Always, Expiry::AfterMs(100)),
+            );
             a.at(T0, copy("w", "c", true, false));
-            assert_eq!(a.deadline("c"), Some(T0 + 10), "COPY keeps the TTL");
+            assert_eq!(a.deadline("c"), Some(T0 + 100), "COPY keeps the TTL");
             let watched = txn(vec![("w", Some(1))], vec![TxnOp::Get { key: b("w") }]);
             assert!(matches!(
-                a.at(T0 + 10, watched),
+                a.at(T0 + 100, watched),
                 Response::Transaction { aborted: true, .. }
             ));
         }

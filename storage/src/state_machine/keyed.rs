@@ -23,7 +23,10 @@ use std::collections::BTreeSet;
 use std::ops::{Bound, Deref};
 
 use bytes::Bytes;
-use rdkv_proto::region::{BlockHeader, BlockRef, DeadlineUnixMs, NO_DEADLINE, expired_at};
+use rdkv_proto::region::{
+    BlockHeader, BlockRef, DeadlineUnixMs, EXPIRY_MARGIN_MS, NO_DEADLINE, expired_at,
+    expired_within,
+};
 use rdkv_proto::wire::Versioned;
 
 use super::StateMachineError;
@@ -128,9 +131,10 @@ impl KeyedRegion {
         self.clock_unix_ms = self.clock_unix_ms.max(stamp_unix_ms);
     }
 
-    /// Whether `deadline` has passed on the apply clock.
+    /// Whether `deadline` has passed on the apply clock, counting the
+    /// expiry margin as every read does.
     pub(super) fn is_expired(&self, deadline: DeadlineUnixMs) -> bool {
-        expired_at(deadline, self.clock_unix_ms)
+        expired_within(deadline, self.clock_unix_ms, EXPIRY_MARGIN_MS)
     }
 
     fn note_deadline(&mut self, key: &[u8], deadline: DeadlineUnixMs) {
@@ -168,8 +172,9 @@ impl KeyedRegion {
             .map(|header| header.version))
     }
 
-    /// Up to `limit` keys expired on the leader's clock `now_unix_ms`, with
-    /// the version each has: what the leader's next `ExpireKeys` removes.
+    /// Up to `limit` keys expired on the leader's clock `now_unix_ms` (with
+    /// the margin), with the version each has: what the leader's next
+    /// `ExpireKeys` removes.
     pub(super) fn expired_keys(
         &self,
         now_unix_ms: u64,
@@ -177,7 +182,7 @@ impl KeyedRegion {
     ) -> Result<Vec<(Bytes, u64)>, RegionError> {
         let mut expired = Vec::new();
         for (deadline, key) in self.deadlines.iter().take(limit) {
-            if !expired_at(*deadline, now_unix_ms) {
+            if !expired_within(*deadline, now_unix_ms, EXPIRY_MARGIN_MS) {
                 break;
             }
             if let Some(header) = self.writer.header_of(key)? {

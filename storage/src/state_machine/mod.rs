@@ -24,7 +24,7 @@ use openraft::alias::SnapshotOf;
 use openraft::storage::EntryResponder;
 use openraft::storage::RaftStateMachine;
 use openraft::{OptionalSend, RaftSnapshotBuilder};
-use rdkv_proto::region::{DeadlineUnixMs, HashSeed, LeaseDeadline, expired_at};
+use rdkv_proto::region::{DeadlineUnixMs, EXPIRY_MARGIN_MS, HashSeed, LeaseDeadline, expired_at};
 use rdkv_proto::wire::{Response, StateDigestAt, Versioned};
 use thiserror::Error;
 
@@ -152,13 +152,13 @@ pub struct RegionStateMachine {
     shared: Arc<Shared>,
 }
 
-use rdkv_fabric::clock::{DEFAULT_MAX_CLOCK_DRIFT_MS, unix_now_ms, unix_now_us};
+use rdkv_fabric::clock::{unix_now_ms, unix_now_us};
 
 /// The time from which a server-side read counts a pair as expired: this
-/// node's wall clock plus the clock-drift margin, the rule of every reader
-/// (`ReaderOptions::expiry_margin_ms`).
+/// node's wall clock plus the expiry margin, the rule of apply and of every
+/// reader (`ReaderOptions::expiry_margin_ms`).
 fn expired_from_unix_ms() -> u64 {
-    unix_now_ms().saturating_add(DEFAULT_MAX_CLOCK_DRIFT_MS)
+    unix_now_ms().saturating_add(EXPIRY_MARGIN_MS)
 }
 
 /// An empty region placed with the cluster's `seed` (the placeholder while
