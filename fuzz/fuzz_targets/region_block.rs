@@ -67,7 +67,13 @@ fn check_block(bytes: &[u8], max_key_bytes: u32, max_value_bytes: u32) {
     assert_eq!(stored, crc32fast::hash(&bytes[4..end]));
     // Canonical: the writer's encoding of the same block is the same bytes.
     let mut encoded = Vec::new();
-    encode_block(block.key, block.value, block.version, &mut encoded);
+    encode_block(
+        block.key,
+        block.value,
+        block.version,
+        block.deadline,
+        &mut encoded,
+    );
     assert_eq!(&encoded[..], &bytes[..end]);
 }
 

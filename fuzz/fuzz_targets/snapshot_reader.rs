@@ -17,6 +17,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use rdkv_proto::region::BlockRef;
 use rdkv_storage::raft::SnapshotMeta;
 use rdkv_storage::state_machine::snapshot::{
     SnapshotError, SnapshotReader, SnapshotRegion, SnapshotWriter, read_snapshot,
@@ -26,7 +27,8 @@ use rdkv_storage::state_machine::snapshot::{
 /// (`max_snapshot_record_bytes`).
 const MAX_RECORD_BYTES: u64 = 1024 + 1024 * 1024 + 4096;
 
-type Pair = (Vec<u8>, Vec<u8>, u64);
+/// Key, value, version, deadline.
+type Pair = (Vec<u8>, Vec<u8>, u64, u64);
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, bytes)) = data.split_first() else {
@@ -35,8 +37,8 @@ fuzz_target!(|data: &[u8]| {
     // Arbitrary bytes, with the real bound and with a tiny one.
     for bound in [MAX_RECORD_BYTES, 64] {
         let mut pairs = 0u64;
-        let _ = read_snapshot(bytes, bound, |key, value, _version| {
-            assert!((key.len() + value.len()) as u64 <= bound);
+        let _ = read_snapshot(bytes, bound, |pair| {
+            assert!((pair.key.len() + pair.value.len()) as u64 <= bound);
             pairs += 1;
             Ok(())
         });
@@ -51,8 +53,13 @@ fn read_all(bytes: &[u8]) -> Option<(SnapshotMeta, SnapshotRegion, Vec<Pair>)> {
     let reader = SnapshotReader::open(bytes, MAX_RECORD_BYTES).ok()?;
     let region = reader.region;
     let meta = reader
-        .pairs(|key, value, version| {
-            pairs.push((key.to_vec(), value.to_vec(), version));
+        .pairs(|pair| {
+            pairs.push((
+                pair.key.to_vec(),
+                pair.value.to_vec(),
+                pair.version,
+                pair.deadline,
+            ));
             Ok::<_, SnapshotError>(())
         })
         .ok()?;
@@ -60,6 +67,7 @@ fn read_all(bytes: &[u8]) -> Option<(SnapshotMeta, SnapshotRegion, Vec<Pair>)> {
 }
 
 /// Pairs cut from the input: `[key_len][value_len][version][key][value]`...
+/// (the version byte also picks the deadline: none when even).
 fn pairs_from(mut bytes: &[u8]) -> Vec<Pair> {
     let mut pairs = Vec::new();
     while let Some((&[key_len, value_len, version], tail)) = bytes.split_first_chunk::<3>() {
@@ -67,7 +75,17 @@ fn pairs_from(mut bytes: &[u8]) -> Vec<Pair> {
         let (key, tail) = tail.split_at(key_len);
         let value_len = usize::from(value_len).min(tail.len());
         let (value, tail) = tail.split_at(value_len);
-        pairs.push((key.to_vec(), value.to_vec(), (u64::from(version) << 40) | 1));
+        let deadline = if version % 2 == 0 {
+            0
+        } else {
+            u64::from(version) << 33
+        };
+        pairs.push((
+            key.to_vec(),
+            value.to_vec(),
+            (u64::from(version) << 40) | 1,
+            deadline,
+        ));
         bytes = tail;
     }
     pairs
@@ -79,10 +97,17 @@ fn round_trip(mode: u8, bytes: &[u8]) {
     let region = SnapshotRegion {
         hash_seed: (mode & 2 == 2).then_some((u64::from(mode), bytes.len() as u64)),
         quota_bytes: (mode & 4 == 4).then_some(bytes.len() as u64),
+        clock_unix_ms: u64::from(mode) << 35,
     };
     let mut writer = SnapshotWriter::new(&meta, region).unwrap();
-    for (key, value, version) in &pairs {
-        writer.pair(key, value, *version).unwrap();
+    for (key, value, version, deadline) in &pairs {
+        let pair = BlockRef {
+            key,
+            value,
+            version: *version,
+            deadline: *deadline,
+        };
+        writer.pair(pair).unwrap();
     }
     let snapshot = writer.finish().unwrap();
     let (read_meta, read_region, read_pairs) =

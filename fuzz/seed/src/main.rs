@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use bytes::{Bytes, BytesMut};
 use rdkv_proto::region::{
-    HashSeed, LayoutParams, OverflowLink, RegionLayout, SizeClass, Slot, encode_block,
+    BlockRef, HashSeed, LayoutParams, OverflowLink, RegionLayout, SizeClass, Slot, encode_block,
 };
 use rdkv_proto::wire::{
     ClientHello, Consistency, ErrorCode, ErrorReply, FrameKind, Request, Response, ServerHello,
@@ -218,7 +218,7 @@ fn region_block(dir: &Path) {
         ("block-binary", &b"\x00\xff"[..], &[7u8; 200][..], 0),
     ] {
         let mut block = Vec::new();
-        encode_block(key, value, 42, &mut block);
+        encode_block(key, value, 42, 1_700_000_000_000, &mut block);
         block.resize(block.len() + pad, 0);
         let mut out = vec![0];
         out.extend_from_slice(&block);
@@ -318,11 +318,18 @@ fn snapshot_reader(dir: &Path) {
             SnapshotRegion {
                 hash_seed: Some((7, 9)),
                 quota_bytes: Some(1 << 20),
+                clock_unix_ms: 1_700_000_000_000,
             },
         )
         .unwrap();
         for (key, value, version) in pairs {
-            writer.pair(key, value, version).unwrap();
+            let pair = BlockRef {
+                key,
+                value,
+                version,
+                deadline: version * 1_000,
+            };
+            writer.pair(pair).unwrap();
         }
         let mut out = vec![mode];
         out.extend_from_slice(&writer.finish().unwrap());

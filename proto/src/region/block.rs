@@ -391,6 +391,14 @@ mod tests {
     }
 
     #[test]
+    fn a_margin_makes_a_pair_expire_that_much_earlier() {
+        assert!(!expired_within(1_000, 949, 50));
+        assert!(expired_within(1_000, 950, 50));
+        assert!(!expired_within(NO_DEADLINE, u64::MAX, 50));
+        assert!(expired_within(1_000, u64::MAX, u64::MAX), "saturates");
+    }
+
+    #[test]
     fn lengths_beyond_the_read_are_refused() {
         let mut buf = Vec::new();
         encode_block(b"k", b"value", 3, NO_DEADLINE, &mut buf);
