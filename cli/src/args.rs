@@ -189,22 +189,26 @@ pub enum SnapshotCommand {
     Save { file: PathBuf },
 }
 
-/// Parses `500ms`, `5s`, `1.5s`, `2m` or a bare number of seconds.
+/// Units a duration may carry, longest suffix first (`ms` before `s`).
+const DURATION_UNITS: [(&str, f64); 5] = [
+    ("ms", 0.001),
+    ("s", 1.0),
+    ("m", 60.0),
+    ("h", 3_600.0),
+    ("d", 86_400.0),
+];
+
+/// Parses `500ms`, `5s`, `1.5s`, `2m`, `1h`, `7d` or a bare number of seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let (number, unit_secs) = if let Some(n) = text.strip_suffix("ms") {
-        (n, 0.001)
-    } else if let Some(n) = text.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = text.strip_suffix('m') {
-        (n, 60.0)
-    } else {
-        (text, 1.0)
-    };
+    let (number, unit_secs) = DURATION_UNITS
+        .iter()
+        .find_map(|(suffix, secs)| text.strip_suffix(suffix).map(|n| (n, *secs)))
+        .unwrap_or((text, 1.0));
     let value: f64 = number
         .trim()
         .parse()
-        .map_err(|_| format!("invalid duration {text:?} (try 5s, 500ms or 1m)"))?;
+        .map_err(|_| format!("invalid duration {text:?} (try 5s, 500ms, 1m or 1h)"))?;
     if !value.is_finite() || value <= 0.0 {
         return Err(format!("duration {text:?} must be positive"));
     }
@@ -240,6 +244,8 @@ mod tests {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3_600)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("soon").is_err());

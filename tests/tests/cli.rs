@@ -112,6 +112,40 @@ async fn rdkvctl_against_one_node() -> Result<()> {
         );
         ensure!(ok(ep, &["get", "b"]).await? == "two words\n");
 
+        // TTLs: PTTL's codes for no TTL and absent; what is left, which is
+        // at most the TTL given; --ttl with a bad duration is refused.
+        ensure!(ok(ep, &["ttl", "b"]).await? == "-1\n");
+        ensure!(ok(ep, &["ttl", "nothing"]).await? == "-2\n");
+        ensure!(ok(ep, &["put", "t", "v", "--ttl", "1h"]).await? == "OK\n");
+        let left: u64 = ok(ep, &["ttl", "t"]).await?.trim().parse()?;
+        ensure!(left <= 3_600_000 && left > 3_000_000, "ttl printed {left}");
+        let json = ok(ep, &["ttl", "t", "-w", "json"]).await?;
+        ensure!(
+            json.contains("\"ttl_ms\":") && json.contains("\"deadline_unix_ms\":1"),
+            "ttl -w json printed {json:?}"
+        );
+        let bad = [
+            "--endpoints",
+            ep,
+            "--token",
+            TOKEN,
+            "put",
+            "t",
+            "v",
+            "--ttl",
+            "soon",
+        ];
+        let out = rdkvctl(&bad, &[]).await?;
+        ensure!(
+            !out.status.success() && text(&out.stderr).contains("soon"),
+            "a bad --ttl was accepted: {out:?}"
+        );
+        ensure!(ok(ep, &["put", "t", "v", "--ttl", "1ms"]).await? == "OK\n");
+        ensure!(
+            ok(ep, &["get", "t"]).await?.is_empty(),
+            "a key with a TTL under the expiry margin is never served"
+        );
+
         // Scan: key and value lines in key order; --end is exclusive.
         for (k, v) in [("s/2", "two"), ("s/1", "one"), ("s/3", "three")] {
             ok(ep, &["put", k, v]).await?;
