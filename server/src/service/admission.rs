@@ -156,17 +156,29 @@ mod tests {
     fn a_write_must_stay_within_the_quota() {
         let put = Command::Put {
             key: Bytes::from("k"),
-            value: Bytes::from(vec![0u8; 39]),
+            value: Bytes::from(vec![0u8; 31]),
         };
-        // 24-byte header + 1 + 39 = one 64-byte unit, plus an 8-byte slot.
+        // 32-byte header + 1 + 31 = one 64-byte unit, plus an 8-byte slot.
         assert!(within_quota(&put, 928, 1000).is_ok());
         let refused = within_quota(&put, 929, 1000);
         assert!(refused.is_err_and(|e| e.code == ErrorCode::NoSpace));
-        // Removing is always admitted, even past the quota.
+        // Stamped with a leader's clock it is admitted the same.
+        let timed = put.timed(1);
+        assert!(within_quota(&timed, 929, 1000).is_err());
+        // Removing, and changing a deadline, are always admitted, even past
+        // the quota.
         let delete = Command::Delete {
             key: Bytes::from("k"),
         };
         assert!(within_quota(&delete, 2000, 1000).is_ok());
+        let persist = Command::Update {
+            key: Bytes::from("k"),
+            update: Update::Expire {
+                expiry: rdkv_proto::wire::Expiry::Never,
+                condition: rdkv_proto::wire::ExpireCondition::Always,
+            },
+        };
+        assert!(within_quota(&persist, 2000, 1000).is_ok());
     }
 
     #[tokio::test]
