@@ -12,7 +12,8 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use rdkv_proto::region::{
-    ANCHOR_SLOT, BUCKET_BYTES, HashSeed, MAX_OVERFLOW_TABLES, SLOT_BYTES, SlotWord, chain_capacity,
+    ANCHOR_SLOT, BLOCK_HEADER_BYTES, BUCKET_BYTES, HashSeed, MAX_OVERFLOW_TABLES, SLOT_BYTES,
+    SlotWord, chain_capacity,
 };
 use rdkv_storage::region::IndexCache;
 use rdkv_storage::{
@@ -267,7 +268,7 @@ fn a_table_that_does_not_fit_is_region_full_and_changes_nothing() {
     });
     assert_eq!(w.stats().free_bytes, 896 * 64);
     for (i, units) in [768u64, 112, 3].into_iter().enumerate() {
-        let filler = vec![b'f'; (units * 64) as usize - 24 - 8];
+        let filler = vec![b'f'; (units * 64) as usize - BLOCK_HEADER_BYTES - 8];
         w.put(format!("filler-{i}").as_bytes(), &filler, 1).unwrap();
     }
     for i in 0..12u64 {
