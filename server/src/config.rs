@@ -115,6 +115,11 @@ pub struct Args {
     /// Entries between snapshots. Default 10000.
     #[arg(long, env = "RDKV_SNAPSHOT_ENTRIES")]
     pub snapshot_entries: Option<u64>,
+    /// How often the leader removes expired keys (its active expire
+    /// cycle), ms. Until then an expired key is invisible but holds its
+    /// memory and quota. Default 100 (Redis's 10 times a second).
+    #[arg(long, env = "RDKV_EXPIRE_CYCLE_MS")]
+    pub expire_cycle_ms: Option<u64>,
     /// Log entries kept behind a snapshot (a follower further behind gets
     /// the snapshot). Default 1000.
     #[arg(long, env = "RDKV_SNAPSHOT_KEEP_ENTRIES")]
@@ -155,6 +160,7 @@ struct FileConfig {
     heartbeat_ms: Option<u64>,
     snapshot_entries: Option<u64>,
     snapshot_keep_entries: Option<u64>,
+    expire_cycle_ms: Option<u64>,
     log_format: Option<String>,
     rdma_device: Option<String>,
 }
@@ -191,6 +197,7 @@ pub struct Config {
     pub heartbeat_ms: u64,
     pub snapshot_entries: u64,
     pub snapshot_keep_entries: u64,
+    pub expire_cycle_ms: u64,
     pub log_format: LogFormat,
     pub fault_injection: bool,
     pub max_client_connections: u32,
@@ -340,6 +347,7 @@ struct NumericSettings {
     heartbeat_ms: u64,
     snapshot_entries: u64,
     snapshot_keep_entries: u64,
+    expire_cycle_ms: u64,
 }
 
 impl NumericSettings {
@@ -375,6 +383,7 @@ impl NumericSettings {
         let heartbeat_ms = args.heartbeat_ms.or(file.heartbeat_ms).unwrap_or(100);
         let snapshot_entries = args.snapshot_entries.or(file.snapshot_entries);
         let snapshot_keep_entries = args.snapshot_keep_entries.or(file.snapshot_keep_entries);
+        let expire_cycle_ms = args.expire_cycle_ms.or(file.expire_cycle_ms).unwrap_or(100);
         Ok(NumericSettings {
             region_mib,
             quota_bytes,
@@ -385,6 +394,7 @@ impl NumericSettings {
             heartbeat_ms: within("heartbeat-ms", heartbeat_ms, 10..=10_000)?,
             snapshot_entries: snapshot_entries.unwrap_or(10_000).max(1),
             snapshot_keep_entries: snapshot_keep_entries.unwrap_or(1000),
+            expire_cycle_ms: within("expire-cycle-ms", expire_cycle_ms, 10..=3_600_000)?,
         })
     }
 }
@@ -460,6 +470,7 @@ impl Config {
             heartbeat_ms: numbers.heartbeat_ms,
             snapshot_entries: numbers.snapshot_entries,
             snapshot_keep_entries: numbers.snapshot_keep_entries,
+            expire_cycle_ms: numbers.expire_cycle_ms,
             log_format,
             fault_injection: args.fault_injection,
             max_client_connections: numbers.max_client_connections,

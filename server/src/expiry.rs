@@ -2,7 +2,7 @@
 //! leader removes expired keys with `Command::ExpireKeys` entries, so that
 //! their memory and quota come back on every replica.
 //!
-//! Every `CYCLE` the leader asks its state machine for the keys whose
+//! Every cycle (`--expire-cycle-ms`, default 100) the leader asks its state machine for the keys whose
 //! deadline has passed on its wall clock, soonest first, and proposes them
 //! in batches of `BATCH_KEYS` (an entry stays small; a cycle with more keys
 //! proposes the next batch at once, up to `MAX_BATCHES_PER_CYCLE`, so that
@@ -24,8 +24,6 @@ use tokio::sync::watch;
 use crate::Raft;
 use crate::lease::leads_with_own_entry;
 
-/// How often the leader looks for expired keys (Redis: 10 times a second).
-const CYCLE: Duration = Duration::from_millis(100);
 /// Keys per `ExpireKeys` entry.
 const BATCH_KEYS: usize = 256;
 /// Batches one cycle may propose before yielding to the next tick.
@@ -35,9 +33,10 @@ const MAX_BATCHES_PER_CYCLE: usize = 16;
 pub async fn expire_while_leading(
     raft: Raft,
     sm: RegionStateMachine,
+    cycle: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut tick = tokio::time::interval(CYCLE);
+    let mut tick = tokio::time::interval(cycle);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {

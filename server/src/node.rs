@@ -428,6 +428,7 @@ impl Node {
         tasks.push(tokio::spawn(crate::expiry::expire_while_leading(
             raft.clone(),
             replica.sm.clone(),
+            Duration::from_millis(config.expire_cycle_ms),
             shutdown_rx.clone(),
         )));
         let initialized = raft.is_initialized().await.context("reading raft state")?;

@@ -111,23 +111,18 @@ async fn room(cluster: &Cluster) -> Result<Vec<(u64, u64)>> {
 
 /// 1,000 keys with a 1 s TTL, written through each node in turn, are read
 /// within their bounds while they expire, then are absent on every node by
-/// RPC and by a direct one-sided read of each region, and every node's live
-/// keys and quota charge come back to what they were before.
+/// RPC and by a direct one-sided read of each region, while every pair is
+/// still in every region: the expire cycle is set to run once an hour, so
+/// only the deadline check can hide them. (The room coming back is the
+/// next test's.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keys_expire_on_every_replica_and_give_their_room_back() -> Result<()> {
-    let mut cluster = Cluster::start(3)?;
+async fn expired_keys_are_absent_to_every_read_before_they_are_removed() -> Result<()> {
+    let mut cluster = Cluster::start_with(3, &["--expire-cycle-ms", "3600000"])?;
     check_with_leader(&mut cluster, TEST_LIMIT_SECS, async |cluster, _leader| {
         let client = cluster.client(Intent::Any)?;
         for key in keys("kept", 20) {
             client.put(key.clone(), key).await?;
         }
-        let baseline = eventually(LEADER_TIMEOUT, "20 keys on every node", async || {
-            let rooms = room(cluster).await?;
-            ensure!(rooms.iter().all(|r| r.0 == 20), "{rooms:?}");
-            Ok(rooms)
-        })
-        .await?;
-
         let all = keys("short", 1_000);
         let mut written = Vec::new();
         for (id, chunk) in (1..=3u64).cycle().zip(all.chunks(334)) {
@@ -144,6 +139,8 @@ async fn keys_expire_on_every_replica_and_give_their_room_back() -> Result<()> {
 
         for id in 1..=3 {
             let replica = cluster.replica(id)?;
+            let live = replica.status().await?.region.live_keys;
+            ensure!(live == 1_020, "node {id} holds {live} pairs, not all 1,020");
             let values = replica.mget(all.iter().take(500).cloned()).await?;
             let values_rest = replica.mget(all.iter().skip(500).cloned()).await?;
             let served = values.iter().chain(&values_rest).flatten().count();
@@ -157,12 +154,7 @@ async fn keys_expire_on_every_replica_and_give_their_room_back() -> Result<()> {
             }
             ensure!(replica.get("kept-00000").await?.is_some(), "node {id}");
         }
-        eventually(RECLAIM_TIMEOUT, "the room back on every node", async || {
-            let rooms = room(cluster).await?;
-            ensure!(rooms == baseline, "now {rooms:?}, before {baseline:?}");
-            Ok(())
-        })
-        .await
+        Ok(())
     })
     .await
 }
@@ -170,7 +162,9 @@ async fn keys_expire_on_every_replica_and_give_their_room_back() -> Result<()> {
 /// The leader is killed while its expire cycle is removing keys (a load of
 /// 1 s keys still being written, the first ones expiring): the keys without
 /// a TTL and with a long one are all there on every node, the expired ones
-/// on none, also on the killed node once it restarts.
+/// on none, also on the killed node once it restarts, and every node's
+/// live keys and quota charge are back to what they were before the 1 s
+/// keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_killed_mid_cycle_loses_and_resurrects_nothing() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
@@ -182,6 +176,12 @@ async fn a_leader_killed_mid_cycle_loses_and_resurrects_nothing() -> Result<()> 
         }
         let long = keys("long", 200);
         put_expiring(&client, long.clone(), Duration::from_secs(3_600)).await?;
+        let baseline = eventually(LEADER_TIMEOUT, "400 keys on every node", async || {
+            let rooms = room(cluster).await?;
+            ensure!(rooms.iter().all(|r| r.0 == 400), "{rooms:?}");
+            Ok(rooms[0])
+        })
+        .await?;
         let short = keys("short", 4_000);
         let loader = {
             let client = client.clone();
@@ -203,38 +203,55 @@ async fn a_leader_killed_mid_cycle_loses_and_resurrects_nothing() -> Result<()> 
         )
         .await?;
         cluster.node_mut(leader)?.kill();
+        println!("killed leader {leader} at {peak} live keys at most");
         let _ = loader.await;
         let others: Vec<u64> = (1..=3).filter(|id| *id != leader).collect();
         cluster
             .wait_for_leader_among(&others, leader, LEADER_TIMEOUT)
             .await?;
+        let lasting = Lasting {
+            kept: &kept,
+            long: &long,
+            room: baseline,
+        };
         for id in others {
-            expect_only_lasting_keys(cluster, id, &kept, &long, &short).await?;
+            expect_only_lasting_keys(cluster, id, &lasting, &short).await?;
         }
         cluster.restart(leader)?;
-        expect_only_lasting_keys(cluster, leader, &kept, &long, &short).await
+        expect_only_lasting_keys(cluster, leader, &lasting, &short).await
     })
     .await
 }
 
-/// Node `id` ends up with exactly the `kept` and `long` keys, each with its
-/// value, and serves none of `short`.
+/// The keys that must outlive the test's 1 s keys, and the (live keys,
+/// quota charge) they make.
+struct Lasting<'a> {
+    kept: &'a [Bytes],
+    long: &'a [Bytes],
+    room: (u64, u64),
+}
+
+/// Node `id` ends up with exactly the lasting keys, each with its value,
+/// charged as before, and serves none of `short`.
 async fn expect_only_lasting_keys(
     cluster: &Cluster,
     id: u64,
-    kept: &[Bytes],
-    long: &[Bytes],
+    lasting: &Lasting<'_>,
     short: &[Bytes],
 ) -> Result<()> {
     let replica = cluster.replica(id)?;
-    let lasting = kept.len() + long.len();
     eventually(RECLAIM_TIMEOUT * 2, "only the lasting keys", async || {
-        let live = replica.status().await?.region.live_keys;
-        ensure!(live == lasting as u64, "node {id} has {live} live keys");
+        let status = replica.status().await?;
+        let room = (status.region.live_keys, status.quota.charged_bytes);
+        ensure!(
+            room == lasting.room,
+            "node {id} has (live keys, charge) {room:?}, not {:?}",
+            lasting.room
+        );
         Ok(())
     })
     .await?;
-    for key in kept.iter().chain(long) {
+    for key in lasting.kept.iter().chain(lasting.long) {
         let found = replica.get(key.clone()).await?;
         ensure!(
             found.is_some_and(|v| v.value == *key),
