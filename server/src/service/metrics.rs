@@ -170,7 +170,10 @@ impl Handler {
         let replica = self.replica();
         raft_gauges(&status, &replica.log.stats());
         region_gauges(&replica.sm.region_stats());
-        set("rdkv_region_expiring_keys", replica.sm.expiring_keys() as u64);
+        set(
+            "rdkv_region_expiring_keys",
+            replica.sm.expiring_keys() as u64,
+        );
         // Validation counters of this node's own lock-free reader (current
         // region; they restart when a snapshot install replaces the region).
         server_reads(&replica.sm.reader().stats());

@@ -4,8 +4,8 @@ use bytes::Bytes;
 use openraft::EntryPayload;
 use rdkv_proto::region::{BlockRef, DeadlineUnixMs, HashSeed, NO_DEADLINE, charged_bytes};
 use rdkv_proto::wire::{
-    ErrorCode, ErrorReply, ExpireCondition, Expiry, Response, SetCondition, TxnOp, TxnResult,
-    Update, UpdateOutcome,
+    ErrorCode, ErrorReply, ExpireCondition, Expiry, KeyExpiry, Response, SetCondition, TxnOp,
+    TxnResult, Update, UpdateOutcome,
 };
 
 use super::State;
@@ -319,6 +319,7 @@ fn apply_op(
                 .map(|found| TxnResult::Value(found.map(|(value, _)| value)))
                 .map_err(|e| failed(&e));
         }
+        TxnOp::Ttl { key } => return txn_ttl(writer, key),
         TxnOp::Put { key, value } => Command::Put {
             key: key.clone(),
             value: value.clone(),
@@ -703,6 +704,16 @@ fn decide_set(current: Option<Current>, set: SetArgs<'_>, clock: u64, version: u
     }
 }
 
+/// A transaction's TTL read: the key's deadline on the apply clock, the
+/// clock its writes (`SET ... EX`) count from, so a TTL after a SET in the
+/// same transaction reads the full time given.
+fn txn_ttl(writer: &KeyedRegion, key: &[u8]) -> Result<TxnResult, Applied> {
+    let found = writer.live_get(key).map_err(|e| failed(&e))?;
+    Ok(TxnResult::Expiry(found.map(|(value, deadline)| {
+        KeyExpiry::of_block(value.version, deadline, writer.clock_unix_ms())
+    })))
+}
+
 /// Whether EXPIRE's `condition` lets `new` replace `current` (no deadline
 /// counts as an infinitely late one, as in Redis).
 fn expire_condition_holds(
@@ -723,11 +734,14 @@ fn expire_condition_holds(
         ExpireCondition::IfSome => current != NO_DEADLINE,
         ExpireCondition::IfLater => as_time(new) > as_time(current),
         ExpireCondition::IfEarlier => as_time(new) < as_time(current),
+        ExpireCondition::IfSomeEarlier => current != NO_DEADLINE && new < current,
     }
 }
 
 /// EXPIRE and PERSIST: the same value under a new deadline (a new
-/// version, as any write), or nothing.
+/// version, as any write), or nothing. An EXPIRE to the deadline the key
+/// already has still counts as a change and a write, as in Redis (which
+/// answers 1 and signals the key); PERSIST of a key without one does not.
 fn decide_expire(
     current: Option<Current>,
     expiry: Expiry,
@@ -743,7 +757,8 @@ fn decide_expire(
         return unchanged;
     };
     let new = deadline_of(expiry, current.deadline, clock);
-    if new == current.deadline || !expire_condition_holds(condition, current.deadline, new) {
+    let persists_nothing = new == NO_DEADLINE && current.deadline == NO_DEADLINE;
+    if persists_nothing || !expire_condition_holds(condition, current.deadline, new) {
         return unchanged;
     }
     Decided::Write {
@@ -839,7 +854,8 @@ mod tests {
         use openraft::entry::RaftEntry;
         use rdkv_proto::region::HashSeed;
         use rdkv_proto::wire::{
-            ErrorCode, Response, SetCondition, TxnOp, TxnResult, Update, UpdateOutcome, Versioned,
+            ErrorCode, ExpireCondition, Expiry, KeyExpiry, Response, SetCondition, TxnOp,
+            TxnResult, Update, UpdateOutcome, Versioned,
         };
 
         use super::super::{Applied, apply_entry};
@@ -1012,6 +1028,115 @@ mod tests {
                     version: 3,
                 }
             );
+        }
+
+        /// `command` stamped by a leader whose clock read `now_unix_ms`.
+        fn at(now_unix_ms: u64, command: Command) -> Command {
+            command.timed(now_unix_ms)
+        }
+
+        fn expire(key: &str, at_unix_ms: u64, condition: ExpireCondition) -> Command {
+            Command::Update {
+                key: b(key),
+                update: Update::Expire {
+                    expiry: Expiry::AtUnixMs(at_unix_ms),
+                    condition,
+                },
+            }
+        }
+
+        fn persist(key: &str) -> Command {
+            Command::Update {
+                key: b(key),
+                update: Update::Expire {
+                    expiry: Expiry::Never,
+                    condition: ExpireCondition::Always,
+                },
+            }
+        }
+
+        /// Whether an `Expire` applied at `now` changed the deadline.
+        fn changed(a: &mut Applier, now: u64, command: Command) -> bool {
+            match a.apply(at(now, command)) {
+                Response::Updated(UpdateOutcome::ExpiryChanged { changed, .. }) => changed,
+                other => panic!("not an expiry change: {other:?}"),
+            }
+        }
+
+        /// The key's deadline read by a transaction at `now` (`None`:
+        /// absent, `Some(None)`: no deadline).
+        fn deadline(a: &mut Applier, now: u64, key: &str) -> Option<Option<u64>> {
+            let read = txn(Vec::new(), vec![TxnOp::Ttl { key: b(key) }]);
+            match a.apply(at(now, read)) {
+                Response::Transaction { results, .. } => match results.as_slice() {
+                    [TxnResult::Expiry(found)] => found.map(|e| e.deadline_unix_ms),
+                    other => panic!("not a TTL: {other:?}"),
+                },
+                other => panic!("not a transaction: {other:?}"),
+            }
+        }
+
+        #[test]
+        fn expire_answers_as_redis_does() {
+            use ExpireCondition::{Always, IfSomeEarlier};
+            let mut a = Applier::new();
+            a.apply(at(1_000, put("k", "v")));
+            assert!(!changed(&mut a, 1_000, expire("none", 9_000, Always)));
+            assert!(
+                !changed(&mut a, 1_000, persist("k")),
+                "no deadline to clear"
+            );
+            assert!(
+                !changed(&mut a, 1_000, expire("k", 9_000, IfSomeEarlier)),
+                "XX LT needs a deadline"
+            );
+            assert!(changed(&mut a, 1_000, expire("k", 9_000, Always)));
+            assert!(
+                changed(&mut a, 1_000, expire("k", 9_000, Always)),
+                "the same deadline again still answers 1 in Redis"
+            );
+            assert!(!changed(&mut a, 1_000, expire("k", 9_500, IfSomeEarlier)));
+            assert!(changed(&mut a, 1_000, expire("k", 8_000, IfSomeEarlier)));
+            assert_eq!(deadline(&mut a, 1_000, "k"), Some(Some(8_000)));
+            assert!(changed(&mut a, 1_000, persist("k")));
+            assert_eq!(deadline(&mut a, 1_000, "k"), Some(None));
+            assert!(
+                changed(&mut a, 1_000, expire("k", 1, Always)),
+                "a past deadline deletes the key, answering 1"
+            );
+            assert_eq!(deadline(&mut a, 1_000, "k"), None);
+        }
+
+        #[test]
+        fn a_transaction_reads_ttls_on_its_apply_clock() {
+            let mut a = Applier::new();
+            let set_ex = TxnOp::Update {
+                key: b("k"),
+                update: Update::Set {
+                    value: b("v"),
+                    condition: SetCondition::Always,
+                    return_old: false,
+                    expiry: Expiry::AfterMs(100_000),
+                },
+            };
+            let ops = vec![
+                set_ex,
+                TxnOp::Ttl { key: b("k") },
+                TxnOp::Ttl { key: b("none") },
+            ];
+            let Response::Transaction { results, .. } = a.apply(at(10_000, txn(Vec::new(), ops)))
+            else {
+                panic!("not a transaction's results");
+            };
+            let expiry = KeyExpiry {
+                version: 1,
+                deadline_unix_ms: Some(110_000),
+                now_unix_ms: 10_000,
+            };
+            assert_eq!(results[1], TxnResult::Expiry(Some(expiry)));
+            assert_eq!(results[2], TxnResult::Expiry(None));
+            assert_eq!(deadline(&mut a, 109_999, "k"), Some(Some(110_000)));
+            assert_eq!(deadline(&mut a, 110_000, "k"), None, "expired on the clock");
         }
 
         #[test]
