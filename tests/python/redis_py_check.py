@@ -80,6 +80,7 @@ def check_node(r, node, resp):
 
     expect("watch transaction", r.transaction(double, key("tx")), [True])
     expect("after the watched transaction", r.get(key("tx")), b"4")
+    check_expiry(r, key)
     name = f"redis-py-{node}"
     expect("client setname", r.client_setname(name), True)
     expect("client getname", r.client_getname(), name)
@@ -94,6 +95,47 @@ def check_node(r, node, resp):
     expect("info server", server.get("redis_mode"), "standalone")
     expect("dbsize is a number", isinstance(r.dbsize(), int), True)
     expect("config get", r.config_get("appendonly"), {"appendonly": "no"})
+
+
+def check_expiry(r, key):
+    """TTLs: deadlines chosen by the leader, time left counted by the server."""
+    expect("set ex", r.set(key("e"), "v", ex=100), True)
+    expect("ttl after set ex", 98 <= r.ttl(key("e")) <= 100, True)
+    expect("pttl after set ex", 90_000 <= r.pttl(key("e")) <= 100_000, True)
+    expect("ttl of a key without one", r.ttl(key("s")), -1)
+    expect("ttl of an absent key", r.ttl(key("none")), -2)
+    expect("persist", r.persist(key("e")), True)
+    expect("persist without a ttl", r.persist(key("e")), False)
+    expect("expire", r.expire(key("e"), 50), True)
+    expect("expire nx on a key with a ttl", r.expire(key("e"), 60, nx=True), False)
+    expect("expire gt", r.expire(key("e"), 60, gt=True), True)
+    expect("expire of an absent key", r.expire(key("none"), 10), False)
+    expect("expireat", r.expireat(key("e"), 4102444800), True)
+    expect("expiretime", r.expiretime(key("e")), 4102444800)
+    expect("pexpire", r.pexpire(key("e"), 100_000), True)
+    expect("set keepttl", r.set(key("e"), "w", keepttl=True), True)
+    expect("keepttl kept the ttl", r.ttl(key("e")) > 0, True)
+    expect("set clears the ttl", (r.set(key("e"), "v"), r.ttl(key("e"))), (True, -1))
+    # redis-py 8 deprecates its setex() for set(ex=...); the command is still Redis's.
+    expect("setex", r.execute_command("SETEX", key("x"), 100, "v"), True)
+    expect("getex ex", r.getex(key("x"), ex=30), b"v")
+    expect("ttl after getex ex", 1 <= r.ttl(key("x")) <= 30, True)
+    expect("getex persist", r.getex(key("x"), persist=True), b"v")
+    expect("ttl after getex persist", r.ttl(key("x")), -1)
+    expect("getex of an absent key", r.getex(key("none"), ex=10), None)
+    expect("getdel", r.getdel(key("x")), b"v")
+    expect("getdel of an absent key", r.getdel(key("x")), None)
+    expect("expire 0 deletes", r.expire(key("e"), 0), True)
+    expect("deleted by expire 0", r.exists(key("e")), 0)
+    try:
+        r.execute_command("SET", key("e"), "v", "EX", "0")
+    except redis.exceptions.ResponseError as e:
+        expect("set ex 0", "invalid expire time in 'set' command" in str(e), True)
+    else:
+        raise AssertionError("SET EX 0 was accepted")
+    tx = r.pipeline()
+    tx.set(key("tx-ttl"), "v", ex=100).ttl(key("tx-ttl")).pttl(key("tx-ttl"))
+    expect("set ex and ttl in multi/exec", tx.execute(), [True, 100, 100_000])
 
 
 def main():

@@ -26,6 +26,11 @@ fn connect(addr: SocketAddr, password: Option<&str>) -> Result<redis::Connection
     Ok(con)
 }
 
+/// A connection to each address, in order.
+fn connect_all(addrs: &[SocketAddr]) -> Result<Vec<redis::Connection>> {
+    addrs.iter().map(|a| connect(*a, None)).collect()
+}
+
 fn resp_addrs(cluster: &Cluster) -> Vec<SocketAddr> {
     cluster.nodes.values().map(|n| n.resp_addr).collect()
 }
@@ -54,10 +59,7 @@ fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> Result<Vec<u8>> {
 }
 
 fn commands_through_every_node(addrs: &[SocketAddr]) -> Result<()> {
-    let mut cons = addrs
-        .iter()
-        .map(|a| connect(*a, None))
-        .collect::<Result<Vec<_>>>()?;
+    let mut cons = connect_all(addrs)?;
     // SET through each node, GET through every node.
     for (i, key) in ["k1", "k2", "k3"].iter().enumerate() {
         let value = format!("v{i}");
@@ -146,8 +148,8 @@ fn errors_keep_the_connection_usable(addrs: &[SocketAddr]) -> Result<()> {
     ensure!(e.contains("not an integer"), "{e}");
     let e = error(query(&mut con, &["INCRBY", "n", "x"]))?;
     ensure!(e.contains("not an integer"), "{e}");
-    let e = error(query(&mut con, &["SET", "k", "v", "EX", "10"]))?;
-    ensure!(e.contains("expiry is not supported"), "{e}");
+    let e = error(query(&mut con, &["SET", "k", "v", "EX", "0"]))?;
+    ensure!(e.contains("invalid expire time in 'set' command"), "{e}");
     let e = error(query(&mut con, &["SET", "k", "v", "NX", "XX"]))?;
     ensure!(e.contains("syntax error"), "{e}");
     let big = "x".repeat(1024 * 1024 + 1);
@@ -245,10 +247,7 @@ async fn redis_commands_work_through_every_node() -> Result<()> {
 /// KEYS, SCAN (a whole iteration in small pages), TYPE and UNLINK, each
 /// through a different node than the writes.
 fn keyspace_through_every_node(addrs: &[SocketAddr]) -> Result<()> {
-    let mut cons = addrs
-        .iter()
-        .map(|a| connect(*a, None))
-        .collect::<Result<Vec<_>>>()?;
+    let mut cons = connect_all(addrs)?;
     let written: Vec<String> = (0..25).map(|i| format!("ks:{i:02}")).collect();
     let mut mset = redis::cmd("MSET");
     for key in &written {
@@ -590,10 +589,7 @@ fn exec_cmd(con: &mut redis::Connection) -> redis::RedisResult<redis::Value> {
 /// changed; DISCARD drops it.
 fn transactions_through_every_node(addrs: &[SocketAddr]) -> Result<()> {
     use redis::Value;
-    let mut cons = addrs
-        .iter()
-        .map(|a| connect(*a, None))
-        .collect::<Result<Vec<_>>>()?;
+    let mut cons = connect_all(addrs)?;
     let con = &mut cons[1];
     let _: () = query(con, &["MULTI"])?;
     for args in [
@@ -747,6 +743,383 @@ async fn transactions_apply_whole_and_watch_aborts_them() -> Result<()> {
         let (total, aborted) =
             tokio::task::spawn_blocking(move || watched_increments_are_exact(&addrs)).await??;
         eprintln!("WATCH increments: {total} committed, {aborted} aborted and retried");
+        Ok(())
+    })
+    .await
+}
+
+/// How long a test waits for a key to expire: its TTL is far shorter, and
+/// the active expire cycle runs every 100 ms; the margin is for a loaded
+/// machine.
+const EXPIRY_WAIT: Duration = Duration::from_secs(20);
+
+/// Sends inline `commands` (then QUIT) to `addr` and checks that the
+/// replies are exactly `replies` (raw RESP2 lines, so error texts are
+/// compared whole).
+fn replies_are(addr: SocketAddr, exchanges: &[(&str, &str)]) -> Result<()> {
+    let mut input = String::new();
+    let mut want = String::new();
+    for (command, reply) in exchanges {
+        input.push_str(&format!("{command}\r\n"));
+        want.push_str(&format!("{reply}\r\n"));
+    }
+    input.push_str("QUIT\r\n");
+    want.push_str("+OK\r\n");
+    let out = raw_exchange(addr, input.as_bytes())?;
+    let got = String::from_utf8_lossy(&out);
+    let (got_lines, want_lines): (Vec<&str>, Vec<&str>) =
+        (got.split("\r\n").collect(), want.split("\r\n").collect());
+    let first_difference = got_lines.iter().zip(&want_lines).position(|(g, w)| g != w);
+    ensure!(
+        got == want,
+        "replies differ from line {first_difference:?}:\n{got}\nwanted:\n{want}"
+    );
+    Ok(())
+}
+
+const INVALID_SET: &str = "-ERR invalid expire time in 'set' command";
+const NOT_INTEGER: &str = "-ERR value is not an integer or out of range";
+const SYNTAX: &str = "-ERR syntax error";
+const NX_AND_OTHERS: &str = "-ERR NX and XX, GT or LT options at the same time are not compatible";
+/// 2100-01-01T00:00:00Z in unix seconds: a deadline no test outlives.
+const Y2100: &str = "4102444800";
+
+/// The argument errors of the expiry commands, word for word as Redis 7.
+fn expiry_errors(addr: SocketAddr) -> Result<()> {
+    replies_are(
+        addr,
+        &[
+            ("SET x:k v", "+OK"),
+            ("SET x:k v EX 0", INVALID_SET),
+            ("SET x:k v PX -1", INVALID_SET),
+            ("SET x:k v EXAT 0", INVALID_SET),
+            ("SET x:k v EX 9223372036854776", INVALID_SET),
+            ("SET x:k v PX 9223372036854775807", INVALID_SET),
+            ("SET x:k v EX ten", NOT_INTEGER),
+            ("SET x:k v NX XX", SYNTAX),
+            ("SET x:k v EX 1 PX 1", SYNTAX),
+            ("SET x:k v KEEPTTL EX 1", SYNTAX),
+            ("SET x:k v EX", SYNTAX),
+            (
+                "SETEX x:k 0 v",
+                "-ERR invalid expire time in 'setex' command",
+            ),
+            (
+                "PSETEX x:k -1 v",
+                "-ERR invalid expire time in 'psetex' command",
+            ),
+            ("SETEX x:k ten v", NOT_INTEGER),
+            (
+                "SETEX x:k 10",
+                "-ERR wrong number of arguments for 'setex' command",
+            ),
+            ("EXPIRE x:k 10 NX XX", NX_AND_OTHERS),
+            ("EXPIRE x:k 10 GT NX", NX_AND_OTHERS),
+            (
+                "EXPIRE x:k 10 GT LT",
+                "-ERR GT and LT options at the same time are not compatible",
+            ),
+            ("EXPIRE x:k 10 FOO", "-ERR Unsupported option FOO"),
+            ("EXPIRE x:k ten", NOT_INTEGER),
+            (
+                "EXPIRE x:k 9223372036854776",
+                "-ERR invalid expire time in 'expire' command",
+            ),
+            (
+                "PEXPIRE x:k 9223372036854775807",
+                "-ERR invalid expire time in 'pexpire' command",
+            ),
+            (
+                "EXPIREAT x:k -9223372036854776",
+                "-ERR invalid expire time in 'expireat' command",
+            ),
+            (
+                "GETEX x:k EX 0",
+                "-ERR invalid expire time in 'getex' command",
+            ),
+            // Redis looks the key up first: an absent key is a null.
+            ("GETEX x:none EX 0", "$-1"),
+            ("GETEX x:k FOO", SYNTAX),
+            ("GETEX x:k EX 1 PERSIST", SYNTAX),
+            // Nothing refused changed the key.
+            ("GET x:k", "$1\r\nv"),
+            ("TTL x:k", ":-1"),
+            // Inside MULTI an argument error is that command's reply.
+            ("MULTI", "+OK"),
+            ("SET x:k v EX 0", "+QUEUED"),
+            ("GETEX x:none PX 0", "+QUEUED"),
+            ("GETEX x:k PX 0", "+QUEUED"),
+            ("EXPIRE x:k 1 NX LT", "+QUEUED"),
+            ("TTL x:k", "+QUEUED"),
+            (
+                "EXEC",
+                "*5\r\n-ERR invalid expire time in 'set' command\r\n$-1\r\n\
+                 -ERR invalid expire time in 'getex' command\r\n\
+                 -ERR NX and XX, GT or LT options at the same time are not compatible\r\n:-1",
+            ),
+        ],
+    )
+}
+
+/// The expiry commands' replies that do not depend on time passing, as
+/// Redis 7 gives them.
+fn expiry_replies(addr: SocketAddr) -> Result<()> {
+    let at = |command: &str, time: &str, options: &str| {
+        format!("{command} x:k {time} {options}").trim().to_owned()
+    };
+    let exchanges: Vec<(String, &str)> = vec![
+        ("SET x:k v".into(), "+OK"),
+        ("TTL x:none".into(), ":-2"),
+        ("PTTL x:none".into(), ":-2"),
+        ("PEXPIRETIME x:none".into(), ":-2"),
+        ("EXPIRETIME x:k".into(), ":-1"),
+        ("PTTL x:k".into(), ":-1"),
+        ("PERSIST x:k".into(), ":0"),
+        ("PERSIST x:none".into(), ":0"),
+        ("EXPIRE x:none 10".into(), ":0"),
+        ("EXPIRE x:k 100 XX".into(), ":0"),
+        ("EXPIRE x:k 100 GT".into(), ":0"),
+        ("EXPIRE x:k 100 XX LT".into(), ":0"),
+        (at("EXPIREAT", Y2100, "NX"), ":1"),
+        ("EXPIRETIME x:k".into(), ":4102444800"),
+        ("PEXPIRETIME x:k".into(), ":4102444800000"),
+        // The same deadline again is a change in Redis too.
+        (at("EXPIREAT", Y2100, ""), ":1"),
+        (at("EXPIREAT", Y2100, "GT"), ":0"),
+        (at("EXPIREAT", "4102444801", "GT"), ":1"),
+        (at("EXPIREAT", "4102444802", "LT"), ":0"),
+        (at("PEXPIREAT", "4102444800500", "XX LT"), ":1"),
+        ("PEXPIRETIME x:k".into(), ":4102444800500"),
+        // Seconds are rounded as Redis rounds them.
+        ("EXPIRETIME x:k".into(), ":4102444801"),
+        ("EXPIRE x:k 100 NX".into(), ":0"),
+        ("PERSIST x:k".into(), ":1"),
+        ("TTL x:k".into(), ":-1"),
+        // LT treats "no deadline" as an infinite one.
+        ("EXPIRE x:k 100 LT".into(), ":1"),
+        ("PERSIST x:k".into(), ":1"),
+        // A time not in the future deletes the key, answering 1.
+        ("EXPIRE x:k 0".into(), ":1"),
+        ("EXISTS x:k".into(), ":0"),
+        ("SET x:k v".into(), "+OK"),
+        ("PEXPIRE x:k -1".into(), ":1"),
+        ("GET x:k".into(), "$-1"),
+        ("SET x:k v".into(), "+OK"),
+        ("EXPIREAT x:k 1".into(), ":1"),
+        ("TYPE x:k".into(), "+none"),
+        ("SET x:k v EXAT 1".into(), "+OK"),
+        ("GET x:k".into(), "$-1"),
+        ("SET x:k v".into(), "+OK"),
+        ("SET x:k w GET PXAT 1".into(), "$1\r\nv"),
+        ("EXISTS x:k".into(), ":0"),
+        ("SET x:k v".into(), "+OK"),
+        ("GETEX x:k PXAT 1".into(), "$1\r\nv"),
+        ("EXISTS x:k".into(), ":0"),
+        ("SET x:k v".into(), "+OK"),
+        ("GETDEL x:k".into(), "$1\r\nv"),
+        ("GETDEL x:k".into(), "$-1"),
+        ("GET x:k".into(), "$-1"),
+    ];
+    let exchanges: Vec<(&str, &str)> = exchanges
+        .iter()
+        .map(|(command, reply)| (command.as_str(), *reply))
+        .collect();
+    replies_are(addr, &exchanges)
+}
+
+/// Expiry commands inside MULTI: every write and TTL of the transaction
+/// counts from the time the leader stamped on its one log entry, so the
+/// replies are exact.
+fn expiry_inside_multi(addr: SocketAddr) -> Result<()> {
+    replies_are(
+        addr,
+        &[
+            ("MULTI", "+OK"),
+            ("SET x:m v EX 100", "+QUEUED"),
+            ("TTL x:m", "+QUEUED"),
+            ("PTTL x:m", "+QUEUED"),
+            ("GETEX x:m PERSIST", "+QUEUED"),
+            ("TTL x:m", "+QUEUED"),
+            ("PSETEX x:m2 10000 w", "+QUEUED"),
+            ("PTTL x:m2", "+QUEUED"),
+            ("EXPIRE x:m 0", "+QUEUED"),
+            ("EXISTS x:m", "+QUEUED"),
+            ("GETDEL x:m2", "+QUEUED"),
+            (
+                "EXEC",
+                "*10\r\n+OK\r\n:100\r\n:100000\r\n$1\r\nv\r\n:-1\r\n+OK\r\n:10000\r\n:1\r\n:0\r\n$1\r\nw",
+            ),
+        ],
+    )
+}
+
+fn integer(con: &mut redis::Connection, args: &[&str]) -> Result<i64> {
+    Ok(query(con, args)?)
+}
+
+fn value(con: &mut redis::Connection, args: &[&str]) -> Result<Option<String>> {
+    Ok(query(con, args)?)
+}
+
+/// Runs `attempt` until it succeeds, from a blocking thread of the test's
+/// runtime (the redis connections are blocking).
+fn eventually_blocking(what: &str, mut attempt: impl FnMut() -> Result<()>) -> Result<()> {
+    tokio::runtime::Handle::current().block_on(rdkv_tests::eventually(
+        EXPIRY_WAIT,
+        what,
+        async || attempt(),
+    ))
+}
+
+/// Every SCAN page's keys that match `pattern`.
+fn scan_all(con: &mut redis::Connection, pattern: &str) -> Result<Vec<String>> {
+    let mut cursor = 0u64;
+    let mut keys = Vec::new();
+    loop {
+        let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .query(con)?;
+        keys.extend(page);
+        if next == 0 {
+            return Ok(keys);
+        }
+        cursor = next;
+    }
+}
+
+/// A key set with `PX 300` is there, then gone from every read and, once
+/// the active expire cycle removed it, from every replica's region.
+fn a_short_ttl_expires_everywhere(cons: &mut [redis::Connection]) -> Result<()> {
+    use redis::Value;
+    // Inside one transaction the read sees the key whatever the machine's
+    // load: both count from the entry's stamp.
+    let _: () = query(&mut cons[0], &["MULTI"])?;
+    let _: String = query(&mut cons[0], &["SET", "x:short", "v", "PX", "300"])?;
+    let _: String = query(&mut cons[0], &["GET", "x:short"])?;
+    let _: String = query(&mut cons[0], &["PTTL", "x:short"])?;
+    let replies = exec_cmd(&mut cons[0])?;
+    let there = Value::Array(vec![
+        Value::Okay,
+        Value::BulkString(b"v".to_vec()),
+        Value::Int(300),
+    ]);
+    ensure!(replies == there, "before expiry: {replies:?}");
+    for con in cons.iter_mut() {
+        eventually_blocking("x:short gone from every read", || {
+            ensure!(value(con, &["GET", "x:short"])?.is_none(), "GET");
+            ensure!(integer(con, &["EXISTS", "x:short"])? == 0, "EXISTS");
+            ensure!(integer(con, &["TTL", "x:short"])? == -2, "TTL");
+            let kind: String = query(con, &["TYPE", "x:short"])?;
+            ensure!(kind == "none", "TYPE {kind}");
+            let keys: Vec<String> = query(con, &["KEYS", "x:short*"])?;
+            ensure!(keys.is_empty(), "KEYS {keys:?}");
+            let scanned = scan_all(con, "x:short*")?;
+            ensure!(scanned.is_empty(), "SCAN {scanned:?}");
+            Ok(())
+        })?;
+        eventually_blocking("the expire cycle removed x:short", || {
+            let info: String = query(con, &["INFO", "keyspace"])?;
+            ensure!(info.contains(",expires=0,"), "{info}");
+            Ok(())
+        })?;
+    }
+    Ok(())
+}
+
+/// TTL and PTTL count down; PERSIST keeps a key past its old deadline.
+fn ttls_count_down_and_persist_keeps(cons: &mut [redis::Connection]) -> Result<()> {
+    let _: () = query(&mut cons[0], &["SET", "x:t", "v", "EX", "100"])?;
+    let ttl = integer(&mut cons[1], &["TTL", "x:t"])?;
+    ensure!((98..=100).contains(&ttl), "TTL {ttl}");
+    let first = integer(&mut cons[2], &["PTTL", "x:t"])?;
+    ensure!((90_000..=100_000).contains(&first), "PTTL {first}");
+    eventually_blocking("PTTL decreases", || {
+        let now = integer(&mut cons[2], &["PTTL", "x:t"])?;
+        ensure!((1..first).contains(&now), "PTTL {now} after {first}");
+        Ok(())
+    })?;
+    let _: () = query(&mut cons[0], &["SET", "x:kept", "v", "PX", "300"])?;
+    let _: () = query(&mut cons[0], &["SET", "x:gone", "v", "PX", "300"])?;
+    ensure!(integer(&mut cons[1], &["PERSIST", "x:kept"])? == 1);
+    eventually_blocking("x:gone expired", || {
+        ensure!(value(&mut cons[2], &["GET", "x:gone"])?.is_none());
+        Ok(())
+    })?;
+    let kept = value(&mut cons[2], &["GET", "x:kept"])?;
+    ensure!(
+        kept.as_deref() == Some("v"),
+        "x:kept after PERSIST: {kept:?}"
+    );
+    ensure!(integer(&mut cons[0], &["TTL", "x:kept"])? == -1);
+    Ok(())
+}
+
+fn ensure_ttl_within(con: &mut redis::Connection, key: &str, seconds: i64) -> Result<()> {
+    let ttl = integer(con, &["TTL", key])?;
+    ensure!((1..=seconds).contains(&ttl), "TTL {key}: {ttl}");
+    Ok(())
+}
+
+/// Which writes keep a key's TTL (KEEPTTL, INCR, APPEND, RENAME, GETEX
+/// without an option) and which replace it (SET, SETEX, GETEX options).
+fn writes_keep_or_replace_the_ttl(cons: &mut [redis::Connection]) -> Result<()> {
+    let _: () = query(&mut cons[0], &["SET", "x:t", "v", "EX", "100"])?;
+    let _: () = query(&mut cons[1], &["SET", "x:t", "v2"])?;
+    ensure!(
+        integer(&mut cons[2], &["TTL", "x:t"])? == -1,
+        "SET kept a TTL"
+    );
+    let _: () = query(&mut cons[0], &["SET", "x:t", "v", "EX", "100"])?;
+    let _: () = query(&mut cons[1], &["SET", "x:t", "v3", "KEEPTTL"])?;
+    ensure_ttl_within(&mut cons[2], "x:t", 100)?;
+    ensure!(value(&mut cons[0], &["GET", "x:t"])?.as_deref() == Some("v3"));
+    let _: () = query(&mut cons[0], &["SET", "x:n", "1", "EX", "100"])?;
+    ensure!(integer(&mut cons[1], &["INCR", "x:n"])? == 2);
+    ensure_ttl_within(&mut cons[2], "x:n", 100)?;
+    ensure!(integer(&mut cons[1], &["APPEND", "x:n", "0"])? == 2);
+    ensure_ttl_within(&mut cons[2], "x:n", 100)?;
+    let _: () = query(&mut cons[0], &["SETEX", "x:s", "100", "v"])?;
+    ensure_ttl_within(&mut cons[1], "x:s", 100)?;
+    let _: () = query(&mut cons[0], &["PSETEX", "x:s", "50000", "v"])?;
+    ensure_ttl_within(&mut cons[1], "x:s", 50)?;
+    let got = value(&mut cons[2], &["GETEX", "x:s"])?;
+    ensure!(got.as_deref() == Some("v"), "GETEX {got:?}");
+    ensure_ttl_within(&mut cons[1], "x:s", 50)?;
+    let got = value(&mut cons[2], &["GETEX", "x:s", "PERSIST"])?;
+    ensure!(got.as_deref() == Some("v"), "GETEX PERSIST {got:?}");
+    ensure!(integer(&mut cons[0], &["TTL", "x:s"])? == -1);
+    let got = value(&mut cons[2], &["GETEX", "x:s", "EX", "30"])?;
+    ensure!(got.as_deref() == Some("v"), "GETEX EX {got:?}");
+    ensure_ttl_within(&mut cons[0], "x:s", 30)?;
+    let old = value(&mut cons[1], &["SET", "x:s", "w", "GET", "EX", "20"])?;
+    ensure!(old.as_deref() == Some("v"), "SET GET EX {old:?}");
+    ensure_ttl_within(&mut cons[0], "x:s", 20)?;
+    let _: () = query(&mut cons[2], &["RENAME", "x:s", "x:r"])?;
+    ensure_ttl_within(&mut cons[0], "x:r", 20)?;
+    let _: () = query(&mut cons[1], &["DEL", "x:t", "x:n", "x:r"])?;
+    Ok(())
+}
+
+fn expiry_over_time(addrs: &[SocketAddr]) -> Result<()> {
+    let mut cons = connect_all(addrs)?;
+    a_short_ttl_expires_everywhere(&mut cons)?;
+    ttls_count_down_and_persist_keeps(&mut cons)?;
+    writes_keep_or_replace_the_ttl(&mut cons)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_expiry_through_every_node() -> Result<()> {
+    let mut cluster = Cluster::start(3)?;
+    check_with_leader(&mut cluster, TEST_LIMIT_SECS, async |cluster, _| {
+        let addrs = resp_addrs(cluster);
+        for addr in addrs.clone() {
+            tokio::task::spawn_blocking(move || expiry_errors(addr)).await??;
+            tokio::task::spawn_blocking(move || expiry_replies(addr)).await??;
+            tokio::task::spawn_blocking(move || expiry_inside_multi(addr)).await??;
+        }
+        tokio::task::spawn_blocking(move || expiry_over_time(&addrs)).await??;
         Ok(())
     })
     .await

@@ -150,7 +150,9 @@ impl Request {
                     .iter()
                     .try_for_each(|(key, _)| limits.check_key(key))?;
                 ops.iter().try_for_each(|op| match op {
-                    TxnOp::Get { key } | TxnOp::Delete { key } => limits.check_key(key),
+                    TxnOp::Get { key } | TxnOp::Delete { key } | TxnOp::Ttl { key } => {
+                        limits.check_key(key)
+                    }
                     TxnOp::Put { key, value } => {
                         limits.check_key(key)?;
                         limits.check_value(value)

@@ -13,6 +13,7 @@ use super::admin::{
 };
 use super::batch::bounded_vec;
 use super::rdma::{QpEndpoint, RdmaRegionGrant};
+use crate::region::{DeadlineUnixMs, NO_DEADLINE};
 
 /// How fresh a read must be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -153,10 +154,25 @@ pub enum Request {
 /// One command of a [`Request::Transaction`]. Append-only.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TxnOp {
-    Get { key: Bytes },
-    Put { key: Bytes, value: Bytes },
-    Delete { key: Bytes },
-    Update { key: Bytes, update: Update },
+    Get {
+        key: Bytes,
+    },
+    Put {
+        key: Bytes,
+        value: Bytes,
+    },
+    Delete {
+        key: Bytes,
+    },
+    Update {
+        key: Bytes,
+        update: Update,
+    },
+    /// The key's deadline (TTL, PTTL, EXPIRETIME inside MULTI), read on the
+    /// apply clock.
+    Ttl {
+        key: Bytes,
+    },
 }
 
 /// What one [`TxnOp`] gave; its version is the transaction's. Append-only,
@@ -174,6 +190,9 @@ pub enum TxnResult {
     Updated(UpdateOutcome),
     /// The op was refused (quota, limits); the other ops still applied.
     Error(ErrorReply),
+    /// `Ttl`: the key's deadline (`None`: absent); its `now_unix_ms` is the
+    /// apply clock, the time the transaction's writes count from.
+    Expiry(Option<KeyExpiry>),
 }
 
 /// What a [`Request::Update`] does to its key. Append-only.
@@ -249,6 +268,9 @@ pub enum ExpireCondition {
     IfLater,
     /// LT: only if the new deadline is earlier.
     IfEarlier,
+    /// XX and LT: only if the key has a deadline and the new one is
+    /// earlier (LT alone also sets a deadline on a key without one).
+    IfSomeEarlier,
 }
 
 /// A key's deadline as [`Request::Ttl`] reads it.
@@ -269,6 +291,16 @@ impl KeyExpiry {
     pub fn remaining_ms(&self) -> Option<u64> {
         self.deadline_unix_ms
             .map(|deadline| deadline.saturating_sub(self.now_unix_ms))
+    }
+
+    /// The expiry of a pair of `version` whose block holds `deadline`
+    /// ([`NO_DEADLINE`]: none), read when the clock said `now_unix_ms`.
+    pub fn of_block(version: u64, deadline: DeadlineUnixMs, now_unix_ms: u64) -> KeyExpiry {
+        KeyExpiry {
+            version,
+            deadline_unix_ms: (deadline != NO_DEADLINE).then_some(deadline),
+            now_unix_ms,
+        }
     }
 }
 

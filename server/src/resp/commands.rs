@@ -5,9 +5,10 @@
 //! `args` excludes the command name, and the table has checked its arity.
 
 use bytes::Bytes;
-use rdkv_proto::wire::{Request, Response, Role, SetCondition, Update, UpdateOutcome};
+use rdkv_proto::wire::{Expiry, Request, Response, Role, SetCondition, Update, UpdateOutcome};
 
 use super::RespServer;
+use super::expiry;
 use super::glob::glob_match;
 use super::reply::{Protocol, Reply};
 use super::session::Session;
@@ -74,24 +75,28 @@ pub async fn strlen(server: &RespServer, args: &[Bytes]) -> Reply {
     }
 }
 
-/// SET's options: the condition and whether the old value is returned.
+/// SET's options: the condition, whether the old value is returned, and
+/// the written pair's expiry (`expiry::set_options` parses them).
 #[derive(Debug)]
 pub struct SetOptions {
     pub condition: SetCondition,
     pub get: bool,
+    pub expiry: Expiry,
 }
 
 impl SetOptions {
-    /// A plain SET: a `Put`, no read of the current value.
+    /// A plain SET: a `Put` (which clears any deadline, as a plain SET
+    /// does in Redis), no read of the current value.
     pub fn is_plain(&self) -> bool {
-        self.condition == SetCondition::Always && !self.get
+        self.condition == SetCondition::Always && !self.get && self.expiry == Expiry::Never
     }
 
     pub fn update(&self, value: &Bytes) -> Update {
-        Update::SetIf {
+        Update::Set {
             value: value.clone(),
             condition: self.condition,
             return_old: self.get,
+            expiry: self.expiry,
         }
     }
 
@@ -106,40 +111,21 @@ impl SetOptions {
     }
 }
 
-/// SET key value [NX|XX] [GET] [KEEPTTL]; EX/PX/EXAT/PXAT are refused
-/// (rdkv has no expiry yet).
-pub fn set_options(options: &[Bytes]) -> Result<SetOptions, Reply> {
-    let mut parsed = SetOptions {
-        condition: SetCondition::Always,
-        get: false,
-    };
-    for option in options {
-        match upper(option).as_str() {
-            "NX" if parsed.condition == SetCondition::Always => {
-                parsed.condition = SetCondition::IfAbsent;
-            }
-            "XX" if parsed.condition == SetCondition::Always => {
-                parsed.condition = SetCondition::IfPresent;
-            }
-            "GET" => parsed.get = true,
-            "KEEPTTL" => {}
-            "EX" | "PX" | "EXAT" | "PXAT" => {
-                return Err(Reply::err(
-                    "expiry is not supported by rdkv: SET EX/PX/EXAT/PXAT cannot be used",
-                ));
-            }
-            _ => return Err(Reply::syntax()),
-        }
+/// SET key value [NX|XX] [GET] [EX s|PX ms|EXAT unix-s|PXAT unix-ms|KEEPTTL].
+pub async fn set(server: &RespServer, args: &[Bytes]) -> Reply {
+    match expiry::set_options(&args[2..]) {
+        Ok(options) => set_with(server, &args[0], &args[1], options).await,
+        Err(reply) => reply,
     }
-    Ok(parsed)
 }
 
-pub async fn set(server: &RespServer, args: &[Bytes]) -> Reply {
-    let (key, value) = (&args[0], &args[1]);
-    let options = match set_options(&args[2..]) {
-        Ok(options) => options,
-        Err(reply) => return reply,
-    };
+/// SET (or SETEX) of `key` to `value` with its options checked.
+pub async fn set_with(
+    server: &RespServer,
+    key: &Bytes,
+    value: &Bytes,
+    options: SetOptions,
+) -> Reply {
     if options.is_plain() {
         let request = Request::Put {
             key: key.clone(),
@@ -329,11 +315,22 @@ async fn copy_command(
     args: &[Bytes],
     reply: fn(UpdateOutcome) -> Reply,
 ) -> Reply {
-    let update = match copy_update(command, args) {
+    updated(server, &args[1], copy_update(command, args), reply).await
+}
+
+/// Applies `update` to `key` and answers with `reply` of its outcome; an
+/// argument error (`Err`) is the reply, nothing is sent.
+pub async fn updated(
+    server: &RespServer,
+    key: &Bytes,
+    update: Result<Update, Reply>,
+    reply: fn(UpdateOutcome) -> Reply,
+) -> Reply {
+    let update = match update {
         Ok(update) => update,
-        Err(e) => return e,
+        Err(refused) => return refused,
     };
-    match server.update(&args[1], update).await {
+    match server.update(key, update).await {
         Ok(outcome) => reply(outcome),
         Err(e) => e,
     }
@@ -465,9 +462,13 @@ pub fn info(session: &mut Session<'_>, args: &[Bytes]) -> Reply {
         ));
     }
     if show("KEYSPACE") {
+        // Like Redis's, both counts include keys expired but not yet
+        // removed by the active expire cycle.
+        let replica = server.handler.replica();
         text.push_str(&format!(
-            "# Keyspace\r\ndb0:keys={},expires=0,avg_ttl=0\r\n",
-            server.handler.replica().live_keys()
+            "# Keyspace\r\ndb0:keys={},expires={},avg_ttl=0\r\n",
+            replica.live_keys(),
+            replica.sm.expiring_keys(),
         ));
     }
     Reply::Verbatim(text)

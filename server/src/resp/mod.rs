@@ -12,7 +12,8 @@
 //!   `Transaction`, one log entry).
 //! - `keyspace`: KEYS, SCAN (cursors in `keyspace::Cursors`), TYPE; `glob`:
 //!   Redis's patterns.
-//! - `commands`: what each Redis command does.
+//! - `commands`: what each Redis command does; `expiry`: the commands of
+//!   key expiry (EXPIRE, TTL, GETEX, ...) and SET's expiry options.
 //! - `store`: the native requests behind them, served by the [`Handler`]
 //!   here or forwarded to the leader (`forward`).
 //!
@@ -26,13 +27,15 @@
 //! transparently: the server holds an `rdkv_client::Client` over the cluster's
 //! native client addresses (with the node's token) and sends the same native
 //! request there; the Redis client never sees a redirect. Read-modify-write
-//! commands (INCR, APPEND, SETNX, SET NX/XX/GET, GETSET) are
-//! `Request::Update`s, decided and applied inside the state machine.
+//! commands (INCR, APPEND, SETNX, SET with options, GETSET, EXPIRE,
+//! GETEX, GETDEL) are `Request::Update`s, decided and applied inside the
+//! state machine.
 
 mod client_command;
 mod clients;
 mod commands;
 mod connection;
+mod expiry;
 mod forward;
 mod glob;
 mod keyspace;

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rdkv_proto::wire::{
-    Consistency, ErrorCode, LeaderHint, Request, Response, Update, UpdateOutcome, Versioned,
+    Consistency, ErrorCode, KeyExpiry, LeaderHint, Request, Response, Update, UpdateOutcome,
+    Versioned,
 };
 
 use super::RespServer;
@@ -116,6 +117,18 @@ impl RespServer {
         };
         match self.call(request).await? {
             Response::Value(value) => Ok(value.map(|v| v.value)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// The key's deadline and the answering node's clock (`None`: absent).
+    pub(super) async fn ttl(&self, key: &Bytes) -> Result<Option<KeyExpiry>, Reply> {
+        let request = Request::Ttl {
+            key: key.clone(),
+            consistency: self.consistency,
+        };
+        match self.call(request).await? {
+            Response::Expiry(expiry) => Ok(expiry),
             other => Err(unexpected(&other)),
         }
     }

@@ -11,6 +11,7 @@ use rdkv_proto::wire::Op;
 use super::RespServer;
 use super::client_command;
 use super::commands::{self, upper};
+use super::expiry;
 use super::keyspace;
 use super::reply::Reply;
 use super::session::SessionRun;
@@ -253,8 +254,21 @@ pub static COMMANDS: &[Spec] = &[
     ),
     row("get", 2, READ, ONE, store!(commands::get)).answered_now(Op::Get, commands::get_now),
     row("set", -3, &["write"], ONE, store!(commands::set)),
+    row("setex", 4, &["write"], ONE, store!(expiry::setex)),
+    row("psetex", 4, &["write"], ONE, store!(expiry::psetex)),
     row("setnx", 3, FAST_WRITE, ONE, store!(commands::setnx)),
     row("getset", 3, FAST_WRITE, ONE, store!(commands::getset)),
+    row("getex", -2, FAST_WRITE, ONE, store!(expiry::getex)),
+    row("getdel", 2, FAST_WRITE, ONE, store!(expiry::getdel)),
+    row("expire", -3, FAST_WRITE, ONE, store!(expiry::expire)),
+    row("pexpire", -3, FAST_WRITE, ONE, store!(expiry::pexpire)),
+    row("expireat", -3, FAST_WRITE, ONE, store!(expiry::expireat)),
+    row("pexpireat", -3, FAST_WRITE, ONE, store!(expiry::pexpireat)),
+    row("persist", 2, FAST_WRITE, ONE, store!(expiry::persist)),
+    row("ttl", 2, READ, ONE, store!(expiry::ttl)),
+    row("pttl", 2, READ, ONE, store!(expiry::pttl)),
+    row("expiretime", 2, READ, ONE, store!(expiry::expiretime)),
+    row("pexpiretime", 2, READ, ONE, store!(expiry::pexpiretime)),
     row("del", -2, &["write"], ALL, store!(commands::del)),
     row("exists", -2, READ, ALL, store!(commands::exists)),
     row("unlink", -2, FAST_WRITE, ALL, store!(commands::del)),
@@ -364,6 +378,33 @@ mod tests {
         assert!(keys(b"ping", &argv(&["PING", "x"])).is_empty());
         assert!(lookup(b"incr").is_some_and(Spec::writes));
         assert!(!lookup(b"mget").is_some_and(Spec::writes));
+    }
+
+    #[test]
+    fn expiry_commands_have_redis_rows() {
+        let rows = [
+            ("setex", 4, true),
+            ("psetex", 4, true),
+            ("getex", -2, true),
+            ("getdel", 2, true),
+            ("expire", -3, true),
+            ("pexpire", -3, true),
+            ("expireat", -3, true),
+            ("pexpireat", -3, true),
+            ("persist", 2, true),
+            ("ttl", 2, false),
+            ("pttl", 2, false),
+            ("expiretime", 2, false),
+            ("pexpiretime", 2, false),
+        ];
+        for (name, arity, writes) in rows {
+            let spec = lookup(name.as_bytes()).expect("a row");
+            assert_eq!((spec.arity, spec.writes()), (arity, writes), "{name}");
+            let argv: Vec<Bytes> = [name, "k", "10", "v"].map(Bytes::from).into();
+            let keys: Vec<&Bytes> = spec.keys_in(&argv);
+            assert_eq!(keys, [&argv[1]], "{name}");
+            assert!(spec.flags.contains(&"fast") || name.ends_with("setex"));
+        }
     }
 
     #[test]

@@ -15,6 +15,7 @@ use rdkv_proto::wire::{Request, Response, TxnOp, TxnResult, Update, UpdateOutcom
 
 use super::RespServer;
 use super::commands::{self, SetOptions};
+use super::expiry::{self, GetEx, TimeForm};
 use super::keyspace;
 use super::reply::Reply;
 use super::session::Session;
@@ -41,10 +42,15 @@ enum Finish {
     Count,
     /// Plain SET, MSET.
     Ok,
-    /// A SET with NX, XX or GET.
+    /// A SET with options, SETEX, PSETEX.
     Set(SetOptions),
-    /// SETNX, GETSET, INCR and its kin, APPEND.
+    /// SETNX, GETSET, INCR and its kin, APPEND, the EXPIRE family,
+    /// PERSIST, GETEX with an option, GETDEL.
     Outcome(fn(UpdateOutcome) -> Reply),
+    /// TTL, PTTL, EXPIRETIME, PEXPIRETIME.
+    Ttl(TimeForm),
+    /// GETEX with a time Redis refuses once it finds the key.
+    RefusedIfFound(Reply),
 }
 
 #[derive(Debug)]
@@ -135,7 +141,10 @@ fn plan(name: &str, args: &[Bytes]) -> Result<Queued, Reply> {
             let ops = args.iter().map(|key| TxnOp::Delete { key: key.clone() });
             queued(ops.collect(), Finish::Count)
         }
-        "set" => plan_set(args),
+        "set" => match expiry::set_options(&args[2..]) {
+            Ok(options) => plan_set(&args[0], &args[1], options),
+            Err(reply) => known(reply),
+        },
         "mset" if !args.len().is_multiple_of(2) => known(Reply::wrong_arity("mset")),
         "mset" => {
             let ops = args.chunks_exact(2).map(|pair| TxnOp::Put {
@@ -174,33 +183,73 @@ fn plan(name: &str, args: &[Bytes]) -> Result<Queued, Reply> {
                 "renamenx" => commands::renamenx_reply,
                 _ => commands::copy_reply,
             };
-            match commands::copy_update(name, args) {
-                Ok(update) => queued(update_op(&args[1], update), Finish::Outcome(reply)),
-                Err(error) => known(error),
-            }
+            planned_update(&args[1], commands::copy_update(name, args), reply)
         }
+        other => plan_expiry(other, args),
+    }
+}
+
+/// The ops and reply of an expiry command, or the refusal of a command
+/// that cannot run in a transaction.
+fn plan_expiry(name: &str, args: &[Bytes]) -> Result<Queued, Reply> {
+    match name {
+        "setex" | "psetex" => match expiry::setex_options(name, args) {
+            Ok(options) => plan_set(&args[0], &args[2], options),
+            Err(reply) => known(reply),
+        },
+        "expire" | "pexpire" | "expireat" | "pexpireat" => planned_update(
+            &args[0],
+            expiry::expire_update(name, args),
+            expiry::expire_reply,
+        ),
+        "persist" => planned_update(&args[0], Ok(expiry::persist_update()), expiry::expire_reply),
+        "ttl" | "pttl" | "expiretime" | "pexpiretime" => {
+            let op = TxnOp::Ttl {
+                key: args[0].clone(),
+            };
+            queued(vec![op], Finish::Ttl(TimeForm::of_command(name)))
+        }
+        "getex" => plan_getex(args),
+        "getdel" => planned_update(&args[0], Ok(Update::GetDel), expiry::got_reply),
         other => Err(Reply::err(format!(
             "'{other}' cannot run inside MULTI in rdkv (docs/resp.md lists the commands that can)"
         ))),
     }
 }
 
-fn plan_set(args: &[Bytes]) -> Result<Queued, Reply> {
-    let options = match commands::set_options(&args[2..]) {
-        Ok(options) => options,
-        Err(reply) => return known(reply),
-    };
+/// A command of one update; an argument error is its reply at EXEC, as
+/// in Redis.
+fn planned_update(
+    key: &Bytes,
+    update: Result<Update, Reply>,
+    reply: fn(UpdateOutcome) -> Reply,
+) -> Result<Queued, Reply> {
+    match update {
+        Ok(update) => queued(update_op(key, update), Finish::Outcome(reply)),
+        Err(error) => known(error),
+    }
+}
+
+fn plan_set(key: &Bytes, value: &Bytes, options: SetOptions) -> Result<Queued, Reply> {
     if options.is_plain() {
         let op = TxnOp::Put {
-            key: args[0].clone(),
-            value: args[1].clone(),
+            key: key.clone(),
+            value: value.clone(),
         };
         return queued(vec![op], Finish::Ok);
     }
-    queued(
-        update_op(&args[0], options.update(&args[1])),
-        Finish::Set(options),
-    )
+    queued(update_op(key, options.update(value)), Finish::Set(options))
+}
+
+fn plan_getex(args: &[Bytes]) -> Result<Queued, Reply> {
+    match expiry::getex_plan(args) {
+        Ok(GetEx::Read) => queued(get_ops(&args[..1]), Finish::Value),
+        Ok(GetEx::Update(update)) => planned_update(&args[0], Ok(update), expiry::got_reply),
+        Ok(GetEx::RefusedIfFound(refused)) => {
+            queued(get_ops(&args[..1]), Finish::RefusedIfFound(refused))
+        }
+        Err(reply) => known(reply),
+    }
 }
 
 /// The reply of one queued command from its ops' results.
@@ -239,6 +288,13 @@ fn finish(finish: Finish, results: Vec<TxnResult>) -> Reply {
         Finish::Ok => Reply::ok(),
         Finish::Set(options) => outcome().map_or_else(|e| e, |o| options.reply(o)),
         Finish::Outcome(reply) => outcome().map_or_else(|e| e, reply),
+        Finish::Ttl(form) => match results.first() {
+            Some(TxnResult::Expiry(expiry)) => expiry::ttl_reply(form, *expiry),
+            other => unexpected_reply(&other),
+        },
+        Finish::RefusedIfFound(refused) => {
+            expiry::refused_if_found(refused, values().next().flatten().as_ref())
+        }
     }
 }
 

@@ -113,7 +113,7 @@ fn incoming_charge(command: &Command) -> Option<u64> {
             let writes = ops.iter().filter_map(|op| match op {
                 TxnOp::Put { key, value } => Some(charge(key, value.len())),
                 TxnOp::Update { key, update } => Some(charge(key, update_growth_bytes(update)?)),
-                TxnOp::Get { .. } | TxnOp::Delete { .. } => None,
+                TxnOp::Get { .. } | TxnOp::Delete { .. } | TxnOp::Ttl { .. } => None,
             });
             writes.reduce(u64::saturating_add)?
         }

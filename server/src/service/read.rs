@@ -4,7 +4,6 @@
 use openraft::ReadPolicy;
 use openraft::errors::{LinearizableReadError, RaftError};
 use rdkv_fabric::clock::unix_now_ms;
-use rdkv_proto::region::NO_DEADLINE;
 use rdkv_proto::wire::{
     Consistency, ErrorCode, ErrorReply, KeyExpiry, Response, SINGLE_ENTRY_OVERHEAD_BYTES, Versioned,
 };
@@ -85,10 +84,8 @@ pub async fn ttl(replica: &Replica, key: &[u8], consistency: Consistency) -> Rep
         .sm
         .get_local_with_deadline(key)
         .map_err(|e| ErrorReply::new(ErrorCode::Internal, e.to_string()))?;
-    Ok(Response::Expiry(found.map(|(value, deadline)| KeyExpiry {
-        version: value.version,
-        deadline_unix_ms: (deadline != NO_DEADLINE).then_some(deadline),
-        now_unix_ms: unix_now_ms(),
+    Ok(Response::Expiry(found.map(|(value, deadline)| {
+        KeyExpiry::of_block(value.version, deadline, unix_now_ms())
     })))
 }
 

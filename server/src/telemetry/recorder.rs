@@ -242,6 +242,11 @@ fn describe_state() {
     ] {
         describe_gauge!(name, help);
     }
+    describe_state_bytes();
+}
+
+/// The state read at scrape time that counts bytes.
+fn describe_state_bytes() {
     for (name, help) in [
         ("rdkv_raft_log_bytes", "Bytes of raft log segments on disk."),
         (

@@ -4,8 +4,8 @@ use bytes::Bytes;
 use openraft::EntryPayload;
 use rdkv_proto::region::{BlockRef, DeadlineUnixMs, HashSeed, NO_DEADLINE, charged_bytes};
 use rdkv_proto::wire::{
-    ErrorCode, ErrorReply, ExpireCondition, Expiry, Response, SetCondition, TxnOp, TxnResult,
-    Update, UpdateOutcome,
+    ErrorCode, ErrorReply, ExpireCondition, Expiry, KeyExpiry, Response, SetCondition, TxnOp,
+    TxnResult, Update, UpdateOutcome,
 };
 
 use super::State;
@@ -319,6 +319,7 @@ fn apply_op(
                 .map(|found| TxnResult::Value(found.map(|(value, _)| value)))
                 .map_err(|e| failed(&e));
         }
+        TxnOp::Ttl { key } => return txn_ttl(writer, key),
         TxnOp::Put { key, value } => Command::Put {
             key: key.clone(),
             value: value.clone(),
@@ -703,6 +704,16 @@ fn decide_set(current: Option<Current>, set: SetArgs<'_>, clock: u64, version: u
     }
 }
 
+/// A transaction's TTL read: the key's deadline on the apply clock, the
+/// clock its writes (`SET ... EX`) count from, so a TTL after a SET in the
+/// same transaction reads the full time given.
+fn txn_ttl(writer: &KeyedRegion, key: &[u8]) -> Result<TxnResult, Applied> {
+    let found = writer.live_get(key).map_err(|e| failed(&e))?;
+    Ok(TxnResult::Expiry(found.map(|(value, deadline)| {
+        KeyExpiry::of_block(value.version, deadline, writer.clock_unix_ms())
+    })))
+}
+
 /// Whether EXPIRE's `condition` lets `new` replace `current` (no deadline
 /// counts as an infinitely late one, as in Redis).
 fn expire_condition_holds(
@@ -723,11 +734,14 @@ fn expire_condition_holds(
         ExpireCondition::IfSome => current != NO_DEADLINE,
         ExpireCondition::IfLater => as_time(new) > as_time(current),
         ExpireCondition::IfEarlier => as_time(new) < as_time(current),
+        ExpireCondition::IfSomeEarlier => current != NO_DEADLINE && new < current,
     }
 }
 
 /// EXPIRE and PERSIST: the same value under a new deadline (a new
-/// version, as any write), or nothing.
+/// version, as any write), or nothing. An EXPIRE to the deadline the key
+/// already has still counts as a change and a write, as in Redis (which
+/// answers 1 and signals the key); PERSIST of a key without one does not.
 fn decide_expire(
     current: Option<Current>,
     expiry: Expiry,
@@ -743,7 +757,8 @@ fn decide_expire(
         return unchanged;
     };
     let new = deadline_of(expiry, current.deadline, clock);
-    if new == current.deadline || !expire_condition_holds(condition, current.deadline, new) {
+    let persists_nothing = new == NO_DEADLINE && current.deadline == NO_DEADLINE;
+    if persists_nothing || !expire_condition_holds(condition, current.deadline, new) {
         return unchanged;
     }
     Decided::Write {
@@ -839,8 +854,8 @@ mod tests {
         use openraft::entry::RaftEntry;
         use rdkv_proto::region::{EXPIRY_MARGIN_MS, HashSeed};
         use rdkv_proto::wire::{
-            ErrorCode, ExpireCondition, Expiry, Response, SetCondition, TxnOp, TxnResult, Update,
-            UpdateOutcome, Versioned,
+            ErrorCode, ExpireCondition, Expiry, KeyExpiry, Response, SetCondition, TxnOp,
+            TxnResult, Update, UpdateOutcome, Versioned,
         };
 
         use super::super::{Applied, apply_entry};
@@ -1229,6 +1244,76 @@ mod tests {
                 a.at(T0 + 100, watched),
                 Response::Transaction { aborted: true, .. }
             ));
+        }
+
+        #[test]
+        fn expire_answers_as_redis_does() {
+            use ExpireCondition::{Always, IfSomeEarlier};
+            let at = |ms| Expiry::AtUnixMs(T0 + ms);
+            let mut a = Applier::new();
+            a.at(T0, put("k", "v"));
+            assert!(!a.changed(T0, expire("none", at(9_000), Always)));
+            let persist = expire("k", Expiry::Never, Always);
+            assert!(!a.changed(T0, persist.clone()), "no deadline to clear");
+            assert!(
+                !a.changed(T0, expire("k", at(9_000), IfSomeEarlier)),
+                "XX LT needs a deadline"
+            );
+            assert!(a.changed(T0, expire("k", at(9_000), Always)));
+            assert!(
+                a.changed(T0, expire("k", at(9_000), Always)),
+                "the same deadline again still answers 1 in Redis"
+            );
+            assert!(!a.changed(T0, expire("k", at(9_500), IfSomeEarlier)));
+            assert!(a.changed(T0, expire("k", at(8_000), IfSomeEarlier)));
+            assert_eq!(a.deadline("k"), Some(T0 + 8_000));
+            assert!(a.changed(T0, persist));
+            assert_eq!(a.deadline("k"), Some(0));
+            assert!(
+                a.changed(T0, expire("k", Expiry::AtUnixMs(1), Always)),
+                "a past deadline deletes the key, answering 1"
+            );
+            assert_eq!(a.deadline("k"), None);
+        }
+
+        #[test]
+        fn a_transaction_reads_ttls_on_its_apply_clock() {
+            let mut a = Applier::new();
+            let set_ex = TxnOp::Update {
+                key: b("k"),
+                update: Update::Set {
+                    value: b("v"),
+                    condition: SetCondition::Always,
+                    return_old: false,
+                    expiry: Expiry::AfterMs(100_000),
+                },
+            };
+            let ttl = |key| TxnOp::Ttl { key: b(key) };
+            let ops = vec![set_ex, ttl("k"), ttl("none")];
+            let Response::Transaction { results, .. } = a.at(T0, txn(Vec::new(), ops)) else {
+                panic!("not a transaction's results");
+            };
+            let expiry = KeyExpiry {
+                version: 1,
+                deadline_unix_ms: Some(T0 + 100_000),
+                now_unix_ms: T0,
+            };
+            assert_eq!(results[1], TxnResult::Expiry(Some(expiry)));
+            assert_eq!(results[2], TxnResult::Expiry(None));
+            let gone_at = T0 + 100_000 - EXPIRY_MARGIN_MS;
+            let read = |a: &mut Applier, now| match a.at(now, txn(Vec::new(), vec![ttl("k")])) {
+                Response::Transaction { results, .. } => results,
+                other => panic!("not a transaction: {other:?}"),
+            };
+            assert!(matches!(
+                read(&mut a, gone_at - 1)[..],
+                [TxnResult::Expiry(Some(_))]
+            ));
+            assert_eq!(
+                read(&mut a, gone_at),
+                vec![TxnResult::Expiry(None)],
+                "expired on the apply clock"
+            );
         }
 
         #[test]
