@@ -14,6 +14,13 @@
 //! B's invocation tick. Ticks are unique, so there are no ties. The
 //! nanoseconds since the recorder started are kept beside them for humans.
 //!
+//! **Wall clock.** Keys written with a TTL expire by the wall clock, so each
+//! record also carries the unix milliseconds ([`unix_now_ms`], the clock the
+//! servers stamp writes and judge expiry with) read just before the request
+//! is sent and just after the reply arrived: whatever time a server used for
+//! the operation lies within them (the servers of the tests share this
+//! host's clock). The checker uses them only for expiry.
+//!
 //! **Outcomes.** `Ok` carries what the server returned. `Fail` means the
 //! operation definitely had no effect (a write that never left the client or
 //! was refused before it reached the log; any failed read); the checker drops
@@ -25,10 +32,11 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rdkv_client::{CasOutcome, Client, Consistency, DeleteOutcome, Error, ErrorCode, Versioned};
+use rdkv_fabric::clock::unix_now_ms;
 use rdkv_proto::wire::{Request, Response, TxnOp, TxnResult};
 
 /// A logical client. Operations of one process never overlap in time when a
@@ -48,6 +56,12 @@ pub enum Operation {
     },
     Put {
         value: Bytes,
+    },
+    /// A put whose value expires `ttl_ms` after the leader stamped it (see
+    /// [`rdkv_client::Client::put_with_ttl`]).
+    PutTtl {
+        value: Bytes,
+        ttl_ms: u64,
     },
     Delete,
     /// Succeeds iff the key's version equals `expected_version` (`None`: the
@@ -74,7 +88,7 @@ impl Operation {
 pub enum Returned {
     /// Of a `Get`: the value and the log index that wrote it, or absent.
     Value(Option<Versioned>),
-    /// Of a `Put`: its log index.
+    /// Of a `Put` or `PutTtl`: its log index.
     Written { version: u64 },
     /// Of a `Delete`: whether the key existed, and the delete's log index.
     Deleted { existed: bool, version: u64 },
@@ -133,6 +147,10 @@ pub struct OpRecord {
     /// Nanoseconds since the recorder started (diagnostics only).
     pub invoked_ns: u64,
     pub completed_ns: u64,
+    /// Wall clock, unix ms, just before the request was sent and just after
+    /// the reply arrived (see the module documentation).
+    pub invoked_unix_ms: u64,
+    pub completed_unix_ms: u64,
 }
 
 impl OpRecord {
@@ -203,10 +221,11 @@ impl Recorder {
         }
     }
 
-    fn tick(&self) -> (Tick, u64) {
+    /// The logical tick, the ns since the start and the unix ms of now.
+    fn tick(&self) -> (Tick, u64, u64) {
         let tick = self.inner.clock.fetch_add(1, Ordering::SeqCst);
         let ns = u64::try_from(self.inner.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        (tick, ns)
+        (tick, ns, unix_now_ms())
     }
 
     /// Records an invocation; call this just before sending the request.
@@ -217,7 +236,7 @@ impl Recorder {
         operation: Operation,
     ) -> PendingOp {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let (invoked_at, invoked_ns) = self.tick();
+        let (invoked_at, invoked_ns, invoked_unix_ms) = self.tick();
         PendingOp {
             recorder: self.clone(),
             record: Some(OpRecord {
@@ -230,15 +249,18 @@ impl Recorder {
                 completed_at: Tick::MAX,
                 invoked_ns,
                 completed_ns: u64::MAX,
+                invoked_unix_ms,
+                completed_unix_ms: u64::MAX,
             }),
         }
     }
 
     fn finish(&self, mut record: OpRecord, outcome: Outcome) {
-        let (completed_at, completed_ns) = self.tick();
+        let (completed_at, completed_ns, completed_unix_ms) = self.tick();
         record.outcome = outcome;
         record.completed_at = completed_at;
         record.completed_ns = completed_ns;
+        record.completed_unix_ms = completed_unix_ms;
         // A poisoned lock only means another recording thread panicked; the
         // records already pushed are intact.
         let mut completed = self
@@ -385,6 +407,11 @@ pub fn write_error_outcome(error: &Error) -> Outcome {
     }
 }
 
+/// `ttl` in whole ms, rounded up: what `Client::put_with_ttl` sends.
+fn ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
 /// A [`Client`] that records each call into a [`Recorder`] as one process.
 #[derive(Debug, Clone)]
 pub struct RecordingClient {
@@ -431,6 +458,29 @@ impl RecordingClient {
             },
         );
         let result = self.client.put(key, value).await;
+        pending.complete_put(&result);
+        result
+    }
+
+    /// A put whose value expires after `ttl`; recorded as
+    /// [`Operation::PutTtl`] with the TTL in whole ms, as the client sends it.
+    pub async fn put_with_ttl(
+        &self,
+        key: impl Into<Bytes>,
+        value: impl Into<Bytes>,
+        ttl: Duration,
+    ) -> rdkv_client::Result<u64> {
+        let key = key.into();
+        let value = value.into();
+        let pending = self.recorder.invoke(
+            self.process,
+            key.clone(),
+            Operation::PutTtl {
+                value: value.clone(),
+                ttl_ms: ttl_ms(ttl),
+            },
+        );
+        let result = self.client.put_with_ttl(key, value, ttl).await;
         pending.complete_put(&result);
         result
     }
@@ -531,8 +581,16 @@ mod tests {
         let (a, b) = (&history.ops[0], &history.ops[1]);
         assert!(a.invoked_at < a.completed_at);
         assert!(a.completed_at < b.invoked_at);
+        assert!(a.invoked_unix_ms <= a.completed_unix_ms);
+        assert!(a.completed_unix_ms <= b.invoked_unix_ms);
         assert_eq!(b.outcome, Outcome::Unknown);
         assert_eq!(b.effective_completion(), Tick::MAX);
+    }
+
+    #[test]
+    fn ttls_are_recorded_in_whole_ms_rounded_up_as_the_client_sends_them() {
+        assert_eq!(ttl_ms(Duration::from_millis(300)), 300);
+        assert_eq!(ttl_ms(Duration::from_micros(300_001)), 301);
     }
 
     #[test]

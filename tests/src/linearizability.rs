@@ -23,10 +23,11 @@
 //! # The model: a versioned register per key
 //!
 //! State: `value`: absent, or (value, version) where the version is
-//! `Known(n)` or `Unknown { after }` (written by an operation whose outcome
-//! we do not know: its log index is greater than `after`, the floor when it
-//! was linearized); and `floor`: the largest log index known among the
-//! operations linearized so far.
+//! `Known(n)` or `Unknown { after, before }` (written by an operation whose
+//! outcome we do not know: its log index is greater than `after`, the floor
+//! when it was linearized, and less than `before`, see "Expiry"); and
+//! `floor`: the largest log index known among the operations linearized so
+//! far.
 //!
 //! Versions are Raft log indexes. Every rdkv write command (Put, Delete, Cas,
 //! whether the Cas succeeds or not) is its own log entry, and applying the
@@ -36,6 +37,7 @@
 //! to be linearized above `floor`, and sets `floor` to it:
 //!
 //! - `Put(v) -> Ok(n)`: needs `n > floor`; state becomes `(v, Known(n))`, floor `n`.
+//!   `PutTtl(v, ttl)` likewise, and its value expires (see "Expiry").
 //! - `Delete -> Ok(existed, n)`: needs `existed` == "state present" and
 //!   `n > floor`; state becomes absent, floor `n`.
 //! - `Cas(expected, new) -> Ok(succeeded, n)`: needs `n > floor`.
@@ -46,13 +48,71 @@
 //! - `Get -> Ok(None)`: the state must be absent. `Get -> Ok((v, n))`: the
 //!   state's value must be `v` and its version must match `n`.
 //!
-//! A version "matches" `n` if it is `Known(n)`, or `Unknown { after }` with
-//! `n > after`; in the second case the operation also *refines* the state to
-//! `Known(n)` and the floor to `n` (a read or failed Cas that returned the
-//! version of a write whose outcome we did not know tells us its log index;
-//! no operation with a known index can have been linearized since that write
-//! without overwriting or refining it, so `n` is the floor). Values are
+//! A version "matches" `n` if it is `Known(n)`, or `Unknown { after, before }`
+//! with `after < n < before`; in the second case the operation also
+//! *refines* the state to `Known(n)` and the floor to `max(floor, n)` (a
+//! read or failed Cas that returned the version of a write whose outcome we
+//! did not know tells us its log index; an operation with a known index
+//! linearized since that write overwrote it, refined it, or was a failed Cas
+//! that saw it expired and set `before` to its own index). Values are
 //! compared by bytes (interned to small integers for the search).
+//!
+//! # Expiry
+//!
+//! A `PutTtl(v, ttl)` value expires at the deadline `D = stamp + ttl`, where
+//! `stamp` is the leader's wall clock (unix ms) when it proposed the write.
+//! Every path of the server (apply deciding a Delete, Cas or transaction;
+//! server reads; one-sided reads) counts the key absent at wall time `t`
+//! iff `t + M >= D`, `M` = [`EXPIRY_MARGIN_MS`]. Each operation carries its
+//! wall interval `[s, e]` (unix ms read just before the request was sent and
+//! just after the reply; `e` = infinity for an unknown outcome). For an
+//! expiring value the state keeps an interval `[lo, hi]` known to hold `D`,
+//! `[s + ttl, e + ttl]` of its PutTtl to begin with, and each operation that
+//! observes the key narrows it (and is rejected if that leaves `lo > hi`):
+//!
+//! - it saw the value (a read returning it, a Delete that says it existed, a
+//!   Cas whose condition or `current` has it, a Swap's `old`): `t + M < D`
+//!   for some `t >= s`, so `lo := max(lo, s + M + 1)`;
+//! - it saw the key absent: `t + M >= D` for some `t <= e`, so
+//!   `hi := min(hi, e + M)`; the expired value stays in the state (a failed
+//!   Cas that saw it so, with index `c`, bounds an unknown version by
+//!   `before := c`: the value was written before it).
+//!
+//! Plain Put, a successful Cas and Swap write values that never expire. Every
+//! operation observes the key or overwrites it, and its outcome says which
+//! it saw, so a step stays a function of (state, operation). An unknown Cas
+//! that took effect needs its condition: an expected absence is always
+//! possible (`e` is infinite), an expected version narrows `lo` as above.
+//!
+//! What this catches, the three ways to reach `lo > hi`:
+//!
+//! - a value served after its deadline: seen live although `s + M >= hi`;
+//! - a key expired too early: seen absent although `e + M < lo`;
+//! - a resurrection: the value seen again by an operation that began after
+//!   one that saw it expired had completed (`D <= e1 + M` and
+//!   `D >= s2 + M + 1` cannot both hold when `s2 >= e1`), whatever happened
+//!   in between.
+//!
+//! **Soundness.** `D` lies in the initial interval: the leader reads its
+//! clock after the request left the client and before the reply came back,
+//! on the same host clock (`unix_now_ms` floors it for everyone, which keeps
+//! the order). Each operation decides presence at one time within its own
+//! interval: a read when it is served; a write at its own stamp, because
+//! apply moves the replicated apply clock to each entry's stamp and never
+//! back, and every entry before it in the log existed, stamped, before its
+//! leader appended it, so the clock at an entry is that entry's stamp. So
+//! every narrowing keeps the true `D`, and the true execution (log order,
+//! reads where they were served) is accepted.
+//!
+//! **Why an observed expiry is not a state change.** Turning the register
+//! absent when an operation sees the value expired (the expiry as one event
+//! of the linearization) is not sound for this server: a write decides at
+//! its stamp, when proposed, but takes its place in the order when it
+//! commits. A read served in between, later on the clock but earlier in the
+//! log, can see the value expired, while a Cas or Swap after it in the log
+//! saw it live and replaced it; no single expiry point orders the two. The
+//! two overlap in time, which the rule above allows, while it still rejects
+//! a value seen live after an operation that saw it expired had completed.
 //!
 //! # Unknown and failed operations
 //!
@@ -67,9 +127,10 @@
 //! linearize it anywhere after its call; and the search succeeds as soon as
 //! every operation *with* a known outcome is linearized, so an unknown one
 //! left over "never happened". When linearized, an unknown Put(v) makes the
-//! state `(v, Unknown { after: floor })` without moving the floor; an unknown
-//! Delete makes it absent; an unknown Cas needs its condition to be possible
-//! (for an `Unknown` version: `expected > after`, refining it) and then acts
+//! state `(v, Unknown { after: floor, before: ∞ })` without moving the
+//! floor; an unknown Delete makes it absent; an unknown Cas needs its
+//! condition to be possible (for an `Unknown` version: `expected` must match
+//! it, refining it) and then acts
 //! like a successful one with an unknown version (an unknown Cas whose
 //! condition failed changed nothing, which is the same as never happening).
 //! This model is sound: the true execution (log order, each value with its
@@ -107,9 +168,13 @@
 //! - a read returning `(v, n)` needs `n ≥ index(W)`;
 //! - a read returning absent needs `W` to be a delete, or some delete of the
 //!   key (Ok with index > `index(W)`, or Unknown) invoked before the read
-//!   completed;
+//!   completed, or a PutTtl (`W` itself, or one with index > `index(W)` or
+//!   Unknown, invoked before the read completed) whose value may have
+//!   expired by the read's completion (`s + ttl <= e_read + M`);
 //! - and in any case, if `n` is the index of a known write of this key, that
-//!   write must have written `v` and been invoked before the read completed.
+//!   write must have written `v` and been invoked before the read completed,
+//!   and if it was a PutTtl, the read must have begun before its deadline
+//!   less the margin could have passed (`s_read + M < e + ttl`).
 //!
 //! The bound is relative to the cluster's commit index, as documented; a
 //! follower that judges its lag by its own (partitioned, stale) view of the
@@ -121,6 +186,7 @@ use std::fmt;
 
 use bytes::Bytes;
 use rdkv_client::{Consistency, Versioned};
+use rdkv_proto::region::EXPIRY_MARGIN_MS;
 
 use crate::history::{History, OpRecord, Operation, Outcome, Returned, Tick};
 
@@ -227,6 +293,10 @@ pub fn describe(op: &OpRecord) -> String {
     let operation = match &op.operation {
         Operation::Get { consistency } => format!("get({consistency:?})"),
         Operation::Put { value } => format!("put({:?})", value.escape_ascii().to_string()),
+        Operation::PutTtl { value, ttl_ms } => format!(
+            "put({:?}, ttl {ttl_ms} ms)",
+            value.escape_ascii().to_string()
+        ),
         Operation::Delete => "delete".to_owned(),
         Operation::Cas {
             expected_version,
@@ -257,13 +327,20 @@ pub fn describe(op: &OpRecord) -> String {
             describe_versioned(current)
         ),
     };
-    let completed = match op.outcome {
-        Outcome::Unknown => "inf".to_owned(),
-        _ => op.completed_at.to_string(),
+    let (completed, took_ms) = match op.outcome {
+        Outcome::Unknown => ("inf".to_owned(), "?".to_owned()),
+        _ => (
+            op.completed_at.to_string(),
+            op.completed_unix_ms
+                .saturating_sub(op.invoked_unix_ms)
+                .to_string(),
+        ),
     };
+    // The wall clock matters for expiry only; it is shown for every
+    // operation so that deadlines can be compared by eye.
     format!(
-        "#{} p{} [{}, {}] {operation} -> {outcome}",
-        op.id, op.process, op.invoked_at, completed
+        "#{} p{} [{}, {}] {operation} -> {outcome} (unix ms {} +{took_ms})",
+        op.id, op.process, op.invoked_at, completed, op.invoked_unix_ms
     )
 }
 
@@ -286,15 +363,73 @@ type ValueId = u32;
 enum Version {
     Known(u64),
     /// Written by an operation with an unknown outcome: its log index is
-    /// greater than `after`.
+    /// greater than `after` and less than `before` (`u64::MAX`: unbounded).
     Unknown {
         after: u64,
+        before: u64,
     },
+}
+
+/// Where an expiring value's deadline (unix ms) is known to lie: in
+/// `lo..=hi` (see "Expiry" in the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Deadline {
+    lo: u64,
+    hi: u64,
+}
+
+impl Deadline {
+    /// The deadline of a value written with `ttl_ms` by an operation that
+    /// ran within `wall`: the leader's stamp lies within it.
+    fn of_write(wall: Wall, ttl_ms: u64) -> Deadline {
+        Deadline {
+            lo: wall.start.saturating_add(ttl_ms),
+            hi: wall.end.saturating_add(ttl_ms),
+        }
+    }
+
+    /// Refined by "seen live at some time t within `wall`": t + M <
+    /// deadline, and t >= start.
+    fn seen_live(self, wall: Wall) -> Option<Deadline> {
+        let lo = self.lo.max(
+            wall.start
+                .saturating_add(EXPIRY_MARGIN_MS)
+                .saturating_add(1),
+        );
+        (lo <= self.hi).then_some(Deadline { lo, hi: self.hi })
+    }
+
+    /// Refined by "seen expired at some time t within `wall`": t + M >=
+    /// deadline, and t <= end.
+    fn seen_expired(self, wall: Wall) -> Option<Deadline> {
+        let hi = self.hi.min(wall.end.saturating_add(EXPIRY_MARGIN_MS));
+        (self.lo <= hi).then_some(Deadline { lo: self.lo, hi })
+    }
+}
+
+/// An operation's wall-clock interval, unix ms (`end` = `u64::MAX` for an
+/// unknown outcome: a write may be stamped after the client gave up).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Wall {
+    start: u64,
+    end: u64,
+}
+
+/// The register's value: what, which version, and when it expires (`None`:
+/// never).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Held {
+    value: ValueId,
+    version: Version,
+    expiry: Option<Deadline>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct RegisterState {
-    value: Option<(ValueId, Version)>,
+    /// The last value written (`None`: deleted). One with a deadline stays
+    /// here after it expired: whether an operation sees it depends on that
+    /// operation's own time, not on its place in the order.
+    value: Option<Held>,
     /// Largest log index known among the operations linearized so far.
     floor: u64,
 }
@@ -308,41 +443,78 @@ impl RegisterState {
     /// The state refined by learning that the current value's version is
     /// `n`, or `None` if it cannot be.
     fn with_version(self, n: u64) -> Option<RegisterState> {
-        let (value, version) = self.value?;
-        match version {
+        let held = self.value?;
+        match held.version {
             Version::Known(k) if k == n => Some(self),
-            Version::Unknown { after } if n > after => Some(RegisterState {
-                value: Some((value, Version::Known(n))),
+            Version::Unknown { after, before } if after < n && n < before => Some(RegisterState {
+                value: Some(Held {
+                    version: Version::Known(n),
+                    ..held
+                }),
                 floor: self.floor.max(n),
             }),
             _ => None,
         }
     }
 
-    /// The state refined by "the value is `current`", or `None`.
-    fn with_current(self, current: Option<(ValueId, u64)>) -> Option<RegisterState> {
-        match (current, self.value) {
-            (None, None) => Some(self),
-            (Some((value, n)), Some((held, _))) if value == held => self.with_version(n),
-            _ => None,
-        }
+    /// The state refined by "an operation within `wall` saw a value".
+    fn seen_live(self, wall: Wall) -> Option<RegisterState> {
+        let held = self.value?;
+        let expiry = match held.expiry {
+            Some(deadline) => Some(deadline.seen_live(wall)?),
+            None => None,
+        };
+        Some(RegisterState {
+            value: Some(Held { expiry, ..held }),
+            floor: self.floor,
+        })
     }
 
-    /// The state refined by "the version equals `expected`" (`None`: absent).
-    fn with_expected(self, expected: Option<u64>) -> Option<RegisterState> {
+    /// The state refined by "an operation within `wall` saw no value":
+    /// none was written, or the one written had expired.
+    fn seen_absent(self, wall: Wall) -> Option<RegisterState> {
+        let Some(held) = self.value else {
+            return Some(self);
+        };
+        let expiry = Some(held.expiry?.seen_expired(wall)?);
+        Some(RegisterState {
+            value: Some(Held { expiry, ..held }),
+            floor: self.floor,
+        })
+    }
+
+    /// The state refined by "the value is `current`" as seen within `wall`,
+    /// or `None`.
+    fn with_current(self, current: Option<(ValueId, u64)>, wall: Wall) -> Option<RegisterState> {
+        let Some((value, n)) = current else {
+            return self.seen_absent(wall);
+        };
+        if self.value?.value != value {
+            return None;
+        }
+        self.with_version(n)?.seen_live(wall)
+    }
+
+    /// The state refined by "the version equals `expected`" (`None`:
+    /// absent) as seen within `wall`.
+    fn with_expected(self, expected: Option<u64>, wall: Wall) -> Option<RegisterState> {
         match expected {
-            None => self.value.is_none().then_some(self),
-            Some(e) => self.with_version(e),
+            None => self.seen_absent(wall),
+            Some(e) => self.with_version(e)?.seen_live(wall),
         }
     }
 }
+
+/// A value a write leaves: what, and its deadline (`None`: never expires).
+type Written = (ValueId, Option<Deadline>);
 
 /// An operation as the model sees it (`None` index/outcome = unknown).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ModelOp {
     Read(Option<(ValueId, u64)>),
+    /// A Put, PutTtl, or a Swap whose outcome is unknown.
     Put {
-        value: ValueId,
+        value: Written,
         version: Option<u64>,
     },
     /// `result`: (existed, version) when known.
@@ -381,18 +553,40 @@ impl ModelOp {
 
 /// The state after a write of `value` (`None`: a delete) at log index
 /// `version`, which must be above every index already linearized.
-fn written(state: RegisterState, value: Option<ValueId>, version: u64) -> Option<RegisterState> {
+fn written(state: RegisterState, value: Option<Written>, version: u64) -> Option<RegisterState> {
     (version > state.floor).then_some(RegisterState {
-        value: value.map(|v| (v, Version::Known(version))),
+        value: value.map(|(value, expiry)| Held {
+            value,
+            version: Version::Known(version),
+            expiry,
+        }),
         floor: version,
     })
 }
 
-/// The next state if `op` can be linearized in `state`.
-fn step(state: RegisterState, op: ModelOp) -> Option<RegisterState> {
-    let unknown_after = |s: RegisterState| Version::Unknown { after: s.floor };
+/// The state after a write of unknown outcome (and so unknown index) that
+/// took effect, leaving `value`.
+fn written_unknown(state: RegisterState, value: Option<Written>) -> RegisterState {
+    RegisterState {
+        value: value.map(|(value, expiry)| Held {
+            value,
+            version: Version::Unknown {
+                after: state.floor,
+                before: u64::MAX,
+            },
+            expiry,
+        }),
+        floor: state.floor,
+    }
+}
+
+/// The next state if `op`, which ran within `wall`, can be linearized in
+/// `state`.
+fn step(state: RegisterState, op: ModelOp, wall: Wall) -> Option<RegisterState> {
+    // Plain writes (Put, Cas, Swap) leave values that never expire.
+    let lasting = |value: ValueId| (value, None);
     match op {
-        ModelOp::Read(current) => state.with_current(current),
+        ModelOp::Read(current) => state.with_current(current, wall),
         ModelOp::Put {
             value,
             version: Some(n),
@@ -400,55 +594,86 @@ fn step(state: RegisterState, op: ModelOp) -> Option<RegisterState> {
         ModelOp::Put {
             value,
             version: None,
-        } => Some(RegisterState {
-            value: Some((value, unknown_after(state))),
-            floor: state.floor,
-        }),
+        } => Some(written_unknown(state, Some(value))),
         ModelOp::Delete {
             result: Some((existed, n)),
-        } if existed == state.value.is_some() => written(state, None, n),
-        ModelOp::Delete { result: Some(_) } => None,
-        ModelOp::Delete { result: None } => Some(RegisterState {
-            value: None,
-            floor: state.floor,
-        }),
+        } => {
+            let seen = if existed {
+                state.seen_live(wall)?
+            } else {
+                state.seen_absent(wall)?
+            };
+            written(seen, None, n)
+        }
+        ModelOp::Delete { result: None } => Some(written_unknown(state, None)),
         ModelOp::Swap {
             observed,
             value,
             version,
-        } => written(state.with_current(observed)?, Some(value), version),
+        } => written(
+            state.with_current(observed, wall)?,
+            Some(lasting(value)),
+            version,
+        ),
         ModelOp::CasSucceeded {
             expected,
             new,
             version,
-        } => written(state.with_expected(expected)?, new, version),
+        } => written(
+            state.with_expected(expected, wall)?,
+            new.map(lasting),
+            version,
+        ),
         ModelOp::CasFailed {
             expected,
             version,
             current,
-        } => {
-            // The server must not report a failure when the comparison held.
-            if current.map(|(_, n)| n) == expected {
-                return None;
-            }
-            let refined = state.with_current(current)?;
-            if version <= refined.floor {
-                return None;
-            }
-            // `with_current` left the value's version known (or absent).
-            Some(RegisterState {
-                value: refined.value,
-                floor: version,
-            })
-        }
+        } => cas_failed(state, expected, version, current, wall),
         ModelOp::CasUnknown { expected, new } => {
-            let matched = state.with_expected(expected)?;
-            Some(RegisterState {
-                value: new.map(|v| (v, unknown_after(matched))),
-                floor: matched.floor,
-            })
+            // Linearized means it took effect and its condition held (one
+            // whose condition failed changed nothing: "never happened").
+            // `wall.end` is infinite, so an expected absence is always
+            // possible for an expiring value.
+            let matched = state.with_expected(expected, wall)?;
+            Some(written_unknown(matched, new.map(lasting)))
         }
     }
+}
+
+/// A Cas that failed: `current` is what the key held, its own log index is
+/// `version`; the state is unchanged but for what it learned.
+fn cas_failed(
+    state: RegisterState,
+    expected: Option<u64>,
+    version: u64,
+    current: Option<(ValueId, u64)>,
+    wall: Wall,
+) -> Option<RegisterState> {
+    // The server must not report a failure when the comparison held.
+    if current.map(|(_, n)| n) == expected {
+        return None;
+    }
+    let refined = state.with_current(current, wall)?;
+    if version <= refined.floor {
+        return None;
+    }
+    // `with_current` left the value's version known, or the value absent,
+    // or (seen expired) of unknown version: then it was written before this
+    // Cas, so its index is below this one.
+    let value = refined.value.map(|held| match held.version {
+        Version::Unknown { after, .. } => Held {
+            version: Version::Unknown {
+                after,
+                before: version,
+            },
+            ..held
+        },
+        Version::Known(_) => held,
+    });
+    Some(RegisterState {
+        value,
+        floor: version,
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -461,6 +686,7 @@ struct KeyOp {
     call: Tick,
     /// `None`: unknown outcome (return at infinity).
     ret: Option<Tick>,
+    wall: Wall,
     model: ModelOp,
 }
 
@@ -492,44 +718,58 @@ fn is_checked(op: &OpRecord) -> bool {
     }
 }
 
-fn model_op(op: &OpRecord, interner: &mut Interner) -> Result<ModelOp, HistoryError> {
-    let mismatch = || HistoryError {
-        op_id: op.id,
-        reason: format!(
-            "outcome {:?} does not belong to {:?}",
-            op.outcome, op.operation
-        ),
+/// The operation's wall-clock interval; an unknown outcome's ends at
+/// infinity, like its return.
+fn wall(op: &OpRecord) -> Result<Wall, HistoryError> {
+    let end = match op.outcome {
+        Outcome::Unknown => u64::MAX,
+        _ => op.completed_unix_ms,
     };
-    Ok(match (&op.operation, &op.outcome) {
+    if end < op.invoked_unix_ms {
+        // Expiry is judged by the wall clock; one that steps back voids
+        // the argument in the module documentation.
+        return Err(HistoryError {
+            op_id: op.id,
+            reason: format!(
+                "completed at unix ms {end}, before it was invoked at {}: the wall clock stepped back",
+                op.invoked_unix_ms
+            ),
+        });
+    }
+    Ok(Wall {
+        start: op.invoked_unix_ms,
+        end,
+    })
+}
+
+fn model_op(op: &OpRecord, interner: &mut Interner) -> Result<ModelOp, HistoryError> {
+    let wall = wall(op)?;
+    let model = match (&op.operation, &op.outcome) {
         (Operation::Get { .. }, Outcome::Ok(Returned::Value(v))) => {
-            ModelOp::Read(interner.versioned(v))
+            Some(ModelOp::Read(interner.versioned(v)))
         }
-        (Operation::Put { value }, Outcome::Ok(Returned::Written { version })) => ModelOp::Put {
-            value: interner.id(value),
-            version: Some(*version),
-        },
-        (Operation::Put { value }, Outcome::Unknown) => ModelOp::Put {
-            value: interner.id(value),
-            version: None,
-        },
+        (Operation::Put { value }, outcome) => put_model_op((interner.id(value), None), outcome),
+        (Operation::PutTtl { value, ttl_ms }, outcome) => {
+            let deadline = Deadline::of_write(wall, *ttl_ms);
+            put_model_op((interner.id(value), Some(deadline)), outcome)
+        }
         (Operation::Delete, Outcome::Ok(Returned::Deleted { existed, version })) => {
-            ModelOp::Delete {
+            Some(ModelOp::Delete {
                 result: Some((*existed, *version)),
-            }
+            })
         }
-        (Operation::Delete, Outcome::Unknown) => ModelOp::Delete { result: None },
+        (Operation::Delete, Outcome::Unknown) => Some(ModelOp::Delete { result: None }),
         (Operation::Swap { value }, Outcome::Ok(Returned::Swapped { old, version })) => {
-            ModelOp::Swap {
+            Some(ModelOp::Swap {
                 observed: interner.versioned(old),
                 value: interner.id(value),
                 version: *version,
-            }
+            })
         }
         // What it read is unknown too: only the write constrains.
-        (Operation::Swap { value }, Outcome::Unknown) => ModelOp::Put {
-            value: interner.id(value),
-            version: None,
-        },
+        (Operation::Swap { value }, Outcome::Unknown) => {
+            put_model_op((interner.id(value), None), &Outcome::Unknown)
+        }
         (
             Operation::Cas {
                 expected_version,
@@ -538,34 +778,64 @@ fn model_op(op: &OpRecord, interner: &mut Interner) -> Result<ModelOp, HistoryEr
             outcome,
         ) => {
             let new = new_value.as_ref().map(|v| interner.id(v));
-            match outcome {
-                Outcome::Ok(Returned::Cas {
-                    succeeded: true,
-                    version,
-                    ..
-                }) => ModelOp::CasSucceeded {
-                    expected: *expected_version,
-                    new,
-                    version: *version,
-                },
-                Outcome::Ok(Returned::Cas {
-                    succeeded: false,
-                    version,
-                    current,
-                }) => ModelOp::CasFailed {
-                    expected: *expected_version,
-                    version: *version,
-                    current: interner.versioned(current),
-                },
-                Outcome::Unknown => ModelOp::CasUnknown {
-                    expected: *expected_version,
-                    new,
-                },
-                _ => return Err(mismatch()),
-            }
+            cas_model_op(*expected_version, new, outcome, interner)
         }
-        _ => return Err(mismatch()),
+        _ => None,
+    };
+    model.ok_or_else(|| HistoryError {
+        op_id: op.id,
+        reason: format!(
+            "outcome {:?} does not belong to {:?}",
+            op.outcome, op.operation
+        ),
     })
+}
+
+/// A write of `value` (Put, PutTtl, an unknown Swap); `None`: the outcome
+/// does not belong to it.
+fn put_model_op(value: Written, outcome: &Outcome) -> Option<ModelOp> {
+    match outcome {
+        Outcome::Ok(Returned::Written { version }) => Some(ModelOp::Put {
+            value,
+            version: Some(*version),
+        }),
+        Outcome::Unknown => Some(ModelOp::Put {
+            value,
+            version: None,
+        }),
+        _ => None,
+    }
+}
+
+/// A Cas; `None`: the outcome does not belong to it.
+fn cas_model_op(
+    expected: Option<u64>,
+    new: Option<ValueId>,
+    outcome: &Outcome,
+    interner: &mut Interner,
+) -> Option<ModelOp> {
+    match outcome {
+        Outcome::Ok(Returned::Cas {
+            succeeded: true,
+            version,
+            ..
+        }) => Some(ModelOp::CasSucceeded {
+            expected,
+            new,
+            version: *version,
+        }),
+        Outcome::Ok(Returned::Cas {
+            succeeded: false,
+            version,
+            current,
+        }) => Some(ModelOp::CasFailed {
+            expected,
+            version: *version,
+            current: interner.versioned(current),
+        }),
+        Outcome::Unknown => Some(ModelOp::CasUnknown { expected, new }),
+        _ => None,
+    }
 }
 
 fn prepare(records: &[OpRecord]) -> Result<Vec<KeyOp>, HistoryError> {
@@ -581,6 +851,7 @@ fn prepare(records: &[OpRecord]) -> Result<Vec<KeyOp>, HistoryError> {
                     Outcome::Unknown => None,
                     _ => Some(op.completed_at),
                 },
+                wall: wall(op)?,
                 model: model_op(op, &mut interner)?,
             })
         })
@@ -719,7 +990,7 @@ fn search(ops: &[KeyOp], budget: &mut u64) -> KeyVerdict {
         };
         if let Some(node) = node.filter(|n| n.is_call) {
             let op = ops[node.op];
-            if let Some(next_state) = step(state, op.model) {
+            if let Some(next_state) = step(state, op.model, op.wall) {
                 let (word, bit) = (node.op / 64, 1u64 << (node.op % 64));
                 linearized[word] |= bit;
                 if seen.insert((linearized.clone(), next_state)) {
@@ -942,17 +1213,23 @@ pub struct FollowerReport {
 }
 
 /// A known write of one key: its log index, the value it left (`None`:
-/// deleted) and when it was invoked.
+/// deleted), when it was invoked and when that value expires (PutTtl).
 #[derive(Debug, Clone)]
 struct KnownWrite {
     version: u64,
     value: Option<Bytes>,
     invoked_at: Tick,
+    expiry: Option<Deadline>,
 }
 
 fn known_write(op: &OpRecord) -> Option<KnownWrite> {
+    let mut expiry = None;
     let (version, value) = match (&op.operation, &op.outcome) {
         (Operation::Put { value }, Outcome::Ok(Returned::Written { version })) => {
+            (*version, Some(value.clone()))
+        }
+        (Operation::PutTtl { value, ttl_ms }, Outcome::Ok(Returned::Written { version })) => {
+            expiry = Some(Deadline::of_write(wall(op).ok()?, *ttl_ms));
             (*version, Some(value.clone()))
         }
         (Operation::Delete, Outcome::Ok(Returned::Deleted { version, .. })) => (*version, None),
@@ -973,25 +1250,39 @@ fn known_write(op: &OpRecord) -> Option<KnownWrite> {
         version,
         value,
         invoked_at: op.invoked_at,
+        expiry,
     })
 }
 
-/// Whether `op` may have deleted its key with a log index above `above`.
-fn may_delete_above(op: &OpRecord, above: u64) -> bool {
-    let deletes = match &op.operation {
+/// Whether a value with `deadline` may count as expired to `read` (a read
+/// at time t sees it gone iff t + M >= deadline, t <= its completion).
+fn may_have_expired(deadline: Deadline, read: &OpRecord) -> bool {
+    deadline.lo <= read.completed_unix_ms.saturating_add(EXPIRY_MARGIN_MS)
+}
+
+/// Whether `op` may have left its key absent to `read` with a log index
+/// above `above`: a delete, or a PutTtl whose value may have expired by then.
+fn may_remove_above(op: &OpRecord, above: u64, read: &OpRecord) -> bool {
+    let removes = match &op.operation {
         Operation::Delete => true,
         Operation::Cas { new_value, .. } => new_value.is_none(),
+        Operation::PutTtl { ttl_ms, .. } => {
+            wall(op).is_ok_and(|wall| may_have_expired(Deadline::of_write(wall, *ttl_ms), read))
+        }
         _ => false,
     };
-    deletes
+    removes
         && match &op.outcome {
             Outcome::Unknown => true,
-            Outcome::Ok(Returned::Deleted { version, .. }) => *version > above,
-            Outcome::Ok(Returned::Cas {
-                succeeded: true,
-                version,
-                ..
-            }) => *version > above,
+            Outcome::Ok(
+                Returned::Deleted { version, .. }
+                | Returned::Written { version }
+                | Returned::Cas {
+                    succeeded: true,
+                    version,
+                    ..
+                },
+            ) => *version > above,
             _ => false,
         }
 }
@@ -1143,6 +1434,19 @@ fn check_returned_value(
         .ok()
         .map(|i| &key_writes[i]);
     if let Some(w) = source {
+        let served_late = w.expiry.is_some_and(|deadline| {
+            read.invoked_unix_ms.saturating_add(EXPIRY_MARGIN_MS) >= deadline.hi
+        });
+        if served_late {
+            reasons.push(format!(
+                "returned the value written at {} with a TTL, but the read began at \
+                 unix ms {}, when its deadline (by {} at the latest) less the margin \
+                 had passed",
+                got.version,
+                read.invoked_unix_ms,
+                w.expiry.map_or(0, |d| d.hi)
+            ));
+        }
         if w.value.as_ref() != Some(&got.value) {
             reasons.push(format!(
                 "returned {:?} at version {}, but that index wrote {:?}",
@@ -1168,9 +1472,13 @@ fn check_returned_absent(
     let Some(w) = bound.required(key_writes).filter(|w| w.value.is_some()) else {
         return Vec::new();
     };
-    let explained = history.ops.iter().any(|op| {
-        op.key == read.key && op.invoked_at < read.completed_at && may_delete_above(op, w.version)
-    });
+    let expired = w.expiry.is_some_and(|d| may_have_expired(d, read));
+    let explained = expired
+        || history.ops.iter().any(|op| {
+            op.key == read.key
+                && op.invoked_at < read.completed_at
+                && may_remove_above(op, w.version, read)
+        });
     if explained {
         return Vec::new();
     }

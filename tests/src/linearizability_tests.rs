@@ -31,8 +31,8 @@ fn cas_operation(expected: Option<u64>, new: Option<&str>) -> Operation {
     }
 }
 
-/// Hand-written histories: times are explicit ticks; `None` completion =
-/// unknown outcome.
+/// Hand-written histories: times are explicit ticks, which also serve as
+/// the wall clock (unix ms); `None` completion = unknown outcome.
 #[derive(Default)]
 struct Builder {
     ops: Vec<OpRecord>,
@@ -58,8 +58,38 @@ impl Builder {
             completed_at: span.1,
             invoked_ns: span.0,
             completed_ns: span.1,
+            invoked_unix_ms: span.0,
+            completed_unix_ms: span.1,
         });
         id
+    }
+
+    fn put_ttl(
+        &mut self,
+        p: ProcessId,
+        span: (Tick, Tick),
+        (value, ttl_ms): (&str, u64),
+        version: u64,
+    ) -> usize {
+        let value = Bytes::copy_from_slice(value.as_bytes());
+        self.op(
+            p,
+            KEY,
+            span,
+            Operation::PutTtl { value, ttl_ms },
+            Outcome::Ok(Returned::Written { version }),
+        )
+    }
+
+    fn put_ttl_unknown(&mut self, p: ProcessId, invoked: Tick, value: &str, ttl_ms: u64) -> usize {
+        let value = Bytes::copy_from_slice(value.as_bytes());
+        self.op(
+            p,
+            KEY,
+            (invoked, invoked + 1),
+            Operation::PutTtl { value, ttl_ms },
+            Outcome::Unknown,
+        )
     }
 
     fn put(&mut self, p: ProcessId, span: (Tick, Tick), value: &str, version: u64) -> usize {
@@ -586,7 +616,8 @@ struct Shape {
 /// A history of `shape.ops` operations of `shape.processes` clients that
 /// each wait for one reply before the next call, with random durations; each
 /// operation takes effect at a random point of its interval, in a real
-/// sequential execution of the store (global log index per write).
+/// sequential execution of the store (global log index per write), and
+/// values written with a TTL expire as the server's do (see [`SimStore`]).
 fn generate(seed: u64, shape: &Shape) -> History {
     struct Planned {
         process: ProcessId,
@@ -619,14 +650,13 @@ fn generate(seed: u64, shape: &Shape) -> History {
     let mut order: Vec<usize> = (0..planned.len()).collect();
     order.sort_by_key(|&i| (planned[i].point, planned[i].tiebreak));
 
-    let mut store: HashMap<Bytes, Versioned> = HashMap::new();
-    let mut log_index = 0u64;
+    let mut store = SimStore::default();
+    let mut last_stamp: Tick = 0;
     let mut ops = Vec::with_capacity(planned.len());
     for (n, &i) in order.iter().enumerate() {
         let plan = &planned[i];
         let key = Bytes::from(format!("key-{}", rng.below(shape.keys)));
         let value = Bytes::from(format!("p{}-{n}", plan.process));
-        let now = store.get(&key).cloned();
         let kind = rng.below(100);
         let operation = match kind {
             0..40 => Operation::Get {
@@ -636,93 +666,37 @@ fn generate(seed: u64, shape: &Shape) -> History {
                     Consistency::Linearizable
                 },
             },
-            40..65 => Operation::Put { value },
+            40..55 => Operation::Put { value },
+            55..65 => Operation::PutTtl {
+                value,
+                ttl_ms: M + 1 + rng.below(200),
+            },
             65..75 => Operation::Delete,
             90.. => Operation::Swap { value },
             _ => Operation::Cas {
                 expected_version: match rng.below(10) {
-                    0..6 => now.as_ref().map(|v| v.version),
+                    0..6 => store.version(&key),
                     6..8 => None,
-                    _ => Some(rng.below(log_index + 2)),
+                    _ => Some(rng.below(store.log_index + 2)),
                 },
                 new_value: (!rng.chance(200)).then_some(value),
             },
         };
+        // A read decides when it is served, at its point in the order; a
+        // write decides at its stamp, from its call to its point (the server
+        // stamps at proposal and orders at commit), stamps rising in log
+        // order as on one leader's clock. The clock is the tick.
+        let decided = if operation.is_read() {
+            plan.point
+        } else {
+            let stamp = (plan.call + rng.below(plan.point - plan.call + 1)).max(last_stamp);
+            last_stamp = stamp;
+            stamp
+        };
         let unknown = !operation.is_read() && rng.chance(shape.unknown_permille);
         let failed = !operation.is_read() && !unknown && rng.chance(shape.fail_permille);
         let applied = !failed && (!unknown || rng.chance(500));
-        let returned = if applied {
-            Some(match &operation {
-                Operation::Get { .. } => Returned::Value(now),
-                Operation::Put { value } => {
-                    log_index += 1;
-                    store.insert(
-                        key.clone(),
-                        Versioned {
-                            value: value.clone(),
-                            version: log_index,
-                        },
-                    );
-                    Returned::Written { version: log_index }
-                }
-                Operation::Delete => {
-                    log_index += 1;
-                    Returned::Deleted {
-                        existed: store.remove(&key).is_some(),
-                        version: log_index,
-                    }
-                }
-                Operation::Swap { value } => {
-                    log_index += 1;
-                    store.insert(
-                        key.clone(),
-                        Versioned {
-                            value: value.clone(),
-                            version: log_index,
-                        },
-                    );
-                    Returned::Swapped {
-                        old: now,
-                        version: log_index,
-                    }
-                }
-                Operation::Cas {
-                    expected_version,
-                    new_value,
-                } => {
-                    log_index += 1;
-                    if now.as_ref().map(|v| v.version) == *expected_version {
-                        match new_value {
-                            Some(value) => {
-                                store.insert(
-                                    key.clone(),
-                                    Versioned {
-                                        value: value.clone(),
-                                        version: log_index,
-                                    },
-                                );
-                            }
-                            None => {
-                                store.remove(&key);
-                            }
-                        }
-                        Returned::Cas {
-                            succeeded: true,
-                            version: log_index,
-                            current: None,
-                        }
-                    } else {
-                        Returned::Cas {
-                            succeeded: false,
-                            version: log_index,
-                            current: now,
-                        }
-                    }
-                }
-            })
-        } else {
-            None
-        };
+        let returned = applied.then(|| store.apply(&key, &operation, decided));
         let outcome = match (unknown, failed, returned) {
             (true, _, _) => Outcome::Unknown,
             (_, true, _) => Outcome::Fail,
@@ -739,18 +713,104 @@ fn generate(seed: u64, shape: &Shape) -> History {
             completed_at: plan.ret,
             invoked_ns: plan.call,
             completed_ns: plan.ret,
+            invoked_unix_ms: plan.call,
+            completed_unix_ms: plan.ret,
         });
     }
     ops.sort_by_key(|op| op.invoked_at);
     History::from_records(ops)
 }
 
+/// The store of [`generate`]: one global log index; values may carry a
+/// deadline, and an operation sees a value gone once its decision time plus
+/// the margin reaches that deadline, as the server does.
+#[derive(Default)]
+struct SimStore {
+    log_index: u64,
+    /// Key -> value and deadline (`None`: never expires).
+    pairs: HashMap<Bytes, (Versioned, Option<u64>)>,
+}
+
+impl SimStore {
+    /// The key's value as an operation deciding at `at` sees it.
+    fn live(&self, key: &Bytes, at: Tick) -> Option<Versioned> {
+        let (value, deadline) = self.pairs.get(key)?;
+        deadline
+            .is_none_or(|deadline| at + M < deadline)
+            .then(|| value.clone())
+    }
+
+    /// The version last written, expired or not (what a client that saw it
+    /// would expect).
+    fn version(&self, key: &Bytes) -> Option<u64> {
+        self.pairs.get(key).map(|(v, _)| v.version)
+    }
+
+    fn write(&mut self, key: &Bytes, value: Option<(Bytes, Option<u64>)>) -> u64 {
+        self.log_index += 1;
+        match value {
+            Some((value, deadline)) => {
+                let version = self.log_index;
+                self.pairs
+                    .insert(key.clone(), (Versioned { value, version }, deadline));
+            }
+            None => {
+                self.pairs.remove(key);
+            }
+        }
+        self.log_index
+    }
+
+    /// Applies `operation`, which decides at `at`, in log order.
+    fn apply(&mut self, key: &Bytes, operation: &Operation, at: Tick) -> Returned {
+        let now = self.live(key, at);
+        match operation {
+            Operation::Get { .. } => Returned::Value(now),
+            Operation::Put { value } => Returned::Written {
+                version: self.write(key, Some((value.clone(), None))),
+            },
+            Operation::PutTtl { value, ttl_ms } => Returned::Written {
+                version: self.write(key, Some((value.clone(), Some(at + ttl_ms)))),
+            },
+            Operation::Delete => Returned::Deleted {
+                existed: now.is_some(),
+                version: self.write(key, None),
+            },
+            Operation::Swap { value } => Returned::Swapped {
+                old: now,
+                version: self.write(key, Some((value.clone(), None))),
+            },
+            Operation::Cas {
+                expected_version,
+                new_value,
+            } => {
+                if now.as_ref().map(|v| v.version) == *expected_version {
+                    let new = new_value.clone().map(|value| (value, None));
+                    Returned::Cas {
+                        succeeded: true,
+                        version: self.write(key, new),
+                        current: None,
+                    }
+                } else {
+                    self.log_index += 1;
+                    Returned::Cas {
+                        succeeded: false,
+                        version: self.log_index,
+                        current: now,
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// A write that left a value or removed it, with a known log index.
 fn known_state_change(op: &OpRecord) -> Option<(u64, Option<Bytes>)> {
     match (&op.operation, &op.outcome) {
-        (Operation::Put { value }, Outcome::Ok(Returned::Written { version })) => {
-            Some((*version, Some(value.clone())))
-        }
+        (
+            Operation::Put { value } | Operation::PutTtl { value, .. },
+            Outcome::Ok(Returned::Written { version }),
+        ) => Some((*version, Some(value.clone()))),
         (Operation::Delete, Outcome::Ok(Returned::Deleted { version, .. })) => {
             Some((*version, None))
         }
@@ -809,6 +869,80 @@ fn plant_stale_read(history: &mut History, rng: &mut Rng) -> Option<usize> {
         return Some(read_id);
     }
     None
+}
+
+/// Replaces one linearizable read's result by the value of a PutTtl whose
+/// deadline, less the margin, had passed for certain when the read began;
+/// returns the read's id.
+fn plant_late_read(history: &mut History, rng: &mut Rng) -> Option<usize> {
+    let expired: Vec<(Bytes, u64, Versioned)> = history
+        .ops
+        .iter()
+        .filter_map(|op| match (&op.operation, &op.outcome) {
+            (Operation::PutTtl { value, ttl_ms }, Outcome::Ok(Returned::Written { version })) => {
+                let versioned = Versioned {
+                    value: value.clone(),
+                    version: *version,
+                };
+                Some((op.key.clone(), op.completed_unix_ms + ttl_ms, versioned))
+            }
+            _ => None,
+        })
+        .collect();
+    let start = rng.below(history.ops.len().max(1) as u64) as usize;
+    let count = history.ops.len();
+    for read_id in (0..count).cycle().skip(start).take(count) {
+        let read = &history.ops[read_id];
+        if !matches!(
+            (&read.operation, &read.outcome),
+            (Operation::Get { .. }, Outcome::Ok(_))
+        ) {
+            continue;
+        }
+        let late = expired.iter().find(|(key, latest_deadline, _)| {
+            *key == read.key && read.invoked_unix_ms + M >= *latest_deadline
+        });
+        if let Some((_, _, versioned)) = late {
+            history.ops[read_id].outcome = Outcome::Ok(Returned::Value(Some(versioned.clone())));
+            return Some(read_id);
+        }
+    }
+    None
+}
+
+#[test]
+fn random_histories_with_expiry_pass_and_planted_late_reads_are_caught() {
+    let shape = Shape {
+        processes: 4,
+        keys: 3,
+        ops: 300,
+        unknown_permille: 60,
+        fail_permille: 30,
+    };
+    let mut planted = 0;
+    for seed in 100..140u64 {
+        let mut history = generate(seed, &shape);
+        let verdict = check_history(&history, CheckOptions::default()).expect("well-formed");
+        assert_eq!(verdict, Verdict::Linearizable, "seed {seed}: {verdict}");
+        let mut rng = Rng(seed ^ 0x1a7e);
+        let Some(read) = plant_late_read(&mut history, &mut rng) else {
+            continue;
+        };
+        planted += 1;
+        match check_history(&history, CheckOptions::default()).expect("well-formed") {
+            Verdict::NotLinearizable(violation) => {
+                assert!(
+                    violation.witness.iter().any(|op| op.id == read),
+                    "seed {seed}: the planted read #{read} is not in the witness:\n{violation}"
+                );
+            }
+            other => panic!("seed {seed}: planted late read #{read} not caught: {other}"),
+        }
+    }
+    assert!(
+        planted >= 30,
+        "only {planted} histories had a read to plant"
+    );
 }
 
 #[test]
@@ -933,4 +1067,204 @@ fn two_swaps_that_read_the_same_value_are_not_linearizable() {
     let first = b.swap(2, (2, 10), "b", (Some(("a", 1)), 2));
     let second = b.swap(3, (3, 11), "c", (Some(("a", 1)), 3));
     assert_violation(&b, &[first, second]);
+}
+
+// ---- expiry (ticks double as unix ms; M = the expiry margin) ----
+
+const M: u64 = EXPIRY_MARGIN_MS;
+
+#[test]
+fn a_correct_interleaving_around_the_deadline_passes() {
+    let mut b = Builder::default();
+    // Deadline in [200, 210]: live to a read at t iff t + M < deadline.
+    b.put_ttl(1, (0, 10), ("a", 200), 1);
+    b.get(2, (100, 105), Some(("a", 1)));
+    // Began before 210 - M: may have been served before the deadline.
+    b.get(3, (140, 170), Some(("a", 1)));
+    // Ended at 150 = 200 - M: may have been served when it was gone.
+    b.delete(2, (140, 150), false, 2);
+    b.get(3, (190, 195), None);
+    // A plain put never expires.
+    b.put(1, (200, 210), "b", 3);
+    b.get(2, (5_000, 5_001), Some(("b", 3)));
+    // A Cas takes an expiring value that is still live, leaving one that
+    // does not expire; a failed Cas and a Cas expecting absence see the
+    // next one gone.
+    b.put_ttl(1, (6_000, 6_005), ("c", 100), 4);
+    b.cas(2, (6_020, 6_030), (Some(4), Some("d")), (true, 5, None));
+    b.get(3, (9_000, 9_001), Some(("d", 5)));
+    b.put_ttl(1, (10_000, 10_001), ("e", 100), 6);
+    b.cas(2, (10_040, 10_050), (Some(6), Some("f")), (false, 7, None));
+    b.cas(3, (10_060, 10_070), (None, Some("g")), (true, 8, None));
+    b.get(1, (10_100, 10_101), Some(("g", 8)));
+    assert_linearizable(&b);
+}
+
+#[test]
+fn a_value_served_past_its_deadline_is_a_violation() {
+    // Deadline at most 210: a read that began at 210 - M cannot see it.
+    let mut ok = Builder::default();
+    ok.put_ttl(1, (0, 10), ("a", 200), 1);
+    ok.get(2, (210 - M - 1, 300), Some(("a", 1)));
+    assert_linearizable(&ok);
+
+    let mut late = Builder::default();
+    late.put_ttl(1, (0, 10), ("a", 200), 1);
+    let read = late.get(2, (210 - M, 300), Some(("a", 1)));
+    assert_violation(&late, &[read]);
+
+    // A Delete that found it, a Swap that read it: the same.
+    let mut b = Builder::default();
+    b.put_ttl(1, (0, 10), ("a", 200), 1);
+    let delete = b.delete(2, (400, 401), true, 2);
+    assert_violation(&b, &[delete]);
+    let mut b = Builder::default();
+    b.put_ttl(1, (0, 10), ("a", 200), 1);
+    let swap = b.swap(2, (400, 401), "b", (Some(("a", 1)), 2));
+    assert_violation(&b, &[swap]);
+}
+
+#[test]
+fn a_key_expired_too_early_is_a_violation() {
+    // Deadline at least 200: absent only to an operation that ended at or
+    // after 200 - M.
+    let mut ok = Builder::default();
+    ok.put_ttl(1, (0, 10), ("a", 200), 1);
+    ok.get(2, (100, 200 - M), None);
+    assert_linearizable(&ok);
+
+    let mut early = Builder::default();
+    early.put_ttl(1, (0, 10), ("a", 200), 1);
+    let read = early.get(2, (100, 200 - M - 1), None);
+    assert_violation(&early, &[read]);
+
+    let mut b = Builder::default();
+    b.put_ttl(1, (0, 10), ("a", 200), 1);
+    let delete = b.delete(2, (20, 30), false, 2);
+    assert_violation(&b, &[delete]);
+    let mut b = Builder::default();
+    b.put_ttl(1, (0, 10), ("a", 200), 1);
+    let cas = b.cas(2, (20, 30), (None, Some("b")), (true, 2, None));
+    assert_violation(&b, &[cas]);
+}
+
+#[test]
+fn a_value_seen_again_after_it_was_seen_expired_is_a_resurrection() {
+    // The put took 100 ms: the deadline is in [200, 300], so each read
+    // alone is explainable.
+    let mut b = Builder::default();
+    b.put_ttl(1, (0, 100), ("a", 200), 1);
+    let gone = b.get(2, (170, 175), None);
+    let back = b.get(3, (180, 185), Some(("a", 1)));
+    let violation = assert_violation(&b, &[gone, back]);
+    assert_eq!(violation.culprit.map(|op| op.id), Some(back));
+
+    let mut alone = Builder::default();
+    alone.put_ttl(1, (0, 100), ("a", 200), 1);
+    alone.get(3, (180, 185), Some(("a", 1)));
+    assert_linearizable(&alone);
+
+    // A Cas that began after the read completed cannot find it live.
+    let mut b = Builder::default();
+    b.put_ttl(1, (0, 100), ("a", 200), 1);
+    b.get(2, (170, 175), None);
+    let cas = b.cas(3, (176, 180), (Some(1), Some("b")), (true, 2, None));
+    assert_violation(&b, &[cas]);
+}
+
+#[test]
+fn a_read_that_saw_it_expired_and_an_overlapping_write_that_saw_it_live_pass() {
+    // The server decides a write at its stamp (when proposed) but orders it
+    // at commit: a read served in between, at 151 (151 + M >= 200), saw the
+    // value gone; the Cas stamped at 148 (148 + M < 200) found it live and
+    // comes after the read in the log. See "Expiry" in the module doc.
+    let mut b = Builder::default();
+    b.put_ttl(1, (0, 10), ("a", 200), 1);
+    b.get(2, (150, 152), None);
+    b.cas(3, (145, 160), (Some(1), Some("b")), (true, 3, None));
+    b.get(2, (170, 171), Some(("b", 3)));
+    assert_linearizable(&b);
+}
+
+#[test]
+fn an_unknown_put_ttl_may_land_late_or_never_but_not_expire_early() {
+    let mut b = Builder::default();
+    b.put_ttl_unknown(1, 0, "a", 200);
+    b.get(2, (10, 20), None);
+    // Stamped late (its reply was lost): still live long after.
+    b.get(3, (1_000, 1_001), Some(("a", 1)));
+    b.get(2, (5_000, 5_001), None);
+    assert_linearizable(&b);
+
+    let mut never = Builder::default();
+    never.put_ttl_unknown(1, 0, "a", 200);
+    never.get(2, (5_000, 5_001), None);
+    assert_linearizable(&never);
+
+    // Stamped at 0 at the earliest: it cannot be gone at 100.
+    let mut early = Builder::default();
+    early.put_ttl_unknown(1, 0, "a", 200);
+    early.get(2, (10, 20), Some(("a", 1)));
+    let read = early.get(2, (30, 100), None);
+    assert_violation(&early, &[read]);
+}
+
+#[test]
+fn an_unknown_cas_expecting_absence_may_count_an_expiring_value_gone() {
+    let mut b = Builder::default();
+    b.put_ttl(1, (0, 10), ("a", 200), 1);
+    b.cas_unknown(2, 20, (None, Some("b")));
+    b.get(3, (500, 501), Some(("b", 2)));
+    assert_linearizable(&b);
+
+    // A value that never expires: that Cas could not have succeeded.
+    let mut lasting = Builder::default();
+    lasting.put(1, (0, 10), "a", 1);
+    lasting.cas_unknown(2, 20, (None, Some("b")));
+    let read = lasting.get(3, (500, 501), Some(("b", 2)));
+    assert_violation(&lasting, &[read]);
+}
+
+#[test]
+fn follower_reads_of_an_expiring_value() {
+    let mut b = Builder::default();
+    b.put_ttl(1, (0, 10), ("a", 200), 1);
+    b.follower_get(2, KEY, (100, 101), 0, Some(("a", 1)));
+    // Absent with no lag allowed: explained by the expiry.
+    b.follower_get(2, KEY, (300, 301), 0, None);
+    let late = b.follower_get(2, KEY, (210 - M, 300), 0, Some(("a", 1)));
+    let early = b.follower_get(2, KEY, (20, 30), 0, None);
+    // A plain put does not expire.
+    b.put(1, (400, 401), "b", 2);
+    let lost = b.follower_get(2, KEY, (500, 501), 0, None);
+    let report = check_follower_reads(&b.history());
+    let ids: Vec<usize> = report.violations.iter().map(|v| v.read.id).collect();
+    assert_eq!(ids, vec![late, early, lost], "{:?}", report.violations);
+}
+
+#[test]
+fn a_wall_clock_that_steps_back_is_reported() {
+    let mut b = Builder::default();
+    let put = b.put(1, (10, 20), "a", 1);
+    b.ops[put].completed_unix_ms = 5;
+    let error = check_history(&b.history(), CheckOptions::default()).unwrap_err();
+    assert_eq!(error.op_id, put);
+}
+
+#[test]
+fn a_failed_cas_that_saw_an_unknown_value_expired_bounds_its_index() {
+    // "w" never expires, so the Cas (index 5) finding the key absent means
+    // the unknown put landed before it and had expired: its index is below
+    // 5, whatever a read overlapping the Cas reveals.
+    let history = |revealed: u64| {
+        let mut b = Builder::default();
+        b.put(1, (0, 10), "w", 1);
+        b.put_ttl_unknown(2, 20, "v", 100);
+        b.cas(3, (200, 210), (Some(1), Some("x")), (false, 5, None));
+        let read = b.get(4, (205, 215), Some(("v", revealed)));
+        (b, read)
+    };
+    assert_linearizable(&history(4).0);
+    let (after, read) = history(10);
+    assert_violation(&after, &[read]);
 }

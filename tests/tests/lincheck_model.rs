@@ -2,7 +2,9 @@
 //! concurrent tokio tasks record operations against in-process model stores.
 //!
 //! - An atomic store (one mutex, one global log index) must be judged
-//!   linearizable, including writes whose outcome is dropped as unknown.
+//!   linearizable, including writes whose outcome is dropped as unknown and
+//!   values written with a TTL that expire during the run (by the wall
+//!   clock and the servers' margin rule).
 //! - A lagging replica (reads served from the state at an applied index up
 //!   to `LAG` entries behind the log) passes the follower check at bound
 //!   `LAG`, fails it at bound 0, and read as `Linearizable` is caught.
@@ -13,6 +15,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rdkv_client::{Consistency, Versioned};
+use rdkv_fabric::clock::unix_now_ms;
+use rdkv_proto::region::EXPIRY_MARGIN_MS;
 use rdkv_tests::history::{Operation, Outcome, Recorder, Returned};
 use rdkv_tests::linearizability::{CheckOptions, Verdict, check_follower_reads, check_history};
 use rdkv_tests::stress_value::splitmix64;
@@ -20,23 +24,38 @@ use rdkv_tests::stress_value::splitmix64;
 const TASKS: u64 = 4;
 const OPS_PER_TASK: u64 = 150;
 const KEYS: u64 = 3;
+/// Keys beyond those, taking half of the operations: each is written only
+/// every few tens of ms, so that TTLs run out before the next write.
+const QUIET_KEYS: u64 = 16;
 const LAG: u64 = 6;
 
+/// A write: its index, the value (`None`: deleted) and its deadline (unix
+/// ms; `None`: never expires).
+type LogWrite = (u64, Option<Bytes>, Option<u64>);
+
 /// A log-structured store: every write is one log entry; each key keeps the
-/// (index, value) history of its writes so that the state at any applied
-/// index can be read.
+/// history of its writes so that the state at any applied index can be
+/// read. A value with a deadline counts as gone from `deadline - margin`
+/// on, by the wall clock, as on the servers.
 #[derive(Default)]
 struct LogStore {
     last_index: u64,
-    writes: HashMap<Bytes, Vec<(u64, Option<Bytes>)>>,
+    writes: HashMap<Bytes, Vec<LogWrite>>,
+    /// Operations that found a value gone by its deadline (the workload
+    /// must make some, or expiry went unchecked).
+    expired_seen: std::cell::Cell<u64>,
 }
 
 impl LogStore {
     fn at(&self, key: &Bytes, applied: u64) -> Option<Versioned> {
         let writes = self.writes.get(key)?;
-        let position = writes.partition_point(|(index, _)| *index <= applied);
-        let (version, value) = writes.get(position.checked_sub(1)?)?;
-        value.clone().map(|value| Versioned {
+        let position = writes.partition_point(|(index, ..)| *index <= applied);
+        let (version, value, deadline) = writes.get(position.checked_sub(1)?)?;
+        let live = deadline.is_none_or(|d| unix_now_ms() + EXPIRY_MARGIN_MS < d);
+        if value.is_some() && !live {
+            self.expired_seen.set(self.expired_seen.get() + 1);
+        }
+        value.clone().filter(|_| live).map(|value| Versioned {
             value,
             version: *version,
         })
@@ -46,12 +65,23 @@ impl LogStore {
         self.at(key, self.last_index)
     }
 
+    /// The version of the key's last write, expired or not: what a client
+    /// that read it before it expired would expect.
+    fn last_version(&self, key: &Bytes) -> Option<u64> {
+        let (version, value, _) = self.writes.get(key)?.last()?;
+        value.as_ref().map(|_| *version)
+    }
+
     fn write(&mut self, key: &Bytes, value: Option<Bytes>) -> u64 {
+        self.write_until(key, value, None)
+    }
+
+    fn write_until(&mut self, key: &Bytes, value: Option<Bytes>, deadline: Option<u64>) -> u64 {
         self.last_index += 1;
         self.writes
             .entry(key.clone())
             .or_default()
-            .push((self.last_index, value));
+            .push((self.last_index, value, deadline));
         self.last_index
     }
 
@@ -65,6 +95,9 @@ impl LogStore {
             }),
             Operation::Put { value } => Returned::Written {
                 version: self.write(key, Some(value.clone())),
+            },
+            Operation::PutTtl { value, ttl_ms } => Returned::Written {
+                version: self.write_until(key, Some(value.clone()), Some(unix_now_ms() + ttl_ms)),
             },
             Operation::Delete => {
                 let existed = self.current(key).is_some();
@@ -113,7 +146,11 @@ enum Reads {
     Lagging,
 }
 
-async fn run_workload(reads: Reads, consistency: Consistency) -> rdkv_tests::history::History {
+/// The recorded history, and how many operations found a value expired.
+async fn run_workload(
+    reads: Reads,
+    consistency: Consistency,
+) -> (rdkv_tests::history::History, u64) {
     let recorder = Recorder::new();
     let store = Arc::new(Mutex::new(LogStore::default()));
     let mut tasks = Vec::new();
@@ -127,16 +164,26 @@ async fn run_workload(reads: Reads, consistency: Consistency) -> rdkv_tests::his
                 rng
             };
             for n in 0..OPS_PER_TASK {
-                let key = Bytes::from(format!("key-{}", next() % KEYS));
+                let k = if next().is_multiple_of(2) {
+                    next() % KEYS
+                } else {
+                    KEYS + next() % QUIET_KEYS
+                };
+                let key = Bytes::from(format!("key-{k}"));
                 let last_seen = store
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .current(&key)
-                    .map(|v| v.version);
+                    .last_version(&key);
                 let value = Bytes::from(format!("p{process}-{n}"));
                 let operation = match next() % 10 {
                     0..5 => Operation::Get { consistency },
-                    5..7 => Operation::Put { value },
+                    5 => Operation::Put { value },
+                    // Short TTLs (a run lasts a few hundred ms), above the
+                    // margin, so that values expire mid-run.
+                    6 => Operation::PutTtl {
+                        value,
+                        ttl_ms: EXPIRY_MARGIN_MS + 1 + next() % 40,
+                    },
                     7 => Operation::Delete,
                     _ => Operation::Cas {
                         expected_version: last_seen,
@@ -170,12 +217,19 @@ async fn run_workload(reads: Reads, consistency: Consistency) -> rdkv_tests::his
     for task in tasks {
         task.await.expect("workload task");
     }
-    recorder.history()
+    let expired_seen = store
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .expired_seen
+        .get();
+    (recorder.history(), expired_seen)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_atomic_store_is_linearizable() {
-    let history = run_workload(Reads::Atomic, Consistency::Linearizable).await;
+    let (history, expired_seen) = run_workload(Reads::Atomic, Consistency::Linearizable).await;
+    println!("{expired_seen} operations found a value expired");
+    assert!(expired_seen > 0, "no value expired during the run");
     assert_eq!(history.ops.len() as u64, TASKS * OPS_PER_TASK);
     assert!(
         history.ops.iter().any(|op| op.outcome == Outcome::Unknown),
@@ -190,7 +244,7 @@ async fn a_lagging_replica_meets_its_follower_bound_and_is_not_linearizable() {
     let follower = Consistency::Follower {
         max_lag_entries: LAG,
     };
-    let history = run_workload(Reads::Lagging, follower).await;
+    let (history, _) = run_workload(Reads::Lagging, follower).await;
     let report = check_follower_reads(&history);
     assert!(report.reads_checked > 100, "{}", report.reads_checked);
     assert!(report.violations.is_empty(), "{:?}", report.violations);

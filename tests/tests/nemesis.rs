@@ -1,8 +1,9 @@
-//! Randomized fault suite, Jepsen style: clients do get/put/cas/delete and
-//! read-then-write transactions (MULTI/EXEC's native form) on a few keys at
-//! every consistency level while a nemesis partitions, pauses, kills and
-//! restarts nodes and slows disks; the recorded history must be
-//! linearizable (Linearizable and Lease reads, all writes) and every
+//! Randomized fault suite, Jepsen style: clients do get/put/cas/delete,
+//! puts with a TTL of a few hundred ms and read-then-write transactions
+//! (MULTI/EXEC's native form) on a few hot keys and many quiet ones (where
+//! the TTLs run out) at every consistency level while a nemesis partitions,
+//! pauses, kills and restarts nodes and slows disks; the recorded history
+//! must be linearizable (Linearizable and Lease reads, all writes) and every
 //! Follower read within its lag bound. Each fault must be seen to take
 //! effect, each scenario must have served reads one-sided (all recorded and
 //! checked), and partitions must be real (network namespaces): under CI a
@@ -13,6 +14,7 @@
 //! suite appends one markdown table row per scenario to that file (the table
 //! in `docs/reliability.md` comes from such a run).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -20,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use bytes::Bytes;
 use rdkv_client::{ClientOptions, Consistency, Transport};
-use rdkv_tests::history::{Operation, Outcome, Recorder, RecordingClient};
+use rdkv_tests::history::{History, Operation, Outcome, Recorder, RecordingClient, Returned, Tick};
 use rdkv_tests::linearizability::{
     CheckOptions, Verdict, check_follower_reads_within, check_history,
 };
@@ -30,9 +32,16 @@ use rdkv_tests::{Cluster, Intent, check, client_options, eventually};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(30);
 const CLIENTS: u64 = 4;
+/// Keys every client hammers: contention for the checker.
 const KEYS: u64 = 3;
+/// Keys beyond those, taking half of the operations: each is written only
+/// every few hundred ms, so that TTLs run out before the next write.
+const QUIET_KEYS: u64 = 64;
 const FOLLOWER_LAG: u64 = 50;
 const FOLLOWER_FRESHNESS_NS: u64 = 1_000_000_000;
+/// TTLs of puts that expire: well above the expiry margin (50 ms), short
+/// enough that keys expire while the clients still use them.
+const TTL_MS: std::ops::Range<u64> = 100..600;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Scenario {
@@ -254,11 +263,15 @@ async fn worker(
     counts: Arc<Counts>,
 ) {
     let mut state = splitmix64(process + 1);
-    let mut seen: [Option<u64>; KEYS as usize] = [None; KEYS as usize];
+    let mut seen = [None; (KEYS + QUIET_KEYS) as usize];
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
         state = splitmix64(state);
-        let k = (state % KEYS) as usize;
+        let k = if (state >> 40).is_multiple_of(2) {
+            state % KEYS
+        } else {
+            KEYS + state % QUIET_KEYS
+        } as usize;
         let key = Bytes::from(format!("{prefix}/k{k}"));
         let choice = (state >> 8) % 100;
         n += 1;
@@ -283,7 +296,15 @@ async fn worker(
                 )
                 .await
                 .is_ok(),
-            55..=79 => client.put(key, value).await.is_ok(),
+            55..=69 => client.put(key, value).await.is_ok(),
+            70..=79 => {
+                let ttl_ms = TTL_MS.start + (state >> 24) % (TTL_MS.end - TTL_MS.start);
+                client
+                    .put_with_ttl(key, value, Duration::from_millis(ttl_ms))
+                    .await
+                    .map(|version| seen[k] = Some(version))
+                    .is_ok()
+            }
             // A transaction (MULTI/EXEC's native form): read, then write.
             90..=94 => client
                 .swap(key, value)
@@ -310,6 +331,50 @@ async fn worker(
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// Reads that found their key absent although the newest write of it
+/// acknowledged before they began was a put with a TTL: keys seen expiring
+/// (a concurrent delete can explain a few; the count only shows that
+/// expiry was exercised, the checkers judge it).
+fn reads_of_expired_keys(history: &History) -> usize {
+    // (completion, key, version, with a TTL) of every acknowledged write
+    // that set or removed the key's value, in order of completion.
+    let mut writes: Vec<(Tick, &Bytes, u64, bool)> = history
+        .ops
+        .iter()
+        .filter_map(|op| match &op.outcome {
+            Outcome::Ok(Returned::Cas {
+                succeeded: false, ..
+            })
+            | Outcome::Ok(Returned::Value(_)) => None,
+            Outcome::Ok(returned) => Some((
+                op.completed_at,
+                &op.key,
+                returned.committed_index()?,
+                matches!(op.operation, Operation::PutTtl { .. }),
+            )),
+            _ => None,
+        })
+        .collect();
+    writes.sort_unstable_by_key(|w| w.0);
+    let mut newest: HashMap<&Bytes, (u64, bool)> = HashMap::new();
+    let mut next = writes.iter().peekable();
+    let mut count = 0;
+    // The history is in order of invocation.
+    for read in &history.ops {
+        while let Some(&(_, key, version, ttl)) = next.next_if(|w| w.0 < read.invoked_at) {
+            let entry = newest.entry(key).or_insert((version, ttl));
+            if version >= entry.0 {
+                *entry = (version, ttl);
+            }
+        }
+        let absent = read.outcome == Outcome::Ok(Returned::Value(None));
+        if absent && newest.get(&read.key).is_some_and(|&(_, ttl)| ttl) {
+            count += 1;
+        }
+    }
+    count
 }
 
 struct Row {
@@ -382,7 +447,7 @@ async fn run_scenario(cluster: &mut Cluster, scenario: Scenario, round: usize) -
     cluster.heal().await?;
     current_leader(cluster).await?;
     let reader = recorder.client(cluster.client(Intent::Via(&members))?, CLIENTS);
-    for k in 0..KEYS {
+    for k in 0..KEYS + QUIET_KEYS {
         reader
             .get(format!("{prefix}/k{k}"), Consistency::Linearizable)
             .await
@@ -431,9 +496,10 @@ async fn run_scenario(cluster: &mut Cluster, scenario: Scenario, round: usize) -
         // (the final linearizable reads cannot be explained).
         lost: usize::from(!matches!(verdict, Verdict::Linearizable)),
     };
+    let expired_reads = reads_of_expired_keys(&history);
     println!(
         "{}: {faults} faults, {} ops ({} ok, {} unknown), {}, follower reads {} ({} violations), \
-         {one_sided} reads served one-sided",
+         {one_sided} reads served one-sided, {expired_reads} reads found a TTL'd key gone",
         row.scenario,
         row.operations,
         row.ok,
@@ -462,6 +528,13 @@ async fn run_scenario(cluster: &mut Cluster, scenario: Scenario, round: usize) -
     ensure!(
         counts.ok.load(Ordering::Relaxed) > 0,
         "{}: no operation succeeded",
+        scenario.name()
+    );
+    // Keys written with a TTL expired while the clients used them, so the
+    // expiry rules were checked, not just the writes.
+    ensure!(
+        expired_reads > 0,
+        "{}: no read found a key written with a TTL gone",
         scenario.name()
     );
     // The one-sided path was exercised and what it returned was checked:
