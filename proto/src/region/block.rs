@@ -104,11 +104,14 @@ pub const DEFAULT_MAX_CLOCK_DRIFT_MS: u64 = 50;
 
 /// How much before its deadline apply (on the apply clock) and the servers'
 /// own reads (on their wall clocks) count a pair expired: the default clock
-/// drift bound, so that every path of one host agrees on when a key goes
-/// (a read that found it gone is never followed by a write that finds it
-/// there), and a reader whose clock is behind the leader's by up to the
-/// bound still never serves it past its deadline. Part of the apply rules:
-/// every replica must use the same value.
+/// drift bound, so that every path of one host uses one rule (a read that
+/// found a key gone is not followed *in time* by a write stamped later that
+/// finds it there; in log order it can be, as a write is stamped when
+/// proposed and ordered when committed: the linearizability model in
+/// `tests/src/linearizability.rs` allows exactly that), and a reader whose
+/// clock is behind the leader's by up to the bound still never serves it
+/// past its deadline. Part of the apply rules: every replica must use the
+/// same value.
 pub const EXPIRY_MARGIN_MS: u64 = DEFAULT_MAX_CLOCK_DRIFT_MS;
 
 /// Whether a pair with `deadline` has expired at `now_unix_ms`: from its
