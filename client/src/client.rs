@@ -454,7 +454,8 @@ impl Client {
     }
 }
 
-/// A TTL in whole milliseconds, rounded up: a TTL never ends early.
-fn ttl_ms(ttl: std::time::Duration) -> u64 {
+/// A TTL in whole milliseconds, rounded up: a TTL never ends early. What
+/// [`Client::put_with_ttl`] and [`Client::expire`] send.
+pub fn ttl_ms(ttl: std::time::Duration) -> u64 {
     u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }

@@ -91,7 +91,7 @@ mod snapshot;
 
 /// Re-exported so that callers need not depend on `bytes` themselves.
 pub use bytes::Bytes;
-pub use client::Client;
+pub use client::{Client, ttl_ms};
 pub use error::{ConnectError, Error, Result};
 pub use one_sided::OneSidedStats;
 pub use options::{ClientOptions, Transport};

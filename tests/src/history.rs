@@ -35,7 +35,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rdkv_client::{CasOutcome, Client, Consistency, DeleteOutcome, Error, ErrorCode, Versioned};
+use rdkv_client::{
+    CasOutcome, Client, Consistency, DeleteOutcome, Error, ErrorCode, Versioned, ttl_ms,
+};
 use rdkv_fabric::clock::unix_now_ms;
 use rdkv_proto::wire::{Request, Response, TxnOp, TxnResult};
 
@@ -405,11 +407,6 @@ pub fn write_error_outcome(error: &Error) -> Outcome {
         },
         _ => Outcome::Unknown,
     }
-}
-
-/// `ttl` in whole ms, rounded up: what `Client::put_with_ttl` sends.
-fn ttl_ms(ttl: Duration) -> u64 {
-    u64::try_from(ttl.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
 /// A [`Client`] that records each call into a [`Recorder`] as one process.
