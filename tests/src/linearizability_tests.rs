@@ -910,8 +910,15 @@ fn plant_late_read(history: &mut History, rng: &mut Rng) -> Option<usize> {
     None
 }
 
-#[test]
-fn random_histories_with_expiry_pass_and_planted_late_reads_are_caught() {
+/// Generated histories over `seeds` are linearizable, and each with a read
+/// `plant` could falsify (salting its rng with `salt`) is then caught with
+/// that read in the witness; at least 30 of them had one.
+fn planted_reads_are_caught(
+    seeds: std::ops::Range<u64>,
+    salt: u64,
+    what: &str,
+    plant: fn(&mut History, &mut Rng) -> Option<usize>,
+) {
     let shape = Shape {
         processes: 4,
         keys: 3,
@@ -920,12 +927,12 @@ fn random_histories_with_expiry_pass_and_planted_late_reads_are_caught() {
         fail_permille: 30,
     };
     let mut planted = 0;
-    for seed in 100..140u64 {
+    for seed in seeds {
         let mut history = generate(seed, &shape);
         let verdict = check_history(&history, CheckOptions::default()).expect("well-formed");
         assert_eq!(verdict, Verdict::Linearizable, "seed {seed}: {verdict}");
-        let mut rng = Rng(seed ^ 0x1a7e);
-        let Some(read) = plant_late_read(&mut history, &mut rng) else {
+        let mut rng = Rng(seed ^ salt);
+        let Some(read) = plant(&mut history, &mut rng) else {
             continue;
         };
         planted += 1;
@@ -936,7 +943,7 @@ fn random_histories_with_expiry_pass_and_planted_late_reads_are_caught() {
                     "seed {seed}: the planted read #{read} is not in the witness:\n{violation}"
                 );
             }
-            other => panic!("seed {seed}: planted late read #{read} not caught: {other}"),
+            other => panic!("seed {seed}: planted {what} read #{read} not caught: {other}"),
         }
     }
     assert!(
@@ -946,38 +953,13 @@ fn random_histories_with_expiry_pass_and_planted_late_reads_are_caught() {
 }
 
 #[test]
+fn random_histories_with_expiry_pass_and_planted_late_reads_are_caught() {
+    planted_reads_are_caught(100..140, 0x1a7e, "late", plant_late_read);
+}
+
+#[test]
 fn random_histories_are_linearizable_and_planted_stale_reads_are_caught() {
-    let shape = Shape {
-        processes: 4,
-        keys: 3,
-        ops: 300,
-        unknown_permille: 60,
-        fail_permille: 30,
-    };
-    let mut planted = 0;
-    for seed in 0..40u64 {
-        let mut history = generate(seed, &shape);
-        let verdict = check_history(&history, CheckOptions::default()).expect("well-formed");
-        assert_eq!(verdict, Verdict::Linearizable, "seed {seed}: {verdict}");
-        let mut rng = Rng(seed ^ 0x5eed);
-        let Some(read) = plant_stale_read(&mut history, &mut rng) else {
-            continue;
-        };
-        planted += 1;
-        match check_history(&history, CheckOptions::default()).expect("well-formed") {
-            Verdict::NotLinearizable(violation) => {
-                assert!(
-                    violation.witness.iter().any(|op| op.id == read),
-                    "seed {seed}: the planted read #{read} is not in the witness:\n{violation}"
-                );
-            }
-            other => panic!("seed {seed}: planted stale read #{read} not caught: {other}"),
-        }
-    }
-    assert!(
-        planted >= 30,
-        "only {planted} histories had a read to plant"
-    );
+    planted_reads_are_caught(0..40, 0x5eed, "stale", plant_stale_read);
 }
 
 #[test]
