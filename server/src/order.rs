@@ -1,11 +1,17 @@
-//! The order a pipelined RESP connection's commands must keep, by key: a
-//! command
+//! The order a pipelined connection's commands must keep, by key: a command
 //! waits for the earlier ones it could observe or be observed by (a read
 //! after a write of its key, a write after any earlier use of its key), and
 //! nothing else. Commands on different keys run at once, so a pipeline of
 //! independent commands costs one round of the store, not one per command.
-//! A store command without keys (FLUSHDB) waits for everything before it,
-//! and everything after it waits for it.
+//! A store command without keys (FLUSHDB, SCAN) waits for everything before
+//! it, and everything after it waits for it.
+//!
+//! A write that is one log entry (every native write) need not wait for an
+//! earlier write of its key to finish, only for it to be *placed*: once the
+//! earlier one is proposed, the later one is ordered after it in the log,
+//! and apply decides each in log order. Such a write still finishes (and
+//! lets the reads after it run) only after the earlier one has finished,
+//! so a read after both sees both even if the later one failed early.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -60,14 +66,48 @@ pub fn completion() -> (Finish, Done) {
 
 /// The commands in flight on one key.
 #[derive(Debug, Default)]
-struct KeyUse {
-    last_write: Option<Done>,
+struct KeyState {
+    last_write: Option<Write>,
     reads_since_write: Vec<Done>,
 }
 
-impl KeyUse {
+/// A write in flight: when its place in the log is fixed, and when it has
+/// finished.
+#[derive(Debug, Clone)]
+struct Write {
+    placed: Done,
+    finished: Done,
+}
+
+/// What an admitted command waits for: `to_start` before it runs, and
+/// `to_finish` before it may report itself finished.
+#[derive(Debug, Default)]
+pub struct Waits {
+    pub to_start: Vec<Done>,
+    pub to_finish: Vec<Done>,
+}
+
+impl Waits {
+    /// Waits for everything the command must follow before it runs.
+    pub async fn start(&self) {
+        for earlier in &self.to_start {
+            earlier.wait().await;
+        }
+    }
+
+    /// Waits for everything that must finish before the command does.
+    pub async fn finish(&self) {
+        for earlier in &self.to_finish {
+            earlier.wait().await;
+        }
+    }
+}
+
+impl KeyState {
     fn finished(&self) -> bool {
-        self.last_write.as_ref().is_none_or(Done::finished)
+        self.last_write
+            .as_ref()
+            .is_none_or(|w| w.finished.finished())
             && self.reads_since_write.iter().all(Done::finished)
     }
 }
@@ -75,7 +115,7 @@ impl KeyUse {
 /// What one connection's commands in flight hold, by key.
 #[derive(Debug, Default)]
 pub struct KeyOrder {
-    keys: HashMap<Bytes, KeyUse>,
+    keys: HashMap<Bytes, KeyState>,
     /// Every admitted command not yet seen finished.
     in_flight: Vec<Done>,
     /// The last keyless store command, if it may still run.
@@ -86,10 +126,29 @@ impl KeyOrder {
     /// Admits a command on `keys` (`writes`: it may change them) whose
     /// completion is `done`; returns the commands it must wait for.
     pub fn admit(&mut self, keys: &[&Bytes], writes: bool, done: &Done) -> Vec<Done> {
+        let waits = self.admit_placed(keys, writes, done, done);
+        let mut all = waits.to_start;
+        all.extend(waits.to_finish);
+        all
+    }
+
+    /// Admits a command as [`admit`](Self::admit) does, for a command whose
+    /// place among the writes of its keys is fixed at `placed` (before it
+    /// finishes at `done`): a later write waits only for that.
+    pub fn admit_placed(
+        &mut self,
+        keys: &[&Bytes],
+        writes: bool,
+        done: &Done,
+        placed: &Done,
+    ) -> Waits {
         self.forget_finished();
-        let mut waits: Vec<Done> = self.barrier.iter().cloned().collect();
+        let mut waits = Waits {
+            to_start: self.barrier.iter().cloned().collect(),
+            to_finish: Vec::new(),
+        };
         if keys.is_empty() {
-            waits.extend(self.in_flight.iter().cloned());
+            waits.to_start.extend(self.in_flight.iter().cloned());
             self.barrier = Some(done.clone());
         }
         // A key named twice (MSET k 1 k 2) is one use: the command must not
@@ -99,11 +158,23 @@ impl KeyOrder {
         unique.dedup();
         for key in unique {
             let entry = self.keys.entry(key.clone()).or_default();
-            waits.extend(entry.last_write.iter().cloned());
             if writes {
-                waits.append(&mut entry.reads_since_write);
-                entry.last_write = Some(done.clone());
+                if let Some(earlier) = entry.last_write.take() {
+                    // Placed only when finished: one wait, before starting.
+                    if !Arc::ptr_eq(&earlier.placed.0, &earlier.finished.0) {
+                        waits.to_finish.push(earlier.finished);
+                    }
+                    waits.to_start.push(earlier.placed);
+                }
+                waits.to_start.append(&mut entry.reads_since_write);
+                entry.last_write = Some(Write {
+                    placed: placed.clone(),
+                    finished: done.clone(),
+                });
             } else {
+                waits
+                    .to_start
+                    .extend(entry.last_write.iter().map(|w| w.finished.clone()));
                 entry.reads_since_write.push(done.clone());
             }
         }
@@ -118,9 +189,12 @@ impl KeyOrder {
     pub fn read_may_run_now(&self, keys: &[&Bytes]) -> bool {
         self.barrier.as_ref().is_none_or(Done::finished)
             && keys.iter().all(|key| {
-                self.keys
-                    .get(*key)
-                    .is_none_or(|use_| use_.last_write.as_ref().is_none_or(Done::finished))
+                self.keys.get(*key).is_none_or(|state| {
+                    state
+                        .last_write
+                        .as_ref()
+                        .is_none_or(|w| w.finished.finished())
+                })
             })
     }
 
@@ -133,7 +207,7 @@ impl KeyOrder {
             self.barrier = None;
             return;
         }
-        self.keys.retain(|_, use_| !use_.finished());
+        self.keys.retain(|_, state| !state.finished());
         if self.barrier.as_ref().is_some_and(Done::finished) {
             self.barrier = None;
         }
@@ -231,6 +305,61 @@ mod tests {
         assert_eq!(waits, 2, "FLUSHDB waits for everything before it");
         let (_c, waits) = admit(&mut order, &["c"], false);
         assert_eq!(waits, 1, "and everything after waits for it");
+    }
+
+    /// Admits a command whose place is fixed before it finishes; returns
+    /// its two handles and the unfinished commands it waits for to start
+    /// and to finish.
+    fn admit_placed(
+        order: &mut KeyOrder,
+        keys: &[&'static str],
+        writes: bool,
+    ) -> ((Finish, Finish), (usize, usize)) {
+        let (finish, done) = completion();
+        let (place, placed) = completion();
+        let keys: Vec<Bytes> = keys.iter().map(|k| key(k)).collect();
+        let refs: Vec<&Bytes> = keys.iter().collect();
+        let waits = order.admit_placed(&refs, writes, &done, &placed);
+        let open = |list: &[Done]| list.iter().filter(|d| !d.finished()).count();
+        (
+            (place, finish),
+            (open(&waits.to_start), open(&waits.to_finish)),
+        )
+    }
+
+    #[test]
+    fn a_write_after_a_placed_write_starts_at_once_and_finishes_after_it() {
+        let mut order = KeyOrder::default();
+        let ((place1, finish1), waits) = admit_placed(&mut order, &["a"], true);
+        assert_eq!(waits, (0, 0));
+        let ((_p, _f), waits) = admit_placed(&mut order, &["a"], true);
+        assert_eq!(waits, (1, 1), "before the first is placed, it waits");
+        drop(place1);
+        let ((_p3, _f3), waits) = admit_placed(&mut order, &["a"], true);
+        assert_eq!(
+            waits,
+            (1, 1),
+            "the third follows the second (not yet placed) only"
+        );
+        let ((_p4, _f4), waits) = admit_placed(&mut order, &["b"], true);
+        assert_eq!(waits, (0, 0), "another key is independent");
+        drop(finish1);
+    }
+
+    #[test]
+    fn a_read_after_writes_waits_for_the_last_one_to_finish() {
+        let mut order = KeyOrder::default();
+        let ((place1, finish1), _) = admit_placed(&mut order, &["a"], true);
+        drop(place1);
+        let ((place2, finish2), waits) = admit_placed(&mut order, &["a"], true);
+        assert_eq!(waits, (0, 1), "placed: starts now, finishes after it");
+        drop(place2);
+        let ((_p, _f), waits) = admit_placed(&mut order, &["a"], false);
+        assert_eq!(waits, (1, 0), "the read waits for the second write");
+        drop(finish1);
+        drop(finish2);
+        let ((_p, _f), waits) = admit_placed(&mut order, &["a"], true);
+        assert_eq!(waits, (1, 0), "a write after the read waits for it");
     }
 
     #[tokio::test]

@@ -6,16 +6,26 @@
 //! sees every earlier write of its key on its connection, while the server
 //! runs the commands on different keys at once. With `lease` reads the
 //! leader answers GETs at once when it may; the same script checks them.
-//! (Native requests in flight together are concurrent: the protocol
-//! answers them in any order.)
+//!
+//! The same script on one native connection to the leader (answers carry
+//! their request's id and may come in any order): every answer is the
+//! model's, the writes of each key are applied in request order (their
+//! versions rise), and every read returns the version of the write before
+//! it, at linearizable and at lease consistency.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
+use bytes::{Bytes, BytesMut};
+use rdkv_proto::wire::{
+    Consistency, DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameKind, Request, Response, Update,
+    UpdateOutcome, Versioned, decode_payload, encoded_frame,
+};
 use rdkv_tests::prometheus::http_get;
+use rdkv_tests::raw_native::RawConnection;
 use rdkv_tests::stress_value::splitmix64;
 use rdkv_tests::{Cluster, check_with_leader};
 
@@ -187,6 +197,8 @@ async fn pipelines_through_leader_and_follower(extra_args: &[&str]) -> Result<()
             resp_pipeline(follower_resp, "resp-follower")
         })
         .await??;
+        let native = cluster.node(leader)?.client_addr;
+        native_pipeline(native, "native-leader").await?;
         let answered = reads_answered_at_once(cluster, leader).await?;
         println!("the leader answered {answered} GETs at once");
         if lease_reads {
@@ -207,4 +219,194 @@ async fn reads_answered_at_once(cluster: &Cluster, id: u64) -> Result<f64> {
     let (_, text) = tokio::task::spawn_blocking(move || http_get(addr, "/metrics")).await??;
     let metrics = rdkv_tests::prometheus::parse(&text)?;
     Ok(metrics.sum("rdkv_resp_reads_answered_at_once_total", &[]))
+}
+
+fn native_request(prefix: &str, i: usize, op: Op) -> Request {
+    let key = |k| Bytes::from(key_name(prefix, k));
+    // Half the reads at each level: lease reads may be answered from the
+    // region without a round, and must still follow the writes before them.
+    let consistency = if i.is_multiple_of(2) {
+        Consistency::Linearizable
+    } else {
+        Consistency::Lease
+    };
+    match op {
+        Op::Set(k, v) => Request::Put {
+            key: key(k),
+            value: Bytes::from(v.to_string()),
+        },
+        Op::Get(k) => Request::Get {
+            key: key(k),
+            consistency,
+        },
+        Op::MGet(a, b) => Request::MGet {
+            keys: vec![key(a), key(b)],
+            consistency,
+        },
+        Op::Incr(k) => Request::Update {
+            key: key(k),
+            update: Update::Incr { delta: 1 },
+        },
+        Op::Del(k) => Request::Delete { key: key(k) },
+    }
+}
+
+/// What the model expects of each answer, and the versions: every key's
+/// writes get rising versions in request order, and a read returns the
+/// version of the last write of its key before it.
+#[derive(Default)]
+struct NativeCheck {
+    /// The version of each key's last write so far, in request order.
+    last_write: HashMap<u64, u64>,
+}
+
+fn value_of(versioned: &Option<Versioned>) -> Result<Option<(i64, u64)>> {
+    versioned
+        .as_ref()
+        .map(|v| -> Result<(i64, u64)> {
+            let text = std::str::from_utf8(&v.value)?;
+            Ok((text.parse()?, v.version))
+        })
+        .transpose()
+}
+
+/// Checks one answer against the model's and returns the version a write
+/// produced.
+fn check_native(op: Op, want: Expected, got: &Response) -> Result<Option<u64>> {
+    Ok(match (want, got) {
+        (Expected::Ok, Response::Written { version }) => Some(*version),
+        (Expected::Integer(n), Response::Updated(UpdateOutcome::Integer { value, version }))
+            if *value == n =>
+        {
+            Some(*version)
+        }
+        (
+            Expected::Deleted(existed),
+            Response::Deleted {
+                existed: got,
+                version,
+            },
+        ) if existed == *got => existed.then_some(*version),
+        (Expected::Value(value), Response::Value(versioned))
+            if value_of(versioned)?.map(|(v, _)| v) == value =>
+        {
+            None
+        }
+        (Expected::Values(a, b), Response::Values(values))
+            if values.len() == 2
+                && value_of(&values[0])?.map(|(v, _)| v) == a
+                && value_of(&values[1])?.map(|(v, _)| v) == b =>
+        {
+            None
+        }
+        _ => bail!("{op:?}: expected {want:?}, got {got:?}"),
+    })
+}
+
+impl NativeCheck {
+    /// The versions a read saw must be those of the last earlier writes
+    /// of its keys (a deleted key reads as absent, checked by value).
+    fn read(&self, op: Op, got: &Response) -> Result<()> {
+        let seen: Vec<(u64, Option<u64>)> = match (op, got) {
+            (Op::Get(k), Response::Value(v)) => vec![(k, v.as_ref().map(|v| v.version))],
+            (Op::MGet(a, b), Response::Values(values)) => vec![
+                (a, values[0].as_ref().map(|v| v.version)),
+                (b, values[1].as_ref().map(|v| v.version)),
+            ],
+            _ => return Ok(()),
+        };
+        for (key, version) in seen {
+            if let Some(version) = version {
+                let want = self.last_write.get(&key).copied();
+                ensure!(
+                    Some(version) == want,
+                    "{op:?} read version {version} of key {key}, its last write was {want:?}"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn wrote(&mut self, op: Op, version: Option<u64>) -> Result<()> {
+        let key = match op {
+            Op::Set(k, _) | Op::Incr(k) | Op::Del(k) => k,
+            Op::Get(_) | Op::MGet(..) => return Ok(()),
+        };
+        let Some(version) = version else {
+            return Ok(());
+        };
+        if let Some(&before) = self.last_write.get(&key) {
+            ensure!(
+                version > before,
+                "{op:?} applied at {version}, before the earlier write of its key at {before}"
+            );
+        }
+        self.last_write.insert(key, version);
+        Ok(())
+    }
+}
+
+/// Sends the whole script on one native connection from another thread
+/// while this one reads every answer, then checks them in request order.
+async fn native_pipeline(addr: SocketAddr, prefix: &str) -> Result<()> {
+    let ops = script(0x5eed ^ prefix.len() as u64);
+    let raw = RawConnection::open(addr, "pipelining", None)
+        .await?
+        .map_err(|refused| anyhow::anyhow!("refused: {refused}"))?;
+    let mut stream = raw.into_std()?;
+    stream.set_read_timeout(Some(REPLIES_TIMEOUT))?;
+    let mut writer = stream.try_clone()?;
+    let mut frames = Vec::new();
+    for (i, &op) in ops.iter().enumerate() {
+        let request = native_request(prefix, i, op);
+        frames.extend_from_slice(&encoded_frame(
+            FrameKind::Request,
+            i as u64,
+            &request,
+            DEFAULT_MAX_FRAME_BYTES,
+        )?);
+    }
+    let count = ops.len();
+    let answers = tokio::task::spawn_blocking(move || -> Result<Vec<Option<Response>>> {
+        let sender = std::thread::spawn(move || writer.write_all(&frames));
+        let mut answers: Vec<Option<Response>> = vec![None; count];
+        let mut decoder = FrameDecoder::new(DEFAULT_MAX_FRAME_BYTES);
+        let mut buf = BytesMut::new();
+        let mut chunk = vec![0u8; 64 * 1024];
+        let mut received = 0;
+        while received < count {
+            while let Some(frame) = decoder.decode(&mut buf)? {
+                let slot = answers
+                    .get_mut(frame.request_id as usize)
+                    .context("an answer to an unknown request id")?;
+                ensure!(slot.is_none(), "two answers to {}", frame.request_id);
+                *slot = Some(decode_payload(&frame)?);
+                received += 1;
+            }
+            if received == count {
+                break;
+            }
+            let read = stream.read(&mut chunk).context("reading the answers")?;
+            ensure!(read > 0, "closed after {received} answers");
+            buf.extend_from_slice(&chunk[..read]);
+        }
+        sender
+            .join()
+            .map_err(|_| anyhow::anyhow!("the sender panicked"))??;
+        Ok(answers)
+    })
+    .await??;
+    let mut check = NativeCheck::default();
+    for (i, (want, answer)) in expected(&ops).into_iter().zip(answers).enumerate() {
+        let got = answer.context("no answer")?;
+        let version =
+            check_native(ops[i], want, &got).with_context(|| format!("{prefix}: request {i}"))?;
+        check
+            .read(ops[i], &got)
+            .with_context(|| format!("{prefix}: request {i}"))?;
+        check
+            .wrote(ops[i], version)
+            .with_context(|| format!("{prefix}: request {i}"))?;
+    }
+    Ok(())
 }

@@ -16,6 +16,7 @@ mod batch;
 pub mod error;
 pub mod frame;
 pub mod handshake;
+pub mod key_use;
 pub mod limits;
 pub mod message;
 pub mod op;
@@ -36,6 +37,7 @@ pub use handshake::{
     ClientHello, HANDSHAKE_MAGIC, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, ServerHello, ServerInfo,
     negotiate, tokens_match,
 };
+pub use key_use::KeyUse;
 pub use limits::{
     DEFAULT_MAX_BATCH_KEYS, DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_VALUE_BYTES, Limits,
     SINGLE_ENTRY_OVERHEAD_BYTES,

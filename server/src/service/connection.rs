@@ -2,14 +2,22 @@
 //! frames (acquiring a credit per request before reading the next, so a
 //! client can never have more than `MAX_IN_FLIGHT` requests in the server:
 //! backpressure instead of an unbounded queue), one task per request
-//! computes the answer, one task writes responses as they complete
-//! (pipelining, any order).
+//! computes the answer, one task writes responses as they complete.
+//!
+//! Requests on different keys run at once; a request after another that
+//! may observe or change its keys runs after it (`order`: a read sees every
+//! earlier write of its key on the connection, and writes of one key are
+//! applied in request order, a later one proposed as soon as the earlier
+//! one is placed in the log). Responses carry their request's id and go
+//! out as they complete: a slow write does not hold back the answers to
+//! other keys' requests that share the connection (one client multiplexes
+//! many callers over it).
 
 use std::sync::Arc;
 
 use anyhow::{Result, bail};
 use rdkv_proto::wire::{
-    ErrorCode, ErrorReply, FrameKind, Limits, Request, Response, WireError, decode_payload,
+    ErrorCode, ErrorReply, FrameKind, KeyUse, Limits, Request, Response, WireError, decode_payload,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
@@ -19,6 +27,7 @@ use super::handshake::{HANDSHAKE_MAX_FRAME_BYTES, handshake};
 use super::{Handler, MAX_IN_FLIGHT};
 use crate::accept::accept_until;
 use crate::framed::{FrameReader, FrameWriter, FramedError};
+use crate::order::{Finish, KeyOrder, Waits, completion};
 use crate::telemetry::Via;
 
 pub async fn serve_clients(
@@ -171,6 +180,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
     done: &mpsc::Sender<(u64, Response)>,
     rdma_sessions: &RdmaSessions,
 ) -> Result<()> {
+    let mut order = RequestOrder::default();
     loop {
         let permit = match Arc::clone(credits).try_acquire_owned() {
             Ok(permit) => permit,
@@ -209,10 +219,14 @@ async fn read_requests<R: AsyncRead + Unpin>(
             handler.stats().backpressure(via);
         }
         let request = decode_payload::<Request>(&frame);
+        let turn = request
+            .as_ref()
+            .map_or_else(|_| Turn::default(), |request| order.admit(request));
         let handler = Arc::clone(handler);
         let done = done.clone();
         let rdma_sessions = Arc::clone(rdma_sessions);
         tokio::spawn(async move {
+            turn.waits.start().await;
             let response = match request {
                 Err(e) => {
                     handler.stats().malformed(via);
@@ -221,11 +235,49 @@ async fn read_requests<R: AsyncRead + Unpin>(
                 Ok(Request::RdmaConnect { endpoint }) => {
                     rdma_connect(&handler, endpoint, &handler.limits(), &rdma_sessions)
                 }
-                Ok(request) => handler.handle(request, via).await,
+                Ok(request) => handler.handle_placed(request, via, turn.place).await,
             };
+            turn.waits.finish().await;
+            drop(turn.finish);
             let _ = done.send((request_id, response)).await;
             drop(permit);
             drop(budget);
         });
+    }
+}
+
+/// A request's turn among the connection's requests on its keys: what it
+/// waits for, and the handles that let later ones go.
+#[derive(Default)]
+struct Turn {
+    waits: Waits,
+    /// Dropped once a write's place in the log is fixed.
+    place: Option<Finish>,
+    /// Dropped once the request has finished.
+    finish: Option<Finish>,
+}
+
+/// The connection's requests in flight, by key.
+#[derive(Default)]
+struct RequestOrder {
+    keys: KeyOrder,
+}
+
+impl RequestOrder {
+    fn admit(&mut self, request: &Request) -> Turn {
+        let (finish, done) = completion();
+        let (keys, writes) = match request.key_use() {
+            KeyUse::Nothing => return Turn::default(),
+            KeyUse::Reads(keys) => (keys, false),
+            KeyUse::Writes(keys) => (keys, true),
+            KeyUse::Everything => (Vec::new(), true),
+        };
+        let (place, placed) = completion();
+        let waits = self.keys.admit_placed(&keys, writes, &done, &placed);
+        Turn {
+            waits,
+            place: Some(place),
+            finish: Some(finish),
+        }
     }
 }

@@ -10,6 +10,7 @@ use rdkv_storage::state_machine::ScanRange;
 
 use super::admission::{Admission, within_quota};
 use super::{Reply, admin, read, write};
+use crate::order::Finish;
 use crate::rdma::RdmaState;
 use crate::replica::Replica;
 use crate::telemetry::{RequestStats, Via};
@@ -110,11 +111,26 @@ impl Handler {
     /// Serves one request that arrived `via` a transport: checks its limits,
     /// answers it, and accounts for it in the metrics.
     pub async fn handle(&self, request: Request, via: Via) -> Response {
+        self.handle_placed(request, via, None).await
+    }
+
+    /// [`handle`](Self::handle), dropping `placed` once a write's place in
+    /// the log is fixed (or it will not be written): the connection's
+    /// next write of the same keys may then be proposed.
+    pub async fn handle_placed(
+        &self,
+        request: Request,
+        via: Via,
+        placed: Option<Finish>,
+    ) -> Response {
         let op = request.op();
         let flight = self.stats.start();
         let response = match request.validate(&self.limits) {
             Err(e) => Response::Error(ErrorReply::from(&e)),
-            Ok(()) => self.dispatch(request).await.unwrap_or_else(Response::Error),
+            Ok(()) => self
+                .dispatch(request, placed)
+                .await
+                .unwrap_or_else(Response::Error),
         };
         let error = match &response {
             Response::Error(reply) => Some(reply.code),
@@ -127,7 +143,7 @@ impl Handler {
     /// The hot requests (GET, MGET, writes) are awaited here; the rest are
     /// boxed: a future is as large as its largest arm, and it is copied at
     /// every await on the way down.
-    async fn dispatch(&self, request: Request) -> Reply {
+    async fn dispatch(&self, request: Request, placed: Option<Finish>) -> Reply {
         let replica = &self.replica;
         let max_frame_bytes = self.limits.max_frame_bytes;
         match request {
@@ -138,7 +154,7 @@ impl Handler {
             }
             // Every write is a command for the log.
             other => match Command::try_from(other) {
-                Ok(command) => self.write(command).await,
+                Ok(command) => self.write(command, placed).await,
                 Err(other) => Box::pin(self.dispatch_rest(other)).await,
             },
         }
@@ -212,10 +228,10 @@ impl Handler {
 
     /// A write goes through the log on the leader, if the quota has room
     /// for it.
-    async fn write(&self, command: Command) -> Reply {
+    async fn write(&self, command: Command, placed: Option<Finish>) -> Reply {
         self.replica.require_leader()?;
         self.admit_within_quota(&command)?;
-        write::commit(&self.replica, command).await
+        write::commit(&self.replica, command, placed).await
     }
 
     /// Checks `command` against the cluster's quota (this node's own until

@@ -4,11 +4,13 @@
 use std::time::Duration;
 
 use openraft::errors::{ClientWriteError, RaftError};
+use openraft::impls::ProgressResponder;
 use rdkv_fabric::clock::unix_now_ms;
 use rdkv_proto::wire::{ErrorCode, ErrorReply, Response};
 use rdkv_storage::raft::{Command, TypeConfig};
 
 use super::{Reply, within};
+use crate::order::Finish;
 use crate::replica::Replica;
 
 /// Longest a write may wait to commit.
@@ -17,21 +19,38 @@ const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Proposes `command`, stamped with this leader's wall clock (the time its
 /// expiry decisions and TTLs count from, `Command::Timed`), and waits for
 /// its result (the caller has checked that this node leads and the region
-/// has room).
-pub async fn commit(replica: &Replica, command: Command) -> Reply {
-    let command = command.timed(unix_now_ms());
+/// has room). `placed` is dropped once the proposal is in Raft's queue:
+/// a proposal this node makes after that is ordered after it in the log.
+pub async fn commit(replica: &Replica, command: Command, placed: Option<Finish>) -> Reply {
     // Past the limit the outcome is unknown: the entry may still commit.
-    let response = within(
+    within(
         COMMIT_TIMEOUT,
         ErrorCode::Timeout,
         "not committed (it may or may not be applied)",
         // Boxed: openraft's write future is large, and every future that
         // awaits it inline (the whole request path, reads included) would
         // be as large and copied at each level.
-        Box::pin(replica.raft.client_write(command)),
+        Box::pin(propose_and_wait(replica, command, placed)),
     )
     .await?
-    .map_err(|e| write_error(replica, e))?;
+}
+
+async fn propose_and_wait(replica: &Replica, command: Command, placed: Option<Finish>) -> Reply {
+    let command = command.timed(unix_now_ms());
+    let (responder, outcome) = ProgressResponder::complete_only();
+    replica
+        .raft
+        .client_write_ff(command, Some(responder))
+        .await
+        .map_err(|fatal| write_error(replica, RaftError::Fatal(fatal)))?;
+    drop(placed);
+    let applied = outcome.await.map_err(|_| {
+        ErrorReply::new(
+            ErrorCode::Unavailable,
+            "raft stopped before the write's outcome was known: it may or may not have been applied",
+        )
+    })?;
+    let response = applied.map_err(|e| write_error(replica, RaftError::APIError(e)))?;
     Ok(Response::from(response.data))
 }
 
