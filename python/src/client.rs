@@ -199,6 +199,16 @@ fn fill_buffers(
     }
 }
 
+/// A batch's keys and buffers pair up one to one.
+fn same_length(keys: usize, buffers: usize) -> PyResult<()> {
+    if keys != buffers {
+        return Err(PyValueError::new_err(format!(
+            "{keys} keys but {buffers} buffers"
+        )));
+    }
+    Ok(())
+}
+
 /// Whole groups of `len` items of at most `max` each (for `mget`).
 fn chunks(len: usize, max: usize) -> Vec<Range<usize>> {
     (0..len)
@@ -420,13 +430,7 @@ impl Client {
     ) -> PyResult<Vec<Option<usize>>> {
         let keys = each(keys, key_of)?;
         let views = each(buffers, ByteView::writable)?;
-        if keys.len() != views.len() {
-            return Err(PyValueError::new_err(format!(
-                "{} keys but {} buffers",
-                keys.len(),
-                views.len()
-            )));
-        }
+        same_length(keys.len(), views.len())?;
         let room: Vec<usize> = views.iter().map(ByteView::len).collect();
         let answers = self.read_batch(py, keys, &room)?;
         fill_buffers(py, &views, &answers)
@@ -444,13 +448,7 @@ impl Client {
     ) -> PyResult<Vec<u64>> {
         let keys = each(keys, key_of)?;
         let values = each(buffers, value_of)?;
-        if keys.len() != values.len() {
-            return Err(PyValueError::new_err(format!(
-                "{} keys but {} buffers",
-                keys.len(),
-                values.len()
-            )));
-        }
+        same_length(keys.len(), values.len())?;
         self.write_batch(py, keys.into_iter().zip(values).collect())
     }
 
