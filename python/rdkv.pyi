@@ -6,14 +6,32 @@ scale; errors are :class:`Error` subclasses carrying ``code`` and
 ``retryable``.
 """
 
-from collections.abc import Buffer, Iterable, Mapping, Sequence
-from typing import Literal
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal, final
+
+from typing_extensions import Buffer
+
+__all__ = [
+    "BufferTooSmall",
+    "CasResult",
+    "Client",
+    "Error",
+    "InvalidRequest",
+    "NoSpace",
+    "OutcomeUnknown",
+    "ProtocolError",
+    "Timeout",
+    "TooLarge",
+    "Unauthenticated",
+    "Unavailable",
+    "__version__",
+]
 
 __version__: str
 
-Key = bytes | str
+_Key = bytes | str
 """A key: bytes, or str (encoded as UTF-8)."""
-Value = Buffer | str
+_Value = Buffer | str
 """A value to write: any buffer (bytes, bytearray, memoryview, numpy array) or str."""
 
 class Error(Exception):
@@ -60,6 +78,7 @@ class BufferTooSmall(Error):
 class ProtocolError(Error):
     """A frame could not be decoded, or the answer was of the wrong kind."""
 
+@final
 class CasResult:
     """What :meth:`Client.cas` did; true when it succeeded."""
 
@@ -72,11 +91,12 @@ class CasResult:
     """On failure, the key's version then (None: absent)."""
     def __bool__(self) -> bool: ...
 
+@final
 class Client:
     """A connection to an rdkv cluster, safe to share between threads."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         endpoints: str | Sequence[str],
         token: str | None = None,
         transport: Literal["auto", "tcp", "shm", "rdma"] = "auto",
@@ -85,61 +105,61 @@ class Client:
         connect_timeout: float = 2.0,
         max_lag: int = 1000,
         max_attempts: int = 16,
-    ) -> None:
+    ) -> Client:
         """Connects to the first endpoint that answers ("host:port", a
         comma-separated string of them, or a list). Raises Unauthenticated
         for a wrong token, Unavailable when no endpoint answers."""
 
-    def get(self, key: Key) -> bytes | None:
+    def get(self, key: _Key) -> bytes | None:
         """The value of key, or None when it is absent."""
 
-    def get_with_version(self, key: Key) -> tuple[bytes, int] | None:
+    def get_with_version(self, key: _Key) -> tuple[bytes, int] | None:
         """(value, version) of key, or None; the version is what cas compares."""
 
-    def get_into(self, key: Key, buffer: Buffer) -> int | None:
+    def get_into(self, key: _Key, buffer: Buffer) -> int | None:
         """Reads key's value into the start of a writable, C-contiguous
         buffer; returns its length, or None when the key is absent.
         Raises BufferTooSmall when it does not fit."""
 
-    def put(self, key: Key, value: Value, ttl: float | None = None) -> int:
+    def put(self, key: _Key, value: _Value, ttl: float | None = None) -> int:
         """Writes value under key (expiring ttl seconds after the leader
         takes it, if given); returns the write's version."""
 
-    def delete(self, key: Key) -> bool:
+    def delete(self, key: _Key) -> bool:
         """Deletes key; returns whether it existed."""
 
-    def cas(self, key: Key, expected_version: int | None, new_value: Value | None) -> CasResult:
+    def cas(self, key: _Key, expected_version: int | None, new_value: _Value | None) -> CasResult:
         """Writes new_value (None: deletes) only if key's version is
         expected_version (None: only if key is absent)."""
 
-    def mget(self, keys: Iterable[Key]) -> list[bytes | None]:
+    def mget(self, keys: Iterable[_Key]) -> list[bytes | None]:
         """The values of keys, None for each absent one, in order."""
 
-    def mput(self, pairs: Mapping[Key, Value] | Iterable[tuple[Key, Value]]) -> int:
+    def mput(self, pairs: Mapping[_Key, _Value] | Iterable[tuple[_Key, _Value]]) -> int:
         """Writes every pair atomically (one log entry); returns its version."""
 
     def scan(
-        self, start: Key | None = None, end: Key | None = None, limit: int = 1000
+        self, start: _Key | None = None, end: _Key | None = None, limit: int = 1000
     ) -> list[tuple[bytes, bytes]]:
         """Up to limit pairs in key order from start (inclusive) to end (exclusive)."""
 
-    def batch_get_into(self, keys: Sequence[Key], buffers: Sequence[Buffer]) -> list[int | None]:
+    def batch_get_into(self, keys: Sequence[_Key], buffers: Sequence[Buffer]) -> list[int | None]:
         """Reads each key into its buffer; per key the bytes written, or
         None when absent. BufferTooSmall (with index) after filling the
         others if a value does not fit."""
 
-    def batch_put_from(self, keys: Sequence[Key], buffers: Sequence[Value]) -> list[int]:
+    def batch_put_from(self, keys: Sequence[_Key], buffers: Sequence[_Value]) -> list[int]:
         """Writes each buffer under its key in requests of at most one frame
         (each atomic); returns each key's write version. On failure the
         exception's written says how many leading pairs were written."""
 
-    def expire(self, key: Key, ttl: float) -> bool:
+    def expire(self, key: _Key, ttl: float) -> bool:
         """Gives key a deadline ttl seconds from now; False when absent."""
 
-    def persist(self, key: Key) -> bool:
+    def persist(self, key: _Key) -> bool:
         """Removes key's deadline; False when absent or it had none."""
 
-    def ttl(self, key: Key) -> float | None:
+    def ttl(self, key: _Key) -> float | None:
         """Seconds left before key expires; math.inf if never; None if absent."""
 
     def ping(self) -> None:
