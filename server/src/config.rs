@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use rdkv_proto::wire::Consistency;
+use rdkv_proto::wire::{Consistency, DEFAULT_MAX_VALUE_BYTES};
 use serde::Deserialize;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7379";
@@ -22,6 +22,9 @@ pub const MIN_GRACE_PERIOD_MS: u64 = 10;
 pub const DEFAULT_BYTES_PER_SLOT: u64 = 128;
 /// An index denser than one slot per 16 bytes would take half the region.
 pub const MIN_BYTES_PER_SLOT: u64 = 16;
+/// The largest `--max-value-bytes`: a value is read, framed and copied
+/// whole, so a node holds several at once per connection.
+pub const MAX_MAX_VALUE_BYTES: u32 = 64 * 1024 * 1024;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -92,6 +95,12 @@ pub struct Args {
     /// area, leaving room for fragments and blocks in their grace period.
     #[arg(long, env = "RDKV_QUOTA_BYTES")]
     pub quota_bytes: Option<u64>,
+    /// Largest value a write may carry, in bytes (1 to 64 MiB). Default
+    /// 1 MiB. Larger values (e.g. 4 MiB KV-cache chunks) raise the native
+    /// protocol's frame limit with it. Set the same on every member: a
+    /// replica with a lower limit cannot apply what its leader admitted.
+    #[arg(long, env = "RDKV_MAX_VALUE_BYTES")]
+    pub max_value_bytes: Option<u32>,
     /// Index sizing: one index slot per this many bytes of region. Default
     /// 128. Larger means a smaller index and more keys in overflow tables
     /// (tests use it to exercise them).
@@ -153,6 +162,7 @@ struct FileConfig {
     insecure: Option<bool>,
     region_mib: Option<u64>,
     quota_bytes: Option<u64>,
+    max_value_bytes: Option<u32>,
     bytes_per_slot: Option<u64>,
     max_client_connections: Option<u32>,
     max_in_flight_mib: Option<u32>,
@@ -191,6 +201,7 @@ pub struct Config {
     pub region_bytes: u64,
     /// `None`: derived from the region (see `Args::quota_bytes`).
     pub quota_bytes: Option<u64>,
+    pub max_value_bytes: u32,
     /// One index slot per this many bytes of region.
     pub bytes_per_slot: u64,
     pub grace_period_ms: u64,
@@ -340,6 +351,7 @@ fn parse_log_format(text: Option<&str>) -> Result<LogFormat> {
 struct NumericSettings {
     region_mib: u64,
     quota_bytes: Option<u64>,
+    max_value_bytes: u32,
     bytes_per_slot: u64,
     max_client_connections: u32,
     max_in_flight_mib: u32,
@@ -358,6 +370,13 @@ impl NumericSettings {
         let quota_bytes = quota_bytes
             .map(|bytes| within("quota-bytes", bytes, 1..=region_mib * 1024 * 1024))
             .transpose()?;
+        let max_value_bytes = within(
+            "max-value-bytes",
+            args.max_value_bytes
+                .or(file.max_value_bytes)
+                .unwrap_or(DEFAULT_MAX_VALUE_BYTES),
+            1..=MAX_MAX_VALUE_BYTES,
+        )?;
         let bytes_per_slot = args.bytes_per_slot.or(file.bytes_per_slot);
         let bytes_per_slot = within(
             "bytes-per-slot",
@@ -387,6 +406,7 @@ impl NumericSettings {
         Ok(NumericSettings {
             region_mib,
             quota_bytes,
+            max_value_bytes,
             bytes_per_slot,
             max_client_connections,
             max_in_flight_mib,
@@ -465,6 +485,7 @@ impl Config {
             token,
             region_bytes: numbers.region_mib * 1024 * 1024,
             quota_bytes: numbers.quota_bytes,
+            max_value_bytes: numbers.max_value_bytes,
             bytes_per_slot: numbers.bytes_per_slot,
             grace_period_ms: numbers.grace_period_ms,
             heartbeat_ms: numbers.heartbeat_ms,
@@ -596,5 +617,29 @@ mod tests {
             let argv = ["rdkv-server", "--quota-bytes", unparsable];
             assert!(Args::try_parse_from(argv).is_err(), "{unparsable}");
         }
+    }
+
+    #[test]
+    fn max_value_bytes_comes_from_the_flag_or_the_file_within_its_range() {
+        let config = Config::resolve(args(&[])).unwrap();
+        assert_eq!(config.max_value_bytes, DEFAULT_MAX_VALUE_BYTES);
+        let config = Config::resolve(args(&["--max-value-bytes", "4194304"])).unwrap();
+        assert_eq!(config.max_value_bytes, 4 * 1024 * 1024);
+        for bad in ["0", "67108865"] {
+            let error = Config::resolve(args(&["--max-value-bytes", bad])).unwrap_err();
+            assert!(error.to_string().contains("--max-value-bytes"), "{error}");
+        }
+        for unparsable in ["-1", "4MiB", "4294967296"] {
+            let argv = ["rdkv-server", "--max-value-bytes", unparsable];
+            assert!(Args::try_parse_from(argv).is_err(), "{unparsable}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rdkv.toml");
+        std::fs::write(&path, "max_value_bytes = 2097152\n").unwrap();
+        let p = path.to_str().unwrap();
+        let config = Config::resolve(args(&["--config", p])).unwrap();
+        assert_eq!(config.max_value_bytes, 2 * 1024 * 1024);
+        let config = Config::resolve(args(&["--config", p, "--max-value-bytes", "100"])).unwrap();
+        assert_eq!(config.max_value_bytes, 100);
     }
 }

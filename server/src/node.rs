@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use openraft::SnapshotPolicy;
 use openraft::errors::{InitializeError, RaftError};
-use rdkv_proto::wire::Limits;
+use rdkv_proto::wire::{Limits, SINGLE_ENTRY_OVERHEAD_BYTES};
 use rdkv_storage::RegionConfig;
 use rdkv_storage::raft::NodeAddr;
 use rdkv_storage::raft_log::{LogOptions, LogStore};
@@ -232,6 +232,7 @@ fn region_config(config: &Config) -> RegionConfig {
     RegionConfig {
         region_bytes: config.region_bytes,
         bytes_per_slot: config.bytes_per_slot,
+        max_value_bytes: config.max_value_bytes,
         grace_period_us: config.grace_period_ms * 1000,
         node_id: config.id,
         ..RegionConfig::default()
@@ -260,12 +261,20 @@ fn quota_bytes(config: &Config, region: &RegionConfig) -> Result<u64> {
     Ok(quota)
 }
 
-/// The protocol limits this node's region implies.
+/// The protocol limits this node's region implies: the default frame
+/// limit, raised when a largest key and value would not fit in it.
 fn protocol_limits(region: &RegionConfig) -> Result<Limits> {
+    let defaults = Limits::default();
+    let largest_entry = u64::from(region.max_key_bytes)
+        + u64::from(region.max_value_bytes)
+        + u64::from(SINGLE_ENTRY_OVERHEAD_BYTES);
     let limits = Limits {
         max_key_bytes: region.max_key_bytes,
         max_value_bytes: region.max_value_bytes,
-        ..Limits::default()
+        max_frame_bytes: u32::try_from(largest_entry)
+            .context("--max-value-bytes: a value must fit in a 4 GiB frame")?
+            .max(defaults.max_frame_bytes),
+        ..defaults
     };
     limits.validate_self().context("protocol limits")?;
     Ok(limits)
@@ -519,5 +528,36 @@ async fn initialize(raft: &Raft, config: &Config, client_addr: &str) -> Result<(
         // Another member's identical initialization reached us first.
         Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
         Err(e) => Err(anyhow::anyhow!("initializing the cluster: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region_with(max_value_bytes: u32) -> RegionConfig {
+        RegionConfig {
+            max_value_bytes,
+            ..RegionConfig::default()
+        }
+    }
+
+    #[test]
+    fn the_frame_limit_stays_the_default_while_a_largest_entry_fits_it() {
+        let limits = protocol_limits(&region_with(1024 * 1024)).unwrap();
+        assert_eq!(limits.max_value_bytes, 1024 * 1024);
+        assert_eq!(limits.max_frame_bytes, Limits::default().max_frame_bytes);
+    }
+
+    #[test]
+    fn a_larger_value_limit_raises_the_frame_limit_so_that_it_can_be_sent() {
+        let max_value_bytes = 16 * 1024 * 1024;
+        let limits = protocol_limits(&region_with(max_value_bytes)).unwrap();
+        assert_eq!(limits.max_value_bytes, max_value_bytes);
+        assert_eq!(
+            limits.max_frame_bytes,
+            1024 + max_value_bytes + SINGLE_ENTRY_OVERHEAD_BYTES
+        );
+        limits.validate_self().unwrap();
     }
 }
