@@ -34,6 +34,7 @@ pub mod replica;
 pub mod resp;
 pub mod service;
 mod settings;
+mod stop_snapshot;
 pub mod telemetry;
 
 use rdkv_storage::raft::TypeConfig;

@@ -468,8 +468,10 @@ impl Node {
         })
     }
 
-    /// Stops serving and shuts Raft down (its log is already durable).
+    /// Saves a snapshot (`stop_snapshot`), stops serving and shuts Raft
+    /// down (its log is already durable).
     pub async fn stop(self) -> Result<()> {
+        crate::stop_snapshot::snapshot_before_stop(&self.raft).await;
         // Clients mapping the region stop trusting it before anything else.
         if let Err(e) = self.sm.retire() {
             tracing::warn!("retiring the region: {e}");

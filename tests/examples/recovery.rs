@@ -1,8 +1,10 @@
 //! Time to recover, and the memory it takes: a node holding `--keys` keys
 //! (default 100 000) of `--value-bytes` values (default 100) is stopped and
 //! restarted; we measure from the restart to the first successful
-//! linearizable read and to all keys being present, once recovering by log
-//! replay and once from a snapshot, and the region bytes per stored byte
+//! linearizable read and to all keys being present: after a crash (SIGKILL)
+//! with no snapshot (log replay), after a clean stop (SIGTERM, which saves a
+//! snapshot first), and after a crash with periodic snapshots (snapshot and
+//! log tail), and the region bytes per stored byte
 //! (`rdkv_region_used_bytes` / `rdkv_region_payload_bytes`). The same data
 //! in a real redis-server with an fsync-always AOF is restarted the same
 //! way, in the same run, as a peer (its `used_memory` per stored byte).
@@ -124,12 +126,22 @@ async fn settle_snapshot(client: &rdkv_client::Client, entries: u64) -> Result<(
     }
 }
 
+/// How the node is stopped before its restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// SIGKILL: a crash.
+    Kill,
+    /// SIGTERM: a clean stop, which saves a snapshot first.
+    Term,
+}
+
 /// One load, stop and restart; `snapshot_entries` when the node snapshots.
 async fn rdkv_recovery(
     label: &str,
     scale: Scale,
     extra: &[&str],
     snapshot_entries: Option<u64>,
+    stop: Stop,
 ) -> Result<Recovery> {
     let region_mib = scale.region_mib.to_string();
     let mut args = vec!["--region-mib", &region_mib];
@@ -142,7 +154,10 @@ async fn rdkv_recovery(
         settle_snapshot(&client, entries).await?;
     }
     let bytes_per_byte = region_bytes_per_byte(&cluster)?;
-    cluster.node_mut(1)?.stop()?;
+    match stop {
+        Stop::Kill => cluster.node_mut(1)?.kill(),
+        Stop::Term => cluster.node_mut(1)?.stop()?,
+    }
     let started = Instant::now();
     cluster.restart(1)?;
     let client = cluster.client(Intent::Any)?;
@@ -312,8 +327,12 @@ async fn main() -> Result<()> {
         "system", "first read (ms)", "all keys (ms)", "bytes/byte"
     );
     row(
-        "rdkv, 1 node, log replay",
-        &rdkv_recovery("log replay", scale, &[], None).await?,
+        "rdkv, 1 node, crash, log replay",
+        &rdkv_recovery("log replay", scale, &[], None, Stop::Kill).await?,
+    );
+    row(
+        "rdkv, 1 node, clean stop (snapshot at stop)",
+        &rdkv_recovery("snapshot at stop", scale, &[], None, Stop::Term).await?,
     );
     let entries = scale.snapshot_entries.to_string();
     let snapshot_args = [
@@ -323,12 +342,13 @@ async fn main() -> Result<()> {
         "0",
     ];
     row(
-        "rdkv, 1 node, snapshot + log tail",
+        "rdkv, 1 node, crash, snapshot + log tail",
         &rdkv_recovery(
             "snapshot",
             scale,
             &snapshot_args,
             Some(scale.snapshot_entries),
+            Stop::Kill,
         )
         .await?,
     );

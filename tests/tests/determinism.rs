@@ -89,10 +89,21 @@ async fn every_replica_uses_the_clusters_hash_seed() -> Result<()> {
             async || numbered::check_replica(cluster, follower, KEYS).await,
         )
         .await?;
-        ensure!(
-            seed_of(cluster, follower).await? == seed,
-            "the restart changed the seed"
-        );
+        // The replica read above may be answered before the restarted node
+        // serves its shm socket (seen once in a full run): wait for it.
+        eventually(
+            LEADER_TIMEOUT,
+            "the restarted follower's seed",
+            async || {
+                let restarted = seed_of(cluster, follower).await?;
+                ensure!(
+                    restarted == seed,
+                    "the restart changed the seed: {restarted:?}"
+                );
+                Ok(())
+            },
+        )
+        .await?;
 
         // A joiner gets the state by snapshot install: the same seed.
         cluster.join(4, leader)?;
