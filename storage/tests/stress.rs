@@ -33,8 +33,10 @@ const STEADY_KEYS: u64 = HOT_KEYS / 2;
 const EXHAUSTED_AT_MOST_ONE_IN: u64 = 1_000;
 /// A batch gives up when any of its keys does, so its bound is looser: a
 /// loaded machine (the full suite beside other work) made 150 of 100,000
-/// batches give up, while a reader that gives up wrongly does so on most.
-const EXHAUSTED_BATCHES_AT_MOST_ONE_IN: u64 = 50;
+/// batches give up, and one at a load average of 6 on 2 cores (the suite
+/// beside two builds) 3,476, while a reader that gives up wrongly does so
+/// on most.
+const EXHAUSTED_BATCHES_AT_MOST_ONE_IN: u64 = 10;
 const READERS: usize = 2;
 const READS_PER_READER: u64 = 1_500_000;
 
