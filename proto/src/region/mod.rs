@@ -27,8 +27,8 @@ pub mod slot;
 pub use block::{
     BLOCK_HEADER_BYTES, BLOCK_MAGIC, BlockHeader, BlockRef, CRC_WORD_OFFSET,
     DEFAULT_MAX_CLOCK_DRIFT_MS, DeadlineUnixMs, EXPIRY_MARGIN_MS, INVALIDATED_WORD,
-    INVALIDATION_WORD_OFFSET, NO_DEADLINE, ValueShape, block_field, encode_block,
-    encoded_block_bytes, expired_at, expired_within, revoked_crc_word,
+    INVALIDATION_WORD_OFFSET, NO_DEADLINE, SplitVerdict, ValueShape, block_field, encode_block,
+    encoded_block_bytes, examine_split, expired_at, expired_within, revoked_crc_word,
 };
 pub use charge::charged_bytes;
 pub use error::{BlockError, HeaderError, SlotError};
