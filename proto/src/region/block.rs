@@ -319,16 +319,11 @@ pub enum SplitVerdict {
 /// (where `key` is, if this is its block), `tail` = the bytes after them
 /// (where its value is). So a value can land straight in a caller's buffer
 /// and still be checked by exactly the rules of [`BlockRef::validate`].
-pub fn examine_split(
-    key: &[u8],
-    head: &[u8],
-    tail: &[u8],
-    limits: (u32, u32),
-) -> SplitVerdict {
+pub fn examine_split(key: &[u8], head: &[u8], tail: &[u8], limits: (u32, u32)) -> SplitVerdict {
     match check_pieces(head, tail, limits) {
         Ok(Pieces::Whole(header)) => {
-            let key_matches = header.key_len as usize == key.len()
-                && head.get(BLOCK_HEADER_BYTES..) == Some(key);
+            let key_matches =
+                header.key_len as usize == key.len() && head.get(BLOCK_HEADER_BYTES..) == Some(key);
             if key_matches {
                 SplitVerdict::Match {
                     value_len: header.value_len as usize,
@@ -526,6 +521,9 @@ mod tests {
             Err(BlockError::Length { .. })
         ));
         let (head, tail) = buf.split_at(BLOCK_HEADER_BYTES + 1);
-        assert_eq!(examine_split(b"k", head, tail, (64, 64)), SplitVerdict::Unread);
+        assert_eq!(
+            examine_split(b"k", head, tail, (64, 64)),
+            SplitVerdict::Unread
+        );
     }
 }

@@ -39,8 +39,8 @@ pub use header::{
     STATIC_HEADER_BYTES, dynamic_word, static_word,
 };
 pub use lookup::{
-    BlockVerdict, ChainWalk, anchor_link, examine_block, neighbourhood_slots, verify_neighbourhood,
-    verify_table,
+    BlockVerdict, ChainWalk, anchor_link, examine_block, examine_block_split, neighbourhood_slots,
+    verify_neighbourhood, verify_table,
 };
 pub use neighbourhood::{
     MAX_NEIGHBOURHOOD_BUCKETS, MAX_NEIGHBOURHOOD_BYTES, MAX_NEIGHBOURHOOD_SLOTS,
