@@ -5,7 +5,7 @@
 //! the stripes when someone looks.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Stripes per set: enough for the threads of one client on a large host
 /// to rarely share one.
@@ -56,12 +56,18 @@ impl<T> Striped<T> {
     pub fn iter(&self) -> impl Iterator<Item = &T> {
         self.stripes.iter().map(|padded| &padded.0)
     }
+
+    /// The sum over the stripes of one counter of `T`.
+    pub fn sum(&self, counter: impl Fn(&T) -> &AtomicU64) -> u64 {
+        self.iter()
+            .map(|stripe| counter(stripe).load(Ordering::Relaxed))
+            .sum()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicU64;
 
     #[test]
     fn every_threads_counts_are_in_the_sum() {
@@ -75,8 +81,7 @@ mod tests {
                 });
             }
         });
-        let sum: u64 = counters.iter().map(|c| c.load(Ordering::Relaxed)).sum();
-        assert_eq!(sum, 40_000);
+        assert_eq!(counters.sum(|c| c), 40_000);
         assert!(std::ptr::eq(counters.local(), counters.local()));
     }
 }

@@ -236,8 +236,11 @@ impl RegionReader {
     /// The dynamic header words (term, applied index, lease, state) without
     /// re-validating the static part: the per-GET check of a lease read.
     pub fn dynamic_header(&self) -> Result<DynamicHeader, ReadError> {
+        // The dynamic words only (the static part was validated on attach
+        // and is not looked at here).
         let mut header = [0u8; HEADER_USED_BYTES];
-        self.region.read(0, &mut header)?;
+        let dynamic = dynamic_word::RAFT_TERM as usize;
+        self.region.read(dynamic as u64, &mut header[dynamic..])?;
         Ok(DynamicHeader::decode(&header)?)
     }
 
