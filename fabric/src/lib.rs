@@ -25,6 +25,7 @@
 #[cfg(target_endian = "big")]
 compile_error!("rdkv regions are little-endian; big-endian targets are not supported");
 
+pub mod alloc_count;
 pub mod clock;
 pub mod mapped_file;
 pub mod memory;
