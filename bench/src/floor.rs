@@ -225,8 +225,10 @@ pub async fn run_floor(
         let floor = floor_region(region_bytes);
         for &size in &options.sizes {
             let block = block_bytes(size);
+            // Hot: as many keys as the hot floor region holds blocks and
+            // index lines (two 64-byte bucket lines each).
             let keys = if region == "hot" {
-                (HOT_REGION_BYTES / block).clamp(1, cold_keys)
+                (HOT_REGION_BYTES / (block + 128)).clamp(1, cold_keys)
             } else {
                 cold_keys
             };
@@ -235,6 +237,9 @@ pub async fn run_floor(
                 size,
             };
             let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ size as u64);
+            // Attaches the regions (this runtime runs the refresher only
+            // when the rounds of `get` poll it).
+            handle.refresh().await;
             // Warm-up: every key once (attaches, and the hot set is cached).
             for key in &row_keys.keys {
                 let _ = handle.get_into(key, &mut vec![0u8; size]);

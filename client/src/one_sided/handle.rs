@@ -151,6 +151,16 @@ impl ReadHandle {
         }
     }
 
+    /// Makes a wanted refresh of the client's view of the cluster now (the
+    /// first one, at least, is wanted before any read), and adopts it. A
+    /// thread that only reads through handles on a runtime it does not
+    /// otherwise poll calls this now and then (or when a read is
+    /// `NotServed`); elsewhere the background refresher does it.
+    pub async fn refresh(&mut self) {
+        drop(self.one_sided.view_for_read().await);
+        self.fresh_view();
+    }
+
     /// The current view: the handle's own unless a refresh published another.
     fn fresh_view(&mut self) {
         let generation = self.one_sided.views.generation();

@@ -265,7 +265,7 @@ impl OneSided {
     /// The view to read with. A wanted refresh is made now if none is
     /// running (and waited for only by the first read, which has no view
     /// at all); otherwise reads go on with the view they have.
-    async fn view_for_read(&self) -> arc_swap::Guard<Arc<ReadView>> {
+    pub(super) async fn view_for_read(&self) -> arc_swap::Guard<Arc<ReadView>> {
         if self.views.refresh_wanted() {
             let topology = if self.views.load().built {
                 self.topology.try_lock().ok()
