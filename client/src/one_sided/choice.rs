@@ -65,6 +65,15 @@ pub(super) fn not_behind(header: &DynamicHeader, seen: u64) -> bool {
     header.applied_index >= seen
 }
 
+/// `time` on the clock that judges a lease of `reader`'s region.
+fn lease_clock(view: &ReadView, reader: &RegionReader, time: ReadTime) -> LeaseClock {
+    if reader.on_this_host() {
+        LeaseClock::Boottime(time.monotonic_us)
+    } else {
+        LeaseClock::Unix(view.unix_us(time))
+    }
+}
+
 /// A region chosen for a read, and what the read's clock reading must
 /// still confirm after the copy (a lease is judged at the reading taken
 /// after the copy: every instant of the read is before it).
@@ -103,8 +112,14 @@ impl OneSided {
             return Err(self.lease_refused());
         }
         // A leader applies what it committed a moment later: until it
-        // catches up with what this client saw, the server answers.
+        // catches up with what this client saw, the server answers. (A
+        // lapsed lease is told apart, with a clock reading of its own: that
+        // region may be a dead incarnation's, to be replaced by a refresh.)
         if !not_behind(&header, self.seen()) {
+            let now = lease_clock(view, reader, view.now());
+            if !lease_holds(&header, now, self.max_clock_drift_us) {
+                return Err(self.lease_refused());
+            }
             return Err(NotServed::Behind);
         }
         Ok(Choice {
@@ -170,11 +185,7 @@ impl OneSided {
         let Some((leader, header)) = &choice.lease else {
             return Ok(());
         };
-        let now = if leader.on_this_host() {
-            LeaseClock::Boottime(time.monotonic_us)
-        } else {
-            LeaseClock::Unix(view.unix_us(time))
-        };
+        let now = lease_clock(view, leader, time);
         if lease_holds(header, now, self.max_clock_drift_us) {
             Ok(())
         } else if choice.leased_read {

@@ -70,16 +70,23 @@ impl OneSided {
         if self.transport == Transport::Tcp {
             return Err(NotServed::Consistency.into());
         }
-        let choice = self.choose(view, consistency)?;
+        let choice = match self.choose(view, consistency) {
+            Ok(choice) => choice,
+            Err(not_served) => {
+                // A refused read is the server's (slow) anyway: it reads the
+                // clock so that a view that keeps refusing (a region behind,
+                // of a dead incarnation) still ages into a refresh.
+                self.note_age(view, view.now());
+                return Err(not_served.into());
+            }
+        };
         let mut now = || view.now();
         let (value, time) = match read(choice.reader, *since, &mut now) {
             Ok(read) => read,
             Err(error) => return Err(self.read_failed(error)),
         };
         *since = time;
-        if time.monotonic_us > view.fresh_until_us {
-            self.views.want_refresh();
-        }
+        self.note_age(view, time);
         self.confirm(view, &choice, time)?;
         self.counters
             .local()
@@ -87,6 +94,13 @@ impl OneSided {
             .fetch_add(keys, Ordering::Relaxed);
         self.read_from(choice.reader);
         Ok(value)
+    }
+
+    /// Asks for a refresh once `view` is older than its TTL at `time`.
+    fn note_age(&self, view: &ReadView, time: ReadTime) {
+        if time.monotonic_us > view.fresh_until_us {
+            self.views.want_refresh();
+        }
     }
 
     fn read_failed(&self, error: ReadError) -> GetIntoError {
