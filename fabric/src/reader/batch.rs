@@ -33,15 +33,7 @@ impl RegionReader {
     /// [`RegionReader::get`]: same validation, same answers.
     pub fn get_many(&self, keys: &[Bytes]) -> Result<Vec<Option<Versioned>>, ReadError> {
         let started_us = self.clock.now_us();
-        let hashes: Vec<KeyHash> = keys.iter().map(|k| self.layout.key_hash(k)).collect();
-        let neighbourhoods = self.read_neighbourhoods(&hashes)?;
-        let span = self.layout.neighbourhood_bytes() as usize;
-        let plans: Vec<Plan> = keys
-            .iter()
-            .zip(&hashes)
-            .zip(neighbourhoods.chunks(span))
-            .map(|((key, hash), bytes)| self.plan(key, *hash, bytes))
-            .collect();
+        let plans = self.plan_all(keys)?;
         let blocks = self.read_planned_blocks(&plans)?;
         let too_slow = self.past_abandon_bound(started_us).is_some();
         let mut values = Vec::with_capacity(keys.len());
@@ -60,6 +52,22 @@ impl RegionReader {
             }
         }
         Ok(values)
+    }
+
+    /// Round one, and what it decided for each key.
+    fn plan_all<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Plan>, ReadError> {
+        let hashes: Vec<KeyHash> = keys
+            .iter()
+            .map(|k| self.layout.key_hash(k.as_ref()))
+            .collect();
+        let neighbourhoods = self.read_neighbourhoods(&hashes)?;
+        let span = self.layout.neighbourhood_bytes() as usize;
+        Ok(keys
+            .iter()
+            .zip(&hashes)
+            .zip(neighbourhoods.chunks(span))
+            .map(|((key, hash), bytes)| self.plan(key.as_ref(), *hash, bytes))
+            .collect())
     }
 
     /// Round one: every key's neighbourhood, back to back in one buffer.
@@ -173,15 +181,7 @@ impl RegionReader {
     ) -> Result<ReadTime, ReadError> {
         let n = keys.len().min(bufs.len()).min(out.len());
         let (keys, bufs, out) = (&keys[..n], &mut bufs[..n], &mut out[..n]);
-        let hashes: Vec<KeyHash> = keys.iter().map(|k| self.layout.key_hash(k)).collect();
-        let neighbourhoods = self.read_neighbourhoods(&hashes)?;
-        let span = self.layout.neighbourhood_bytes() as usize;
-        let plans: Vec<Plan> = keys
-            .iter()
-            .zip(&hashes)
-            .zip(neighbourhoods.chunks(span))
-            .map(|((key, hash), bytes)| self.plan(key, *hash, bytes))
-            .collect();
+        let plans = self.plan_all(keys)?;
         let (heads, landed) = self.read_split_blocks(keys, &plans, bufs)?;
         let mut time = now();
         let too_slow = self

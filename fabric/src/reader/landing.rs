@@ -44,6 +44,16 @@ fn torn(error: rdkv_proto::region::BlockError) -> AttemptError {
     AttemptError::Retry(ReadProblem::Block(error))
 }
 
+/// The block at `offset` copied whole into a new buffer (its class: `len`
+/// bytes), ordered before what the caller reads next.
+fn read_whole(reader: &RegionReader, offset: u64, len: u64) -> Result<Vec<u8>, AttemptError> {
+    let mut block = vec![0u8; len as usize];
+    reader.region.read(offset, &mut block)?;
+    // Keeps the slot re-read (and any clock read) after the copy.
+    fence(Ordering::Acquire);
+    Ok(block)
+}
+
 /// The block copied into a new buffer, which becomes the value (`get`);
 /// the abandon bound is checked against `started_us` after the copy.
 pub(crate) struct WholeBlock {
@@ -60,10 +70,7 @@ impl Landing for WholeBlock {
         offset: u64,
         len: u64,
     ) -> Result<Landed<Found>, AttemptError> {
-        let mut block = vec![0u8; len as usize];
-        reader.region.read(offset, &mut block)?;
-        // Keeps the slot re-read (and the clock read) after the copy.
-        fence(Ordering::Acquire);
+        let block = read_whole(reader, offset, len)?;
         if let Some(elapsed_us) = reader.past_abandon_bound(self.started_us) {
             return Err(AttemptError::Retry(ReadProblem::Slow { elapsed_us }));
         }
@@ -146,9 +153,7 @@ impl IntoBuffer<'_> {
         offset: u64,
         len: u64,
     ) -> Result<Landed<ValueInto>, AttemptError> {
-        let mut block = vec![0u8; len as usize];
-        reader.region.read(offset, &mut block)?;
-        fence(Ordering::Acquire);
+        let block = read_whole(reader, offset, len)?;
         match examine_block(&reader.layout, key, &block) {
             BlockVerdict::Match(found) => {
                 if let Some(out) = self.buf.get_mut(..found.value.len()) {
