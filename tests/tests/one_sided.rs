@@ -132,9 +132,10 @@ async fn a_restarted_node_is_mapped_anew() -> Result<()> {
                 }
             }
         }
+        let stats = client.one_sided_stats().await;
         ensure!(
-            client.one_sided_stats().await.served > served_before,
-            "reads did not go one-sided to the new region"
+            stats.served > served_before,
+            "reads did not go one-sided to the new region: {stats:?}"
         );
         Ok(())
     })
