@@ -311,7 +311,9 @@ async fn torn_log_tail_is_truncated_on_restart() -> Result<()> {
         cluster.restart(1)?;
         wait_serving(&client).await?;
         client.put("torn", "x").await?;
-        cluster.node_mut(1)?.stop()?;
+        // Killed, not stopped: a clean stop would save a snapshot holding
+        // the write, which a crash mid-write never does.
+        cluster.node_mut(1)?.kill();
         ensure!(
             last_segment(&data_dir)? == segment,
             "a new segment was started"
@@ -382,7 +384,9 @@ async fn follower_with_torn_tail_below_its_committed_index_rejoins() -> Result<(
             },
         )
         .await?;
-        cluster.node_mut(follower)?.stop()?;
+        // Killed, not stopped: a clean stop would save a snapshot covering
+        // the record torn below, which a crash never does.
+        cluster.node_mut(follower)?.kill();
 
         let segment = last_segment(&cluster.node(follower)?.data_dir)?;
         let &(offset, len) = records(&segment)?.last().context("no record")?;
