@@ -4,10 +4,8 @@
 
 use std::time::Duration;
 
-use std::cell::RefCell;
-
 use bytes::Bytes;
-use rdkv_client::{Client, ClientOptions, Consistency, GetIntoError, ReadHandle, Transport};
+use rdkv_client::{Client, ClientOptions, Consistency, Transport};
 
 use super::{Driver, DriverError, DriverFactory};
 
@@ -120,11 +118,9 @@ impl DriverFactory for RdkvFactory {
         let client = Client::new(&self.endpoints, options)?;
         // Fail now, not on the first timed operation, if nothing answers.
         client.ping().await?;
-        let handle = RefCell::new((client.read_handle(), Vec::new()));
         Ok(RdkvDriver {
             client,
             consistency: self.consistency,
-            handle,
         })
     }
 }
@@ -137,32 +133,11 @@ pub const SUPPORTS_SCAN: bool = true;
 pub struct RdkvDriver {
     client: Client,
     consistency: Consistency,
-    /// This thread's one-sided read handle and its value buffer: a READ is
-    /// `get_into` (the synchronous path, as an application that reads into
-    /// its own buffers uses it), the value then copied out as the `Bytes`
-    /// every driver returns; what it does not serve goes to `get_with`.
-    handle: RefCell<(ReadHandle, Vec<u8>)>,
 }
 
 impl RdkvDriver {
     pub fn client(&self) -> &Client {
         &self.client
-    }
-}
-
-impl RdkvDriver {
-    /// A READ by the read handle, if it serves it (`None`: ask the client).
-    fn read_one_sided(&self, key: &[u8]) -> Option<Option<Bytes>> {
-        let mut handle = self.handle.borrow_mut();
-        let (handle, buf) = &mut *handle;
-        for _ in 0..2 {
-            match handle.get_into_with(key, buf, self.consistency) {
-                Ok(got) => return Some(got.map(|g| Bytes::copy_from_slice(&buf[..g.len]))),
-                Err(GetIntoError::BufferTooSmall { needed, .. }) => buf.resize(needed, 0),
-                Err(GetIntoError::NotServed(_)) => return None,
-            }
-        }
-        None
     }
 }
 
@@ -172,9 +147,6 @@ impl Driver for RdkvDriver {
     }
 
     async fn read(&self, key: &str) -> Result<Option<Bytes>, DriverError> {
-        if let Some(value) = self.read_one_sided(key.as_bytes()) {
-            return Ok(value);
-        }
         let got = self
             .client
             .get_with(Bytes::copy_from_slice(key.as_bytes()), self.consistency)

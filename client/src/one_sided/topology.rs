@@ -1,8 +1,6 @@
 //! What the one-sided path knows of the cluster: the members, the leader and
 //! a region reader per node it could attach to (over `rdma` or `shm`),
-//! re-learned from the nodes' status when a read finds its view older than
-//! `view::VIEW_TTL` (or its leader's lease gone); each refresh publishes a
-//! new `ReadView` for the reads.
+//! re-learned from the nodes' status at most every `TOPOLOGY_TTL`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,10 +12,11 @@ use rdkv_proto::region::RegionState;
 use rdkv_proto::wire::{MemberInfo, NodeStatus, Op, Request};
 
 use super::OneSided;
-use super::view::ReadView;
 use crate::outcome::answer;
 
-/// Budget of each status call of a refresh.
+/// How often the client re-learns which nodes exist and which one leads.
+const TOPOLOGY_TTL: Duration = Duration::from_secs(1);
+/// Budget of each status call of a refresh (GETs wait behind a refresh).
 pub(super) const STATUS_TIMEOUT: Duration = Duration::from_millis(500);
 /// How long a node whose region could not be attached is left alone.
 const ATTACH_BACKOFF: Duration = Duration::from_secs(2);
@@ -58,6 +57,7 @@ impl Node {
 
 #[derive(Debug, Default)]
 pub(super) struct Topology {
+    pub(super) refreshed_at: Option<Instant>,
     pub(super) leader: Option<u64>,
     pub(super) nodes: BTreeMap<u64, Node>,
     /// Readers of regions replaced since, kept for their statistics.
@@ -68,6 +68,15 @@ pub(super) struct Topology {
 }
 
 impl Topology {
+    pub(super) fn is_stale(&self) -> bool {
+        self.refreshed_at
+            .is_none_or(|at| at.elapsed() > TOPOLOGY_TTL)
+    }
+
+    pub(super) fn leader_reader(&self) -> Option<&RegionReader> {
+        self.nodes.get(&self.leader?)?.reader.as_ref()
+    }
+
     pub(super) fn readers(&self) -> impl Iterator<Item = &RegionReader> {
         self.nodes.values().filter_map(|n| n.reader.as_ref())
     }
@@ -121,16 +130,8 @@ pub(super) fn sized_reader(
 impl OneSided {
     /// Learns members, leader and sockets, and attaches to the regions of
     /// the nodes this client can read one-sided.
-    /// Then publishes the new view (also when the status could not be
-    /// had: the old readers, fresh for another TTL, rather than a refresh
-    /// per read).
     pub(super) async fn refresh(&self, topology: &mut Topology) {
-        self.views.refresh_starts();
-        self.refresh_topology(topology).await;
-        self.views.publish(ReadView::of(topology));
-    }
-
-    async fn refresh_topology(&self, topology: &mut Topology) {
+        topology.refreshed_at = Some(Instant::now());
         let status = tokio::time::timeout(STATUS_TIMEOUT, self.router.send(Request::Status)).await;
         let Ok(Ok(status)) = status.map(|r| r.and_then(|s| answer::<NodeStatus>(Op::Status, s)))
         else {
