@@ -31,6 +31,11 @@ struct Completion {
 pub struct Done(Arc<Completion>);
 
 impl Done {
+    /// Whether both signal the same command's completion.
+    fn is(&self, other: &Done) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
     fn finished(&self) -> bool {
         self.0.finished.load(Ordering::Acquire)
     }
@@ -124,24 +129,11 @@ pub struct KeyOrder {
 
 impl KeyOrder {
     /// Admits a command on `keys` (`writes`: it may change them) whose
-    /// completion is `done`; returns the commands it must wait for.
-    pub fn admit(&mut self, keys: &[&Bytes], writes: bool, done: &Done) -> Vec<Done> {
-        let waits = self.admit_placed(keys, writes, done, done);
-        let mut all = waits.to_start;
-        all.extend(waits.to_finish);
-        all
-    }
-
-    /// Admits a command as [`admit`](Self::admit) does, for a command whose
-    /// place among the writes of its keys is fixed at `placed` (before it
-    /// finishes at `done`): a later write waits only for that.
-    pub fn admit_placed(
-        &mut self,
-        keys: &[&Bytes],
-        writes: bool,
-        done: &Done,
-        placed: &Done,
-    ) -> Waits {
+    /// completion is `done` and whose place among the writes of its keys is
+    /// fixed at `placed` (a command that is one log entry: once proposed;
+    /// any other: `done` itself); returns what it must wait for. A later
+    /// write of the same keys waits only for `placed` to start.
+    pub fn admit(&mut self, keys: &[&Bytes], writes: bool, done: &Done, placed: &Done) -> Waits {
         self.forget_finished();
         let mut waits = Waits {
             to_start: self.barrier.iter().cloned().collect(),
@@ -161,7 +153,7 @@ impl KeyOrder {
             if writes {
                 if let Some(earlier) = entry.last_write.take() {
                     // Placed only when finished: one wait, before starting.
-                    if !Arc::ptr_eq(&earlier.placed.0, &earlier.finished.0) {
+                    if !earlier.placed.is(&earlier.finished) {
                         waits.to_finish.push(earlier.finished);
                     }
                     waits.to_start.push(earlier.placed);
@@ -234,8 +226,9 @@ mod tests {
         let (finish, done) = completion();
         let keys: Vec<Bytes> = keys.iter().map(|k| key(k)).collect();
         let refs: Vec<&Bytes> = keys.iter().collect();
-        let waits = order.admit(&refs, writes, &done);
-        (finish, waits.iter().filter(|d| !d.finished()).count())
+        let waits = order.admit(&refs, writes, &done, &done);
+        let unfinished = waits.to_start.iter().chain(&waits.to_finish);
+        (finish, unfinished.filter(|d| !d.finished()).count())
     }
 
     #[test]
@@ -319,7 +312,7 @@ mod tests {
         let (place, placed) = completion();
         let keys: Vec<Bytes> = keys.iter().map(|k| key(k)).collect();
         let refs: Vec<&Bytes> = keys.iter().collect();
-        let waits = order.admit_placed(&refs, writes, &done, &placed);
+        let waits = order.admit(&refs, writes, &done, &placed);
         let open = |list: &[Done]| list.iter().filter(|d| !d.finished()).count();
         (
             (place, finish),

@@ -277,14 +277,17 @@ impl<'a> Pipeline<'a> {
     fn start_store(&mut self, spec: &'static Spec, run: StoreRun, argv: Vec<Bytes>) {
         let bytes: usize = argv.iter().map(Bytes::len).sum();
         let (finish, done) = completion();
-        let waits = self.order.admit(&spec.keys_in(&argv), spec.writes(), &done);
+        // A RESP command may take several steps of the store: its place
+        // among the writes of its keys is fixed only when it has finished.
+        let waits = self
+            .order
+            .admit(&spec.keys_in(&argv), spec.writes(), &done, &done);
         self.held_bytes += bytes;
         let server = self.server;
         self.running.push_back(Box::pin(async move {
-            for earlier in &waits {
-                earlier.wait().await;
-            }
+            waits.start().await;
             let reply = run(server, &argv[1..]).await;
+            waits.finish().await;
             drop(finish);
             (reply, false, bytes)
         }));

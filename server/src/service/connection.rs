@@ -180,7 +180,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
     done: &mpsc::Sender<(u64, Response)>,
     rdma_sessions: &RdmaSessions,
 ) -> Result<()> {
-    let mut order = RequestOrder::default();
+    let mut order = KeyOrder::default();
     loop {
         let permit = match Arc::clone(credits).try_acquire_owned() {
             Ok(permit) => permit,
@@ -219,9 +219,10 @@ async fn read_requests<R: AsyncRead + Unpin>(
             handler.stats().backpressure(via);
         }
         let request = decode_payload::<Request>(&frame);
-        let turn = request
-            .as_ref()
-            .map_or_else(|_| Turn::default(), |request| order.admit(request));
+        let turn = request.as_ref().map_or_else(
+            |_| Turn::default(),
+            |request| take_turn(&mut order, request),
+        );
         let handler = Arc::clone(handler);
         let done = done.clone();
         let rdma_sessions = Arc::clone(rdma_sessions);
@@ -257,27 +258,21 @@ struct Turn {
     finish: Option<Finish>,
 }
 
-/// The connection's requests in flight, by key.
-#[derive(Default)]
-struct RequestOrder {
-    keys: KeyOrder,
-}
-
-impl RequestOrder {
-    fn admit(&mut self, request: &Request) -> Turn {
-        let (finish, done) = completion();
-        let (keys, writes) = match request.key_use() {
-            KeyUse::Nothing => return Turn::default(),
-            KeyUse::Reads(keys) => (keys, false),
-            KeyUse::Writes(keys) => (keys, true),
-            KeyUse::Everything => (Vec::new(), true),
-        };
-        let (place, placed) = completion();
-        let waits = self.keys.admit_placed(&keys, writes, &done, &placed);
-        Turn {
-            waits,
-            place: Some(place),
-            finish: Some(finish),
-        }
+/// `request`'s turn among the connection's requests in flight (`order`).
+fn take_turn(order: &mut KeyOrder, request: &Request) -> Turn {
+    let (keys, writes) = match request.key_use() {
+        KeyUse::Nothing => return Turn::default(),
+        KeyUse::Reads(keys) => (keys, false),
+        KeyUse::Writes(keys) => (keys, true),
+        KeyUse::Everything => (Vec::new(), true),
+    };
+    let (finish, done) = completion();
+    // Every native write is one log entry: placed once it is proposed.
+    let (place, placed) = completion();
+    let waits = order.admit(&keys, writes, &done, &placed);
+    Turn {
+        waits,
+        place: Some(place),
+        finish: Some(finish),
     }
 }
