@@ -6,6 +6,7 @@ scale; errors are :class:`Error` subclasses carrying ``code`` and
 ``retryable``.
 """
 
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Literal, final
 
@@ -59,7 +60,8 @@ class OutcomeUnknown(Error):
     """A write was sent but its reply never came: it may have been applied."""
 
 class Unauthenticated(Error):
-    """The cluster refused the token."""
+    """The cluster refused the token, or TLS failed (code 'tls_refused':
+    certificates; 'tls_required': the server speaks TLS, pass tls_ca)."""
 
 class TooLarge(Error):
     """A key, value, batch or frame exceeds the server's limits."""
@@ -105,10 +107,16 @@ class Client:
         connect_timeout: float = 2.0,
         max_lag: int = 1000,
         max_attempts: int = 16,
+        tls_ca: str | os.PathLike[str] | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
+        tls_server_name: str | None = None,
     ) -> Client:
         """Connects to the first endpoint that answers ("host:port", a
         comma-separated string of them, or a list). Raises Unauthenticated
-        for a wrong token, Unavailable when no endpoint answers."""
+        for a wrong token or a TLS refusal, Unavailable when no endpoint
+        answers. tls_ca (a PEM CA file) turns TLS on; tls_cert and tls_key
+        are this client's certificate for servers that verify clients."""
 
     def get(self, key: _Key) -> bytes | None:
         """The value of key, or None when it is absent."""

@@ -166,6 +166,8 @@ pub struct EmbeddedCluster {
     // Declared before `dir` so the processes die before their directory goes.
     procs: Vec<Proc>,
     endpoints: Vec<String>,
+    /// Each node's RESP port (`host:port`), by node id - 1.
+    resp_endpoints: Vec<String>,
     dir: tempfile::TempDir,
 }
 
@@ -179,15 +181,16 @@ impl EmbeddedCluster {
         for id in 1..=options.nodes.max(1) {
             let client = SocketAddr::from(([127, 0, 0, 1], free_port()?));
             let peer = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-            nodes.push((id, client, peer));
+            let resp = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+            nodes.push((id, client, peer, resp));
         }
         let initial_cluster = nodes
             .iter()
-            .map(|(id, _, peer)| format!("{id}={peer}"))
+            .map(|(id, _, peer, _)| format!("{id}={peer}"))
             .collect::<Vec<_>>()
             .join(",");
         let mut procs = Vec::new();
-        for (id, client, peer) in &nodes {
+        for (id, client, peer, resp) in &nodes {
             let mut command = Command::new(&binary);
             command
                 .arg("--id")
@@ -198,7 +201,9 @@ impl EmbeddedCluster {
                 .arg(client.to_string())
                 .arg("--peer-listen")
                 .arg(peer.to_string())
-                .args(["--http-listen", "off", "--resp-listen", "off"])
+                .args(["--http-listen", "off"])
+                .arg("--resp-listen")
+                .arg(resp.to_string())
                 .arg("--region-mib")
                 .arg(options.region_mib.to_string())
                 .arg("--initial-cluster")
@@ -214,13 +219,20 @@ impl EmbeddedCluster {
         }
         Ok(EmbeddedCluster {
             procs,
-            endpoints: nodes.iter().map(|(_, c, _)| c.to_string()).collect(),
+            endpoints: nodes.iter().map(|(_, c, _, _)| c.to_string()).collect(),
+            resp_endpoints: nodes.iter().map(|(_, _, _, r)| r.to_string()).collect(),
             dir,
         })
     }
 
     pub fn endpoints(&self) -> &[String] {
         &self.endpoints
+    }
+
+    /// Node `id`'s RESP endpoint as a Redis URL.
+    pub fn resp_url(&self, id: u64) -> Option<String> {
+        let index = usize::try_from(id.checked_sub(1)?).ok()?;
+        Some(format!("redis://{}/", self.resp_endpoints.get(index)?))
     }
 
     pub fn dir(&self) -> &Path {

@@ -11,6 +11,13 @@
 //! - `shm-get`: a full one-sided GET by `rdkv_client` with `Transport::Shm`
 //!   against a running server's region: the lease check in the header, the
 //!   slot read, the block read, CRC and key validation, the value copy.
+//! - `ofi` (feature `ofi`): `RemoteRegion::read` by libfabric `fi_read` of
+//!   a region registered by an `OfiServer` endpoint, through an
+//!   `OfiSession` (the client's bounce buffer, then a copy out), both in
+//!   this process but over the provider's real path (`tcp;ofi_rxm`: the
+//!   loopback TCP stack and the server endpoint's progress thread). The
+//!   provider is `RDKV_OFI_PROVIDER`, else `tcp;ofi_rxm`; its name is in
+//!   the table's title. No validation.
 //! - `tcp`: a GET by RPC (`Transport::Tcp`) over loopback TCP: framing,
 //!   both processes' wake-ups, the server's region lookup: the RPC round
 //!   trip of the native protocol.
@@ -47,7 +54,7 @@ pub enum FabricBenchError {
         transport: &'static str,
         source: rdkv_client::Error,
     },
-    #[error("unknown fabric transport {0:?}: expected mem, shm, shm-get or tcp")]
+    #[error("unknown fabric transport {0:?}: expected mem, shm, shm-get, ofi or tcp")]
     UnknownTransport(String),
 }
 
@@ -57,6 +64,7 @@ pub enum FabricTransport {
     Shm,
     ShmGet,
     Tcp,
+    Ofi,
 }
 
 impl FabricTransport {
@@ -66,6 +74,7 @@ impl FabricTransport {
             "shm" => Ok(FabricTransport::Shm),
             "shm-get" => Ok(FabricTransport::ShmGet),
             "tcp" => Ok(FabricTransport::Tcp),
+            "ofi" => Ok(FabricTransport::Ofi),
             other => Err(FabricBenchError::UnknownTransport(other.to_owned())),
         }
     }
@@ -76,6 +85,7 @@ impl FabricTransport {
             FabricTransport::Shm => "shm",
             FabricTransport::ShmGet => "shm-get",
             FabricTransport::Tcp => "tcp",
+            FabricTransport::Ofi => "ofi",
         }
     }
 
@@ -97,6 +107,9 @@ impl FabricTransport {
             }
             FabricTransport::Tcp => {
                 "rdkv GET by RPC over loopback TCP (request/response round trip)"
+            }
+            FabricTransport::Ofi => {
+                "one-sided fi_read of a region registered by a libfabric endpoint (bounce buffer + copy, no validation)"
             }
         }
     }
@@ -185,6 +198,9 @@ fn open_region(
         FabricTransport::Shm => RegionMemory::shared(len, "rdkv-bench-fabric").map_err(err)?,
         _ => RegionMemory::anonymous(len).map_err(err)?,
     };
+    if transport == FabricTransport::Ofi {
+        return ofi_region(owner);
+    }
     let pattern: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
     owner
         .write_bytes(0, &pattern)
@@ -207,6 +223,73 @@ fn open_region(
             transport: name,
             message: e.to_string(),
         })
+}
+
+/// The provider of the `ofi` row.
+pub fn ofi_provider() -> String {
+    std::env::var(rdkv_fabric::ofi::PROVIDER_ENV)
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "tcp;ofi_rxm".to_owned())
+}
+
+/// A region read over libfabric, with the server endpoint that registered
+/// it (closed after the reader).
+#[cfg(feature = "ofi")]
+#[derive(Debug)]
+struct OfiBenchRegion {
+    region: Arc<dyn RemoteRegion>,
+    _server: rdkv_fabric::ofi::server::OfiServer,
+}
+
+#[cfg(feature = "ofi")]
+impl RemoteRegion for OfiBenchRegion {
+    fn descriptor(&self) -> rdkv_fabric::RegionDescriptor {
+        self.region.descriptor()
+    }
+
+    fn on_this_host(&self) -> bool {
+        false
+    }
+
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), rdkv_fabric::FabricError> {
+        self.region.read(offset, buf)
+    }
+}
+
+/// `owner` registered by an in-process libfabric server endpoint on
+/// loopback and opened through a client session.
+#[cfg(feature = "ofi")]
+fn ofi_region(owner: RegionMemory) -> Result<Arc<dyn RemoteRegion>, FabricBenchError> {
+    use rdkv_fabric::ofi::client::{OfiSession, descriptor_of};
+    use rdkv_fabric::ofi::server::OfiServer;
+    let fail = |message: String| FabricBenchError::Read {
+        transport: "ofi",
+        message,
+    };
+    let provider = ofi_provider();
+    let server = OfiServer::open(Some(&provider), Some("127.0.0.1"), Duration::from_secs(1))
+        .map_err(|e| fail(e.to_string()))?;
+    let grant = server
+        .grant(&Arc::new(owner), 1, 1)
+        .map_err(|e| fail(e.to_string()))?;
+    let session = OfiSession::open(grant.clone()).map_err(|e| fail(e.to_string()))?;
+    let region = session
+        .fabric()
+        .open(&descriptor_of(&grant))
+        .map_err(|e| fail(e.to_string()))?;
+    Ok(Arc::new(OfiBenchRegion {
+        region,
+        _server: server,
+    }))
+}
+
+#[cfg(not(feature = "ofi"))]
+fn ofi_region(_owner: RegionMemory) -> Result<Arc<dyn RemoteRegion>, FabricBenchError> {
+    Err(FabricBenchError::Read {
+        transport: "ofi",
+        message: "rdkv-bench was built without the ofi feature".into(),
+    })
 }
 
 fn bench_region(
@@ -379,7 +462,10 @@ pub fn format_table(table: &FabricTable) -> String {
     let _ = writeln!(
         out,
         " transport: {} ({})",
-        table.transport.name(),
+        match table.transport {
+            FabricTransport::Ofi => format!("ofi {}", ofi_provider()),
+            other => other.name().to_owned(),
+        },
         table.description
     );
     let _ = writeln!(

@@ -25,6 +25,7 @@
 pub mod driver;
 pub mod embedded;
 pub mod fabric_bench;
+pub mod floor;
 pub mod generator;
 pub mod properties;
 pub mod record;

@@ -151,6 +151,39 @@ fn ycsb_compares_rdkv_with_redis() {
 }
 
 #[test]
+fn ycsb_reaches_rdkv_through_its_resp_port() {
+    build_server();
+    // Workload A (reads and updates) over the leader's RESP port with the
+    // redis driver, the server flag passed through to the node.
+    let (output, stdout) = embedded_ycsb(
+        "workloada",
+        300,
+        &[
+            "--target",
+            "rdkv-resp",
+            "--server-arg=--resp-read-consistency=lease",
+        ],
+    );
+    assert!(
+        output.status.success(),
+        "exit {:?}\n{stdout}",
+        output.status
+    );
+    assert!(stdout.contains("# rdkv-resp load phase"), "{stdout}");
+    assert_eq!(values(&stdout, "INSERT", "Return=OK"), vec![200.0]);
+    let reads = values(&stdout, "READ", "Return=OK");
+    let updates = values(&stdout, "UPDATE", "Return=OK");
+    assert_eq!(reads[0] + updates[0], 300.0, "{stdout}");
+    // Every record read back was found: the RESP port serves what it wrote.
+    assert!(!stdout.contains("Return=NOT_FOUND"), "{stdout}");
+    assert!(!stdout.contains("Return=ERROR"), "{stdout}");
+
+    // A scan workload says why it cannot run rather than failing mid-run.
+    let (output, stdout) = embedded_ycsb("workloade", 10, &["--target", "rdkv-resp"]);
+    assert!(!output.status.success(), "{stdout}");
+}
+
+#[test]
 fn bad_input_gets_clear_errors() {
     let (output, _) = run(&["ycsb", "--sla", "read.p99<500", "-p", "recordcount=10"]);
     assert!(!output.status.success());

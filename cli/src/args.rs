@@ -45,6 +45,24 @@ pub struct Global {
     )]
     pub write_out: Format,
 
+    /// CA certificates (PEM) the servers' certificates must chain to:
+    /// connect over TLS. Needed when the servers have --tls-cert.
+    #[arg(long, global = true, env = "RDKVCTL_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+
+    /// This client's certificate (PEM), for servers with --tls-ca. With --tls-key.
+    #[arg(long, global = true, env = "RDKVCTL_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, global = true, env = "RDKVCTL_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+
+    /// The name the servers' certificates must carry. Default: the host of
+    /// each endpoint.
+    #[arg(long, global = true)]
+    pub tls_server_name: Option<String>,
+
     /// Budget of each request, including retries and redirects (e.g. 5s, 500ms, 1m).
     #[arg(long, global = true, default_value = "5s", value_parser = parse_duration)]
     pub timeout: Duration,
@@ -187,6 +205,33 @@ pub enum EndpointCommand {
 pub enum SnapshotCommand {
     /// Saves a snapshot to FILE (written to FILE.part, then renamed).
     Save { file: PathBuf },
+    /// Checks FILE end to end (every record's CRC, the end record) and
+    /// prints its index, term, keys, bytes, state digest, cluster and format
+    /// version; names the first damage and exits 1 if there is any. Reads
+    /// the file only: no cluster is contacted.
+    Status { file: PathBuf },
+    /// Builds a fresh data directory for member --id of a NEW cluster from
+    /// FILE: the membership given, a new cluster identity (the old
+    /// cluster's members refuse it). Run it for every member, with the same
+    /// FILE, --initial-cluster and --cluster-name; then start each
+    /// rdkv-server with its --data-dir, --id and that --initial-cluster.
+    Restore {
+        file: PathBuf,
+        /// The member's data directory: absent or empty.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// The member's id, one of --initial-cluster's.
+        #[arg(long)]
+        id: u64,
+        /// The new cluster's members: ID=PEER_HOST:PORT,... as rdkv-server takes it.
+        #[arg(long)]
+        initial_cluster: String,
+        /// Names the new cluster, so that two clusters restored from one
+        /// file with one membership are still told apart (etcd's
+        /// --initial-cluster-token). The same for every member.
+        #[arg(long, default_value = "")]
+        cluster_name: String,
+    },
 }
 
 /// Units a duration may carry, longest suffix first (`ms` before `s`).

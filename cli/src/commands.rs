@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use rdkv_client::{Client, ClientOptions};
+use rdkv_client::{Client, ClientOptions, ClientTlsFiles};
 
 use crate::args::{Command, EndpointCommand, Global, MemberCommand, SnapshotCommand, arg_bytes};
 use crate::check::CheckView;
@@ -33,15 +33,43 @@ fn message(text: String, json: Json) -> Outcome {
     Outcome::ok(Message { text, json })
 }
 
+/// Commands that read or write local files only: run without a client.
+pub fn run_local(command: &Command) -> Option<Result<Outcome>> {
+    let Command::Snapshot(snapshot) = command else {
+        return None;
+    };
+    match snapshot {
+        SnapshotCommand::Save { .. } => None,
+        SnapshotCommand::Status { file } => Some(crate::backup::status(file).map(Outcome::ok)),
+        SnapshotCommand::Restore {
+            file,
+            data_dir,
+            id,
+            initial_cluster,
+            cluster_name,
+        } => Some(
+            crate::backup::restore(file, data_dir, *id, initial_cluster, cluster_name)
+                .map(Outcome::ok),
+        ),
+    }
+}
+
 pub fn client(global: &Global) -> Result<Client> {
     let options = ClientOptions {
         token: global.token.clone().filter(|t| !t.is_empty()),
         request_timeout: global.timeout,
         connect_timeout: global.timeout.min(Duration::from_secs(2)),
         client_name: concat!("rdkvctl/", env!("CARGO_PKG_VERSION")).to_owned(),
+        tls: ClientTlsFiles::from_settings(
+            global.tls_ca.clone(),
+            global.tls_cert.clone(),
+            global.tls_key.clone(),
+            global.tls_server_name.clone(),
+        )
+        .context("TLS flags")?,
         ..ClientOptions::default()
     };
-    Client::new(&global.endpoints, options).context("invalid --endpoints")
+    Client::new(&global.endpoints, options).context("creating the client (--endpoints, --tls-*)")
 }
 
 pub async fn run(client: &Client, command: Command) -> Result<Outcome> {
@@ -120,6 +148,9 @@ pub async fn run(client: &Client, command: Command) -> Result<Outcome> {
             ))
         }
         Command::Top { .. } => bail!("top runs on its own (see main)"),
+        Command::Snapshot(SnapshotCommand::Status { .. } | SnapshotCommand::Restore { .. }) => {
+            bail!("snapshot status and restore run locally (see run_local)")
+        }
         Command::Snapshot(SnapshotCommand::Save { file }) => {
             let info = client
                 .snapshot_to_file(&file)

@@ -10,6 +10,7 @@
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
 mod args;
+mod backup;
 mod check;
 mod commands;
 mod output;
@@ -46,10 +47,18 @@ fn main() -> ExitCode {
             Err(e) => fail(&e),
         };
     }
+    if let Some(outcome) = commands::run_local(&cli.command) {
+        return finish(outcome, format);
+    }
     let outcome = runtime.block_on(async {
         let client = commands::client(&cli.global)?;
         commands::run(&client, cli.command).await
     });
+    finish(outcome, format)
+}
+
+/// Prints what a command produced and gives its exit code.
+fn finish(outcome: anyhow::Result<commands::Outcome>, format: output::Format) -> ExitCode {
     match outcome {
         Ok(outcome) => {
             let text = output::render(outcome.view.as_ref(), format);

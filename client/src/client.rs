@@ -12,7 +12,7 @@ use rdkv_proto::wire::{
 use tokio::io::AsyncWrite;
 
 use crate::error::{Error, Result};
-use crate::one_sided::{OneSided, OneSidedStats};
+use crate::one_sided::{OneSided, OneSidedStats, ReadHandle};
 use crate::options::ClientOptions;
 use crate::outcome::{
     CasOutcome, Cleared, DeleteOutcome, Done, FromResponse, MWritten, Pong, Written, answer,
@@ -63,7 +63,7 @@ impl Client {
     /// Creates a client without connecting; connections open on first use.
     pub fn new<S: AsRef<str>>(endpoints: &[S], options: ClientOptions) -> Result<Self> {
         let router = Arc::new(Router::new(endpoints, options)?);
-        let one_sided = Arc::new(OneSided::new(Arc::clone(&router)));
+        let one_sided = OneSided::new(Arc::clone(&router));
         Ok(Self { router, one_sided })
     }
 
@@ -80,6 +80,15 @@ impl Client {
 
     pub fn options(&self) -> &ClientOptions {
         self.router.options()
+    }
+
+    /// A synchronous handle on the one-sided read path, for one thread or
+    /// task: `get_into` reads a value straight into the caller's buffer,
+    /// without a lock or an allocation (see [`ReadHandle`]). Made inside a
+    /// tokio runtime, the client then refreshes the handles' view of the
+    /// cluster in the background.
+    pub fn read_handle(&self) -> ReadHandle {
+        self.one_sided.handle()
     }
 
     /// What the one-sided (`shm`) read path has done so far.

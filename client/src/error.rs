@@ -63,6 +63,10 @@ pub enum Error {
     /// a writer that cannot be rewound; start again.
     #[error("snapshot changed during transfer (index {from} -> {to}); retry")]
     SnapshotChanged { from: u64, to: u64 },
+    /// The TLS settings could not be used (a missing or bad CA,
+    /// certificate or key file).
+    #[error("TLS settings: {0}")]
+    Tls(rdkv_tls::TlsError),
     /// Local I/O (writing a snapshot).
     #[error("I/O error: {0}")]
     Io(io::Error),
@@ -83,6 +87,8 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Connect(ConnectError::Handshake { code, .. }) => *code == ErrorCode::Unavailable,
+            // Certificates and CAs do not change between attempts.
+            Self::Connect(ConnectError::Tls { .. } | ConnectError::ServerWantsTls { .. }) => false,
             Self::Connect(_) | Self::Timeout(_) | Self::NoLeader => true,
             Self::OneSidedUnavailable => true,
             Self::ConnectionLost { .. } => true,
@@ -103,9 +109,17 @@ impl From<ConnectError> for Error {
 }
 
 impl Error {
-    /// Whether the server refused the handshake (as opposed to TCP failing).
+    /// Whether the server refused the handshake, rdkv's or TLS's (as
+    /// opposed to TCP failing).
     pub fn is_handshake_refusal(&self) -> bool {
-        matches!(self, Self::Connect(ConnectError::Handshake { .. }))
+        matches!(
+            self,
+            Self::Connect(
+                ConnectError::Handshake { .. }
+                    | ConnectError::Tls { .. }
+                    | ConnectError::ServerWantsTls { .. }
+            )
+        )
     }
 }
 
@@ -114,6 +128,12 @@ impl Error {
 impl From<WireError> for Error {
     fn from(e: WireError) -> Self {
         Self::Protocol(e)
+    }
+}
+
+impl From<rdkv_tls::TlsError> for Error {
+    fn from(e: rdkv_tls::TlsError) -> Self {
+        Self::Tls(e)
     }
 }
 

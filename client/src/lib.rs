@@ -93,9 +93,10 @@ mod snapshot;
 pub use bytes::Bytes;
 pub use client::{Client, ttl_ms};
 pub use error::{ConnectError, Error, Result};
-pub use one_sided::OneSidedStats;
-pub use options::{ClientOptions, Transport};
+pub use one_sided::{GetIntoError, NotServed, OneSidedStats, ReadHandle};
+pub use options::{ClientOptions, ClientTlsFiles, Transport};
 pub use outcome::{CasOutcome, DeleteOutcome};
+pub use rdkv_fabric::GotInto;
 pub use rdkv_proto::wire::{
     Consistency, ErrorCode, ErrorReply, ExpireCondition, Expiry, Fault, Health, KeyExpiry,
     LeaderHint, MemberInfo, NodeStatus, OpStats, OpenConnections, RegionFill, ReplicationLag, Role,

@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use rdkv_proto::wire::Consistency;
+pub use rdkv_tls::ClientTlsFiles;
 
 /// How a [`Client`](crate::Client) connects, authenticates and retries.
 ///
@@ -53,6 +54,12 @@ pub struct ClientOptions {
     /// is the first device with an active port. Default: `RDKV_RDMA_DEVICE`
     /// from the environment. Used only when built with the `rdma` feature.
     pub rdma_device: Option<String>,
+    /// TLS for TCP connections: the CA the servers' certificates must chain
+    /// to, and this client's certificate for servers that verify clients.
+    /// Default `None`: plain TCP. Local transports (`shm`, the Unix socket)
+    /// and RDMA reads are unchanged; an RDMA session is set up over the TLS
+    /// connection.
+    pub tls: Option<ClientTlsFiles>,
 }
 
 impl Default for ClientOptions {
@@ -70,6 +77,7 @@ impl Default for ClientOptions {
             rdma_device: std::env::var("RDKV_RDMA_DEVICE")
                 .ok()
                 .filter(|d| !d.is_empty()),
+            tls: None,
         }
     }
 }
@@ -84,6 +92,7 @@ impl fmt::Debug for ClientOptions {
             .field("max_attempts", &self.max_attempts)
             .field("client_name", &self.client_name)
             .field("default_consistency", &self.default_consistency)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -92,8 +101,11 @@ impl fmt::Debug for ClientOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Transport {
     /// One-sided through `rdma` where both sides have a device, else through
-    /// `shm` where the server is on this host, when the consistency level
-    /// allows it; RPC over TCP otherwise.
+    /// libfabric (`ofi`) where the node grants it, else through `shm` where
+    /// the server is on this host, when the consistency level allows it;
+    /// RPC over TCP otherwise. (libfabric's software `tcp;ofi_rxm` provider
+    /// is passed over for a node whose region this host can map: `shm`
+    /// is a memory copy, that provider a network round trip.)
     #[default]
     Auto,
     /// Always RPC over TCP.
@@ -106,12 +118,21 @@ pub enum Transport {
     /// Only one-sided through `rdma`, like `Shm` otherwise. Needs the
     /// client built with the `rdma` feature.
     Rdma,
+    /// Only one-sided through libfabric (`fi_read` over the provider the
+    /// node granted), like `Shm` otherwise. Needs the client built with the
+    /// `ofi` feature.
+    Ofi,
 }
 
 impl Transport {
     /// GETs that cannot be served one-sided fail instead of using RPC.
     pub fn is_one_sided_only(self) -> bool {
-        matches!(self, Transport::Shm | Transport::Rdma)
+        matches!(self, Transport::Shm | Transport::Rdma | Transport::Ofi)
+    }
+
+    #[cfg(feature = "ofi")]
+    pub(crate) fn allows_ofi(self) -> bool {
+        matches!(self, Transport::Auto | Transport::Ofi)
     }
 
     #[cfg(feature = "rdma")]

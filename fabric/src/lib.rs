@@ -25,26 +25,33 @@
 #[cfg(target_endian = "big")]
 compile_error!("rdkv regions are little-endian; big-endian targets are not supported");
 
+pub mod alloc_count;
 pub mod clock;
 pub mod mapped_file;
 pub mod memory;
+pub mod ofi;
 pub mod rdma;
 pub mod read_stats;
 pub mod reader;
 pub mod rpc;
 pub mod shm;
+pub mod striped;
 pub mod transport;
 
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use memory::{MemoryError, RegionMemory};
 pub use rdkv_proto::wire::ServerInfo;
 pub use read_stats::{ReadCounters, ReadStats, RetryCause};
-pub use reader::{CachedLocation, IndexCache, ReadError, ReadProblem, ReaderOptions, RegionReader};
+pub use reader::{
+    CachedLocation, GotInto, INLINE_KEY_BYTES, IndexCache, ReadError, ReadProblem, ReadTime,
+    ReaderOptions, RegionReader,
+};
 pub use rpc::{CallError, ConnectError, Connection, MemChannel, RpcChannel, RpcHandler};
 pub use shm::{
     ReceivedGrant, SHM_ATTACH_TIMEOUT, SHM_HANDSHAKE_TIMEOUT, SHM_MAX_CONCURRENT_HANDSHAKES,
     SHM_MAX_HELLO_BYTES, ShmAttachment, ShmError, attach_shm, request_shm_grant, serve_shm,
 };
+pub use striped::Striped;
 pub use transport::{
     Fabric, FabricError, MappedFabric, MappedRegion, ReadOp, RegionDescriptor, RemoteRegion,
     check_range,

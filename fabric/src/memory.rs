@@ -246,6 +246,60 @@ impl RegionMemory {
         Ok(())
     }
 
+    /// Like [`RegionMemory::read_bytes`] from any offset, without allocating:
+    /// the words covering the range are loaded (relaxed) and the bytes of
+    /// the range taken out of them (a value starts right after its key,
+    /// rarely on a word boundary).
+    pub fn read_bytes_unaligned(&self, offset: u64, dst: &mut [u8]) -> Result<(), MemoryError> {
+        let skip = (offset % WORD as u64) as usize;
+        if skip == 0 {
+            return self.read_bytes(offset, dst);
+        }
+        let words = self.words(offset - skip as u64, skip + dst.len())?;
+        let Some((first, rest)) = words.split_first() else {
+            return Ok(());
+        };
+        let head_len = (WORD - skip).min(dst.len());
+        let bytes = first.load(Ordering::Relaxed).to_ne_bytes();
+        let (head, body) = dst.split_at_mut(head_len);
+        head.copy_from_slice(&bytes[skip..skip + head_len]);
+        let mut chunks = body.chunks_exact_mut(WORD);
+        let mut rest = rest.iter();
+        for (chunk, word) in (&mut chunks).zip(&mut rest) {
+            chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_ne_bytes());
+        }
+        let tail = chunks.into_remainder();
+        if let Some(word) = rest.next() {
+            let bytes = word.load(Ordering::Relaxed).to_ne_bytes();
+            tail.copy_from_slice(&bytes[..tail.len()]);
+        }
+        Ok(())
+    }
+
+    /// Asks the CPU to start loading `[offset, offset + len_bytes)` into its
+    /// caches (a block, once its slot named it, while the slot is checked):
+    /// a hint only, ignored outside the mapping and off x86_64.
+    pub fn prefetch(&self, offset: u64, len_bytes: u64) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            const LINE: u64 = 64;
+            let end = offset.saturating_add(len_bytes).min(self.len_bytes as u64);
+            let mut at = offset - offset % LINE;
+            while at < end {
+                // SAFETY: `at < len_bytes`, so the pointer is inside the live
+                // mapping; a prefetch reads nothing into the program (it cannot
+                // race or fault) and SSE is part of the x86_64 baseline.
+                unsafe {
+                    let line = self.base.as_ptr().add(at as usize).cast::<i8>();
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line);
+                }
+                at += LINE;
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (offset, len_bytes);
+    }
+
     /// Copies bytes in with relaxed word stores; the last word is zero padded.
     /// Publication (the slot store with release ordering) orders these stores
     /// before any reader that acquires the slot.
@@ -405,6 +459,18 @@ mod tests {
         assert!(m.read_bytes(3, &mut out).is_err());
         assert!(m.load_u64(4096, Ordering::Relaxed).is_err());
         assert!(m.load_u64(u64::MAX - 3, Ordering::Relaxed).is_err());
+        for offset in 64..72 {
+            for len in 0..13 {
+                let mut any = vec![0u8; len];
+                m.read_bytes_unaligned(offset, &mut any).unwrap();
+                let start = (offset - 64) as usize;
+                let expected: Vec<u8> =
+                    b"hello, region\0\0\0\0\0\0\0\0\0\0"[start..start + len].to_vec();
+                assert_eq!(any, expected, "offset {offset} len {len}");
+            }
+        }
+        assert!(m.read_bytes_unaligned(4093, &mut out[..4]).is_err());
+        m.prefetch(4000, 1 << 20);
         m.inject_bit_flip(65, 0x01).unwrap();
         m.read_bytes(64, &mut out).unwrap();
         assert_eq!(&out, b"hdllo, region");

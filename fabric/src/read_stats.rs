@@ -4,6 +4,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rdkv_proto::wire::ReadReport;
 
+use crate::striped::Striped;
+
 /// Why a lock-free read had to start over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RetryCause {
@@ -20,19 +22,26 @@ pub enum RetryCause {
     Slow,
 }
 
-/// Counters shared by all clones of a reader.
+/// Counters shared by all clones of a reader, striped per thread
+/// ([`Striped`]) so that readers on several threads do not contend.
 #[derive(Debug, Default)]
 pub struct ReadCounters {
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
-    pub retries_slot: AtomicU64,
-    pub retries_block: AtomicU64,
-    pub retries_invalidated: AtomicU64,
-    pub retries_moved: AtomicU64,
-    pub retries_slow: AtomicU64,
-    pub exhausted: AtomicU64,
-    pub cache_hits: AtomicU64,
-    pub cache_misses: AtomicU64,
+    stripes: Striped<CounterSet>,
+}
+
+/// One stripe of [`ReadCounters`].
+#[derive(Debug, Default)]
+struct CounterSet {
+    hits: AtomicU64,
+    misses: AtomicU64,
+    retries_slot: AtomicU64,
+    retries_block: AtomicU64,
+    retries_invalidated: AtomicU64,
+    retries_moved: AtomicU64,
+    retries_slow: AtomicU64,
+    exhausted: AtomicU64,
+    cache_hits: AtomicU64,
+    cache_misses: AtomicU64,
 }
 
 /// A point-in-time copy of [`ReadCounters`].
@@ -117,41 +126,65 @@ impl From<ReadStats> for ReadReport {
     }
 }
 
+fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
 impl ReadCounters {
     /// Counts one read that ended with an answer: a hit or a miss.
     pub fn finished(&self, hit: bool) {
-        let counter = if hit { &self.hits } else { &self.misses };
-        counter.fetch_add(1, Ordering::Relaxed);
+        let set = self.stripes.local();
+        bump(if hit { &set.hits } else { &set.misses });
     }
 
     pub fn retry(&self, cause: RetryCause) {
-        let counter = match cause {
-            RetryCause::Slot => &self.retries_slot,
-            RetryCause::Block => &self.retries_block,
-            RetryCause::Invalidated => &self.retries_invalidated,
-            RetryCause::Moved => &self.retries_moved,
-            RetryCause::Slow => &self.retries_slow,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+        let set = self.stripes.local();
+        bump(match cause {
+            RetryCause::Slot => &set.retries_slot,
+            RetryCause::Block => &set.retries_block,
+            RetryCause::Invalidated => &set.retries_invalidated,
+            RetryCause::Moved => &set.retries_moved,
+            RetryCause::Slow => &set.retries_slow,
+        });
+    }
+
+    /// A read that gave up after its attempts.
+    pub fn exhausted(&self) {
+        bump(&self.stripes.local().exhausted);
+    }
+
+    /// A read answered from the index cache's location (a hit).
+    pub fn cache_hit(&self) {
+        let set = self.stripes.local();
+        bump(&set.cache_hits);
+        bump(&set.hits);
+    }
+
+    pub fn cache_miss(&self) {
+        bump(&self.stripes.local().cache_misses);
     }
 
     pub fn snapshot(&self) -> ReadStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        ReadStats {
-            // Every read ends as exactly one of these; counting them saves a
-            // shared read-modify-write on the hot path.
-            reads: get(&self.hits) + get(&self.misses) + get(&self.exhausted),
-            hits: get(&self.hits),
-            misses: get(&self.misses),
-            retries_slot: get(&self.retries_slot),
-            retries_block: get(&self.retries_block),
-            retries_invalidated: get(&self.retries_invalidated),
-            retries_moved: get(&self.retries_moved),
-            retries_slow: get(&self.retries_slow),
-            exhausted: get(&self.exhausted),
-            cache_hits: get(&self.cache_hits),
-            cache_misses: get(&self.cache_misses),
+        let mut stats = ReadStats::default();
+        for set in self.stripes.iter() {
+            stats = stats.plus(ReadStats {
+                // Every read ends as exactly one of these; counting them
+                // saves a read-modify-write on the hot path.
+                reads: get(&set.hits) + get(&set.misses) + get(&set.exhausted),
+                hits: get(&set.hits),
+                misses: get(&set.misses),
+                retries_slot: get(&set.retries_slot),
+                retries_block: get(&set.retries_block),
+                retries_invalidated: get(&set.retries_invalidated),
+                retries_moved: get(&set.retries_moved),
+                retries_slow: get(&set.retries_slow),
+                exhausted: get(&set.exhausted),
+                cache_hits: get(&set.cache_hits),
+                cache_misses: get(&set.cache_misses),
+            });
         }
+        stats
     }
 }
 

@@ -1,6 +1,6 @@
 //! Two-sided request/response (RPC): the [`RpcChannel`] trait, and its
-//! implementations: [`Connection`] (the native protocol over TCP or a local
-//! Unix socket) and [`MemChannel`] (in process, straight to a handler).
+//! implementations: [`Connection`] (the native protocol over TCP, with or
+//! without TLS, or a local Unix socket) and [`MemChannel`] (in process, straight to a handler).
 //!
 //! A [`Connection`] is one pipelined connection to one server.
 //!
@@ -54,6 +54,44 @@ pub enum ConnectError {
     },
     #[error("protocol error: {0}")]
     Protocol(#[from] WireError),
+    /// The TLS handshake failed: the server's certificate does not chain
+    /// to the CA or does not name the address, or the server refused this
+    /// client's certificate (or its lack of one).
+    #[error("TLS with {addr} failed: {source}")]
+    Tls {
+        addr: String,
+        #[source]
+        source: io::Error,
+    },
+    /// A plain connection reached a port that speaks TLS.
+    #[error("{addr} speaks TLS: connect with the cluster's CA (a TLS CA file)")]
+    ServerWantsTls { addr: String },
+}
+
+/// The first bytes of a TLS alert record (type 21, version 3.x, length 2):
+/// what a TLS port answers a plain hello with. Read as a frame it would be
+/// a hello of over 64 KiB, which no server sends.
+fn is_tls_alert(buf: &[u8]) -> bool {
+    matches!(buf, [0x15, 0x03, 0x01..=0x04, 0x00, 0x02, ..])
+}
+
+/// A TLS error that surfaced while the rdkv handshake was read (with TLS
+/// 1.3 the server judges a client certificate after the client's side of
+/// the TLS handshake is done) is reported as a TLS failure.
+fn tls_failure(addr: &str, error: ConnectError) -> ConnectError {
+    match error {
+        ConnectError::Connect { addr: _, source }
+            if source
+                .get_ref()
+                .is_some_and(|inner| inner.downcast_ref::<rdkv_tls::rustls::Error>().is_some()) =>
+        {
+            ConnectError::Tls {
+                addr: addr.to_owned(),
+                source,
+            }
+        }
+        other => other,
+    }
 }
 
 /// Sends the hello and reads the server's answer before `deadline`. Returns
@@ -86,6 +124,11 @@ where
             }
             buf.reserve(READ_CHUNK_BYTES);
             let n = rd.read_buf(&mut buf).await.map_err(connect_err)?;
+            if is_tls_alert(&buf) {
+                return Err(ConnectError::ServerWantsTls {
+                    addr: addr.to_owned(),
+                });
+            }
             if n == 0 {
                 return Err(connect_err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
@@ -311,6 +354,8 @@ struct Outgoing {
 #[derive(Debug)]
 pub struct Connection {
     info: ServerInfo,
+    /// The local address of a TCP connection (the route to the server).
+    local_ip: Option<std::net::IpAddr>,
     shared: Arc<Shared>,
     queue: mpsc::UnboundedSender<Outgoing>,
     next_id: AtomicU64,
@@ -326,11 +371,13 @@ impl Drop for Connection {
 }
 
 impl Connection {
-    /// Connects to `addr` and performs the handshake, both before `deadline`.
+    /// Connects to `addr` (over TLS when `tls` is given) and performs the
+    /// handshake, both before `deadline`.
     pub async fn open(
         addr: &str,
         hello: &ClientHello,
         deadline: Instant,
+        tls: Option<&rdkv_tls::ClientTls>,
     ) -> Result<Self, ConnectError> {
         let connect_err = |source: io::Error| ConnectError::Connect {
             addr: addr.to_owned(),
@@ -342,8 +389,24 @@ impl Connection {
             .map_err(|_| connect_err(timed_out()))?
             .map_err(connect_err)?;
         stream.set_nodelay(true).map_err(connect_err)?;
+        // The route to the server: an RDMA session uses the GID of this address.
+        let local_ip = stream.local_addr().ok().map(|a| a.ip());
+        let stream = match tls {
+            None => rdkv_tls::Stream::Tcp(stream),
+            Some(tls) => timeout_at(deadline, tls.connect(stream, addr))
+                .await
+                .map_err(|_| connect_err(timed_out()))?
+                .map_err(|source| ConnectError::Tls {
+                    addr: addr.to_owned(),
+                    source,
+                })?,
+        };
         let (rd, wr) = stream.into_split();
-        Self::start(addr, rd, wr, hello, deadline).await
+        let mut connection = Self::start(addr, rd, wr, hello, deadline)
+            .await
+            .map_err(|e| tls_failure(addr, e))?;
+        connection.local_ip = local_ip;
+        Ok(connection)
     }
 
     /// Connects to a server's local Unix socket (same protocol as TCP);
@@ -399,12 +462,18 @@ impl Connection {
         let writer = tokio::spawn(write_loop(wr, rx, Arc::clone(&shared)));
         Ok(Self {
             info,
+            local_ip: None,
             shared,
             queue,
             next_id: AtomicU64::new(1),
             reader,
             writer,
         })
+    }
+
+    /// The local address of a TCP connection (`None` over a Unix socket).
+    pub fn local_ip(&self) -> Option<std::net::IpAddr> {
+        self.local_ip
     }
 
     pub fn info(&self) -> ServerInfo {

@@ -91,6 +91,26 @@ pub trait RemoteRegion: Send + Sync + Debug {
             .iter_mut()
             .try_for_each(|op| self.read(op.offset, op.buf))
     }
+
+    /// Reads `head.len() + tail.len()` consecutive bytes from `offset`, the
+    /// first into `head` and the rest into `tail` (a block's header and key
+    /// into a scratch buffer, its value straight into the caller's): one
+    /// batch, so one doorbell on RDMA.
+    fn read_split(&self, offset: u64, head: &mut [u8], tail: &mut [u8]) -> Result<(), FabricError> {
+        let tail_offset = offset.saturating_add(head.len() as u64);
+        self.read_batch(&mut [
+            ReadOp { offset, buf: head },
+            ReadOp {
+                offset: tail_offset,
+                buf: tail,
+            },
+        ])
+    }
+
+    /// A hint that `[offset, offset + len_bytes)` will be read next (the CPU
+    /// may start loading it into its caches). Transports without such a
+    /// notion ignore it.
+    fn prefetch(&self, _offset: u64, _len_bytes: u64) {}
 }
 
 /// Checks a read against a region's length before any byte moves.
@@ -109,7 +129,7 @@ pub fn check_range(
     }
 }
 
-fn random_key() -> u64 {
+pub(crate) fn random_key() -> u64 {
     // OS-seeded, like std's HashMap keys; never 0.
     let key = std::collections::hash_map::RandomState::new()
         .build_hasher()
@@ -131,15 +151,7 @@ impl MappedRegion {
     /// Any offset, like a NIC READ: the memory is copied a word at a time,
     /// so an unaligned read copies the enclosing words and trims them.
     fn copy(&self, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
-        let skip = (offset % 8) as usize;
-        if skip == 0 {
-            self.memory.read_bytes(offset, buf)?;
-        } else {
-            let mut words = vec![0u8; skip + buf.len()];
-            self.memory.read_bytes(offset - skip as u64, &mut words)?;
-            buf.copy_from_slice(&words[skip..]);
-        }
-        Ok(())
+        Ok(self.memory.read_bytes_unaligned(offset, buf)?)
     }
 }
 
@@ -170,6 +182,10 @@ impl RemoteRegion for MappedRegion {
         reads
             .iter_mut()
             .try_for_each(|op| self.copy(op.offset, op.buf))
+    }
+
+    fn prefetch(&self, offset: u64, len_bytes: u64) {
+        self.memory.prefetch(offset, len_bytes);
     }
 }
 

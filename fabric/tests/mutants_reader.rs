@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use rdkv_fabric::{
-    Clock, Fabric, FabricError, IndexCache, MappedFabric, ReadError, ReadProblem, ReadStats,
-    ReaderOptions, RegionDescriptor, RegionMemory, RegionReader, RemoteRegion,
+    Clock, Fabric, FabricError, GotInto, IndexCache, MappedFabric, ReadError, ReadProblem,
+    ReadStats, ReadTime, ReaderOptions, RegionDescriptor, RegionMemory, RegionReader, RemoteRegion,
 };
 use rdkv_proto::region::{
     ANCHOR_SLOT, BlockError, HashSeed, LayoutParams, MAX_OVERFLOW_TABLES, NO_DEADLINE,
@@ -1023,4 +1023,39 @@ fn a_table_slot_that_moved_while_its_block_was_read_is_read_again() {
     assert_eq!(hooked.reader.get(KEY).expect("get"), versioned(b"mine", 5));
     let seen = hooked.reader.stats();
     assert_eq!((seen.retries_moved, seen.hits), (1, 1));
+}
+
+/// `get_into` at a fixed time (no abandon bound in the default options).
+fn get_into_now(
+    reader: &RegionReader,
+    key: &[u8],
+    buf: &mut [u8],
+) -> Result<Option<GotInto>, ReadError> {
+    let time = ReadTime {
+        monotonic_us: 1,
+        unix_ms: 1,
+    };
+    reader.get_into(key, buf, time, || time).map(|(got, _)| got)
+}
+
+#[test]
+fn a_buffer_too_small_is_not_counted_as_a_read() {
+    let mut region = Region::new();
+    region.put(KEY, b"value-1", 3);
+    let reader = region.default_reader();
+    let mut tiny = [0u8; 2];
+    let too_small = get_into_now(&reader, KEY, &mut tiny);
+    assert!(
+        matches!(
+            too_small,
+            Err(ReadError::BufferTooSmall { needed: 7, len: 2 })
+        ),
+        "{too_small:?}"
+    );
+    let mut buf = [0u8; 16];
+    let got = get_into_now(&reader, KEY, &mut buf).expect("get_into");
+    assert_eq!(got, Some(GotInto { len: 7, version: 3 }));
+    assert_eq!(&buf[..7], b"value-1");
+    // One GET answered: the client reports these counts as its reads.
+    assert_eq!(reader.stats(), stats(1, 1, 0));
 }

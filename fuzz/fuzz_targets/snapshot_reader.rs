@@ -18,6 +18,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use rdkv_proto::region::BlockRef;
+use rdkv_storage::cluster_id::ClusterId;
 use rdkv_storage::raft::SnapshotMeta;
 use rdkv_storage::state_machine::snapshot::{
     SnapshotError, SnapshotReader, SnapshotRegion, SnapshotWriter, read_snapshot,
@@ -50,20 +51,36 @@ fuzz_target!(|data: &[u8]| {
 
 fn read_all(bytes: &[u8]) -> Option<(SnapshotMeta, SnapshotRegion, Vec<Pair>)> {
     let mut pairs = Vec::new();
-    let reader = SnapshotReader::open(bytes, MAX_RECORD_BYTES).ok()?;
+    let mut reader = SnapshotReader::open(bytes, MAX_RECORD_BYTES).ok()?;
     let region = reader.region;
-    let meta = reader
-        .pairs(|pair| {
-            pairs.push((
-                pair.key.to_vec(),
-                pair.value.to_vec(),
-                pair.version,
-                pair.deadline,
-            ));
-            Ok::<_, SnapshotError>(())
-        })
-        .ok()?;
+    let meta = reader.pairs(collect_into(&mut pairs)).ok()?;
+    // The same bytes read as a stream (a backup file) give the same answer.
+    let mut streamed_pairs = Vec::new();
+    let streamed = SnapshotReader::from_stream(bytes, MAX_RECORD_BYTES).and_then(|mut r| {
+        let region = r.region;
+        r.pairs(collect_into(&mut streamed_pairs))
+            .map(|meta| (meta, region))
+    });
+    assert_eq!(
+        streamed.ok(),
+        Some((meta.clone(), region)),
+        "streamed read differs"
+    );
+    assert_eq!(streamed_pairs, pairs);
     Some((meta, region, pairs))
+}
+
+/// A reader's `on_pair` that copies each pair into `pairs`.
+fn collect_into(pairs: &mut Vec<Pair>) -> impl FnMut(BlockRef<'_>) -> Result<(), SnapshotError> {
+    move |pair| {
+        pairs.push((
+            pair.key.to_vec(),
+            pair.value.to_vec(),
+            pair.version,
+            pair.deadline,
+        ));
+        Ok(())
+    }
 }
 
 /// Pairs cut from the input: `[key_len][value_len][version][key][value]`...
@@ -98,8 +115,9 @@ fn round_trip(mode: u8, bytes: &[u8]) {
         hash_seed: (mode & 2 == 2).then_some((u64::from(mode), bytes.len() as u64)),
         quota_bytes: (mode & 4 == 4).then_some(bytes.len() as u64),
         clock_unix_ms: u64::from(mode) << 35,
+        cluster_id: (mode & 8 == 8).then_some(ClusterId([mode; 16])),
     };
-    let mut writer = SnapshotWriter::new(&meta, region).unwrap();
+    let mut writer = SnapshotWriter::new(Vec::new(), &meta, region).unwrap();
     for (key, value, version, deadline) in &pairs {
         let pair = BlockRef {
             key,

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::ops::Range;
+use std::path::PathBuf;
 use std::sync::Mutex;
 
 use bytes::Bytes;
@@ -19,7 +20,7 @@ use rdkv_client::{Error as ClientError, Versioned};
 use crate::batch::{self, REQUEST_LIMITS};
 use crate::buffers::{ByteView, each, key_of, value_of};
 use crate::errors;
-use crate::options::{Arguments, seconds};
+use crate::options::{Arguments, TlsArguments, seconds};
 use crate::runtime::runtime;
 
 /// A connection to an rdkv cluster, safe to share between threads.
@@ -234,10 +235,16 @@ impl Client {
     ///   entries behind).
     /// - ``timeout``: seconds one call may take, retries included;
     ///   ``connect_timeout``: seconds one connection attempt may take.
+    /// - ``tls_ca``: CA file (PEM) the servers' certificates must chain to:
+    ///   TCP connections use TLS. ``tls_cert``/``tls_key``: this client's
+    ///   certificate and key, for servers that verify clients;
+    ///   ``tls_server_name``: the name the certificates must carry (default:
+    ///   each endpoint's host).
     #[new]
     #[pyo3(signature = (
         endpoints, token=None, transport="auto", consistency="lease", timeout=5.0,
-        connect_timeout=2.0, max_lag=1000, max_attempts=16
+        connect_timeout=2.0, max_lag=1000, max_attempts=16, tls_ca=None, tls_cert=None,
+        tls_key=None, tls_server_name=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -250,6 +257,10 @@ impl Client {
         connect_timeout: f64,
         max_lag: u64,
         max_attempts: u32,
+        tls_ca: Option<PathBuf>,
+        tls_cert: Option<PathBuf>,
+        tls_key: Option<PathBuf>,
+        tls_server_name: Option<String>,
     ) -> PyResult<Self> {
         let endpoints = endpoint_list(endpoints)?;
         let options = Arguments {
@@ -260,6 +271,12 @@ impl Client {
             timeout,
             connect_timeout,
             max_attempts,
+            tls: TlsArguments {
+                ca: tls_ca,
+                cert: tls_cert,
+                key: tls_key,
+                server_name: tls_server_name,
+            },
         }
         .options()?;
         let client = wait(py, rdkv_client::Client::connect_with(&endpoints, options))?;

@@ -48,7 +48,9 @@ create_exception!(
     rdkv,
     Unauthenticated,
     Error,
-    "The cluster refused the token (missing or wrong)."
+    "The cluster refused the token (missing or wrong), or TLS failed: the server's certificate \
+     does not chain to tls_ca, the server refused this client's certificate (or its lack of \
+     one), or the server wants TLS and no tls_ca was given."
 );
 create_exception!(
     rdkv,
@@ -136,7 +138,12 @@ pub(crate) fn classify(error: &ClientError) -> (Kind, &'static str) {
         ClientError::Connect(ConnectError::Handshake { code, .. }) => {
             (kind_of_code(*code), code.name())
         }
+        ClientError::Connect(ConnectError::Tls { .. }) => (Kind::Unauthenticated, "tls_refused"),
+        ClientError::Connect(ConnectError::ServerWantsTls { .. }) => {
+            (Kind::Unauthenticated, "tls_required")
+        }
         ClientError::Connect(_) => (Kind::Unavailable, "connect_failed"),
+        ClientError::Tls(_) => (Kind::InvalidRequest, "tls_settings"),
         ClientError::Timeout(_) => (Kind::Timeout, "timeout"),
         ClientError::NoLeader => (Kind::Unavailable, "no_leader"),
         ClientError::OneSidedUnavailable => (Kind::Unavailable, "one_sided_unavailable"),
@@ -185,7 +192,20 @@ pub(crate) fn exception(
 /// The exception for a failed client call.
 pub(crate) fn to_py(py: Python<'_>, error: ClientError) -> PyErr {
     let (kind, code) = classify(&error);
-    exception(py, kind, code, error.is_retryable(), error.to_string())
+    exception(py, kind, code, error.is_retryable(), with_causes(&error))
+}
+
+/// The error's message followed by its causes (a TLS failure's reason is
+/// in its cause), as anyhow's `{:#}` shows them.
+fn with_causes(error: &ClientError) -> String {
+    let mut message = error.to_string();
+    let mut cause = std::error::Error::source(error);
+    while let Some(inner) = cause {
+        message.push_str(": ");
+        message.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    message
 }
 
 /// `BufferTooSmall` for the key at `index`, whose value has `needed` bytes

@@ -1,10 +1,11 @@
 //! The `Client` constructor's arguments, as `ClientOptions`.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use pyo3::PyResult;
 use pyo3::exceptions::PyValueError;
-use rdkv_client::{ClientOptions, Consistency, Transport};
+use rdkv_client::{ClientOptions, ClientTlsFiles, Consistency, Transport};
 
 /// What Python passed to `Client(...)`, besides the endpoints.
 #[derive(Debug)]
@@ -16,6 +17,28 @@ pub(crate) struct Arguments<'a> {
     pub(crate) timeout: f64,
     pub(crate) connect_timeout: f64,
     pub(crate) max_attempts: u32,
+    pub(crate) tls: TlsArguments,
+}
+
+/// The TLS arguments: a CA file turns TLS on.
+#[derive(Debug, Default)]
+pub(crate) struct TlsArguments {
+    pub(crate) ca: Option<PathBuf>,
+    pub(crate) cert: Option<PathBuf>,
+    pub(crate) key: Option<PathBuf>,
+    pub(crate) server_name: Option<String>,
+}
+
+impl TlsArguments {
+    fn files(&self) -> PyResult<Option<ClientTlsFiles>> {
+        ClientTlsFiles::from_settings(
+            self.ca.clone(),
+            self.cert.clone(),
+            self.key.clone(),
+            self.server_name.clone(),
+        )
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
 }
 
 impl Arguments<'_> {
@@ -28,6 +51,7 @@ impl Arguments<'_> {
             connect_timeout: seconds("connect_timeout", self.connect_timeout)?,
             max_attempts: self.max_attempts.max(1),
             client_name: concat!("rdkv-python/", env!("CARGO_PKG_VERSION")).to_owned(),
+            tls: self.tls.files()?,
             ..ClientOptions::default()
         })
     }
@@ -89,6 +113,12 @@ mod tests {
             Consistency::Follower { max_lag_entries: 7 }
         );
         assert!(consistency("eventual", 0).is_err());
+        let orphan = TlsArguments {
+            cert: Some("client.pem".into()),
+            ..TlsArguments::default()
+        };
+        assert!(orphan.files().is_err());
+        assert!(TlsArguments::default().files().unwrap().is_none());
         assert_eq!(seconds("t", 0.25).unwrap(), Duration::from_millis(250));
         for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
             assert!(seconds("t", bad).is_err(), "{bad}");

@@ -3,6 +3,10 @@ loopback, from release binaries, each node in a temporary directory.
 
 The binaries come from ``$RDKV_BIN_DIR`` (default: ``target/release`` of
 this repository); build them with ``cargo build --release -p rdkv-server``.
+
+With ``tls=True`` every port of every node speaks TLS, peers use mutual
+TLS and clients must show a certificate: a test CA is made with the
+``openssl`` commands of docs/security.md (:func:`make_ca`, :func:`issue`).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -38,6 +43,84 @@ def server_binary() -> Path:
     return binary
 
 
+def openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def make_ca(directory: Path, name: str) -> Path:
+    """A self-signed CA (P-256) in directory: name.pem and name.key."""
+    openssl(
+        "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", str(directory / f"{name}.key"), "-out", str(directory / f"{name}.pem"),
+        "-days", "30", "-subj", f"/CN={name}",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+    )
+    return directory / f"{name}.pem"
+
+
+def issue(directory: Path, ca: str, name: str, alt_names: str) -> tuple[Path, Path]:
+    """A certificate the CA `ca` signs for alt_names (e.g. "IP:127.0.0.1"),
+    good for a server and a client: (cert, key)."""
+    key, csr, cert = (directory / f"{name}.{ext}" for ext in ("key", "csr", "pem"))
+    extensions = directory / f"{name}.ext"
+    extensions.write_text(
+        f"subjectAltName={alt_names}\n"
+        "extendedKeyUsage=serverAuth,clientAuth\n"
+        "keyUsage=critical,digitalSignature\n"
+        "authorityKeyIdentifier=keyid\n"
+    )
+    openssl(
+        "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={name}",
+    )
+    openssl(
+        "x509", "-req", "-in", str(csr), "-CA", str(directory / f"{ca}.pem"),
+        "-CAkey", str(directory / f"{ca}.key"), "-CAcreateserial", "-out", str(cert),
+        "-days", "30", "-extfile", str(extensions),
+    )
+    return cert, key
+
+
+@dataclass
+class Pki:
+    """The cluster's CA, one certificate for every node (127.0.0.1) and one
+    for clients."""
+
+    ca: Path
+    node_cert: Path
+    node_key: Path
+    client_cert: Path
+    client_key: Path
+
+    @classmethod
+    def make(cls, directory: Path) -> "Pki":
+        ca = make_ca(directory, "ca")
+        node_cert, node_key = issue(directory, "ca", "node", "IP:127.0.0.1,DNS:localhost")
+        client_cert, client_key = issue(directory, "ca", "client", "DNS:client.test")
+        return cls(ca, node_cert, node_key, client_cert, client_key)
+
+    def server_args(self) -> list[str]:
+        return [
+            "--tls-cert", str(self.node_cert), "--tls-key", str(self.node_key),
+            "--tls-ca", str(self.ca),
+            "--peer-tls-cert", str(self.node_cert), "--peer-tls-key", str(self.node_key),
+            "--peer-tls-ca", str(self.ca),
+        ]
+
+    def client_options(self) -> dict:
+        return {
+            "tls_ca": str(self.ca),
+            "tls_cert": str(self.client_cert),
+            "tls_key": str(self.client_key),
+        }
+
+    def ssl_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.ca))
+        context.load_cert_chain(str(self.client_cert), str(self.client_key))
+        return context
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -53,14 +136,21 @@ class Node:
     data_dir: Path
     log_path: Path
     process: subprocess.Popen | None = None
+    resp: str | None = None
+    ssl_context: ssl.SSLContext | None = None
+
+    def _get(self, path: str, timeout: float):
+        scheme = "https" if self.ssl_context else "http"
+        url = f"{scheme}://{self.http}{path}"
+        return urllib.request.urlopen(url, timeout=timeout, context=self.ssl_context)
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://{self.http}/metrics", timeout=5) as reply:
+        with self._get("/metrics", timeout=5) as reply:
             return reply.read().decode()
 
     def healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(f"http://{self.http}/health", timeout=1) as reply:
+            with self._get("/health", timeout=1) as reply:
                 return reply.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False
@@ -92,6 +182,9 @@ class LocalCluster:
     region_mib: int = 512
     max_value_bytes: int = 4 * MIB
     extra_args: list[str] = field(default_factory=list)
+    tls: bool = False
+    resp: bool = False
+    pki: Pki | None = field(default=None, init=False)
     members: list[Node] = field(default_factory=list, init=False)
     _dir: Path | None = field(default=None, init=False)
 
@@ -102,6 +195,8 @@ class LocalCluster:
     def start(self, timeout: float = 30.0) -> "LocalCluster":
         binary = server_binary()
         self._dir = Path(tempfile.mkdtemp(prefix="rdkv-py-"))
+        if self.tls:
+            self.pki = Pki.make(self._dir)
         for id in range(1, self.nodes + 1):
             self.members.append(
                 Node(
@@ -111,6 +206,8 @@ class LocalCluster:
                     http=f"127.0.0.1:{free_port()}",
                     data_dir=self._dir / f"node-{id}",
                     log_path=self._dir / f"node-{id}.log",
+                    resp=f"127.0.0.1:{free_port()}" if self.resp else None,
+                    ssl_context=self.pki.ssl_context() if self.pki else None,
                 )
             )
         initial = ",".join(f"{n.id}={n.peer}" for n in self.members)
@@ -122,7 +219,7 @@ class LocalCluster:
                 "--listen", node.client,
                 "--peer-listen", node.peer,
                 "--http-listen", node.http,
-                "--resp-listen", "off",
+                "--resp-listen", node.resp or "off",
                 "--initial-cluster", initial,
                 "--region-mib", str(self.region_mib),
                 "--max-value-bytes", str(self.max_value_bytes),
@@ -131,6 +228,8 @@ class LocalCluster:
             ]
             if self.token:
                 args += ["--token", self.token]
+            if self.pki:
+                args += self.pki.server_args()
             log = open(node.log_path, "wb")
             node.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
             log.close()
@@ -167,6 +266,9 @@ class LocalCluster:
 
     def client(self, **options) -> rdkv.Client:
         options.setdefault("token", self.token)
+        if self.pki:
+            for name, value in self.pki.client_options().items():
+                options.setdefault(name, value)
         return rdkv.Client(self.endpoints, **options)
 
     def total_requests(self, *ops: str) -> float:

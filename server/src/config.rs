@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use rdkv_proto::wire::{Consistency, DEFAULT_MAX_VALUE_BYTES};
+use rdkv_tls::ServerTlsFiles;
 use serde::Deserialize;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7379";
@@ -24,7 +25,7 @@ pub const DEFAULT_BYTES_PER_SLOT: u64 = 128;
 pub const MIN_BYTES_PER_SLOT: u64 = 16;
 /// The largest `--max-value-bytes`: a value is read, framed and copied
 /// whole, so a node holds several at once per connection.
-pub const MAX_MAX_VALUE_BYTES: u32 = 64 * 1024 * 1024;
+pub use rdkv_storage::backup::MAX_MAX_VALUE_BYTES;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -141,6 +142,89 @@ pub struct Args {
     /// `rdma` build feature, rdma-core or a device, RDMA is off (logged).
     #[arg(long, env = "RDKV_RDMA_DEVICE")]
     pub rdma_device: Option<String>,
+    /// libfabric provider for one-sided reads (`tcp;ofi_rxm`,
+    /// `verbs;ofi_rxm`, `efa`, `cxi`, ...). Default: the first that opens
+    /// of cxi, efa, verbs;ofi_rxm, tcp;ofi_rxm; `off` disables it. Without
+    /// the `ofi` build feature or libfabric.so.1 it is off (logged).
+    #[arg(long, env = "RDKV_OFI_PROVIDER")]
+    pub ofi_provider: Option<String>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+}
+
+/// TLS settings (docs/security.md). Certificate files are read again on
+/// SIGHUP and when they change.
+#[derive(Debug, Default, clap::Args)]
+pub struct TlsArgs {
+    /// Certificate chain (PEM) of the client, RESP and HTTP ports: they
+    /// speak TLS only. With --tls-key.
+    #[arg(long, env = "RDKV_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, env = "RDKV_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// CA bundle (PEM): clients of those ports must present a certificate
+    /// it signed.
+    #[arg(long, env = "RDKV_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// Certificate chain (PEM) of this node on the peer port, presented to
+    /// the peers it accepts and to those it connects to. With
+    /// --peer-tls-key and --peer-tls-ca: peers then use mutual TLS.
+    #[arg(long, env = "RDKV_PEER_TLS_CERT")]
+    pub peer_tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --peer-tls-cert.
+    #[arg(long, env = "RDKV_PEER_TLS_KEY")]
+    pub peer_tls_key: Option<PathBuf>,
+    /// CA bundle (PEM) every peer's certificate must chain to.
+    #[arg(long, env = "RDKV_PEER_TLS_CA")]
+    pub peer_tls_ca: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// Each setting from the flag (or env), else the file.
+    fn or_file(self, file: &mut FileConfig) -> TlsArgs {
+        TlsArgs {
+            tls_cert: self.tls_cert.or(file.tls_cert.take()),
+            tls_key: self.tls_key.or(file.tls_key.take()),
+            tls_ca: self.tls_ca.or(file.tls_ca.take()),
+            peer_tls_cert: self.peer_tls_cert.or(file.peer_tls_cert.take()),
+            peer_tls_key: self.peer_tls_key.or(file.peer_tls_key.take()),
+            peer_tls_ca: self.peer_tls_ca.or(file.peer_tls_ca.take()),
+        }
+    }
+
+    /// The client-facing ports' files: none, or a certificate with its key
+    /// (and optionally a client CA).
+    fn front(&self) -> Result<Option<ServerTlsFiles>> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Ok(Some(ServerTlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: self.tls_ca.clone(),
+                flag_prefix: "tls",
+            })),
+            (None, None) if self.tls_ca.is_some() => {
+                bail!("--tls-ca needs --tls-cert and --tls-key")
+            }
+            (None, None) => Ok(None),
+            _ => bail!("--tls-cert and --tls-key go together"),
+        }
+    }
+
+    /// The peer port's files: all three settings or none (peers always
+    /// verify each other).
+    fn peer(&self) -> Result<Option<ServerTlsFiles>> {
+        match (&self.peer_tls_cert, &self.peer_tls_key, &self.peer_tls_ca) {
+            (Some(cert), Some(key), Some(ca)) => Ok(Some(ServerTlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: Some(ca.clone()),
+                flag_prefix: "peer-tls",
+            })),
+            (None, None, None) => Ok(None),
+            _ => bail!("--peer-tls-cert, --peer-tls-key and --peer-tls-ca go together"),
+        }
+    }
 }
 
 /// The TOML file: the same settings, snake_case.
@@ -173,6 +257,13 @@ struct FileConfig {
     expire_cycle_ms: Option<u64>,
     log_format: Option<String>,
     rdma_device: Option<String>,
+    ofi_provider: Option<String>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_ca: Option<PathBuf>,
+    peer_tls_cert: Option<PathBuf>,
+    peer_tls_key: Option<PathBuf>,
+    peer_tls_ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,33 +306,17 @@ pub struct Config {
     pub max_in_flight_mib: u32,
     /// `None`: the first device with an active port; `Some("off")`: no RDMA.
     pub rdma_device: Option<String>,
+    /// `None`: automatic; `Some("off")`: no libfabric transport.
+    pub ofi_provider: Option<String>,
+    /// TLS of the client, RESP and HTTP ports; `None`: plain TCP.
+    pub tls: Option<ServerTlsFiles>,
+    /// Mutual TLS between peers; `None`: plain TCP.
+    pub peer_tls: Option<ServerTlsFiles>,
 }
 
+/// `ID=HOST:PORT,...` (the parser `rdkvctl snapshot restore` uses too).
 pub fn parse_initial_cluster(spec: &str) -> Result<BTreeMap<u64, String>> {
-    let mut members = BTreeMap::new();
-    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (id, addr) = part
-            .split_once('=')
-            .with_context(|| format!("initial-cluster entry {part:?} is not ID=PEER_ADDR"))?;
-        let id: u64 = id
-            .trim()
-            .parse()
-            .with_context(|| format!("initial-cluster id {id:?} is not a number"))?;
-        if id == 0 {
-            bail!("initial-cluster ids start at 1");
-        }
-        let addr: SocketAddr = addr
-            .trim()
-            .parse()
-            .with_context(|| format!("initial-cluster address {addr:?} is not HOST:PORT"))?;
-        if members.insert(id, addr.to_string()).is_some() {
-            bail!("initial-cluster names node {id} twice");
-        }
-    }
-    if members.is_empty() {
-        bail!("initial-cluster is empty");
-    }
-    Ok(members)
+    Ok(rdkv_storage::backup::parse_initial_cluster(spec)?)
 }
 
 /// `linearizable`, `lease` or `follower:N`.
@@ -420,11 +495,12 @@ impl NumericSettings {
 }
 
 impl Config {
-    pub fn resolve(args: Args) -> Result<Config> {
-        let file = match &args.config {
+    pub fn resolve(mut args: Args) -> Result<Config> {
+        let mut file = match &args.config {
             Some(path) => read_file(path)?,
             None => FileConfig::default(),
         };
+        let tls = std::mem::take(&mut args.tls).or_file(&mut file);
         let id = args.id.or(file.id).unwrap_or(1);
         if id == 0 {
             bail!("--id must be >= 1");
@@ -500,6 +576,12 @@ impl Config {
                 .rdma_device
                 .or(file.rdma_device)
                 .filter(|d| !d.is_empty()),
+            ofi_provider: args
+                .ofi_provider
+                .or(file.ofi_provider)
+                .filter(|p| !p.is_empty()),
+            tls: tls.front()?,
+            peer_tls: tls.peer()?,
         })
     }
 }
@@ -602,6 +684,50 @@ mod tests {
         std::fs::write(&path, "bogus = 1\n").unwrap();
         let error = Config::resolve(args(&["--config", p])).unwrap_err();
         assert!(format!("{error:#}").contains("unknown field"));
+    }
+
+    #[test]
+    fn tls_settings_go_together_and_come_from_the_file_too() {
+        assert!(Config::resolve(args(&[])).unwrap().tls.is_none());
+        let cases: [(&[&str], &str); 3] = [
+            (
+                &["--tls-cert", "c.pem"],
+                "--tls-cert and --tls-key go together",
+            ),
+            (&["--tls-ca", "ca.pem"], "--tls-ca needs --tls-cert"),
+            (
+                &["--peer-tls-cert", "c.pem", "--peer-tls-key", "k.pem"],
+                "go together",
+            ),
+        ];
+        for (flags, expected) in cases {
+            let error = Config::resolve(args(flags)).unwrap_err().to_string();
+            assert!(error.contains(expected), "{flags:?}: {error}");
+        }
+        let config = Config::resolve(args(&["--tls-cert", "c.pem", "--tls-key", "k.pem"])).unwrap();
+        let front = config.tls.unwrap();
+        assert_eq!(
+            (front.cert, front.client_ca),
+            (PathBuf::from("c.pem"), None)
+        );
+        assert!(config.peer_tls.is_none());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rdkv.toml");
+        std::fs::write(
+            &path,
+            "tls_cert = \"c.pem\"\ntls_key = \"k.pem\"\ntls_ca = \"ca.pem\"\n\
+             peer_tls_cert = \"p.pem\"\npeer_tls_key = \"p.key\"\npeer_tls_ca = \"pca.pem\"\n",
+        )
+        .unwrap();
+        let p = path.to_str().unwrap();
+        let config = Config::resolve(args(&["--config", p, "--tls-ca", "flag-ca.pem"])).unwrap();
+        assert_eq!(
+            config.tls.unwrap().client_ca,
+            Some(PathBuf::from("flag-ca.pem"))
+        );
+        let peer = config.peer_tls.unwrap();
+        assert_eq!(peer.client_ca, Some(PathBuf::from("pca.pem")));
+        assert_eq!(peer.flag_prefix, "peer-tls");
     }
 
     #[test]

@@ -7,24 +7,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use rdkv_proto::wire::NodeStatus;
 use serde::Serialize;
 
-use crate::accept::accept_until;
+use crate::accept::{TcpFront, accept_until};
 use crate::service::Handler;
 
 const MAX_REQUEST_BYTES: usize = 8 * 1024;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub async fn serve_http(
-    listener: TcpListener,
+    listener: TcpFront,
     handler: Arc<Handler>,
     shutdown: watch::Receiver<bool>,
 ) {
-    accept_until(listener, "http", shutdown, |stream, _| {
+    accept_until(listener, "http", shutdown, move |stream, _| {
         let handler = Arc::clone(&handler);
         async move {
             let _ = tokio::time::timeout(REQUEST_TIMEOUT, respond(stream, &handler)).await;
@@ -34,7 +33,7 @@ pub async fn serve_http(
     .await;
 }
 
-async fn respond(mut stream: TcpStream, handler: &Handler) -> std::io::Result<()> {
+async fn respond(mut stream: rdkv_tls::Stream, handler: &Handler) -> std::io::Result<()> {
     let mut request = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
     while !request.windows(4).any(|w| w == b"\r\n\r\n") {

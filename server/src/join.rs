@@ -11,16 +11,15 @@ pub async fn join_cluster(
     id: u64,
     peer_addr: String,
     client_addr: String,
-    token: Option<String>,
+    own_client: rdkv_client::ClientOptions,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {
         let attempt = async {
             let options = rdkv_client::ClientOptions {
-                token: token.clone(),
                 // Adding a member waits for it to catch up, snapshot included.
                 request_timeout: Duration::from_secs(120),
-                ..rdkv_client::ClientOptions::default()
+                ..own_client.clone()
             };
             let client = rdkv_client::Client::connect_with(&[seed.as_str()], options).await?;
             client

@@ -12,6 +12,8 @@
 //! - [`http`]: health, status and metrics for probes.
 //! - [`resp`]: the RESP (Redis protocol) front end.
 //! - [`telemetry`]: Prometheus metrics, per-op statistics, Raft event logs.
+//! - `tls`: the node's TLS (listeners, peer connections, its own clients),
+//!   reloaded on SIGHUP and when the certificate files change.
 //! - [`rdma`]: the RDMA transport's node side (feature `rdma`): device,
 //!   region grant, a queue pair per client connection.
 
@@ -23,10 +25,13 @@ mod accept;
 pub mod config;
 mod expiry;
 mod framed;
+#[cfg(any(feature = "rdma", feature = "ofi"))]
+mod grant_upkeep;
 pub mod http;
 mod join;
 mod lease;
 pub mod node;
+pub mod ofi;
 mod order;
 pub mod peer;
 pub mod rdma;
@@ -36,6 +41,7 @@ pub mod service;
 mod settings;
 mod stop_snapshot;
 pub mod telemetry;
+mod tls;
 
 use rdkv_storage::raft::TypeConfig;
 use rdkv_storage::state_machine::RegionStateMachine;

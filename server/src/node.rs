@@ -14,16 +14,18 @@ use rdkv_proto::wire::{Limits, SINGLE_ENTRY_OVERHEAD_BYTES};
 use rdkv_storage::RegionConfig;
 use rdkv_storage::raft::NodeAddr;
 use rdkv_storage::raft_log::{LogOptions, LogStore};
-use rdkv_storage::state_machine::{RegionStateMachine, StateMachineConfig};
+use rdkv_storage::state_machine::{RegionStateMachine, SNAPSHOTS_DIR_NAME, StateMachineConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::Raft;
+use crate::accept::TcpFront;
 use crate::config::Config;
 use crate::peer::{PeerContext, PeerNetwork, SNAPSHOT_CHUNK_BYTES, serve_peers};
 use crate::replica::Replica;
 use crate::service::read_rounds::ReadRounds;
 use crate::service::{Endpoints, Handler, HandlerSettings, serve_clients, serve_unix_clients};
+use crate::tls::NodeTls;
 
 /// Background tasks of a node, aborted when dropped: a start that fails
 /// half-way leaves nothing running.
@@ -172,10 +174,12 @@ impl FrontEnds {
     fn spawn(
         self,
         config: &Config,
+        tls: &NodeTls,
         handler: &Arc<Handler>,
         shutdown: &watch::Receiver<bool>,
         tasks: &mut Tasks,
     ) -> Result<()> {
+        let front = |listener| TcpFront::new(listener, tls.front.clone());
         if let Some(path) = &config.rpc_socket {
             let listener = bind_unix(path)?;
             let handler = Arc::clone(handler);
@@ -187,7 +191,7 @@ impl FrontEnds {
         }
         let handler_for_native = Arc::clone(handler);
         tasks.push(tokio::spawn(serve_clients(
-            self.native,
+            front(self.native),
             handler_for_native,
             shutdown.clone(),
         )));
@@ -207,11 +211,11 @@ impl FrontEnds {
             let resp = Arc::new(crate::resp::RespServer::new(
                 Arc::clone(handler),
                 config.resp_read_consistency,
-                config.token.clone(),
+                own_client_options(config, tls),
                 port,
             ));
             tasks.push(tokio::spawn(crate::resp::serve_resp(
-                listener,
+                front(listener),
                 resp,
                 shutdown.clone(),
             )));
@@ -219,7 +223,7 @@ impl FrontEnds {
         if let Some(listener) = self.http {
             let handler = Arc::clone(handler);
             tasks.push(tokio::spawn(crate::http::serve_http(
-                listener,
+                front(listener),
                 handler,
                 shutdown.clone(),
             )));
@@ -280,15 +284,25 @@ fn protocol_limits(region: &RegionConfig) -> Result<Limits> {
     Ok(limits)
 }
 
+/// What this node's own clients of other members (RESP forwarding,
+/// `--join`) start from: the token and TLS.
+fn own_client_options(config: &Config, tls: &NodeTls) -> rdkv_client::ClientOptions {
+    rdkv_client::ClientOptions {
+        token: config.token.clone(),
+        tls: tls.own_client.clone(),
+        ..rdkv_client::ClientOptions::default()
+    }
+}
+
 /// Opens the log and the region, then starts Raft on them.
-async fn start_replica(config: &Config, region: RegionConfig) -> Result<Replica> {
+async fn start_replica(config: &Config, region: RegionConfig, tls: &NodeTls) -> Result<Replica> {
     let started = std::time::Instant::now();
     let log = LogStore::open(config.data_dir.join("raft-log"), LogOptions::default())
         .context("opening the raft log")?;
     let log_opened = started.elapsed();
     let sm = RegionStateMachine::open(StateMachineConfig {
         region,
-        snapshot_dir: config.data_dir.join("snapshots"),
+        snapshot_dir: config.data_dir.join(SNAPSHOTS_DIR_NAME),
     })
     .context("opening the state machine")?;
     tracing::info!(
@@ -303,7 +317,9 @@ async fn start_replica(config: &Config, region: RegionConfig) -> Result<Replica>
         config.id,
         config.listen.to_string(),
         config.token.clone(),
+        sm.clone(),
         max_snapshot_bytes,
+        tls.peer_client.clone(),
     ));
     let raft_config = Arc::new(raft_config(config)?);
     // A previous incarnation may have led and published a lease (at most
@@ -342,23 +358,27 @@ struct Fixed {
     limits: Limits,
     quota_bytes: u64,
     lock: File,
+    tls: Arc<NodeTls>,
 }
 
 impl Node {
     pub async fn start(config: Config) -> Result<Node> {
         // Before anything records a metric.
         crate::telemetry::prometheus();
+        // A bad certificate file stops the start before anything runs.
+        let tls = Arc::new(NodeTls::load(&config).context("TLS settings")?);
         let lock = lock_data_dir(&config)?;
         let listeners = Listeners::bind(&config).await?;
         let region = region_config(&config);
         let limits = protocol_limits(&region)?;
         let quota_bytes = quota_bytes(&config, &region)?;
-        let replica = start_replica(&config, region).await?;
+        let replica = start_replica(&config, region, &tls).await?;
         let raft = replica.raft.clone();
         let fixed = Fixed {
             limits,
             quota_bytes,
             lock,
+            tls,
         };
         match Self::serve(config, replica, fixed, listeners).await {
             Ok(node) => Ok(node),
@@ -380,12 +400,16 @@ impl Node {
             limits,
             quota_bytes,
             lock,
+            tls,
         } = fixed;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = Tasks::default();
         let raft = replica.raft.clone();
+        tasks.push(tokio::spawn(
+            Arc::clone(&tls).reload_on_change(shutdown_rx.clone()),
+        ));
         tasks.push(tokio::spawn(serve_peers(
-            listeners.peer,
+            TcpFront::new(listeners.peer, tls.peer_server.clone()),
             raft.clone(),
             Arc::clone(&replica.peers),
             shutdown_rx.clone(),
@@ -394,15 +418,7 @@ impl Node {
         if !config.initial_cluster.is_empty() {
             initialize(&raft, &config, &client_addr).await?;
         }
-        let rdma = Arc::new(crate::rdma::RdmaState::start(
-            config.rdma_device.as_deref(),
-            config.grace_period_ms,
-        ));
-        tasks.push(tokio::spawn(Arc::clone(&rdma).maintain(
-            replica.sm.clone(),
-            config.id,
-            shutdown_rx.clone(),
-        )));
+        let (rdma, ofi) = one_sided_transports(&config, &replica, &shutdown_rx, &mut tasks);
         let settings = HandlerSettings {
             limits,
             quota_bytes,
@@ -411,7 +427,7 @@ impl Node {
             max_client_connections: config.max_client_connections,
             max_in_flight_bytes: u64::from(config.max_in_flight_mib) * 1024 * 1024,
         };
-        let handler = Arc::new(Handler::new(replica.clone(), settings, rdma));
+        let handler = Arc::new(Handler::new(replica.clone(), settings, rdma, ofi));
         tasks.push(tokio::spawn(crate::telemetry::raft_events::watch_raft(
             raft.clone(),
             shutdown_rx.clone(),
@@ -421,7 +437,7 @@ impl Node {
         )));
         listeners
             .front
-            .spawn(&config, &handler, &shutdown_rx, &mut tasks)?;
+            .spawn(&config, &tls, &handler, &shutdown_rx, &mut tasks)?;
         tasks.push(tokio::spawn(crate::lease::publish_leadership(
             raft.clone(),
             replica.sm.clone(),
@@ -447,7 +463,7 @@ impl Node {
                 config.id,
                 config.peer_listen.to_string(),
                 client_addr,
-                config.token.clone(),
+                own_client_options(&config, &tls),
                 shutdown_rx,
             )));
         }
@@ -482,6 +498,11 @@ impl Node {
             .shutdown()
             .await
             .map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?;
+        // Best effort: a log left with its preallocated tail is recovered
+        // alike (the tail is cut at the next open).
+        if let Err(e) = self.handler.replica().log.trim_preallocation() {
+            tracing::warn!("cutting the raft log's preallocated tail: {e}");
+        }
         Ok(())
     }
 }
@@ -531,6 +552,36 @@ async fn initialize(raft: &Raft, config: &Config, client_addr: &str) -> Result<(
         Err(RaftError::APIError(InitializeError::NotAllowed(_))) => Ok(()),
         Err(e) => Err(anyhow::anyhow!("initializing the cluster: {e}")),
     }
+}
+
+/// The remote one-sided transports (verbs RDMA, libfabric): each on or off
+/// with its reason logged, and its region registrations kept current.
+fn one_sided_transports(
+    config: &Config,
+    replica: &Replica,
+    shutdown_rx: &tokio::sync::watch::Receiver<bool>,
+    tasks: &mut Tasks,
+) -> (Arc<crate::rdma::RdmaState>, Arc<crate::ofi::OfiState>) {
+    let rdma = Arc::new(crate::rdma::RdmaState::start(
+        config.rdma_device.as_deref(),
+        config.grace_period_ms,
+    ));
+    tasks.push(tokio::spawn(Arc::clone(&rdma).maintain(
+        replica.sm.clone(),
+        config.id,
+        shutdown_rx.clone(),
+    )));
+    let ofi = Arc::new(crate::ofi::OfiState::start(
+        config.ofi_provider.as_deref(),
+        config.listen.ip(),
+        config.grace_period_ms,
+    ));
+    tasks.push(tokio::spawn(Arc::clone(&ofi).maintain(
+        replica.sm.clone(),
+        config.id,
+        shutdown_rx.clone(),
+    )));
+    (rdma, ofi)
 }
 
 #[cfg(test)]

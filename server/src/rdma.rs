@@ -41,6 +41,14 @@ fn off(reason: &str) -> ErrorReply {
     )
 }
 
+/// A client's queue-pair endpoint and the local address of the control
+/// connection it came on (the route to that client: it picks the GID).
+#[derive(Debug, Clone, Copy)]
+pub struct RdmaClientEndpoint {
+    pub endpoint: QpEndpoint,
+    pub local_ip: Option<std::net::IpAddr>,
+}
+
 impl RdmaState {
     /// Opens the device (`device`: a name, or `None` for the first with an
     /// active port; `Some("off")` disables RDMA) and logs the outcome.
@@ -114,7 +122,7 @@ impl RdmaState {
     #[cfg_attr(not(feature = "rdma"), allow(unused_variables))]
     pub fn connect(
         &self,
-        client: QpEndpoint,
+        client: RdmaClientEndpoint,
         handler: Arc<dyn rdkv_fabric::RpcHandler>,
         sm: &RegionStateMachine,
         node_id: u64,
@@ -123,9 +131,21 @@ impl RdmaState {
     ) -> Result<(QpEndpoint, RdmaRegionGrant, RdmaConnectionGuard), ErrorReply> {
         #[cfg(feature = "rdma")]
         if let Some(server) = &self.server {
-            let grant = self.region_grant(sm, node_id)?;
-            let (endpoint, connection) = server
-                .accept(client, handler, max_frame_bytes, max_in_flight)
+            let memory = sm.region_memory();
+            let region = rdkv_fabric::rdma::verbs::server::RegionRef {
+                memory: &memory,
+                node_id,
+                epoch: sm.region_epoch(),
+            };
+            let (endpoint, grant, connection) = server
+                .accept(
+                    client.endpoint,
+                    client.local_ip,
+                    region,
+                    handler,
+                    max_frame_bytes,
+                    max_in_flight,
+                )
                 .map_err(|e| ErrorReply::new(ErrorCode::Internal, format!("rdma connect: {e}")))?;
             return Ok((
                 endpoint,
@@ -145,33 +165,20 @@ impl RdmaState {
         self: Arc<Self>,
         sm: RegionStateMachine,
         node_id: u64,
-        mut shutdown: tokio::sync::watch::Receiver<bool>,
+        shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
         #[cfg(feature = "rdma")]
         {
             let Some(server) = self.server.clone() else {
                 return;
             };
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    _ = shutdown.changed() => return,
+            let step = move || {
+                if let Err(e) = server.grant(&sm.region_memory(), node_id, sm.region_epoch()) {
+                    tracing::warn!("registering the region for rdma: {e}");
                 }
-                let server = Arc::clone(&server);
-                let sm = sm.clone();
-                // Registration pins the whole region: off the runtime threads.
-                let done = tokio::task::spawn_blocking(move || {
-                    if let Err(e) = server.grant(&sm.region_memory(), node_id, sm.region_epoch()) {
-                        tracing::warn!("registering the region for rdma: {e}");
-                    }
-                    server.sweep();
-                })
-                .await;
-                if let Err(e) = done {
-                    tracing::warn!("rdma region maintenance: {e}");
-                }
-            }
+                server.sweep();
+            };
+            crate::grant_upkeep::run_every_second("rdma", shutdown, step).await;
         }
     }
 }

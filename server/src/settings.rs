@@ -6,6 +6,11 @@
 //!   machine ignores later ones). Until then every replica places keys with
 //!   the same placeholder seed, so apply never depends on which replica
 //!   runs it.
+//! - the cluster identity (`Command::SetClusterId`, see
+//!   `rdkv_storage::cluster_id`): a leader that finds none applied
+//!   proposes a random one; the first applied is the cluster's for good.
+//!   This is also how a cluster upgraded from a version without identities
+//!   gets one.
 //! - the quota (`Command::SetQuota`): a leader whose `--quota-bytes` (or
 //!   its default) differs from the one applied proposes its own, so every
 //!   replica refuses the same writes.
@@ -16,6 +21,7 @@
 use std::time::Duration;
 
 use openraft::async_runtime::WatchReceiver;
+use rdkv_storage::cluster_id::ClusterId;
 use rdkv_storage::raft::Command;
 use rdkv_storage::region::random_seed;
 use rdkv_storage::state_machine::RegionStateMachine;
@@ -33,6 +39,11 @@ fn missing_setting(sm: &RegionStateMachine, quota_bytes: u64) -> Option<Command>
         let seed = random_seed();
         return Some(Command::SetHashSeed {
             seed: (seed.0, seed.1),
+        });
+    }
+    if sm.cluster_id().is_none() {
+        return Some(Command::SetClusterId {
+            id: ClusterId::random(),
         });
     }
     (sm.quota_status().quota_bytes != Some(quota_bytes))

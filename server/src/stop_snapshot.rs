@@ -1,4 +1,4 @@
-//! A clean stop (SIGTERM, SIGINT) first saves a snapshot of what this node
+//! Snapshots taken on demand. A clean stop (SIGTERM, SIGINT) first saves a snapshot of what this node
 //! has applied, as Redis saves its RDB when it shuts down: the restart then
 //! loads the region image instead of applying every entry since the last
 //! snapshot again (1,000,000 x 1 KiB here: 1.9 s from a snapshot, 4.9 s by
@@ -17,6 +17,16 @@ pub const STOP_SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Saves a snapshot covering everything applied, unless one already does.
 pub async fn snapshot_before_stop(raft: &Raft) {
+    if let Err(e) = snapshot_of_applied(raft, STOP_SNAPSHOT_TIMEOUT).await {
+        tracing::warn!("no snapshot at stop: {e}; the restart replays the log");
+    }
+}
+
+/// Makes the node's snapshot cover everything it has applied now (a new
+/// one unless the newest already does), waiting at most `timeout`: a clean
+/// stop's, and a backup's (`rdkvctl snapshot save`, as etcd's takes a fresh
+/// one).
+pub async fn snapshot_of_applied(raft: &Raft, timeout: Duration) -> Result<(), String> {
     let (applied, snapshot) = {
         let metrics = raft.metrics();
         let metrics = metrics.borrow_watched();
@@ -26,22 +36,17 @@ pub async fn snapshot_before_stop(raft: &Raft) {
         )
     };
     if snapshot >= applied {
-        return;
+        return Ok(());
     }
-    tracing::info!(applied, snapshot, "saving a snapshot before stopping");
-    if let Err(e) = raft.trigger().snapshot().await {
-        tracing::warn!("no snapshot at stop: {e}; the restart replays the log");
-        return;
-    }
-    let saved = raft
-        .wait(Some(STOP_SNAPSHOT_TIMEOUT))
+    tracing::info!(applied, snapshot, "saving a snapshot of what is applied");
+    raft.trigger().snapshot().await.map_err(|e| e.to_string())?;
+    raft.wait(Some(timeout))
         .metrics(
             |m| m.snapshot.is_some_and(|l| l.index >= applied),
-            "the snapshot at stop",
+            "a snapshot of what is applied",
         )
-        .await;
-    match saved {
-        Ok(_) => tracing::info!(index = applied, "snapshot saved"),
-        Err(e) => tracing::warn!("no snapshot at stop: {e}; the restart replays the log"),
-    }
+        .await
+        .map_err(|e| e.to_string())?;
+    tracing::info!(index = applied, "snapshot saved");
+    Ok(())
 }

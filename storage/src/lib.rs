@@ -6,6 +6,8 @@
 // Non-test functions stay under 100 lines (issue 13); tests may run longer.
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
+pub mod backup;
+pub mod cluster_id;
 pub mod durability;
 pub mod failpoint;
 pub mod raft;

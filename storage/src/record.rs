@@ -8,6 +8,8 @@
 //! A reader bounds `payload_len` before allocating, so a corrupt length can
 //! neither allocate without bound nor be mistaken for data.
 
+use std::io::{self, Read};
+
 use thiserror::Error;
 
 pub const RECORD_HEADER_BYTES: usize = 8;
@@ -43,12 +45,7 @@ pub fn decode_record(bytes: &[u8], max_payload_bytes: u64) -> Result<(&[u8], usi
             have,
         });
     };
-    let mut len = [0u8; 4];
-    len.copy_from_slice(&header[..4]);
-    let mut crc = [0u8; 4];
-    crc.copy_from_slice(&header[4..]);
-    let len = u64::from(u32::from_le_bytes(len));
-    let stored = u32::from_le_bytes(crc);
+    let (len, stored) = header_fields(header);
     if len > max_payload_bytes {
         return Err(RecordError::TooLarge {
             len,
@@ -67,6 +64,84 @@ pub fn decode_record(bytes: &[u8], max_payload_bytes: u64) -> Result<(&[u8], usi
         return Err(RecordError::Checksum { stored, computed });
     }
     Ok((payload, end))
+}
+
+/// The payload length and stored CRC of a record header.
+fn header_fields(header: &[u8]) -> (u64, u32) {
+    let mut len = [0u8; 4];
+    len.copy_from_slice(&header[..4]);
+    let mut crc = [0u8; 4];
+    crc.copy_from_slice(&header[4..RECORD_HEADER_BYTES]);
+    (u64::from(u32::from_le_bytes(len)), u32::from_le_bytes(crc))
+}
+
+/// Reads the record at the reader's position into `payload` (reused, grown
+/// only up to `max_payload_bytes`): `Ok(None)` at a clean end of input
+/// (no byte of a next record), `Truncated` when the input ends inside one.
+/// For files too large to hold at once (snapshots read as a stream).
+pub fn read_record(
+    input: &mut impl Read,
+    max_payload_bytes: u64,
+    payload: &mut Vec<u8>,
+) -> Result<Option<()>, ReadRecordError> {
+    let mut header = [0u8; RECORD_HEADER_BYTES];
+    let got = read_full(input, &mut header)?;
+    if got == 0 {
+        return Ok(None);
+    }
+    if got < RECORD_HEADER_BYTES {
+        return Err(RecordError::Truncated {
+            need: RECORD_HEADER_BYTES as u64,
+            have: got as u64,
+        }
+        .into());
+    }
+    let (len, stored) = header_fields(&header);
+    if len > max_payload_bytes {
+        return Err(RecordError::TooLarge {
+            len,
+            max: max_payload_bytes,
+        }
+        .into());
+    }
+    // Bounded by `max_payload_bytes` just above.
+    payload.resize(len as usize, 0);
+    let got = read_full(input, payload)?;
+    if got < payload.len() {
+        return Err(RecordError::Truncated {
+            need: RECORD_HEADER_BYTES as u64 + len,
+            have: (RECORD_HEADER_BYTES + got) as u64,
+        }
+        .into());
+    }
+    let computed = crc32fast::hash(payload);
+    if computed != stored {
+        return Err(RecordError::Checksum { stored, computed }.into());
+    }
+    Ok(Some(()))
+}
+
+/// Why [`read_record`] failed: the record, or the input under it.
+#[derive(Debug, Error)]
+pub enum ReadRecordError {
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// Fills `buf` as far as the input goes; the bytes read (short only at its end).
+fn read_full(input: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match input.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
 }
 
 #[cfg(test)]
@@ -95,6 +170,44 @@ mod tests {
             let _ = decode_record(&bytes, u64::MAX);
             let _ = decode_record(&bytes, 16);
         }
+    }
+
+    #[test]
+    fn a_stream_reads_the_same_records_and_tells_a_clean_end_from_a_cut() {
+        let mut buf = Vec::new();
+        encode_record(b"hello", &mut buf);
+        encode_record(b"", &mut buf);
+        let mut input = &buf[..];
+        let mut payload = Vec::new();
+        assert!(read_record(&mut input, 64, &mut payload).unwrap().is_some());
+        assert_eq!(payload, b"hello");
+        assert!(read_record(&mut input, 64, &mut payload).unwrap().is_some());
+        assert!(payload.is_empty());
+        assert!(read_record(&mut input, 64, &mut payload).unwrap().is_none());
+        for cut in 1..buf.len() - RECORD_HEADER_BYTES {
+            let mut input = &buf[..cut];
+            let read = read_record(&mut input, 64, &mut payload);
+            assert!(
+                matches!(
+                    read,
+                    Err(ReadRecordError::Record(RecordError::Truncated { .. }))
+                ),
+                "cut at {cut}: {read:?}"
+            );
+        }
+        let mut flipped = buf.clone();
+        flipped[9] ^= 1;
+        assert!(matches!(
+            read_record(&mut &flipped[..], 64, &mut payload),
+            Err(ReadRecordError::Record(RecordError::Checksum { .. }))
+        ));
+        assert!(matches!(
+            read_record(&mut &buf[..], 4, &mut payload),
+            Err(ReadRecordError::Record(RecordError::TooLarge {
+                len: 5,
+                max: 4
+            }))
+        ));
     }
 
     #[test]

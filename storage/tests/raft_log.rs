@@ -121,6 +121,7 @@ async fn closed_log(options: LogOptions, written: Vec<Entry>) -> tempfile::TempD
     let dir = tempfile::tempdir().unwrap();
     let mut store = LogStore::open(dir.path(), options).unwrap();
     append(&mut store, written).await.unwrap();
+    store.trim_preallocation().unwrap();
     dir
 }
 
@@ -155,6 +156,14 @@ fn flip_byte(path: &Path, offset: u64) {
 
 fn file_len(path: &Path) -> u64 {
     fs::metadata(path).unwrap().len()
+}
+
+/// Where a segment file's intact records end (its preallocated tail, if
+/// any, after).
+fn written_len(path: &Path) -> u64 {
+    segment::read_segment(path, DEFAULT_MAX_RECORD_SIZE)
+        .unwrap()
+        .end
 }
 
 /// Offsets of the intact records in a segment file.
@@ -240,7 +249,7 @@ async fn a_torn_last_record_is_cut_off_and_appends_continue() {
         .unwrap();
 
     let mut store = reopen(dir.path(), LogOptions::default(), &entries(1, 0..9)).await;
-    assert_eq!(file_len(&seg), last, "the torn bytes are truncated away");
+    assert_eq!(written_len(&seg), last, "the torn bytes are truncated away");
     assert_eq!(
         store.get_log_state().await.unwrap().last_log_id,
         Some(lid(1, 8))
@@ -263,7 +272,10 @@ async fn garbage_after_the_last_record_is_cut_off() {
         let mut f = OpenOptions::new().append(true).open(&seg).unwrap();
         f.write_all(garbage).unwrap();
         drop(f);
-        reopen(dir.path(), LogOptions::default(), &entries(1, 0..10)).await;
+        let store = reopen(dir.path(), LogOptions::default(), &entries(1, 0..10)).await;
+        assert_eq!(written_len(&seg), intact);
+        // The next garbage goes right after the last record again.
+        store.trim_preallocation().unwrap();
         assert_eq!(file_len(&seg), intact);
     }
 }
@@ -275,7 +287,7 @@ async fn a_crc_flip_in_the_last_record_truncates_it() {
     let last = *record_offsets(&seg).last().unwrap();
     flip_byte(&seg, file_len(&seg) - 1);
     let store = reopen(dir.path(), LogOptions::default(), &entries(1, 0..9)).await;
-    assert_eq!(file_len(&seg), last);
+    assert_eq!(written_len(&seg), last);
     // A flipped CRC field (not payload) is found the same way.
     drop(store);
     let last = *record_offsets(&seg).last().unwrap();
@@ -413,6 +425,7 @@ async fn segments_roll_at_the_configured_size() {
         for e in &written[50..] {
             append(&mut store, vec![e.clone()]).await.unwrap();
         }
+        store.trim_preallocation().unwrap();
         let stats = store.stats();
         let segs = segment_files(dir.path());
         assert_eq!(stats.segments, segs.len() as u64);
@@ -749,4 +762,33 @@ async fn a_committed_index_past_the_recovered_end_is_capped() {
         .unwrap();
     let mut store = reopen(dir.path(), LogOptions::default(), &entries(1, 0..9)).await;
     assert_eq!(store.read_committed().await.unwrap(), Some(lid(1, 8)));
+}
+
+#[tokio::test]
+async fn the_active_segment_is_preallocated_and_its_zero_tail_is_not_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = small_segments();
+    {
+        let mut store = LogStore::open(dir.path(), options.clone()).unwrap();
+        append(&mut store, entries(1, 0..3)).await.unwrap();
+        let seg = last_segment(dir.path());
+        assert_eq!(file_len(&seg), options.segment_size, "not preallocated");
+        assert!(written_len(&seg) < options.segment_size);
+        // Dropped without `trim_preallocation`, as a killed node leaves it.
+    }
+    let store = reopen(dir.path(), options.clone(), &entries(1, 0..3)).await;
+    let seg = last_segment(dir.path());
+    assert_eq!(file_len(&seg), options.segment_size, "preallocated again");
+    store.trim_preallocation().unwrap();
+    assert_eq!(file_len(&seg), written_len(&seg));
+    assert_eq!(record_offsets(&seg).len(), 3);
+    drop(store);
+
+    let unallocated = LogOptions {
+        preallocate: false,
+        ..options
+    };
+    let mut store = reopen(dir.path(), unallocated, &entries(1, 0..3)).await;
+    append(&mut store, entries(1, 3..4)).await.unwrap();
+    assert_eq!(file_len(&seg), written_len(&seg));
 }

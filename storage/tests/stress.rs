@@ -16,7 +16,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 
+use bytes::Bytes;
+use rdkv_fabric::ReadTime;
+use rdkv_fabric::clock::{boottime_now_us, unix_now_ms};
 use rdkv_proto::region::HashSeed;
+use rdkv_proto::wire::Versioned;
 use rdkv_storage::region::IndexCache;
 use rdkv_storage::{
     MonotonicClock, ReadError, ReadStats, ReaderOptions, RegionConfig, RegionError, RegionReader,
@@ -135,7 +139,46 @@ fn spawn_writer(mut writer: RegionWriter, stop: Arc<AtomicBool>) -> thread::Join
     })
 }
 
-fn run(grace_period_us: u64, abandon_after_us: Option<u64>, cached: bool) -> Outcome {
+/// How the readers of a run read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReadPath {
+    /// `get`: the block into a new buffer that becomes the value.
+    Plain,
+    /// `get_cached`: through the index cache.
+    Cached,
+    /// `get_into`: the value straight into a reused buffer, one clock
+    /// reading per GET (the abandon bound measured from the previous one).
+    Into,
+}
+
+/// One GET by `path`, the value as owned bytes for the checks.
+fn read_by(
+    path: ReadPath,
+    reader: &RegionReader,
+    cache: &IndexCache,
+    key: &[u8],
+    into: &mut (Vec<u8>, ReadTime),
+) -> Result<Option<Versioned>, ReadError> {
+    match path {
+        ReadPath::Plain => reader.get(key),
+        ReadPath::Cached => reader.get_cached(key, cache),
+        ReadPath::Into => {
+            let now = || ReadTime {
+                monotonic_us: boottime_now_us(),
+                unix_ms: unix_now_ms(),
+            };
+            let (buf, since) = into;
+            let (got, time) = reader.get_into(key, buf, *since, now)?;
+            *since = time;
+            Ok(got.map(|got| Versioned {
+                value: Bytes::copy_from_slice(&buf[..got.len]),
+                version: got.version,
+            }))
+        }
+    }
+}
+
+fn run(grace_period_us: u64, abandon_after_us: Option<u64>, path: ReadPath) -> Outcome {
     let writer = region(grace_period_us);
     let reader = writer
         .reader(ReaderOptions {
@@ -156,17 +199,20 @@ fn run(grace_period_us: u64, abandon_after_us: Option<u64>, cached: bool) -> Out
             thread::spawn(move || {
                 let mut rng = 0x2545_f491_4f6c_dd1d_u64 ^ (r as u64 + 1);
                 let mut last_seen = [0u64; HOT_KEYS as usize];
+                let mut into = (
+                    vec![0u8; 64 * 1024],
+                    ReadTime {
+                        monotonic_us: 0,
+                        unix_ms: 0,
+                    },
+                );
                 let (mut wrong, mut absent, mut exhausted, mut backwards) = (0, 0, 0, 0);
                 for _ in 0..READS_PER_READER {
                     rng ^= rng << 13;
                     rng ^= rng >> 7;
                     rng ^= rng << 17;
                     let k = rng % HOT_KEYS;
-                    let got = if cached {
-                        reader.get_cached(&key(k), &cache)
-                    } else {
-                        reader.get(&key(k))
-                    };
+                    let got = read_by(path, &reader, &cache, &key(k), &mut into);
                     match got {
                         Ok(Some(found)) => {
                             if !is_written_value(k, found.version, &found.value) {
@@ -239,9 +285,9 @@ fn sound_run(
     name: &str,
     grace_period_us: u64,
     abandon_after_us: Option<u64>,
-    cached: bool,
+    path: ReadPath,
 ) -> Outcome {
-    let o = run(grace_period_us, abandon_after_us, cached);
+    let o = run(grace_period_us, abandon_after_us, path);
     report(name, &o);
     o.assert_sound();
     if grace_period_us > 0 {
@@ -255,21 +301,34 @@ fn sound_run(
 
 #[test]
 fn torn_reads_are_caught() {
-    let o = sound_run("grace 0, no abandon", 0, None, false);
-    assert!(
-        // Torn copies of reused blocks, not the writer's invalidations.
-        o.stats.retries_block + o.stats.retries_moved > 0,
-        "no torn read was provoked: the test proved nothing"
-    );
+    for (name, path) in [
+        ("grace 0, no abandon", ReadPath::Plain),
+        ("grace 0, no abandon, into a buffer", ReadPath::Into),
+    ] {
+        let o = sound_run(name, 0, None, path);
+        assert!(
+            // Torn copies of reused blocks, not the writer's invalidations.
+            o.stats.retries_block + o.stats.retries_moved > 0,
+            "no torn read was provoked: the test proved nothing"
+        );
+    }
 }
 
 #[test]
 fn grace_period_protects_readers() {
-    let o = sound_run("grace 2 ms, abandon after 1 ms", 2_000, Some(1_000), false);
-    assert_eq!(
-        o.stats.retries_block, 0,
-        "a block changed under a reader within its grace period"
-    );
+    for (name, path) in [
+        ("grace 2 ms, abandon after 1 ms", ReadPath::Plain),
+        (
+            "grace 2 ms, abandon after 1 ms, into a buffer",
+            ReadPath::Into,
+        ),
+    ] {
+        let o = sound_run(name, 2_000, Some(1_000), path);
+        assert_eq!(
+            o.stats.retries_block, 0,
+            "a block changed under a reader within its grace period"
+        );
+    }
 }
 
 #[test]
@@ -277,7 +336,12 @@ fn cached_reads_are_never_stale() {
     // One READ per GET through the index cache: a cached block that the
     // writer replaced is invalidated first, so no reader ever gets an older
     // version than one it already saw.
-    let o = sound_run("grace 2 ms, index cache", 2_000, Some(1_000), true);
+    let o = sound_run(
+        "grace 2 ms, index cache",
+        2_000,
+        Some(1_000),
+        ReadPath::Cached,
+    );
     assert!(o.stats.cache_hits > 0, "the cache was never used");
     assert!(
         o.stats.cache_misses > 0,

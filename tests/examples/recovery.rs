@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use rdkv_proto::wire::Consistency;
+use rdkv_tests::flags::numeric_flags;
 use rdkv_tests::prometheus::{http_get, parse};
 use rdkv_tests::{Cluster, Intent, free_port};
 
@@ -38,26 +39,19 @@ struct Scale {
 
 impl Scale {
     fn from_args() -> Result<Scale> {
-        let mut scale = Scale {
-            keys: 100_000,
-            value_bytes: 100,
-            region_mib: 256,
-            snapshot_entries: 10,
+        let flags = numeric_flags(&[
+            "--keys",
+            "--value-bytes",
+            "--region-mib",
+            "--snapshot-entries",
+        ])?;
+        let flag = |name: &str, default: u64| flags.get(name).copied().unwrap_or(default);
+        let scale = Scale {
+            keys: usize::try_from(flag("--keys", 100_000))?,
+            value_bytes: usize::try_from(flag("--value-bytes", 100))?,
+            region_mib: flag("--region-mib", 256),
+            snapshot_entries: flag("--snapshot-entries", 10),
         };
-        let args: Vec<String> = std::env::args().skip(1).collect();
-        for pair in args.chunks(2) {
-            let [flag, value] = pair else {
-                bail!("flags take a value: {args:?}");
-            };
-            let number: u64 = value.parse().with_context(|| format!("{flag} {value}"))?;
-            match flag.as_str() {
-                "--keys" => scale.keys = usize::try_from(number)?,
-                "--value-bytes" => scale.value_bytes = usize::try_from(number)?,
-                "--region-mib" => scale.region_mib = number,
-                "--snapshot-entries" => scale.snapshot_entries = number,
-                other => bail!("unknown flag {other}"),
-            }
-        }
         if !scale.keys.is_multiple_of(BATCH) || scale.keys == 0 {
             bail!("--keys must be a positive multiple of {BATCH}");
         }

@@ -2,8 +2,10 @@
 
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
+
+use anyhow::{Context, Result};
 
 /// Path of a workspace binary (`rdkv-server`, `rdkvctl`, `shm_reader`).
 ///
@@ -46,6 +48,10 @@ fn build_workspace_binaries() -> Vec<(String, PathBuf)> {
     if cfg!(feature = "rdma") {
         command.args(["--features", "rdma"]);
     }
+    // And with the ofi feature, servers built with that one.
+    if cfg!(feature = "ofi") {
+        command.args(["--features", "ofi"]);
+    }
     command.stderr(Stdio::inherit());
     let output = command.output().expect("running cargo build");
     assert!(
@@ -86,4 +92,46 @@ pub fn free_ports<const N: usize>(ip: &str) -> [u16; N] {
         .map(|_| TcpListener::bind((ip, 0)).expect("binding an ephemeral port"))
         .collect();
     std::array::from_fn(|i| listeners[i].local_addr().expect("local address").port())
+}
+
+/// Runs `rdkvctl args...` with `env` (off the async runtime's threads; see
+/// [`rdkvctl_blocking`]).
+pub async fn rdkvctl(args: &[&str], env: &[(&str, &str)]) -> Result<Output> {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        rdkvctl_blocking(&args, &env)
+    })
+    .await?
+}
+
+/// [`rdkvctl`] that must exit 0: its output.
+pub async fn rdkvctl_ok(args: &[&str], env: &[(&str, &str)]) -> Result<Output> {
+    let out = rdkvctl(args, env).await?;
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    anyhow::ensure!(
+        out.status.success(),
+        "rdkvctl {args:?} failed ({}): stdout {:?} stderr {:?}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    Ok(out)
+}
+
+/// Runs `rdkvctl args...` with `env`, without the caller's `RDKV_ENDPOINTS`
+/// and `RDKV_TOKEN`, and waits for it.
+pub fn rdkvctl_blocking(args: &[&str], env: &[(&str, &str)]) -> Result<Output> {
+    Command::new(binary("rdkvctl"))
+        .args(args)
+        .env_remove("RDKV_ENDPOINTS")
+        .env_remove("RDKV_TOKEN")
+        .envs(env.iter().copied())
+        .output()
+        .context("running rdkvctl")
 }

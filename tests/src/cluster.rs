@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use rdkv_client::{Client, ClientOptions, Fault, NodeStatus};
+use rdkv_client::{Client, ClientOptions, ClientTlsFiles, Fault, NodeStatus};
 
 use crate::clients::{Intent, Replica, client_options};
 use crate::netns;
@@ -37,6 +37,10 @@ pub struct Cluster {
     root: tempfile::TempDir,
     initial_cluster: String,
     extra_args: Vec<String>,
+    /// The token and TLS of the harness's own clients (status, leader
+    /// waits, `client`).
+    client_token: Option<String>,
+    client_tls: Option<ClientTlsFiles>,
 }
 
 impl Cluster {
@@ -54,21 +58,53 @@ impl Cluster {
     /// Like [`Cluster::start_with`], with extra environment for every start
     /// of every node (e.g. `RDKV_DURABILITY_JOURNAL`).
     pub fn start_with_env(n: u64, extra_args: &[&str], env: &[(&str, &str)]) -> Result<Cluster> {
+        Cluster::start_each(n, extra_args, |node| {
+            node.env = env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            Ok(())
+        })
+    }
+
+    /// Like [`Cluster::start_with`], after `prepare` has seen each node
+    /// (its addresses are known by then) and set what is its own: flags
+    /// (e.g. a certificate for its address), environment.
+    pub fn start_each(
+        n: u64,
+        extra_args: &[&str],
+        mut prepare: impl FnMut(&mut NodeProc) -> Result<()>,
+    ) -> Result<Cluster> {
         static NEXT_SUBNET: AtomicU32 = AtomicU32::new(0);
         let subnet =
             u8::try_from(NEXT_SUBNET.fetch_add(1, Ordering::Relaxed) % 250 + 1).unwrap_or(1);
         let root = tempfile::tempdir()?;
+        let mut nodes = BTreeMap::new();
+        for id in 1..=n {
+            let mut node = NodeProc::on_loopback(id, root.path(), subnet);
+            prepare(&mut node)?;
+            nodes.insert(id, node);
+        }
+        Cluster::launch(nodes, None, root, extra_args, &mut |_, _| Ok(()))
+    }
+
+    /// Starts `n` nodes (on a subnet of their own, as [`Cluster::start`])
+    /// whose data directories `prepare(node, initial_cluster)` fills before
+    /// their first start, e.g. with `rdkvctl snapshot restore`.
+    pub fn start_prepared(
+        n: u64,
+        extra_args: &[&str],
+        mut prepare: impl FnMut(&NodeProc, &str) -> Result<()>,
+    ) -> Result<Cluster> {
+        static NEXT_SUBNET: AtomicU32 = AtomicU32::new(0);
+        // Above the subnets `start_with_env` hands out from 1 (up to 250).
+        let subnet =
+            u8::try_from(NEXT_SUBNET.fetch_add(1, Ordering::Relaxed) % 4 + 251).unwrap_or(251);
+        let root = tempfile::tempdir()?;
         let nodes = (1..=n)
-            .map(|id| {
-                let mut node = NodeProc::on_loopback(id, root.path(), subnet);
-                node.env = env
-                    .iter()
-                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                    .collect();
-                (id, node)
-            })
+            .map(|id| (id, NodeProc::on_loopback(id, root.path(), subnet)))
             .collect();
-        Cluster::launch(nodes, None, root, extra_args)
+        Cluster::launch(nodes, None, root, extra_args, &mut prepare)
     }
 
     /// A cluster for fault tests: nodes accept fault injection, and where
@@ -94,26 +130,31 @@ impl Cluster {
                 (id, node)
             })
             .collect();
-        Cluster::launch(nodes, Some(lab), root, &extra)
+        Cluster::launch(nodes, Some(lab), root, &extra, &mut |_, _| Ok(()))
     }
 
-    /// Starts `nodes` with `extra_args` and an `--initial-cluster` naming
-    /// all of them.
+    /// Starts `nodes` with `extra_args` (after their own) and an
+    /// `--initial-cluster` naming all of them, each once `prepare` has seen
+    /// it.
     fn launch(
         mut nodes: BTreeMap<u64, NodeProc>,
         lab: Option<netns::Lab>,
         root: tempfile::TempDir,
         extra_args: &[&str],
+        prepare: &mut dyn FnMut(&NodeProc, &str) -> Result<()>,
     ) -> Result<Cluster> {
         let extra_args: Vec<String> = extra_args.iter().map(|a| (*a).to_owned()).collect();
         for node in nodes.values_mut() {
-            node.extra_args = extra_args.clone();
+            node.extra_args.extend(extra_args.iter().cloned());
         }
         let initial_cluster = nodes
             .values()
             .map(|node| format!("{}={}", node.id, node.peer_addr))
             .collect::<Vec<_>>()
             .join(",");
+        for node in nodes.values() {
+            prepare(node, &initial_cluster)?;
+        }
         let ids: Vec<u64> = nodes.keys().copied().collect();
         let mut cluster = Cluster {
             nodes,
@@ -121,6 +162,8 @@ impl Cluster {
             root,
             initial_cluster,
             extra_args,
+            client_token: None,
+            client_tls: None,
         };
         for id in ids {
             cluster.restart(id)?;
@@ -185,7 +228,7 @@ impl Cluster {
             Intent::Via(&[id]),
             ClientOptions {
                 request_timeout: INJECT_TIMEOUT,
-                ..client_options(None)
+                ..self.options(None)
             },
         )?;
         client
@@ -258,16 +301,33 @@ impl Cluster {
         }
     }
 
+    /// From now on the harness's clients (status, leader waits, `client`,
+    /// `replica`, `serving_client`) connect with `token` and `tls`: for
+    /// clusters whose client ports need them.
+    pub fn set_client_auth(&mut self, token: Option<&str>, tls: Option<ClientTlsFiles>) {
+        self.client_token = token.map(str::to_owned);
+        self.client_tls = tls;
+    }
+
+    /// The harness's client options with `token` (else the cluster's, see
+    /// [`Cluster::set_client_auth`]) and the cluster's client TLS.
+    pub fn options(&self, token: Option<&str>) -> ClientOptions {
+        ClientOptions {
+            tls: self.client_tls.clone(),
+            ..client_options(token.or(self.client_token.as_deref()))
+        }
+    }
+
     /// A lazy client (it connects on first use) with the harness options.
     pub fn client(&self, intent: Intent<'_>) -> Result<Client> {
-        self.client_with(intent, client_options(None))
+        self.client_with(intent, self.options(None))
     }
 
     /// [`Cluster::client`] with other options (a token, a transport, budgets).
     /// A client of any node with `token`, once the cluster answers it (a
     /// leader is known): for clusters started with `--token`.
     pub async fn serving_client(&self, token: &str) -> Result<Client> {
-        let client = self.client_with(Intent::Any, client_options(Some(token)))?;
+        let client = self.client_with(Intent::Any, self.options(Some(token)))?;
         eventually(LEADER_TIMEOUT, "a leader", async || {
             Ok(client.ping().await?)
         })
@@ -281,7 +341,7 @@ impl Cluster {
 
     /// Reads served by node `id` alone (see [`Replica`]).
     pub fn replica(&self, id: u64) -> Result<Replica> {
-        self.replica_with(id, client_options(None))
+        self.replica_with(id, self.options(None))
     }
 
     /// [`Cluster::replica`] with other options (a token, budgets); the

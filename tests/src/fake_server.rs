@@ -61,6 +61,7 @@ pub fn node_status(id: u64, role: Role) -> NodeStatus {
         served: Default::default(),
         rpc_socket: None,
         rdma: String::new(),
+        ofi: String::new(),
         region_epoch: 1,
         ops: Vec::new(),
         open_connections: Default::default(),

@@ -2,34 +2,13 @@
 //! each command prints, in which format, and that failures print only on
 //! stderr and exit non-zero.
 
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use rdkv_tests::{Cluster, binary, check, eventually, free_port};
+use rdkv_tests::{Cluster, binary, check, eventually, free_port, rdkvctl, rdkvctl_ok};
 
 const TOKEN: &str = "s3cret";
-
-/// Runs `rdkvctl args...` (off the async runtime's threads).
-async fn rdkvctl(args: &[&str], env: &[(&str, &str)]) -> Result<Output> {
-    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    let env: Vec<(String, String)> = env
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    tokio::task::spawn_blocking(move || {
-        let mut command = Command::new(binary("rdkvctl"));
-        command
-            .args(&args)
-            .env_remove("RDKV_ENDPOINTS")
-            .env_remove("RDKV_TOKEN");
-        for (k, v) in env {
-            command.env(k, v);
-        }
-        command.output().context("running rdkvctl")
-    })
-    .await?
-}
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
@@ -39,14 +18,7 @@ fn text(bytes: &[u8]) -> String {
 async fn ok(endpoint: &str, args: &[&str]) -> Result<String> {
     let mut full = vec!["--endpoints", endpoint, "--token", TOKEN];
     full.extend_from_slice(args);
-    let out = rdkvctl(&full, &[]).await?;
-    ensure!(
-        out.status.success(),
-        "rdkvctl {args:?} failed ({}): stdout {:?} stderr {:?}",
-        out.status,
-        text(&out.stdout),
-        text(&out.stderr)
-    );
+    let out = rdkvctl_ok(&full, &[]).await?;
     ensure!(
         out.stderr.is_empty(),
         "rdkvctl {args:?} wrote to stderr: {:?}",

@@ -12,12 +12,33 @@ use rdkv_bench::embedded::{ClusterOptions, EmbeddedCluster};
 use rdkv_bench::fabric_bench::{
     FabricOptions, FabricTransport, default_sizes, format_table, run_fabric,
 };
+use rdkv_bench::floor::{FloorOptions, FloorRow, fill, format_floor, run_floor};
+use rdkv_client::{Client, ClientOptions, Transport};
 
 #[derive(Debug, Args)]
 pub struct FabricArgs {
-    /// Transports to measure, comma separated: mem, shm, shm-get, tcp.
-    #[arg(long, value_delimiter = ',', default_value = "mem,shm,shm-get,tcp")]
+    /// Transports to measure, comma separated: mem, shm, shm-get, tcp, and
+    /// floor (the one-sided GET against the memory work under it, for a
+    /// hot and a cold region; see `--floor-*`).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "mem,shm,shm-get,tcp,floor"
+    )]
     transports: Vec<String>,
+    /// Value sizes of the floor table.
+    #[arg(long, value_delimiter = ',', default_value = "8,1024")]
+    floor_sizes: Vec<usize>,
+    /// The cold region of the floor table: the embedded cluster's region
+    /// size, filled to about 70% with keys of every floor size.
+    #[arg(long, default_value_t = 256)]
+    floor_region_mib: usize,
+    /// Operations per timed round of the floor table.
+    #[arg(long, default_value_t = 20_000)]
+    floor_ops: usize,
+    /// Rounds per row of the floor table (the median is reported).
+    #[arg(long, default_value_t = 9)]
+    floor_rounds: usize,
     /// Message sizes in bytes, comma separated (default: powers of two from 8 B to 1 MiB).
     #[arg(long, value_delimiter = ',')]
     sizes: Vec<usize>,
@@ -47,9 +68,11 @@ pub struct FabricArgs {
 }
 
 pub fn run(args: FabricArgs, stop: Arc<AtomicBool>) -> Result<ExitCode> {
+    let with_floor = args.transports.iter().any(|t| t == "floor");
     let transports = args
         .transports
         .iter()
+        .filter(|t| *t != "floor")
         .map(|t| FabricTransport::parse(t))
         .collect::<Result<Vec<_>, _>>()?;
     let sizes = if args.sizes.is_empty() {
@@ -69,15 +92,19 @@ pub fn run(args: FabricArgs, stop: Arc<AtomicBool>) -> Result<ExitCode> {
         .context("starting a tokio runtime")?;
     let mut cluster = None;
     let mut endpoints = args.endpoints.clone();
-    if endpoints.is_empty() && transports.iter().any(|t| t.needs_server()) {
+    if endpoints.is_empty() && (with_floor || transports.iter().any(|t| t.needs_server())) {
         eprintln!(
             "rdkv-bench: starting an embedded {}-node rdkv cluster",
             args.embedded
         );
         let mut c = EmbeddedCluster::start(&ClusterOptions {
             nodes: args.embedded,
-            // Room for one value of every size.
-            region_mib: 64,
+            // Room for one value of every size, and the floor's cold region.
+            region_mib: if with_floor {
+                args.floor_region_mib as u64
+            } else {
+                64
+            },
             extra_args: Vec::new(),
         })
         .context("starting the embedded cluster")?;
@@ -99,10 +126,50 @@ pub fn run(args: FabricArgs, stop: Arc<AtomicBool>) -> Result<ExitCode> {
     for table in &tables {
         print!("{}", format_table(table));
     }
+    if with_floor {
+        let rows = runtime.block_on(floor_table(&args, &options))?;
+        print!("{}", format_floor(&rows));
+    }
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&tables)?;
         std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
     }
     drop(cluster);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Fills the cluster's region (about 70% of it) with keys of every floor
+/// size, then measures the floor table.
+async fn floor_table(args: &FabricArgs, options: &FabricOptions) -> Result<Vec<FloorRow>> {
+    if args.floor_sizes.is_empty() || args.floor_ops == 0 || args.floor_rounds == 0 {
+        bail!("--floor-sizes, --floor-ops and --floor-rounds must not be empty or 0");
+    }
+    let region_bytes = args.floor_region_mib << 20;
+    let per_key: usize = args
+        .floor_sizes
+        .iter()
+        .map(|&s| rdkv_bench::floor::block_bytes(s) + 8)
+        .sum();
+    let cold_keys = region_bytes * 7 / 10 / per_key;
+    let client = Client::new(
+        &options.endpoints,
+        ClientOptions {
+            token: options.token.clone(),
+            request_timeout: Duration::from_secs(30),
+            transport: Transport::Shm,
+            ..ClientOptions::default()
+        },
+    )?;
+    eprintln!(
+        "rdkv-bench: filling the region with {cold_keys} keys of each of {:?} bytes",
+        args.floor_sizes
+    );
+    fill(&client, &args.floor_sizes, cold_keys).await?;
+    let floor = FloorOptions {
+        sizes: args.floor_sizes.clone(),
+        cold_region_bytes: region_bytes,
+        ops_per_round: args.floor_ops,
+        rounds: args.floor_rounds,
+    };
+    Ok(run_floor(&client, &floor, cold_keys).await?)
 }

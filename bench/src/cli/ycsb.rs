@@ -12,7 +12,7 @@ use rdkv_bench::driver::DriverFactory;
 #[cfg(feature = "etcd")]
 use rdkv_bench::driver::etcd::EtcdFactory;
 use rdkv_bench::driver::rdkv::{self, RdkvFactory, TransportChoice};
-use rdkv_bench::driver::redis::RedisFactory;
+use rdkv_bench::driver::redis::{RedisFactory, RespServer};
 #[cfg(feature = "etcd")]
 use rdkv_bench::embedded::LocalEtcd;
 use rdkv_bench::embedded::{ClusterOptions, EmbeddedCluster, LocalRedis, RedisFsync};
@@ -21,6 +21,7 @@ use rdkv_bench::report::{self, PhaseResult};
 use rdkv_bench::runner::{Phase, RunError, RunOptions, run_phase};
 use rdkv_bench::sla::{Sla, SlaReport};
 use rdkv_bench::workload::{OpKind, Workload, WorkloadSpec};
+use rdkv_client::{ClientTlsFiles, Consistency};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum PhaseArg {
@@ -41,8 +42,9 @@ pub struct YcsbArgs {
     #[arg(long, value_enum, default_value = "both")]
     phase: PhaseArg,
     /// Store(s) to benchmark, one after another with the same seed and records:
-    /// rdkv (with --transport), rdkv-shm, rdkv-tcp, rdkv-auto, rdkv-rdma, redis or etcd
-    /// (etcd needs a build with `--features etcd`). Repeatable.
+    /// rdkv (with --transport), rdkv-shm, rdkv-tcp, rdkv-auto, rdkv-rdma, rdkv-resp (the
+    /// embedded cluster's leader through its RESP port, with the redis driver), redis or
+    /// etcd (etcd needs a build with `--features etcd`). Repeatable.
     #[arg(long = "target", value_name = "TARGET", default_value = "rdkv")]
     targets: Vec<String>,
 
@@ -58,12 +60,29 @@ pub struct YcsbArgs {
     /// rdkv cluster token.
     #[arg(long, env = "RDKV_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// CA certificates (PEM) of the servers: rdkv targets connect over TLS,
+    /// and so does --target redis with a rediss:// --redis-url.
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for servers that verify clients; with --tls-key.
+    #[arg(long)]
+    tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long)]
+    tls_key: Option<PathBuf>,
     /// Start an N-node rdkv cluster of local rdkv-server processes for this run.
     #[arg(long, value_name = "N")]
     embedded: Option<u64>,
     /// Region size of each embedded node.
     #[arg(long, default_value_t = 256)]
     embedded_region_mib: u64,
+    /// An extra rdkv-server flag for every embedded node, e.g.
+    /// `--server-arg=--resp-read-consistency=lease`. Repeatable.
+    #[arg(long = "server-arg", value_name = "FLAG", allow_hyphen_values = true)]
+    server_args: Vec<String>,
+    /// RESP endpoint of an rdkv node for --target rdkv-resp without --embedded.
+    #[arg(long)]
+    rdkv_resp_url: Option<String>,
 
     /// Redis endpoint for --target redis.
     #[arg(long, default_value = "redis://127.0.0.1:6379/")]
@@ -121,6 +140,8 @@ pub struct YcsbArgs {
 #[derive(Debug, Clone)]
 enum Target {
     Rdkv(TransportChoice),
+    /// rdkv's RESP front end, through the redis driver.
+    RdkvResp,
     Redis,
     #[cfg(feature = "etcd")]
     Etcd,
@@ -162,17 +183,72 @@ fn resolve_targets(args: &YcsbArgs) -> Result<Vec<Target>> {
         .map(|t| {
             Ok(match t.as_str() {
                 "rdkv" => Target::Rdkv(default_transport),
+                "rdkv-resp" => Target::RdkvResp,
                 "redis" => Target::Redis,
                 "etcd" => etcd_target()?,
                 other => match other.strip_prefix("rdkv-") {
                     Some(transport) => Target::Rdkv(TransportChoice::parse(transport)?),
                     None => bail!(
-                        "unknown target {other:?}: expected rdkv, rdkv-shm, rdkv-tcp, rdkv-auto, rdkv-rdma, redis or etcd"
+                        "unknown target {other:?}: expected rdkv, rdkv-shm, rdkv-tcp, rdkv-auto, rdkv-rdma, rdkv-resp, redis or etcd"
                     ),
                 },
             })
         })
         .collect()
+}
+
+/// One phase of one target, against the servers started for the run.
+fn run_target(
+    target: &Target,
+    phase: Phase,
+    workload: &Arc<Workload>,
+    servers: &Servers,
+    args: &YcsbArgs,
+    consistency: Consistency,
+    run_options: &RunOptions,
+) -> Result<PhaseResult> {
+    let tls = client_tls(args)?;
+    Ok(match target {
+        Target::Rdkv(transport) => {
+            let factory = RdkvFactory {
+                endpoints: servers.endpoints.clone(),
+                transport: *transport,
+                consistency,
+                token: args.token.clone(),
+                request_timeout: Duration::from_secs(10),
+                tls,
+            };
+            factory.validate()?;
+            run_one(phase, workload, &factory, run_options)?
+        }
+        Target::RdkvResp => {
+            let factory = RedisFactory {
+                url: servers
+                    .rdkv_resp_url
+                    .clone()
+                    .context("--target rdkv-resp needs --embedded N or --rdkv-resp-url")?,
+                server: RespServer::Rdkv,
+                tls: None,
+            };
+            run_one(phase, workload, &factory, run_options)?
+        }
+        Target::Redis => {
+            let factory = RedisFactory {
+                url: servers.redis_url.clone(),
+                server: RespServer::Redis,
+                tls: tls.filter(|_| servers.redis_url.starts_with("rediss://")),
+            };
+            run_one(phase, workload, &factory, run_options)?
+        }
+        #[cfg(feature = "etcd")]
+        Target::Etcd => {
+            let factory = EtcdFactory {
+                endpoints: servers.etcd_endpoints.clone(),
+                request_timeout: Duration::from_secs(10),
+            };
+            run_one(phase, workload, &factory, run_options)?
+        }
+    })
 }
 
 fn positive(name: &str, value: f64) -> Result<f64> {
@@ -181,6 +257,17 @@ fn positive(name: &str, value: f64) -> Result<f64> {
     } else {
         bail!("{name} must be a non-negative number of seconds, got {value}")
     }
+}
+
+/// The TLS the rdkv targets (and a `rediss://` Redis) connect with.
+fn client_tls(args: &YcsbArgs) -> Result<Option<ClientTlsFiles>> {
+    ClientTlsFiles::from_settings(
+        args.tls_ca.clone(),
+        args.tls_cert.clone(),
+        args.tls_key.clone(),
+        None,
+    )
+    .context("--tls-ca, --tls-cert, --tls-key")
 }
 
 pub fn run(args: YcsbArgs, stop: Arc<AtomicBool>) -> Result<ExitCode> {
@@ -204,6 +291,8 @@ pub fn run(args: YcsbArgs, stop: Arc<AtomicBool>) -> Result<ExitCode> {
         )
     })?;
     let consistency = rdkv::parse_consistency(&args.consistency)?;
+    // Checked before anything starts (each target reads them again).
+    client_tls(&args)?;
     let run_options = run_options(&args, &properties, &stop)?;
     let phases: &[Phase] = match args.phase {
         PhaseArg::Load => &[Phase::Load],
@@ -226,33 +315,15 @@ pub fn run(args: YcsbArgs, stop: Arc<AtomicBool>) -> Result<ExitCode> {
         // Every target gets a fresh workload: the same seed, keys and records.
         let workload = Arc::new(Workload::new(spec.clone())?);
         for &phase in phases {
-            let result = match target {
-                Target::Rdkv(transport) => {
-                    let factory = RdkvFactory {
-                        endpoints: servers.endpoints.clone(),
-                        transport: *transport,
-                        consistency,
-                        token: args.token.clone(),
-                        request_timeout: Duration::from_secs(10),
-                    };
-                    factory.validate()?;
-                    run_one(phase, &workload, &factory, &run_options)?
-                }
-                Target::Redis => {
-                    let factory = RedisFactory {
-                        url: servers.redis_url.clone(),
-                    };
-                    run_one(phase, &workload, &factory, &run_options)?
-                }
-                #[cfg(feature = "etcd")]
-                Target::Etcd => {
-                    let factory = EtcdFactory {
-                        endpoints: servers.etcd_endpoints.clone(),
-                        request_timeout: Duration::from_secs(10),
-                    };
-                    run_one(phase, &workload, &factory, &run_options)?
-                }
-            };
+            let result = run_target(
+                target,
+                phase,
+                &workload,
+                &servers,
+                &args,
+                consistency,
+                &run_options,
+            )?;
             print_result(&result);
             results.push(result);
         }
@@ -344,6 +415,8 @@ struct Servers {
     #[cfg(feature = "etcd")]
     etcd: Option<LocalEtcd>,
     endpoints: Vec<String>,
+    /// The RESP URL of rdkv's leader (embedded) or `--rdkv-resp-url`.
+    rdkv_resp_url: Option<String>,
     redis_url: String,
     #[cfg(feature = "etcd")]
     etcd_endpoints: Vec<String>,
@@ -364,13 +437,16 @@ impl Servers {
             #[cfg(feature = "etcd")]
             etcd: None,
             endpoints: args.endpoints.clone(),
+            rdkv_resp_url: args.rdkv_resp_url.clone(),
             redis_url: args.redis_url.clone(),
             #[cfg(feature = "etcd")]
             etcd_endpoints: args.etcd_endpoints.clone(),
         };
-        let wants_rdkv = targets.iter().any(|t| matches!(t, Target::Rdkv(_)));
+        let wants_rdkv = targets
+            .iter()
+            .any(|t| matches!(t, Target::Rdkv(_) | Target::RdkvResp));
         if wants_rdkv && let Some(n) = args.embedded {
-            servers.start_cluster(n, args.embedded_region_mib, stop)?;
+            servers.start_cluster(n, args, stop)?;
         }
         let wants_redis = targets.iter().any(|t| matches!(t, Target::Redis));
         if wants_redis && args.start_redis {
@@ -392,13 +468,13 @@ impl Servers {
         Ok(servers)
     }
 
-    fn start_cluster(&mut self, nodes: u64, region_mib: u64, stop: &AtomicBool) -> Result<()> {
+    fn start_cluster(&mut self, nodes: u64, args: &YcsbArgs, stop: &AtomicBool) -> Result<()> {
         let runtime = waiting_runtime()?;
         eprintln!("rdkv-bench: starting an embedded {nodes}-node rdkv cluster");
         let mut c = EmbeddedCluster::start(&ClusterOptions {
             nodes,
-            region_mib,
-            extra_args: Vec::new(),
+            region_mib: args.embedded_region_mib,
+            extra_args: args.server_args.clone(),
         })
         .context("starting the embedded cluster")?;
         let leader = runtime
@@ -409,6 +485,7 @@ impl Servers {
             c.endpoints().join(",")
         );
         self.endpoints = c.endpoints().to_vec();
+        self.rdkv_resp_url = c.resp_url(leader);
         self.cluster = Some(c);
         Ok(())
     }

@@ -4,8 +4,12 @@
 
 use std::time::Duration;
 
+use std::cell::RefCell;
+
 use bytes::Bytes;
-use rdkv_client::{Client, ClientOptions, Consistency, Transport};
+use rdkv_client::{
+    Client, ClientOptions, ClientTlsFiles, Consistency, GetIntoError, ReadHandle, Transport,
+};
 
 use super::{Driver, DriverError, DriverFactory};
 
@@ -84,6 +88,8 @@ pub struct RdkvFactory {
     pub consistency: Consistency,
     pub token: Option<String>,
     pub request_timeout: Duration,
+    /// TLS to the servers' client ports (`None`: plain TCP).
+    pub tls: Option<ClientTlsFiles>,
 }
 
 impl RdkvFactory {
@@ -113,14 +119,17 @@ impl DriverFactory for RdkvFactory {
             request_timeout: self.request_timeout,
             transport: self.transport.client_transport()?,
             default_consistency: self.consistency,
+            tls: self.tls.clone(),
             ..ClientOptions::default()
         };
         let client = Client::new(&self.endpoints, options)?;
         // Fail now, not on the first timed operation, if nothing answers.
         client.ping().await?;
+        let handle = RefCell::new((client.read_handle(), Vec::new()));
         Ok(RdkvDriver {
             client,
             consistency: self.consistency,
+            handle,
         })
     }
 }
@@ -133,11 +142,32 @@ pub const SUPPORTS_SCAN: bool = true;
 pub struct RdkvDriver {
     client: Client,
     consistency: Consistency,
+    /// This thread's one-sided read handle and its value buffer: a READ is
+    /// `get_into` (the synchronous path, as an application that reads into
+    /// its own buffers uses it), the value then copied out as the `Bytes`
+    /// every driver returns; what it does not serve goes to `get_with`.
+    handle: RefCell<(ReadHandle, Vec<u8>)>,
 }
 
 impl RdkvDriver {
     pub fn client(&self) -> &Client {
         &self.client
+    }
+}
+
+impl RdkvDriver {
+    /// A READ by the read handle, if it serves it (`None`: ask the client).
+    fn read_one_sided(&self, key: &[u8]) -> Option<Option<Bytes>> {
+        let mut handle = self.handle.borrow_mut();
+        let (handle, buf) = &mut *handle;
+        for _ in 0..2 {
+            match handle.get_into_with(key, buf, self.consistency) {
+                Ok(got) => return Some(got.map(|g| Bytes::copy_from_slice(&buf[..g.len]))),
+                Err(GetIntoError::BufferTooSmall { needed, .. }) => buf.resize(needed, 0),
+                Err(GetIntoError::NotServed(_)) => return None,
+            }
+        }
+        None
     }
 }
 
@@ -147,6 +177,9 @@ impl Driver for RdkvDriver {
     }
 
     async fn read(&self, key: &str) -> Result<Option<Bytes>, DriverError> {
+        if let Some(value) = self.read_one_sided(key.as_bytes()) {
+            return Ok(value);
+        }
         let got = self
             .client
             .get_with(Bytes::copy_from_slice(key.as_bytes()), self.consistency)

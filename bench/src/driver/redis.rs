@@ -11,7 +11,9 @@
 //! `MGET`, so a scan returns the records in key order, as rdkv's does.
 
 use bytes::Bytes;
+use rdkv_client::ClientTlsFiles;
 use redis::aio::MultiplexedConnection;
+use redis::{ClientTlsConfig, TlsCertificates};
 
 use super::{Driver, DriverError, DriverFactory};
 
@@ -21,30 +23,83 @@ pub const INDEX_KEY: &str = "_indices";
 #[derive(Debug, Clone)]
 pub struct RedisFactory {
     pub url: String,
+    pub server: RespServer,
+    /// The CA (and client certificate) of a `rediss://` endpoint.
+    pub tls: Option<ClientTlsFiles>,
+}
+
+/// What answers at the URL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RespServer {
+    Redis,
+    /// rdkv's RESP front end: strings only, so no `_indices` sorted set
+    /// (inserts are plain SETs and scans are not supported).
+    Rdkv,
+}
+
+impl RespServer {
+    fn label(self) -> &'static str {
+        match self {
+            RespServer::Redis => "redis",
+            RespServer::Rdkv => "rdkv-resp",
+        }
+    }
+}
+
+/// The redis crate's TLS settings from the files (PEM, as read).
+fn certificates(tls: &ClientTlsFiles) -> Result<TlsCertificates, DriverError> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path)
+            .map_err(|e| DriverError::Config(format!("reading {}: {e}", path.display())))
+    };
+    let client_tls = match (&tls.cert, &tls.key) {
+        (Some(cert), Some(key)) => Some(ClientTlsConfig {
+            client_cert: read(cert)?,
+            client_key: read(key)?,
+        }),
+        _ => None,
+    };
+    Ok(TlsCertificates {
+        client_tls,
+        root_cert: Some(read(&tls.ca)?),
+    })
 }
 
 impl DriverFactory for RedisFactory {
     type Driver = RedisDriver;
 
     fn label(&self) -> String {
-        "redis".into()
+        self.server.label().into()
     }
 
     async fn connect(&self) -> Result<RedisDriver, DriverError> {
-        let client = redis::Client::open(self.url.as_str())?;
+        let client = match &self.tls {
+            None => redis::Client::open(self.url.as_str())?,
+            Some(tls) => {
+                // The redis crate's rustls uses the process's default
+                // provider: ring, as rdkv's own TLS (already set is fine).
+                let _ = rdkv_tls::rustls::crypto::ring::default_provider().install_default();
+                redis::Client::build_with_tls(self.url.as_str(), certificates(tls)?)?
+            }
+        };
         let connection = client.get_multiplexed_async_connection().await?;
-        Ok(RedisDriver { connection })
+        Ok(RedisDriver {
+            connection,
+            sorted_index: self.server == RespServer::Redis,
+        })
     }
 }
 
 #[derive(Debug)]
 pub struct RedisDriver {
     connection: MultiplexedConnection,
+    /// Inserts maintain `_indices` and scans read it.
+    sorted_index: bool,
 }
 
 impl Driver for RedisDriver {
     fn supports_scan(&self) -> bool {
-        true
+        self.sorted_index
     }
 
     async fn read(&self, key: &str) -> Result<Option<Bytes>, DriverError> {
@@ -67,6 +122,9 @@ impl Driver for RedisDriver {
     }
 
     async fn insert(&self, key: &str, record: Bytes) -> Result<(), DriverError> {
+        if !self.sorted_index {
+            return self.update(key, record).await;
+        }
         let mut connection = self.connection.clone();
         let ((), _added): ((), i64) = redis::pipe()
             .cmd("SET")

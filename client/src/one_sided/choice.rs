@@ -6,13 +6,13 @@
 
 use std::sync::atomic::Ordering;
 
-use rdkv_fabric::RegionReader;
-use rdkv_fabric::clock::{boottime_now_us, unix_now_us};
+use rdkv_fabric::{ReadTime, RegionReader};
 use rdkv_proto::region::{DynamicHeader, RegionState};
 use rdkv_proto::wire::Consistency;
 
 use super::OneSided;
-use super::topology::Topology;
+use super::handle::NotServed;
+use super::view::ReadView;
 
 /// Which clock a lease is judged on, and now on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,17 +22,6 @@ pub(super) enum LeaseClock {
     /// A region on another host: the wall clocks, apart by less than the
     /// allowed drift (the documented assumption of remote lease reads).
     Unix(u64),
-}
-
-impl LeaseClock {
-    /// Now, on the clock that judges a lease of `reader`'s region.
-    pub(super) fn for_reader(reader: &RegionReader) -> LeaseClock {
-        if reader.on_this_host() {
-            LeaseClock::Boottime(boottime_now_us())
-        } else {
-            LeaseClock::Unix(unix_now_us())
-        }
-    }
 }
 
 /// Whether a leader's region header grants lease reads at `now`: the region
@@ -76,74 +65,148 @@ pub(super) fn not_behind(header: &DynamicHeader, seen: u64) -> bool {
     header.applied_index >= seen
 }
 
+/// `time` on the clock that judges a lease of `reader`'s region.
+fn lease_clock(view: &ReadView, reader: &RegionReader, time: ReadTime) -> LeaseClock {
+    if reader.on_this_host() {
+        LeaseClock::Boottime(time.monotonic_us)
+    } else {
+        LeaseClock::Unix(view.unix_us(time))
+    }
+}
+
+/// A region chosen for a read, and what the read's clock reading must
+/// still confirm after the copy (a lease is judged at the reading taken
+/// after the copy: every instant of the read is before it).
+pub(super) struct Choice<'v> {
+    pub(super) reader: &'v RegionReader,
+    /// The leader's header whose lease must hold at the reading: the
+    /// region read (Lease), or the lag's reference (Follower).
+    lease: Option<(&'v RegionReader, DynamicHeader)>,
+    /// A `Lease` read (else `Follower`): what a lapsed lease counts as.
+    leased_read: bool,
+}
+
 impl OneSided {
-    /// The reader that may serve a read at `consistency` now, if any.
-    pub(super) fn reader_for(
+    /// The region that may serve a read at `consistency`, before it is read.
+    pub(super) fn choose<'v>(
         &self,
-        topology: &mut Topology,
+        view: &'v ReadView,
         consistency: Consistency,
-    ) -> Option<RegionReader> {
+    ) -> Result<Choice<'v>, NotServed> {
         match consistency {
-            Consistency::Linearizable => None,
-            Consistency::Lease => self.lease_reader(topology),
+            Consistency::Linearizable => Err(NotServed::Consistency),
+            Consistency::Lease => self.choose_leader(view),
             Consistency::Follower { max_lag_entries } => {
-                self.follower_reader(topology, max_lag_entries)
+                self.choose_follower(view, max_lag_entries)
             }
         }
     }
 
-    /// The leader's mapped region, its header, and whether its lease holds
-    /// now (`None`: no leader region is mapped, or its header is unreadable).
-    fn leader_lease<'t>(
+    fn choose_leader<'v>(&self, view: &'v ReadView) -> Result<Choice<'v>, NotServed> {
+        let Some(reader) = view.leader_reader() else {
+            self.views.want_refresh();
+            return Err(NotServed::NoRegion);
+        };
+        let header = reader.dynamic_header().map_err(|_| NotServed::Unreadable)?;
+        if header.state != RegionState::Serving {
+            return Err(self.lease_refused());
+        }
+        // A leader applies what it committed a moment later: until it
+        // catches up with what this client saw, the server answers. (A
+        // lapsed lease is told apart, with a clock reading of its own: that
+        // region may be a dead incarnation's, to be replaced by a refresh.)
+        if !not_behind(&header, self.seen()) {
+            let now = lease_clock(view, reader, view.now());
+            if !lease_holds(&header, now, self.max_clock_drift_us) {
+                return Err(self.lease_refused());
+            }
+            return Err(NotServed::Behind);
+        }
+        Ok(Choice {
+            reader,
+            lease: Some((reader, header)),
+            leased_read: true,
+        })
+    }
+
+    fn choose_follower<'v>(
         &self,
-        topology: &'t Topology,
-    ) -> Option<(&'t RegionReader, DynamicHeader, bool)> {
-        let reader = topology.leader_reader()?;
-        let header = reader.dynamic_header().ok()?;
-        let now = LeaseClock::for_reader(reader);
-        let holds = lease_holds(&header, now, self.max_clock_drift_us);
-        Some((reader, header, holds))
-    }
-
-    /// The leader's header, if its lease holds now.
-    fn leased_header(&self, topology: &Topology) -> Option<DynamicHeader> {
-        let (_, header, holds) = self.leader_lease(topology)?;
-        holds.then_some(header)
-    }
-
-    fn lease_reader(&self, topology: &mut Topology) -> Option<RegionReader> {
-        let (reader, header, holds) = self.leader_lease(topology)?;
-        if holds {
-            // A leader applies what it committed a moment later: until it
-            // catches up with what this client saw, the server answers.
-            return not_behind(&header, self.seen()).then(|| reader.clone());
-        }
-        self.counters.lease_refusals.fetch_add(1, Ordering::Relaxed);
-        // The leader may have changed: look again on the next read.
-        topology.refreshed_at = None;
-        None
-    }
-
-    fn follower_reader(&self, topology: &Topology, max_lag_entries: u64) -> Option<RegionReader> {
+        view: &'v ReadView,
+        max_lag_entries: u64,
+    ) -> Result<Choice<'v>, NotServed> {
         // The leader's published applied index is the reference only while
-        // its lease holds: a leader cut off from its quorum (which may not
-        // know it has been replaced) publishes a stale one.
-        let leader_applied = self.leased_header(topology).map(|h| h.applied_index);
+        // its lease holds (confirmed after the read): a leader cut off from
+        // its quorum (which may not know it has been replaced) publishes a
+        // stale one.
+        let leader = view
+            .leader_reader()
+            .and_then(|r| Some((r, r.dynamic_header().ok()?)))
+            .filter(|(_, h)| h.state == RegionState::Serving && h.lease_deadline_unix_us.is_some());
+        let leader_applied = leader.map(|(_, h)| h.applied_index);
         let seen = self.seen();
-        let candidates: Vec<&RegionReader> = topology
-            .readers()
-            .filter(|r| {
-                r.dynamic_header().is_ok_and(|h| {
-                    within_lag(&h, leader_applied, max_lag_entries) && not_behind(&h, seen)
-                })
+        let fits = |r: &RegionReader| {
+            r.dynamic_header().is_ok_and(|h| {
+                within_lag(&h, leader_applied, max_lag_entries) && not_behind(&h, seen)
             })
-            .collect();
-        if candidates.is_empty() {
-            self.counters.lag_refusals.fetch_add(1, Ordering::Relaxed);
-            return None;
+        };
+        // Counted, then the k-th taken: no list of candidates is built.
+        let candidates = view.readers.iter().filter(|r| fits(r)).count();
+        if candidates == 0 {
+            self.counters
+                .local()
+                .lag_refusals
+                .fetch_add(1, Ordering::Relaxed);
+            return Err(NotServed::Lag);
         }
-        let pick = self.spread.fetch_add(1, Ordering::Relaxed) % candidates.len();
-        Some(candidates[pick].clone())
+        let pick = self.spread.local().fetch_add(1, Ordering::Relaxed) % candidates;
+        let reader = view
+            .readers
+            .iter()
+            .filter(|r| fits(r))
+            .nth(pick)
+            .ok_or(NotServed::Lag)?;
+        // Only a bounded lag relies on the leader's position.
+        let lease = leader.filter(|_| max_lag_entries != u64::MAX);
+        Ok(Choice {
+            reader,
+            lease,
+            leased_read: false,
+        })
+    }
+
+    /// After the read: whether the lease the choice relied on held at the
+    /// read's clock reading `time`.
+    pub(super) fn confirm(
+        &self,
+        view: &ReadView,
+        choice: &Choice<'_>,
+        time: ReadTime,
+    ) -> Result<(), NotServed> {
+        let Some((leader, header)) = &choice.lease else {
+            return Ok(());
+        };
+        let now = lease_clock(view, leader, time);
+        if lease_holds(header, now, self.max_clock_drift_us) {
+            Ok(())
+        } else if choice.leased_read {
+            Err(self.lease_refused())
+        } else {
+            self.counters
+                .local()
+                .lag_refusals
+                .fetch_add(1, Ordering::Relaxed);
+            Err(NotServed::Lag)
+        }
+    }
+
+    fn lease_refused(&self) -> NotServed {
+        self.counters
+            .local()
+            .lease_refusals
+            .fetch_add(1, Ordering::Relaxed);
+        // The leader may have changed: look again.
+        self.views.want_refresh();
+        NotServed::Lease
     }
 }
 

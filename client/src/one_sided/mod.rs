@@ -28,21 +28,31 @@
 //! A read that keeps failing validation falls back to RPC as well.
 
 mod choice;
+mod handle;
+#[cfg(feature = "ofi")]
+mod ofi;
 #[cfg(feature = "rdma")]
 mod rdma;
 mod reports;
 mod topology;
+mod view;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
-use rdkv_fabric::{Clock, IndexCache, MonotonicClock, ReadError, ReadStats, RegionReader};
+use rdkv_fabric::{
+    Clock, IndexCache, MonotonicClock, ReadError, ReadStats, ReadTime, RegionReader, Striped,
+};
 use rdkv_proto::wire::{Consistency, Versioned};
+
+pub use handle::{GetIntoError, NotServed, ReadHandle};
 
 use crate::options::Transport;
 use crate::routing::Router;
 use topology::Topology;
+use view::{ReadView, Views};
 
 /// What the one-sided path did, for metrics and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -61,6 +71,7 @@ pub struct OneSidedStats {
     pub reads: ReadStats,
 }
 
+/// One stripe of the client's one-sided counters (see `Striped`).
 #[derive(Debug, Default)]
 struct Counters {
     served: AtomicU64,
@@ -76,37 +87,74 @@ pub(crate) struct OneSided {
     router: Arc<Router>,
     #[cfg(feature = "rdma")]
     rdma: rdma::Device,
+    /// What refreshes know and change (members, attachments, reports);
+    /// only refreshes (and stats) lock it, never a read.
     topology: tokio::sync::Mutex<Topology>,
+    /// What reads use, swapped whole by each refresh.
+    views: Arc<Views>,
     cache: IndexCache,
-    counters: Counters,
+    counters: Striped<Counters>,
     clock: Arc<dyn Clock>,
     /// Where the next follower read starts among the candidate replicas.
-    spread: AtomicUsize,
+    spread: Striped<AtomicUsize>,
     /// The highest log index this client has seen applied (see the module
     /// comment): no region behind it serves this client a read.
     seen_applied: AtomicU64,
     max_clock_drift_us: u64,
     use_cache: bool,
+    transport: Transport,
+    default_consistency: Consistency,
+    /// Handles refresh in the background: started by the first one.
+    refresher_started: AtomicBool,
+    me: Weak<OneSided>,
+}
+
+thread_local! {
+    /// The async path's buffer for values (copied out into `Bytes`).
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// The last clock reading of a one-sided read on this thread (any
+    /// client's: it is one clock): the abandon bound of the next read
+    /// counts from it.
+    static SINCE: Cell<ReadTime> = const {
+        Cell::new(ReadTime {
+            monotonic_us: 0,
+            unix_ms: 0,
+        })
+    };
+}
+
+impl Drop for OneSided {
+    fn drop(&mut self) {
+        // The background refresher (if any) wakes, finds no client, ends.
+        self.views.wake.notify_one();
+    }
 }
 
 impl OneSided {
-    pub(crate) fn new(router: Arc<Router>) -> OneSided {
+    pub(crate) fn new(router: Arc<Router>) -> Arc<OneSided> {
         let options = router.options();
         let max_clock_drift = options.max_clock_drift;
         let cache_entries = options.index_cache_entries;
-        OneSided {
+        let transport = options.transport;
+        let default_consistency = options.default_consistency;
+        Arc::new_cyclic(|me| OneSided {
             #[cfg(feature = "rdma")]
             rdma: rdma::Device::default(),
             max_clock_drift_us: u64::try_from(max_clock_drift.as_micros()).unwrap_or(u64::MAX),
             use_cache: cache_entries > 0,
             topology: tokio::sync::Mutex::new(Topology::default()),
+            views: Arc::default(),
             cache: IndexCache::new(cache_entries),
-            counters: Counters::default(),
+            counters: Striped::default(),
             clock: Arc::new(MonotonicClock::new()),
-            spread: AtomicUsize::new(0),
+            spread: Striped::default(),
             seen_applied: AtomicU64::new(0),
+            transport,
+            default_consistency,
+            refresher_started: AtomicBool::new(false),
+            me: me.clone(),
             router,
-        }
+        })
     }
 
     pub(crate) async fn stats(&self) -> OneSidedStats {
@@ -116,27 +164,54 @@ impl OneSided {
             .fold(topology.retired_stats, |sum, reader| {
                 sum.plus(reader.stats())
             });
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         OneSidedStats {
-            served: get(&self.counters.served),
-            fallbacks: get(&self.counters.fallbacks),
-            lease_refusals: get(&self.counters.lease_refusals),
-            lag_refusals: get(&self.counters.lag_refusals),
+            served: self.counters.sum(|c| &c.served),
+            fallbacks: self.counters.sum(|c| &c.fallbacks),
+            lease_refusals: self.counters.sum(|c| &c.lease_refusals),
+            lag_refusals: self.counters.sum(|c| &c.lag_refusals),
             reads,
         }
     }
 
     /// Reads `key` one-sided if `consistency` allows it right now; `None`
-    /// means "ask the server".
+    /// means "ask the server". The synchronous path (`serve`), into this
+    /// thread's buffer, then copied out.
     pub(crate) async fn get(
         &self,
         key: &[u8],
         consistency: Consistency,
     ) -> Option<Option<Versioned>> {
-        let reader = self.reader(consistency).await?;
-        let read = self.read_one(&reader, key);
-        self.read_from(&reader);
-        self.served(read, 1).await
+        if self.transport == Transport::Tcp || consistency == Consistency::Linearizable {
+            return None;
+        }
+        let view = self.view_for_read().await;
+        if self.use_cache {
+            let mut read =
+                |reader: &RegionReader, _: ReadTime, now: &mut dyn FnMut() -> ReadTime| {
+                    Ok((reader.get_cached(key, &self.cache)?, now()))
+                };
+            return self.serve_async(&view, consistency, 1, &mut read);
+        }
+        SCRATCH.with_borrow_mut(|scratch| {
+            // Twice at most: a value longer than the buffer says how long it is.
+            for _ in 0..2 {
+                let mut read =
+                    |reader: &RegionReader, since: ReadTime, now: &mut dyn FnMut() -> ReadTime| {
+                        reader.get_into(key, scratch, since, now)
+                    };
+                match self.serve_with_since(&view, consistency, 1, &mut read) {
+                    Ok(got) => {
+                        return Some(got.map(|got| Versioned {
+                            value: Bytes::copy_from_slice(&scratch[..got.len]),
+                            version: got.version,
+                        }));
+                    }
+                    Err(GetIntoError::BufferTooSmall { needed, .. }) => scratch.resize(needed, 0),
+                    Err(GetIntoError::NotServed(_)) => return None,
+                }
+            }
+            None
+        })
     }
 
     /// Reads `keys` one-sided (one entry per key, in order) if `consistency`
@@ -146,15 +221,100 @@ impl OneSided {
         keys: &[Bytes],
         consistency: Consistency,
     ) -> Option<Vec<Option<Versioned>>> {
-        let reader = self.reader(consistency).await?;
-        let read = if keys.len() > 1 && !self.use_cache {
-            // Its reads go out in two batches.
-            reader.get_many(keys)
-        } else {
-            keys.iter().map(|key| self.read_one(&reader, key)).collect()
+        if self.transport == Transport::Tcp || consistency == Consistency::Linearizable {
+            return None;
+        }
+        let view = self.view_for_read().await;
+        let mut read = |reader: &RegionReader, _: ReadTime, now: &mut dyn FnMut() -> ReadTime| {
+            let values = if keys.len() > 1 && !self.use_cache {
+                // Its reads go out in two batches.
+                reader.get_many(keys)?
+            } else {
+                keys.iter()
+                    .map(|key| self.read_one(reader, key))
+                    .collect::<Result<_, _>>()?
+            };
+            Ok((values, now()))
         };
-        self.read_from(&reader);
-        self.served(read, keys.len()).await
+        self.serve_async(&view, consistency, keys.len() as u64, &mut read)
+    }
+
+    /// `serve` for the async path: `None` for anything not served.
+    fn serve_async<T>(
+        &self,
+        view: &ReadView,
+        consistency: Consistency,
+        keys: u64,
+        read: handle::RegionRead<'_, T>,
+    ) -> Option<T> {
+        self.serve_with_since(view, consistency, keys, read).ok()
+    }
+
+    /// `serve` with this thread's last clock reading.
+    fn serve_with_since<T>(
+        &self,
+        view: &ReadView,
+        consistency: Consistency,
+        keys: u64,
+        read: handle::RegionRead<'_, T>,
+    ) -> Result<T, GetIntoError> {
+        let mut since = SINCE.get();
+        let served = self.serve(view, consistency, &mut since, keys, read);
+        SINCE.set(since);
+        served
+    }
+
+    /// The view to read with. A wanted refresh is made now if none is
+    /// running (and waited for only by the first read, which has no view
+    /// at all); otherwise reads go on with the view they have.
+    pub(super) async fn view_for_read(&self) -> arc_swap::Guard<Arc<ReadView>> {
+        if self.views.refresh_wanted() {
+            let topology = if self.views.load().built {
+                self.topology.try_lock().ok()
+            } else {
+                Some(self.topology.lock().await)
+            };
+            if let Some(mut topology) = topology
+                && self.views.refresh_wanted()
+            {
+                self.refresh(&mut topology).await;
+            }
+        }
+        self.views.load()
+    }
+
+    /// A synchronous read handle (see [`ReadHandle`]).
+    pub(crate) fn handle(self: &Arc<Self>) -> ReadHandle {
+        ReadHandle::new(Arc::clone(self))
+    }
+
+    /// Refreshes in the background whenever a handle's read asks for it
+    /// (started once, by the first handle, if a tokio runtime is running;
+    /// without one, the async reads refresh).
+    fn start_refresher(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.refresher_started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let me = self.me.clone();
+        let views = Arc::clone(&self.views);
+        runtime.spawn(async move {
+            loop {
+                let Some(one_sided) = me.upgrade() else {
+                    break;
+                };
+                if one_sided.views.refresh_wanted() {
+                    let mut topology = one_sided.topology.lock().await;
+                    if one_sided.views.refresh_wanted() {
+                        one_sided.refresh(&mut topology).await;
+                    }
+                }
+                drop(one_sided);
+                views.wake.notified().await;
+            }
+        });
     }
 
     /// The highest log index this client has seen applied.
@@ -163,8 +323,11 @@ impl OneSided {
     }
 
     /// Notes that some replica had applied `index` (a response showed it).
+    /// A load first: the shared word is written only when it moves.
     pub(crate) fn saw_applied(&self, index: u64) {
-        self.seen_applied.fetch_max(index, Ordering::AcqRel);
+        if index > self.seen_applied.load(Ordering::Acquire) {
+            self.seen_applied.fetch_max(index, Ordering::AcqRel);
+        }
     }
 
     /// After a read from `reader`: the state it returned is at most the
@@ -181,44 +344,6 @@ impl OneSided {
             reader.get_cached(key, &self.cache)
         } else {
             reader.get(key)
-        }
-    }
-
-    /// The reader that may serve a read at `consistency`, after re-learning
-    /// the topology if it is old.
-    async fn reader(&self, consistency: Consistency) -> Option<RegionReader> {
-        let transport = self.router.options().transport;
-        if transport == Transport::Tcp || consistency == Consistency::Linearizable {
-            return None;
-        }
-        let mut topology = self.topology.lock().await;
-        if topology.is_stale() {
-            self.refresh(&mut topology).await;
-        }
-        self.reader_for(&mut topology, consistency)
-    }
-
-    /// Counts a read of `keys` keys that succeeded; `None` (ask the server)
-    /// for one that failed.
-    async fn served<T>(&self, read: Result<T, ReadError>, keys: usize) -> Option<T> {
-        match read {
-            Ok(values) => {
-                self.counters
-                    .served
-                    .fetch_add(keys as u64, Ordering::Relaxed);
-                Some(values)
-            }
-            Err(ReadError::Exhausted { .. }) => {
-                self.counters.fallbacks.fetch_add(1, Ordering::Relaxed);
-                None
-            }
-            Err(e) => {
-                tracing::debug!("one-sided read failed: {e}");
-                // A lost RDMA session or a re-registered region: look again
-                // (and reconnect) on the next read.
-                self.topology.lock().await.refreshed_at = None;
-                None
-            }
         }
     }
 }

@@ -3,7 +3,9 @@
 //! over the session's RDMA fabric.
 
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
+use rdkv_fabric::rdma::reopen::{REOPEN_AFTER, Reopen};
 use rdkv_fabric::rdma::verbs::read::descriptor_of;
 use rdkv_fabric::rdma::verbs::{RdmaClient, RdmaSession};
 use rdkv_fabric::rpc::{Connection, RpcChannel};
@@ -13,11 +15,19 @@ use rdkv_proto::wire::{Request, Response};
 use super::topology::sized_reader;
 use crate::routing::Router;
 
-/// The client's device, opened on first use; `Err` remembers why RDMA
-/// is off for this client (logged once).
-#[derive(Debug, Default)]
+/// The client's device, opened on first use; a failure is remembered
+/// (logged once per attempt) and retried after `REOPEN_AFTER`.
+#[derive(Debug)]
 pub(super) struct Device {
-    opened: Mutex<Option<Result<Arc<RdmaClient>, String>>>,
+    opened: Mutex<Reopen<Arc<RdmaClient>>>,
+}
+
+impl Default for Device {
+    fn default() -> Device {
+        Device {
+            opened: Mutex::new(Reopen::new(REOPEN_AFTER)),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -33,17 +43,29 @@ impl Attached {
     }
 }
 
+/// Retired (a refresh replaced it, or the node left): the server drops the
+/// queue pair with the control connection, so ours is torn down now and
+/// reads still holding the reader fail fast instead of retrying into it.
+impl Drop for Attached {
+    fn drop(&mut self) {
+        self.session.close();
+    }
+}
+
 impl Device {
     fn get(&self, router: &Router) -> Option<Arc<RdmaClient>> {
         let mut opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
-        let result = opened.get_or_insert_with(|| {
-            let wanted = router.options().rdma_device.clone();
-            RdmaClient::open(wanted.as_deref()).map_err(|e| {
-                tracing::info!("rdma transport off for this client: {e}");
-                e.to_string()
+        let wanted = router.options().rdma_device.clone();
+        opened
+            .get(Instant::now(), || {
+                RdmaClient::open(wanted.as_deref()).map_err(|e| e.to_string())
             })
-        });
-        result.as_ref().ok().cloned()
+            .map_err(|(reason, new)| {
+                if new {
+                    tracing::info!("rdma transport off for this client: {reason}");
+                }
+            })
+            .ok()
     }
 
     pub(super) async fn attach(
@@ -60,7 +82,7 @@ impl Device {
             .map_err(|e| tracing::debug!(addr, "no rdma control connection: {e}"))
             .ok()?;
         let pending = device
-            .prepare()
+            .prepare(control.local_ip())
             .map_err(|e| tracing::debug!(addr, "no rdma queue pair: {e}"))
             .ok()?;
         let deadline = tokio::time::Instant::now() + router.options().connect_timeout;

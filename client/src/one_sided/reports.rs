@@ -3,7 +3,6 @@
 //! the refusals (the `rdkv_one_sided_*{source="client"}` metrics).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use rdkv_proto::wire::{ReadReport, Request};
 
@@ -40,8 +39,8 @@ impl OneSided {
             }
             let mut report = ReadReport::from(delta);
             if Some(*id) == leader {
-                let lease = self.counters.lease_refusals.load(Ordering::Relaxed);
-                let lag = self.counters.lag_refusals.load(Ordering::Relaxed);
+                let lease = self.counters.sum(|c| &c.lease_refusals);
+                let lag = self.counters.sum(|c| &c.lag_refusals);
                 report.lease_refusals = lease.saturating_sub(topology.reported_lease_refusals);
                 report.lag_refusals = lag.saturating_sub(topology.reported_lag_refusals);
                 topology.reported_lease_refusals = lease;

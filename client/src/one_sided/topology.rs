@@ -1,6 +1,8 @@
 //! What the one-sided path knows of the cluster: the members, the leader and
 //! a region reader per node it could attach to (over `rdma` or `shm`),
-//! re-learned from the nodes' status at most every `TOPOLOGY_TTL`.
+//! re-learned from the nodes' status when a read finds its view older than
+//! `view::VIEW_TTL` (or its leader's lease gone); each refresh publishes a
+//! new `ReadView` for the reads.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -12,11 +14,10 @@ use rdkv_proto::region::RegionState;
 use rdkv_proto::wire::{MemberInfo, NodeStatus, Op, Request};
 
 use super::OneSided;
+use super::view::ReadView;
 use crate::outcome::answer;
 
-/// How often the client re-learns which nodes exist and which one leads.
-const TOPOLOGY_TTL: Duration = Duration::from_secs(1);
-/// Budget of each status call of a refresh (GETs wait behind a refresh).
+/// Budget of each status call of a refresh.
 pub(super) const STATUS_TIMEOUT: Duration = Duration::from_millis(500);
 /// How long a node whose region could not be attached is left alone.
 const ATTACH_BACKOFF: Duration = Duration::from_secs(2);
@@ -24,6 +25,12 @@ const ATTACH_BACKOFF: Duration = Duration::from_secs(2);
 /// the other transports before RDMA is tried again.
 #[cfg(feature = "rdma")]
 const RDMA_BACKOFF: Duration = Duration::from_secs(10);
+/// The same for a node whose libfabric grant or session failed.
+#[cfg(feature = "ofi")]
+const OFI_BACKOFF: Duration = Duration::from_secs(10);
+
+/// The channel of a retired RDMA session (always `None` without the feature).
+type Retired = Option<std::sync::Arc<dyn rdkv_fabric::rpc::RpcChannel>>;
 
 #[derive(Debug, Default)]
 pub(super) struct Node {
@@ -40,6 +47,11 @@ pub(super) struct Node {
     rdma: Option<super::rdma::Attached>,
     #[cfg(feature = "rdma")]
     retry_rdma_at: Option<Instant>,
+    /// The libfabric session `reader` reads through, if any.
+    #[cfg(feature = "ofi")]
+    ofi: Option<super::ofi::Attached>,
+    #[cfg(feature = "ofi")]
+    retry_ofi_at: Option<Instant>,
 }
 
 impl Node {
@@ -57,7 +69,6 @@ impl Node {
 
 #[derive(Debug, Default)]
 pub(super) struct Topology {
-    pub(super) refreshed_at: Option<Instant>,
     pub(super) leader: Option<u64>,
     pub(super) nodes: BTreeMap<u64, Node>,
     /// Readers of regions replaced since, kept for their statistics.
@@ -68,25 +79,22 @@ pub(super) struct Topology {
 }
 
 impl Topology {
-    pub(super) fn is_stale(&self) -> bool {
-        self.refreshed_at
-            .is_none_or(|at| at.elapsed() > TOPOLOGY_TTL)
-    }
-
-    pub(super) fn leader_reader(&self) -> Option<&RegionReader> {
-        self.nodes.get(&self.leader?)?.reader.as_ref()
-    }
-
     pub(super) fn readers(&self) -> impl Iterator<Item = &RegionReader> {
         self.nodes.values().filter_map(|n| n.reader.as_ref())
     }
 
-    /// Drops node `id`'s reader (and session), keeping its counts.
-    fn retire_reader(&mut self, id: u64) {
+    /// Drops node `id`'s reader (and session), keeping its counts; returns
+    /// the retired RDMA session's channel, which the caller takes out of
+    /// the pool.
+    fn retire_reader(&mut self, id: u64) -> Retired {
         let node = self.nodes.entry(id).or_default();
         #[cfg(feature = "rdma")]
+        let retired = node.rdma.take().map(|attached| attached.channel());
+        #[cfg(not(feature = "rdma"))]
+        let retired = None;
+        #[cfg(feature = "ofi")]
         {
-            node.rdma = None;
+            node.ofi = None;
         }
         if let Some(old) = node.reader.take() {
             let old_stats = old.stats();
@@ -94,6 +102,7 @@ impl Topology {
             node.reported = ReadStats::default();
             self.retired_stats = self.retired_stats.plus(old_stats);
         }
+        retired
     }
 
     /// Keeps the nodes of `members` only, with their current addresses.
@@ -130,8 +139,16 @@ pub(super) fn sized_reader(
 impl OneSided {
     /// Learns members, leader and sockets, and attaches to the regions of
     /// the nodes this client can read one-sided.
+    /// Then publishes the new view (also when the status could not be
+    /// had: the old readers, fresh for another TTL, rather than a refresh
+    /// per read).
     pub(super) async fn refresh(&self, topology: &mut Topology) {
-        topology.refreshed_at = Some(Instant::now());
+        self.views.refresh_starts();
+        self.refresh_topology(topology).await;
+        self.views.publish(ReadView::of(topology));
+    }
+
+    async fn refresh_topology(&self, topology: &mut Topology) {
         let status = tokio::time::timeout(STATUS_TIMEOUT, self.router.send(Request::Status)).await;
         let Ok(Ok(status)) = status.map(|r| r.and_then(|s| answer::<NodeStatus>(Op::Status, s)))
         else {
@@ -175,9 +192,21 @@ impl OneSided {
         {
             return;
         }
-        topology.retire_reader(member.id);
+        if let Some(channel) = topology.retire_reader(member.id) {
+            self.router
+                .pool()
+                .forget_channel(&member.client_addr, &channel)
+                .await;
+        }
         #[cfg(feature = "rdma")]
         if self.attach_rdma(topology, member, now).await {
+            return;
+        }
+        #[cfg(feature = "ofi")]
+        if self
+            .attach_ofi(topology, member, status.as_ref(), now)
+            .await
+        {
             return;
         }
         let reader = self.attach_local(member, status).await;
@@ -213,6 +242,42 @@ impl OneSided {
         node.rdma = Some(attached);
         node.retry_attach_at = None;
         node.retry_rdma_at = None;
+        true
+    }
+
+    /// Reads `member`'s region over libfabric (unless that failed with it
+    /// recently, or `Auto` would take libfabric's software tcp provider
+    /// over a region this host can map).
+    #[cfg(feature = "ofi")]
+    async fn attach_ofi(
+        &self,
+        topology: &mut Topology,
+        member: &MemberInfo,
+        status: Option<&NodeStatus>,
+        now: Instant,
+    ) -> bool {
+        let node = topology.nodes.entry(member.id).or_default();
+        let transport = self.router.options().transport;
+        if !transport.allows_ofi() || node.retry_ofi_at.is_some_and(|at| at > now) {
+            return false;
+        }
+        let software_only = status.is_some_and(|s| s.ofi.contains("tcp;ofi_rxm"));
+        let mappable = status
+            .and_then(|s| s.shm_socket.as_deref())
+            .is_some_and(|p| Path::new(p).exists());
+        if transport == crate::Transport::Auto && software_only && mappable {
+            return false;
+        }
+        let Some(attached) =
+            super::ofi::attach(&self.router, &member.client_addr, &self.clock).await
+        else {
+            node.retry_ofi_at = Some(now + OFI_BACKOFF);
+            return false;
+        };
+        node.reader = Some(attached.reader.clone());
+        node.ofi = Some(attached);
+        node.retry_attach_at = None;
+        node.retry_ofi_at = None;
         true
     }
 

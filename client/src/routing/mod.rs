@@ -7,7 +7,7 @@ mod route;
 mod step;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use rdkv_proto::wire::{ClientHello, Request, Response};
@@ -51,8 +51,14 @@ impl Router {
             return Err(Error::NoEndpoints);
         }
         let hello = ClientHello::new(options.client_name.clone(), options.token.clone());
+        let tls = options
+            .tls
+            .clone()
+            .map(rdkv_tls::ClientTls::load)
+            .transpose()?
+            .map(Arc::new);
         Ok(Router {
-            pool: Pool::new(hello, options.connect_timeout),
+            pool: Pool::new(hello, options.connect_timeout, tls),
             options,
             state: Mutex::new(RouteState::new(list)),
             spread: AtomicUsize::new(0),

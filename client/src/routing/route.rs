@@ -43,6 +43,7 @@ pub(crate) fn route_of(request: &Request) -> (Route, Idempotence) {
         | Request::SnapshotRead { .. }
         | Request::ReportReads(_)
         | Request::RdmaRegion
+        | Request::OfiRegion
         | Request::Digests => (Route::AnyPreferLeader, Idempotence::Read),
         Request::Put { .. }
         | Request::Delete { .. }

@@ -7,6 +7,7 @@
 use rdkv_proto::wire::WireError;
 use thiserror::Error;
 
+use super::admission::AdmissionFull;
 use super::buffer_pool::PoolError;
 use super::credits::CreditError;
 use super::device::SelectError;
@@ -133,6 +134,12 @@ pub enum RdmaError {
     WrTable(#[from] WrTableFull),
     #[error("control message: {0}")]
     Wire(#[from] WireError),
+    #[error(transparent)]
+    Admission(#[from] AdmissionFull),
+    #[error("the device reported {event}")]
+    DeviceEvent {
+        event: super::async_event::EventKind,
+    },
     #[error("the server refused the rdma connection: {0}")]
     Refused(String),
 }

@@ -35,6 +35,26 @@ pub const MIN_RNR_TIMER_CODE: u8 = 12;
 /// beyond it wait in the send queue, they do not fail.
 pub const MAX_OUTSTANDING_READS: u8 = 16;
 
+/// Outstanding READs of one connection's two directions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadDepths {
+    /// READs this side issues at once (`max_rd_atomic`, RTS).
+    pub initiator: u8,
+    /// READs this side serves at once (`max_dest_rd_atomic`, RTR).
+    pub responder: u8,
+}
+
+/// What both sides use, agreed as perftest does (each announces its depths
+/// in its endpoint, each takes the minimum): an initiator deeper than the
+/// peer's responder resources would have READs refused by the peer's NIC
+/// (remote invalid request), i.e. a torn-down connection under load.
+pub fn agree_read_depths(local: ReadDepths, remote: ReadDepths) -> ReadDepths {
+    ReadDepths {
+        initiator: local.initiator.min(remote.responder).max(1),
+        responder: local.responder.min(remote.initiator).max(1),
+    }
+}
+
 /// Partition key index 0: the default partition.
 pub const PKEY_INDEX: u16 = 0;
 
@@ -82,6 +102,33 @@ const _: () = assert!(RECV_BUFFER_BYTES >= rdkv_proto::wire::MIN_RDMA_RECV_BUFFE
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn read_depths_are_the_minimum_of_both_sides() {
+        let mlx5 = ReadDepths {
+            initiator: 16,
+            responder: 16,
+        };
+        let small = ReadDepths {
+            initiator: 4,
+            responder: 2,
+        };
+        assert_eq!(
+            agree_read_depths(mlx5, small),
+            ReadDepths {
+                initiator: 2,
+                responder: 4
+            }
+        );
+        assert_eq!(
+            agree_read_depths(small, mlx5),
+            ReadDepths {
+                initiator: 4,
+                responder: 2
+            }
+        );
+        assert_eq!(agree_read_depths(mlx5, mlx5), mlx5);
+    }
 
     #[test]
     fn psns_are_24_bits() {

@@ -80,6 +80,28 @@ impl<T> WrTable<T> {
         Ok((u64::from(slot.generation) << 32) | u64::from(index))
     }
 
+    /// Stores every entry, or none: on refusal the entries inserted so far
+    /// are taken back, so nothing of a half-registered batch stays behind
+    /// for a completion that can never come.
+    pub fn insert_all(
+        &mut self,
+        entries: impl IntoIterator<Item = T>,
+    ) -> Result<Vec<u64>, WrTableFull> {
+        let mut ids = Vec::new();
+        for entry in entries {
+            match self.insert(entry) {
+                Ok(id) => ids.push(id),
+                Err(full) => {
+                    for id in ids {
+                        self.take(id);
+                    }
+                    return Err(full);
+                }
+            }
+        }
+        Ok(ids)
+    }
+
     /// The request a completion names, removed; `None` for an id that is not
     /// (or no longer) live: a stale generation, a free slot, an index never
     /// handed out.
@@ -183,6 +205,20 @@ mod tests {
             table.insert(i).unwrap();
         }
         assert!(table.insert(9).is_err());
+    }
+
+    #[test]
+    fn a_batch_is_inserted_whole_or_not_at_all() {
+        let mut table = WrTable::new(4);
+        let kept = table.insert(0).unwrap();
+        assert_eq!(
+            table.insert_all([1, 2, 3, 4]),
+            Err(WrTableFull { capacity: 4 })
+        );
+        assert_eq!(table.len(), 1);
+        let ids = table.insert_all([1, 2, 3]).unwrap();
+        assert_eq!(ids.len(), 3);
+        assert_eq!(table.take(kept), Some(0));
     }
 
     #[test]

@@ -22,8 +22,11 @@ use crate::transport::{Fabric, FabricError, MappedFabric, RegionDescriptor, Remo
 
 mod batch;
 mod index_cache;
+mod landing;
 
 pub use index_cache::{CachedLocation, IndexCache};
+pub use landing::INLINE_KEY_BYTES;
+use landing::{IntoBuffer, Landed, Landing, ValueInto, WholeBlock};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReaderOptions {
@@ -101,30 +104,49 @@ pub enum ReadError {
     /// budget or corrupted. Nothing was returned.
     #[error("read gave up after {attempts} attempts; last problem: {last}")]
     Exhausted { attempts: u32, last: ReadProblem },
+    /// `get_into`: the value (validated) is longer than the caller's buffer.
+    #[error("the value is {needed} bytes, the buffer {len}")]
+    BufferTooSmall { needed: usize, len: usize },
     #[error(transparent)]
     Fabric(#[from] FabricError),
 }
 
-/// What one attempt looks for: a key, its fingerprint, and when the
-/// attempt started (for the abandon bound).
+/// What [`RegionReader::get_into`] found: the value is the first `len`
+/// bytes of the caller's buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GotInto {
+    pub len: usize,
+    /// The Raft log index that wrote it.
+    pub version: u64,
+}
+
+/// One reading of a GET's clock, in the two units a read judges: the
+/// abandon bound (a monotonic microsecond count) and key expiry (wall-clock
+/// unix milliseconds). A caller with one clock derives both from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadTime {
+    pub monotonic_us: u64,
+    pub unix_ms: u64,
+}
+
+/// What one attempt looks for: a key and its fingerprint.
 struct Probe<'a> {
     key: &'a [u8],
     fingerprint: u16,
-    started_us: u64,
 }
 
-fn slot_problem(error: SlotError) -> AttemptError {
+pub(crate) fn slot_problem(error: SlotError) -> AttemptError {
     AttemptError::Retry(ReadProblem::Slot(error))
 }
 
 /// A value, its deadline, and where its block was.
-struct Found {
+pub(crate) struct Found {
     value: Versioned,
     deadline: DeadlineUnixMs,
     location: CachedLocation,
 }
 
-enum AttemptError {
+pub(crate) enum AttemptError {
     Retry(ReadProblem),
     Fatal(FabricError),
 }
@@ -214,8 +236,11 @@ impl RegionReader {
     /// The dynamic header words (term, applied index, lease, state) without
     /// re-validating the static part: the per-GET check of a lease read.
     pub fn dynamic_header(&self) -> Result<DynamicHeader, ReadError> {
+        // The dynamic words only (the static part was validated on attach
+        // and is not looked at here).
         let mut header = [0u8; HEADER_USED_BYTES];
-        self.region.read(0, &mut header)?;
+        let dynamic = dynamic_word::RAFT_TERM as usize;
+        self.region.read(dynamic as u64, &mut header[dynamic..])?;
         Ok(DynamicHeader::decode(&header)?)
     }
 
@@ -249,8 +274,14 @@ impl RegionReader {
     /// The time since `started_us` when it exceeds the abandon bound: the
     /// copy may overlap a block's reuse, so it must not be trusted.
     fn past_abandon_bound(&self, started_us: u64) -> Option<u64> {
+        self.abandon_bound_between(started_us, self.clock.now_us())
+    }
+
+    /// The time from `started_us` to `now_us` when it exceeds the abandon
+    /// bound.
+    fn abandon_bound_between(&self, started_us: u64, now_us: u64) -> Option<u64> {
         let limit_us = self.options.abandon_after_us?;
-        let elapsed_us = self.clock.now_us().saturating_sub(started_us);
+        let elapsed_us = now_us.saturating_sub(started_us);
         (elapsed_us > limit_us).then_some(elapsed_us)
     }
 
@@ -274,48 +305,132 @@ impl RegionReader {
     /// Whether a validated pair may be served: not expired, counting the
     /// margin. The wall clock is read only for pairs with a deadline.
     fn serves(&self, deadline: DeadlineUnixMs) -> bool {
-        deadline == NO_DEADLINE
-            || !expired_within(deadline, unix_now_ms(), self.options.expiry_margin_ms)
+        deadline == NO_DEADLINE || self.serves_at(deadline, unix_now_ms())
+    }
+
+    /// [`RegionReader::serves`] at a given wall-clock time.
+    fn serves_at(&self, deadline: DeadlineUnixMs, now_unix_ms: u64) -> bool {
+        !expired_within(deadline, now_unix_ms, self.options.expiry_margin_ms)
     }
 
     fn get_located(&self, key: &[u8]) -> Result<Option<Found>, ReadError> {
         let mut last = None;
         for _ in 0..self.options.max_attempts {
-            match self.attempt(key) {
+            let mut whole = WholeBlock {
+                started_us: self.clock.now_us(),
+            };
+            match self.attempt(key, &mut whole) {
                 Ok(found) => {
                     // An expired pair is absent to every reader.
                     let found = found.filter(|found| self.serves(found.deadline));
                     self.counters.finished(found.is_some());
                     return Ok(found);
                 }
-                Err(AttemptError::Retry(problem)) => {
-                    let cause = problem.cause();
-                    self.counters.retry(cause);
-                    last = Some(problem);
-                    if cause == RetryCause::Invalidated {
-                        // The writer is between invalidating the old block
-                        // and publishing the new slot; if it was preempted
-                        // there, spinning through the attempts cannot help.
-                        std::thread::yield_now();
-                    }
-                }
+                Err(AttemptError::Retry(problem)) => last = Some(self.retrying(problem)),
                 Err(AttemptError::Fatal(error)) => return Err(error.into()),
             }
         }
-        self.counters.exhausted.fetch_add(1, Ordering::Relaxed);
-        Err(ReadError::Exhausted {
-            attempts: self.options.max_attempts,
-            last: last.unwrap_or(ReadProblem::Moved),
-        })
+        Err(self.gave_up(last))
     }
 
-    fn attempt(&self, key: &[u8]) -> Result<Option<Found>, AttemptError> {
+    /// Counts a failed attempt before the next.
+    fn retrying(&self, problem: ReadProblem) -> ReadProblem {
+        let cause = problem.cause();
+        self.counters.retry(cause);
+        if cause == RetryCause::Invalidated {
+            // The writer is between invalidating the old block and
+            // publishing the new slot; if it was preempted there, spinning
+            // through the attempts cannot help.
+            std::thread::yield_now();
+        }
+        problem
+    }
+
+    fn gave_up(&self, last: Option<ReadProblem>) -> ReadError {
+        self.counters.exhausted();
+        ReadError::Exhausted {
+            attempts: self.options.max_attempts,
+            last: last.unwrap_or(ReadProblem::Moved),
+        }
+    }
+
+    /// [`RegionReader::get`] without allocating: the value is copied
+    /// straight into `buf` (which holds it if `Ok(Some)`; anything else
+    /// leaves its contents unspecified), checked by the same rules. The
+    /// GET's clock is read through `now` once, after the copy, and that
+    /// reading decides the abandon bound against `since` (a reading taken
+    /// before this call began: a handle passes its previous GET's) and
+    /// expiry; returned for the caller's own checks (a lease). Only when
+    /// `since` is older than the abandon bound allows is the attempt made
+    /// again and the clock read again. Keys longer than
+    /// [`INLINE_KEY_BYTES`], fingerprint collisions and values
+    /// longer than `buf` read their block whole (that allocates).
+    pub fn get_into(
+        &self,
+        key: &[u8],
+        buf: &mut [u8],
+        since: ReadTime,
+        mut now: impl FnMut() -> ReadTime,
+    ) -> Result<(Option<GotInto>, ReadTime), ReadError> {
+        let mut since_us = since.monotonic_us;
+        let mut last = None;
+        for _ in 0..self.options.max_attempts {
+            let attempt = self.attempt(key, &mut IntoBuffer { buf: &mut *buf });
+            let time = now();
+            // Judged first: a copy that may have overlapped a block's reuse
+            // is slow, whatever its validation said (as `get` judges it).
+            let slow = self.abandon_bound_between(since_us, time.monotonic_us);
+            let problem = match (attempt, slow) {
+                (Err(AttemptError::Fatal(error)), _) => return Err(error.into()),
+                (_, Some(elapsed_us)) => ReadProblem::Slow { elapsed_us },
+                (Err(AttemptError::Retry(problem)), None) => problem,
+                (Ok(found), None) => {
+                    let got = self.answer_into(found, buf.len(), time)?;
+                    return Ok((got, time));
+                }
+            };
+            last = Some(self.retrying(problem));
+            since_us = time.monotonic_us;
+        }
+        Err(self.gave_up(last))
+    }
+
+    /// A validated answer of `get_into` at `time`: absent if expired.
+    fn answer_into(
+        &self,
+        found: Option<ValueInto>,
+        buf_len: usize,
+        time: ReadTime,
+    ) -> Result<Option<GotInto>, ReadError> {
+        let found =
+            found.filter(|f| f.deadline == NO_DEADLINE || self.serves_at(f.deadline, time.unix_ms));
+        match found {
+            // Not an answer: the caller reads again with a buffer that fits,
+            // and that read is the one counted (and reported to the server).
+            Some(found) if found.len > buf_len => Err(ReadError::BufferTooSmall {
+                needed: found.len,
+                len: buf_len,
+            }),
+            found => {
+                self.counters.finished(found.is_some());
+                Ok(found.map(|f| GotInto {
+                    len: f.len,
+                    version: f.version,
+                }))
+            }
+        }
+    }
+
+    fn attempt<L: Landing>(
+        &self,
+        key: &[u8],
+        landing: &mut L,
+    ) -> Result<Option<L::Found>, AttemptError> {
         if !self.layout.admits_key(key) {
             return Ok(None);
         }
         let hash = self.layout.key_hash(key);
         let (start, len) = self.layout.neighbourhood_range(hash);
-        let started_us = self.clock.now_us();
         let mut slot_bytes = [0u8; MAX_NEIGHBOURHOOD_BYTES];
         let slot_bytes = &mut slot_bytes[..len as usize];
         self.region.read(start, slot_bytes)?;
@@ -326,13 +441,12 @@ impl RegionReader {
         let probe = Probe {
             key,
             fingerprint: hash.fingerprint,
-            started_us,
         };
-        if let Some(found) = self.search(&probe, start, words.as_slice())? {
+        if let Some(found) = self.search(&probe, start, words.as_slice(), landing)? {
             return Ok(Some(found));
         }
         let walk = ChainWalk::from_neighbourhood(words.as_slice()).map_err(slot_problem)?;
-        self.search_chain(&probe, walk)
+        self.search_chain(&probe, walk, landing)
     }
 
     /// After the neighbourhood missed: each table of the home bucket's
@@ -340,11 +454,12 @@ impl RegionReader {
     /// was. Tables are never freed, and a slot moves only forward along the
     /// reading order (an anchor's entry into the first table), so a key
     /// present throughout is found.
-    fn search_chain(
+    fn search_chain<L: Landing>(
         &self,
         probe: &Probe<'_>,
         mut walk: ChainWalk,
-    ) -> Result<Option<Found>, AttemptError> {
+        landing: &mut L,
+    ) -> Result<Option<L::Found>, AttemptError> {
         while let Some(link) = walk.next_table() {
             // Inside the loop: a miss with no overflow table (the common
             // one) does not pay for clearing a table-sized buffer.
@@ -355,7 +470,7 @@ impl RegionReader {
             // As after the neighbourhood read: entries seen here are whole.
             fence(Ordering::Acquire);
             let words = TableWords::decode(table_bytes);
-            if let Some(found) = self.search(probe, offset, words.as_slice())? {
+            if let Some(found) = self.search(probe, offset, words.as_slice(), landing)? {
                 return Ok(Some(found));
             }
             walk.advance(words.as_slice()).map_err(slot_problem)?;
@@ -364,46 +479,25 @@ impl RegionReader {
     }
 
     /// The key among the candidates of `words`, slot words read at region
-    /// offset `words_at` (a neighbourhood or an overflow table).
-    fn search(
+    /// offset `words_at` (a neighbourhood or an overflow table); `landing`
+    /// reads and judges each candidate's block.
+    fn search<L: Landing>(
         &self,
         probe: &Probe<'_>,
         words_at: u64,
         words: &[u64],
-    ) -> Result<Option<Found>, AttemptError> {
+        landing: &mut L,
+    ) -> Result<Option<L::Found>, AttemptError> {
         for (position, slot) in neighbourhood_slots(words, probe.fingerprint) {
             let slot = slot.map_err(slot_problem)?;
             let (offset, block_len) = self.layout.block_range(slot).map_err(slot_problem)?;
-            let mut block = vec![0u8; block_len as usize];
-            self.region.read(offset, &mut block)?;
-            // Keeps the slot re-read below (and the clock read) after the copy.
-            fence(Ordering::Acquire);
-            if let Some(elapsed_us) = self.past_abandon_bound(probe.started_us) {
-                return Err(AttemptError::Retry(ReadProblem::Slow { elapsed_us }));
-            }
-            let shape = match examine_block(&self.layout, probe.key, &block) {
-                BlockVerdict::Match(found) => ValueShape::of(&found),
-                BlockVerdict::OtherKey => {
+            match landing.land(self, probe.key, offset, block_len)? {
+                Landed::Match(found) => return Ok(Some(found)),
+                Landed::OtherKey => {
                     let slot_offset = words_at + position as u64 * SLOT_BYTES;
                     self.check_unmoved(slot_offset, words[position])?;
-                    continue;
                 }
-                BlockVerdict::Torn(error) => {
-                    return Err(AttemptError::Retry(ReadProblem::Block(error)));
-                }
-            };
-            let version = shape.version;
-            let deadline = shape.deadline;
-            return Ok(Some(Found {
-                value: shape.take(block),
-                deadline,
-                location: CachedLocation {
-                    epoch: self.layout.region_epoch,
-                    block_offset: offset,
-                    block_len,
-                    version,
-                },
-            }));
+            }
         }
         Ok(None)
     }
@@ -433,13 +527,12 @@ impl RegionReader {
     ) -> Result<Option<Versioned>, ReadError> {
         if let Some(location) = cache.lookup(key, self.layout.region_epoch) {
             if let Some(found) = self.read_cached(key, location)? {
-                self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
-                self.counters.hits.fetch_add(1, Ordering::Relaxed);
+                self.counters.cache_hit();
                 return Ok(Some(found));
             }
             cache.forget(key);
         }
-        self.counters.cache_misses.fetch_add(1, Ordering::Relaxed);
+        self.counters.cache_miss();
         let found = self.get_located(key)?;
         Ok(found.map(|found| {
             cache.remember(key, found.location);

@@ -20,6 +20,7 @@ use rdkv_proto::wire::{
     ClientHello, Consistency, ErrorCode, ErrorReply, FrameKind, Request, Response, ServerHello,
     ServerInfo, SetCondition, Update, Versioned, encode_frame,
 };
+use rdkv_storage::cluster_id::ClusterId;
 use rdkv_storage::raft::SnapshotMeta;
 use rdkv_storage::record::encode_record;
 use rdkv_storage::state_machine::snapshot::{SnapshotRegion, SnapshotWriter};
@@ -314,11 +315,13 @@ fn snapshot_reader(dir: &Path) {
         ),
     ] {
         let mut writer = SnapshotWriter::new(
+            Vec::new(),
             &SnapshotMeta::default(),
             SnapshotRegion {
                 hash_seed: Some((7, 9)),
                 quota_bytes: Some(1 << 20),
                 clock_unix_ms: 1_700_000_000_000,
+                cluster_id: Some(ClusterId([3; 16])),
             },
         )
         .unwrap();

@@ -231,37 +231,111 @@ impl<'a> BlockRef<'a> {
         max_key_bytes: u32,
         max_value_bytes: u32,
     ) -> Result<BlockRef<'a>, BlockError> {
-        let header = BlockHeader::decode(bytes, max_key_bytes, max_value_bytes)?;
-        // In u64 so that even u32::MAX lengths cannot overflow on any target.
-        let key_end = usize::try_from(BLOCK_HEADER_BYTES as u64 + u64::from(header.key_len));
-        let end = usize::try_from(header.total_bytes());
-        let (Ok(key_end), Ok(end)) = (key_end, end) else {
-            return Err(BlockError::Length {
-                key_len: header.key_len,
-                value_len: header.value_len,
-                available: bytes.len(),
-            });
+        let limits = (max_key_bytes, max_value_bytes);
+        let header = match check_pieces(bytes, &[], limits)? {
+            Pieces::Whole(header) => header,
+            Pieces::Beyond { header } => return Err(header.length_error(bytes.len())),
         };
-        let Some(covered) = bytes.get(block_field::KEY_LEN..end) else {
-            return Err(BlockError::Length {
-                key_len: header.key_len,
-                value_len: header.value_len,
-                available: bytes.len(),
-            });
-        };
-        let computed = crc32fast::hash(covered);
-        if computed != header.crc {
-            return Err(BlockError::Checksum {
-                stored: header.crc,
-                computed,
-            });
-        }
+        let key_end = BLOCK_HEADER_BYTES + header.key_len as usize;
+        let end = key_end + header.value_len as usize;
         Ok(BlockRef {
             key: &bytes[BLOCK_HEADER_BYTES..key_end],
             value: &bytes[key_end..end],
             version: header.version,
             deadline: header.deadline,
         })
+    }
+}
+
+impl BlockHeader {
+    fn length_error(&self, available: usize) -> BlockError {
+        BlockError::Length {
+            key_len: self.key_len,
+            value_len: self.value_len,
+            available,
+        }
+    }
+}
+
+/// What [`check_pieces`] found.
+enum Pieces {
+    /// The block ends inside the pieces and its CRC matches.
+    Whole(BlockHeader),
+    /// The header decodes but the block goes on past the pieces (not
+    /// checked any further).
+    Beyond { header: BlockHeader },
+}
+
+/// The checks of every block read, over the block's bytes given as two
+/// consecutive pieces (`head` from the block's start, at least the header;
+/// then `tail`): magic, lengths within the limits, version, CRC. The one
+/// implementation of the rules: a contiguous copy is `(bytes, [])`.
+fn check_pieces(head: &[u8], tail: &[u8], limits: (u32, u32)) -> Result<Pieces, BlockError> {
+    let header = BlockHeader::decode(head, limits.0, limits.1)?;
+    // In u64 so that even u32::MAX lengths cannot overflow on any target.
+    let available = head.len() as u64 + tail.len() as u64;
+    let end = header.total_bytes();
+    if end > available {
+        return Ok(Pieces::Beyond { header });
+    }
+    // Both fit in memory (they are within `available`).
+    let end = end as usize;
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&head[block_field::KEY_LEN..end.min(head.len())]);
+    if end > head.len() {
+        crc.update(&tail[..end - head.len()]);
+    }
+    let computed = crc.finalize();
+    if computed != header.crc {
+        return Err(BlockError::Checksum {
+            stored: header.crc,
+            computed,
+        });
+    }
+    Ok(Pieces::Whole(header))
+}
+
+/// What a block read in two pieces turned out to be (see [`examine_split`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitVerdict {
+    /// A whole block of the key; its value is the first `value_len` bytes
+    /// of the tail.
+    Match {
+        value_len: usize,
+        version: u64,
+        deadline: DeadlineUnixMs,
+    },
+    /// A whole block of another key.
+    OtherKey,
+    /// Not a whole block: torn or corrupt.
+    Torn(BlockError),
+    /// The block (if its header is true) goes on past the pieces read:
+    /// read it whole to judge it.
+    Unread,
+}
+
+/// Judges a block a reader copied in two pieces from consecutive region
+/// bytes: `head` = the block's first `BLOCK_HEADER_BYTES + key.len()` bytes
+/// (where `key` is, if this is its block), `tail` = the bytes after them
+/// (where its value is). So a value can land straight in a caller's buffer
+/// and still be checked by exactly the rules of [`BlockRef::validate`].
+pub fn examine_split(key: &[u8], head: &[u8], tail: &[u8], limits: (u32, u32)) -> SplitVerdict {
+    match check_pieces(head, tail, limits) {
+        Ok(Pieces::Whole(header)) => {
+            let key_matches =
+                header.key_len as usize == key.len() && head.get(BLOCK_HEADER_BYTES..) == Some(key);
+            if key_matches {
+                SplitVerdict::Match {
+                    value_len: header.value_len as usize,
+                    version: header.version,
+                    deadline: header.deadline,
+                }
+            } else {
+                SplitVerdict::OtherKey
+            }
+        }
+        Ok(Pieces::Beyond { .. }) => SplitVerdict::Unread,
+        Err(error) => SplitVerdict::Torn(error),
     }
 }
 
@@ -401,6 +475,42 @@ mod tests {
         assert!(expired_within(1_000, u64::MAX, u64::MAX), "saturates");
     }
 
+    proptest! {
+        #[test]
+        fn a_split_read_judges_exactly_as_a_whole_one(
+            key in proptest::collection::vec(any::<u8>(), 0..16),
+            asked in proptest::collection::vec(any::<u8>(), 0..16),
+            value in proptest::collection::vec(any::<u8>(), 0..200),
+            version in 0u64..3,
+            bit in proptest::option::of(0usize..2000),
+            tail_room in 0usize..260) {
+            let mut buf = Vec::new();
+            encode_block(&key, &value, version, NO_DEADLINE, &mut buf);
+            buf.resize(buf.len() + 40, 0);
+            if let Some(bit) = bit.filter(|b| b / 8 < buf.len()) {
+                buf[bit / 8] ^= 1 << (bit % 8);
+            }
+            let split = (BLOCK_HEADER_BYTES + asked.len()).min(buf.len());
+            let (head, rest) = buf.split_at(split);
+            let tail = &rest[..tail_room.min(rest.len())];
+            let whole = BlockRef::validate(&buf[..split + tail.len()], 64, 512);
+            let verdict = examine_split(&asked, head, tail, (64, 512));
+            match (whole, verdict) {
+                (Ok(block), SplitVerdict::Match { value_len, version, .. }) => {
+                    prop_assert_eq!(block.key, &asked[..]);
+                    prop_assert_eq!(block.value, &tail[..value_len]);
+                    prop_assert_eq!(block.version, version);
+                }
+                (Ok(block), SplitVerdict::OtherKey) => prop_assert_ne!(block.key, &asked[..]),
+                (Err(BlockError::Length { .. }), SplitVerdict::Unread) => {}
+                (Err(a), SplitVerdict::Torn(b)) => {
+                    prop_assert_eq!(std::mem::discriminant(&a), std::mem::discriminant(&b));
+                }
+                (whole, split) => prop_assert!(false, "{:?} vs {:?}", whole, split),
+            }
+        }
+    }
+
     #[test]
     fn lengths_beyond_the_read_are_refused() {
         let mut buf = Vec::new();
@@ -410,5 +520,10 @@ mod tests {
             BlockRef::validate(&buf, 64, 64),
             Err(BlockError::Length { .. })
         ));
+        let (head, tail) = buf.split_at(BLOCK_HEADER_BYTES + 1);
+        assert_eq!(
+            examine_split(b"k", head, tail, (64, 64)),
+            SplitVerdict::Unread
+        );
     }
 }

@@ -13,7 +13,7 @@
 //! next, at most [`MAX_OVERFLOW_TABLES`] of them. Only a miss in all of them
 //! is an absence.
 
-use crate::region::block::BlockRef;
+use crate::region::block::{BlockRef, SplitVerdict, examine_split};
 use crate::region::error::{BlockError, SlotError};
 use crate::region::header::RegionLayout;
 use crate::region::overflow::{ANCHOR_SLOT, MAX_OVERFLOW_TABLES, is_anchor};
@@ -147,6 +147,22 @@ pub fn examine_block<'a>(layout: &RegionLayout, key: &[u8], bytes: &'a [u8]) -> 
         Ok(_) => BlockVerdict::OtherKey,
         Err(error) => BlockVerdict::Torn(error),
     }
+}
+
+/// [`examine_block`] for a block copied in two pieces (header and key into
+/// `head`, the value into `tail`): see [`examine_split`].
+pub fn examine_block_split(
+    layout: &RegionLayout,
+    key: &[u8],
+    head: &[u8],
+    tail: &[u8],
+) -> SplitVerdict {
+    examine_split(
+        key,
+        head,
+        tail,
+        (layout.max_key_bytes, layout.max_value_bytes),
+    )
 }
 
 #[cfg(test)]

@@ -27,8 +27,8 @@ pub mod slot;
 pub use block::{
     BLOCK_HEADER_BYTES, BLOCK_MAGIC, BlockHeader, BlockRef, CRC_WORD_OFFSET,
     DEFAULT_MAX_CLOCK_DRIFT_MS, DeadlineUnixMs, EXPIRY_MARGIN_MS, INVALIDATED_WORD,
-    INVALIDATION_WORD_OFFSET, NO_DEADLINE, ValueShape, block_field, encode_block,
-    encoded_block_bytes, expired_at, expired_within, revoked_crc_word,
+    INVALIDATION_WORD_OFFSET, NO_DEADLINE, SplitVerdict, ValueShape, block_field, encode_block,
+    encoded_block_bytes, examine_split, expired_at, expired_within, revoked_crc_word,
 };
 pub use charge::charged_bytes;
 pub use error::{BlockError, HeaderError, SlotError};
@@ -39,8 +39,8 @@ pub use header::{
     STATIC_HEADER_BYTES, dynamic_word, static_word,
 };
 pub use lookup::{
-    BlockVerdict, ChainWalk, anchor_link, examine_block, neighbourhood_slots, verify_neighbourhood,
-    verify_table,
+    BlockVerdict, ChainWalk, anchor_link, examine_block, examine_block_split, neighbourhood_slots,
+    verify_neighbourhood, verify_table,
 };
 pub use neighbourhood::{
     MAX_NEIGHBOURHOOD_BUCKETS, MAX_NEIGHBOURHOOD_BYTES, MAX_NEIGHBOURHOOD_SLOTS,

@@ -86,6 +86,9 @@ pub struct NodeStatus {
     pub quota: QuotaUse,
     /// Alarms raised on this node (etcd's `alarm list`).
     pub alarms: Vec<Alarm>,
+    /// The libfabric transport: `on: <provider (libfabric version)>` or
+    /// `off: <why>`.
+    pub ofi: String,
 }
 
 /// The quota and what the live pairs are charged against it (a pair's

@@ -51,6 +51,7 @@ impl Request {
             | Request::InjectFault(_)
             | Request::RdmaConnect { .. }
             | Request::RdmaRegion
+            | Request::OfiRegion
             | Request::Digests => KeyUse::Nothing,
         }
     }

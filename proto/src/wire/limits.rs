@@ -186,6 +186,7 @@ impl Request {
             | Self::Clear
             | Self::RdmaConnect { .. }
             | Self::RdmaRegion
+            | Self::OfiRegion
             | Self::Digests => Ok(()),
         }
     }

@@ -12,6 +12,7 @@ use super::admin::{
     Fault, Health, MemberInfo, NodeStatus, ReadReport, SnapshotChunk, StateDigestAt,
 };
 use super::batch::bounded_vec;
+use super::ofi::OfiRegionGrant;
 use super::rdma::{QpEndpoint, RdmaRegionGrant};
 use crate::region::{DeadlineUnixMs, NO_DEADLINE};
 
@@ -149,6 +150,10 @@ pub enum Request {
         key: Bytes,
         consistency: Consistency,
     },
+    /// The current region's `ofi` (libfabric) grant, answered with
+    /// [`Response::OfiRegion`], or an error reply (`InvalidRequest`) when
+    /// the transport is off on the node.
+    OfiRegion,
 }
 
 /// One command of a [`Request::Transaction`]. Append-only.
@@ -419,6 +424,8 @@ pub enum Response {
     },
     /// The answer to [`Request::Ttl`] (`None`: the key is absent).
     Expiry(Option<KeyExpiry>),
+    /// The answer to [`Request::OfiRegion`].
+    OfiRegion(OfiRegionGrant),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

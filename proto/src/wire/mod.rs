@@ -19,6 +19,7 @@ pub mod handshake;
 pub mod key_use;
 pub mod limits;
 pub mod message;
+pub mod ofi;
 pub mod op;
 pub mod rdma;
 pub mod shm;
@@ -46,6 +47,7 @@ pub use message::{
     Consistency, ErrorCode, ErrorReply, ExpireCondition, Expiry, KeyExpiry, LeaderHint, Request,
     Response, SetCondition, TxnOp, TxnResult, Update, UpdateOutcome, Versioned,
 };
+pub use ofi::{MAX_OFI_ENDPOINT_BYTES, MAX_OFI_PROVIDER_BYTES, OfiRegionGrant, OfiWireError};
 pub use op::Op;
 pub use rdma::{
     MAX_QP_ENDPOINT_BYTES, MAX_RDMA_RECV_BUFFER_BYTES, MAX_RDMA_RECV_CREDITS,

@@ -30,11 +30,12 @@ pub enum Op {
     Digests,
     Transaction,
     Ttl,
+    OfiRegion,
 }
 
 impl Op {
     /// Every op, in a fixed order (indexes of per-op tables).
-    pub const ALL: [Op; 25] = [
+    pub const ALL: [Op; 26] = [
         Op::Get,
         Op::MGet,
         Op::Put,
@@ -60,6 +61,7 @@ impl Op {
         Op::Digests,
         Op::Transaction,
         Op::Ttl,
+        Op::OfiRegion,
     ];
 
     pub fn name(self) -> &'static str {
@@ -86,6 +88,7 @@ impl Op {
             Op::InjectFault => "inject_fault",
             Op::RdmaConnect => "rdma_connect",
             Op::RdmaRegion => "rdma_region",
+            Op::OfiRegion => "ofi_region",
             Op::Digests => "digests",
             Op::Transaction => "transaction",
             Op::Ttl => "ttl",
@@ -145,6 +148,7 @@ impl Request {
             Request::Digests => Op::Digests,
             Request::Transaction { .. } => Op::Transaction,
             Request::Ttl { .. } => Op::Ttl,
+            Request::OfiRegion => Op::OfiRegion,
         }
     }
 }

@@ -19,8 +19,11 @@ use serde::{Deserialize, Serialize};
 use super::error::WireError;
 use super::frame::decode_exact;
 
-/// Shape of [`QpEndpoint`]; a peer sending another version is refused.
-pub const RDMA_ENDPOINT_VERSION: u8 = 1;
+/// Shape of [`QpEndpoint`]; a peer sending another version is refused (and
+/// reads over shm/tcp). 2 added the READ depths (`max_rd_atomic`,
+/// `max_dest_rd_atomic`): a peer that does not announce them cannot agree
+/// on them, so version 1 is refused rather than guessed at.
+pub const RDMA_ENDPOINT_VERSION: u8 = 2;
 /// Largest standalone encoding of a [`QpEndpoint`] accepted (the real one is
 /// about 40 bytes).
 pub const MAX_QP_ENDPOINT_BYTES: usize = 128;
@@ -63,6 +66,11 @@ pub struct QpEndpoint {
     pub recv_credits: u32,
     /// Size of each of those buffers: the peer's largest fragment.
     pub recv_buffer_bytes: u32,
+    /// READs this side will have outstanding as initiator (>= 1).
+    pub max_rd_atomic: u8,
+    /// READs this side accepts outstanding as responder (>= 1): the peer's
+    /// initiator depth is at most this.
+    pub max_dest_rd_atomic: u8,
 }
 
 /// The wire shape, checked by `TryFrom` before it becomes a [`QpEndpoint`].
@@ -78,6 +86,8 @@ struct RawQpEndpoint {
     mtu_bytes: u16,
     recv_credits: u32,
     recv_buffer_bytes: u32,
+    max_rd_atomic: u8,
+    max_dest_rd_atomic: u8,
 }
 
 /// Why an endpoint or grant was refused.
@@ -98,6 +108,8 @@ pub enum RdmaWireError {
          ({MIN_RDMA_RECV_BUFFER_BYTES}..={MAX_RDMA_RECV_BUFFER_BYTES} allowed)"
     )]
     BufferBytes { found: u32 },
+    #[error("{field} of 0 (at least one outstanding READ)")]
+    ReadDepth { field: &'static str },
     #[error("region of {len_bytes} bytes at {addr:#x} is empty or wraps the address space")]
     Region { addr: u64, len_bytes: u64 },
 }
@@ -134,6 +146,14 @@ impl TryFrom<RawQpEndpoint> for QpEndpoint {
                 found: raw.recv_buffer_bytes,
             });
         }
+        for (field, value) in [
+            ("max_rd_atomic", raw.max_rd_atomic),
+            ("max_dest_rd_atomic", raw.max_dest_rd_atomic),
+        ] {
+            if value == 0 {
+                return Err(RdmaWireError::ReadDepth { field });
+            }
+        }
         Ok(QpEndpoint {
             qp_num: raw.qp_num,
             psn: raw.psn,
@@ -144,6 +164,8 @@ impl TryFrom<RawQpEndpoint> for QpEndpoint {
             mtu_bytes: raw.mtu_bytes,
             recv_credits: raw.recv_credits,
             recv_buffer_bytes: raw.recv_buffer_bytes,
+            max_rd_atomic: raw.max_rd_atomic,
+            max_dest_rd_atomic: raw.max_dest_rd_atomic,
         })
     }
 }
@@ -161,6 +183,8 @@ impl From<QpEndpoint> for RawQpEndpoint {
             mtu_bytes: e.mtu_bytes,
             recv_credits: e.recv_credits,
             recv_buffer_bytes: e.recv_buffer_bytes,
+            max_rd_atomic: e.max_rd_atomic,
+            max_dest_rd_atomic: e.max_dest_rd_atomic,
         }
     }
 }
@@ -259,7 +283,22 @@ mod tests {
             mtu_bytes: 1024,
             recv_credits: 64,
             recv_buffer_bytes: 64 * 1024,
+            max_rd_atomic: 16,
+            max_dest_rd_atomic: 8,
         }
+    }
+
+    /// Version 1 (no READ depths) is refused: a peer that cannot say how
+    /// many READs it accepts cannot be connected to safely.
+    #[test]
+    fn an_endpoint_carries_its_read_depths_and_version_1_is_refused() {
+        let e = endpoint();
+        let decoded = QpEndpoint::decode(&e.encode().unwrap()).unwrap();
+        assert_eq!((decoded.max_rd_atomic, decoded.max_dest_rd_atomic), (16, 8));
+        let mut v1 = e.encode().unwrap();
+        v1[0] = 1;
+        v1.truncate(v1.len() - 2);
+        assert!(QpEndpoint::decode(&v1).is_err());
     }
 
     #[test]
@@ -294,7 +333,7 @@ mod tests {
             Err(WireError::FrameTooLarge { .. }) | Ok(_)
         ));
         let mut wrong_version = good.clone();
-        wrong_version[0] = 2;
+        wrong_version[0] = 1;
         assert!(QpEndpoint::decode(&wrong_version).is_err());
         let bad = [
             QpEndpoint {
@@ -327,6 +366,14 @@ mod tests {
             },
             QpEndpoint {
                 recv_buffer_bytes: MAX_RDMA_RECV_BUFFER_BYTES + 1,
+                ..endpoint()
+            },
+            QpEndpoint {
+                max_rd_atomic: 0,
+                ..endpoint()
+            },
+            QpEndpoint {
+                max_dest_rd_atomic: 0,
                 ..endpoint()
             },
         ];

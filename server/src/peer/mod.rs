@@ -1,7 +1,8 @@
 //! Raft peer traffic: a TCP connection per (leader, follower) pair carrying
 //! openraft's RPCs as postcard payloads in rdkv frames. The connection opens
-//! with a [`PeerHello`] carrying the cluster token and the sender's id; a peer
-//! that is not a member (or presents the wrong token) is refused.
+//! with a [`PeerHello`] carrying the cluster token, the sender's id and its
+//! cluster identity; a peer that is not a member, presents the wrong token,
+//! or belongs to another cluster is refused.
 
 mod append_in;
 mod append_out;
@@ -9,28 +10,38 @@ mod network;
 mod service;
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+use rdkv_tls::ClientTls;
 
 use bytes::Bytes;
+use rdkv_proto::wire::{WireError, decode_exact};
+use rdkv_storage::cluster_id::ClusterId;
 use rdkv_storage::raft::rpc::{
     AppendEntriesRequest, AppendEntriesResponse, RaftError, SnapshotResponse,
     TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use rdkv_storage::raft::{SnapshotMeta, Vote};
+use rdkv_storage::state_machine::RegionStateMachine;
 use serde::{Deserialize, Serialize};
 
 pub use network::PeerNetwork;
 pub use service::serve_peers;
 
 pub const PEER_MAGIC: [u8; 4] = *b"RDKP";
-pub const PEER_PROTOCOL_VERSION: u16 = 1;
+/// Version 2 adds the cluster identity to the hello. A node that has no
+/// identity yet (an upgraded cluster before its leader proposed one, a
+/// fresh node) still sends version 1's hello, which older nodes accept.
+pub const PEER_PROTOCOL_VERSION: u16 = 2;
+/// The hello of nodes that know no cluster identity.
+pub const PEER_PROTOCOL_VERSION_NO_IDENTITY: u16 = 1;
 /// Appends carry up to `max_payload_entries` entries of up to a max value
 /// each; peers are authenticated members, and this still bounds a frame.
 pub const PEER_MAX_FRAME_BYTES: u32 = 256 * 1024 * 1024;
 /// Snapshots travel in chunks of this size.
 pub const SNAPSHOT_CHUNK_BYTES: usize = 4 * 1024 * 1024;
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PeerHello {
     pub magic: [u8; 4],
     pub version: u16,
@@ -38,6 +49,77 @@ pub struct PeerHello {
     pub from_id: u64,
     /// So that followers can point clients at this node when it leads.
     pub from_client_addr: String,
+    /// The sender's cluster (version 2); a member refuses a peer of another.
+    pub cluster_id: Option<ClusterId>,
+}
+
+/// Version 1's hello: version 2's without the identity (postcard writes
+/// fields in order, so it is version 2's bytes without the last field).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PeerHelloV1 {
+    magic: [u8; 4],
+    version: u16,
+    token: Option<String>,
+    from_id: u64,
+    from_client_addr: String,
+}
+
+/// A hello as sent: either layout, encoded as the layout alone (no tag).
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum WireHello {
+    V2(PeerHello),
+    V1(PeerHelloV1),
+}
+
+impl PeerHello {
+    /// The hello `ctx` sends: version 2 with its identity, version 1 while
+    /// it has none.
+    pub fn of(ctx: &PeerContext) -> PeerHello {
+        let cluster_id = ctx.cluster_id();
+        PeerHello {
+            magic: PEER_MAGIC,
+            version: match cluster_id {
+                Some(_) => PEER_PROTOCOL_VERSION,
+                None => PEER_PROTOCOL_VERSION_NO_IDENTITY,
+            },
+            token: ctx.token.clone(),
+            from_id: ctx.node_id,
+            from_client_addr: ctx.client_addr.clone(),
+            cluster_id,
+        }
+    }
+
+    /// What goes on the wire: version 1's layout when there is no identity.
+    pub fn into_wire(self) -> WireHello {
+        match self.cluster_id {
+            Some(_) => WireHello::V2(self),
+            None => WireHello::V1(PeerHelloV1 {
+                magic: self.magic,
+                version: self.version,
+                token: self.token,
+                from_id: self.from_id,
+                from_client_addr: self.from_client_addr,
+            }),
+        }
+    }
+
+    /// A hello of either version (each layout fills the payload exactly,
+    /// so one cannot be taken for the other).
+    pub fn decode(payload: &[u8]) -> Result<PeerHello, WireError> {
+        if let Ok(hello) = decode_exact::<PeerHello>(payload) {
+            return Ok(hello);
+        }
+        let old: PeerHelloV1 = decode_exact(payload)?;
+        Ok(PeerHello {
+            magic: old.magic,
+            version: old.version,
+            token: old.token,
+            from_id: old.from_id,
+            from_client_addr: old.from_client_addr,
+            cluster_id: None,
+        })
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -85,8 +167,12 @@ pub struct PeerContext {
     pub node_id: u64,
     pub client_addr: String,
     pub token: Option<String>,
+    /// Where this node's cluster identity is kept (applied state).
+    state: RegionStateMachine,
     /// Max bytes of a snapshot this node accepts (bounded by its region).
     pub max_snapshot_bytes: u64,
+    /// Mutual TLS to the other members' peer ports (`None`: plain TCP).
+    tls: Option<Arc<ClientTls>>,
     client_addrs: Mutex<HashMap<u64, String>>,
     /// Members this node must not talk to (fault injection, tests only).
     isolated_from: Mutex<BTreeSet<u64>>,
@@ -120,6 +206,11 @@ impl PeerContext {
             .map(|at| at.elapsed())
     }
 
+    /// The TLS peer connections are made with, if any.
+    pub fn tls(&self) -> Option<&ClientTls> {
+        self.tls.as_deref()
+    }
+
     /// Whether traffic with node `id` is being dropped (fault injection).
     pub fn is_isolated_from(&self, id: u64) -> bool {
         self.isolated_from
@@ -132,17 +223,27 @@ impl PeerContext {
         node_id: u64,
         client_addr: String,
         token: Option<String>,
+        state: RegionStateMachine,
         max_snapshot_bytes: u64,
+        tls: Option<Arc<ClientTls>>,
     ) -> Self {
         PeerContext {
             node_id,
             client_addr,
             token,
+            state,
             max_snapshot_bytes,
+            tls,
             client_addrs: Mutex::new(HashMap::new()),
             isolated_from: Mutex::new(BTreeSet::new()),
             last_leader_contact: Mutex::new(None),
         }
+    }
+
+    /// This node's cluster identity, once it has one (`None` until the
+    /// first leader's `SetClusterId` is applied, or on a fresh node).
+    pub fn cluster_id(&self) -> Option<ClusterId> {
+        self.state.cluster_id()
     }
 
     /// Records a peer's client address, learned from a handshake.

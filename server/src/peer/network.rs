@@ -17,13 +17,13 @@ use rdkv_storage::raft::rpc::{
 };
 use rdkv_storage::raft::{NodeAddr, TypeConfig, Vote};
 use rdkv_storage::state_machine::Snapshot;
+use rdkv_tls::{ReadHalf, Stream, WriteHalf};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use super::append_out;
 use super::{
-    PEER_MAGIC, PEER_MAX_FRAME_BYTES, PEER_PROTOCOL_VERSION, PeerContext, PeerHello,
-    PeerHelloReply, PeerRequest, PeerResponse, SNAPSHOT_CHUNK_BYTES, SnapshotPiece,
+    PEER_MAX_FRAME_BYTES, PeerContext, PeerHello, PeerHelloReply, PeerRequest, PeerResponse,
+    SNAPSHOT_CHUNK_BYTES, SnapshotPiece,
 };
 use crate::framed::{FrameReader, FrameWriter};
 
@@ -61,7 +61,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 /// What a Raft RPC to a peer returns.
 type RpcResult<T> = Result<T, RpcError>;
 
-pub(super) type Conn = (FrameReader<OwnedReadHalf>, FrameWriter<OwnedWriteHalf>);
+pub(super) type Conn = (FrameReader<ReadHalf>, FrameWriter<WriteHalf>);
 
 #[derive(Debug)]
 pub struct PeerConn {
@@ -83,6 +83,27 @@ pub(super) fn network(message: String) -> RpcError {
 }
 
 impl PeerConn {
+    /// Mutual TLS over `tcp` when peers use it.
+    async fn secure(&self, tcp: TcpStream) -> RpcResult<Stream> {
+        let Some(tls) = self.ctx.tls() else {
+            return Ok(Stream::Tcp(tcp));
+        };
+        tokio::time::timeout(CONNECT_TIMEOUT, tls.connect(tcp, &self.addr))
+            .await
+            .map_err(|_| {
+                unreachable(format!(
+                    "TLS with node {} at {}: timed out",
+                    self.target, self.addr
+                ))
+            })?
+            .map_err(|e| {
+                unreachable(format!(
+                    "TLS with node {} at {}: {e}",
+                    self.target, self.addr
+                ))
+            })
+    }
+
     async fn connect(&mut self) -> RpcResult<Conn> {
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.addr))
             .await
@@ -99,16 +120,11 @@ impl PeerConn {
                 ))
             })?;
         let _ = stream.set_nodelay(true);
+        let stream = self.secure(stream).await?;
         let (read, write) = stream.into_split();
         let mut reader = FrameReader::new(read, PEER_MAX_FRAME_BYTES);
         let mut writer = FrameWriter::new(write, PEER_MAX_FRAME_BYTES);
-        let hello = PeerHello {
-            magic: PEER_MAGIC,
-            version: PEER_PROTOCOL_VERSION,
-            token: self.ctx.token.clone(),
-            from_id: self.ctx.node_id,
-            from_client_addr: self.ctx.client_addr.clone(),
-        };
+        let hello = PeerHello::of(&self.ctx).into_wire();
         let handshake = async {
             writer
                 .send(FrameKind::ClientHello, 0, &hello)

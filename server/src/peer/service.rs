@@ -10,19 +10,19 @@ use openraft::async_runtime::WatchReceiver;
 use openraft::errors::RaftError;
 use openraft::raft::AppendEntriesResponse;
 use rdkv_proto::wire::{FrameKind, decode_payload, tokens_match};
+use rdkv_storage::cluster_id::ClusterId;
 use rdkv_storage::raft::SnapshotMeta;
 use rdkv_storage::state_machine::Snapshot;
-use tokio::net::tcp::OwnedWriteHalf;
-use tokio::net::{TcpListener, TcpStream};
+use rdkv_tls::Stream;
 use tokio::sync::watch;
 
 use super::append_in::Inbound;
 use super::{
-    PEER_MAGIC, PEER_MAX_FRAME_BYTES, PEER_PROTOCOL_VERSION, PeerContext, PeerHello,
-    PeerHelloReply, PeerRequest, PeerResponse, SnapshotPiece,
+    PEER_MAGIC, PEER_MAX_FRAME_BYTES, PEER_PROTOCOL_VERSION, PEER_PROTOCOL_VERSION_NO_IDENTITY,
+    PeerContext, PeerHello, PeerHelloReply, PeerRequest, PeerResponse, SnapshotPiece,
 };
 use crate::Raft;
-use crate::accept::accept_until;
+use crate::accept::{TcpFront, accept_until};
 use crate::framed::{FrameReader, FrameWriter};
 use crate::telemetry::{RateLimitedLog, RequestStats};
 
@@ -30,12 +30,12 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const HANDSHAKE_MAX_FRAME_BYTES: u32 = 64 * 1024;
 
 pub async fn serve_peers(
-    listener: TcpListener,
+    listener: TcpFront,
     raft: Raft,
     ctx: Arc<PeerContext>,
     shutdown: watch::Receiver<bool>,
 ) {
-    accept_until(listener, "peer", shutdown, |stream, _| {
+    accept_until(listener, "peer", shutdown, move |stream, _| {
         handle(stream, raft.clone(), Arc::clone(&ctx))
     })
     .await;
@@ -43,7 +43,8 @@ pub async fn serve_peers(
 
 /// Why a peer is refused, if it is.
 fn refusal(hello: &PeerHello, raft: &Raft, ctx: &PeerContext) -> Option<String> {
-    if hello.magic != PEER_MAGIC || hello.version != PEER_PROTOCOL_VERSION {
+    let versions = PEER_PROTOCOL_VERSION_NO_IDENTITY..=PEER_PROTOCOL_VERSION;
+    if hello.magic != PEER_MAGIC || !versions.contains(&hello.version) {
         return Some("not an rdkv peer of this protocol version".into());
     }
     if let Some(expected) = &ctx.token {
@@ -62,14 +63,27 @@ fn refusal(hello: &PeerHello, raft: &Raft, ctx: &PeerContext) -> Option<String> 
     if !uninitialized && !member {
         return Some(format!("node {} is not a member", hello.from_id));
     }
-    None
+    other_cluster(hello.cluster_id, ctx.cluster_id())
+}
+
+/// Why a peer of cluster `theirs` is refused by a node of cluster `ours`:
+/// both known and different. A side that has none yet (a fresh node, a
+/// cluster upgraded from a version without identities whose leader has not
+/// proposed one) is not refused for it.
+fn other_cluster(theirs: Option<ClusterId>, ours: Option<ClusterId>) -> Option<String> {
+    match (theirs, ours) {
+        (Some(theirs), Some(ours)) if theirs != ours => Some(format!(
+            "it belongs to cluster {theirs}, this node to cluster {ours} \
+             (a node restored from a backup forms a new cluster)"
+        )),
+        _ => None,
+    }
 }
 
 /// See `service::AUTH_FAILURE_LOG`.
 static PEER_REFUSAL_LOG: RateLimitedLog = RateLimitedLog::new(10);
 
-async fn handle(stream: TcpStream, raft: Raft, ctx: Arc<PeerContext>) -> Result<()> {
-    let _ = stream.set_nodelay(true);
+async fn handle(stream: Stream, raft: Raft, ctx: Arc<PeerContext>) -> Result<()> {
     let (read, write) = stream.into_split();
     // Nothing large is read before the peer has proven it holds the token.
     let mut reader = FrameReader::new(read, HANDSHAKE_MAX_FRAME_BYTES);
@@ -78,7 +92,7 @@ async fn handle(stream: TcpStream, raft: Raft, ctx: Arc<PeerContext>) -> Result<
         .await
         .context("peer handshake timed out")??
         .context("peer closed before its handshake")?;
-    let hello: PeerHello = decode_payload(&frame).context("decoding the peer handshake")?;
+    let hello = PeerHello::decode(&frame.payload).context("decoding the peer handshake")?;
     if let Some(message) = refusal(&hello, &raft, &ctx) {
         RequestStats::auth_failure("peer");
         PEER_REFUSAL_LOG.warn(format_args!(
@@ -157,7 +171,7 @@ async fn handle(stream: TcpStream, raft: Raft, ctx: Arc<PeerContext>) -> Result<
 /// Sends one answer; an accepted append (any answer but a higher vote)
 /// means the sender leads now.
 async fn answer(
-    writer: &mut FrameWriter<OwnedWriteHalf>,
+    writer: &mut FrameWriter<rdkv_tls::WriteHalf>,
     ctx: &PeerContext,
     request_id: u64,
     response: &PeerResponse,
@@ -259,5 +273,48 @@ impl IncomingSnapshot {
             meta,
             snapshot: buf.freeze(),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_known_other_cluster_is_refused() {
+        let (a, b) = (ClusterId([1; 16]), ClusterId([2; 16]));
+        assert!(other_cluster(Some(a), Some(b)).is_some());
+        assert!(other_cluster(Some(b), Some(a)).is_some());
+        assert_eq!(other_cluster(Some(a), Some(a)), None);
+        // A fresh node, or a cluster upgraded from before identities.
+        assert_eq!(other_cluster(None, Some(a)), None);
+        assert_eq!(other_cluster(Some(a), None), None);
+    }
+
+    #[test]
+    fn hellos_of_both_versions_decode_and_say_their_cluster() {
+        let hello = |cluster_id| PeerHello {
+            magic: PEER_MAGIC,
+            version: match cluster_id {
+                Some(_) => PEER_PROTOCOL_VERSION,
+                None => PEER_PROTOCOL_VERSION_NO_IDENTITY,
+            },
+            token: Some("t".into()),
+            from_id: 3,
+            from_client_addr: "127.0.0.1:1".into(),
+            cluster_id,
+        };
+        for cluster_id in [None, Some(ClusterId([7; 16]))] {
+            let bytes = postcard::to_allocvec(&hello(cluster_id).into_wire()).unwrap();
+            let decoded = PeerHello::decode(&bytes).unwrap();
+            assert_eq!(decoded.cluster_id, cluster_id);
+            assert_eq!(decoded.from_id, 3);
+            assert_eq!(decoded.version, hello(cluster_id).version);
+        }
+        // Version 1's hello is exactly what version 1 nodes sent.
+        let v1 = postcard::to_allocvec(&hello(None).into_wire()).unwrap();
+        let v2 = postcard::to_allocvec(&hello(Some(ClusterId([7; 16]))).into_wire()).unwrap();
+        assert_eq!(v2.len(), v1.len() + 1 + 16);
+        assert!(PeerHello::decode(&v2[..v2.len() - 1]).is_err());
     }
 }

@@ -18,9 +18,8 @@ use bytes::{Bytes, BytesMut};
 use futures::FutureExt;
 use futures::stream::{FuturesOrdered, StreamExt};
 use rdkv_proto::wire::Op;
+use rdkv_tls::{Stream, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use tokio::net::tcp::OwnedWriteHalf;
 
 use super::clients::ClientInfo;
 use super::parse::{ParseLimits, ProtocolError, next_command};
@@ -70,13 +69,13 @@ struct Pipeline<'a> {
     closing: bool,
     /// A reply that closes the connection has been encoded.
     closed: bool,
-    write: OwnedWriteHalf,
+    write: WriteHalf,
     output: BytesMut,
 }
 
-pub async fn serve(stream: TcpStream, peer: String, server: &RespServer) -> Result<()> {
-    let _ = stream.set_nodelay(true);
+pub async fn serve(stream: Stream, peer: String, server: &RespServer) -> Result<()> {
     let local = stream
+        .tcp()
         .local_addr()
         .map_or_else(|_| String::from("?"), |a| a.to_string());
     let (mut read, write) = stream.into_split();
@@ -265,7 +264,12 @@ impl<'a> Pipeline<'a> {
         reads_now: &mut NowReads,
     ) -> Option<Reply> {
         let (op, now) = spec.now?;
-        if !reads_now.allowed(self.server) || !self.order.read_may_run_now(&spec.keys_in(argv)) {
+        // With nothing in flight no earlier command can write its keys (the
+        // common pipeline of reads needs no key list).
+        let after_writes = !self.running.is_empty();
+        if !reads_now.allowed(self.server)
+            || after_writes && !self.order.read_may_run_now(&spec.keys_in(argv))
+        {
             return None;
         }
         let reply = now(self.server, &argv[1..])?;

@@ -12,15 +12,16 @@ use super::reply::Reply;
 
 #[derive(Debug)]
 pub struct Forwarder {
-    token: Option<String>,
+    /// The node's own client options (token, TLS).
+    base: ClientOptions,
     /// The client and the endpoints it was made with.
     client: Mutex<Option<(Vec<String>, Client)>>,
 }
 
 impl Forwarder {
-    pub fn new(token: Option<String>) -> Forwarder {
+    pub fn new(base: ClientOptions) -> Forwarder {
         Forwarder {
-            token,
+            base,
             client: Mutex::new(None),
         }
     }
@@ -33,11 +34,10 @@ impl Forwarder {
             return Ok(client.clone());
         }
         let options = ClientOptions {
-            token: self.token.clone(),
             request_timeout: Duration::from_secs(10),
             transport: Transport::Tcp,
             client_name: "rdkv-resp-forwarder".into(),
-            ..ClientOptions::default()
+            ..self.base.clone()
         };
         let client = Client::new(&endpoints, options)
             .map_err(|e| Reply::err(format!("cannot reach the leader: {e}")))?;

@@ -49,7 +49,6 @@ mod transaction;
 use std::sync::Arc;
 
 use rdkv_proto::wire::Consistency;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::service::Handler;
@@ -77,13 +76,13 @@ impl RespServer {
     pub fn new(
         handler: Arc<Handler>,
         consistency: Consistency,
-        token: Option<String>,
+        own_client: rdkv_client::ClientOptions,
         port: u16,
     ) -> RespServer {
         let limits = handler.limits();
         RespServer {
             limits: ParseLimits::for_values(limits.max_value_bytes, limits.max_batch_keys),
-            forwarder: Forwarder::new(token),
+            forwarder: Forwarder::new(own_client),
             clients: Clients::default(),
             cursors: Cursors::default(),
             handler,
@@ -94,11 +93,11 @@ impl RespServer {
 }
 
 pub async fn serve_resp(
-    listener: TcpListener,
+    listener: crate::accept::TcpFront,
     server: Arc<RespServer>,
     shutdown: watch::Receiver<bool>,
 ) {
-    crate::accept::accept_until(listener, "resp", shutdown, |stream, peer| {
+    crate::accept::accept_until(listener, "resp", shutdown, move |stream, peer| {
         let server = Arc::clone(&server);
         async move { connection::serve(stream, peer, &server).await }
     })

@@ -10,8 +10,8 @@ use rdkv_storage::raft::NodeAddr;
 
 use super::Reply;
 use super::write::write_error;
-use crate::lease;
 use crate::replica::Replica;
+use crate::{lease, stop_snapshot};
 
 /// Largest snapshot piece one `SnapshotRead` returns.
 const MAX_SNAPSHOT_CHUNK_BYTES: u32 = 4 * 1024 * 1024;
@@ -123,7 +123,19 @@ pub async fn move_leader(replica: &Replica, to: u64) -> Reply {
     Ok(Response::Done)
 }
 
+/// Longest the first piece of a backup waits for a fresh snapshot.
+const BACKUP_SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(120);
+
 pub async fn snapshot_read(replica: &Replica, offset: u64, max_bytes: u32) -> Reply {
+    if offset == 0 {
+        // A backup starts here: it gets everything applied by now. (The
+        // client checks that every later piece is of the same snapshot.)
+        stop_snapshot::snapshot_of_applied(&replica.raft, BACKUP_SNAPSHOT_TIMEOUT)
+            .await
+            .map_err(|e| {
+                ErrorReply::new(ErrorCode::Unavailable, format!("no fresh snapshot: {e}"))
+            })?;
+    }
     let (meta, data) = replica
         .sm
         .snapshot_bytes()

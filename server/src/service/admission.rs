@@ -123,6 +123,7 @@ fn incoming_charge(command: &Command) -> Option<u64> {
         | Command::Clear
         | Command::SetHashSeed { .. }
         | Command::SetQuota { .. }
+        | Command::SetClusterId { .. }
         | Command::Cas {
             new_value: None, ..
         } => return None,

@@ -19,32 +19,33 @@ use anyhow::{Result, bail};
 use rdkv_proto::wire::{
     ErrorCode, ErrorReply, FrameKind, KeyUse, Limits, Request, Response, WireError, decode_payload,
 };
+use rdkv_tls::Stream;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, mpsc, watch};
 
 use super::handshake::{HANDSHAKE_MAX_FRAME_BYTES, handshake};
 use super::{Handler, MAX_IN_FLIGHT};
-use crate::accept::accept_until;
+use crate::accept::{TcpFront, accept_until};
 use crate::framed::{FrameReader, FrameWriter, FramedError};
 use crate::order::{Finish, KeyOrder, Waits, completion};
 use crate::telemetry::Via;
 
 pub async fn serve_clients(
-    listener: TcpListener,
+    listener: TcpFront,
     handler: Arc<Handler>,
     shutdown: watch::Receiver<bool>,
 ) {
-    accept_until(listener, "client", shutdown, |stream, peer| {
+    accept_until(listener, "client", shutdown, move |stream, peer| {
         connection(stream, peer, Arc::clone(&handler))
     })
     .await;
 }
 
-async fn connection(stream: TcpStream, peer: String, handler: Arc<Handler>) -> Result<()> {
-    let _ = stream.set_nodelay(true);
+async fn connection(stream: Stream, peer: String, handler: Arc<Handler>) -> Result<()> {
+    // The route to this client: an RDMA session uses the GID of this address.
+    let local_ip = stream.tcp().local_addr().ok().map(|a| a.ip());
     let (read, write) = stream.into_split();
-    serve_stream(read, write, &peer, Via::Tcp, handler).await
+    serve_stream(read, write, &peer, Via::Tcp, local_ip, handler).await
 }
 
 /// The native protocol over a local Unix socket: same handshake, same
@@ -54,10 +55,10 @@ pub async fn serve_unix_clients(
     handler: Arc<Handler>,
     shutdown: watch::Receiver<bool>,
 ) {
-    accept_until(listener, "unix client", shutdown, |stream, peer| {
+    accept_until(listener, "unix client", shutdown, move |stream, peer| {
         let (read, write) = stream.into_split();
         let handler = Arc::clone(&handler);
-        async move { serve_stream(read, write, &peer, Via::Unix, handler).await }
+        async move { serve_stream(read, write, &peer, Via::Unix, None, handler).await }
     })
     .await;
 }
@@ -67,6 +68,7 @@ async fn serve_stream<R, W>(
     write: W,
     addr: &str,
     via: Via,
+    local_ip: Option<std::net::IpAddr>,
     handler: Arc<Handler>,
 ) -> Result<()>
 where
@@ -95,7 +97,10 @@ where
     });
 
     // Queue pairs opened on this connection: torn down when it closes.
-    let rdma_sessions = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let rdma_sessions = RdmaSessions {
+        local_ip,
+        open: Arc::new(std::sync::Mutex::new(Vec::new())),
+    };
     let result = read_requests(
         &mut reader,
         &handler,
@@ -111,7 +116,12 @@ where
     result
 }
 
-type RdmaSessions = Arc<std::sync::Mutex<Vec<crate::rdma::RdmaConnectionGuard>>>;
+/// The queue pairs opened on one connection, and its local address.
+#[derive(Clone)]
+struct RdmaSessions {
+    local_ip: Option<std::net::IpAddr>,
+    open: Arc<std::sync::Mutex<Vec<crate::rdma::RdmaConnectionGuard>>>,
+}
 
 /// Opens a queue pair for this (authenticated) connection: the region's
 /// rkey is handed out here only.
@@ -121,7 +131,8 @@ fn rdma_connect(
     limits: &Limits,
     sessions: &RdmaSessions,
 ) -> Response {
-    let mut sessions = sessions.lock().unwrap_or_else(|p| p.into_inner());
+    let local_ip = sessions.local_ip;
+    let mut sessions = sessions.open.lock().unwrap_or_else(|p| p.into_inner());
     if sessions.len() >= crate::rdma::MAX_RDMA_SESSIONS_PER_CONNECTION {
         return Response::Error(ErrorReply::new(
             ErrorCode::InvalidRequest,
@@ -133,8 +144,9 @@ fn rdma_connect(
     }
     let rpc_handler: Arc<dyn rdkv_fabric::RpcHandler> = Arc::clone(handler) as _;
     let replica = handler.replica();
+    let client = crate::rdma::RdmaClientEndpoint { endpoint, local_ip };
     match handler.rdma().connect(
-        endpoint,
+        client,
         rpc_handler,
         &replica.sm,
         replica.node_id(),
@@ -225,7 +237,7 @@ async fn read_requests<R: AsyncRead + Unpin>(
         );
         let handler = Arc::clone(handler);
         let done = done.clone();
-        let rdma_sessions = Arc::clone(rdma_sessions);
+        let rdma_sessions = rdma_sessions.clone();
         tokio::spawn(async move {
             turn.waits.start().await;
             let response = match request {

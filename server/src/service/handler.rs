@@ -10,6 +10,7 @@ use rdkv_storage::state_machine::ScanRange;
 
 use super::admission::{Admission, within_quota};
 use super::{Reply, admin, read, write};
+use crate::ofi::OfiState;
 use crate::order::Finish;
 use crate::rdma::RdmaState;
 use crate::replica::Replica;
@@ -53,6 +54,7 @@ pub struct Handler {
     stats: RequestStats,
     fault_injection: bool,
     rdma: Arc<RdmaState>,
+    ofi: Arc<OfiState>,
     admission: Admission,
 }
 
@@ -68,7 +70,12 @@ impl rdkv_fabric::RpcHandler for Handler {
 }
 
 impl Handler {
-    pub fn new(replica: Replica, settings: HandlerSettings, rdma: Arc<RdmaState>) -> Self {
+    pub fn new(
+        replica: Replica,
+        settings: HandlerSettings,
+        rdma: Arc<RdmaState>,
+        ofi: Arc<OfiState>,
+    ) -> Self {
         Handler {
             replica,
             limits: settings.limits,
@@ -77,6 +84,7 @@ impl Handler {
             stats: RequestStats::default(),
             fault_injection: settings.fault_injection,
             rdma,
+            ofi,
             admission: Admission::new(
                 settings.max_client_connections,
                 settings.max_in_flight_bytes,
@@ -102,6 +110,10 @@ impl Handler {
 
     pub fn rdma(&self) -> &RdmaState {
         &self.rdma
+    }
+
+    pub fn ofi(&self) -> &OfiState {
+        &self.ofi
     }
 
     pub(super) fn admission(&self) -> &Admission {
@@ -218,6 +230,11 @@ impl Handler {
                 .rdma
                 .region_grant(&replica.sm, replica.node_id())
                 .map(Response::RdmaRegion),
+            // Over the authenticated connection only, like every request.
+            Request::OfiRegion => self
+                .ofi
+                .region_grant(&replica.sm, replica.node_id())
+                .map(Response::OfiRegion),
             // GET and MGET are served by `dispatch`, writes by `write`.
             other => Err(ErrorReply::new(
                 ErrorCode::InvalidRequest,

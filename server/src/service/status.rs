@@ -85,6 +85,7 @@ impl Handler {
             ops: self.stats().ops(),
             open_connections: self.stats().open_connections(),
             rdma: self.rdma().status().to_owned(),
+            ofi: self.ofi().status().to_owned(),
             quota: QuotaUse {
                 quota_bytes: quota.quota_bytes,
                 charged_bytes: quota.charged_bytes,

@@ -89,11 +89,13 @@ pub(crate) struct FileState {
 }
 
 impl FileState {
-    pub fn of(file: &File) -> io::Result<FileState> {
+    /// `file`'s state: its length, or `written_len` when the file is
+    /// preallocated past what was written.
+    pub fn of(file: &File, written_len: Option<u64>) -> io::Result<FileState> {
         let metadata = file.metadata()?;
         Ok(FileState {
             id: FileId::of(&metadata),
-            len: metadata.len(),
+            len: written_len.unwrap_or(metadata.len()),
             taken: taken_now(),
         })
     }

@@ -15,6 +15,10 @@
 //! A file truncated below its synced length keeps its shorter length on a
 //! cut (the old bytes are not kept), and a sync whose journal line a kill
 //! prevented counts as not done (the cut is then harsher than the truth).
+//! A preallocated file (a log segment) is journaled with its written length,
+//! and a cut treats its zero tail as never written; a cut that loses bytes
+//! shortens the file, where a real one would leave the preallocated length
+//! with zeros (recovery reads both alike).
 
 mod journal;
 mod power_loss;
@@ -30,23 +34,56 @@ pub use power_loss::{
 
 /// `fdatasync`: the file's data (and its length) are durable on return.
 pub fn sync_data(file: &File) -> io::Result<()> {
-    sync_file(file, File::sync_data)
+    sync_file(file, None, File::sync_data)
+}
+
+/// `fdatasync` of a preallocated file (a log segment) whose first
+/// `written_len` bytes are what was written to it; the rest of its length
+/// is the preallocated zero tail, which the journal does not count as data.
+pub fn sync_data_written(file: &File, written_len: u64) -> io::Result<()> {
+    sync_file(file, Some(written_len), File::sync_data)
 }
 
 /// `fsync`: the file's data and metadata are durable on return.
 pub fn sync_all(file: &File) -> io::Result<()> {
-    sync_file(file, File::sync_all)
+    sync_file(file, None, File::sync_all)
 }
 
-fn sync_file(file: &File, sync: impl FnOnce(&File) -> io::Result<()>) -> io::Result<()> {
+fn sync_file(
+    file: &File,
+    written_len: Option<u64>,
+    sync: impl FnOnce(&File) -> io::Result<()>,
+) -> io::Result<()> {
     let Some(journal) = journal::active() else {
         return sync(file);
     };
     // The length before the sync: bytes written while it runs may not be
     // covered by it.
-    let state = journal::FileState::of(file)?;
+    let state = journal::FileState::of(file, written_len)?;
     sync(file)?;
     journal.file_synced(&state)
+}
+
+/// Preallocates `file` up to `len` bytes (`fallocate`, the size included):
+/// later writes inside it change no file size, so their `fdatasync` writes
+/// the data alone, not the inode too (etcd preallocates its WAL files so).
+/// The new bytes read as zeros. A filesystem that cannot preallocate is
+/// told apart from a failure: `Ok(false)`.
+pub fn preallocate(file: &File, len: u64) -> io::Result<bool> {
+    let current = file.metadata()?.len();
+    if current >= len {
+        return Ok(true);
+    }
+    match rustix::fs::fallocate(
+        file,
+        rustix::fs::FallocateFlags::empty(),
+        current,
+        len - current,
+    ) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::OPNOTSUPP) => Ok(false),
+        Err(errno) => Err(errno.into()),
+    }
 }
 
 /// `fsync` of the directory `dir` (open as `dir_file`): the entries it has

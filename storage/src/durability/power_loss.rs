@@ -250,14 +250,21 @@ impl Restorer<'_> {
             if !metadata.is_file() || metadata.len() <= synced {
                 continue;
             }
-            let unsynced = metadata.len() - synced;
             if cut.unsynced_tail == UnsyncedTail::Kept {
                 continue;
             }
             let file = OpenOptions::new()
+                .read(true)
                 .write(true)
                 .open(&path)
                 .map_err(io_err(&path))?;
+            // A preallocated file's zero tail was never written: what a cut
+            // may lose or damage ends at its last written byte.
+            let written = written_end(&file, metadata.len(), synced).map_err(io_err(&path))?;
+            let unsynced = written - synced;
+            if unsynced == 0 {
+                continue;
+            }
             let seed = match cut.unsynced_tail {
                 UnsyncedTail::Prefix { seed } | UnsyncedTail::Garbage { seed } => seed,
                 _ => 0,
@@ -281,6 +288,24 @@ impl Restorer<'_> {
         }
         Ok(())
     }
+}
+
+/// The end of `file`'s last non-zero byte, at least `synced`: past it is a
+/// preallocated zero tail (or zeros a write ended with, treated alike).
+fn written_end(file: &std::fs::File, len: u64, synced: u64) -> io::Result<u64> {
+    const CHUNK: u64 = 1 << 20;
+    let mut end = len;
+    let mut buf = vec![0u8; CHUNK as usize];
+    while end > synced {
+        let start = end.saturating_sub(CHUNK).max(synced);
+        let chunk = &mut buf[..(end - start) as usize];
+        file.read_exact_at(chunk, start)?;
+        if let Some(last) = chunk.iter().rposition(|b| *b != 0) {
+            return Ok(start + last as u64 + 1);
+        }
+        end = start;
+    }
+    Ok(synced)
 }
 
 /// Deterministic pseudo-random numbers (xorshift64): enough for torn tails

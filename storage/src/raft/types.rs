@@ -8,6 +8,8 @@ use bytes::Bytes;
 use rdkv_proto::wire::{ErrorCode, ErrorReply, Request, Response, TxnOp, Update};
 use serde::{Deserialize, Serialize};
 
+use crate::cluster_id::ClusterId;
+
 /// A state-machine command. Append-only (postcard encodes the variant index,
 /// and these are stored in the durable log).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,6 +78,12 @@ pub enum Command {
     ExpireKeys {
         keys: Vec<(Bytes, u64)>,
     },
+    /// The cluster's identity (`cluster_id`), proposed by the first leader
+    /// that finds none applied. The first one applied is the cluster's for
+    /// good. Internal: no client request becomes this command.
+    SetClusterId {
+        id: ClusterId,
+    },
 }
 
 thread_local! {
@@ -133,6 +141,7 @@ impl fmt::Display for Command {
             ),
             Command::Timed { command, .. } => write!(f, "{command}"),
             Command::ExpireKeys { keys } => write!(f, "expire {} keys", keys.len()),
+            Command::SetClusterId { id } => write!(f, "set the cluster identity to {id}"),
         }
     }
 }

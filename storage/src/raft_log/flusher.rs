@@ -35,14 +35,15 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
-    /// `sync_data` on a segment, counted and timed.
-    pub fn sync(&self, file: &File) -> io::Result<()> {
+    /// `sync_data` on a segment whose first `written_len` bytes are its
+    /// header and records (the rest is preallocated), counted and timed.
+    pub fn sync(&self, file: &File, written_len: u64) -> io::Result<()> {
         let start = Instant::now();
         let delay_us = self.fsync_delay_us.load(Ordering::Relaxed);
         if delay_us > 0 {
             std::thread::sleep(std::time::Duration::from_micros(delay_us));
         }
-        let result = crate::durability::sync_data(file);
+        let result = crate::durability::sync_data_written(file, written_len);
         let elapsed = start.elapsed();
         metrics::histogram!("rdkv_raft_log_fsync_duration_seconds").record(elapsed.as_secs_f64());
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
@@ -56,8 +57,9 @@ impl Counters {
 struct State {
     callbacks: Vec<IOFlushed<TypeConfig>>,
     entries: u64,
-    /// The segment holding the newest queued entries.
-    file: Option<Arc<File>>,
+    /// The segment holding the newest queued entries, and its written
+    /// length (read when the sync starts: a later write it covers too).
+    file: Option<(Arc<File>, Arc<AtomicU64>)>,
     /// Set by the first failed fsync, never cleared.
     failed: Option<(io::ErrorKind, String)>,
     /// Tests only: no round starts while set, so appends pile up as they
@@ -100,8 +102,14 @@ impl Flusher {
         })
     }
 
-    /// Queues `callback` for the next fsync of `file`.
-    pub fn enqueue(&self, callback: IOFlushed<TypeConfig>, entries: u64, file: Option<Arc<File>>) {
+    /// Queues `callback` for the next fsync of `file` (the active segment
+    /// and its written length).
+    pub fn enqueue(
+        &self,
+        callback: IOFlushed<TypeConfig>,
+        entries: u64,
+        file: Option<(Arc<File>, Arc<AtomicU64>)>,
+    ) {
         let mut st = self.queue.lock();
         st.callbacks.push(callback);
         st.entries += entries;
@@ -165,7 +173,7 @@ fn run(queue: &Queue, counters: &Counters) {
             (Some(failed), _) => Err(failed),
             (None, None) => Ok(()),
             (None, Some(_)) if counters.skip_append_fsync.load(Ordering::Relaxed) => Ok(()),
-            (None, Some(file)) => counters.sync(&file).map_err(|e| {
+            (None, Some((file, written))) => counters.sync(&file, written.load(Ordering::Acquire)).map_err(|e| {
                 tracing::error!(error = %e, "raft log fsync failed; completing {} appends with the error", callbacks.len());
                 let failed = (e.kind(), format!("raft log fsync failed: {e}"));
                 let mut st = queue.lock();

@@ -15,7 +15,12 @@
 //! A segment is named after the index of its first entry; the entries in it
 //! are consecutive. Only the last segment is ever written to, and it is
 //! fsynced before the next one is created, so only the last segment can have
-//! a torn tail. The vote and meta files are replaced atomically (write
+//! a torn tail. The last (active) segment is preallocated to the segment
+//! size (`fallocate`): past its last record it reads as zeros, which
+//! recovery cuts as the end of the log, not as damage. Its zero tail is cut
+//! when the log rolls past it and at a clean stop, and every truncation
+//! cuts before preallocating again, so no byte past the end ever holds an
+//! old record. The vote and meta files are replaced atomically (write
 //! `*.tmp`, fsync, rename, fsync the directory).
 
 use std::fs::{File, OpenOptions};

@@ -6,7 +6,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use openraft::storage::IOFlushed;
@@ -40,6 +40,10 @@ pub struct LogOptions {
     /// Recent entries kept decoded in memory (by encoded size) so that
     /// replication of the log tail does not read the files. 0 disables.
     pub cache_bytes: usize,
+    /// The active segment is preallocated to `segment_size` (its tail of
+    /// zeros is cut when the log rolls past it or closes), so that a group
+    /// commit's `fdatasync` writes the data without a new file size.
+    pub preallocate: bool,
 }
 
 impl Default for LogOptions {
@@ -48,6 +52,7 @@ impl Default for LogOptions {
             segment_size: DEFAULT_SEGMENT_SIZE,
             max_record_size: DEFAULT_MAX_RECORD_SIZE,
             cache_bytes: DEFAULT_CACHE_BYTES,
+            preallocate: true,
         }
     }
 }
@@ -96,8 +101,27 @@ impl fmt::Debug for LogStore {
 
 struct Segment {
     file: Arc<File>,
-    /// Bytes of the file that hold the header and intact records.
-    len: u64,
+    /// Bytes of the file that hold the header and intact records (the rest
+    /// of an active segment is preallocated). Changed under the state lock;
+    /// shared with the flusher, which syncs, and journals, that much.
+    written: Arc<AtomicU64>,
+}
+
+impl Segment {
+    fn new(file: File, len: u64) -> Segment {
+        Segment {
+            file: Arc::new(file),
+            written: Arc::new(AtomicU64::new(len)),
+        }
+    }
+
+    fn len(&self) -> u64 {
+        self.written.load(Ordering::Acquire)
+    }
+
+    fn set_len(&self, len: u64) {
+        self.written.store(len, Ordering::Release);
+    }
 }
 
 /// Where one entry is: only this is kept per entry, not the payload.
@@ -288,6 +312,22 @@ impl LogStore {
         })
     }
 
+    /// Cuts the active segment's preallocated tail (and syncs): called at a
+    /// clean stop, so that a closed log ends at its last record. Appends
+    /// after it still work (past the cut, the file grows as it is written).
+    pub fn trim_preallocation(&self) -> Result<(), LogError> {
+        let inner = self.shared.lock()?;
+        self.shared.check_writable()?;
+        let Some((&key, active)) = inner.segments.last_key_value() else {
+            return Ok(());
+        };
+        active
+            .file
+            .set_len(active.len())
+            .map_err(|e| LogError::io(self.shared.segment_path(key), e))?;
+        self.shared.sync_segment(&active.file, key, active.len())
+    }
+
     pub fn dir(&self) -> &Path {
         &self.shared.dir
     }
@@ -357,8 +397,14 @@ impl Shared {
         }
     }
 
-    fn sync_segment(&self, file: &File, first_index: u64) -> Result<(), LogError> {
-        self.counters.sync(file).map_err(|e| {
+    /// Syncs a segment whose first `written_len` bytes are written.
+    fn sync_segment(
+        &self,
+        file: &File,
+        first_index: u64,
+        written_len: u64,
+    ) -> Result<(), LogError> {
+        self.counters.sync(file, written_len).map_err(|e| {
             self.flusher.poison(&e);
             LogError::io(self.segment_path(first_index), e)
         })
@@ -369,6 +415,11 @@ impl Shared {
             self.flusher.poison(&e);
             LogError::io(&self.dir, e)
         })
+    }
+
+    /// Preallocates the active segment `file` (at `path`) when the options ask.
+    fn preallocate(&self, file: &File, path: &Path) -> Result<(), LogError> {
+        preallocate_segment(file, path, &self.options)
     }
 
     fn remove_segment(&self, inner: &mut Inner, first_index: u64) -> Result<(), LogError> {
@@ -410,7 +461,7 @@ impl Shared {
             let roll = match inner.segments.last_key_value() {
                 None => true,
                 Some((_, active)) => {
-                    let used = active.len + start as u64;
+                    let used = active.len() + start as u64;
                     used > SEGMENT_HEADER_BYTES && used + record > self.options.segment_size
                 }
             };
@@ -426,7 +477,10 @@ impl Shared {
         self.counters
             .entries_appended
             .fetch_add(count, Ordering::Relaxed);
-        let active = inner.segments.last_key_value().map(|(_, s)| s.file.clone());
+        let active = inner
+            .segments
+            .last_key_value()
+            .map(|(_, s)| (s.file.clone(), s.written.clone()));
         // Still under the state lock: the flusher always learns about the
         // newest active segment together with the newest callbacks.
         self.flusher.enqueue(callback, count, active);
@@ -451,12 +505,12 @@ impl Shared {
                 io::Error::other("append without an active segment"),
             ));
         };
-        let mut offset = active.len;
+        let mut offset = active.len();
         active
             .file
             .write_all_at(bytes, offset)
             .map_err(|e| LogError::io(self.segment_path(segment), e))?;
-        active.len += bytes.len() as u64;
+        active.set_len(offset + bytes.len() as u64);
         let budget = self.options.cache_bytes;
         for (entry, len) in pending.drain(..) {
             let loc = Loc {
@@ -471,10 +525,16 @@ impl Shared {
         Ok(())
     }
 
-    /// Closes the active segment (fsync) and starts `seg-{first_index}`.
+    /// Closes the active segment (its preallocated tail cut, fsync) and
+    /// starts `seg-{first_index}`.
     fn roll(&self, inner: &mut Inner, first_index: u64) -> Result<(), LogError> {
         if let Some((&key, active)) = inner.segments.last_key_value() {
-            self.sync_segment(&active.file, key)?;
+            // Only the last segment may end in zeros (recovery's rule).
+            active
+                .file
+                .set_len(active.len())
+                .map_err(|e| LogError::io(self.segment_path(key), e))?;
+            self.sync_segment(&active.file, key, active.len())?;
         }
         if inner.segments.contains_key(&first_index) {
             return Err(LogError::io(
@@ -486,18 +546,15 @@ impl Shared {
         let file = open_rw(&path, true)?;
         file.write_all_at(&segment_header(), 0)
             .map_err(|e| LogError::io(&path, e))?;
+        self.preallocate(&file, &path)?;
         // The header is durable before the name: a cut can then leave a
         // torn tail after it, never a segment that recovery cannot identify.
-        self.sync_segment(&file, first_index)?;
+        self.sync_segment(&file, first_index, SEGMENT_HEADER_BYTES)?;
         // The new name must be durable before entries in it are acknowledged.
         self.sync_dir()?;
-        inner.segments.insert(
-            first_index,
-            Segment {
-                file: Arc::new(file),
-                len: SEGMENT_HEADER_BYTES,
-            },
-        );
+        inner
+            .segments
+            .insert(first_index, Segment::new(file, SEGMENT_HEADER_BYTES));
         Ok(())
     }
 
@@ -532,13 +589,16 @@ impl Shared {
             && let Some(segment) = inner.segments.get_mut(&loc.segment)
         {
             let path = self.dir.join(segment_file_name(loc.segment));
+            // Cut, then preallocated again: the bytes past the new end read
+            // as zeros, never as the removed records.
             segment
                 .file
                 .set_len(loc.offset)
                 .map_err(|e| LogError::io(&path, e))?;
-            segment.len = loc.offset;
+            segment.set_len(loc.offset);
             let file = segment.file.clone();
-            self.sync_segment(&file, loc.segment)?;
+            self.preallocate(&file, &path)?;
+            self.sync_segment(&file, loc.segment, loc.offset)?;
         }
         inner.truncate_locs(keep);
         Ok(())
@@ -585,7 +645,7 @@ impl Shared {
         // Writes are serialized: log data written before the vote is made
         // durable before it.
         if let Some((&key, active)) = inner.segments.last_key_value() {
-            self.sync_segment(&active.file, key)?;
+            self.sync_segment(&active.file, key, active.len())?;
         }
         format::write_vote(&self.dir, &self.dir_file, vote)?;
         inner.vote = Some(*vote);
@@ -703,7 +763,7 @@ impl Shared {
             ..LogStats::default()
         };
         if let Ok(inner) = self.lock() {
-            stats.bytes_on_disk = inner.segments.values().map(|s| s.len).sum();
+            stats.bytes_on_disk = inner.segments.values().map(Segment::len).sum();
             stats.segments = inner.segments.len() as u64;
             stats.first_index = (!inner.locs.is_empty()).then_some(inner.first_index);
             stats.last_index = inner.locs.back().map(|l| l.log_id.index);
@@ -846,14 +906,19 @@ fn recover_segment(
                 damage,
             });
         }
-        tracing::warn!(
-            segment = %path.display(),
-            offset,
-            dropped_bytes = size - offset,
-            intact_entries = scan.records.len(),
-            %damage,
-            "raft log: truncating a torn tail of the last segment"
-        );
+        if is_zero_tail(&file, offset, size).map_err(io_err)? {
+            // The preallocated tail of a log that was not closed: no damage.
+            tracing::debug!(segment = %path.display(), offset, "raft log: cutting the preallocated tail");
+        } else {
+            tracing::warn!(
+                segment = %path.display(),
+                offset,
+                dropped_bytes = size - offset,
+                intact_entries = scan.records.len(),
+                %damage,
+                "raft log: truncating a torn tail of the last segment"
+            );
+        }
         file.set_len(offset).map_err(io_err)?;
     }
     if scan.records.is_empty() {
@@ -865,18 +930,47 @@ fn recover_segment(
         return Ok(RecoveredSegment::Removed);
     }
     if place.last {
+        // The active segment again: appends go on into its preallocation.
+        preallocate_segment(&file, &path, options)?;
         // What the log reports from now on must be durable, and a killed
         // process leaves its unsynced writes in the page cache, where
         // they read back as intact records: sync them (and a cut tail).
-        counters.sync(&file).map_err(io_err)?;
+        counters.sync(&file, scan.end).map_err(io_err)?;
     }
     Ok(RecoveredSegment::Kept {
-        segment: Segment {
-            file: Arc::new(file),
-            len: scan.end,
-        },
+        segment: Segment::new(file, scan.end),
         records: scan.records,
     })
+}
+
+/// Preallocates the active segment `file` (at `path`) to the segment size
+/// when `options` ask; a filesystem that cannot is noted once per segment.
+fn preallocate_segment(file: &File, path: &Path, options: &LogOptions) -> Result<(), LogError> {
+    if !options.preallocate {
+        return Ok(());
+    }
+    let done =
+        durability::preallocate(file, options.segment_size).map_err(|e| LogError::io(path, e))?;
+    if !done {
+        tracing::debug!(segment = %path.display(), "raft log: the filesystem cannot preallocate");
+    }
+    Ok(())
+}
+
+/// Whether `file` is all zeros from `offset` to `size` (read in chunks).
+fn is_zero_tail(file: &File, offset: u64, size: u64) -> io::Result<bool> {
+    const CHUNK: u64 = 1 << 20;
+    let mut buf = vec![0u8; CHUNK.min(size.saturating_sub(offset)) as usize];
+    let mut at = offset;
+    while at < size {
+        let chunk = &mut buf[..CHUNK.min(size - at) as usize];
+        file.read_exact_at(chunk, at)?;
+        if chunk.iter().any(|b| *b != 0) {
+            return Ok(false);
+        }
+        at += chunk.len() as u64;
+    }
+    Ok(true)
 }
 
 /// Drops the entries at or below the saved purge point, and finishes a purge

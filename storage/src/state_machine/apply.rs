@@ -74,6 +74,11 @@ fn apply_normal(
             state.quota_bytes = Some(*bytes);
             replied(Response::Done)
         }
+        Command::SetClusterId { id } => {
+            // The first identity applied is the cluster's for good.
+            state.cluster_id.get_or_insert(*id);
+            replied(Response::Done)
+        }
         Command::Transaction { watch, ops } => {
             apply_transaction(state, watch, ops, index, resume_at, limits)
         }
@@ -239,9 +244,10 @@ fn apply_command(
         Command::ExpireKeys { keys } => apply_expire_keys(writer, keys, version),
         // Applied by `apply_normal`, which holds the clock, the quota and
         // the transaction's results.
-        Command::SetQuota { .. } | Command::Transaction { .. } | Command::Timed { .. } => {
-            replied(Response::Done)
-        }
+        Command::SetQuota { .. }
+        | Command::SetClusterId { .. }
+        | Command::Transaction { .. }
+        | Command::Timed { .. } => replied(Response::Done),
         Command::Clear => match writer.clear() {
             Ok(removed) => replied(Response::Cleared { removed, version }),
             Err(e) => failed(&e),

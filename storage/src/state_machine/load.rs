@@ -37,7 +37,7 @@ pub(super) fn load_region(
     epoch: u64,
     bytes: &[u8],
 ) -> Result<LoadedRegion, StateMachineError> {
-    let reader = SnapshotReader::open(bytes, max_snapshot_record_bytes(&config.region))?;
+    let mut reader = SnapshotReader::open(bytes, max_snapshot_record_bytes(&config.region))?;
     let region = reader.region;
     let empty = new_region(config, clock, epoch, seed_of(&region))?;
     let memory = Arc::clone(empty.memory());

@@ -10,6 +10,7 @@ mod apply;
 pub mod digest;
 mod keyed;
 mod load;
+mod local_read;
 pub mod snapshot;
 
 use std::io;
@@ -28,6 +29,7 @@ use rdkv_proto::region::{DeadlineUnixMs, EXPIRY_MARGIN_MS, HashSeed, LeaseDeadli
 use rdkv_proto::wire::{Response, StateDigestAt, Versioned};
 use thiserror::Error;
 
+use crate::cluster_id::ClusterId;
 use crate::raft::{CommandResult, Entry, LogId, SnapshotMeta, StoredMembership, TypeConfig};
 use crate::region::{
     Clock, MonotonicClock, ReadError, ReaderOptions, RegionConfig, RegionError, RegionReader,
@@ -43,6 +45,9 @@ use snapshot::{SnapshotError, SnapshotRegion, SnapshotWriter};
 
 pub type SnapshotData = Bytes;
 pub type Snapshot = SnapshotOf<TypeConfig, SnapshotData>;
+
+/// The state machine's directory (snapshots) inside a node's data directory.
+pub const SNAPSHOTS_DIR_NAME: &str = "snapshots";
 
 #[derive(Debug, Clone)]
 pub struct StateMachineConfig {
@@ -92,6 +97,9 @@ struct State {
     /// The cluster's quota once `Command::SetQuota` was applied (no limit
     /// but the region's until then).
     quota_bytes: Option<u64>,
+    /// The cluster's identity once `Command::SetClusterId` was applied (or a
+    /// snapshot carrying one was loaded); it never changes after that.
+    cluster_id: Option<ClusterId>,
     /// Raised when a write is refused for the quota (here or, on a leader,
     /// before proposing), cleared once the charge is back under
     /// `ALARM_CLEAR_PERCENT` of the quota.
@@ -178,7 +186,7 @@ fn new_region(
 }
 
 /// Max bytes of one snapshot record: a maximal pair plus framing slack.
-fn max_snapshot_record_bytes(region: &RegionConfig) -> u64 {
+pub(crate) fn max_snapshot_record_bytes(region: &RegionConfig) -> u64 {
     u64::from(region.max_key_bytes) + u64::from(region.max_value_bytes) + 4096
 }
 
@@ -219,6 +227,7 @@ impl RegionStateMachine {
                     writer,
                     hash_seed: seed_of(&region),
                     quota_bytes: region.quota_bytes,
+                    cluster_id: region.cluster_id,
                     no_space_alarm: false,
                     digests,
                     last_applied,
@@ -260,7 +269,23 @@ impl RegionStateMachine {
     /// Reads a key from this replica's region: lock-free, with the locked
     /// writer's view as the fallback when validation keeps failing.
     pub fn get_local(&self, key: &[u8]) -> Result<Option<Versioned>, StateMachineError> {
-        Ok(self.get_local_with_deadline(key)?.map(|(value, _)| value))
+        // As in `get_local_with_deadline`: the guard is gone before the
+        // fallback takes the state lock.
+        let read = local_read::read_copied(
+            &self
+                .shared
+                .reader
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+            key,
+        );
+        match read {
+            Ok(found) => Ok(found),
+            Err(ReadError::Exhausted { .. }) => {
+                Ok(self.get_local_with_deadline(key)?.map(|(value, _)| value))
+            }
+            Err(other) => Err(other.into()),
+        }
     }
 
     /// Like [`RegionStateMachine::get_local`], with the pair's deadline. A
@@ -605,6 +630,11 @@ impl RegionStateMachine {
         }
     }
 
+    /// The cluster's identity, once applied here (peers must present it).
+    pub fn cluster_id(&self) -> Option<ClusterId> {
+        self.lock().cluster_id
+    }
+
     /// Whether the cluster's hash seed has been applied here.
     pub fn has_hash_seed(&self) -> bool {
         self.lock().hash_seed.is_some()
@@ -630,8 +660,9 @@ impl RegionStateMachine {
                 hash_seed: state.hash_seed.map(|seed| (seed.0, seed.1)),
                 quota_bytes: state.quota_bytes,
                 clock_unix_ms: state.writer.clock_unix_ms(),
+                cluster_id: state.cluster_id,
             };
-            let mut writer = SnapshotWriter::new(&meta, region)?;
+            let mut writer = SnapshotWriter::new(Vec::new(), &meta, region)?;
             let mut encode_error = None;
             state.writer.for_each_live(|pair| {
                 if let Err(e) = writer.pair(pair) {
@@ -748,6 +779,15 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
                 "snapshot bytes describe a different log position than their meta",
             ));
         }
+        let ours = self.cluster_id();
+        let cluster_id = match (ours, loaded.region.cluster_id) {
+            (Some(ours), Some(theirs)) if ours != theirs => {
+                return Err(io::Error::other(format!(
+                    "the snapshot is of cluster {theirs}, this node belongs to cluster {ours}"
+                )));
+            }
+            (ours, theirs) => theirs.or(ours),
+        };
         let _persisting = self.shared.persist_lock.lock().await;
         self.persist(meta, &snapshot).await?;
         crate::failpoint::hit(crate::failpoint::SNAPSHOT_INSTALL_AFTER_PERSIST);
@@ -760,6 +800,7 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
             let old = self.swap_region(&mut state, writer)?;
             state.hash_seed = seed_of(&loaded.region);
             state.quota_bytes = loaded.region.quota_bytes;
+            state.cluster_id = cluster_id;
             let digest = state.writer.digest();
             state.digests.record(index, digest);
             state.last_applied = meta.last_log_id;

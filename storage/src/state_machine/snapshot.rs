@@ -5,17 +5,23 @@
 //! ```text
 //! record: "RDKVSNAP" + u32 LE format version
 //! record: postcard(SnapshotRecord::Meta(SnapshotMeta))
-//! record: postcard(SnapshotRecord::Region(SnapshotRegion))   (version 4; 3: RegionV3; 2: RegionV2)
+//! record: postcard(SnapshotRecord::Region(SnapshotRegion))   (version 5; 4: RegionV4; 3: RegionV3; 2: RegionV2)
 //! record: postcard(SnapshotRecord::Pair { key, value, version, deadline })   (any number; <= 3: PairV3)
 //! record: postcard(SnapshotRecord::End { pairs })
 //! ```
 //!
 //! Older files are still read: version 1 has no region record (no cluster
 //! hash seed yet), version 2's region record has the seed but no quota,
-//! version 3's has no apply clock and its pairs no deadline (none expire).
+//! version 3's has no apply clock and its pairs no deadline (none expire),
+//! version 4's has no cluster identity.
+//!
+//! A snapshot is read from bytes in memory (a mapped file, a received
+//! snapshot) or from a stream ([`SnapshotReader::from_stream`]: a backup
+//! file checked or restored record by record, never held whole), and
+//! written to any `Write` (a buffer, or a file as it is built).
 
 use std::fs;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
@@ -23,17 +29,21 @@ use rdkv_proto::region::{BlockRef, NO_DEADLINE};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::cluster_id::ClusterId;
 use crate::durability;
 use crate::raft::SnapshotMeta;
-use crate::record::{RecordError, decode_record, encode_record};
+use crate::record::{
+    RECORD_HEADER_BYTES, ReadRecordError, RecordError, decode_record, encode_record, read_record,
+};
 
 const MAGIC: &[u8; 8] = b"RDKVSNAP";
-const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 /// The oldest format version still read.
 const OLDEST_READ_VERSION: u32 = 1;
 const FILE_PREFIX: &str = "snap-";
 const FILE_SUFFIX: &str = ".bin";
 
+/// Postcard encodes the variant's index: variants are only ever appended.
 #[derive(Debug, Serialize, Deserialize)]
 enum SnapshotRecord<'a> {
     Meta(SnapshotMeta),
@@ -50,7 +60,8 @@ enum SnapshotRecord<'a> {
     RegionV2(RegionRecordV2),
     /// Version 3's region record (read, never written).
     RegionV3(RegionRecordV3),
-    Region(SnapshotRegion),
+    /// Version 4's region record (read, never written).
+    RegionV4(RegionRecordV4),
     Pair {
         key: &'a [u8],
         value: &'a [u8],
@@ -58,10 +69,13 @@ enum SnapshotRecord<'a> {
         /// Unix ms; 0: never expires.
         deadline: u64,
     },
+    /// Version 5's region record.
+    Region(SnapshotRegion),
 }
 
 /// What a snapshot says of its region beyond the pairs: the replicated
-/// parts of its state that placing and admitting pairs depend on.
+/// parts of its state that placing and admitting pairs depend on, and the
+/// cluster it belongs to.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotRegion {
     /// The cluster's hash seed, once `Command::SetHashSeed` was applied.
@@ -71,6 +85,17 @@ pub struct SnapshotRegion {
     /// The apply clock (unix ms): the latest leader stamp applied, which
     /// decides what has expired for the entries after the snapshot.
     pub clock_unix_ms: u64,
+    /// The cluster's identity, once `Command::SetClusterId` was applied (or
+    /// given by a restore).
+    pub cluster_id: Option<ClusterId>,
+}
+
+/// The region record of format version 4.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct RegionRecordV4 {
+    hash_seed: Option<(u64, u64)>,
+    quota_bytes: Option<u64>,
+    clock_unix_ms: u64,
 }
 
 /// The region record of format version 3.
@@ -86,55 +111,89 @@ struct RegionRecordV2 {
     hash_seed: Option<(u64, u64)>,
 }
 
+/// Record indexes count from 0 (the header record); offsets are the
+/// record's first byte in the file.
 #[derive(Debug, Error)]
 pub enum SnapshotError {
-    #[error("snapshot record {index}: {source}")]
-    Record { index: u64, source: RecordError },
-    #[error("snapshot record {index}: {source}")]
-    Decode { index: u64, source: postcard::Error },
+    #[error("snapshot record {index} (at byte {offset}): {source}")]
+    Record {
+        index: u64,
+        offset: u64,
+        source: RecordError,
+    },
+    #[error("snapshot record {index} (at byte {offset}): undecodable: {source}")]
+    Decode {
+        index: u64,
+        offset: u64,
+        source: postcard::Error,
+    },
+    #[error(
+        "the snapshot ends after record {} (at byte {offset}) without its end record: truncated",
+        records.saturating_sub(1)
+    )]
+    Ended { records: u64, offset: u64 },
     #[error("not an rdkv snapshot, or an unsupported format version")]
     BadHeader,
     #[error("snapshot structure: {0}")]
     Structure(&'static str),
+    #[error("snapshot encoding: {0}")]
+    Encode(postcard::Error),
+    #[error("reading the snapshot: {0}")]
+    Read(io::Error),
+    #[error("writing the snapshot: {0}")]
+    Write(io::Error),
     #[error("snapshot file {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
 }
 
-/// Builds a snapshot in memory.
+/// Writes a snapshot record by record into `out` (a buffer, or a file).
 #[derive(Debug)]
-pub struct SnapshotWriter {
-    bytes: Vec<u8>,
+pub struct SnapshotWriter<W: Write> {
+    out: W,
     pairs: u64,
+    /// Reused encodings: one pair's postcard bytes, then its framed record.
     scratch: Vec<u8>,
+    framed: Vec<u8>,
 }
 
-impl SnapshotWriter {
+impl<W: Write> SnapshotWriter<W> {
     pub fn new(
+        out: W,
         meta: &SnapshotMeta,
         region: SnapshotRegion,
-    ) -> Result<SnapshotWriter, postcard::Error> {
+    ) -> Result<SnapshotWriter<W>, SnapshotError> {
         let mut writer = SnapshotWriter {
-            bytes: Vec::new(),
+            out,
             pairs: 0,
             scratch: Vec::new(),
+            framed: Vec::new(),
         };
         let mut header = MAGIC.to_vec();
         header.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        encode_record(&header, &mut writer.bytes);
+        writer.write_framed(&header)?;
         writer.push(&SnapshotRecord::Meta(meta.clone()))?;
         writer.push(&SnapshotRecord::Region(region))?;
         Ok(writer)
     }
 
-    fn push(&mut self, record: &SnapshotRecord<'_>) -> Result<(), postcard::Error> {
+    fn push(&mut self, record: &SnapshotRecord<'_>) -> Result<(), SnapshotError> {
         self.scratch.clear();
-        let encoded = postcard::to_extend(record, std::mem::take(&mut self.scratch))?;
-        encode_record(&encoded, &mut self.bytes);
+        let encoded = postcard::to_extend(record, std::mem::take(&mut self.scratch))
+            .map_err(SnapshotError::Encode)?;
+        let written = self.write_framed(&encoded);
         self.scratch = encoded;
-        Ok(())
+        written
     }
 
-    pub fn pair(&mut self, pair: BlockRef<'_>) -> Result<(), postcard::Error> {
+    fn write_framed(&mut self, payload: &[u8]) -> Result<(), SnapshotError> {
+        self.framed.clear();
+        encode_record(payload, &mut self.framed);
+        self.out
+            .write_all(&self.framed)
+            .map_err(SnapshotError::Write)
+    }
+
+    pub fn pair(&mut self, pair: BlockRef<'_>) -> Result<(), SnapshotError> {
         self.pairs += 1;
         self.push(&SnapshotRecord::Pair {
             key: pair.key,
@@ -144,10 +203,48 @@ impl SnapshotWriter {
         })
     }
 
-    pub fn finish(mut self) -> Result<Vec<u8>, postcard::Error> {
+    /// Writes the end record; returns the output (not flushed or synced).
+    pub fn finish(mut self) -> Result<W, SnapshotError> {
         let pairs = self.pairs;
         self.push(&SnapshotRecord::End { pairs })?;
-        Ok(self.bytes)
+        Ok(self.out)
+    }
+}
+
+/// Where a snapshot's records come from: bytes in memory, or a stream.
+pub trait RecordSource {
+    /// The next record's payload, checked; `None` at a clean end of input.
+    fn next_payload(&mut self, max_bytes: u64) -> Result<Option<&[u8]>, ReadRecordError>;
+}
+
+/// A snapshot held in memory (a mapped file, a received snapshot).
+#[derive(Debug)]
+pub struct InMemory<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> RecordSource for InMemory<'a> {
+    fn next_payload(&mut self, max_bytes: u64) -> Result<Option<&[u8]>, ReadRecordError> {
+        if self.rest.is_empty() {
+            return Ok(None);
+        }
+        let rest: &'a [u8] = self.rest;
+        let (payload, used) = decode_record(rest, max_bytes)?;
+        self.rest = &rest[used..];
+        Ok(Some(payload))
+    }
+}
+
+/// A snapshot read as a stream: one record in memory at a time.
+#[derive(Debug)]
+pub struct Streamed<R: Read> {
+    input: R,
+    payload: Vec<u8>,
+}
+
+impl<R: Read> RecordSource for Streamed<R> {
+    fn next_payload(&mut self, max_bytes: u64) -> Result<Option<&[u8]>, ReadRecordError> {
+        Ok(read_record(&mut self.input, max_bytes, &mut self.payload)?.map(|()| &self.payload[..]))
     }
 }
 
@@ -156,103 +253,144 @@ impl SnapshotWriter {
 /// the pair count must match the end record (a truncated snapshot is
 /// refused).
 #[derive(Debug)]
-pub struct SnapshotReader<'a> {
+pub struct SnapshotReader<S: RecordSource> {
     pub meta: SnapshotMeta,
     pub region: SnapshotRegion,
-    records: Records<'a>,
+    /// The format version the file was written in.
+    pub format_version: u32,
+    records: Records<S>,
 }
 
-impl<'a> SnapshotReader<'a> {
-    /// Validates the header, meta and region records.
+impl<'a> SnapshotReader<InMemory<'a>> {
+    /// Validates the header, meta and region records of `bytes`.
     pub fn open(bytes: &'a [u8], max_record_bytes: u64) -> Result<Self, SnapshotError> {
+        Self::from_source(InMemory { rest: bytes }, max_record_bytes)
+    }
+}
+
+impl<R: Read> SnapshotReader<Streamed<R>> {
+    /// Validates the header, meta and region records read from `input`
+    /// (buffer it: records are read a header and a payload at a time).
+    pub fn from_stream(input: R, max_record_bytes: u64) -> Result<Self, SnapshotError> {
+        let source = Streamed {
+            input,
+            payload: Vec::new(),
+        };
+        Self::from_source(source, max_record_bytes)
+    }
+}
+
+impl<S: RecordSource> SnapshotReader<S> {
+    fn from_source(source: S, max_record_bytes: u64) -> Result<Self, SnapshotError> {
         let mut records = Records {
-            rest: bytes,
+            source,
             index: 0,
+            offset: 0,
             max_record_bytes,
         };
-        let version = format_version(records.next_payload()?)?;
+        let format_version = format_version(records.next_payload()?)?;
         let SnapshotRecord::Meta(meta) = records.next_record()? else {
             return Err(SnapshotError::Structure("second record is not the meta"));
         };
-        let region = match version {
-            1 => SnapshotRegion::default(),
-            2 => match records.next_record()? {
-                SnapshotRecord::RegionV2(old) => SnapshotRegion {
-                    hash_seed: old.hash_seed,
-                    ..SnapshotRegion::default()
-                },
-                _ => return Err(SnapshotError::Structure("third record is not the region")),
-            },
-            3 => match records.next_record()? {
-                SnapshotRecord::RegionV3(old) => SnapshotRegion {
-                    hash_seed: old.hash_seed,
-                    quota_bytes: old.quota_bytes,
-                    clock_unix_ms: 0,
-                },
-                _ => return Err(SnapshotError::Structure("third record is not the region")),
-            },
-            _ => match records.next_record()? {
-                SnapshotRecord::Region(region) => region,
-                _ => return Err(SnapshotError::Structure("third record is not the region")),
-            },
-        };
+        let region = read_region(&mut records, format_version)?;
         Ok(SnapshotReader {
             meta,
             region,
+            format_version,
             records,
         })
+    }
+
+    /// Bytes read so far (all of them once [`SnapshotReader::pairs`] returned).
+    pub fn bytes_read(&self) -> u64 {
+        self.records.offset
     }
 
     /// Hands every pair to `on_pair`, then checks the end record; returns
     /// the meta. The first error, of the snapshot or of `on_pair`, stops it.
     pub fn pairs<E: From<SnapshotError>>(
-        mut self,
+        &mut self,
         mut on_pair: impl FnMut(BlockRef<'_>) -> Result<(), E>,
     ) -> Result<SnapshotMeta, E> {
         let mut pairs = 0u64;
         loop {
-            let pair = match self.records.next_record()? {
+            let expected = match self.records.next_record()? {
                 SnapshotRecord::Pair {
                     key,
                     value,
                     version,
                     deadline,
-                } => BlockRef {
-                    key,
-                    value,
-                    version,
-                    deadline,
-                },
+                } => {
+                    on_pair(BlockRef {
+                        key,
+                        value,
+                        version,
+                        deadline,
+                    })?;
+                    pairs += 1;
+                    continue;
+                }
                 SnapshotRecord::PairV3 {
                     key,
                     value,
                     version,
-                } => BlockRef {
-                    key,
-                    value,
-                    version,
-                    deadline: NO_DEADLINE,
-                },
-                SnapshotRecord::End { pairs: expected } => {
-                    if expected != pairs {
-                        return Err(SnapshotError::Structure("pair count does not match").into());
-                    }
-                    if !self.records.rest.is_empty() {
-                        return Err(SnapshotError::Structure("bytes after the end record").into());
-                    }
-                    return Ok(self.meta);
+                } => {
+                    on_pair(BlockRef {
+                        key,
+                        value,
+                        version,
+                        deadline: NO_DEADLINE,
+                    })?;
+                    pairs += 1;
+                    continue;
                 }
+                SnapshotRecord::End { pairs: expected } => expected,
                 SnapshotRecord::Meta(_)
                 | SnapshotRecord::Region(_)
                 | SnapshotRecord::RegionV2(_)
-                | SnapshotRecord::RegionV3(_) => {
+                | SnapshotRecord::RegionV3(_)
+                | SnapshotRecord::RegionV4(_) => {
                     return Err(SnapshotError::Structure("a second meta or region record").into());
                 }
             };
-            on_pair(pair)?;
-            pairs += 1;
+            if expected != pairs {
+                return Err(SnapshotError::Structure("pair count does not match").into());
+            }
+            if !self.records.at_end()? {
+                return Err(SnapshotError::Structure("bytes after the end record").into());
+            }
+            return Ok(self.meta.clone());
         }
     }
+}
+
+/// The region record, as the file's format version wrote it.
+fn read_region<S: RecordSource>(
+    records: &mut Records<S>,
+    version: u32,
+) -> Result<SnapshotRegion, SnapshotError> {
+    if version == 1 {
+        return Ok(SnapshotRegion::default());
+    }
+    Ok(match (version, records.next_record()?) {
+        (2, SnapshotRecord::RegionV2(old)) => SnapshotRegion {
+            hash_seed: old.hash_seed,
+            ..SnapshotRegion::default()
+        },
+        (3, SnapshotRecord::RegionV3(old)) => SnapshotRegion {
+            hash_seed: old.hash_seed,
+            quota_bytes: old.quota_bytes,
+            ..SnapshotRegion::default()
+        },
+        (4, SnapshotRecord::RegionV4(old)) => SnapshotRegion {
+            hash_seed: old.hash_seed,
+            quota_bytes: old.quota_bytes,
+            clock_unix_ms: old.clock_unix_ms,
+            cluster_id: None,
+        },
+        (5, SnapshotRecord::Region(region)) => region,
+        _ => return Err(SnapshotError::Structure("third record is not the region")),
+    })
 }
 
 /// Validates a whole snapshot and hands its pairs to `on_pair`; returns its
@@ -278,27 +416,55 @@ fn format_version(header: &[u8]) -> Result<u32, SnapshotError> {
     Ok(version)
 }
 
+/// Records in file order, with the index and offset of the next one.
 #[derive(Debug)]
-struct Records<'a> {
-    rest: &'a [u8],
+struct Records<S> {
+    source: S,
     index: u64,
+    offset: u64,
     max_record_bytes: u64,
 }
 
-impl<'a> Records<'a> {
-    fn next_payload(&mut self) -> Result<&'a [u8], SnapshotError> {
-        let index = self.index;
-        let (payload, used) = decode_record(self.rest, self.max_record_bytes)
-            .map_err(|source| SnapshotError::Record { index, source })?;
-        self.rest = &self.rest[used..];
-        self.index += 1;
-        Ok(payload)
+impl<S: RecordSource> Records<S> {
+    fn next_payload(&mut self) -> Result<&[u8], SnapshotError> {
+        let (index, offset) = (self.index, self.offset);
+        match self.source.next_payload(self.max_record_bytes) {
+            Ok(Some(payload)) => {
+                self.index += 1;
+                self.offset += (RECORD_HEADER_BYTES + payload.len()) as u64;
+                Ok(payload)
+            }
+            Ok(None) => Err(SnapshotError::Ended {
+                records: index,
+                offset,
+            }),
+            Err(ReadRecordError::Record(source)) => Err(SnapshotError::Record {
+                index,
+                offset,
+                source,
+            }),
+            Err(ReadRecordError::Io(e)) => Err(SnapshotError::Read(e)),
+        }
     }
 
-    fn next_record(&mut self) -> Result<SnapshotRecord<'a>, SnapshotError> {
-        let index = self.index;
+    fn next_record(&mut self) -> Result<SnapshotRecord<'_>, SnapshotError> {
+        let (index, offset) = (self.index, self.offset);
         let payload = self.next_payload()?;
-        postcard::from_bytes(payload).map_err(|source| SnapshotError::Decode { index, source })
+        postcard::from_bytes(payload).map_err(|source| SnapshotError::Decode {
+            index,
+            offset,
+            source,
+        })
+    }
+
+    /// Whether the input ends here (anything after, even a damaged record,
+    /// is `false`).
+    fn at_end(&mut self) -> Result<bool, SnapshotError> {
+        match self.source.next_payload(self.max_record_bytes) {
+            Ok(None) => Ok(true),
+            Ok(Some(_)) | Err(ReadRecordError::Record(_)) => Ok(false),
+            Err(ReadRecordError::Io(e)) => Err(SnapshotError::Read(e)),
+        }
     }
 }
 
@@ -309,19 +475,32 @@ fn io_error(path: &Path) -> impl FnOnce(io::Error) -> SnapshotError + '_ {
     }
 }
 
-/// Writes `bytes` as the snapshot covering `last_index` durably (temp file,
-/// fsync, rename, directory fsync), then removes older snapshot files.
+/// Writes `bytes` as the snapshot covering `last_index` durably (see
+/// [`persist_with`]).
 pub fn persist(dir: &Path, last_index: u64, bytes: &[u8]) -> Result<PathBuf, SnapshotError> {
+    persist_with(dir, last_index, |file| {
+        file.write_all(bytes).map_err(SnapshotError::Write)
+    })
+}
+
+/// Writes the snapshot covering `last_index` durably, its bytes produced by
+/// `write` into a temp file as they come (a restore streams them), then
+/// fsync, rename, directory fsync; then removes older snapshot files. If
+/// `write` fails, the temp file is removed and nothing else changes.
+pub fn persist_with<E: From<SnapshotError>>(
+    dir: &Path,
+    last_index: u64,
+    write: impl FnOnce(&mut io::BufWriter<fs::File>) -> Result<(), E>,
+) -> Result<PathBuf, E> {
     durability::create_dir_all(dir).map_err(io_error(dir))?;
     let path = dir.join(format!("{FILE_PREFIX}{last_index:020}{FILE_SUFFIX}"));
     // Unique per write: two writers of the same index never share a temp file.
     static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = path.with_extension(format!("{}-{n}.tmp", std::process::id()));
-    {
-        let mut file = fs::File::create(&tmp).map_err(io_error(&tmp))?;
-        file.write_all(bytes).map_err(io_error(&tmp))?;
-        durability::sync_all(&file).map_err(io_error(&tmp))?;
+    if let Err(e) = write_synced(&tmp, write) {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
     }
     durability::rename(&tmp, &path).map_err(io_error(&path))?;
     durability::sync_dir_at(dir).map_err(io_error(dir))?;
@@ -334,6 +513,24 @@ pub fn persist(dir: &Path, last_index: u64, bytes: &[u8]) -> Result<PathBuf, Sna
     }
     Ok(path)
 }
+
+/// Creates `path`, lets `write` fill it through a buffer, and syncs it.
+fn write_synced<E: From<SnapshotError>>(
+    path: &Path,
+    write: impl FnOnce(&mut io::BufWriter<fs::File>) -> Result<(), E>,
+) -> Result<(), E> {
+    let file = fs::File::create(path).map_err(io_error(path))?;
+    let mut out = io::BufWriter::with_capacity(WRITE_BUFFER_BYTES, file);
+    write(&mut out)?;
+    let file = out
+        .into_inner()
+        .map_err(|e| io_error(path)(e.into_error()))?;
+    durability::sync_all(&file).map_err(io_error(path))?;
+    Ok(())
+}
+
+/// Buffer between a streamed snapshot's records and its file.
+const WRITE_BUFFER_BYTES: usize = 1024 * 1024;
 
 fn snapshot_files(dir: &Path) -> Result<Vec<PathBuf>, SnapshotError> {
     let mut files = Vec::new();
@@ -375,7 +572,8 @@ mod tests {
 
     /// A snapshot as an older version wrote it: version 1 has no region
     /// record, version 2 the region record without the quota, version 3
-    /// without the clock (and pairs without deadlines).
+    /// without the clock (and pairs without deadlines), version 4 without
+    /// the cluster identity.
     fn old_snapshot(version: u32, pairs: &[(&[u8], &[u8], u64)]) -> Vec<u8> {
         let mut bytes = Vec::new();
         let mut header = MAGIC.to_vec();
@@ -396,12 +594,28 @@ mod tests {
                 quota_bytes: Some(99),
             }));
         }
-        for &(key, value, version) in pairs {
-            push(&SnapshotRecord::PairV3 {
-                key,
-                value,
-                version,
-            });
+        if version == 4 {
+            push(&SnapshotRecord::RegionV4(RegionRecordV4 {
+                hash_seed: Some((7, 8)),
+                quota_bytes: Some(99),
+                clock_unix_ms: 5,
+            }));
+        }
+        for &(key, value, pair_version) in pairs {
+            if version == 4 {
+                push(&SnapshotRecord::Pair {
+                    key,
+                    value,
+                    version: pair_version,
+                    deadline: NO_DEADLINE,
+                });
+            } else {
+                push(&SnapshotRecord::PairV3 {
+                    key,
+                    value,
+                    version: pair_version,
+                });
+            }
         }
         push(&SnapshotRecord::End {
             pairs: pairs.len() as u64,
@@ -409,7 +623,9 @@ mod tests {
         bytes
     }
 
-    fn pairs_of(reader: SnapshotReader<'_>) -> Vec<(Vec<u8>, Vec<u8>, u64, u64)> {
+    fn pairs_of<S: RecordSource>(
+        mut reader: SnapshotReader<S>,
+    ) -> Vec<(Vec<u8>, Vec<u8>, u64, u64)> {
         let mut pairs = Vec::new();
         reader
             .pairs(|pair| {
@@ -448,17 +664,28 @@ mod tests {
         let no_clock = SnapshotRegion {
             hash_seed: Some((7, 8)),
             quota_bytes: Some(99),
-            clock_unix_ms: 0,
+            ..SnapshotRegion::default()
         };
         assert_eq!(reader.region, no_clock);
+        assert_eq!(pairs_of(reader), expected);
+
+        let bytes = old_snapshot(4, &[(b"k", b"v", 4)]);
+        let reader = SnapshotReader::open(&bytes, 1024).unwrap();
+        let no_identity = SnapshotRegion {
+            clock_unix_ms: 5,
+            ..no_clock
+        };
+        assert_eq!(reader.region, no_identity);
+        assert_eq!(reader.format_version, 4);
         assert_eq!(pairs_of(reader), expected);
 
         let region = SnapshotRegion {
             hash_seed: Some((5, 6)),
             quota_bytes: Some(1 << 20),
             clock_unix_ms: 1_700_000_000_000,
+            cluster_id: Some(ClusterId([9; 16])),
         };
-        let mut writer = SnapshotWriter::new(&SnapshotMeta::default(), region).unwrap();
+        let mut writer = SnapshotWriter::new(Vec::new(), &SnapshotMeta::default(), region).unwrap();
         let expiring = BlockRef {
             key: b"k",
             value: b"v",

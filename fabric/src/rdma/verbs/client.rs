@@ -1,6 +1,8 @@
-//! What a client holds: one opened device ([`RdmaClient`]) with its pool of
-//! registered read slots, and one [`RdmaSession`] (queue pair, RPC channel,
-//! the server's region grant) per server.
+//! What a client holds: the devices it may use ([`RdmaClient`]), each
+//! opened on first use by a session routed through it, with its pool of
+//! registered read slots (memory is registered per device), and one
+//! [`RdmaSession`] (queue pair, RPC channel, the server's region grant) per
+//! server.
 //!
 //! Setup, driven by the caller over its authenticated TCP connection:
 //! [`RdmaClient::prepare`] -> send the [`PendingSession::endpoint`] in
@@ -14,9 +16,11 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::connection::{ConnShared, Incoming, Prepared, QpConnection, ReadPool};
-use super::context::RdmaContext;
+use super::context::{RdmaContext, discover_ports};
 use super::read::RdmaFabric;
 use super::rpc::RdmaChannel;
+use crate::rdma::contexts::{DeviceContexts, Health};
+use crate::rdma::device::PortGids;
 use crate::rdma::error::RdmaError;
 use crate::rpc::{CallFuture, RpcChannel};
 
@@ -27,36 +31,57 @@ pub const READ_SLOT_BYTES: u32 = 64 * 1024;
 
 #[derive(Debug)]
 pub struct RdmaClient {
+    devices: DeviceContexts<ClientDevice>,
+}
+
+/// One opened device of a client and its read pool.
+#[derive(Debug)]
+pub(crate) struct ClientDevice {
     ctx: Arc<RdmaContext>,
     pool: Arc<ReadPool>,
 }
 
-impl RdmaClient {
-    /// Opens the device (`wanted` or the first with an active port) and
-    /// registers the read pool; the error says why RDMA is off.
-    pub fn open(wanted: Option<&str>) -> Result<Arc<RdmaClient>, RdmaError> {
-        let ctx = RdmaContext::open(wanted)?;
+impl ClientDevice {
+    fn open(port: &PortGids) -> Result<Arc<ClientDevice>, RdmaError> {
+        let ctx = RdmaContext::open_port(port)?;
         let buffers = ctx.register_buffers((READ_POOL_SLOTS * READ_SLOT_BYTES) as usize)?;
         let pool = Arc::new(ReadPool::new(buffers, READ_POOL_SLOTS, READ_SLOT_BYTES));
-        Ok(Arc::new(RdmaClient { ctx, pool }))
+        Ok(Arc::new(ClientDevice { ctx, pool }))
+    }
+}
+
+impl Health for ClientDevice {
+    fn has_failed(&self) -> bool {
+        self.ctx.has_failed()
+    }
+}
+
+impl RdmaClient {
+    /// Finds the devices (`wanted` only, if named); the error says why RDMA
+    /// is off. Each device is opened, and its read pool registered, when
+    /// the first session routed through it is prepared.
+    pub fn open(wanted: Option<&str>) -> Result<Arc<RdmaClient>, RdmaError> {
+        let devices = DeviceContexts::new(discover_ports()?, wanted)?;
+        Ok(Arc::new(RdmaClient { devices }))
     }
 
-    pub fn context(&self) -> &Arc<RdmaContext> {
-        &self.ctx
-    }
-
-    /// A queue pair in INIT with its receive buffers posted.
-    pub fn prepare(self: &Arc<Self>) -> Result<PendingSession, RdmaError> {
-        Ok(PendingSession {
-            client: Arc::clone(self),
-            prepared: Prepared::new(&self.ctx, false)?,
-        })
+    /// A queue pair in INIT with its receive buffers posted, for a control
+    /// connection whose local address is `local_ip`: it picks the device
+    /// and port (the one holding that address) and the GID.
+    /// Dropping the pending session unconnected tears the queue pair down.
+    pub fn prepare(
+        self: &Arc<Self>,
+        local_ip: Option<std::net::IpAddr>,
+    ) -> Result<PendingSession, RdmaError> {
+        let device = self.devices.context_for(local_ip, ClientDevice::open)?;
+        let prepared = Prepared::new(&device.ctx, false, local_ip)?;
+        Ok(PendingSession { device, prepared })
     }
 }
 
 #[derive(Debug)]
 pub struct PendingSession {
-    client: Arc<RdmaClient>,
+    device: Arc<ClientDevice>,
     prepared: Prepared,
 }
 
@@ -77,7 +102,7 @@ impl PendingSession {
             self.prepared.connect(remote)?;
         let channel = RdmaChannel::start(Arc::clone(&connection.shared), incoming, max_frame_bytes);
         Ok(Arc::new(RdmaSession {
-            client: self.client,
+            device: self.device,
             connection,
             channel,
             grant: Mutex::new(grant),
@@ -89,7 +114,7 @@ impl PendingSession {
 /// One server, over RDMA: READs of its region and RPCs.
 #[derive(Debug)]
 pub struct RdmaSession {
-    client: Arc<RdmaClient>,
+    device: Arc<ClientDevice>,
     channel: RdmaChannel,
     grant: Mutex<RdmaRegionGrant>,
     max_frame_bytes: u32,
@@ -116,6 +141,15 @@ impl RdmaSession {
         self.connection.shared.failure()
     }
 
+    /// Tears the session down now (the client retired it): its channel
+    /// reports closed at once, so nothing is sent into a queue pair whose
+    /// peer is gone.
+    pub fn close(&self) {
+        self.connection
+            .shared
+            .fail(RdmaError::Closed("session retired by the client".into()));
+    }
+
     pub fn channel(&self) -> &RdmaChannel {
         &self.channel
     }
@@ -129,7 +163,7 @@ impl RdmaSession {
     }
 
     pub(crate) fn pool(&self) -> &Arc<ReadPool> {
-        &self.client.pool
+        &self.device.pool
     }
 }
 

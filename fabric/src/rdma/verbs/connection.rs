@@ -6,13 +6,15 @@
 //! receive buffers posted (allowed in INIT, and required before the peer
 //! may send); its [`QpEndpoint`] goes to the peer over TCP;
 //! [`Prepared::connect`] takes the peer's endpoint and moves the QP to RTR
-//! then RTS. Any failed completion, protocol error or drop moves it to the
-//! error state and destroys it: outstanding requests are failed with the
-//! typed error and their work-request ids become stale.
+//! then RTS. Any failed completion, protocol error or drop (of the
+//! [`Prepared`] too: a refused setup) moves it to the error state and
+//! destroys it: outstanding requests are failed with the typed error and
+//! their work-request ids become stale.
 
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use rdkv_proto::wire::QpEndpoint;
 use sideway::ibverbs::AccessFlags;
@@ -25,7 +27,9 @@ use tokio::sync::{Notify, mpsc};
 
 use super::context::{RdmaContext, Registered, mtu_of_bytes};
 use super::poller::WrKind;
-use crate::rdma::buffer_pool::SlotPool;
+use crate::rdma::admission::{ENTRIES_PER_CONNECTION, Ticket};
+use crate::rdma::batch::{Batch, BatchOwner, ReadSlots};
+use crate::rdma::contexts::Health;
 use crate::rdma::credits::CreditWindow;
 use crate::rdma::device::{LinkLayer, path_mtu_bytes};
 use crate::rdma::error::RdmaError;
@@ -35,8 +39,10 @@ use crate::rdma::fragment::{
 use crate::rdma::qp_params::{
     ACK_TIMEOUT_EXPONENT, GRH_HOP_LIMIT, MAX_MESSAGE_BYTES, MIN_RNR_TIMER_CODE, PKEY_INDEX,
     READ_QUEUE_DEPTH, READ_TIMEOUT_MS, RECV_BUFFER_BYTES, RECV_BUFFERS, RETRY_COUNT,
-    RNR_RETRY_COUNT, SEND_QUEUE_DEPTH, random_psn,
+    RNR_RETRY_COUNT, ReadDepths, SEND_QUEUE_DEPTH, agree_read_depths, random_psn,
 };
+use crate::rdma::setup::{Abandon, Unconnected};
+use crate::rdma::wait::wait_until;
 
 static NEXT_CONN_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -44,25 +50,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Waits on `cv` until it is notified or `deadline` comes; `Err` hands the
-/// guard back when the deadline has already passed.
-fn wait_until<'a, T>(
-    cv: &Condvar,
-    guard: MutexGuard<'a, T>,
-    deadline: Instant,
-) -> Result<MutexGuard<'a, T>, MutexGuard<'a, T>> {
-    let now = Instant::now();
-    if now >= deadline {
-        return Err(guard);
-    }
-    Ok(cv
-        .wait_timeout(guard, deadline - now)
-        .map(|(guard, _)| guard)
-        .unwrap_or_else(|p| p.into_inner().0))
-}
-
 /// What a READ-side wait that ran out of time fails with.
-const READ_TIMED_OUT: RdmaError = RdmaError::Timeout {
+pub(crate) const READ_TIMED_OUT: RdmaError = RdmaError::Timeout {
     timeout_ms: READ_TIMEOUT_MS,
 };
 
@@ -96,20 +85,42 @@ pub(crate) struct ConnShared {
     /// Credits, send slots or read-queue room became free, or the connection
     /// failed (async senders wait on this).
     send_ready: Notify,
-    /// Same, for synchronous readers.
-    read_room: Condvar,
+    /// Same, for readers (waited on through `rdma::wait`).
+    read_room: Notify,
     incoming: Mutex<Option<mpsc::UnboundedSender<Incoming>>>,
     closed: AtomicBool,
     /// One message at a time: fragments of two messages never interleave.
     send_lock: tokio::sync::Mutex<()>,
+    /// This connection's share of the context's table, returned when the
+    /// last reference goes (after teardown drained its entries).
+    _ticket: Ticket,
 }
 
-/// A connection being set up: QP in INIT, receive buffers posted.
+/// A connection being set up: QP in INIT, receive buffers posted. Dropped
+/// unconnected (the peer refused, the control call failed), it tears the
+/// queue pair down, which drains its posted receives from the table and so
+/// frees it and its buffers.
 #[derive(Debug)]
 pub struct Prepared {
-    shared: Arc<ConnShared>,
+    shared: Unconnected<ConnShared>,
     local: QpEndpoint,
     incoming: mpsc::UnboundedReceiver<Incoming>,
+}
+
+impl Abandon for ConnShared {
+    fn abandon(&self, reason: RdmaError) {
+        self.fail(reason);
+    }
+}
+
+impl BatchOwner for ConnShared {
+    fn fail(&self, error: RdmaError) {
+        ConnShared::fail(self, error);
+    }
+
+    fn release_reads(&self, n: u32) {
+        ConnShared::release_reads(self, n);
+    }
 }
 
 /// A connected queue pair; dropping it tears the connection down.
@@ -129,8 +140,24 @@ impl Drop for QpConnection {
 
 impl Prepared {
     /// Creates the queue pair; `remote_read` lets the peer READ memory
-    /// registered with remote-read access through it (the server's side).
-    pub fn new(ctx: &Arc<RdmaContext>, remote_read: bool) -> Result<Prepared, RdmaError> {
+    /// registered with remote-read access through it (the server's side);
+    /// `local_ip` is the control connection's local address (the GID).
+    /// Refused when the context's completion queue has no room for another
+    /// connection's worst case (existing ones keep theirs).
+    pub fn new(
+        ctx: &Arc<RdmaContext>,
+        remote_read: bool,
+        local_ip: Option<IpAddr>,
+    ) -> Result<Prepared, RdmaError> {
+        if ctx.has_failed() {
+            return Err(RdmaError::Closed(format!(
+                "{} reported a fatal event; reopening it",
+                ctx.choice.device
+            )));
+        }
+        let ticket = ctx.admission.admit(ENTRIES_PER_CONNECTION)?;
+        let choice = &ctx.choice;
+        let (gid_index, gid) = choice.gid_for(local_ip)?;
         let recv = ctx.register_buffers((RECV_BUFFERS * RECV_BUFFER_BYTES) as usize)?;
         let send = ctx.register_buffers((SEND_QUEUE_DEPTH * RECV_BUFFER_BYTES) as usize)?;
         let qp = ctx
@@ -157,17 +184,18 @@ impl Prepared {
             .setup_access_flags(access);
         qp.modify(&attr)
             .map_err(|e| RdmaError::verbs("ibv_modify_qp(INIT)", e))?;
-        let choice = &ctx.choice;
         let local = QpEndpoint {
             qp_num: qp.qp_number(),
             psn: random_psn(),
             lid: choice.lid,
-            gid: choice.gid,
-            gid_index: choice.gid_index,
+            gid,
+            gid_index,
             port: choice.port,
             mtu_bytes: choice.mtu_bytes,
             recv_credits: RECV_BUFFERS,
             recv_buffer_bytes: RECV_BUFFER_BYTES,
+            max_rd_atomic: choice.max_rd_atomic,
+            max_dest_rd_atomic: choice.max_dest_rd_atomic,
         };
         local
             .validate()
@@ -189,15 +217,19 @@ impl Prepared {
                 reads_in_flight: 0,
             }),
             send_ready: Notify::new(),
-            read_room: Condvar::new(),
+            read_room: Notify::new(),
             incoming: Mutex::new(Some(tx)),
             closed: AtomicBool::new(false),
             send_lock: tokio::sync::Mutex::new(()),
+            _ticket: ticket,
         });
-        for slot in 0..RECV_BUFFERS {
-            if let Err(e) = shared.post_recv(slot) {
-                shared.fail(e.clone());
-                return Err(e);
+        // Device events about this QP or its port now reach it.
+        ctx.connections.register(local.qp_num, choice.port, &shared);
+        // From here a failure drops the guard, which tears the QP down.
+        let shared = Unconnected::new(shared);
+        if let Some(conn) = shared.conn() {
+            for slot in 0..RECV_BUFFERS {
+                conn.post_recv(slot)?;
             }
         }
         Ok(Prepared {
@@ -221,6 +253,9 @@ impl Prepared {
             local,
             incoming,
         } = self;
+        let shared = shared
+            .connected()
+            .ok_or_else(|| RdmaError::Closed("set up twice".into()))?;
         let connection = QpConnection {
             shared,
             local,
@@ -250,6 +285,16 @@ impl ConnShared {
 
     fn to_rts(&self, local: &QpEndpoint, remote: &QpEndpoint) -> Result<(), RdmaError> {
         let choice = &self.ctx.choice;
+        let depths = agree_read_depths(
+            ReadDepths {
+                initiator: local.max_rd_atomic,
+                responder: local.max_dest_rd_atomic,
+            },
+            ReadDepths {
+                initiator: remote.max_rd_atomic,
+                responder: remote.max_dest_rd_atomic,
+            },
+        );
         let mut guard = lock(&self.qp);
         let qp = guard
             .as_mut()
@@ -264,7 +309,7 @@ impl ConnShared {
             ah.setup_grh(
                 &Gid { raw: remote.gid },
                 0,
-                choice.gid_index,
+                local.gid_index,
                 GRH_HOP_LIMIT,
                 0,
             );
@@ -277,7 +322,7 @@ impl ConnShared {
             )))
             .setup_dest_qp_num(remote.qp_num)
             .setup_rq_psn(remote.psn)
-            .setup_max_dest_read_atomic(choice.max_dest_rd_atomic)
+            .setup_max_dest_read_atomic(depths.responder)
             .setup_min_rnr_timer(MIN_RNR_TIMER_CODE)
             .setup_address_vector(&ah);
         qp.modify(&rtr)
@@ -288,7 +333,7 @@ impl ConnShared {
             .setup_timeout(ACK_TIMEOUT_EXPONENT)
             .setup_retry_cnt(RETRY_COUNT)
             .setup_rnr_retry(RNR_RETRY_COUNT)
-            .setup_max_read_atomic(choice.max_rd_atomic);
+            .setup_max_read_atomic(depths.initiator);
         qp.modify(&rts)
             .map_err(|e| RdmaError::verbs("ibv_modify_qp(RTS)", e))?;
         drop(guard);
@@ -557,18 +602,28 @@ impl ConnShared {
         Ok(true)
     }
 
-    /// Room for `n` more READs on the send queue, waiting until `deadline`.
+    /// Room for `n` more READs on the send queue, waiting until `deadline`
+    /// on a future (not a Condvar: see `rdma::wait`).
     pub(crate) fn reserve_reads(&self, n: u32, deadline: Instant) -> Result<(), RdmaError> {
-        let mut state = self.state();
+        wait_until(self.read_room_for(n), deadline).unwrap_or(Err(READ_TIMED_OUT))
+    }
+
+    async fn read_room_for(&self, n: u32) -> Result<(), RdmaError> {
         loop {
-            if let Some(e) = &state.failed {
-                return Err(e.clone());
+            let room = self.read_room.notified();
+            let mut room = std::pin::pin!(room);
+            room.as_mut().enable();
+            {
+                let mut state = self.state();
+                if let Some(e) = &state.failed {
+                    return Err(e.clone());
+                }
+                if state.reads_in_flight + n <= READ_QUEUE_DEPTH {
+                    state.reads_in_flight += n;
+                    return Ok(());
+                }
             }
-            if state.reads_in_flight + n <= READ_QUEUE_DEPTH {
-                state.reads_in_flight += n;
-                return Ok(());
-            }
-            state = wait_until(&self.read_room, state, deadline).map_err(|_| READ_TIMED_OUT)?;
+            room.await;
         }
     }
 
@@ -576,7 +631,7 @@ impl ConnShared {
         let mut state = self.state();
         state.reads_in_flight = state.reads_in_flight.saturating_sub(n);
         drop(state);
-        self.read_room.notify_all();
+        self.read_room.notify_waiters();
     }
 
     /// Posts READs (`(remote addr, rkey, local addr, lkey, len)` each) in
@@ -586,38 +641,26 @@ impl ConnShared {
         batch: &Arc<ReadBatch>,
         reads: &[(u64, u32, u64, u32, u32)],
     ) -> Result<(), RdmaError> {
-        let mut ids = Vec::with_capacity(reads.len());
-        {
-            let mut table = self.ctx.table();
-            for _ in reads {
-                match table.insert(WrKind::Read {
-                    batch: Arc::clone(batch),
-                }) {
-                    Ok(id) => ids.push(id),
-                    Err(e) => {
-                        for id in ids {
-                            table.take(id);
-                        }
-                        return Err(e.into());
-                    }
-                }
-            }
-        }
+        // All or nothing: on refusal nothing of the batch is in the table,
+        // and the caller's drop of the batch returns its slots; the
+        // connection is not failed for it.
+        let ids = self
+            .ctx
+            .table()
+            .insert_all(reads.iter().map(|_| WrKind::Read {
+                batch: Arc::clone(batch),
+            }))?;
         let mut guard = lock(&self.qp);
         let Some(qp) = guard.as_mut() else {
             drop(guard);
-            // Completes the batch's entries (they are in the table).
-            let e = self.closed_error();
-            self.fail(e.clone());
-            // Taken under the table lock, completed after it is released.
+            // Never posted: taken back, so the batch's last reference is
+            // the caller's.
             let kinds: Vec<WrKind> = {
                 let mut table = self.ctx.table();
                 ids.iter().filter_map(|id| table.take(*id)).collect()
             };
-            for kind in kinds {
-                kind.abandon(&e);
-            }
-            return Err(e);
+            drop(kinds);
+            return Err(self.closed_error());
         };
         let mut post = qp.start_post_send();
         for (&(remote_addr, rkey, local_addr, lkey, len), &wr_id) in reads.iter().zip(&ids) {
@@ -653,6 +696,7 @@ impl ConnShared {
         }
         self.closed.store(true, Ordering::Release);
         if let Some(mut qp) = lock(&self.qp).take() {
+            self.ctx.connections.remove(qp.qp_number());
             let mut attr = QueuePairAttribute::new();
             attr.setup_state(QueuePairState::Error);
             let _ = qp.modify(&attr);
@@ -664,159 +708,32 @@ impl ConnShared {
         }
         lock(&self.incoming).take();
         self.send_ready.notify_waiters();
-        self.read_room.notify_all();
+        self.read_room.notify_waiters();
     }
 
     /// [`ConnShared::fail`], then `error` for the caller that hit it.
-    fn fail_with<T>(&self, error: RdmaError) -> Result<T, RdmaError> {
+    pub(crate) fn fail_with<T>(&self, error: RdmaError) -> Result<T, RdmaError> {
         self.fail(error.clone());
         Err(error)
     }
 }
 
-/// The client's registered read buffers, shared by its connections.
+/// The client's registered read buffers, shared by its connections: the
+/// memory here, which slot is free in `slots`.
 #[derive(Debug)]
 pub(crate) struct ReadPool {
     pub(crate) buffers: Registered,
-    pub(crate) slots: Mutex<SlotPool>,
-    pub(crate) freed: Condvar,
+    pub(crate) slots: Arc<ReadSlots>,
 }
 
 impl ReadPool {
     pub(crate) fn new(buffers: Registered, slot_count: u32, slot_bytes: u32) -> ReadPool {
         ReadPool {
             buffers,
-            slots: Mutex::new(SlotPool::new(slot_count, slot_bytes)),
-            freed: Condvar::new(),
+            slots: Arc::new(ReadSlots::new(slot_count, slot_bytes)),
         }
-    }
-
-    pub(crate) fn slot_bytes(&self) -> u32 {
-        lock(&self.slots).slot_bytes()
-    }
-
-    pub(crate) fn capacity(&self) -> u32 {
-        lock(&self.slots).capacity()
-    }
-
-    pub(crate) fn acquire(&self, n: u32, deadline: Instant) -> Result<Vec<u32>, RdmaError> {
-        let mut slots = lock(&self.slots);
-        loop {
-            if let Some(taken) = slots.acquire(n) {
-                return Ok(taken);
-            }
-            slots = wait_until(&self.freed, slots, deadline).map_err(|_| READ_TIMED_OUT)?;
-        }
-    }
-
-    pub(crate) fn release(&self, taken: &[u32]) {
-        let mut slots = lock(&self.slots);
-        for &slot in taken {
-            if let Err(e) = slots.release(slot) {
-                tracing::error!("read pool: {e}");
-            }
-        }
-        drop(slots);
-        self.freed.notify_all();
     }
 }
 
-#[derive(Debug)]
-struct BatchState {
-    remaining: u32,
-    error: Option<RdmaError>,
-    /// The waiter gave up: the last completion releases the resources.
-    abandoned: bool,
-}
-
-/// READs posted together, completed by the poller one by one.
-#[derive(Debug)]
-pub(crate) struct ReadBatch {
-    conn: Arc<ConnShared>,
-    pool: Arc<ReadPool>,
-    pub(crate) slots: Vec<u32>,
-    state: Mutex<BatchState>,
-    done: Condvar,
-}
-
-impl ReadBatch {
-    pub(crate) fn new(conn: Arc<ConnShared>, pool: Arc<ReadPool>, slots: Vec<u32>) -> ReadBatch {
-        let remaining = slots.len() as u32;
-        ReadBatch {
-            conn,
-            pool,
-            slots,
-            state: Mutex::new(BatchState {
-                remaining,
-                error: None,
-                abandoned: false,
-            }),
-            done: Condvar::new(),
-        }
-    }
-
-    pub(crate) fn conn_id(&self) -> u64 {
-        self.conn.id
-    }
-
-    fn release(&self) {
-        self.pool.release(&self.slots);
-        self.conn.release_reads(self.slots.len() as u32);
-    }
-
-    /// One READ of the batch completed (or was abandoned at teardown).
-    pub(crate) fn complete_one(&self, error: Option<RdmaError>) {
-        if let Some(e) = &error {
-            self.conn.fail(e.clone());
-        }
-        let mut state = lock(&self.state);
-        state.remaining = state.remaining.saturating_sub(1);
-        if state.error.is_none() {
-            state.error = error;
-        }
-        if state.remaining == 0 {
-            if state.abandoned {
-                drop(state);
-                self.release();
-            } else {
-                drop(state);
-                self.done.notify_all();
-            }
-        }
-    }
-
-    /// Waits for every READ; on `Ok` the slots hold the data. The caller
-    /// then copies out and calls [`ReadBatch::finish`].
-    pub(crate) fn wait(&self, timeout: Duration) -> Result<(), RdmaError> {
-        let deadline = Instant::now() + timeout;
-        let mut state = lock(&self.state);
-        while state.remaining > 0 {
-            state = match wait_until(&self.done, state, deadline) {
-                Ok(state) => state,
-                Err(mut state) => {
-                    state.abandoned = true;
-                    drop(state);
-                    // Failing the connection destroys the QP (no more DMA
-                    // into the slots) and completes the rest of the batch,
-                    // whose last completion releases the slots.
-                    return self.conn.fail_with(RdmaError::Timeout {
-                        timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-                    });
-                }
-            };
-        }
-        match state.error.clone() {
-            Some(e) => {
-                drop(state);
-                self.release();
-                Err(e)
-            }
-            None => Ok(()),
-        }
-    }
-
-    /// Returns the slots after the data was copied out.
-    pub(crate) fn finish(&self) {
-        self.release();
-    }
-}
+/// READs posted together on one connection.
+pub(crate) type ReadBatch = Batch<ConnShared>;

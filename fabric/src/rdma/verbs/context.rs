@@ -3,18 +3,27 @@
 //! registration, and the one completion queue all of this process's queue
 //! pairs on the device share, with its poller thread.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use sideway::ibverbs::AccessFlags;
 use sideway::ibverbs::completion::GenericCompletionQueue;
-use sideway::ibverbs::device::{DeviceInfo, DeviceList};
+use sideway::ibverbs::device::{DeviceInfo, DeviceList, TransportType};
 use sideway::ibverbs::device_context::{DeviceContext, LinkLayer as SwLinkLayer, Mtu, PortState};
 use sideway::ibverbs::memory_region::MemoryRegion;
 use sideway::ibverbs::protection_domain::ProtectionDomain;
 
+use super::connection::ConnShared;
+use super::events::{EventReader, EventTargets};
 use super::poller::{Poller, WrKind};
 use crate::memory::RegionMemory;
-use crate::rdma::device::{GidCandidate, LinkLayer, PortCandidate, select_gid, select_port};
+use crate::rdma::admission::Admission;
+use crate::rdma::connections::Connections;
+use crate::rdma::contexts::Health;
+use crate::rdma::device::{
+    GidCandidate, LinkLayer, PortCandidate, PortGids, gid_for_local_address,
+    port_for_local_address, select_gid,
+};
 use crate::rdma::error::RdmaError;
 use crate::rdma::qp_params::MAX_OUTSTANDING_READS;
 use crate::rdma::wr_table::WrTable;
@@ -31,13 +40,37 @@ pub struct DeviceChoice {
     pub device: String,
     pub port: u8,
     pub link_layer: LinkLayer,
+    /// The port's default GID (used when the control connection's local
+    /// address says nothing of the route, e.g. loopback).
     pub gid_index: u8,
     pub gid: [u8; 16],
+    /// The port's GID table, for the per-connection choice.
+    pub gids: Vec<GidCandidate>,
     pub lid: u16,
     pub mtu_bytes: u16,
     /// Outstanding READs as initiator / responder, clamped to the device.
     pub max_rd_atomic: u8,
     pub max_dest_rd_atomic: u8,
+}
+
+impl DeviceChoice {
+    /// The GID index and GID of a connection whose control socket's local
+    /// address is `local` (see [`gid_for_local_address`]).
+    pub fn gid_for(&self, local: Option<std::net::IpAddr>) -> Result<(u8, [u8; 16]), RdmaError> {
+        let index = gid_for_local_address(
+            &self.device,
+            self.link_layer,
+            &self.gids,
+            self.gid_index,
+            local,
+        )?;
+        let gid = self
+            .gids
+            .iter()
+            .find(|g| g.index == index)
+            .map_or(self.gid, |g| g.gid);
+        Ok((index, gid))
+    }
 }
 
 impl std::fmt::Display for DeviceChoice {
@@ -109,7 +142,15 @@ pub struct RdmaContext {
     pd: Arc<ProtectionDomain>,
     pub(crate) cq: GenericCompletionQueue,
     pub(crate) table: Arc<Mutex<WrTable<WrKind>>>,
+    /// Connections reserve their worst case of `table` here.
+    pub(crate) admission: Arc<Admission>,
     poller: Mutex<Option<Poller>>,
+    /// Its connections by QP number and port, for device events.
+    pub(crate) connections: Arc<Connections<ConnShared>>,
+    /// The device declared this context unusable (a fatal async event):
+    /// the next connection through this port opens a new one.
+    failed: Arc<AtomicBool>,
+    events: Mutex<Option<EventReader>>,
     // Keeps the device open for the PD, CQ and MRs.
     _device: Arc<DeviceContext>,
 }
@@ -118,6 +159,9 @@ impl Drop for RdmaContext {
     fn drop(&mut self) {
         if let Some(poller) = self.poller.lock().unwrap_or_else(|p| p.into_inner()).take() {
             poller.stop();
+        }
+        if let Some(events) = self.events.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            events.stop();
         }
     }
 }
@@ -140,11 +184,38 @@ fn list_error(e: &sideway::ibverbs::device::GetDeviceListError) -> String {
     }
 }
 
-/// Every port of every device, with its state (for [`select_port`]).
-fn discover(list: &DeviceList) -> Vec<(PortCandidate, usize)> {
+/// A port's GID table (read once, when the device is discovered).
+fn gid_table(context: &DeviceContext, port: u8, len: i32) -> Vec<GidCandidate> {
+    let len = u8::try_from(len.max(0)).unwrap_or(u8::MAX);
+    let mut gids = Vec::new();
+    for index in 0..len {
+        let Ok(gid) = context.query_gid(port, u32::from(index)) else {
+            continue;
+        };
+        let roce_v2 = context
+            .query_gid_type(port, u32::from(index))
+            .is_ok_and(|t| t == GID_TYPE_SYSFS_ROCE_V2);
+        // The entry's netdev (ibv_query_gid_ex); its type is read above
+        // (sideway's `GidEntry::gid_type` panics on a type it does not know).
+        let netdev = context
+            .query_gid_ex(port, u32::from(index))
+            .map_or(0, |entry| entry.netdev_index());
+        gids.push(GidCandidate {
+            index,
+            gid: gid.raw,
+            roce_v2,
+            netdev,
+        });
+    }
+    gids
+}
+
+/// Every port of every device, with its state and GID table.
+fn discover(list: &DeviceList) -> Vec<PortGids> {
     let mut ports = Vec::new();
-    for (index, device) in list.iter().enumerate() {
+    for device in list.iter() {
         let name = device.name();
+        let iwarp = device.transport_type() == TransportType::IWarp;
         let Ok(context) = device.open() else {
             tracing::debug!(device = %name, "cannot open rdma device; skipped");
             continue;
@@ -156,36 +227,51 @@ fn discover(list: &DeviceList) -> Vec<(PortCandidate, usize)> {
             let Ok(port_attr) = context.query_port(port) else {
                 continue;
             };
-            ports.push((
-                PortCandidate {
+            ports.push(PortGids {
+                port: PortCandidate {
                     device: name.clone(),
                     port,
                     active: port_attr.port_state() == PortState::Active,
                     link_layer: link_layer(port_attr.link_layer()),
+                    iwarp,
                 },
-                index,
-            ));
+                gids: gid_table(&context, port, port_attr.gid_tbl_len()),
+            });
         }
     }
     ports
+}
+
+/// Every port of every device on this host, or why RDMA is unavailable.
+pub fn discover_ports() -> Result<Vec<PortGids>, RdmaError> {
+    let list = DeviceList::new().map_err(|e| RdmaError::Unavailable(list_error(&e)))?;
+    Ok(discover(&list))
+}
+
+impl Health for RdmaContext {
+    fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
 }
 
 impl RdmaContext {
     /// Opens the device named `wanted` (or the first with an active port),
     /// or says why RDMA is unavailable here.
     pub fn open(wanted: Option<&str>) -> Result<Arc<RdmaContext>, RdmaError> {
+        let ports = discover_ports()?;
+        let index = port_for_local_address(&ports, wanted, None)?;
+        RdmaContext::open_port(&ports[index])
+    }
+
+    /// Opens the device of `port` (as [`discover_ports`] found it) for
+    /// connections through that port.
+    pub fn open_port(port: &PortGids) -> Result<Arc<RdmaContext>, RdmaError> {
+        let chosen = &port.port;
         let list = DeviceList::new().map_err(|e| RdmaError::Unavailable(list_error(&e)))?;
-        let found = discover(&list);
-        let ports: Vec<PortCandidate> = found.iter().map(|(p, _)| p.clone()).collect();
-        let chosen = select_port(&ports, wanted)?;
-        let index = found
-            .iter()
-            .find(|(p, _)| p == chosen)
-            .map(|(_, i)| *i)
-            .ok_or_else(|| RdmaError::Unavailable("the chosen device vanished".into()))?;
         let device = list
-            .get(index)
-            .ok_or_else(|| RdmaError::Unavailable("the chosen device vanished".into()))?
+            .iter()
+            .find(|d| d.name() == chosen.device)
+            .ok_or_else(|| RdmaError::Unavailable(format!("{} vanished", chosen.device)))?
             .open()
             .map_err(|e| RdmaError::verbs("ibv_open_device", e))?;
         let attr = device
@@ -194,21 +280,7 @@ impl RdmaContext {
         let port_attr = device
             .query_port(chosen.port)
             .map_err(|e| RdmaError::verbs("ibv_query_port", e))?;
-        let gid_count = u8::try_from(port_attr.gid_tbl_len().max(0)).unwrap_or(u8::MAX);
-        let mut gids = Vec::new();
-        for index in 0..gid_count {
-            let Ok(gid) = device.query_gid(chosen.port, u32::from(index)) else {
-                continue;
-            };
-            let roce_v2 = device
-                .query_gid_type(chosen.port, u32::from(index))
-                .is_ok_and(|t| t == GID_TYPE_SYSFS_ROCE_V2);
-            gids.push(GidCandidate {
-                index,
-                gid: gid.raw,
-                roce_v2,
-            });
-        }
+        let gids = port.gids.clone();
         let gid_index = select_gid(chosen.link_layer, &gids).ok_or_else(|| {
             RdmaError::Unavailable(format!(
                 "{} port {} has no usable GID",
@@ -230,6 +302,7 @@ impl RdmaContext {
             link_layer: chosen.link_layer,
             gid_index,
             gid,
+            gids,
             lid: port_attr.lid(),
             mtu_bytes: mtu_bytes(port_attr.active_mtu()),
             max_rd_atomic: clamp(attr.max_qp_init_rd_atom()),
@@ -239,21 +312,47 @@ impl RdmaContext {
             .alloc_pd()
             .map_err(|e| RdmaError::verbs("ibv_alloc_pd", e))?;
         let cq_entries = CQ_ENTRIES.min(u32::try_from(attr.max_cqe().max(1)).unwrap_or(1));
+        let channel = device
+            .create_comp_channel()
+            .map_err(|e| RdmaError::verbs("ibv_create_comp_channel", e))?;
         let cq = GenericCompletionQueue::from(
             device
                 .create_cq_builder()
                 .setup_cqe(cq_entries)
+                .setup_comp_channel(&channel, 0)
                 .build()
                 .map_err(|e| RdmaError::verbs("ibv_create_cq", e))?,
         );
         let table = Arc::new(Mutex::new(WrTable::new(cq_entries)));
-        let poller = Poller::start(cq.clone(), Arc::clone(&table), &choice.device)?;
+        let targets = EventTargets {
+            connections: Arc::new(Connections::default()),
+            failed: Arc::new(AtomicBool::new(false)),
+        };
+        let poller = Poller::start(
+            cq.clone(),
+            channel,
+            Arc::clone(&table),
+            Arc::clone(&targets.failed),
+            &choice.device,
+        )?;
+        let events = match EventReader::start(Arc::clone(&device), targets.clone(), &choice.device)
+        {
+            Ok(events) => events,
+            Err(e) => {
+                poller.stop();
+                return Err(e);
+            }
+        };
         Ok(Arc::new(RdmaContext {
             choice,
             pd,
             cq,
             table,
+            admission: Admission::new(cq_entries),
             poller: Mutex::new(Some(poller)),
+            connections: targets.connections,
+            failed: targets.failed,
+            events: Mutex::new(Some(events)),
             _device: device,
         }))
     }

@@ -2,6 +2,8 @@
 //!
 //! - [`context`]: device discovery and selection, protection domain,
 //!   memory registration, the completion queue and its poller thread.
+//! - [`events`]: one thread per context reads asynchronous device events
+//!   (`rdma::async_event` says what each does).
 //! - [`poller`]: one thread per completion queue; completions are matched to
 //!   their requests by work-request id (`wr_table`).
 //! - [`connection`]: one RC queue pair (INIT -> RTR -> RTS), its receive and
@@ -18,6 +20,7 @@
 pub mod client;
 pub mod connection;
 pub mod context;
+pub mod events;
 pub mod poller;
 pub mod read;
 pub mod rpc;

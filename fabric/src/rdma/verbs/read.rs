@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 use rdkv_proto::wire::RdmaRegionGrant;
 
 use super::client::RdmaSession;
-use super::connection::ReadBatch;
+use super::connection::{READ_TIMED_OUT, ReadBatch};
 use crate::rdma::buffer_pool::{ReadPiece, split_read};
 use crate::rdma::error::RdmaError;
 use crate::rdma::qp_params::{READ_QUEUE_DEPTH, READ_TIMEOUT_MS};
+use crate::rdma::wait::wait_until;
 use crate::transport::{Fabric, FabricError, ReadOp, RegionDescriptor, RemoteRegion, check_range};
 
 /// The descriptor a reader uses for a granted region: the rkey is the key.
@@ -89,14 +90,11 @@ impl RdmaRegion {
         let timeout = Duration::from_millis(READ_TIMEOUT_MS);
         let deadline = Instant::now() + timeout;
         conn.reserve_reads(n, deadline)?;
-        let slots = match pool.acquire(n, deadline) {
-            Ok(slots) => slots,
-            Err(e) => {
-                conn.release_reads(n);
-                return Err(e);
-            }
+        let Some(slots) = wait_until(pool.slots.acquire(n), deadline) else {
+            conn.release_reads(n);
+            return Err(READ_TIMED_OUT);
         };
-        let slot_bytes = u64::from(pool.slot_bytes());
+        let slot_bytes = u64::from(pool.slots.slot_bytes());
         let base = pool.buffers.addr();
         let lkey = pool.buffers.lkey();
         let reads: Vec<(u64, u32, u64, u32, u32)> = pieces
@@ -112,25 +110,36 @@ impl RdmaRegion {
                 )
             })
             .collect();
-        let batch = Arc::new(ReadBatch::new(Arc::clone(conn), Arc::clone(pool), slots));
-        if let Err(e) = conn.post_reads(&batch, &reads) {
-            // Waits for the flushed entries, then returns the slots.
-            let _ = batch.wait(timeout);
-            return Err(e);
+        // From here the slots and the read-queue room go back when the last
+        // reference to the batch does (ours, or a posted READ's).
+        let batch = Arc::new(ReadBatch::new(
+            Arc::clone(conn),
+            Arc::clone(&pool.slots),
+            slots,
+        ));
+        let finished = batch.finished();
+        conn.post_reads(&batch, &reads)?;
+        match wait_until(finished, deadline) {
+            Some(result) => result?,
+            // Failing the connection destroys the QP (no more DMA into the
+            // slots) and drains the batch's READs; our reference then goes.
+            None => {
+                return conn.fail_with(RdmaError::Timeout {
+                    timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+                });
+            }
         }
-        batch.wait(timeout)?;
-        let copied = pieces
+        pieces
             .iter()
-            .zip(&batch.slots)
+            .zip(batch.slots())
             .try_for_each(|((op, piece), &slot)| {
                 let start = piece.buf_offset;
                 let end = start + piece.len as usize;
                 pool.buffers
                     .memory
                     .read_bytes(u64::from(slot) * slot_bytes, &mut ops[*op].buf[start..end])
-            });
-        batch.finish();
-        copied.map_err(|e| RdmaError::verbs("copying out of the read pool", e))
+            })
+            .map_err(|e| RdmaError::verbs("copying out of the read pool", e))
     }
 }
 
@@ -158,8 +167,8 @@ impl RemoteRegion for RdmaRegion {
             return Err(FabricError::PeerGone("rdma session closed".into()));
         }
         let pool = self.session.pool();
-        let slot_bytes = pool.slot_bytes();
-        let max_chain = READ_QUEUE_DEPTH.min(pool.capacity()) as usize;
+        let slot_bytes = pool.slots.slot_bytes();
+        let max_chain = READ_QUEUE_DEPTH.min(pool.slots.capacity()) as usize;
         let mut chain: Vec<(usize, ReadPiece)> = Vec::new();
         let mut first_op = 0;
         let plans: Vec<(usize, Vec<ReadPiece>)> = reads

@@ -1,6 +1,8 @@
-//! What a node holds: the opened device, its region registered for remote
-//! READs (one registration per region epoch), and a queue pair per client
-//! connection.
+//! What a node holds: the devices it serves through (each client
+//! connection goes through the device holding its control connection's
+//! local address, opened on first use), on each its region registered for
+//! remote READs (one registration per device and region epoch: an rkey is
+//! valid on its own device only), and a queue pair per client connection.
 //!
 //! Region retirement: a region is replaced when a snapshot is installed (new
 //! epoch) and retired when the node stops. The old registration is kept for
@@ -18,9 +20,11 @@ use sideway::ibverbs::AccessFlags;
 use tokio::task::JoinHandle;
 
 use super::connection::{Prepared, QpConnection};
-use super::context::{RdmaContext, Registered};
+use super::context::{RdmaContext, Registered, discover_ports};
 use super::rpc::serve;
 use crate::memory::RegionMemory;
+use crate::rdma::contexts::{DeviceContexts, Health};
+use crate::rdma::device::PortGids;
 use crate::rdma::error::RdmaError;
 use crate::rpc::RpcHandler;
 
@@ -35,9 +39,33 @@ struct RegionRegistration {
 
 #[derive(Debug)]
 pub struct RdmaServer {
+    devices: DeviceContexts<ServerDevice>,
+    /// What `describe` reports: the device of the default route, as
+    /// opened at start (not the context itself: one the device failed is
+    /// dropped once its connections are).
+    description: String,
+    grace: Duration,
+}
+
+/// One opened device of a node and its region registrations.
+#[derive(Debug)]
+struct ServerDevice {
     ctx: Arc<RdmaContext>,
     regions: Mutex<Vec<RegionRegistration>>,
-    grace: Duration,
+}
+
+impl Health for ServerDevice {
+    fn has_failed(&self) -> bool {
+        self.ctx.has_failed()
+    }
+}
+
+/// The region a grant is for.
+#[derive(Debug, Clone, Copy)]
+pub struct RegionRef<'a> {
+    pub memory: &'a Arc<RegionMemory>,
+    pub node_id: u64,
+    pub epoch: u64,
 }
 
 /// A client's queue pair and its request loop; dropping it (the client's
@@ -54,34 +82,27 @@ impl Drop for ServerConnection {
     }
 }
 
-impl RdmaServer {
-    /// Opens the device; `grace` is the region's grace period.
-    pub fn open(wanted: Option<&str>, grace: Duration) -> Result<RdmaServer, RdmaError> {
-        Ok(RdmaServer {
-            ctx: RdmaContext::open(wanted)?,
+impl ServerDevice {
+    fn open(port: &PortGids) -> Result<Arc<ServerDevice>, RdmaError> {
+        Ok(Arc::new(ServerDevice {
+            ctx: RdmaContext::open_port(port)?,
             regions: Mutex::new(Vec::new()),
-            grace,
-        })
-    }
-
-    /// The device line for the log.
-    pub fn describe(&self) -> String {
-        self.ctx.choice.to_string()
+        }))
     }
 
     fn regions(&self) -> MutexGuard<'_, Vec<RegionRegistration>> {
         self.regions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The grant of the current region (`memory`, `epoch`), registering it
+    /// The grant of the current region on this device, registering it
     /// with remote-read access on first use; every other registration
     /// starts its grace period.
-    pub fn grant(
-        &self,
-        memory: &Arc<RegionMemory>,
-        node_id: u64,
-        epoch: u64,
-    ) -> Result<RdmaRegionGrant, RdmaError> {
+    fn grant(&self, region: RegionRef<'_>) -> Result<RdmaRegionGrant, RdmaError> {
+        let RegionRef {
+            memory,
+            node_id,
+            epoch,
+        } = region;
         let now = Instant::now();
         let mut regions = self.regions();
         for r in regions.iter_mut() {
@@ -103,6 +124,7 @@ impl RdmaServer {
                     .register(Arc::clone(memory), AccessFlags::RemoteRead)?;
                 let found = (registered.addr(), registered.rkey());
                 tracing::info!(
+                    device = %self.ctx.choice.device,
                     epoch,
                     bytes = memory.len_bytes(),
                     "region registered for rdma reads"
@@ -125,13 +147,11 @@ impl RdmaServer {
         })
     }
 
-    /// Deregisters regions retired longer than the grace period ago.
-    pub fn sweep(&self) {
+    /// Deregisters regions retired longer than `grace` ago.
+    fn sweep(&self, grace: Duration) {
         let now = Instant::now();
         self.regions().retain(|r| {
-            let keep = r
-                .retired_at
-                .is_none_or(|at| now.duration_since(at) < self.grace);
+            let keep = r.retired_at.is_none_or(|at| now.duration_since(at) < grace);
             if !keep {
                 tracing::info!(
                     node_id = r.node_id,
@@ -142,17 +162,77 @@ impl RdmaServer {
             keep
         });
     }
+}
 
-    /// Accepts a client's endpoint: a queue pair in RTS towards it, serving
-    /// its requests with `handler`.
+impl RdmaServer {
+    /// Finds the devices (`wanted` only, if named) and opens the default
+    /// one (the first with an active port), so a node without a usable
+    /// device says why at start; `grace` is the region's grace period.
+    pub fn open(wanted: Option<&str>, grace: Duration) -> Result<RdmaServer, RdmaError> {
+        let devices = DeviceContexts::new(discover_ports()?, wanted)?;
+        let description = devices
+            .context_for(None, ServerDevice::open)?
+            .ctx
+            .choice
+            .to_string();
+        Ok(RdmaServer {
+            devices,
+            description,
+            grace,
+        })
+    }
+
+    /// The default device's line for the log.
+    pub fn describe(&self) -> String {
+        self.description.clone()
+    }
+
+    /// Keeps the current region registered on every opened device and
+    /// returns its grant on the default route's device (`RdmaRegion`).
+    pub fn grant(
+        &self,
+        memory: &Arc<RegionMemory>,
+        node_id: u64,
+        epoch: u64,
+    ) -> Result<RdmaRegionGrant, RdmaError> {
+        let region = RegionRef {
+            memory,
+            node_id,
+            epoch,
+        };
+        for device in self.devices.opened() {
+            device.grant(region)?;
+        }
+        self.devices
+            .context_for(None, ServerDevice::open)?
+            .grant(region)
+    }
+
+    /// Deregisters regions retired longer than the grace period ago.
+    pub fn sweep(&self) {
+        for device in self.devices.opened() {
+            device.sweep(self.grace);
+        }
+    }
+
+    /// Accepts a client's endpoint: a queue pair in RTS towards it on the
+    /// device holding `local_ip` (the control connection's local address:
+    /// it picks device, port and GID), serving its requests with
+    /// `handler`, and the grant of `region` on that device. Refused when no
+    /// device holds the address or the completion queue has no room for
+    /// another connection.
     pub fn accept(
         &self,
         client: QpEndpoint,
+        local_ip: Option<std::net::IpAddr>,
+        region: RegionRef<'_>,
         handler: Arc<dyn RpcHandler>,
         max_frame_bytes: u32,
         max_in_flight: u32,
-    ) -> Result<(QpEndpoint, ServerConnection), RdmaError> {
-        let prepared = Prepared::new(&self.ctx, true)?;
+    ) -> Result<(QpEndpoint, RdmaRegionGrant, ServerConnection), RdmaError> {
+        let device = self.devices.context_for(local_ip, ServerDevice::open)?;
+        let grant = device.grant(region)?;
+        let prepared = Prepared::new(&device.ctx, true, local_ip)?;
         let local = prepared.local();
         let (connection, incoming) = prepared.connect(client)?;
         let task = tokio::spawn(serve(
@@ -164,6 +244,7 @@ impl RdmaServer {
         ));
         Ok((
             local,
+            grant,
             ServerConnection {
                 task,
                 _connection: connection,

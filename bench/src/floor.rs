@@ -1,0 +1,334 @@
+//! The one-sided GET against the floor under it (`rdkv-bench fabric
+//! --transports floor`): in one run, per region size and value size, what a
+//! GET costs against what the memory work alone costs.
+//!
+//! - floor: a random 64-byte slot read (a bucket of the index) plus a copy
+//!   of a block of the GET's size class from a random place plus the CRC32
+//!   (crc32fast, as the region format's) over it, in a plain buffer of the
+//!   region's size: no rdkv code. Hot: a 1 MiB region (the caches hold it);
+//!   cold: as large as the server's region (DRAM misses).
+//! - `get_into`: `ReadHandle::get_into` of a random key of that size from
+//!   the leader's region (mapped over shm), lease and deadline checked:
+//!   hot over as many keys as fill about 1 MiB of blocks, cold over keys
+//!   spread over the whole region.
+//! - `get`: the async `Client::get_with` (Lease) of the same keys.
+//!
+//! Every figure is the mean time per operation over a round of
+//! back-to-back operations (a clock reading per operation would cost about
+//! as much as the floor); rounds of the three alternate, and the median
+//! round is reported.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rdkv_client::{Client, Consistency, ReadHandle};
+use serde::Serialize;
+
+use crate::fabric_bench::FabricBenchError;
+
+/// The hot region's size.
+pub const HOT_REGION_BYTES: usize = 1 << 20;
+/// Bytes of a key of the floor table's keys (`floor/<size>/<index>`, padded).
+const KEY_BYTES: usize = 28;
+/// The region header and the 32-byte block header.
+const BLOCK_HEADER_BYTES: usize = 32;
+/// Region bytes per index slot (the server's default `--bytes-per-slot`).
+const BYTES_PER_SLOT: usize = 128;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FloorRow {
+    pub region: &'static str,
+    pub region_bytes: usize,
+    pub bytes: usize,
+    pub keys: usize,
+    pub floor_ns: f64,
+    pub get_into_ns: f64,
+    pub get_ns: f64,
+    pub get_into_ratio: f64,
+    pub get_ratio: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct FloorOptions {
+    pub sizes: Vec<usize>,
+    /// The cold region: the server's region size.
+    pub cold_region_bytes: usize,
+    /// Operations per round, and rounds.
+    pub ops_per_round: usize,
+    pub rounds: usize,
+}
+
+/// The block a value of `size` bytes takes: its size class (64-byte steps
+/// up to 2 KiB, then four per doubling), as the region format has it.
+pub fn block_bytes(size: usize) -> usize {
+    let need = BLOCK_HEADER_BYTES + KEY_BYTES + size;
+    if need <= 2048 {
+        need.next_multiple_of(64)
+    } else {
+        let power = need.next_power_of_two();
+        let step = power / 8;
+        need.next_multiple_of(step)
+    }
+}
+
+fn key(size: usize, index: usize) -> Bytes {
+    let key = format!(
+        "floor/{size}/{index:0>width$}",
+        width = KEY_BYTES - 7 - size.to_string().len()
+    );
+    Bytes::from(key)
+}
+
+/// A small fast generator (xorshift64*), the same for every row.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// A plain buffer of `region_bytes`, every page touched.
+fn floor_region(region_bytes: usize) -> Vec<u8> {
+    (0..region_bytes).map(|i| (i % 251) as u8).collect()
+}
+
+/// One round of the floor: `ops` times a random bucket read, a random
+/// block copy and its CRC. Returns ns per operation.
+fn floor_round(region: &[u8], block: usize, ops: usize, rng: &mut Rng) -> f64 {
+    let index_bytes = (region.len() / BYTES_PER_SLOT * 8).max(64);
+    let data = region.len() - index_bytes;
+    let mut slot = [0u8; 64];
+    let mut copy = vec![0u8; block];
+    let mut sum = 0u32;
+    let start = Instant::now();
+    for _ in 0..ops {
+        let bucket = rng.below(index_bytes / 64) * 64;
+        slot.copy_from_slice(&region[bucket..bucket + 64]);
+        let at = index_bytes + rng.below((data - block) / 64) * 64;
+        copy.copy_from_slice(&region[at..at + block]);
+        sum ^= crc32fast::hash(&copy[4..]) ^ u32::from(slot[7]);
+    }
+    let elapsed = start.elapsed();
+    std::hint::black_box(sum);
+    per_op(elapsed, ops)
+}
+
+fn per_op(elapsed: Duration, ops: usize) -> f64 {
+    elapsed.as_nanos() as f64 / ops.max(1) as f64
+}
+
+fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples.get(samples.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn failed(message: String) -> FabricBenchError {
+    FabricBenchError::Read {
+        transport: "floor",
+        message,
+    }
+}
+
+/// Writes `count` keys of `size` bytes (in batches), interleaved over the
+/// sizes so that each size's blocks spread over the region.
+pub async fn fill(client: &Client, sizes: &[usize], count: usize) -> Result<(), FabricBenchError> {
+    const BATCH: usize = 256;
+    for start in (0..count).step_by(BATCH) {
+        let end = (start + BATCH).min(count);
+        let pairs: Vec<(Bytes, Bytes)> = (start..end)
+            .flat_map(|i| {
+                sizes
+                    .iter()
+                    .map(move |&size| (key(size, i), Bytes::from(vec![b'v'; size])))
+            })
+            .collect();
+        client
+            .mput(pairs)
+            .await
+            .map_err(|e| failed(format!("filling the region: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Keys of one row, and the GETs' buffer.
+struct RowKeys {
+    keys: Vec<Bytes>,
+    size: usize,
+}
+
+fn get_into_round(
+    handle: &mut ReadHandle,
+    row: &RowKeys,
+    ops: usize,
+    rng: &mut Rng,
+) -> Result<f64, FabricBenchError> {
+    let mut buf = vec![0u8; row.size];
+    let start = Instant::now();
+    for _ in 0..ops {
+        let key = &row.keys[rng.below(row.keys.len())];
+        match handle.get_into(key, &mut buf) {
+            Ok(Some(got)) if got.len == row.size => {}
+            other => {
+                return Err(failed(format!(
+                    "get_into of a {}-byte value: {other:?}",
+                    row.size
+                )));
+            }
+        }
+    }
+    Ok(per_op(start.elapsed(), ops))
+}
+
+async fn get_round(
+    client: &Client,
+    row: &RowKeys,
+    ops: usize,
+    rng: &mut Rng,
+) -> Result<f64, FabricBenchError> {
+    let start = Instant::now();
+    for _ in 0..ops {
+        let key = row.keys[rng.below(row.keys.len())].clone();
+        match client.get_with(key, Consistency::Lease).await {
+            Ok(Some(v)) if v.value.len() == row.size => {}
+            other => {
+                return Err(failed(format!(
+                    "get of a {}-byte value: {other:?}",
+                    row.size
+                )));
+            }
+        }
+    }
+    Ok(per_op(start.elapsed(), ops))
+}
+
+/// The table: for the hot and the cold region, each size. The cluster
+/// behind `client` must hold `cold_keys` keys of each size (see [`fill`]).
+pub async fn run_floor(
+    client: &Client,
+    options: &FloorOptions,
+    cold_keys: usize,
+) -> Result<Vec<FloorRow>, FabricBenchError> {
+    let mut handle = client.read_handle();
+    let mut rows = Vec::new();
+    for (region, region_bytes) in [
+        ("hot", HOT_REGION_BYTES),
+        ("cold", options.cold_region_bytes),
+    ] {
+        let floor = floor_region(region_bytes);
+        for &size in &options.sizes {
+            let block = block_bytes(size);
+            // Hot: as many keys as the hot floor region holds blocks and
+            // index lines (two 64-byte bucket lines each).
+            let keys = if region == "hot" {
+                (HOT_REGION_BYTES / (block + 128)).clamp(1, cold_keys)
+            } else {
+                cold_keys
+            };
+            let row_keys = RowKeys {
+                keys: (0..keys).map(|i| key(size, i)).collect(),
+                size,
+            };
+            let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ size as u64);
+            // Attaches the regions (this runtime runs the refresher only
+            // when the rounds of `get` poll it).
+            handle.refresh().await;
+            // Warm-up: every key once (attaches, and the hot set is cached).
+            for key in &row_keys.keys {
+                let _ = handle.get_into(key, &mut vec![0u8; size]);
+            }
+            let (mut f, mut gi, mut g) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..options.rounds {
+                f.push(floor_round(&floor, block, options.ops_per_round, &mut rng));
+                gi.push(get_into_round(
+                    &mut handle,
+                    &row_keys,
+                    options.ops_per_round,
+                    &mut rng,
+                )?);
+                g.push(get_round(client, &row_keys, options.ops_per_round, &mut rng).await?);
+            }
+            let (floor_ns, get_into_ns, get_ns) = (median(f), median(gi), median(g));
+            rows.push(FloorRow {
+                region,
+                region_bytes,
+                bytes: size,
+                keys,
+                floor_ns,
+                get_into_ns,
+                get_ns,
+                get_into_ratio: get_into_ns / floor_ns,
+                get_ratio: get_ns / floor_ns,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+pub fn format_floor(rows: &[FloorRow]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let rule = "-".repeat(103);
+    let _ = writeln!(out, "{rule}");
+    let _ = writeln!(
+        out,
+        " one-sided GET (shm) vs floor (random 64 B slot read + block copy + CRC32, same region size, no rdkv code)"
+    );
+    let _ = writeln!(
+        out,
+        " {:<6} {:<12} {:<8} {:<8} {:<10} {:<14} {:<10} {:<10} {:<10}",
+        "region",
+        "region_bytes",
+        "#bytes",
+        "#keys",
+        "floor[ns]",
+        "get_into[ns]",
+        "ratio",
+        "get[ns]",
+        "ratio"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            " {:<6} {:<12} {:<8} {:<8} {:<10.1} {:<14.1} {:<10.2} {:<10.1} {:<10.2}",
+            r.region,
+            r.region_bytes,
+            r.bytes,
+            r.keys,
+            r.floor_ns,
+            r.get_into_ns,
+            r.get_into_ratio,
+            r.get_ns,
+            r.get_ratio
+        );
+    }
+    let _ = writeln!(out, "{rule}");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_take_their_size_class() {
+        assert_eq!(block_bytes(8), 128);
+        assert_eq!(block_bytes(1024), 1088);
+        assert_eq!(key(1024, 5).len(), KEY_BYTES);
+        assert_eq!(key(8, 123_456).len(), KEY_BYTES);
+    }
+
+    #[test]
+    fn the_floor_reads_random_places() {
+        let region = floor_region(1 << 16);
+        let ns = floor_round(&region, 1088, 100, &mut Rng(1));
+        assert!(ns > 0.0);
+    }
+}

@@ -1,0 +1,234 @@
+//! The synchronous one-sided read path, the core every one-sided GET runs:
+//! [`ReadHandle`] for a thread or task that reads into its own buffers
+//! (`get_into`, `get_many_into`: no lock, no allocation, one clock reading
+//! per GET or batch), and [`OneSided::serve`], which the handle and the
+//! async `Client::get` share.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use rdkv_fabric::clock::boottime_now_us;
+use rdkv_fabric::{GotInto, ReadError, ReadTime, RegionReader};
+use rdkv_proto::wire::Consistency;
+use thiserror::Error;
+
+use super::OneSided;
+use super::view::ReadView;
+use crate::options::Transport;
+
+/// Why a read was not served one-sided; the server can answer it instead
+/// (`Client::get_with`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum NotServed {
+    #[error("linearizable reads and the tcp transport always go to the server")]
+    Consistency,
+    #[error("no region of the node to read is attached (yet)")]
+    NoRegion,
+    #[error("the leader's lease does not hold")]
+    Lease,
+    #[error("no attached replica is within the lag bound")]
+    Lag,
+    #[error("the region has not yet applied what this client has seen")]
+    Behind,
+    #[error("validation kept failing")]
+    Exhausted,
+    #[error("the region could not be read (it is attached again on the next refresh)")]
+    Unreadable,
+}
+
+/// What [`ReadHandle::get_into`] can fail with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum GetIntoError {
+    #[error("not served one-sided: {0}")]
+    NotServed(#[from] NotServed),
+    /// The value (validated) is `needed` bytes; nothing was read into the buffer.
+    #[error("the value is {needed} bytes, the buffer {len}")]
+    BufferTooSmall { needed: usize, len: usize },
+}
+
+/// A read through the chosen region: given the reader, the time before
+/// the read began and the GET's clock, the answer and the clock's reading.
+pub(super) type RegionRead<'r, T> = &'r mut dyn FnMut(
+    &RegionReader,
+    ReadTime,
+    &mut dyn FnMut() -> ReadTime,
+) -> Result<(T, ReadTime), ReadError>;
+
+impl OneSided {
+    /// One read at `consistency` from `view`: the region chosen, `read`
+    /// run on it, and the choice confirmed at the read's one clock reading
+    /// (returned through `since`, the reading before it). `keys` is how many
+    /// GETs it serves (an MGet's keys).
+    pub(super) fn serve<T>(
+        &self,
+        view: &ReadView,
+        consistency: Consistency,
+        since: &mut ReadTime,
+        keys: u64,
+        read: RegionRead<'_, T>,
+    ) -> Result<T, GetIntoError> {
+        if self.transport == Transport::Tcp {
+            return Err(NotServed::Consistency.into());
+        }
+        let choice = match self.choose(view, consistency) {
+            Ok(choice) => choice,
+            Err(not_served) => {
+                // A refused read is the server's (slow) anyway: it reads the
+                // clock so that a view that keeps refusing (a region behind,
+                // of a dead incarnation) still ages into a refresh.
+                self.note_age(view, view.now());
+                return Err(not_served.into());
+            }
+        };
+        let mut now = || view.now();
+        let (value, time) = match read(choice.reader, *since, &mut now) {
+            Ok(read) => read,
+            Err(error) => return Err(self.read_failed(error)),
+        };
+        *since = time;
+        self.note_age(view, time);
+        self.confirm(view, &choice, time)?;
+        self.counters
+            .local()
+            .served
+            .fetch_add(keys, Ordering::Relaxed);
+        self.read_from(choice.reader);
+        Ok(value)
+    }
+
+    /// Asks for a refresh once `view` is older than its TTL at `time`.
+    fn note_age(&self, view: &ReadView, time: ReadTime) {
+        if time.monotonic_us > view.fresh_until_us {
+            self.views.want_refresh();
+        }
+    }
+
+    fn read_failed(&self, error: ReadError) -> GetIntoError {
+        match error {
+            ReadError::BufferTooSmall { needed, len } => {
+                GetIntoError::BufferTooSmall { needed, len }
+            }
+            ReadError::Exhausted { .. } => {
+                self.counters
+                    .local()
+                    .fallbacks
+                    .fetch_add(1, Ordering::Relaxed);
+                NotServed::Exhausted.into()
+            }
+            error => {
+                tracing::debug!("one-sided read failed: {error}");
+                // A lost RDMA session or a re-registered region: look again
+                // (and reconnect).
+                self.views.want_refresh();
+                NotServed::Unreadable.into()
+            }
+        }
+    }
+}
+
+/// A thread's (or task's) own way into the one-sided read path
+/// (`Client::read_handle`): synchronous, and on the hot path lock-free and
+/// allocation-free. It keeps its own copy of the client's read view (the
+/// regions, the leader) and only looks at the view's generation number to
+/// see that a refresh swapped in a new one; a refresh never waits for it,
+/// nor it for a refresh (an old view is asked to be refreshed, in the
+/// background, and read meanwhile: every read is judged by the lease or
+/// the lag in the region's own header). One clock reading per GET (per
+/// batch), after the copy, judges the lease, the pair's deadline and the
+/// abandon bound (measured from this handle's previous reading).
+///
+/// A read it does not serve ([`GetIntoError::NotServed`]) is for the
+/// server: `Client::get_with` (which also refreshes the view at once).
+#[derive(Debug)]
+pub struct ReadHandle {
+    one_sided: Arc<OneSided>,
+    view: Arc<ReadView>,
+    generation: u64,
+    since: ReadTime,
+    consistency: Consistency,
+}
+
+impl ReadHandle {
+    pub(crate) fn new(one_sided: Arc<OneSided>) -> ReadHandle {
+        one_sided.start_refresher();
+        let (view, generation) = one_sided.views.load_full();
+        let consistency = one_sided.default_consistency;
+        ReadHandle {
+            one_sided,
+            view,
+            generation,
+            since: ReadTime {
+                monotonic_us: boottime_now_us(),
+                unix_ms: 0,
+            },
+            consistency,
+        }
+    }
+
+    /// Makes a wanted refresh of the client's view of the cluster now (the
+    /// first one, at least, is wanted before any read), and adopts it. A
+    /// thread that only reads through handles on a runtime it does not
+    /// otherwise poll calls this now and then (or when a read is
+    /// `NotServed`); elsewhere the background refresher does it.
+    pub async fn refresh(&mut self) {
+        drop(self.one_sided.view_for_read().await);
+        self.fresh_view();
+    }
+
+    /// The current view: the handle's own unless a refresh published another.
+    fn fresh_view(&mut self) {
+        let generation = self.one_sided.views.generation();
+        if generation != self.generation {
+            (self.view, self.generation) = self.one_sided.views.load_full();
+        }
+    }
+
+    /// Reads `key` at the client's default consistency into `buf`: the
+    /// value is `buf[..len]` of the answer (`None`: absent). Nothing is
+    /// allocated for keys up to `rdkv_fabric::INLINE_KEY_BYTES` (a
+    /// fingerprint collision or a value longer than `buf` reads its block
+    /// whole once).
+    pub fn get_into(
+        &mut self,
+        key: &[u8],
+        buf: &mut [u8],
+    ) -> Result<Option<GotInto>, GetIntoError> {
+        self.get_into_with(key, buf, self.consistency)
+    }
+
+    /// [`ReadHandle::get_into`] at `consistency`.
+    pub fn get_into_with(
+        &mut self,
+        key: &[u8],
+        buf: &mut [u8],
+        consistency: Consistency,
+    ) -> Result<Option<GotInto>, GetIntoError> {
+        self.fresh_view();
+        let mut read =
+            |reader: &RegionReader, since: ReadTime, now: &mut dyn FnMut() -> ReadTime| {
+                reader.get_into(key, buf, since, now)
+            };
+        self.one_sided
+            .serve(&self.view, consistency, &mut self.since, 1, &mut read)
+    }
+
+    /// Reads `keys` at `consistency`, each value into its buffer
+    /// (`bufs[i]`, the answer in `out[i]`): two batches of reads (two
+    /// doorbells on RDMA), one clock reading for the batch.
+    pub fn get_many_into(
+        &mut self,
+        keys: &[&[u8]],
+        bufs: &mut [&mut [u8]],
+        out: &mut [Option<GotInto>],
+        consistency: Consistency,
+    ) -> Result<(), GetIntoError> {
+        self.fresh_view();
+        let mut read =
+            |reader: &RegionReader, since: ReadTime, now: &mut dyn FnMut() -> ReadTime| {
+                Ok(((), reader.get_many_into(keys, bufs, out, since, now)?))
+            };
+        let count = keys.len() as u64;
+        self.one_sided
+            .serve(&self.view, consistency, &mut self.since, count, &mut read)
+    }
+}

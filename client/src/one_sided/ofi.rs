@@ -1,0 +1,74 @@
+//! Attaching to a node over libfabric (feature `ofi`): the region grant
+//! asked over the authenticated connection (`Request::OfiRegion`), a
+//! session of the granted provider, then a `RegionReader` over it. Writes
+//! and control stay on the node's TCP (or Unix socket) channel.
+
+use std::sync::Arc;
+
+use rdkv_fabric::ofi::client::{OfiSession, descriptor_of};
+use rdkv_fabric::{Clock, RegionReader};
+use rdkv_proto::wire::{Request, Response};
+
+use super::topology::sized_reader;
+use crate::routing::Router;
+
+#[derive(Debug)]
+pub(super) struct Attached {
+    pub(super) reader: RegionReader,
+    /// Keeps the endpoint and the bounce buffer's registration open while
+    /// the reader lives (the reader's fabric holds it too).
+    _session: Arc<OfiSession>,
+}
+
+/// Asks `addr` for its grant and opens a session reading it; `None` (with
+/// a debug line saying why) when the node or this host cannot.
+pub(super) async fn attach(
+    router: &Router,
+    addr: &str,
+    clock: &Arc<dyn Clock>,
+) -> Option<Attached> {
+    let deadline = tokio::time::timeout(
+        router.options().connect_timeout,
+        router.send_to(addr, Request::OfiRegion),
+    );
+    let grant = match deadline.await {
+        Ok(Ok(Response::OfiRegion(grant))) => grant,
+        Ok(Ok(other)) => {
+            tracing::debug!(addr, "server refused ofi: {other:?}");
+            return None;
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(addr, "ofi region request failed: {e}");
+            return None;
+        }
+        Err(_) => {
+            tracing::debug!(addr, "ofi region request timed out");
+            return None;
+        }
+    };
+    let descriptor = descriptor_of(&grant);
+    let provider = grant.provider.clone();
+    // Opening an endpoint and registering the bounce buffer are system
+    // calls into the provider: off the runtime threads.
+    let session = tokio::task::spawn_blocking(move || OfiSession::open(grant))
+        .await
+        .ok()?
+        .map_err(|e| tracing::info!(addr, provider, "ofi transport off for this node: {e}"))
+        .ok()?;
+    let fabric = session.fabric();
+    let reader = sized_reader(router.options().max_clock_drift, |options| {
+        RegionReader::over(
+            Arc::clone(&fabric) as _,
+            descriptor,
+            Arc::clone(clock),
+            options,
+        )
+    })
+    .map_err(|e| tracing::debug!(addr, "ofi region unreadable: {e}"))
+    .ok()?;
+    tracing::debug!(addr, provider = session.provider(), "reading over ofi");
+    Some(Attached {
+        reader,
+        _session: session,
+    })
+}

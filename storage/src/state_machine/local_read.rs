@@ -1,0 +1,88 @@
+//! The node's own GETs of its region (`RegionStateMachine::get_local`: RESP
+//! GETs answered at once, native lease and follower reads): the reader's
+//! allocation-free path into this thread's buffer, with one clock reading
+//! per GET, as a client's read handle reads (the abandon bound counts from
+//! this thread's previous reading; only a thread that has not read for
+//! longer than the bound reads twice).
+
+use std::cell::{Cell, RefCell};
+
+use bytes::Bytes;
+use rdkv_fabric::clock::{boottime_now_us, unix_now_us};
+use rdkv_fabric::{ReadError, ReadTime, RegionReader};
+use rdkv_proto::wire::Versioned;
+
+/// How often a thread derives the wall clock from boottime again (so a step
+/// of the wall clock reaches expiry decisions within this long).
+const WALL_RECHECK_US: u64 = 100_000;
+/// The buffer a thread starts with; a longer value grows it once.
+const SCRATCH_BYTES: usize = 4096;
+
+/// A thread's clock for its GETs: boottime, with the wall clock derived
+/// from it by an offset taken now and then.
+#[derive(Debug, Clone, Copy)]
+struct ThreadClock {
+    /// The previous GET's reading.
+    since: ReadTime,
+    wall_minus_boot_us: u64,
+    recheck_at_us: u64,
+}
+
+thread_local! {
+    static CLOCK: Cell<ThreadClock> = const {
+        Cell::new(ThreadClock {
+            since: ReadTime { monotonic_us: 0, unix_ms: 0 },
+            wall_minus_boot_us: 0,
+            recheck_at_us: 0,
+        })
+    };
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// One reading: boottime, and the wall clock from the thread's offset.
+fn now() -> ReadTime {
+    let boot_us = boottime_now_us();
+    let mut clock = CLOCK.get();
+    if boot_us >= clock.recheck_at_us {
+        clock.wall_minus_boot_us = unix_now_us().saturating_sub(boot_us);
+        clock.recheck_at_us = boot_us.saturating_add(WALL_RECHECK_US);
+        CLOCK.set(clock);
+    }
+    ReadTime {
+        monotonic_us: boot_us,
+        unix_ms: boot_us.saturating_add(clock.wall_minus_boot_us) / 1_000,
+    }
+}
+
+/// `key` read by `reader` into this thread's buffer, the value copied out
+/// once (a value longer than the buffer grows it and is read again).
+pub(super) fn read_copied(
+    reader: &RegionReader,
+    key: &[u8],
+) -> Result<Option<Versioned>, ReadError> {
+    SCRATCH.with_borrow_mut(|scratch| {
+        if scratch.is_empty() {
+            scratch.resize(SCRATCH_BYTES, 0);
+        }
+        loop {
+            let since = CLOCK.get().since;
+            let read = reader.get_into(key, scratch, since, now);
+            if let Ok((_, time)) = &read {
+                CLOCK.set(ThreadClock {
+                    since: *time,
+                    ..CLOCK.get()
+                });
+            }
+            match read {
+                Ok((got, _)) => {
+                    return Ok(got.map(|got| Versioned {
+                        value: Bytes::copy_from_slice(&scratch[..got.len]),
+                        version: got.version,
+                    }));
+                }
+                Err(ReadError::BufferTooSmall { needed, .. }) => scratch.resize(needed, 0),
+                Err(error) => return Err(error),
+            }
+        }
+    })
+}

@@ -1,0 +1,203 @@
+//! Backups (`backup::status`, `backup::restore`) of a state machine's
+//! snapshot, and the cluster identity it carries: the first identity applied
+//! stays, snapshots keep it, a snapshot of another cluster is not installed;
+//! every strict prefix and every flipped byte of a backup is reported as
+//! damage; members restored from one file start identical, with the new
+//! membership and a new identity.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use bytes::Bytes;
+use openraft::storage::RaftStateMachine;
+use rdkv_storage::backup::{self, BackupError, RestoreTarget};
+use rdkv_storage::cluster_id::ClusterId;
+use rdkv_storage::raft::Command;
+use rdkv_storage::state_machine::RegionStateMachine;
+
+use common::{apply, normal, open};
+
+const OLD_CLUSTER: ClusterId = ClusterId([0xA5; 16]);
+
+/// A state machine with a cluster identity and 50 pairs, and its snapshot
+/// saved as a backup file in `dir`.
+async fn backed_up(dir: &Path) -> (RegionStateMachine, std::path::PathBuf) {
+    let mut sm = open(&dir.join("source"));
+    let mut entries = vec![
+        normal(1, Command::SetClusterId { id: OLD_CLUSTER }),
+        normal(
+            2,
+            Command::SetClusterId {
+                id: ClusterId([1; 16]),
+            },
+        ),
+    ];
+    for i in 0..50u64 {
+        let command = Command::Put {
+            key: Bytes::from(format!("key-{i:03}")),
+            value: Bytes::from(vec![i as u8; 100 + i as usize]),
+        };
+        entries.push(normal(3 + i, command));
+    }
+    apply(&mut sm, entries).await;
+    let (_, bytes) = sm.snapshot_bytes().await.unwrap();
+    let file = dir.join("backup.snap");
+    std::fs::write(&file, &bytes).unwrap();
+    (sm, file)
+}
+
+fn members(spec: &str) -> BTreeMap<u64, String> {
+    backup::parse_initial_cluster(spec).unwrap()
+}
+
+#[tokio::test]
+async fn the_first_identity_stays_and_snapshots_keep_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sm, _) = backed_up(dir.path()).await;
+    assert_eq!(sm.cluster_id(), Some(OLD_CLUSTER));
+    let reopened = open(&dir.path().join("source"));
+    assert_eq!(reopened.cluster_id(), Some(OLD_CLUSTER));
+
+    // A node of another cluster does not install this one's snapshot.
+    let other_dir = tempfile::tempdir().unwrap();
+    let mut other = open(other_dir.path());
+    apply(
+        &mut other,
+        vec![normal(
+            1,
+            Command::SetClusterId {
+                id: ClusterId([2; 16]),
+            },
+        )],
+    )
+    .await;
+    let (meta, bytes) = sm.snapshot_bytes().await.unwrap();
+    let installed = other.install_snapshot(&meta, bytes).await;
+    assert!(installed.is_err(), "installed another cluster's snapshot");
+    assert_eq!(other.cluster_id(), Some(ClusterId([2; 16])));
+}
+
+#[tokio::test]
+async fn status_reads_what_the_snapshot_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sm, file) = backed_up(dir.path()).await;
+    let status = backup::status(&file).unwrap();
+    assert_eq!(status.last_log_index, 52);
+    assert_eq!(status.keys, 50);
+    assert_eq!(status.digest, sm.digest_now().digest);
+    assert_eq!(status.cluster_id, Some(OLD_CLUSTER));
+    assert_eq!(status.format_version, 5);
+    assert_eq!(status.total_bytes, std::fs::metadata(&file).unwrap().len());
+}
+
+#[tokio::test]
+async fn every_prefix_and_every_flipped_byte_is_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, file) = backed_up(dir.path()).await;
+    let bytes = std::fs::read(&file).unwrap();
+    let damaged = dir.path().join("damaged.snap");
+    for len in 0..bytes.len() {
+        std::fs::write(&damaged, &bytes[..len]).unwrap();
+        match backup::status(&damaged) {
+            Err(BackupError::Damaged { .. }) => {}
+            other => panic!("a {len}-byte prefix: {other:?}"),
+        }
+    }
+    for at in 0..bytes.len() {
+        let mut flipped = bytes.clone();
+        flipped[at] ^= 0x01;
+        std::fs::write(&damaged, &flipped).unwrap();
+        let status = backup::status(&damaged);
+        assert!(
+            matches!(status, Err(BackupError::Damaged { .. })),
+            "a bit flipped at byte {at}: {status:?}"
+        );
+    }
+    let mut longer = bytes.clone();
+    longer.push(0);
+    std::fs::write(&damaged, &longer).unwrap();
+    assert!(backup::status(&damaged).is_err(), "a byte after the end");
+}
+
+#[tokio::test]
+async fn members_restored_from_one_file_start_identical_in_a_new_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sm, file) = backed_up(dir.path()).await;
+    let new_members = members("1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003");
+    let mut restored = Vec::new();
+    for id in 1..=3 {
+        let data_dir = dir.path().join(format!("node-{id}"));
+        let target = RestoreTarget {
+            data_dir: &data_dir,
+            node_id: id,
+            members: &new_members,
+            cluster_name: "",
+        };
+        let done = backup::restore(&file, &target).unwrap();
+        assert_eq!((done.keys, done.last_log_index), (50, 52));
+        assert_ne!(done.cluster_id, OLD_CLUSTER);
+        restored.push((done.cluster_id, std::fs::read(&done.snapshot).unwrap()));
+        let mut node = open(&data_dir);
+        assert_eq!(node.digest_now().digest, sm.digest_now().digest);
+        assert_eq!(node.applied_index(), 52);
+        assert_eq!(node.cluster_id(), Some(done.cluster_id));
+        let (applied, membership) = node.applied_state().await.unwrap();
+        assert_eq!(applied.map(|l| (l.leader_id.term, l.index)), Some((0, 52)));
+        let ids: Vec<u64> = membership.membership().voter_ids().collect();
+        assert_eq!(ids, vec![1, 2, 3]);
+        assert_eq!(
+            node.get_local(b"key-007").unwrap().unwrap().value,
+            vec![7u8; 107]
+        );
+    }
+    assert!(restored.iter().all(|r| *r == restored[0]), "members differ");
+
+    let other_name = dir.path().join("other-name");
+    let named = RestoreTarget {
+        data_dir: &other_name,
+        node_id: 1,
+        members: &new_members,
+        cluster_name: "second",
+    };
+    let second = backup::restore(&file, &named).unwrap();
+    assert_ne!(
+        second.cluster_id, restored[0].0,
+        "another name, another cluster"
+    );
+}
+
+#[tokio::test]
+async fn a_restore_refuses_a_used_directory_a_stranger_and_a_damaged_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, file) = backed_up(dir.path()).await;
+    let new_members = members("1=127.0.0.1:7001");
+    let used = dir.path().join("source");
+    let target = |data_dir, node_id| RestoreTarget {
+        data_dir,
+        node_id,
+        members: &new_members,
+        cluster_name: "",
+    };
+    assert!(matches!(
+        backup::restore(&file, &target(&used, 1)),
+        Err(BackupError::DataDirNotEmpty(_))
+    ));
+    let fresh = dir.path().join("fresh");
+    assert!(matches!(
+        backup::restore(&file, &target(&fresh, 2)),
+        Err(BackupError::NotAMember { id: 2, .. })
+    ));
+    let bytes = std::fs::read(&file).unwrap();
+    let cut = dir.path().join("cut.snap");
+    std::fs::write(&cut, &bytes[..bytes.len() - 3]).unwrap();
+    assert!(matches!(
+        backup::restore(&cut, &target(&fresh, 1)),
+        Err(BackupError::Damaged { .. })
+    ));
+    let left: Vec<_> = std::fs::read_dir(&fresh).unwrap().collect();
+    assert!(left.is_empty(), "a failed restore left {left:?}");
+    // The directory is usable afterwards.
+    backup::restore(&file, &target(&fresh, 1)).unwrap();
+}
