@@ -245,9 +245,7 @@ pub(crate) fn region_config(config: &Config) -> RegionConfig {
 
 /// The quota this node proposes when it leads (`RegionConfig::quota_bytes`).
 fn quota_bytes(config: &Config, region: &RegionConfig) -> Result<u64> {
-    region
-        .quota_bytes(config.quota_bytes)
-        .context("the quota")
+    region.quota_bytes(config.quota_bytes).context("the quota")
 }
 
 /// The protocol limits this node's region implies: the default frame

@@ -12,10 +12,10 @@ use std::path::Path;
 
 use bytes::Bytes;
 use openraft::storage::RaftStateMachine;
+use rdkv_storage::RegionConfig;
 use rdkv_storage::backup::{self, BackupError, RestoreTarget};
 use rdkv_storage::cluster_id::ClusterId;
 use rdkv_storage::raft::Command;
-use rdkv_storage::RegionConfig;
 use rdkv_storage::state_machine::{RegionStateMachine, StateMachineError};
 
 use common::{apply, normal, open};
@@ -269,10 +269,7 @@ async fn a_snapshot_larger_than_the_node_is_refused_at_restore_install_and_start
         assert!(left.is_empty(), "a refused restore left {left:?}");
     }
     let fits = dir.path().join("fits");
-    assert_eq!(
-        restore(&fits, common::region(16), None).unwrap().keys,
-        6000
-    );
+    assert_eq!(restore(&fits, common::region(16), None).unwrap().keys, 6000);
 
     // Install: a 4 MiB node refuses it, says why, and keeps its state.
     let mut small = common::open(&dir.path().join("small"));
@@ -291,7 +288,10 @@ async fn a_snapshot_larger_than_the_node_is_refused_at_restore_install_and_start
             .contains("does not fit this node's 4 MiB region"),
         "{error}"
     );
-    assert_eq!(small.get_local(b"mine").unwrap().map(|v| v.version), Some(1));
+    assert_eq!(
+        small.get_local(b"mine").unwrap().map(|v| v.version),
+        Some(1)
+    );
     assert_eq!(small.applied_index(), 1);
 
     // Start: the same snapshot as a 4 MiB node's own stops its start.

@@ -42,7 +42,13 @@ async fn snapshots_go_through_files_with_bounded_buffers() {
         let entries = (batch * 1024..(batch + 1) * 1024)
             .map(|i| {
                 let key = Bytes::from(format!("key-{i:08}"));
-                normal(i + 1, Command::Put { key, value: value(i) })
+                normal(
+                    i + 1,
+                    Command::Put {
+                        key,
+                        value: value(i),
+                    },
+                )
             })
             .collect();
         apply(&mut sm, entries).await;
@@ -68,12 +74,19 @@ async fn snapshots_go_through_files_with_bounded_buffers() {
     let mut incoming = other.new_snapshot_file().unwrap();
     let mut offset = 0;
     while offset < total {
-        let chunk = snapshot.snapshot.read_chunk(offset, CHUNK_BYTES).await.unwrap();
+        let chunk = snapshot
+            .snapshot
+            .read_chunk(offset, CHUNK_BYTES)
+            .await
+            .unwrap();
         incoming.append(&chunk).unwrap();
         offset += chunk.len() as u64;
     }
     let incoming = incoming.finish().unwrap();
-    other.install_snapshot(&snapshot.meta, incoming).await.unwrap();
+    other
+        .install_snapshot(&snapshot.meta, incoming)
+        .await
+        .unwrap();
     assert_eq!(other.digest_now(), digest);
     let largest = CountingAllocator::largest_allocation();
     assert!(

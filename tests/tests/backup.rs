@@ -421,7 +421,10 @@ fn server_refuses(file: &Path, args: &[&str]) -> Result<String> {
         std::thread::sleep(Duration::from_millis(50));
     }
     let out = child.wait_with_output()?;
-    ensure!(!out.status.success(), "rdkv-server --restore {args:?} exited 0");
+    ensure!(
+        !out.status.success(),
+        "rdkv-server --restore {args:?} exited 0"
+    );
     Ok(text(&out.stderr))
 }
 
@@ -461,10 +464,16 @@ async fn a_server_started_with_restore_serves_the_backup() -> Result<()> {
             );
         }
         let version = client.put("after-restore", "yes").await?;
-        ensure!(version > index, "a new write's version {version} <= {index}");
+        ensure!(
+            version > index,
+            "a new write's version {version} <= {index}"
+        );
         let used = new.node(1)?.data_dir.to_str().context("path")?.to_owned();
         let stderr = server_refuses(&file, &["--data-dir", &used])?;
-        ensure!(stderr.contains("is not empty"), "restore into a used directory: {stderr}");
+        ensure!(
+            stderr.contains("is not empty"),
+            "restore into a used directory: {stderr}"
+        );
         Ok(())
     })
     .await?;

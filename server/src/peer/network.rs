@@ -309,7 +309,12 @@ impl RaftNetworkV2<TypeConfig> for PeerConn {
                 let data = file
                     .read_chunk(offset, SNAPSHOT_CHUNK_BYTES)
                     .await
-                    .map_err(|e| network(format!("reading the snapshot for node {}: {e}", self.target)))?;
+                    .map_err(|e| {
+                        network(format!(
+                            "reading the snapshot for node {}: {e}",
+                            self.target
+                        ))
+                    })?;
                 let end = offset + data.len() as u64;
                 let chunk = PeerRequest::SnapshotChunk(SnapshotPiece {
                     vote,

@@ -284,7 +284,7 @@ fn new_file(sm: &RegionStateMachine) -> Result<NewSnapshot, String> {
 }
 
 /// Runs a file operation of a received snapshot on a blocking thread.
-async fn blocking<T: Send + 'static, E: std::fmt::Display>(
+async fn blocking<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
     f: impl FnOnce() -> Result<T, E> + Send + 'static,
 ) -> Result<T, String> {
     tokio::task::spawn_blocking(f)

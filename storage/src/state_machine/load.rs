@@ -46,8 +46,7 @@ pub(super) fn load_region(
     file: &SnapshotFile,
 ) -> Result<LoadedRegion, StateMachineError> {
     let input = BufReader::with_capacity(READ_BUFFER_BYTES, file.reader());
-    let mut reader =
-        SnapshotReader::from_stream(input, max_snapshot_record_bytes(&config.region))?;
+    let mut reader = SnapshotReader::from_stream(input, max_snapshot_record_bytes(&config.region))?;
     let region = reader.region;
     let index = reader.meta.last_log_id.map_or(0, |l| l.index);
     let empty = new_region(config, clock, epoch, seed_of(&region))?;
