@@ -46,6 +46,7 @@ impl Over {
 
     /// Whether `cluster` serves it (ofi: else a visible skip, a failure
     /// under CI); shm always is.
+    #[cfg_attr(not(feature = "ofi"), allow(unused_variables))]
     pub async fn served_by(self, cluster: &Cluster) -> Result<bool> {
         match self {
             Over::Shm => Ok(true),

@@ -298,7 +298,10 @@ async fn a_partition_mid_reads_fails_over_to_rpc_without_a_wrong_value() -> Resu
             "a one-sided lease read from the new leader",
             async || {
                 let got = ofi_only.get_with("moved", Consistency::Lease).await?;
-                ensure!(got.as_ref().is_some_and(|v| v.value == "new"), "read {got:?}");
+                ensure!(
+                    got.as_ref().is_some_and(|v| v.value == "new"),
+                    "read {got:?}"
+                );
                 Ok(())
             },
         )
