@@ -549,21 +549,18 @@ fn one_sided_transports(
         config.rdma_device.as_deref(),
         config.grace_period_ms,
     ));
-    tasks.push(tokio::spawn(Arc::clone(&rdma).maintain(
-        replica.sm.clone(),
-        config.id,
-        shutdown_rx.clone(),
-    )));
     let ofi = Arc::new(crate::ofi::OfiState::start(
         config.ofi_provider.as_deref(),
         config.listen.ip(),
         config.grace_period_ms,
     ));
-    tasks.push(tokio::spawn(Arc::clone(&ofi).maintain(
-        replica.sm.clone(),
-        config.id,
-        shutdown_rx.clone(),
+    let (sm, id, stop) = (replica.sm.clone(), config.id, shutdown_rx.clone());
+    tasks.push(tokio::spawn(Arc::clone(&rdma).maintain(
+        sm.clone(),
+        id,
+        stop.clone(),
     )));
+    tasks.push(tokio::spawn(Arc::clone(&ofi).maintain(sm, id, stop)));
     (rdma, ofi)
 }
 
