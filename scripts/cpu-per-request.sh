@@ -63,6 +63,7 @@ measure() {
 
 start_rdkv() {
     local ic="1=127.0.0.11:17380,2=127.0.0.12:17380,3=127.0.0.13:17380" i
+    local first=${#PIDS[@]}
     for i in 1 2 3; do
         "$BIN/rdkv-server" --id "$i" --data-dir "$DIR/n$i" --listen "127.0.0.1$i:17379" \
             --peer-listen "127.0.0.1$i:17380" --http-listen off --resp-listen "127.0.0.1$i:16380" \
@@ -83,10 +84,10 @@ start_rdkv() {
     MEASURED=()
     NAMES=()
     for i in 1 2 3; do
-        MEASURED+=("${PIDS[i - 1]}")
+        MEASURED+=("${PIDS[first + i - 1]}")
         if [[ $i == "$LEADER" ]]; then
             NAMES+=("leader")
-            LEADER_PID=${PIDS[i - 1]}
+            LEADER_PID=${PIDS[first + i - 1]}
         else
             NAMES+=("follower$i")
         fi
