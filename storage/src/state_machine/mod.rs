@@ -291,20 +291,39 @@ impl RegionStateMachine {
     /// Reads a key from this replica's region: lock-free, with the locked
     /// writer's view as the fallback when validation keeps failing.
     pub fn get_local(&self, key: &[u8]) -> Result<Option<Versioned>, StateMachineError> {
-        // As in `get_local_with_deadline`: the guard is gone before the
-        // fallback takes the state lock.
-        let read = local_read::read_copied(
+        self.get_local_with(key, |found| {
+            found.map(|(value, version)| Versioned {
+                value: Bytes::copy_from_slice(value),
+                version,
+            })
+        })
+    }
+
+    /// [`RegionStateMachine::get_local`] handing the value and its version
+    /// to `found` as a slice of this thread's read buffer instead of a copy
+    /// (a RESP GET encodes its reply straight from it). `found` runs once,
+    /// only if the read succeeds, and must not read this node's region.
+    pub fn get_local_with<R>(
+        &self,
+        key: &[u8],
+        mut found: impl FnMut(Option<(&[u8], u64)>) -> R,
+    ) -> Result<R, StateMachineError> {
+        // As in `get_local`: the guard is gone before the fallback; `found`
+        // ran only if the lock-free read succeeded.
+        let read = local_read::read_with(
             &self
                 .shared
                 .reader
                 .read()
                 .unwrap_or_else(|poisoned| poisoned.into_inner()),
             key,
+            &mut found,
         );
         match read {
-            Ok(found) => Ok(found),
+            Ok(result) => Ok(result),
             Err(ReadError::Exhausted { .. }) => {
-                Ok(self.get_local_with_deadline(key)?.map(|(value, _)| value))
+                let value = self.get_local_with_deadline(key)?.map(|(value, _)| value);
+                Ok(found(value.as_ref().map(|v| (&v.value[..], v.version))))
             }
             Err(other) => Err(other.into()),
         }
