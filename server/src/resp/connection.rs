@@ -22,7 +22,7 @@ use rdkv_tls::{Stream, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::clients::ClientInfo;
-use super::parse::{CommandReader, ParseLimits, ProtocolError, detached};
+use super::parse::{ParseLimits, ProtocolError, next_command};
 use super::reply::Reply;
 use super::session::{Session, Step};
 use super::table::{Spec, StoreRun};
@@ -71,10 +71,6 @@ struct Pipeline<'a> {
     closed: bool,
     write: WriteHalf,
     output: BytesMut,
-    reader: CommandReader,
-    /// The command being started: slices of the input buffer, emptied
-    /// before the buffer is read into again.
-    argv: Vec<Bytes>,
 }
 
 pub async fn serve(stream: Stream, peer: String, server: &RespServer) -> Result<()> {
@@ -95,8 +91,6 @@ pub async fn serve(stream: Stream, peer: String, server: &RespServer) -> Result<
         closed: false,
         write,
         output: BytesMut::new(),
-        reader: CommandReader::default(),
-        argv: Vec::new(),
     };
     let mut input_open = true;
     loop {
@@ -195,12 +189,7 @@ impl<'a> Pipeline<'a> {
     /// replies are encoded first).
     async fn start_buffered(&mut self, input: &mut BytesMut) -> Result<bool, Closed> {
         let mut now = NowReads::default();
-        // The argument list is reused from command to command; it is
-        // empty again before the input buffer is read into.
-        let mut argv = std::mem::take(&mut self.argv);
-        let started = self.start_commands(input, &mut argv, &mut now).await;
-        argv.clear();
-        self.argv = argv;
+        let started = self.start_commands(input, &mut now).await;
         now.account(self.server);
         started
     }
@@ -208,7 +197,6 @@ impl<'a> Pipeline<'a> {
     async fn start_commands(
         &mut self,
         input: &mut BytesMut,
-        argv: &mut Vec<Bytes>,
         reads_now: &mut NowReads,
     ) -> Result<bool, Closed> {
         while !self.closing && self.has_room() {
@@ -219,9 +207,9 @@ impl<'a> Pipeline<'a> {
             } else {
                 &UNAUTHENTICATED_LIMITS
             };
-            if !self.reader.next_into(input, limits, argv)? {
+            let Some(argv) = next_command(input, limits)? else {
                 return Ok(false);
-            }
+            };
             if argv.is_empty() {
                 continue;
             }
@@ -230,9 +218,9 @@ impl<'a> Pipeline<'a> {
                     self.closing |= close;
                     self.push_ready(reply, close).await?;
                 }
-                Step::Session { run } => {
+                Step::Session { run, argv } => {
                     self.finish_all().await?;
-                    let reply = self.session.run_session(run, argv);
+                    let reply = self.session.run_session(run, &argv);
                     self.push_ready(reply, false).await?;
                 }
                 Step::Exec => {
@@ -240,21 +228,15 @@ impl<'a> Pipeline<'a> {
                     let reply = transaction::exec(&mut self.session).await;
                     self.push_ready(reply, false).await?;
                 }
-                Step::Watch => {
+                Step::Watch { argv } => {
                     self.finish_all().await?;
-                    // The watched keys are kept: copies, not the input's.
-                    let keys = detached(&argv[1..]);
-                    let reply = transaction::watch(&mut self.session, &keys).await;
+                    let reply = transaction::watch(&mut self.session, &argv[1..]).await;
                     self.push_ready(reply, false).await?;
                 }
-                Step::Store { spec, run } => {
-                    if !self.answer_now(spec, argv, reads_now) {
-                        // It runs past this batch: its own copy of the arguments.
-                        self.start_store(spec, run, detached(argv));
-                    } else if self.output.len() >= FLUSH_BYTES {
-                        self.flush().await?;
-                    }
-                }
+                Step::Store { spec, run, argv } => match self.answer_now(spec, &argv, reads_now) {
+                    Some(reply) => self.push_ready(reply, false).await?,
+                    None => self.start_store(spec, run, argv),
+                },
             }
         }
         Ok(!self.closing)
@@ -274,44 +256,25 @@ impl<'a> Pipeline<'a> {
 
     /// Answers a read at once from this node's region when its row allows
     /// it, nothing earlier on the connection may write its keys, and the
-    /// node may serve reads without waiting (asked once per batch); `true`
-    /// if it did. With nothing in flight its reply is encoded straight into
-    /// the output (the common pipeline of reads: no reply value, no copy of
-    /// the value); else encoded now and queued behind the earlier replies.
+    /// node may serve reads without waiting (asked once per batch).
     fn answer_now(
-        &mut self,
+        &self,
         spec: &'static Spec,
         argv: &[Bytes],
         reads_now: &mut NowReads,
-    ) -> bool {
-        let Some((op, now)) = spec.now else {
-            return false;
-        };
+    ) -> Option<Reply> {
+        let (op, now) = spec.now?;
         // With nothing in flight no earlier command can write its keys (the
         // common pipeline of reads needs no key list).
         let after_writes = !self.running.is_empty();
         if !reads_now.allowed(self.server)
             || after_writes && !self.order.read_may_run_now(&spec.keys_in(argv))
         {
-            return false;
+            return None;
         }
-        let protocol = self.session.protocol();
-        let answered = if after_writes {
-            let mut encoded = BytesMut::new();
-            let answered = now(self.server, &argv[1..], protocol, &mut encoded);
-            if answered {
-                let reply = Reply::Encoded(encoded.freeze());
-                self.running
-                    .push_back(Box::pin(std::future::ready((reply, false, 0))));
-            }
-            answered
-        } else {
-            now(self.server, &argv[1..], protocol, &mut self.output)
-        };
-        if answered {
-            reads_now.answered(op);
-        }
-        answered
+        let reply = now(self.server, &argv[1..])?;
+        reads_now.answered(op);
+        Some(reply)
     }
 
     /// Starts a store command after the earlier commands on its keys.

@@ -26,13 +26,17 @@ pub enum Step {
     Now { reply: Reply, close: bool },
     /// Reads or changes the connection's (or the node's) state: runs once
     /// every earlier command has finished.
-    Session { run: SessionRun },
+    Session { run: SessionRun, argv: Vec<Bytes> },
     /// Served by the store, after the earlier commands on its keys.
-    Store { spec: &'static Spec, run: StoreRun },
+    Store {
+        spec: &'static Spec,
+        run: StoreRun,
+        argv: Vec<Bytes>,
+    },
     /// EXEC, once every earlier command has finished.
     Exec,
     /// WATCH of `argv[1..]`, once every earlier command has finished.
-    Watch,
+    Watch { argv: Vec<Bytes> },
 }
 
 impl Step {
@@ -114,8 +118,8 @@ impl<'a> Session<'a> {
     /// Decides how command `argv` (the name first) runs: answered now,
     /// against the connection's state once every earlier command has
     /// finished, or by the store. Inside MULTI most commands are queued.
-    pub fn prepare(&mut self, argv: &[Bytes]) -> Step {
-        let spec = match self.checked(argv) {
+    pub fn prepare(&mut self, argv: Vec<Bytes>) -> Step {
+        let spec = match self.checked(&argv) {
             Ok(spec) => spec,
             Err(reply) => {
                 if let Some(multi) = &mut self.multi {
@@ -125,7 +129,7 @@ impl<'a> Session<'a> {
             }
         };
         if self.multi.is_some() && !transaction::RUN_INSIDE_MULTI.contains(&spec.name) {
-            return Step::now(transaction::queue(self, spec, argv));
+            return Step::now(transaction::queue(self, spec, &argv));
         }
         match spec.run {
             Run::Quit => Step::Now {
@@ -133,10 +137,10 @@ impl<'a> Session<'a> {
                 close: true,
             },
             Run::Pure(run) => Step::now(run(&argv[1..])),
-            Run::Session(run) => Step::Session { run },
-            Run::Store(run) => Step::Store { spec, run },
+            Run::Session(run) => Step::Session { run, argv },
+            Run::Store(run) => Step::Store { spec, run, argv },
             Run::Exec => Step::Exec,
-            Run::Watch => Step::Watch,
+            Run::Watch => Step::Watch { argv },
         }
     }
 

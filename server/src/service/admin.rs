@@ -136,23 +136,20 @@ pub async fn snapshot_read(replica: &Replica, offset: u64, max_bytes: u32) -> Re
                 ErrorReply::new(ErrorCode::Unavailable, format!("no fresh snapshot: {e}"))
             })?;
     }
-    let (meta, file) = replica
+    let (meta, data) = replica
         .sm
-        .snapshot_file()
+        .snapshot_bytes()
         .await
         .map_err(|e| ErrorReply::new(ErrorCode::Internal, e.to_string()))?;
-    let total_bytes = file.len();
-    let start = offset.min(total_bytes);
+    let total_bytes = data.len() as u64;
+    let start = offset.min(total_bytes) as usize;
     let len = max_bytes.clamp(1, MAX_SNAPSHOT_CHUNK_BYTES) as usize;
-    let data = file
-        .read_chunk(start, len)
-        .await
-        .map_err(|e| ErrorReply::new(ErrorCode::Internal, format!("reading the snapshot: {e}")))?;
+    let end = start.saturating_add(len).min(data.len());
     Ok(Response::Snapshot(SnapshotChunk {
         last_log_index: meta.last_log_id.map_or(0, |l| l.index),
         total_bytes,
-        offset: start,
-        data,
+        offset: start as u64,
+        data: data.slice(start..end),
     }))
 }
 
