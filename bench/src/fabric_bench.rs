@@ -273,7 +273,8 @@ fn ofi_region(owner: RegionMemory) -> Result<Arc<dyn RemoteRegion>, FabricBenchE
     let grant = server
         .grant(&Arc::new(owner), 1, 1)
         .map_err(|e| fail(e.to_string()))?;
-    let session = OfiSession::open(grant.clone()).map_err(|e| fail(e.to_string()))?;
+    let session =
+        OfiSession::open(grant.clone(), Some("127.0.0.1")).map_err(|e| fail(e.to_string()))?;
     let region = session
         .fabric()
         .open(&descriptor_of(&grant))

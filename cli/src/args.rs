@@ -231,7 +231,28 @@ pub enum SnapshotCommand {
         /// --initial-cluster-token). The same for every member.
         #[arg(long, default_value = "")]
         cluster_name: String,
+        #[command(flatten)]
+        node: NodeSizeArgs,
     },
+}
+
+/// The size settings the restored node will run with (rdkv-server's flags
+/// of the same names, with its defaults): a backup it could not hold is
+/// refused.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct NodeSizeArgs {
+    /// The node's region size in MiB. Default 256.
+    #[arg(long)]
+    pub region_mib: Option<u64>,
+    /// The node's quota in bytes. Default 90% of the region's data area.
+    #[arg(long)]
+    pub quota_bytes: Option<u64>,
+    /// The node's index sizing: one slot per this many bytes. Default 128.
+    #[arg(long)]
+    pub bytes_per_slot: Option<u64>,
+    /// The node's largest value in bytes. Default 1 MiB.
+    #[arg(long)]
+    pub max_value_bytes: Option<u32>,
 }
 
 /// Units a duration may carry, longest suffix first (`ms` before `s`).

@@ -4,7 +4,10 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use rdkv_storage::RegionConfig;
 use rdkv_storage::backup::{self, RestoreTarget, Restored, SnapshotStatus};
+
+use crate::args::NodeSizeArgs;
 
 use crate::output::{Json, Table, View, lines};
 
@@ -15,26 +18,42 @@ pub fn status(file: &Path) -> Result<StatusView> {
     Ok(StatusView { status })
 }
 
+/// Who and what a restored member will be (`snapshot restore`'s flags).
+pub struct Member<'a> {
+    pub data_dir: &'a Path,
+    pub id: u64,
+    pub initial_cluster: &'a str,
+    pub cluster_name: &'a str,
+    pub size: NodeSizeArgs,
+}
+
 /// `snapshot restore FILE --data-dir DIR --id N --initial-cluster ...`.
-pub fn restore(
-    file: &Path,
-    data_dir: &Path,
-    id: u64,
-    initial_cluster: &str,
-    cluster_name: &str,
-) -> Result<RestoreView> {
-    let members = backup::parse_initial_cluster(initial_cluster).context("--initial-cluster")?;
+pub fn restore(file: &Path, member: &Member<'_>) -> Result<RestoreView> {
+    let members =
+        backup::parse_initial_cluster(member.initial_cluster).context("--initial-cluster")?;
+    let defaults = RegionConfig::default();
+    let size = member.size;
+    let region = RegionConfig {
+        region_bytes: size
+            .region_mib
+            .map_or(defaults.region_bytes, |mib| mib.saturating_mul(1024 * 1024)),
+        bytes_per_slot: size.bytes_per_slot.unwrap_or(defaults.bytes_per_slot),
+        max_value_bytes: size.max_value_bytes.unwrap_or(defaults.max_value_bytes),
+        ..defaults
+    };
     let target = RestoreTarget {
-        data_dir,
-        node_id: id,
+        data_dir: member.data_dir,
+        node_id: member.id,
         members: &members,
-        cluster_name,
+        cluster_name: member.cluster_name,
+        region: &region,
+        quota_bytes: size.quota_bytes,
     };
     let restored = backup::restore(file, &target)
         .with_context(|| format!("restoring {} failed", file.display()))?;
     Ok(RestoreView {
-        data_dir: data_dir.to_owned(),
-        id,
+        data_dir: member.data_dir.to_owned(),
+        id: member.id,
         restored,
     })
 }

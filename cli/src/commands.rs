@@ -47,10 +47,17 @@ pub fn run_local(command: &Command) -> Option<Result<Outcome>> {
             id,
             initial_cluster,
             cluster_name,
-        } => Some(
-            crate::backup::restore(file, data_dir, *id, initial_cluster, cluster_name)
-                .map(Outcome::ok),
-        ),
+            node,
+        } => {
+            let member = crate::backup::Member {
+                data_dir,
+                id: *id,
+                initial_cluster,
+                cluster_name,
+                size: *node,
+            };
+            Some(crate::backup::restore(file, &member).map(Outcome::ok))
+        }
     }
 }
 

@@ -284,7 +284,7 @@ impl StatusRow {
         }
     }
 
-    fn cells(&self) -> [String; 12] {
+    fn cells(&self) -> [String; 14] {
         let s = &self.status;
         [
             self.endpoint.clone(),
@@ -303,7 +303,23 @@ impl StatusRow {
             self.lag_entries
                 .map_or_else(|| "-".to_owned(), |l| l.to_string()),
             s.shm_socket.clone().unwrap_or_else(|| "-".to_owned()),
+            transport_cell(&s.rdma),
+            transport_cell(&s.ofi),
         ]
+    }
+}
+
+/// A remote one-sided transport's state in a table cell: `on: <what>`
+/// without the details in parentheses (the device's port and GID, the
+/// libfabric version), or `off` (the reason is in `-w json`); `-` from a
+/// node too old to say.
+fn transport_cell(state: &str) -> String {
+    if state.is_empty() {
+        "-".to_owned()
+    } else if state.starts_with("off") {
+        "off".to_owned()
+    } else {
+        state.split(" (").next().unwrap_or(state).to_owned()
     }
 }
 
@@ -362,6 +378,8 @@ impl View for StatusView {
             "ALARMS",
             "LAG",
             "SHM SOCKET",
+            "RDMA",
+            "OFI",
         ];
         Table::of(headers, self.rows.iter().map(StatusRow::cells))
     }
@@ -419,6 +437,8 @@ impl View for StatusView {
                             "shm_socket",
                             s.shm_socket.as_ref().map_or(Json::Null, Json::str),
                         ),
+                        ("rdma", Json::str(&s.rdma)),
+                        ("ofi", Json::str(&s.ofi)),
                     ])
                 })
                 .collect(),
@@ -611,12 +631,15 @@ mod tests {
             charged_bytes: 950,
         };
         rows[1].status.alarms = vec![rdkv_proto::wire::Alarm::NoSpace];
+        rows[0].status.ofi = "on: tcp;ofi_rxm (libfabric 1.17)".into();
+        rows[0].status.rdma = "off: no RDMA device".into();
+        rows[1].status.ofi = "off: libfabric unavailable: libfabric.so.1 not loadable".into();
         let view = StatusView { rows };
         assert_eq!(
             render(&view, Format::Simple),
-            "10.0.0.1:7379, 1, leader, 4, 1, 120, 118, 12.5%, -, -, 0, -\n\
-             10.0.0.2:7379, 2, follower, 4, 1, 120, 118, 12.5%, 95.0%, NOSPACE, 5, -\n\
-             10.0.0.3:7379, 3, learner, 4, 1, 120, 118, 12.5%, -, -, -, -\n"
+            "10.0.0.1:7379, 1, leader, 4, 1, 120, 118, 12.5%, -, -, 0, -, off, on: tcp;ofi_rxm\n\
+             10.0.0.2:7379, 2, follower, 4, 1, 120, 118, 12.5%, 95.0%, NOSPACE, 5, -, -, off\n\
+             10.0.0.3:7379, 3, learner, 4, 1, 120, 118, 12.5%, -, -, -, -, -, -\n"
         );
         let table = render(&view, Format::Table);
         let widths: Vec<usize> = table.lines().map(|l| l.chars().count()).collect();
@@ -626,6 +649,14 @@ mod tests {
         assert!(json.contains("\"lag_entries\":5"), "{json}");
         assert!(json.contains("\"lag_entries\":null"), "{json}");
         assert!(json.contains("\"alarms\":[\"NOSPACE\"]"), "{json}");
+        assert!(
+            json.contains("\"ofi\":\"on: tcp;ofi_rxm (libfabric 1.17)\""),
+            "{json}"
+        );
+        assert!(
+            json.contains("\"ofi\":\"off: libfabric unavailable: libfabric.so.1 not loadable\""),
+            "{json}"
+        );
         assert!(
             json.contains("\"quota\":{\"quota_bytes\":1000,\"charged_bytes\":950}"),
             "{json}"

@@ -27,7 +27,6 @@ compile_error!("rdkv regions are little-endian; big-endian targets are not suppo
 
 pub mod alloc_count;
 pub mod clock;
-pub mod mapped_file;
 pub mod memory;
 pub mod ofi;
 pub mod rdma;

@@ -50,7 +50,7 @@ fn a_granted_region_reads_by_fi_read_single_batched_and_past_the_bounce_buffer()
     let memory = patterned(len);
     let grant = server.grant(&memory, 3, 11).unwrap();
     assert_eq!(grant.provider, PROVIDER);
-    let session = OfiSession::open(grant.clone()).unwrap();
+    let session = OfiSession::open(grant.clone(), Some("127.0.0.1")).unwrap();
     let region = session.fabric().open(&descriptor_of(&grant)).unwrap();
 
     let mut one = [0u8; 100];
@@ -102,7 +102,7 @@ fn a_wrong_key_a_stale_epoch_and_a_retired_registration_cannot_read() {
         key: grant.key ^ 0x5a5a,
         ..grant.clone()
     };
-    let session = OfiSession::open(forged.clone()).unwrap();
+    let session = OfiSession::open(forged.clone(), Some("127.0.0.1")).unwrap();
     let region = session.fabric().open(&descriptor_of(&forged)).unwrap();
     let mut buf = [0u8; 16];
     let refused = region.read(0, &mut buf);
@@ -116,7 +116,7 @@ fn a_wrong_key_a_stale_epoch_and_a_retired_registration_cannot_read() {
     assert_eq!(buf, [0u8; 16], "nothing was copied");
 
     // The real grant reads; an older epoch's descriptor does not open.
-    let session = OfiSession::open(grant.clone()).unwrap();
+    let session = OfiSession::open(grant.clone(), Some("127.0.0.1")).unwrap();
     let fabric = session.fabric();
     let region = fabric.open(&descriptor).unwrap();
     region.read(64, &mut buf).unwrap();
@@ -147,7 +147,7 @@ fn a_wrong_key_a_stale_epoch_and_a_retired_registration_cannot_read() {
         "{gone:?}"
     );
     // The node's endpoint still serves other sessions.
-    let fresh = OfiSession::open(new_grant.clone()).unwrap();
+    let fresh = OfiSession::open(new_grant.clone(), Some("127.0.0.1")).unwrap();
     let region = fresh.fabric().open(&descriptor_of(&new_grant)).unwrap();
     region.read(64, &mut buf).unwrap();
     assert_eq!(buf.to_vec(), expected(64, 16));

@@ -75,6 +75,17 @@ pub struct Args {
     /// Client address of any member: this fresh node asks to be added.
     #[arg(long, env = "RDKV_JOIN")]
     pub join: Option<String>,
+    /// Builds this node's data directory (absent or empty) from the backup
+    /// FILE (`rdkvctl snapshot save`) before starting, as `rdkvctl snapshot
+    /// restore` does: member --id of a NEW cluster of --initial-cluster's
+    /// members, with a new cluster identity. Give every member the same
+    /// FILE, --initial-cluster and --cluster-name; restart without it.
+    #[arg(long, value_name = "FILE", env = "RDKV_RESTORE")]
+    pub restore: Option<PathBuf>,
+    /// With --restore: names the new cluster (`rdkvctl snapshot restore
+    /// --cluster-name`), the same for every member. Default empty.
+    #[arg(long, env = "RDKV_CLUSTER_NAME")]
+    pub cluster_name: Option<String>,
     /// Shared secret for clients, admins and peers.
     #[arg(long, env = "RDKV_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -288,6 +299,10 @@ pub struct Config {
     /// id -> peer address; empty when joining.
     pub initial_cluster: BTreeMap<u64, String>,
     pub join: Option<String>,
+    /// A backup to build the data directory from before starting.
+    pub restore: Option<PathBuf>,
+    /// The new cluster's name for `restore`.
+    pub cluster_name: String,
     pub token: Option<String>,
     pub region_bytes: u64,
     /// `None`: derived from the region (see `Args::quota_bytes`).
@@ -523,6 +538,9 @@ impl Config {
         let resp_read_consistency =
             parse_consistency(consistency.as_deref().unwrap_or("linearizable"))?;
         let join = args.join.or(file.join);
+        if args.restore.is_some() && join.is_some() {
+            bail!("--restore and --join are exclusive: a restored node starts a new cluster");
+        }
         let initial_cluster = initial_members(
             args.initial_cluster.or(file.initial_cluster),
             join.is_some(),
@@ -558,6 +576,8 @@ impl Config {
             resp_read_consistency,
             initial_cluster,
             join,
+            restore: args.restore,
+            cluster_name: args.cluster_name.unwrap_or_default(),
             token,
             region_bytes: numbers.region_mib * 1024 * 1024,
             quota_bytes: numbers.quota_bytes,

@@ -4,17 +4,36 @@
 //! their grace period, on the blocking pool (a registration may pin the
 //! whole region).
 
+use std::sync::Arc;
 use std::time::Duration;
 
-/// Runs `step` (register, then sweep) every second until `shutdown`
-/// changes; `transport` names it in the log.
-pub async fn run_every_second<F>(
+use rdkv_storage::state_machine::RegionStateMachine;
+
+/// A one-sided transport's server, as the upkeep sees it.
+pub trait Grants: Send + Sync + 'static {
+    /// Registers the current region of `sm` unless it is registered (a
+    /// new epoch after a snapshot install); the other registrations start
+    /// their grace period.
+    fn keep_current(&self, sm: &RegionStateMachine, node_id: u64) -> Result<(), String>;
+    /// Releases registrations retired longer than the grace period ago.
+    fn sweep(&self);
+}
+
+/// Keeps `server`'s grants current and sweeps its retired registrations
+/// every second until `shutdown` changes; `transport` names it in the log.
+pub async fn run_every_second<G: Grants>(
     transport: &'static str,
+    server: Arc<G>,
+    sm: RegionStateMachine,
+    node_id: u64,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
-    step: F,
-) where
-    F: Fn() + Clone + Send + 'static,
-{
+) {
+    let step = move || {
+        if let Err(e) = server.keep_current(&sm, node_id) {
+            tracing::warn!("registering the region for {transport}: {e}");
+        }
+        server.sweep();
+    };
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {

@@ -84,9 +84,15 @@ pub async fn publish_leadership(
     let mut metrics = raft.metrics();
     let mut tick = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(1)));
     loop {
-        let current = metrics.borrow_watched().clone();
-        let deadline = lease_deadline(&current, election_timeout_min_ms);
-        if let Err(e) = sm.publish_leadership(current.current_term, deadline) {
+        // Read under the watch's guard, not cloned: this runs on every
+        // change of Raft's metrics (several per batch of writes), and a
+        // clone copies the replication and membership maps.
+        let (term, deadline) = {
+            let current = metrics.borrow_watched();
+            let deadline = lease_deadline(&current, election_timeout_min_ms);
+            (current.current_term, deadline)
+        };
+        if let Err(e) = sm.publish_leadership(term, deadline) {
             tracing::error!("publishing leadership in the region header: {e}");
         }
         tokio::select! {

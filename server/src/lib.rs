@@ -11,6 +11,8 @@
 //! - [`service`]: the native client protocol, by concern.
 //! - [`http`]: health, status and metrics for probes.
 //! - [`resp`]: the RESP (Redis protocol) front end.
+//! - [`restore`]: `--restore FILE`, a data directory built from a backup
+//!   before the node starts.
 //! - [`telemetry`]: Prometheus metrics, per-op statistics, Raft event logs.
 //! - `tls`: the node's TLS (listeners, peer connections, its own clients),
 //!   reloaded on SIGHUP and when the certificate files change.
@@ -37,6 +39,7 @@ pub mod peer;
 pub mod rdma;
 pub mod replica;
 pub mod resp;
+pub mod restore;
 pub mod service;
 mod settings;
 mod stop_snapshot;

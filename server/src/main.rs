@@ -36,6 +36,7 @@ async fn wait_for_signal() -> Result<&'static str> {
 fn main() -> Result<()> {
     let config = Config::resolve(Args::parse())?;
     init_logging(config.log_format);
+    rdkv_server::restore::restore_before_start(&config)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

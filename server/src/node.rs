@@ -232,7 +232,7 @@ impl FrontEnds {
     }
 }
 
-fn region_config(config: &Config) -> RegionConfig {
+pub(crate) fn region_config(config: &Config) -> RegionConfig {
     RegionConfig {
         region_bytes: config.region_bytes,
         bytes_per_slot: config.bytes_per_slot,
@@ -243,26 +243,9 @@ fn region_config(config: &Config) -> RegionConfig {
     }
 }
 
-/// Share of the data area the quota defaults to: the rest is room for
-/// fragments, blocks in their grace period and overflow tables, which the
-/// quota does not count.
-const DEFAULT_QUOTA_PERCENT: u64 = 90;
-
-/// The quota this node proposes when it leads: `--quota-bytes`, else
-/// derived from the region. A quota the data area cannot hold would admit
-/// writes no replica can place, so it is refused.
+/// The quota this node proposes when it leads (`RegionConfig::quota_bytes`).
 fn quota_bytes(config: &Config, region: &RegionConfig) -> Result<u64> {
-    let data_bytes = region.layout().context("region layout")?.data_bytes;
-    let quota = config
-        .quota_bytes
-        .unwrap_or(data_bytes / 100 * DEFAULT_QUOTA_PERCENT);
-    if quota > data_bytes {
-        bail!(
-            "--quota-bytes {quota} exceeds the region's data area ({data_bytes} bytes): \
-             raise --region-mib or lower --quota-bytes"
-        );
-    }
-    Ok(quota)
+    region.quota_bytes(config.quota_bytes).context("the quota")
 }
 
 /// The protocol limits this node's region implies: the default frame
@@ -566,21 +549,18 @@ fn one_sided_transports(
         config.rdma_device.as_deref(),
         config.grace_period_ms,
     ));
-    tasks.push(tokio::spawn(Arc::clone(&rdma).maintain(
-        replica.sm.clone(),
-        config.id,
-        shutdown_rx.clone(),
-    )));
     let ofi = Arc::new(crate::ofi::OfiState::start(
         config.ofi_provider.as_deref(),
         config.listen.ip(),
         config.grace_period_ms,
     ));
-    tasks.push(tokio::spawn(Arc::clone(&ofi).maintain(
-        replica.sm.clone(),
-        config.id,
-        shutdown_rx.clone(),
+    let (sm, id, stop) = (replica.sm.clone(), config.id, shutdown_rx.clone());
+    tasks.push(tokio::spawn(Arc::clone(&rdma).maintain(
+        sm.clone(),
+        id,
+        stop.clone(),
     )));
+    tasks.push(tokio::spawn(Arc::clone(&ofi).maintain(sm, id, stop)));
     (rdma, ofi)
 }
 

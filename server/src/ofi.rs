@@ -101,7 +101,7 @@ impl OfiState {
 
     /// Keeps the current region registered (a new epoch after a snapshot
     /// install) and closes retired registrations after their grace period.
-    #[cfg_attr(not(feature = "ofi"), allow(unused_variables, unused_mut))]
+    #[cfg_attr(not(feature = "ofi"), allow(unused_variables))]
     pub async fn maintain(
         self: Arc<Self>,
         sm: RegionStateMachine,
@@ -109,17 +109,21 @@ impl OfiState {
         shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
         #[cfg(feature = "ofi")]
-        {
-            let Some(server) = self.server.clone() else {
-                return;
-            };
-            let step = move || {
-                if let Err(e) = server.grant(&sm.region_memory(), node_id, sm.region_epoch()) {
-                    tracing::warn!("registering the region for ofi: {e}");
-                }
-                server.sweep();
-            };
-            crate::grant_upkeep::run_every_second("ofi", shutdown, step).await;
+        if let Some(server) = self.server.clone() {
+            crate::grant_upkeep::run_every_second("ofi", server, sm, node_id, shutdown).await;
         }
+    }
+}
+
+#[cfg(feature = "ofi")]
+impl crate::grant_upkeep::Grants for rdkv_fabric::ofi::server::OfiServer {
+    fn keep_current(&self, sm: &RegionStateMachine, node_id: u64) -> Result<(), String> {
+        self.grant(&sm.region_memory(), node_id, sm.region_epoch())
+            .map(|_grant| ())
+            .map_err(|e| e.to_string())
+    }
+
+    fn sweep(&self) {
+        rdkv_fabric::ofi::server::OfiServer::sweep(self);
     }
 }

@@ -144,11 +144,18 @@ impl KeyOrder {
             self.barrier = Some(done.clone());
         }
         // A key named twice (MSET k 1 k 2) is one use: the command must not
-        // wait for itself.
-        let mut unique: Vec<&Bytes> = keys.to_vec();
-        unique.sort_unstable();
-        unique.dedup();
-        for key in unique {
+        // wait for itself. (One key, the common case, needs no copy.)
+        let deduplicated;
+        let unique = if keys.len() <= 1 {
+            keys
+        } else {
+            let mut sorted = keys.to_vec();
+            sorted.sort_unstable();
+            sorted.dedup();
+            deduplicated = sorted;
+            &deduplicated[..]
+        };
+        for &key in unique {
             let entry = self.keys.entry(key.clone()).or_default();
             if writes {
                 if let Some(earlier) = entry.last_write.take() {

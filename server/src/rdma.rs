@@ -160,7 +160,7 @@ impl RdmaState {
 
     /// Keeps the current region registered (a new epoch after a snapshot
     /// install) and deregisters retired ones after their grace period.
-    #[cfg_attr(not(feature = "rdma"), allow(unused_variables, unused_mut))]
+    #[cfg_attr(not(feature = "rdma"), allow(unused_variables))]
     pub async fn maintain(
         self: Arc<Self>,
         sm: RegionStateMachine,
@@ -168,17 +168,21 @@ impl RdmaState {
         shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
         #[cfg(feature = "rdma")]
-        {
-            let Some(server) = self.server.clone() else {
-                return;
-            };
-            let step = move || {
-                if let Err(e) = server.grant(&sm.region_memory(), node_id, sm.region_epoch()) {
-                    tracing::warn!("registering the region for rdma: {e}");
-                }
-                server.sweep();
-            };
-            crate::grant_upkeep::run_every_second("rdma", shutdown, step).await;
+        if let Some(server) = self.server.clone() {
+            crate::grant_upkeep::run_every_second("rdma", server, sm, node_id, shutdown).await;
         }
+    }
+}
+
+#[cfg(feature = "rdma")]
+impl crate::grant_upkeep::Grants for rdkv_fabric::rdma::verbs::RdmaServer {
+    fn keep_current(&self, sm: &RegionStateMachine, node_id: u64) -> Result<(), String> {
+        self.grant(&sm.region_memory(), node_id, sm.region_epoch())
+            .map(|_grant| ())
+            .map_err(|e| e.to_string())
+    }
+
+    fn sweep(&self) {
+        rdkv_fabric::rdma::verbs::RdmaServer::sweep(self);
     }
 }

@@ -60,8 +60,10 @@ pub async fn propose_while_leading(
 ) {
     let mut metrics = raft.metrics();
     loop {
+        // Raft's metrics change several times per batch of writes: a node
+        // that does not lead does not look at its settings (their locks).
         let leads = leads_with_own_entry(&metrics.borrow_watched());
-        if let Some(command) = missing_setting(&sm, quota_bytes).filter(|_| leads) {
+        if let Some(command) = leads.then(|| missing_setting(&sm, quota_bytes)).flatten() {
             let what = command.to_string();
             match raft.client_write(command).await {
                 Ok(_) => continue,

@@ -12,10 +12,11 @@ use std::path::Path;
 
 use bytes::Bytes;
 use openraft::storage::RaftStateMachine;
+use rdkv_storage::RegionConfig;
 use rdkv_storage::backup::{self, BackupError, RestoreTarget};
 use rdkv_storage::cluster_id::ClusterId;
 use rdkv_storage::raft::Command;
-use rdkv_storage::state_machine::RegionStateMachine;
+use rdkv_storage::state_machine::{RegionStateMachine, StateMachineError};
 
 use common::{apply, normal, open};
 
@@ -42,9 +43,9 @@ async fn backed_up(dir: &Path) -> (RegionStateMachine, std::path::PathBuf) {
         entries.push(normal(3 + i, command));
     }
     apply(&mut sm, entries).await;
-    let (_, bytes) = sm.snapshot_bytes().await.unwrap();
+    let (_, snapshot) = sm.snapshot_file().await.unwrap();
     let file = dir.join("backup.snap");
-    std::fs::write(&file, &bytes).unwrap();
+    std::fs::write(&file, common::bytes_of(&snapshot)).unwrap();
     (sm, file)
 }
 
@@ -73,8 +74,8 @@ async fn the_first_identity_stays_and_snapshots_keep_it() {
         )],
     )
     .await;
-    let (meta, bytes) = sm.snapshot_bytes().await.unwrap();
-    let installed = other.install_snapshot(&meta, bytes).await;
+    let (meta, snapshot) = sm.snapshot_file().await.unwrap();
+    let installed = other.install_snapshot(&meta, snapshot).await;
     assert!(installed.is_err(), "installed another cluster's snapshot");
     assert_eq!(other.cluster_id(), Some(ClusterId([2; 16])));
 }
@@ -134,6 +135,8 @@ async fn members_restored_from_one_file_start_identical_in_a_new_cluster() {
             node_id: id,
             members: &new_members,
             cluster_name: "",
+            region: &common::region(4),
+            quota_bytes: None,
         };
         let done = backup::restore(&file, &target).unwrap();
         assert_eq!((done.keys, done.last_log_index), (50, 52));
@@ -160,6 +163,8 @@ async fn members_restored_from_one_file_start_identical_in_a_new_cluster() {
         node_id: 1,
         members: &new_members,
         cluster_name: "second",
+        region: &common::region(4),
+        quota_bytes: None,
     };
     let second = backup::restore(&file, &named).unwrap();
     assert_ne!(
@@ -174,11 +179,14 @@ async fn a_restore_refuses_a_used_directory_a_stranger_and_a_damaged_file() {
     let (_, file) = backed_up(dir.path()).await;
     let new_members = members("1=127.0.0.1:7001");
     let used = dir.path().join("source");
+    let region = common::region(4);
     let target = |data_dir, node_id| RestoreTarget {
         data_dir,
         node_id,
         members: &new_members,
         cluster_name: "",
+        region: &region,
+        quota_bytes: None,
     };
     assert!(matches!(
         backup::restore(&file, &target(&used, 1)),
@@ -200,4 +208,103 @@ async fn a_restore_refuses_a_used_directory_a_stranger_and_a_damaged_file() {
     assert!(left.is_empty(), "a failed restore left {left:?}");
     // The directory is usable afterwards.
     backup::restore(&file, &target(&fresh, 1)).unwrap();
+}
+
+/// A state machine over a 16 MiB region with about 6 MiB of pairs: more
+/// than a 4 MiB region holds.
+async fn large(dir: &Path) -> RegionStateMachine {
+    let mut sm = common::open_with(dir, 16).unwrap();
+    let entries = (0..6000u64)
+        .map(|i| {
+            let command = Command::Put {
+                key: Bytes::from(format!("big-{i:05}")),
+                value: Bytes::from(vec![7u8; 1000]),
+            };
+            normal(i + 1, command)
+        })
+        .collect();
+    apply(&mut sm, entries).await;
+    sm
+}
+
+#[tokio::test]
+async fn a_snapshot_larger_than_the_node_is_refused_at_restore_install_and_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = large(&dir.path().join("big")).await;
+    let (meta, snapshot) = big.snapshot_file().await.unwrap();
+    let file = dir.path().join("big.snap");
+    std::fs::write(&file, common::bytes_of(&snapshot)).unwrap();
+
+    // Restore: refused for a node that could not hold it, the directory
+    // left empty; done for one that can.
+    let new_members = members("1=127.0.0.1:7001");
+    let restore = |data_dir: &Path, region: RegionConfig, quota_bytes| {
+        let target = RestoreTarget {
+            data_dir,
+            node_id: 1,
+            members: &new_members,
+            cluster_name: "",
+            region: &region,
+            quota_bytes,
+        };
+        backup::restore(&file, &target)
+    };
+    let refused = dir.path().join("refused");
+    let small_value = RegionConfig {
+        max_value_bytes: 500,
+        ..common::region(16)
+    };
+    for (region, quota, reason) in [
+        (common::region(4), None, "quota"),
+        (common::region(16), Some(1024 * 1024), "quota"),
+        (small_value, None, "--max-value-bytes 500"),
+    ] {
+        match restore(&refused, region, quota) {
+            Err(e @ BackupError::DoesNotFit(_)) => {
+                assert!(e.to_string().contains(reason), "{e}")
+            }
+            other => panic!("a backup the node cannot hold: {other:?}"),
+        }
+        let left: Vec<_> = std::fs::read_dir(&refused).unwrap().collect();
+        assert!(left.is_empty(), "a refused restore left {left:?}");
+    }
+    let fits = dir.path().join("fits");
+    assert_eq!(restore(&fits, common::region(16), None).unwrap().keys, 6000);
+
+    // Install: a 4 MiB node refuses it, says why, and keeps its state.
+    let mut small = common::open(&dir.path().join("small"));
+    let mine = Command::Put {
+        key: Bytes::from_static(b"mine"),
+        value: Bytes::from_static(b"1"),
+    };
+    apply(&mut small, vec![normal(1, mine)]).await;
+    let error = small
+        .install_snapshot(&meta, snapshot.clone())
+        .await
+        .unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("does not fit this node's 4 MiB region"),
+        "{error}"
+    );
+    assert_eq!(
+        small.get_local(b"mine").unwrap().map(|v| v.version),
+        Some(1)
+    );
+    assert_eq!(small.applied_index(), 1);
+
+    // Start: the same snapshot as a 4 MiB node's own stops its start.
+    let starter = dir.path().join("starter");
+    let snapshots = starter.join(rdkv_storage::state_machine::SNAPSHOTS_DIR_NAME);
+    std::fs::create_dir_all(&snapshots).unwrap();
+    let path = snapshot.adopted_path().unwrap();
+    std::fs::copy(&path, snapshots.join(path.file_name().unwrap())).unwrap();
+    match common::open_with(&starter, 4) {
+        Err(StateMachineError::SnapshotDoesNotFit { placed, .. }) => {
+            assert!(placed > 0 && placed < 6000, "{placed} placed")
+        }
+        other => panic!("a start from a snapshot too large: {other:?}"),
+    }
+    assert!(common::open_with(&starter, 16).is_ok());
 }

@@ -162,25 +162,32 @@ async fn corrupt_or_truncated_snapshots_are_refused_and_change_nothing() {
     )
     .await;
 
-    let bytes = snapshot.snapshot.to_vec();
+    let bytes = common::bytes_of(&snapshot.snapshot);
     for position in [3, 20, bytes.len() / 2, bytes.len() - 2] {
         let mut corrupt = bytes.clone();
         corrupt[position] ^= 0x40;
         let result = other
-            .install_snapshot(&snapshot.meta, Bytes::from(corrupt))
+            .install_snapshot(&snapshot.meta, common::received(&other, &corrupt))
             .await;
         assert!(result.is_err(), "flip at {position} accepted");
     }
-    let truncated = Bytes::copy_from_slice(&bytes[..bytes.len() - 10]);
+    let truncated = common::received(&other, &bytes[..bytes.len() - 10]);
     assert!(
         other
             .install_snapshot(&snapshot.meta, truncated)
             .await
             .is_err()
     );
-    // Still the state it had.
+    // Still the state it had, its own snapshot, and no file of the refused
+    // ones left behind.
     assert_eq!(value_of(&other, "z"), Some(("9".into(), 9)));
     assert_eq!(other.applied_index(), 9);
+    let current = other.get_current_snapshot().await.unwrap();
+    assert_eq!(current.map(|s| s.meta.last_log_id.map(|l| l.index)), None);
+    let files = std::fs::read_dir(other_dir.path().join("snapshots"))
+        .map(|entries| entries.count())
+        .unwrap_or(0);
+    assert_eq!(files, 0, "refused snapshots left files");
 }
 
 fn update(key: &str, update: rdkv_proto::wire::Update) -> Command {

@@ -4,7 +4,11 @@
 //! `--keys` keys (default 1 000 000) of `--value-bytes` values (default
 //! 1024) in `mput` batches of 1 000; then `snapshot save` (which makes the
 //! node build its snapshot: none is due yet), `snapshot status` and
-//! `snapshot restore` into an empty directory.
+//! `snapshot restore` into an empty directory (for a node of the same
+//! `--region-mib`). The node's own memory during
+//! the save: its peak resident set (`VmHWM` of `/proc/PID/status`) is reset
+//! (`5` written to `/proc/PID/clear_refs`) just before the save and read
+//! after it, beside its resident set before.
 //!
 //! `cargo run --release -p rdkv-tests --example backup -- [--keys N]
 //! [--value-bytes N] [--region-mib N]`
@@ -61,6 +65,20 @@ fn measured(step: &str, args: &[&str]) -> Result<(f64, f64)> {
     Ok((seconds, rss_mib))
 }
 
+/// `VmRSS` and `VmHWM` of process `pid`, MiB.
+fn node_memory(pid: u32) -> Result<(f64, f64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> Result<f64> {
+        let kib = status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .with_context(|| format!("no {name} in /proc/{pid}/status"))?;
+        Ok(kib.parse::<f64>()? / 1024.0)
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
 fn path(p: &Path) -> Result<&str> {
     p.to_str().context("a UTF-8 path")
 }
@@ -86,6 +104,10 @@ async fn main() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let file = dir.path().join("backup.snap");
     let endpoint = cluster.node(1)?.endpoint();
+    let pid = cluster.node(1)?.pid().context("the node's pid")?;
+    let (rss_before, _) = node_memory(pid)?;
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5")
+        .context("resetting the node's peak resident set")?;
     measured(
         "save",
         &[
@@ -98,6 +120,12 @@ async fn main() -> Result<()> {
             path(&file)?,
         ],
     )?;
+    let (rss_after, peak) = node_memory(pid)?;
+    println!(
+        "node during save: resident {rss_before:.1} MiB before, {rss_after:.1} MiB after, \
+         peak {peak:.1} MiB ({:.1} MiB over the resident set before)",
+        peak - rss_before
+    );
     println!("file: {} bytes", std::fs::metadata(&file)?.len());
     measured("status", &["snapshot", "status", path(&file)?])?;
     let restored = dir.path().join("restored");
@@ -113,6 +141,8 @@ async fn main() -> Result<()> {
             "1",
             "--initial-cluster",
             "1=127.0.0.1:1",
+            "--region-mib",
+            &region,
         ],
     )?;
     Ok(())

@@ -144,3 +144,17 @@ pub async fn lost_writes(client: &Client, acked: &[String]) -> Result<Vec<String
     }
     Ok(lost)
 }
+
+/// Fails unless `client`, whose transport is one-sided only, refuses a
+/// linearizable GET with `OneSidedUnavailable`: such a client never sends
+/// a GET to a server.
+pub async fn ensure_linearizable_refused(client: &Client) -> Result<()> {
+    let got = client
+        .get_with(Bytes::from_static(b"key-001"), Consistency::Linearizable)
+        .await;
+    ensure!(
+        matches!(got, Err(rdkv_client::Error::OneSidedUnavailable)),
+        "a linearizable GET was answered: {got:?}"
+    );
+    Ok(())
+}

@@ -358,8 +358,15 @@ impl Cluster {
     /// GET and MGET requests the nodes have answered by RPC, all together:
     /// a one-sided read adds nothing to it.
     pub async fn served_gets(&self) -> Result<u64> {
+        let ids: Vec<u64> = self.nodes.keys().copied().collect();
+        self.served_gets_of(&ids).await
+    }
+
+    /// [`Cluster::served_gets`] of nodes `ids` only (e.g. the survivors
+    /// of a kill).
+    pub async fn served_gets_of(&self, ids: &[u64]) -> Result<u64> {
         let mut total = 0;
-        for id in self.nodes.keys() {
+        for id in ids {
             let status = self.status_of(*id).await?;
             total += status.served.get + status.served.mget;
         }

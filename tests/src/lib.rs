@@ -14,19 +14,24 @@ pub mod fake_server;
 pub mod flags;
 pub mod garbage;
 pub mod history;
+pub mod lease_change;
 pub mod linearizability;
 pub mod netns;
 pub mod node;
 pub mod numbered;
+#[cfg(feature = "ofi")]
+pub mod ofi;
+pub mod over;
 pub mod pki;
 pub mod prometheus;
 pub mod raw_native;
 pub mod skip;
+pub mod stress;
 pub mod stress_value;
 pub mod wait;
 
 pub use binary::{binary, free_port, free_ports, rdkvctl, rdkvctl_blocking, rdkvctl_ok};
-pub use clients::{Intent, Replica, client_options, lost_writes};
+pub use clients::{Intent, Replica, client_options, ensure_linearizable_refused, lost_writes};
 pub use cluster::{Cluster, LEADER_TIMEOUT, SNAPSHOT_OFTEN, check, check_with_leader};
 pub use garbage::garbage;
 pub use node::NodeProc;

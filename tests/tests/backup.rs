@@ -400,3 +400,94 @@ async fn status_names_a_flipped_bit_and_a_truncation() -> Result<()> {
     })
     .await
 }
+
+/// `rdkv-server --restore FILE args`, which must refuse to start: its
+/// stderr. Bounded: a server that started after all is killed.
+fn server_refuses(file: &Path, args: &[&str]) -> Result<String> {
+    let mut child = std::process::Command::new(binary("rdkv-server"))
+        .arg("--restore")
+        .arg(file)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    let started = std::time::Instant::now();
+    while child.try_wait()?.is_none() {
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("rdkv-server --restore {args:?} did not refuse: it still ran after 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output()?;
+    ensure!(
+        !out.status.success(),
+        "rdkv-server --restore {args:?} exited 0"
+    );
+    Ok(text(&out.stderr))
+}
+
+/// `rdkv-server --restore FILE` (etcd's and Redis's way) builds each
+/// member's data directory as `rdkvctl snapshot restore` does, and the new
+/// cluster serves the backup and takes writes; a used data directory and a
+/// backup over the node's quota are refused before the node starts, with
+/// the reason, and leave the directory as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_started_with_restore_serves_the_backup() -> Result<()> {
+    let (backups, file) = backup_file().await?;
+    tokio::task::spawn_blocking(|| binary("rdkv-server")).await?;
+    let mut old = Cluster::start(1)?;
+    let mut index = 0;
+    check_with_leader(&mut old, 120, async |old, _| {
+        let client = old.client(Intent::Any)?;
+        for i in 0..200 {
+            client.put(key(i), value(i)).await?;
+        }
+        index = save(old, &file).await?;
+        Ok(())
+    })
+    .await?;
+    for node in old.nodes.values_mut() {
+        node.kill();
+    }
+    let path = file.to_str().context("path")?;
+    let mut new = Cluster::start_with(3, &["--restore", path, "--cluster-name", "restored"])?;
+    check_with_leader(&mut new, 120, async |new, _| {
+        let client = new.client(Intent::Any)?;
+        for i in 0..200 {
+            let got = client.get_with(key(i), Consistency::Linearizable).await?;
+            ensure!(
+                got.as_ref().is_some_and(|v| v.value == value(i)),
+                "{}: {got:?}",
+                key(i)
+            );
+        }
+        let version = client.put("after-restore", "yes").await?;
+        ensure!(
+            version > index,
+            "a new write's version {version} <= {index}"
+        );
+        let used = new.node(1)?.data_dir.to_str().context("path")?.to_owned();
+        let stderr = server_refuses(&file, &["--data-dir", &used])?;
+        ensure!(
+            stderr.contains("is not empty"),
+            "restore into a used directory: {stderr}"
+        );
+        Ok(())
+    })
+    .await?;
+    let fresh = backups.path().join("fresh");
+    let fresh_dir = fresh.to_str().context("path")?;
+    let stderr = server_refuses(&file, &["--data-dir", fresh_dir, "--quota-bytes", "1000"])?;
+    ensure!(
+        stderr.contains("does not fit the node") && stderr.contains("quota of 1000 bytes"),
+        "a backup over the node's quota: {stderr}"
+    );
+    ensure!(
+        std::fs::read_dir(&fresh)?.next().is_none(),
+        "a refused restore left files in {}",
+        fresh.display()
+    );
+    Ok(())
+}

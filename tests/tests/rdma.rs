@@ -14,8 +14,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
-use bytes::Bytes;
-use rdkv_client::{ClientOptions, Consistency, Transport};
+use rdkv_client::{ClientOptions, Transport};
 use rdkv_tests::skip::{skip, skip_without_hardware, this_test};
 use rdkv_tests::stress_value::{check, encode};
 use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, client_options, numbered};
@@ -182,13 +181,7 @@ async fn rdma_gets_cost_the_servers_no_rpc() -> Result<()> {
         ensure!(stats.served >= 1_000, "{stats:?}");
         ensure!(stats.reads.cache_hits > 0, "{stats:?}");
         // Linearizable reads are never one-sided.
-        ensure!(matches!(
-            client
-                .get_with(Bytes::from_static(b"key-001"), Consistency::Linearizable)
-                .await,
-            Err(rdkv_client::Error::OneSidedUnavailable)
-        ));
-        Ok(())
+        rdkv_tests::ensure_linearizable_refused(&client).await
     })
     .await
 }

@@ -9,7 +9,7 @@ use rdkv_fabric::ofi::client::{OfiSession, descriptor_of};
 use rdkv_fabric::{Clock, RegionReader};
 use rdkv_proto::wire::{Request, Response};
 
-use super::topology::sized_reader;
+use super::topology::remote_reader;
 use crate::routing::Router;
 
 #[derive(Debug)]
@@ -49,23 +49,22 @@ pub(super) async fn attach(
     let descriptor = descriptor_of(&grant);
     let provider = grant.provider.clone();
     // Opening an endpoint and registering the bounce buffer are system
-    // calls into the provider: off the runtime threads.
-    let session = tokio::task::spawn_blocking(move || OfiSession::open(grant))
-        .await
-        .ok()?
-        .map_err(|e| tracing::info!(addr, provider, "ofi transport off for this node: {e}"))
-        .ok()?;
-    let fabric = session.fabric();
-    let reader = sized_reader(router.options().max_clock_drift, |options| {
-        RegionReader::over(
-            Arc::clone(&fabric) as _,
-            descriptor,
-            Arc::clone(clock),
-            options,
-        )
+    // calls into the provider (and the address may need a lookup): off the
+    // runtime threads. The endpoint binds to the address the kernel routes
+    // to the node by (another interface, a bridge), so that its
+    // connections leave from there, not from the provider's first one.
+    let node = addr.to_owned();
+    let session = tokio::task::spawn_blocking(move || {
+        let source = rdkv_fabric::ofi::source_toward(&node).map(|ip| ip.to_string());
+        OfiSession::open(grant, source.as_deref())
     })
-    .map_err(|e| tracing::debug!(addr, "ofi region unreadable: {e}"))
+    .await
+    .ok()?
+    .map_err(|e| tracing::info!(addr, provider, "ofi transport off for this node: {e}"))
     .ok()?;
+    let reader = remote_reader(router, session.fabric(), descriptor, clock)
+        .map_err(|e| tracing::debug!(addr, "ofi region unreadable: {e}"))
+        .ok()?;
     tracing::debug!(addr, provider = session.provider(), "reading over ofi");
     Some(Attached {
         reader,

@@ -12,7 +12,7 @@ use rdkv_fabric::rpc::{Connection, RpcChannel};
 use rdkv_fabric::{Clock, RegionReader};
 use rdkv_proto::wire::{Request, Response};
 
-use super::topology::sized_reader;
+use super::topology::remote_reader;
 use crate::routing::Router;
 
 /// The client's device, opened on first use; a failure is remembered
@@ -104,18 +104,9 @@ impl Device {
             .complete(endpoint, region, control.info().max_frame_bytes)
             .map_err(|e| tracing::debug!(addr, "rdma connect failed: {e}"))
             .ok()?;
-        let fabric = session.fabric();
-        let descriptor = descriptor_of(&region);
-        let reader = sized_reader(router.options().max_clock_drift, |options| {
-            RegionReader::over(
-                Arc::clone(&fabric) as _,
-                descriptor,
-                Arc::clone(clock),
-                options,
-            )
-        })
-        .map_err(|e| tracing::debug!(addr, "rdma region unreadable: {e}"))
-        .ok()?;
+        let reader = remote_reader(router, session.fabric(), descriptor_of(&region), clock)
+            .map_err(|e| tracing::debug!(addr, "rdma region unreadable: {e}"))
+            .ok()?;
         tracing::debug!(addr, "reading over rdma");
         Some(Attached {
             reader,

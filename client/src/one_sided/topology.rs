@@ -136,6 +136,20 @@ pub(super) fn sized_reader(
     })
 }
 
+/// A reader of a remote region (rdma, ofi) over the session's `fabric`,
+/// sized for its layout, with the client's clock drift bound.
+#[cfg(any(feature = "rdma", feature = "ofi"))]
+pub(super) fn remote_reader(
+    router: &crate::routing::Router,
+    fabric: Arc<dyn rdkv_fabric::Fabric>,
+    descriptor: rdkv_fabric::RegionDescriptor,
+    clock: &Arc<dyn rdkv_fabric::Clock>,
+) -> Result<RegionReader, ReadError> {
+    sized_reader(router.options().max_clock_drift, |options| {
+        RegionReader::over(Arc::clone(&fabric), descriptor, Arc::clone(clock), options)
+    })
+}
+
 impl OneSided {
     /// Learns members, leader and sockets, and attaches to the regions of
     /// the nodes this client can read one-sided.

@@ -4,9 +4,13 @@
 //! [`RegionReader`](crate::RegionReader) validates and retries as over shm.
 //!
 //! A batch is posted as rounds of reads (`plan`), then their completions
-//! polled, on the calling thread: [`RemoteRegion`] is synchronous, and with
-//! a manual-progress provider (`tcp;ofi_rxm`) polling the completion queue
-//! is what moves the bytes, so a poller thread would spin just the same.
+//! awaited on the calling thread: [`RemoteRegion`] is synchronous, and with
+//! a manual-progress provider (`tcp;ofi_rxm`) reading the completion queue
+//! is what moves the bytes. A few polls first (a completion may already be
+//! there), then the thread sleeps in the queue's wait (`fi_cq_sread`),
+//! which the provider ends when the answer arrives on its socket; on a
+//! multi-threaded tokio runtime's worker that sleep runs in
+//! `block_in_place` ([`blocking`]), so the worker's other tasks move on.
 //! On a healthy path a round takes tens of microseconds; it is bounded by
 //! [`READ_TIMEOUT`], after which the endpoint's transfers are ended and the
 //! session is closed (the reader falls back to RPC and the topology
@@ -27,6 +31,7 @@ use super::endpoint::{Endpoint, Registration, SharedEndpoint, lock};
 use super::error::OfiError;
 use super::ffi::FI_READ;
 use super::plan::{Cursor, Piece, next_round};
+use crate::rdma::wait::blocking;
 use crate::transport::{Fabric, FabricError, ReadOp, RegionDescriptor, RemoteRegion, check_range};
 
 /// The bounce buffer: a default-size value (1 MiB) four times over; longer
@@ -36,8 +41,14 @@ pub const BOUNCE_BYTES: usize = 4 << 20;
 pub const MAX_POSTED: usize = 32;
 /// How long a round may take before the session is given up.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
-/// Empty polls between yields of the CPU while waiting.
+/// Empty polls between yields of the CPU while waiting on a queue without
+/// a wait object.
 const POLLS_PER_YIELD: u32 = 1024;
+/// Polls of a round's completions before the thread sleeps in the wait.
+const EAGER_POLLS: u32 = 32;
+/// The longest single sleep in the queue's wait (the round's deadline
+/// bounds the whole).
+const WAIT_SLICE: Duration = Duration::from_millis(10);
 
 /// The descriptor a reader uses for a granted region.
 pub fn descriptor_of(grant: &OfiRegionGrant) -> RegionDescriptor {
@@ -103,11 +114,13 @@ pub struct OfiSession {
 }
 
 impl OfiSession {
-    /// Opens an endpoint of the grant's provider, registers the bounce
+    /// Opens an endpoint of the grant's provider (bound to `source`, the
+    /// local address toward the server, when given: see
+    /// [`source_toward`](super::source_toward)), registers the bounce
     /// buffer and inserts the server's address. Everything opened is
     /// closed again if a later step fails.
-    pub fn open(grant: OfiRegionGrant) -> Result<Arc<OfiSession>, OfiError> {
-        let endpoint = Endpoint::open(Some(&grant.provider), None)?;
+    pub fn open(grant: OfiRegionGrant, source: Option<&str>) -> Result<Arc<OfiSession>, OfiError> {
+        let endpoint = Endpoint::open(Some(&grant.provider), source, false)?;
         let bounce = Arc::new(Bounce::new(BOUNCE_BYTES)?);
         let owner: Arc<dyn std::any::Any + Send + Sync> = Arc::clone(&bounce) as _;
         // SAFETY: `owner` is the `Bounce` allocation `[ptr, ptr + len)`;
@@ -224,9 +237,20 @@ impl OfiSession {
             }
             waiter.check_deadline(&mut ep, deadline)?;
         }
-        while waiter.done < posted {
+        for _ in 0..EAGER_POLLS {
+            if waiter.done >= posted {
+                break;
+            }
             waiter.poll(&mut ep);
-            waiter.check_deadline(&mut ep, deadline)?;
+        }
+        if waiter.done < posted {
+            blocking(|| {
+                while waiter.done < posted {
+                    waiter.sleep(&mut ep, deadline);
+                    waiter.check_deadline(&mut ep, deadline)?;
+                }
+                Ok::<(), OfiError>(())
+            })?;
         }
         waiter.error.map_or(Ok(()), Err)
     }
@@ -243,7 +267,27 @@ struct Waiter {
 impl Waiter {
     fn poll(&mut self, ep: &mut Endpoint) {
         let mut tags = [0u64; MAX_POSTED];
-        match ep.poll(&mut tags) {
+        let polled = ep.poll(&mut tags);
+        self.count(ep, polled);
+    }
+
+    /// Sleeps in the queue's wait until a completion (or `deadline`, or a
+    /// slice of it); polls where the queue has no wait object.
+    fn sleep(&mut self, ep: &mut Endpoint, deadline: Instant) {
+        if !ep.waitable() {
+            return self.poll(ep);
+        }
+        let mut tags = [0u64; MAX_POSTED];
+        let left = deadline.saturating_duration_since(Instant::now());
+        let waited = ep.wait(&mut tags, left.min(WAIT_SLICE));
+        // An empty wait already slept: no spinning to add.
+        if !matches!(waited, Ok(0)) {
+            self.count(ep, waited);
+        }
+    }
+
+    fn count(&mut self, ep: &mut Endpoint, polled: Result<usize, (u64, OfiError)>) {
+        match polled {
             Ok(0) => {
                 self.empty_polls += 1;
                 if self.empty_polls.is_multiple_of(POLLS_PER_YIELD) {

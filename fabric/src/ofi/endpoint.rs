@@ -2,15 +2,19 @@
 //! RDM endpoint with its domain, completion queue and address vector, and
 //! memory registrations that keep their memory and their domain alive.
 //!
-//! Every endpoint is used under its mutex ([`SharedEndpoint`]): the shim
-//! asks for `FI_THREAD_DOMAIN`, under which libfabric leaves serialising
-//! calls on a domain's objects to the application.
+//! Every endpoint is used under its mutex ([`SharedEndpoint`]): a client's
+//! is opened `FI_THREAD_DOMAIN`, under which libfabric leaves serialising
+//! calls on a domain's objects to the application. A server's is opened
+//! `FI_THREAD_SAFE`, so that its progress thread can sleep in the
+//! completion queue's wait ([`Progress`]) without the mutex while other
+//! threads register and close memory under it.
 
 use std::any::Any;
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
 
 use super::error::OfiError;
 use super::ffi;
@@ -76,6 +80,10 @@ pub struct Endpoint {
     mr_mode: u64,
     mr_key_size: usize,
     tx_size: usize,
+    /// Whether its completion queue has a wait object ([`Endpoint::wait`]).
+    waitable: bool,
+    /// Opened `FI_THREAD_SAFE` ([`Progress`] needs it).
+    thread_safe: bool,
     /// Set once transfers were ended by [`Endpoint::close_transfers`].
     transfers_closed: bool,
 }
@@ -109,8 +117,13 @@ fn c_string(s: Option<&str>, what: &str) -> Result<Option<CString>, OfiError> {
 
 impl Endpoint {
     /// Opens an RDM endpoint of `provider` (e.g. `tcp;ofi_rxm`; `None`: the
-    /// first RMA-capable one), bound to `node`'s address when given.
-    pub fn open(provider: Option<&str>, node: Option<&str>) -> Result<SharedEndpoint, OfiError> {
+    /// first RMA-capable one), bound to `node`'s address when given;
+    /// `FI_THREAD_SAFE` when `thread_safe` (a server's, see [`Progress`]).
+    pub fn open(
+        provider: Option<&str>,
+        node: Option<&str>,
+        thread_safe: bool,
+    ) -> Result<SharedEndpoint, OfiError> {
         load()?;
         let prov = c_string(provider, "provider")?;
         let node = c_string(node, "node")?;
@@ -122,6 +135,7 @@ impl Endpoint {
             ffi::rdkv_ofi_open(
                 prov.as_ref().map_or(std::ptr::null(), |p| p.as_ptr()),
                 node.as_ref().map_or(std::ptr::null(), |n| n.as_ptr()),
+                c_int::from(thread_safe),
                 &mut raw,
                 err.as_mut_ptr(),
                 err.len(),
@@ -133,7 +147,7 @@ impl Endpoint {
         };
         // SAFETY: `raw` is an opened endpoint; these only read its info and
         // the provider name is a NUL-terminated array inside it.
-        let (provider, mr_mode, mr_key_size, tx_size) = unsafe {
+        let (provider, mr_mode, mr_key_size, tx_size, waitable) = unsafe {
             (
                 CStr::from_ptr(ffi::rdkv_ofi_provider(raw.as_ptr()))
                     .to_string_lossy()
@@ -141,6 +155,7 @@ impl Endpoint {
                 ffi::rdkv_ofi_mr_mode(raw.as_ptr()),
                 ffi::rdkv_ofi_mr_key_size(raw.as_ptr()),
                 ffi::rdkv_ofi_tx_size(raw.as_ptr()),
+                ffi::rdkv_ofi_waitable(raw.as_ptr()) != 0,
             )
         };
         Ok(Arc::new(Mutex::new(Endpoint {
@@ -149,6 +164,8 @@ impl Endpoint {
             mr_mode,
             mr_key_size,
             tx_size,
+            waitable,
+            thread_safe,
             transfers_closed: false,
         })))
     }
@@ -171,6 +188,11 @@ impl Endpoint {
     /// Key bits the provider accepts for requested keys.
     pub fn key_bits(&self) -> u32 {
         (self.mr_key_size.min(8) * 8) as u32
+    }
+
+    /// Whether [`Endpoint::wait`] can sleep (else it polls once).
+    pub fn waitable(&self) -> bool {
+        self.waitable
     }
 
     /// Reads that may be outstanding on the transmit queue.
@@ -260,30 +282,24 @@ impl Endpoint {
     pub fn poll(&mut self, tags: &mut [u64]) -> Result<usize, (u64, OfiError)> {
         let raw = self.live().map_err(|e| (0, e))?;
         // SAFETY: `tags` is writable for its length; the shim writes at
-        // most that many (and at most 64) tags.
+        // most that many (and at most 64) tags. `raw` is live, serialised
+        // by `&mut self`.
         let rc = unsafe { ffi::rdkv_ofi_cq_read(raw, tags.as_mut_ptr(), tags.len()) };
-        if rc >= 0 {
-            return Ok(rc as usize);
+        // SAFETY: as above.
+        unsafe { completions(raw, rc, "fi_cq_read") }
+    }
+
+    /// [`Endpoint::poll`], sleeping up to `timeout` for a completion on a
+    /// [`waitable`](Endpoint::waitable) endpoint (progress is driven when
+    /// the provider wakes it); a plain poll on another.
+    pub fn wait(&mut self, tags: &mut [u64], timeout: Duration) -> Result<usize, (u64, OfiError)> {
+        if !self.waitable {
+            return self.poll(tags);
         }
-        if rc == -ffi::FI_EAGAIN {
-            return Ok(0);
-        }
-        if rc != -ffi::FI_EAVAIL {
-            return Err((0, call_error("fi_cq_read", rc as c_int)));
-        }
-        let (mut tag, mut errnum) = (0u64, 0 as c_int);
-        // SAFETY: `tag` and `errnum` are writable locals.
-        let rc = unsafe { ffi::rdkv_ofi_cq_readerr(raw, &mut tag, &mut errnum) };
-        if rc != 1 {
-            return Err((0, call_error("fi_cq_readerr", rc as c_int)));
-        }
-        Err((
-            tag,
-            OfiError::Completion {
-                code: errnum,
-                message: strerror(errnum),
-            },
-        ))
+        let raw = self.live().map_err(|e| (0, e))?;
+        // SAFETY: as in `poll`; the shim's sread writes at most
+        // `tags.len()` (and at most 64) tags.
+        unsafe { sread(raw, tags, timeout) }
     }
 
     /// Ends this endpoint's transfers: once this returns, no read posted on
@@ -335,6 +351,113 @@ impl Drop for Endpoint {
         // SAFETY: `raw` is owned and closed once; every registration holds
         // an `Arc` of this endpoint, so none is open any more.
         unsafe { ffi::rdkv_ofi_close(self.raw.as_ptr()) };
+    }
+}
+
+/// The outcome of a completion queue read `rc` on `raw` (`what` names the
+/// call): the count of tags read, nothing on `-FI_EAGAIN` (or a wait
+/// interrupted by a signal), else the next error completion with its tag.
+///
+/// # Safety
+/// `raw` is a live endpoint the caller may call into (serialised, or
+/// opened `FI_THREAD_SAFE`).
+unsafe fn completions(
+    raw: *mut ffi::RawEndpoint,
+    rc: isize,
+    what: &'static str,
+) -> Result<usize, (u64, OfiError)> {
+    if rc >= 0 {
+        return Ok(rc as usize);
+    }
+    if rc == -ffi::FI_EAGAIN || rc == -ffi::FI_ECANCELED || rc == -ffi::FI_EINTR {
+        return Ok(0);
+    }
+    if rc != -ffi::FI_EAVAIL {
+        return Err((0, call_error(what, rc as c_int)));
+    }
+    let (mut tag, mut errnum) = (0u64, 0 as c_int);
+    // SAFETY: the caller's contract; `tag` and `errnum` are writable locals.
+    let rc = unsafe { ffi::rdkv_ofi_cq_readerr(raw, &mut tag, &mut errnum) };
+    if rc != 1 {
+        return Err((0, call_error("fi_cq_readerr", rc as c_int)));
+    }
+    Err((
+        tag,
+        OfiError::Completion {
+            code: errnum,
+            message: strerror(errnum),
+        },
+    ))
+}
+
+/// A completion queue wait of up to `timeout` (whole milliseconds, at
+/// least one) on `raw`.
+///
+/// # Safety
+/// As [`completions`]; `raw` is waitable.
+unsafe fn sread(
+    raw: *mut ffi::RawEndpoint,
+    tags: &mut [u64],
+    timeout: Duration,
+) -> Result<usize, (u64, OfiError)> {
+    let ms = c_int::try_from(timeout.as_millis().max(1)).unwrap_or(c_int::MAX);
+    // SAFETY: the caller's contract; `tags` is writable for its length and
+    // the shim writes at most that many (and at most 64) tags.
+    let rc = unsafe { ffi::rdkv_ofi_cq_sread(raw, tags.as_mut_ptr(), tags.len(), ms) };
+    // SAFETY: as above.
+    unsafe { completions(raw, rc, "fi_cq_sread") }
+}
+
+/// A server's progress thread's hold on its endpoint: waits on the
+/// completion queue without the endpoint's mutex (the endpoint is
+/// `FI_THREAD_SAFE`), so that a provider with manual progress
+/// (`tcp;ofi_rxm`) serves peers' reads as their requests arrive, the thread
+/// asleep in between; and the signal that wakes it.
+pub struct Progress {
+    raw: NonNull<ffi::RawEndpoint>,
+    /// Keeps the endpoint open while the progress thread uses it.
+    _endpoint: SharedEndpoint,
+}
+
+// SAFETY: the endpoint was opened FI_THREAD_SAFE (checked in `of`):
+// libfabric serialises calls on it, from any thread; `_endpoint` keeps it
+// open while this lives.
+unsafe impl Send for Progress {}
+// SAFETY: as above (`wait` and `signal` may run on two threads at once).
+unsafe impl Sync for Progress {}
+
+impl fmt::Debug for Progress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Progress").finish_non_exhaustive()
+    }
+}
+
+impl Progress {
+    /// The progress hold on `endpoint`, if it was opened thread-safe with a
+    /// waitable completion queue (else the caller polls under the mutex).
+    pub fn of(endpoint: &SharedEndpoint) -> Option<Progress> {
+        let ep = lock(endpoint);
+        (ep.thread_safe && ep.waitable && !ep.transfers_closed).then(|| Progress {
+            raw: ep.raw,
+            _endpoint: Arc::clone(endpoint),
+        })
+    }
+
+    /// Sleeps up to `timeout` for a completion, driving progress when the
+    /// provider sees activity; as [`Endpoint::poll`] otherwise.
+    pub fn wait(&self, tags: &mut [u64], timeout: Duration) -> Result<usize, (u64, OfiError)> {
+        // SAFETY: `raw` is open (`_endpoint`), FI_THREAD_SAFE and waitable
+        // (`of`); a server never ends its endpoint's transfers.
+        unsafe { sread(self.raw.as_ptr(), tags, timeout) }
+    }
+
+    /// Wakes a [`Progress::wait`] now (the server is stopping).
+    pub fn signal(&self) {
+        // SAFETY: as in `wait`.
+        let rc = unsafe { ffi::rdkv_ofi_cq_signal(self.raw.as_ptr()) };
+        if rc != 0 {
+            tracing::debug!("fi_cq_signal: {}", strerror(rc.saturating_abs()));
+        }
     }
 }
 

@@ -24,7 +24,9 @@ pub const FI_REMOTE_READ: u64 = 1 << 12;
 pub const FI_MR_VIRT_ADDR: u64 = 1 << 4;
 pub const FI_MR_PROV_KEY: u64 = 1 << 5;
 
+pub const FI_EINTR: isize = 4;
 pub const FI_EAGAIN: isize = 11;
+pub const FI_ECANCELED: isize = 125;
 pub const FI_EAVAIL: isize = 259;
 
 unsafe extern "C" {
@@ -34,6 +36,7 @@ unsafe extern "C" {
     pub fn rdkv_ofi_open(
         prov: *const c_char,
         node: *const c_char,
+        thread_safe: c_int,
         out: *mut *mut RawEndpoint,
         err: *mut c_char,
         errlen: usize,
@@ -44,6 +47,7 @@ unsafe extern "C" {
     pub fn rdkv_ofi_mr_mode(e: *const RawEndpoint) -> u64;
     pub fn rdkv_ofi_mr_key_size(e: *const RawEndpoint) -> usize;
     pub fn rdkv_ofi_tx_size(e: *const RawEndpoint) -> usize;
+    pub fn rdkv_ofi_waitable(e: *const RawEndpoint) -> c_int;
     pub fn rdkv_ofi_name(e: *mut RawEndpoint, buf: *mut c_void, len: *mut usize) -> c_int;
     pub fn rdkv_ofi_mr_reg(
         e: *mut RawEndpoint,
@@ -69,5 +73,12 @@ unsafe extern "C" {
         tag: u64,
     ) -> isize;
     pub fn rdkv_ofi_cq_read(e: *mut RawEndpoint, tags: *mut u64, n: usize) -> isize;
+    pub fn rdkv_ofi_cq_sread(
+        e: *mut RawEndpoint,
+        tags: *mut u64,
+        n: usize,
+        timeout_ms: c_int,
+    ) -> isize;
+    pub fn rdkv_ofi_cq_signal(e: *mut RawEndpoint) -> c_int;
     pub fn rdkv_ofi_cq_readerr(e: *mut RawEndpoint, tag: *mut u64, errnum: *mut c_int) -> isize;
 }

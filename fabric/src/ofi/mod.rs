@@ -47,3 +47,32 @@ pub const AUTO_PROVIDERS: [&str; 4] = ["cxi", "efa", "verbs;ofi_rxm", "tcp;ofi_r
 /// The environment variable (and `--ofi-provider` value) naming the
 /// provider; `off` disables the transport.
 pub const PROVIDER_ENV: &str = "RDKV_OFI_PROVIDER";
+
+/// The local address this host sends from to reach `addr` (`host:port`):
+/// what a client's endpoint binds to, so that the provider's connections
+/// leave by the route the kernel chose for the node (another interface, a
+/// bridge into a network namespace), not from the first interface it
+/// lists. A UDP socket's `connect` only consults the routing table: no
+/// packet is sent. `None` when `addr` does not resolve or has no route.
+pub fn source_toward(addr: &str) -> Option<std::net::IpAddr> {
+    use std::net::{ToSocketAddrs, UdpSocket};
+    let target = addr.to_socket_addrs().ok()?.next()?;
+    let any: std::net::SocketAddr = if target.is_ipv4() {
+        ([0, 0, 0, 0], 0).into()
+    } else {
+        ([0u16; 8], 0).into()
+    };
+    let socket = UdpSocket::bind(any).ok()?;
+    socket.connect(target).ok()?;
+    Some(socket.local_addr().ok()?.ip())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_source_toward_a_loopback_address_is_a_loopback_address() {
+        let source = super::source_toward("127.0.0.1:7000");
+        assert!(source.is_some_and(|ip| ip.is_loopback()), "{source:?}");
+        assert_eq!(super::source_toward("not an address"), None);
+    }
+}

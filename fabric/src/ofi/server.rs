@@ -4,9 +4,13 @@
 //!
 //! Progress: providers with manual data progress (`tcp;ofi_rxm`) serve a
 //! peer's `fi_read` of this node's memory only while this endpoint is
-//! driven, so a thread polls its completion queue: spinning while reads
-//! arrive, sleeping briefly when idle (the server posts no operations of
-//! its own, so the queue never fills).
+//! driven, so a thread drives it. Where the completion queue has a wait
+//! object the thread sleeps in `fi_cq_sread` (without the endpoint's
+//! mutex: the endpoint is `FI_THREAD_SAFE`), which the provider wakes when
+//! a peer's request arrives on its sockets and which then serves it: no
+//! polling, no sleep to wait out. Without one it polls, spinning while
+//! reads arrive and sleeping briefly when idle. (The server posts no
+//! operations of its own, so its queue never fills.)
 //!
 //! Retirement: a registration stops being current when a snapshot install
 //! gives the region a new epoch; it is closed after the grace period, so a
@@ -21,16 +25,21 @@ use std::time::{Duration, Instant};
 
 use rdkv_proto::wire::OfiRegionGrant;
 
-use super::endpoint::{Endpoint, Registration, SharedEndpoint, lock};
+use super::endpoint::{Endpoint, Progress, Registration, SharedEndpoint, lock};
 use super::error::OfiError;
 use super::ffi::FI_REMOTE_READ;
 use crate::memory::RegionMemory;
 use crate::transport::random_key;
 
-/// Empty polls before the progress thread sleeps.
+/// Without a wait object: empty polls before the progress thread sleeps.
 const SPIN_POLLS: u32 = 20_000;
 /// Its sleep when idle: the latency of the first read after a quiet spell.
 const IDLE_SLEEP: Duration = Duration::from_micros(200);
+/// With one: the longest sleep in the queue's wait, which bounds how long
+/// the thread takes to see `stop` should the wake-up signal be lost, and
+/// how long a connection request waits where the provider does not wake
+/// the queue for it.
+const WAIT_AT_MOST: Duration = Duration::from_millis(50);
 
 #[derive(Debug)]
 struct RegionRegistration {
@@ -50,6 +59,8 @@ pub struct OfiServer {
     regions: Mutex<Vec<RegionRegistration>>,
     grace: Duration,
     stop: Arc<AtomicBool>,
+    /// The progress thread's wait, to wake it when stopping.
+    waker: Option<Arc<Progress>>,
     progress: Option<JoinHandle<()>>,
 }
 
@@ -67,12 +78,17 @@ impl OfiServer {
             (ep.provider().to_owned(), ep.name()?)
         };
         let stop = Arc::new(AtomicBool::new(false));
+        let waker = Progress::of(&endpoint).map(Arc::new);
         let progress = std::thread::Builder::new()
             .name("ofi-progress".into())
             .spawn({
                 let endpoint = Arc::clone(&endpoint);
+                let waiting = waker.clone();
                 let stop = Arc::clone(&stop);
-                move || drive(&endpoint, &stop)
+                move || match waiting {
+                    Some(progress) => wait_for_requests(&progress, &stop),
+                    None => poll_for_requests(&endpoint, &stop),
+                }
             })
             .map_err(|e| OfiError::Unavailable(format!("progress thread: {e}")))?;
         Ok(OfiServer {
@@ -82,6 +98,7 @@ impl OfiServer {
             regions: Mutex::new(Vec::new()),
             grace,
             stop,
+            waker,
             progress: Some(progress),
         })
     }
@@ -89,9 +106,14 @@ impl OfiServer {
     /// The provider line for the log and `/status`.
     pub fn describe(&self) -> String {
         format!(
-            "{} (libfabric {})",
+            "{} (libfabric {}, progress {})",
             self.provider,
-            super::endpoint::version_text(super::endpoint::load().unwrap_or(0))
+            super::endpoint::version_text(super::endpoint::load().unwrap_or(0)),
+            if self.waker.is_some() {
+                "waits on the completion queue"
+            } else {
+                "polled"
+            }
         )
     }
 
@@ -216,6 +238,9 @@ impl OfiServer {
 impl Drop for OfiServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        if let Some(waker) = &self.waker {
+            waker.signal();
+        }
         if let Some(thread) = self.progress.take() {
             let _ = thread.join();
         }
@@ -224,11 +249,11 @@ impl Drop for OfiServer {
 
 fn open_first(provider: Option<&str>, node: Option<&str>) -> Result<SharedEndpoint, OfiError> {
     if let Some(provider) = provider {
-        return Endpoint::open(Some(provider), node);
+        return Endpoint::open(Some(provider), node, true);
     }
     let mut reasons = Vec::new();
     for provider in super::AUTO_PROVIDERS {
-        match Endpoint::open(Some(provider), node) {
+        match Endpoint::open(Some(provider), node, true) {
             Ok(endpoint) => return Ok(endpoint),
             Err(e) => reasons.push(format!("{provider}: {e}")),
         }
@@ -236,8 +261,21 @@ fn open_first(provider: Option<&str>, node: Option<&str>) -> Result<SharedEndpoi
     Err(OfiError::Unavailable(reasons.join("; ")))
 }
 
-/// The progress loop: polls until `stop`, sleeping when idle.
-fn drive(endpoint: &SharedEndpoint, stop: &AtomicBool) {
+/// The progress loop with a wait object: asleep in the queue's wait until
+/// a peer's request arrives (the wait then serves it), until `stop`.
+fn wait_for_requests(progress: &Progress, stop: &AtomicBool) {
+    let mut tags = [0u64; 16];
+    while !stop.load(Ordering::Relaxed) {
+        if let Err((_, e)) = progress.wait(&mut tags, WAIT_AT_MOST) {
+            tracing::debug!("ofi progress: {e}");
+            // Not a tight loop should the queue keep failing.
+            std::thread::sleep(IDLE_SLEEP);
+        }
+    }
+}
+
+/// The progress loop without one: polls until `stop`, sleeping when idle.
+fn poll_for_requests(endpoint: &SharedEndpoint, stop: &AtomicBool) {
     let mut tags = [0u64; 16];
     let mut idle = 0u32;
     while !stop.load(Ordering::Relaxed) {

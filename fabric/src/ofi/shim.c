@@ -14,8 +14,15 @@
  * libfabric is off) where libfabric.so.1 is not installed. Nothing here
  * links against libfabric.
  *
- * Threading: one rdkv_ofi_ep is used by one thread at a time (the Rust side
- * holds a lock around every call on it, or owns it on one thread).
+ * Threading: a client's rdkv_ofi_ep is used by one thread at a time (the
+ * Rust side holds a lock around every call on it). A server's is opened
+ * FI_THREAD_SAFE: its progress thread waits in rdkv_ofi_cq_sread while
+ * other threads register and close memory.
+ *
+ * Waiting: the completion queue is opened with a wait object where the
+ * provider has one (FI_WAIT_UNSPEC), so a thread can sleep in
+ * fi_cq_sread until the provider sees activity (tcp;ofi_rxm: its sockets'
+ * epoll set), progress included, instead of polling.
  */
 #include <dlfcn.h>
 #include <stdint.h>
@@ -61,6 +68,7 @@ struct rdkv_ofi_ep {
     struct fid_av *av;
     struct fid_cq *cq;
     struct fid_ep *ep;
+    int waitable;
     char provider[64];
 };
 
@@ -137,7 +145,7 @@ void rdkv_ofi_close(struct rdkv_ofi_ep *e) {
     free(e);
 }
 
-static struct fi_info *rdm_hints(const char *prov) {
+static struct fi_info *rdm_hints(const char *prov, int thread_safe) {
     struct fi_info *hints = lib.dupinfo(NULL);
     if (hints == NULL)
         return NULL;
@@ -147,7 +155,7 @@ static struct fi_info *rdm_hints(const char *prov) {
      * memory the provider may write. */
     hints->mode = 0;
     hints->domain_attr->mr_mode = RDKV_OFI_MR_MODES;
-    hints->domain_attr->threading = FI_THREAD_DOMAIN;
+    hints->domain_attr->threading = thread_safe ? FI_THREAD_SAFE : FI_THREAD_DOMAIN;
     hints->addr_format = FI_FORMAT_UNSPEC;
     if (prov != NULL) {
         hints->fabric_attr->prov_name = strdup(prov);
@@ -170,9 +178,15 @@ static int open_objects(struct rdkv_ofi_ep *e, char *err, size_t errlen) {
     if (rc) { set_err(err, errlen, "fi_domain", rc); return rc; }
     memset(&cq_attr, 0, sizeof(cq_attr));
     cq_attr.format = FI_CQ_FORMAT_CONTEXT;
-    cq_attr.wait_obj = FI_WAIT_NONE;
+    cq_attr.wait_obj = FI_WAIT_UNSPEC;
     cq_attr.size = e->info->tx_attr->size;
     rc = fi_cq_open(e->domain, &cq_attr, &e->cq, NULL);
+    e->waitable = rc == 0;
+    if (rc) {
+        /* No wait object here: the queue is polled. */
+        cq_attr.wait_obj = FI_WAIT_NONE;
+        rc = fi_cq_open(e->domain, &cq_attr, &e->cq, NULL);
+    }
     if (rc) { set_err(err, errlen, "fi_cq_open", rc); return rc; }
     memset(&av_attr, 0, sizeof(av_attr));
     av_attr.type = FI_AV_TABLE;
@@ -191,9 +205,10 @@ static int open_objects(struct rdkv_ofi_ep *e, char *err, size_t errlen) {
 
 /* Opens an RDM endpoint of provider `prov` (NULL: the first RMA-capable
  * one), bound to address `node` when given (a server binds where it
- * listens). */
-int rdkv_ofi_open(const char *prov, const char *node, struct rdkv_ofi_ep **out,
-                  char *err, size_t errlen) {
+ * listens, a client where its route to the server leaves), FI_THREAD_SAFE
+ * when `thread_safe`, else FI_THREAD_DOMAIN. */
+int rdkv_ofi_open(const char *prov, const char *node, int thread_safe,
+                  struct rdkv_ofi_ep **out, char *err, size_t errlen) {
     struct fi_info *hints;
     struct rdkv_ofi_ep *e;
     int rc;
@@ -203,7 +218,7 @@ int rdkv_ofi_open(const char *prov, const char *node, struct rdkv_ofi_ep **out,
         set_err(err, errlen, "libfabric not loaded", 0);
         return -FI_ENOSYS;
     }
-    hints = rdm_hints(prov);
+    hints = rdm_hints(prov, thread_safe);
     if (hints == NULL) {
         set_err(err, errlen, "fi_dupinfo failed", 0);
         return -FI_ENOMEM;
@@ -257,6 +272,8 @@ size_t rdkv_ofi_mr_key_size(const struct rdkv_ofi_ep *e) {
 size_t rdkv_ofi_tx_size(const struct rdkv_ofi_ep *e) {
     return e->info->tx_attr->size;
 }
+
+int rdkv_ofi_waitable(const struct rdkv_ofi_ep *e) { return e->waitable; }
 
 int rdkv_ofi_name(struct rdkv_ofi_ep *e, void *buf, size_t *len) {
     return fi_getname(&e->ep->fid, buf, len);
@@ -322,6 +339,26 @@ ssize_t rdkv_ofi_cq_read(struct rdkv_ofi_ep *e, uint64_t *tags, size_t n) {
         tags[i] = (uint64_t)(uintptr_t)entries[i].op_context;
     return got;
 }
+
+/* Like rdkv_ofi_cq_read, but sleeps up to `timeout_ms` for a completion
+ * (on the queue's wait object, driving progress when woken): -FI_EAGAIN
+ * when none came, -FI_ECANCELED (or another -FI_E*) when woken by
+ * rdkv_ofi_cq_signal. Only on a waitable endpoint. */
+ssize_t rdkv_ofi_cq_sread(struct rdkv_ofi_ep *e, uint64_t *tags, size_t n,
+                          int timeout_ms) {
+    struct fi_cq_entry entries[64];
+    ssize_t got;
+    size_t i;
+    if (n > 64)
+        n = 64;
+    got = fi_cq_sread(e->cq, entries, n, NULL, timeout_ms);
+    for (i = 0; got > 0 && i < (size_t)got; i++)
+        tags[i] = (uint64_t)(uintptr_t)entries[i].op_context;
+    return got;
+}
+
+/* Wakes a thread sleeping in rdkv_ofi_cq_sread (a server stopping). */
+int rdkv_ofi_cq_signal(struct rdkv_ofi_ep *e) { return fi_cq_signal(e->cq); }
 
 /* The next error completion: its tag and error number (positive). */
 ssize_t rdkv_ofi_cq_readerr(struct rdkv_ofi_ep *e, uint64_t *tag, int *errnum) {

@@ -1,6 +1,8 @@
 //! How a synchronous caller (the one-sided reader's `RemoteRegion::read`)
 //! waits for a future the completion poller completes, without a Condvar
-//! wait that would stall a tokio worker thread and every task queued on it.
+//! wait that would stall a tokio worker thread and every task queued on it;
+//! and [`blocking`], the part any blocking wait of a synchronous read uses
+//! (the libfabric transport's sleep in its completion queue too).
 //!
 //! The future is polled on the calling thread, a few times first (a READ
 //! completes in microseconds, and on a runtime worker the hand-off below
@@ -45,21 +47,31 @@ pub fn wait_until<F: Future>(future: F, deadline: Instant) -> Option<F::Output> 
         }
         std::hint::spin_loop();
     }
-    let mut park = || loop {
-        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
-            return Some(out);
+    blocking(|| {
+        loop {
+            if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+                return Some(out);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            std::thread::park_timeout(deadline - now);
         }
-        let now = Instant::now();
-        if now >= deadline {
-            return None;
-        }
-        std::thread::park_timeout(deadline - now);
-    };
+    })
+}
+
+/// Runs `wait`, a blocking wait, so that it holds no tokio worker: on a
+/// multi-threaded runtime's worker inside `block_in_place` (the runtime
+/// moves the worker's other tasks to another thread meanwhile); elsewhere
+/// (no runtime, a current-thread one, which cannot hand its tasks over)
+/// as it is.
+pub fn blocking<T>(wait: impl FnOnce() -> T) -> T {
     match Handle::try_current() {
         Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(park)
+            tokio::task::block_in_place(wait)
         }
-        _ => park(),
+        _ => wait(),
     }
 }
 

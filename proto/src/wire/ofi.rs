@@ -68,7 +68,7 @@ impl TryFrom<RawOfiGrant> for OfiRegionGrant {
         if raw.endpoint.is_empty() || raw.endpoint.len() > MAX_OFI_ENDPOINT_BYTES {
             return Err(OfiWireError::Endpoint(raw.endpoint.len()));
         }
-        if raw.len_bytes == 0 || raw.addr.checked_add(raw.len_bytes).is_none() {
+        if !super::rdma::spans_a_region(raw.addr, raw.len_bytes) {
             return Err(OfiWireError::Region {
                 addr: raw.addr,
                 len_bytes: raw.len_bytes,

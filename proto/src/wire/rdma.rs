@@ -236,11 +236,18 @@ struct RawRegionGrant {
     len_bytes: u64,
 }
 
+/// Whether a granted region, `len_bytes` from `addr`, is one a reader can
+/// address: not empty, and not wrapping the address space. Every
+/// transport's grant (`RdmaRegionGrant`, `OfiRegionGrant`) is checked so.
+pub(crate) fn spans_a_region(addr: u64, len_bytes: u64) -> bool {
+    len_bytes > 0 && addr.checked_add(len_bytes).is_some()
+}
+
 impl TryFrom<RawRegionGrant> for RdmaRegionGrant {
     type Error = RdmaWireError;
 
     fn try_from(raw: RawRegionGrant) -> Result<RdmaRegionGrant, RdmaWireError> {
-        if raw.len_bytes == 0 || raw.addr.checked_add(raw.len_bytes).is_none() {
+        if !spans_a_region(raw.addr, raw.len_bytes) {
             return Err(RdmaWireError::Region {
                 addr: raw.addr,
                 len_bytes: raw.len_bytes,

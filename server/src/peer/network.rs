@@ -300,22 +300,32 @@ impl RaftNetworkV2<TypeConfig> for PeerConn {
         _option: RPCOption,
     ) -> Result<SnapshotResponse, StreamingError> {
         let send = async {
-            let total_bytes = snapshot.snapshot.len() as u64;
-            let mut offset = 0usize;
+            let file = snapshot.snapshot.clone();
+            let total_bytes = file.len();
+            let mut offset = 0u64;
             loop {
-                let end = (offset + SNAPSHOT_CHUNK_BYTES).min(snapshot.snapshot.len());
+                // Read from the file chunk by chunk: a snapshot is as large
+                // as the region's live data, and never held whole.
+                let data = file
+                    .read_chunk(offset, SNAPSHOT_CHUNK_BYTES)
+                    .await
+                    .map_err(|e| {
+                        network(format!(
+                            "reading the snapshot for node {}: {e}",
+                            self.target
+                        ))
+                    })?;
+                let end = offset + data.len() as u64;
                 let chunk = PeerRequest::SnapshotChunk(SnapshotPiece {
                     vote,
                     meta: snapshot.meta.clone(),
                     total_bytes,
-                    offset: offset as u64,
-                    data: snapshot.snapshot.slice(offset..end),
+                    offset,
+                    data,
                 });
                 match self.call(&chunk, SNAPSHOT_CHUNK_TIMEOUT).await? {
                     PeerResponse::SnapshotChunk(Ok(Some(done))) => return Ok(done),
-                    PeerResponse::SnapshotChunk(Ok(None)) if end < snapshot.snapshot.len() => {
-                        offset = end
-                    }
+                    PeerResponse::SnapshotChunk(Ok(None)) if end < total_bytes => offset = end,
                     PeerResponse::SnapshotChunk(Ok(None)) => {
                         return Err(network(format!(
                             "node {} did not install the last chunk",

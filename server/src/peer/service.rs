@@ -5,14 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use bytes::BytesMut;
 use openraft::async_runtime::WatchReceiver;
 use openraft::errors::RaftError;
 use openraft::raft::AppendEntriesResponse;
 use rdkv_proto::wire::{FrameKind, decode_payload, tokens_match};
 use rdkv_storage::cluster_id::ClusterId;
 use rdkv_storage::raft::SnapshotMeta;
-use rdkv_storage::state_machine::Snapshot;
+use rdkv_storage::state_machine::snapshot_store::NewSnapshot;
+use rdkv_storage::state_machine::{RegionStateMachine, Snapshot};
 use rdkv_tls::Stream;
 use tokio::sync::watch;
 
@@ -206,7 +206,7 @@ async fn dispatch(
         ),
         PeerRequest::SnapshotChunk(piece) => {
             let vote = piece.vote;
-            let installed = match incoming.accept(piece, ctx.max_snapshot_bytes) {
+            let installed = match incoming.accept(piece, ctx).await {
                 Ok(Some(snapshot)) => raft
                     .install_full_snapshot(vote, snapshot)
                     .await
@@ -220,21 +220,22 @@ async fn dispatch(
     }
 }
 
-/// A snapshot being received, chunk by chunk, in order.
+/// A snapshot being received, chunk by chunk, in order, into a new file of
+/// the node's snapshot directory (removed if the transfer is given up or
+/// the snapshot refused); the whole file is then installed by streaming it.
 #[derive(Debug, Default)]
 struct IncomingSnapshot {
-    /// What the first chunk announced, and the bytes so far. Grown as chunks
-    /// arrive, not reserved up front for the announced size.
-    received: Option<(SnapshotMeta, BytesMut)>,
+    /// What the first chunk announced, and the file so far.
+    received: Option<(SnapshotMeta, NewSnapshot)>,
 }
 
 impl IncomingSnapshot {
     /// Adds `piece`; the whole snapshot once its last chunk is in. A chunk
     /// out of order (or past the announced size) drops what was received.
-    fn accept(
+    async fn accept(
         &mut self,
         piece: SnapshotPiece,
-        max_snapshot_bytes: u64,
+        ctx: &PeerContext,
     ) -> Result<Option<Snapshot>, String> {
         let SnapshotPiece {
             meta,
@@ -243,37 +244,53 @@ impl IncomingSnapshot {
             data,
             ..
         } = piece;
-        if total_bytes > max_snapshot_bytes {
+        if total_bytes > ctx.max_snapshot_bytes {
+            self.received = None;
             return Err(format!(
-                "snapshot of {total_bytes} bytes exceeds this node's limit of {max_snapshot_bytes}"
+                "snapshot of {total_bytes} bytes exceeds this node's limit of {}",
+                ctx.max_snapshot_bytes
             ));
         }
         if offset == 0 {
-            self.received = Some((meta.clone(), BytesMut::new()));
+            self.received = Some((meta.clone(), new_file(&ctx.state)?));
         }
-        let Some((expected_meta, buf)) = self.received.as_mut() else {
+        let Some((expected_meta, file)) = self.received.take() else {
             return Err("snapshot chunk without a first chunk".into());
         };
-        if *expected_meta != meta || buf.len() as u64 != offset {
-            self.received = None;
+        if expected_meta != meta || file.len() != offset {
             return Err("snapshot chunk out of order".into());
         }
         if offset + data.len() as u64 > total_bytes {
-            self.received = None;
             return Err("snapshot chunk past the announced size".into());
         }
-        buf.extend_from_slice(&data);
-        if (buf.len() as u64) < total_bytes {
+        // File writes and the final fsync run off the runtime's threads.
+        let file = blocking(move || {
+            let mut file = file;
+            file.append(&data).map(|()| file)
+        })
+        .await?;
+        if file.len() < total_bytes {
+            self.received = Some((meta, file));
             return Ok(None);
         }
-        let Some((meta, buf)) = self.received.take() else {
-            return Err("snapshot state lost".into());
-        };
-        Ok(Some(Snapshot {
-            meta,
-            snapshot: buf.freeze(),
-        }))
+        let snapshot = blocking(move || file.finish()).await?;
+        Ok(Some(Snapshot { meta, snapshot }))
     }
+}
+
+fn new_file(sm: &RegionStateMachine) -> Result<NewSnapshot, String> {
+    sm.new_snapshot_file()
+        .map_err(|e| format!("receiving a snapshot: {e}"))
+}
+
+/// Runs a file operation of a received snapshot on a blocking thread.
+async fn blocking<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
+    f: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| format!("receiving a snapshot: {e}"))?
+        .map_err(|e| format!("receiving a snapshot: {e}"))
 }
 
 #[cfg(test)]

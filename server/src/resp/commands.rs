@@ -4,7 +4,7 @@
 //! store serves it.
 //! `args` excludes the command name, and the table has checked its arity.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use rdkv_proto::wire::{Expiry, Request, Response, Role, SetCondition, Update, UpdateOutcome};
 
 use super::RespServer;
@@ -56,11 +56,17 @@ pub async fn get(server: &RespServer, args: &[Bytes]) -> Reply {
     }
 }
 
-/// GET answered at once from this node's region ([`RespServer::get_now`]).
-pub fn get_now(server: &RespServer, args: &[Bytes]) -> Option<Reply> {
-    Some(match server.get_now(&args[0])? {
-        Some(value) => Reply::Bulk(value),
-        None => Reply::Null,
+/// GET answered at once from this node's region ([`RespServer::get_now`]),
+/// its reply encoded straight from the read buffer.
+pub fn get_now(
+    server: &RespServer,
+    args: &[Bytes],
+    protocol: Protocol,
+    out: &mut BytesMut,
+) -> bool {
+    server.get_now(&args[0], |value| match value {
+        Some(value) => Reply::encode_bulk(value, out),
+        None => Reply::Null.encode(protocol, out),
     })
 }
 
@@ -375,8 +381,17 @@ pub async fn mget(server: &RespServer, args: &[Bytes]) -> Reply {
 }
 
 /// MGET answered at once from this node's region ([`RespServer::mget_now`]).
-pub fn mget_now(server: &RespServer, args: &[Bytes]) -> Option<Reply> {
-    server.mget_now(args).map(values_reply)
+pub fn mget_now(
+    server: &RespServer,
+    args: &[Bytes],
+    protocol: Protocol,
+    out: &mut BytesMut,
+) -> bool {
+    let Some(values) = server.mget_now(args) else {
+        return false;
+    };
+    values_reply(values).encode(protocol, out);
+    true
 }
 
 pub fn values_reply(values: Vec<Option<Bytes>>) -> Reply {

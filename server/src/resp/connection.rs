@@ -22,7 +22,7 @@ use rdkv_tls::{Stream, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::clients::ClientInfo;
-use super::parse::{ParseLimits, ProtocolError, next_command};
+use super::parse::{CommandReader, ParseLimits, ProtocolError, detached};
 use super::reply::Reply;
 use super::session::{Session, Step};
 use super::table::{Spec, StoreRun};
@@ -71,6 +71,10 @@ struct Pipeline<'a> {
     closed: bool,
     write: WriteHalf,
     output: BytesMut,
+    reader: CommandReader,
+    /// The command being started: slices of the input buffer, emptied
+    /// before the buffer is read into again.
+    argv: Vec<Bytes>,
 }
 
 pub async fn serve(stream: Stream, peer: String, server: &RespServer) -> Result<()> {
@@ -91,6 +95,8 @@ pub async fn serve(stream: Stream, peer: String, server: &RespServer) -> Result<
         closed: false,
         write,
         output: BytesMut::new(),
+        reader: CommandReader::default(),
+        argv: Vec::new(),
     };
     let mut input_open = true;
     loop {
@@ -189,7 +195,12 @@ impl<'a> Pipeline<'a> {
     /// replies are encoded first).
     async fn start_buffered(&mut self, input: &mut BytesMut) -> Result<bool, Closed> {
         let mut now = NowReads::default();
-        let started = self.start_commands(input, &mut now).await;
+        // The argument list is reused from command to command; it is
+        // empty again before the input buffer is read into.
+        let mut argv = std::mem::take(&mut self.argv);
+        let started = self.start_commands(input, &mut argv, &mut now).await;
+        argv.clear();
+        self.argv = argv;
         now.account(self.server);
         started
     }
@@ -197,6 +208,7 @@ impl<'a> Pipeline<'a> {
     async fn start_commands(
         &mut self,
         input: &mut BytesMut,
+        argv: &mut Vec<Bytes>,
         reads_now: &mut NowReads,
     ) -> Result<bool, Closed> {
         while !self.closing && self.has_room() {
@@ -207,9 +219,9 @@ impl<'a> Pipeline<'a> {
             } else {
                 &UNAUTHENTICATED_LIMITS
             };
-            let Some(argv) = next_command(input, limits)? else {
+            if !self.reader.next_into(input, limits, argv)? {
                 return Ok(false);
-            };
+            }
             if argv.is_empty() {
                 continue;
             }
@@ -218,9 +230,9 @@ impl<'a> Pipeline<'a> {
                     self.closing |= close;
                     self.push_ready(reply, close).await?;
                 }
-                Step::Session { run, argv } => {
+                Step::Session { run } => {
                     self.finish_all().await?;
-                    let reply = self.session.run_session(run, &argv);
+                    let reply = self.session.run_session(run, argv);
                     self.push_ready(reply, false).await?;
                 }
                 Step::Exec => {
@@ -228,15 +240,21 @@ impl<'a> Pipeline<'a> {
                     let reply = transaction::exec(&mut self.session).await;
                     self.push_ready(reply, false).await?;
                 }
-                Step::Watch { argv } => {
+                Step::Watch => {
                     self.finish_all().await?;
-                    let reply = transaction::watch(&mut self.session, &argv[1..]).await;
+                    // The watched keys are kept: copies, not the input's.
+                    let keys = detached(&argv[1..]);
+                    let reply = transaction::watch(&mut self.session, &keys).await;
                     self.push_ready(reply, false).await?;
                 }
-                Step::Store { spec, run, argv } => match self.answer_now(spec, &argv, reads_now) {
-                    Some(reply) => self.push_ready(reply, false).await?,
-                    None => self.start_store(spec, run, argv),
-                },
+                Step::Store { spec, run } => {
+                    if !self.answer_now(spec, argv, reads_now) {
+                        // It runs past this batch: its own copy of the arguments.
+                        self.start_store(spec, run, detached(argv));
+                    } else if self.output.len() >= FLUSH_BYTES {
+                        self.flush().await?;
+                    }
+                }
             }
         }
         Ok(!self.closing)
@@ -256,25 +274,44 @@ impl<'a> Pipeline<'a> {
 
     /// Answers a read at once from this node's region when its row allows
     /// it, nothing earlier on the connection may write its keys, and the
-    /// node may serve reads without waiting (asked once per batch).
+    /// node may serve reads without waiting (asked once per batch); `true`
+    /// if it did. With nothing in flight its reply is encoded straight into
+    /// the output (the common pipeline of reads: no reply value, no copy of
+    /// the value); else encoded now and queued behind the earlier replies.
     fn answer_now(
-        &self,
+        &mut self,
         spec: &'static Spec,
         argv: &[Bytes],
         reads_now: &mut NowReads,
-    ) -> Option<Reply> {
-        let (op, now) = spec.now?;
+    ) -> bool {
+        let Some((op, now)) = spec.now else {
+            return false;
+        };
         // With nothing in flight no earlier command can write its keys (the
         // common pipeline of reads needs no key list).
         let after_writes = !self.running.is_empty();
         if !reads_now.allowed(self.server)
             || after_writes && !self.order.read_may_run_now(&spec.keys_in(argv))
         {
-            return None;
+            return false;
         }
-        let reply = now(self.server, &argv[1..])?;
-        reads_now.answered(op);
-        Some(reply)
+        let protocol = self.session.protocol();
+        let answered = if after_writes {
+            let mut encoded = BytesMut::new();
+            let answered = now(self.server, &argv[1..], protocol, &mut encoded);
+            if answered {
+                let reply = Reply::Encoded(encoded.freeze());
+                self.running
+                    .push_back(Box::pin(std::future::ready((reply, false, 0))));
+            }
+            answered
+        } else {
+            now(self.server, &argv[1..], protocol, &mut self.output)
+        };
+        if answered {
+            reads_now.answered(op);
+        }
+        answered
     }
 
     /// Starts a store command after the earlier commands on its keys.

@@ -6,6 +6,13 @@
 //! Every length is checked against [`ParseLimits`] before anything is
 //! allocated or waited for, so a peer cannot make the server buffer more than
 //! one bounded command.
+//!
+//! A connection parses in place ([`CommandReader`]): an array command's
+//! arguments are slices of the bytes it read (no copy), collected into an
+//! argument list the connection reuses, so a command answered at once (a
+//! GET under a lease) costs no allocation. A command that outlives the
+//! batch it was read in copies its arguments out ([`detached`]), so no
+//! command in flight holds the connection's read buffer.
 
 use bytes::{Bytes, BytesMut};
 
@@ -87,28 +94,87 @@ fn find_line(buf: &[u8], start: usize, max: usize) -> Result<Option<usize>, ()> 
     }
 }
 
-/// Parses a decimal integer header (after its type byte), `\r\n` ended.
+/// Parses a decimal integer header (after its type byte), `\r\n` ended:
+/// what `str::parse::<i64>` accepts (an optional sign, digits), without
+/// its UTF-8 check (two per command).
 fn header_number(line: &[u8]) -> Option<i64> {
     let line = line.strip_suffix(b"\r")?;
     if line.is_empty() || line.len() > 20 {
         return None;
     }
-    std::str::from_utf8(line).ok()?.parse().ok()
+    let (negative, digits) = match line {
+        [b'-', rest @ ..] => (true, rest),
+        [b'+', rest @ ..] => (false, rest),
+        _ => (false, line),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    let mut magnitude: u64 = 0;
+    for &digit in digits {
+        if !digit.is_ascii_digit() {
+            return None;
+        }
+        magnitude = magnitude
+            .checked_mul(10)?
+            .checked_add(u64::from(digit - b'0'))?;
+    }
+    if negative {
+        0i64.checked_sub_unsigned(magnitude)
+    } else {
+        i64::try_from(magnitude).ok()
+    }
+}
+
+/// Where one command's arguments lie in the bytes it was parsed from.
+type Spans = Vec<(usize, usize)>;
+
+/// What [`scan`] found at the start of the buffer.
+enum Scanned {
+    Incomplete,
+    /// An array command of `len` bytes, its arguments at the spans.
+    Array {
+        len: usize,
+    },
+    /// An inline command: its arguments had to be unquoted, so they are
+    /// copies.
+    Inline {
+        args: Vec<Bytes>,
+        len: usize,
+    },
 }
 
 /// Looks for one complete command at the start of `buf` without consuming it.
 pub fn parse_command(buf: &[u8], limits: &ParseLimits) -> Result<Parsed, ProtocolError> {
-    // A lone slice of offsets first: nothing is copied until the command is complete.
+    let mut spans = Spans::new();
+    Ok(match scan(buf, limits, &mut spans)? {
+        Scanned::Incomplete => Parsed::Incomplete,
+        Scanned::Array { len } => {
+            let whole = Bytes::copy_from_slice(&buf[..len]);
+            let args = spans.into_iter().map(|(s, e)| whole.slice(s..e)).collect();
+            Parsed::Command { args, len }
+        }
+        Scanned::Inline { args, len } => Parsed::Command { args, len },
+    })
+}
+
+/// [`parse_command`] with an array command's arguments as `spans` into `buf`.
+fn scan(buf: &[u8], limits: &ParseLimits, spans: &mut Spans) -> Result<Scanned, ProtocolError> {
+    spans.clear();
     match buf.first() {
-        None => Ok(Parsed::Incomplete),
-        Some(b'*') => parse_array(buf, limits),
+        None => Ok(Scanned::Incomplete),
+        Some(b'*') => parse_array(buf, limits, spans),
         Some(_) => parse_inline(buf, limits),
     }
 }
 
-fn parse_array(buf: &[u8], limits: &ParseLimits) -> Result<Parsed, ProtocolError> {
+fn parse_array(
+    buf: &[u8],
+    limits: &ParseLimits,
+    spans: &mut Spans,
+) -> Result<Scanned, ProtocolError> {
     let Some(nl) = find_line(buf, 0, 32).map_err(|()| ProtocolError::HeaderTooLong)? else {
-        return Ok(Parsed::Incomplete);
+        return Ok(Scanned::Incomplete);
     };
     let count = header_number(&buf[1..nl]).ok_or(ProtocolError::BadArrayLength)?;
     if count > limits.max_array_len as i64 {
@@ -116,23 +182,19 @@ fn parse_array(buf: &[u8], limits: &ParseLimits) -> Result<Parsed, ProtocolError
     }
     if count <= 0 {
         // `*0` and `*-1`: an empty command, ignored as Redis does.
-        return Ok(Parsed::Command {
-            args: Vec::new(),
-            len: nl + 1,
-        });
+        return Ok(Scanned::Array { len: nl + 1 });
     }
     let count = count as usize;
     let mut pos = nl + 1;
-    let mut spans = Vec::with_capacity(count.min(64));
     for _ in 0..count {
         if pos >= buf.len() {
-            return Ok(Parsed::Incomplete);
+            return Ok(Scanned::Incomplete);
         }
         if buf[pos] != b'$' {
             return Err(ProtocolError::ExpectedBulk(buf[pos] as char));
         }
         let Some(nl) = find_line(buf, pos, 32).map_err(|()| ProtocolError::BadBulkLength)? else {
-            return Ok(Parsed::Incomplete);
+            return Ok(Scanned::Incomplete);
         };
         let len = header_number(&buf[pos + 1..nl]).ok_or(ProtocolError::BadBulkLength)?;
         if len < 0 || len > limits.max_bulk_bytes as i64 {
@@ -148,7 +210,7 @@ fn parse_array(buf: &[u8], limits: &ParseLimits) -> Result<Parsed, ProtocolError
             ));
         }
         if buf.len() < end + 2 {
-            return Ok(Parsed::Incomplete);
+            return Ok(Scanned::Incomplete);
         }
         if &buf[end..end + 2] != b"\r\n" {
             return Err(ProtocolError::MissingCrlf);
@@ -156,16 +218,14 @@ fn parse_array(buf: &[u8], limits: &ParseLimits) -> Result<Parsed, ProtocolError
         spans.push((start, end));
         pos = end + 2;
     }
-    let whole = Bytes::copy_from_slice(&buf[..pos]);
-    let args = spans.into_iter().map(|(s, e)| whole.slice(s..e)).collect();
-    Ok(Parsed::Command { args, len: pos })
+    Ok(Scanned::Array { len: pos })
 }
 
-fn parse_inline(buf: &[u8], limits: &ParseLimits) -> Result<Parsed, ProtocolError> {
+fn parse_inline(buf: &[u8], limits: &ParseLimits) -> Result<Scanned, ProtocolError> {
     let Some(nl) =
         find_line(buf, 0, limits.max_inline_bytes).map_err(|()| ProtocolError::InlineTooLong)?
     else {
-        return Ok(Parsed::Incomplete);
+        return Ok(Scanned::Incomplete);
     };
     let line = &buf[..nl];
     let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -173,7 +233,7 @@ fn parse_inline(buf: &[u8], limits: &ParseLimits) -> Result<Parsed, ProtocolErro
     if args.len() > limits.max_array_len {
         return Err(ProtocolError::BadArrayLength);
     }
-    Ok(Parsed::Command { args, len: nl + 1 })
+    Ok(Scanned::Inline { args, len: nl + 1 })
 }
 
 /// Splits an inline line into arguments: whitespace separated, with
@@ -266,18 +326,62 @@ fn single_quoted_escape(line: &[u8], i: usize, arg: &mut Vec<u8>) -> Result<usiz
     }
 }
 
+/// A connection's parser: takes commands off the front of its input
+/// buffer without copying them. Holds the argument offsets it reuses.
+#[derive(Debug, Default)]
+pub struct CommandReader {
+    spans: Spans,
+}
+
+impl CommandReader {
+    /// Takes one complete command off the front of `buf` into `argv`
+    /// (cleared first): `false` if none is complete yet. An array command's
+    /// arguments are slices of `buf`'s bytes: while they live, `buf` cannot
+    /// reuse its memory, so the caller drops them (or [`detached`] copies)
+    /// before it reads more.
+    pub fn next_into(
+        &mut self,
+        buf: &mut BytesMut,
+        limits: &ParseLimits,
+        argv: &mut Vec<Bytes>,
+    ) -> Result<bool, ProtocolError> {
+        argv.clear();
+        match scan(buf, limits, &mut self.spans)? {
+            Scanned::Incomplete => Ok(false),
+            Scanned::Array { len } => {
+                let whole = buf.split_to(len).freeze();
+                argv.extend(self.spans.iter().map(|&(s, e)| whole.slice(s..e)));
+                Ok(true)
+            }
+            Scanned::Inline { args, len } => {
+                let _ = buf.split_to(len);
+                argv.extend(args);
+                Ok(true)
+            }
+        }
+    }
+}
+
+/// `argv` copied out of the buffer it was parsed from (one allocation for
+/// the bytes), for a command that runs past the batch it was read in.
+pub fn detached(argv: &[Bytes]) -> Vec<Bytes> {
+    let total = argv.iter().map(Bytes::len).sum();
+    let mut whole = BytesMut::with_capacity(total);
+    for arg in argv {
+        whole.extend_from_slice(arg);
+    }
+    let mut whole = whole.freeze();
+    argv.iter().map(|arg| whole.split_to(arg.len())).collect()
+}
+
 /// Takes one complete command off the front of `buf`, if there is one.
 pub fn next_command(
     buf: &mut BytesMut,
     limits: &ParseLimits,
 ) -> Result<Option<Vec<Bytes>>, ProtocolError> {
-    match parse_command(buf, limits)? {
-        Parsed::Incomplete => Ok(None),
-        Parsed::Command { args, len } => {
-            let _ = buf.split_to(len);
-            Ok(Some(args))
-        }
-    }
+    let mut argv = Vec::new();
+    let taken = CommandReader::default().next_into(buf, limits, &mut argv)?;
+    Ok(taken.then_some(argv))
 }
 
 #[cfg(test)]
@@ -356,6 +460,28 @@ mod tests {
     }
 
     #[test]
+    fn a_reader_slices_the_buffer_and_detached_copies() {
+        let mut buf = BytesMut::from(&b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\nPING\r\n*1\r\n$1\r\nx"[..]);
+        let (start, len) = (buf.as_ptr() as usize, buf.len());
+        let within = |arg: &Bytes| (start..start + len).contains(&(arg.as_ptr() as usize));
+        let mut reader = CommandReader::default();
+        let mut argv = vec![Bytes::from_static(b"left over")];
+        let l = limits();
+        assert!(reader.next_into(&mut buf, &l, &mut argv).unwrap());
+        assert_eq!(argv, [Bytes::from("GET"), Bytes::from("k")]);
+        assert!(argv.iter().all(within), "array arguments are not copied");
+        let copies = detached(&argv);
+        assert_eq!(copies, argv);
+        assert!(!copies.iter().any(within), "detached arguments are copies");
+        assert!(reader.next_into(&mut buf, &l, &mut argv).unwrap());
+        assert_eq!(argv, [Bytes::from("PING")]);
+        assert!(!reader.next_into(&mut buf, &l, &mut argv).unwrap());
+        assert!(argv.is_empty());
+        assert_eq!(&buf[..], b"*1\r\n$1\r\nx");
+        assert!(detached(&[]).is_empty());
+    }
+
+    #[test]
     fn inline_commands() {
         assert_eq!(parse(b"PING\r\n").unwrap(), command(&["PING"], 6));
         assert_eq!(
@@ -400,6 +526,43 @@ mod tests {
         let mut header = b"*".to_vec();
         header.extend_from_slice(&[b'1'; 40]);
         assert_eq!(parse(&header), Err(ProtocolError::HeaderTooLong));
+    }
+
+    #[test]
+    fn header_numbers_are_what_i64_parsing_accepts() {
+        for line in [
+            "0",
+            "7",
+            "-1",
+            "+5",
+            "-0",
+            "123456",
+            "9223372036854775807",
+            "-9223372036854775808",
+            "9223372036854775808",
+            "-9223372036854775809",
+            "",
+            "-",
+            "+",
+            "1a",
+            " 1",
+            "1 ",
+            "--1",
+            "+-1",
+            "٣",
+            "99999999999999999999",
+            "00000000000000000001",
+        ] {
+            let mut input = line.as_bytes().to_vec();
+            input.push(b'\r');
+            assert_eq!(header_number(&input), line.parse::<i64>().ok(), "{line:?}");
+        }
+        assert_eq!(header_number(b"12"), None, "no CR");
+        assert_eq!(
+            header_number(b"000000000000000000001\r"),
+            None,
+            "over 20 bytes"
+        );
     }
 
     #[test]

@@ -19,6 +19,9 @@ pub enum Reply {
     /// RESP2 `*-1` (EXEC of an aborted transaction), RESP3 `_`.
     NullArray,
     Array(Vec<Reply>),
+    /// A reply encoded already, in the protocol the connection spoke when
+    /// its command ran (a read answered at once behind slower commands).
+    Encoded(Bytes),
     /// RESP3 `%`; RESP2: a flat array of keys and values.
     Map(Vec<(Reply, Reply)>),
     /// RESP3 `=` with the `txt` format (INFO, CLIENT INFO/LIST); RESP2: a
@@ -76,13 +79,19 @@ impl Reply {
         matches!(self, Reply::Error(_))
     }
 
+    /// Appends a bulk string reply of `value` (the same in both protocols).
+    pub fn encode_bulk(value: &[u8], out: &mut BytesMut) {
+        blob(out, b'$', &[value]);
+    }
+
     /// Appends the reply, encoded in `protocol`, to `out`.
     pub fn encode(&self, protocol: Protocol, out: &mut BytesMut) {
         match self {
+            Reply::Encoded(bytes) => out.put_slice(bytes),
             Reply::Simple(s) => line(out, b'+', s.as_bytes()),
             Reply::Status(s) => line(out, b'+', &sanitize(s)),
             Reply::Error(s) => line(out, b'-', &sanitize(s)),
-            Reply::Integer(n) => line(out, b':', n.to_string().as_bytes()),
+            Reply::Integer(n) => number_line(out, b':', *n),
             Reply::Bulk(data) => blob(out, b'$', &[data]),
             Reply::Null => match protocol {
                 Protocol::Resp2 => out.put_slice(b"$-1\r\n"),
@@ -93,18 +102,18 @@ impl Reply {
                 Protocol::Resp3 => out.put_slice(b"_\r\n"),
             },
             Reply::Array(items) => {
-                line(out, b'*', items.len().to_string().as_bytes());
+                number_line(out, b'*', count(items.len()));
                 for item in items {
                     item.encode(protocol, out);
                 }
             }
-            Reply::Map(pairs) => {
-                let (kind, count) = match protocol {
-                    Protocol::Resp2 => (b'*', pairs.len() * 2),
-                    Protocol::Resp3 => (b'%', pairs.len()),
+            Reply::Map(items) => {
+                let (kind, n) = match protocol {
+                    Protocol::Resp2 => (b'*', items.len() * 2),
+                    Protocol::Resp3 => (b'%', items.len()),
                 };
-                line(out, kind, count.to_string().as_bytes());
-                for (key, value) in pairs {
+                number_line(out, kind, count(n));
+                for (key, value) in items {
                     key.encode(protocol, out);
                     value.encode(protocol, out);
                 }
@@ -120,12 +129,38 @@ impl Reply {
 /// A length-prefixed string made of `parts`.
 fn blob(out: &mut BytesMut, kind: u8, parts: &[&[u8]]) {
     let len: usize = parts.iter().map(|p| p.len()).sum();
-    line(out, kind, len.to_string().as_bytes());
+    number_line(out, kind, count(len));
     out.reserve(len + 2);
     for part in parts {
         out.put_slice(part);
     }
     out.put_slice(b"\r\n");
+}
+
+/// A length or count as a RESP number (none comes near `i64::MAX`).
+fn count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// `kind` and `n` in decimal: formatted on the stack, as every bulk reply's
+/// length is (a `to_string` would allocate per reply).
+fn number_line(out: &mut BytesMut, kind: u8, n: i64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = n.unsigned_abs();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if n < 0 {
+        at -= 1;
+        digits[at] = b'-';
+    }
+    line(out, kind, &digits[at..]);
 }
 
 fn line(out: &mut BytesMut, kind: u8, text: &[u8]) {
@@ -166,6 +201,9 @@ mod tests {
             b"-WRONGTYPE no\r\n"
         );
         assert_eq!(encoded(&Reply::Integer(-12)), b":-12\r\n");
+        for n in [0, 7, 10, 99, 100, i64::MAX, i64::MIN, -1, -10] {
+            assert_eq!(encoded(&Reply::Integer(n)), format!(":{n}\r\n").as_bytes());
+        }
         assert_eq!(encoded(&Reply::bulk("a\r\nb")), b"$4\r\na\r\nb\r\n");
         assert_eq!(encoded(&Reply::bulk("")), b"$0\r\n\r\n");
         assert_eq!(encoded(&Reply::Null), b"$-1\r\n");

@@ -26,17 +26,13 @@ pub enum Step {
     Now { reply: Reply, close: bool },
     /// Reads or changes the connection's (or the node's) state: runs once
     /// every earlier command has finished.
-    Session { run: SessionRun, argv: Vec<Bytes> },
+    Session { run: SessionRun },
     /// Served by the store, after the earlier commands on its keys.
-    Store {
-        spec: &'static Spec,
-        run: StoreRun,
-        argv: Vec<Bytes>,
-    },
+    Store { spec: &'static Spec, run: StoreRun },
     /// EXEC, once every earlier command has finished.
     Exec,
     /// WATCH of `argv[1..]`, once every earlier command has finished.
-    Watch { argv: Vec<Bytes> },
+    Watch,
 }
 
 impl Step {
@@ -118,8 +114,8 @@ impl<'a> Session<'a> {
     /// Decides how command `argv` (the name first) runs: answered now,
     /// against the connection's state once every earlier command has
     /// finished, or by the store. Inside MULTI most commands are queued.
-    pub fn prepare(&mut self, argv: Vec<Bytes>) -> Step {
-        let spec = match self.checked(&argv) {
+    pub fn prepare(&mut self, argv: &[Bytes]) -> Step {
+        let spec = match self.checked(argv) {
             Ok(spec) => spec,
             Err(reply) => {
                 if let Some(multi) = &mut self.multi {
@@ -129,7 +125,7 @@ impl<'a> Session<'a> {
             }
         };
         if self.multi.is_some() && !transaction::RUN_INSIDE_MULTI.contains(&spec.name) {
-            return Step::now(transaction::queue(self, spec, &argv));
+            return Step::now(transaction::queue(self, spec, argv));
         }
         match spec.run {
             Run::Quit => Step::Now {
@@ -137,10 +133,10 @@ impl<'a> Session<'a> {
                 close: true,
             },
             Run::Pure(run) => Step::now(run(&argv[1..])),
-            Run::Session(run) => Step::Session { run, argv },
-            Run::Store(run) => Step::Store { spec, run, argv },
+            Run::Session(run) => Step::Session { run },
+            Run::Store(run) => Step::Store { spec, run },
             Run::Exec => Step::Exec,
-            Run::Watch => Step::Watch { argv },
+            Run::Watch => Step::Watch,
         }
     }
 

@@ -88,14 +88,23 @@ impl RespServer {
     }
 
     /// Reads `key` from this node's region at once, once [`Self::reads_now`]
-    /// said it may; `None` for a key over the limit or a failed read (the
-    /// read goes through [`RespServer::get`], which refuses it or reports
-    /// the failure). The caller accounts for it in the request metrics.
-    pub(super) fn get_now(&self, key: &Bytes) -> Option<Option<Bytes>> {
+    /// said it may, and hands its value to `found` (a slice of the read
+    /// buffer, not a copy); `false` for a key over the limit or a failed
+    /// read, `found` not called (the read goes through [`RespServer::get`],
+    /// which refuses it or reports the failure). The caller accounts for it
+    /// in the request metrics.
+    pub(super) fn get_now(&self, key: &Bytes, found: impl FnOnce(Option<&[u8]>)) -> bool {
         let handler = &self.handler;
-        handler.limits().check_key(key).ok()?;
-        let found = handler.replica().sm.get_local(key).ok()?;
-        Some(found.map(|v| v.value))
+        if handler.limits().check_key(key).is_err() {
+            return false;
+        }
+        let mut found = Some(found);
+        let read = handler.replica().sm.get_local_with(key, |value| {
+            if let Some(found) = found.take() {
+                found(value.map(|(value, _)| value));
+            }
+        });
+        read.is_ok()
     }
 
     /// MGET's values read at once, like [`Self::get_now`]; `None` for a

@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use rdkv_proto::wire::Op;
 
 use super::RespServer;
@@ -13,7 +13,7 @@ use super::client_command;
 use super::commands::{self, upper};
 use super::expiry;
 use super::keyspace;
-use super::reply::Reply;
+use super::reply::{Protocol, Reply};
 use super::session::SessionRun;
 
 /// What a command served by the store returns: it may wait for Raft or the
@@ -24,9 +24,11 @@ pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Reply> + Send + 'a>>;
 pub type StoreRun = for<'a> fn(&'a RespServer, &'a [Bytes]) -> StoreFuture<'a>;
 
 /// A read served at once from this node's region, called only once the
-/// node may serve reads without waiting (`RespServer::reads_now`); `None`:
-/// this one may not be (the command runs as a store command instead).
-pub type NowRun = fn(&RespServer, &[Bytes]) -> Option<Reply>;
+/// node may serve reads without waiting (`RespServer::reads_now`): `true`
+/// once its reply is appended to the buffer, encoded in the protocol
+/// given; `false`, nothing appended: this one may not be (the command runs
+/// as a store command instead).
+pub type NowRun = fn(&RespServer, &[Bytes], Protocol, &mut BytesMut) -> bool;
 
 /// How a command is run; every handler gets the arguments after the name.
 #[derive(Debug, Clone, Copy)]

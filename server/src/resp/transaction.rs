@@ -17,6 +17,7 @@ use super::RespServer;
 use super::commands::{self, SetOptions};
 use super::expiry::{self, GetEx, TimeForm};
 use super::keyspace;
+use super::parse::detached;
 use super::reply::Reply;
 use super::session::Session;
 use super::store::unexpected as unexpected_reply;
@@ -82,6 +83,8 @@ pub fn queue(session: &mut Session<'_>, spec: &Spec, argv: &[Bytes]) -> Reply {
     let Some(multi) = session.multi_mut() else {
         return Reply::err("not in a transaction");
     };
+    // Queued until EXEC: its own copy, not the connection's read buffer.
+    let argv = detached(argv);
     let planned = match plan(spec.name, &argv[1..]) {
         Ok(planned) => planned,
         Err(reply) => {

@@ -136,20 +136,23 @@ pub async fn snapshot_read(replica: &Replica, offset: u64, max_bytes: u32) -> Re
                 ErrorReply::new(ErrorCode::Unavailable, format!("no fresh snapshot: {e}"))
             })?;
     }
-    let (meta, data) = replica
+    let (meta, file) = replica
         .sm
-        .snapshot_bytes()
+        .snapshot_file()
         .await
         .map_err(|e| ErrorReply::new(ErrorCode::Internal, e.to_string()))?;
-    let total_bytes = data.len() as u64;
-    let start = offset.min(total_bytes) as usize;
+    let total_bytes = file.len();
+    let start = offset.min(total_bytes);
     let len = max_bytes.clamp(1, MAX_SNAPSHOT_CHUNK_BYTES) as usize;
-    let end = start.saturating_add(len).min(data.len());
+    let data = file
+        .read_chunk(start, len)
+        .await
+        .map_err(|e| ErrorReply::new(ErrorCode::Internal, format!("reading the snapshot: {e}")))?;
     Ok(Response::Snapshot(SnapshotChunk {
         last_log_index: meta.last_log_id.map_or(0, |l| l.index),
         total_bytes,
-        offset: start as u64,
-        data: data.slice(start..end),
+        offset: start,
+        data,
     }))
 }
 

@@ -54,6 +54,13 @@ pub enum BackupError {
     DataDirNotEmpty(PathBuf),
     #[error("--id {id} is not one of the members given ({members})")]
     NotAMember { id: u64, members: String },
+    /// The node restored could not hold the backup (its region, quota or
+    /// limits are smaller than the cluster's it comes from).
+    #[error(
+        "the backup does not fit the node: {0}; restore it for the --region-mib, \
+         --quota-bytes and --max-value-bytes the node will run with, large enough for it"
+    )]
+    DoesNotFit(String),
     #[error("writing the restored snapshot: {0}")]
     Write(SnapshotError),
 }

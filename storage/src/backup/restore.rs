@@ -15,6 +15,11 @@
 //!
 //! The node then starts from it as after a restart: the snapshot is loaded,
 //! the log is empty, and the members elect a leader among themselves.
+//!
+//! A backup the node cannot hold is refused before the node ever starts:
+//! every pair must be within the node's key and value limits, and the
+//! pairs' charge (what the quota counts) within the node's quota (its
+//! `--quota-bytes`, else 90% of its region's data area).
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -24,13 +29,17 @@ use std::path::{Path, PathBuf};
 use openraft::Membership;
 use openraft::vote::RaftLeaderIdExt;
 
+use rdkv_proto::region::{BlockRef, charged_bytes};
+
 use crate::cluster_id::ClusterId;
 use crate::durability;
 use crate::raft::{LogId, NodeAddr, SnapshotMeta, StoredMembership, TypeConfig};
+use crate::region::RegionConfig;
 use crate::state_machine::SNAPSHOTS_DIR_NAME;
 use crate::state_machine::snapshot::{
-    SnapshotError, SnapshotReader, SnapshotRegion, SnapshotWriter, Streamed, persist_with,
+    SnapshotError, SnapshotReader, SnapshotRegion, SnapshotWriter, Streamed,
 };
+use crate::state_machine::snapshot_store::persist_with;
 
 use super::{BackupError, READ_BUFFER_BYTES, max_record_bytes};
 
@@ -47,6 +56,11 @@ pub struct RestoreTarget<'a> {
     /// (etcd's `--initial-cluster-token`); every member must be given the
     /// same.
     pub cluster_name: &'a str,
+    /// The node's region as it will run (`--region-mib`,
+    /// `--bytes-per-slot`, `--max-value-bytes`): the backup must fit it.
+    pub region: &'a RegionConfig,
+    /// The node's `--quota-bytes` (`None`: its default).
+    pub quota_bytes: Option<u64>,
 }
 
 /// What a restore wrote.
@@ -62,7 +76,8 @@ pub struct Restored {
 type BackupReader = SnapshotReader<Streamed<BufReader<File>>>;
 
 /// Restores the backup at `file` as `target` (see the module comment).
-/// Nothing is left in the data directory if the backup turns out damaged.
+/// Nothing is left in the data directory if the backup turns out damaged
+/// or too large for the node.
 pub fn restore(file: &Path, target: &RestoreTarget<'_>) -> Result<Restored, BackupError> {
     if !target.members.contains_key(&target.node_id) {
         let members = target
@@ -75,6 +90,7 @@ pub fn restore(file: &Path, target: &RestoreTarget<'_>) -> Result<Restored, Back
             members: members.join(","),
         });
     }
+    let mut fits = Fit::of(target)?;
     prepare_data_dir(target.data_dir)?;
     let damaged = |source| BackupError::Damaged {
         path: file.to_owned(),
@@ -102,26 +118,82 @@ pub fn restore(file: &Path, target: &RestoreTarget<'_>) -> Result<Restored, Back
         let mut writer = SnapshotWriter::new(out, &meta, region).map_err(BackupError::Write)?;
         let copied = reader.pairs(|pair| {
             keys += 1;
+            fits.check(pair).map_err(Copying::DoesNotFit)?;
             writer.pair(pair).map_err(Copying::Write)
         });
         match copied {
             Ok(_) => {}
             Err(Copying::Source(e)) => return Err(damaged(e)),
             Err(Copying::Write(e)) => return Err(BackupError::Write(e)),
+            Err(Copying::DoesNotFit(reason)) => return Err(BackupError::DoesNotFit(reason)),
         }
         writer.finish().map_err(BackupError::Write)?;
         Ok(())
     })
     .inspect_err(|_| {
-        // A damaged backup leaves the directory as it was found: empty.
+        // A damaged or refused backup leaves the directory as it was
+        // found: empty.
         let _ = fs::remove_dir(&dir);
     })?;
     Ok(Restored {
         cluster_id,
         last_log_index,
         keys,
-        snapshot,
+        snapshot: snapshot.adopted_path().unwrap_or(dir),
     })
+}
+
+/// What the node being restored can hold, and what the pairs so far take.
+struct Fit {
+    max_key_bytes: usize,
+    max_value_bytes: usize,
+    quota_bytes: u64,
+    charged_bytes: u64,
+    region_mib: u64,
+}
+
+impl Fit {
+    fn of(target: &RestoreTarget<'_>) -> Result<Fit, BackupError> {
+        let quota_bytes = target
+            .region
+            .quota_bytes(target.quota_bytes)
+            .map_err(|e| BackupError::DoesNotFit(e.to_string()))?;
+        Ok(Fit {
+            max_key_bytes: target.region.max_key_bytes as usize,
+            max_value_bytes: target.region.max_value_bytes as usize,
+            quota_bytes,
+            charged_bytes: 0,
+            region_mib: target.region.region_bytes / (1024 * 1024),
+        })
+    }
+
+    /// Counts `pair`; why the node could not hold it, if it could not.
+    fn check(&mut self, pair: BlockRef<'_>) -> Result<(), String> {
+        if pair.key.len() > self.max_key_bytes {
+            return Err(format!(
+                "a {}-byte key is over the node's limit of {} bytes",
+                pair.key.len(),
+                self.max_key_bytes
+            ));
+        }
+        if pair.value.len() > self.max_value_bytes {
+            return Err(format!(
+                "a {}-byte value is over the node's --max-value-bytes {}",
+                pair.value.len(),
+                self.max_value_bytes
+            ));
+        }
+        let charge = charged_bytes(pair.key.len(), pair.value.len()).unwrap_or(u64::MAX);
+        self.charged_bytes = self.charged_bytes.saturating_add(charge);
+        if self.charged_bytes > self.quota_bytes {
+            return Err(format!(
+                "its pairs take more than the node's quota of {} bytes \
+                 (--quota-bytes, by default 90% of the data area of its {} MiB region)",
+                self.quota_bytes, self.region_mib
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Creates the data directory, or accepts it if it exists and is empty.
@@ -190,10 +262,12 @@ fn restored_meta(index: u64, members: &BTreeMap<u64, String>) -> SnapshotMeta {
     }
 }
 
-/// A failure while copying pairs: of the backup read, or of the copy written.
+/// A failure while copying pairs: of the backup read, of the copy written,
+/// or a pair the node could not hold.
 enum Copying {
     Source(SnapshotError),
     Write(SnapshotError),
+    DoesNotFit(String),
 }
 
 impl From<SnapshotError> for Copying {

@@ -9,6 +9,10 @@ use rdkv_proto::region::{HashSeed, LayoutParams, RegionLayout, SLOTS_PER_BUCKET}
 use crate::region::error::RegionError;
 
 pub const DEFAULT_REGION_BYTES: u64 = 256 * 1024 * 1024;
+/// Share of the data area a node's quota defaults to: the rest is room for
+/// fragments, blocks in their grace period and overflow tables, which the
+/// quota does not count.
+pub const DEFAULT_QUOTA_PERCENT: u64 = 90;
 const PAGE_BYTES: u64 = 4096;
 
 #[derive(Debug, Clone)]
@@ -59,6 +63,23 @@ pub fn random_seed() -> HashSeed {
 }
 
 impl RegionConfig {
+    /// The quota of a node with this region (what it proposes when it
+    /// leads, and what a restore checks a backup against): `explicit`
+    /// (`--quota-bytes`), else `DEFAULT_QUOTA_PERCENT` of the data area. A
+    /// quota the data area cannot hold would admit writes no replica can
+    /// place, so it is refused.
+    pub fn quota_bytes(&self, explicit: Option<u64>) -> Result<u64, RegionError> {
+        let data_bytes = self.layout()?.data_bytes;
+        let quota = explicit.unwrap_or(data_bytes / 100 * DEFAULT_QUOTA_PERCENT);
+        if quota > data_bytes {
+            return Err(RegionError::Config(format!(
+                "--quota-bytes {quota} exceeds the region's data area ({data_bytes} bytes): \
+                 raise --region-mib or lower --quota-bytes"
+            )));
+        }
+        Ok(quota)
+    }
+
     pub fn layout(&self) -> Result<RegionLayout, RegionError> {
         if self.region_bytes == 0 || !self.region_bytes.is_multiple_of(PAGE_BYTES) {
             return Err(RegionError::Config(format!(

@@ -9,7 +9,7 @@ pub mod grace;
 pub mod stats;
 pub mod writer;
 
-pub use config::{DEFAULT_REGION_BYTES, RegionConfig, random_seed};
+pub use config::{DEFAULT_QUOTA_PERCENT, DEFAULT_REGION_BYTES, RegionConfig, random_seed};
 pub use error::RegionError;
 pub use rdkv_fabric::{
     CachedLocation, Clock, IndexCache, ManualClock, MonotonicClock, ReadError, ReadProblem,

@@ -1,19 +1,25 @@
-//! Loading a region from a snapshot, the long part of a restart and of a
-//! snapshot install: the pairs are placed in a fresh region while another
-//! thread takes the region's page faults ahead of the writer.
+//! Loading a region from a snapshot file, the long part of a restart and of
+//! a snapshot install: the file is read as a stream and its pairs placed in
+//! a fresh region while another thread takes the region's page faults ahead
+//! of the writer.
 
+use std::io::BufReader;
 use std::sync::Arc;
 
 use rdkv_proto::region::{HashSeed, RegionLayout, SLOT_BYTES};
 
 use super::keyed::KeyedRegion;
 use super::snapshot::{SnapshotError, SnapshotReader, SnapshotRegion};
+use super::snapshot_store::SnapshotFile;
 use super::{StateMachineConfig, StateMachineError, max_snapshot_record_bytes, new_region};
 use crate::raft::SnapshotMeta;
-use crate::region::{Clock, RegionMemory};
+use crate::region::{Clock, RegionConfig, RegionError, RegionMemory};
 
 /// Pages populated per call by the thread running ahead of the writer.
 const POPULATE_CHUNK_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Bytes of a snapshot file read at a time.
+const READ_BUFFER_BYTES: usize = 1024 * 1024;
 
 /// A region rebuilt from a snapshot.
 pub(super) struct LoadedRegion {
@@ -27,26 +33,35 @@ pub(super) fn seed_of(region: &SnapshotRegion) -> Option<HashSeed> {
     region.hash_seed.map(|(k0, k1)| HashSeed(k0, k1))
 }
 
-/// Places the pairs of the snapshot in `bytes` in a new region of `epoch`,
-/// with the cluster seed the snapshot names. A record that fails its check,
-/// or a pair the region refuses, is an error; the caller then keeps the
-/// region it has.
+/// Places the pairs of the snapshot `file`, read as a stream (one record
+/// in memory at a time), in a new region of `epoch`, with the cluster seed
+/// the snapshot names. A record that fails its check, or a pair the region
+/// refuses, is an error, and a snapshot this node's region cannot hold says
+/// so ([`StateMachineError::SnapshotDoesNotFit`]); the caller then keeps
+/// the region it has.
 pub(super) fn load_region(
     config: &StateMachineConfig,
     clock: &Arc<dyn Clock>,
     epoch: u64,
-    bytes: &[u8],
+    file: &SnapshotFile,
 ) -> Result<LoadedRegion, StateMachineError> {
-    let mut reader = SnapshotReader::open(bytes, max_snapshot_record_bytes(&config.region))?;
+    let input = BufReader::with_capacity(READ_BUFFER_BYTES, file.reader());
+    let mut reader = SnapshotReader::from_stream(input, max_snapshot_record_bytes(&config.region))?;
     let region = reader.region;
+    let index = reader.meta.last_log_id.map_or(0, |l| l.index);
     let empty = new_region(config, clock, epoch, seed_of(&region))?;
     let memory = Arc::clone(empty.memory());
     let layout = *empty.layout();
     let mut meta = None;
     let writer = std::thread::scope(|scope| {
-        scope.spawn(|| populate_ahead(&memory, &layout, bytes.len() as u64));
+        scope.spawn(|| populate_ahead(&memory, &layout, file.len()));
         KeyedRegion::load(empty, region.clock_unix_ms, |put| {
-            meta = Some(reader.pairs::<StateMachineError>(put)?);
+            let mut placed = 0u64;
+            meta = Some(reader.pairs::<StateMachineError>(|pair| {
+                put(pair).map_err(|e| does_not_fit(e, index, placed, &config.region))?;
+                placed += 1;
+                Ok(())
+            })?);
             Ok::<_, StateMachineError>(())
         })
     })?;
@@ -56,6 +71,31 @@ pub(super) fn load_region(
         region,
         meta,
     })
+}
+
+/// A pair of the snapshot at `index` this node's region refused: the
+/// region or its index is full, or the pair is over this node's limits.
+/// Any other error passes unchanged.
+fn does_not_fit(
+    error: StateMachineError,
+    index: u64,
+    placed: u64,
+    region: &RegionConfig,
+) -> StateMachineError {
+    match error {
+        StateMachineError::Region(
+            source @ (RegionError::RegionFull { .. }
+            | RegionError::IndexFull { .. }
+            | RegionError::KeyTooLarge { .. }
+            | RegionError::ValueTooLarge { .. }),
+        ) => StateMachineError::SnapshotDoesNotFit {
+            index,
+            placed,
+            region_mib: region.region_bytes / (1024 * 1024),
+            source,
+        },
+        other => other,
+    }
 }
 
 /// Faults in, on this thread, the pages a load of `pairs_bytes` of

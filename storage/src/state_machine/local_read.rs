@@ -1,16 +1,14 @@
-//! The node's own GETs of its region (`RegionStateMachine::get_local`: RESP
-//! GETs answered at once, native lease and follower reads): the reader's
-//! allocation-free path into this thread's buffer, with one clock reading
+//! The node's own GETs of its region (`RegionStateMachine::get_local` and
+//! `get_local_with`: RESP GETs answered at once, native lease and follower
+//! reads): the reader's allocation-free path into this thread's buffer, with one clock reading
 //! per GET, as a client's read handle reads (the abandon bound counts from
 //! this thread's previous reading; only a thread that has not read for
 //! longer than the bound reads twice).
 
 use std::cell::{Cell, RefCell};
 
-use bytes::Bytes;
 use rdkv_fabric::clock::{boottime_now_us, unix_now_us};
 use rdkv_fabric::{ReadError, ReadTime, RegionReader};
-use rdkv_proto::wire::Versioned;
 
 /// How often a thread derives the wall clock from boottime again (so a step
 /// of the wall clock reaches expiry decisions within this long).
@@ -54,12 +52,15 @@ fn now() -> ReadTime {
     }
 }
 
-/// `key` read by `reader` into this thread's buffer, the value copied out
-/// once (a value longer than the buffer grows it and is read again).
-pub(super) fn read_copied(
+/// `key` read by `reader` into this thread's buffer, the value (and its
+/// version) handed to `found` as a slice of it, not copied. `found` is
+/// called once, and only when the read succeeds; it must not read the
+/// region itself (the buffer is borrowed while it runs).
+pub(super) fn read_with<R>(
     reader: &RegionReader,
     key: &[u8],
-) -> Result<Option<Versioned>, ReadError> {
+    mut found: impl FnMut(Option<(&[u8], u64)>) -> R,
+) -> Result<R, ReadError> {
     SCRATCH.with_borrow_mut(|scratch| {
         if scratch.is_empty() {
             scratch.resize(SCRATCH_BYTES, 0);
@@ -75,10 +76,7 @@ pub(super) fn read_copied(
             }
             match read {
                 Ok((got, _)) => {
-                    return Ok(got.map(|got| Versioned {
-                        value: Bytes::copy_from_slice(&scratch[..got.len]),
-                        version: got.version,
-                    }));
+                    return Ok(found(got.map(|got| (&scratch[..got.len], got.version))));
                 }
                 Err(ReadError::BufferTooSmall { needed, .. }) => scratch.resize(needed, 0),
                 Err(error) => return Err(error),

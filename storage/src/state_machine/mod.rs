@@ -12,6 +12,7 @@ mod keyed;
 mod load;
 mod local_read;
 pub mod snapshot;
+pub mod snapshot_store;
 
 use std::io;
 use std::path::PathBuf;
@@ -42,8 +43,11 @@ use keyed::KeyedRegion;
 pub use keyed::{ScanPage, ScanRange};
 use load::{load_region, seed_of};
 use snapshot::{SnapshotError, SnapshotRegion, SnapshotWriter};
+use snapshot_store::{NewSnapshot, SnapshotFile};
 
-pub type SnapshotData = Bytes;
+/// A snapshot is a file (see `snapshot_store`), never a buffer: it is as
+/// large as the region's live data.
+pub type SnapshotData = SnapshotFile;
 pub type Snapshot = SnapshotOf<TypeConfig, SnapshotData>;
 
 /// The state machine's directory (snapshots) inside a node's data directory.
@@ -68,6 +72,22 @@ pub enum StateMachineError {
     Snapshot(#[from] SnapshotError),
     #[error("snapshot encoding: {0}")]
     Encode(#[from] postcard::Error),
+    /// A snapshot (received, or this node's own at a start) holds more
+    /// than this node's region can place. Nothing changed: the region being
+    /// filled is dropped.
+    #[error(
+        "the snapshot at log index {index} does not fit this node's {region_mib} MiB region \
+         ({placed} pairs placed, then: {source}); give this node the --region-mib and \
+         --max-value-bytes of the members the snapshot comes from"
+    )]
+    SnapshotDoesNotFit {
+        index: u64,
+        placed: u64,
+        region_mib: u64,
+        source: RegionError,
+    },
+    #[error("a snapshot task stopped: {0}")]
+    Task(#[from] tokio::task::JoinError),
     #[error("the ordered key index names a {key_len}-byte key the region does not hold")]
     KeyIndexMismatch { key_len: usize },
     /// The quota admitted a write that this replica's region cannot hold
@@ -108,7 +128,7 @@ struct State {
     digests: DigestHistory,
     last_applied: Option<LogId>,
     last_membership: StoredMembership,
-    snapshot: Option<(SnapshotMeta, SnapshotData)>,
+    snapshot: Option<(SnapshotMeta, SnapshotFile)>,
     /// The results of a transaction's ops applied so far, kept while its
     /// entry waits for room (`Applied::Full`) and resumes at the next op.
     txn_results: Vec<rdkv_proto::wire::TxnResult>,
@@ -198,10 +218,12 @@ impl RegionStateMachine {
         // it count up from there), so a client still mapping the region of a
         // previous incarnation can tell it is not the current one.
         let first_epoch = unix_now_us().max(1);
-        let (writer, region, meta, data) = match snapshot::load_latest(&config.snapshot_dir)? {
-            Some(bytes) => {
-                let loaded = load_region(&config, &clock, first_epoch, &bytes)?;
-                (loaded.writer, loaded.region, Some(loaded.meta), Some(bytes))
+        snapshot_store::remove_temp_files(&config.snapshot_dir)?;
+        let (writer, region, meta, data) = match snapshot_store::load_latest(&config.snapshot_dir)?
+        {
+            Some(file) => {
+                let loaded = load_region(&config, &clock, first_epoch, &file)?;
+                (loaded.writer, loaded.region, Some(loaded.meta), Some(file))
             }
             None => (
                 KeyedRegion::empty(new_region(&config, &clock, first_epoch, None)?),
@@ -269,20 +291,39 @@ impl RegionStateMachine {
     /// Reads a key from this replica's region: lock-free, with the locked
     /// writer's view as the fallback when validation keeps failing.
     pub fn get_local(&self, key: &[u8]) -> Result<Option<Versioned>, StateMachineError> {
-        // As in `get_local_with_deadline`: the guard is gone before the
-        // fallback takes the state lock.
-        let read = local_read::read_copied(
+        self.get_local_with(key, |found| {
+            found.map(|(value, version)| Versioned {
+                value: Bytes::copy_from_slice(value),
+                version,
+            })
+        })
+    }
+
+    /// [`RegionStateMachine::get_local`] handing the value and its version
+    /// to `found` as a slice of this thread's read buffer instead of a copy
+    /// (a RESP GET encodes its reply straight from it). `found` runs once,
+    /// only if the read succeeds, and must not read this node's region.
+    pub fn get_local_with<R>(
+        &self,
+        key: &[u8],
+        mut found: impl FnMut(Option<(&[u8], u64)>) -> R,
+    ) -> Result<R, StateMachineError> {
+        // As in `get_local`: the guard is gone before the fallback; `found`
+        // ran only if the lock-free read succeeded.
+        let read = local_read::read_with(
             &self
                 .shared
                 .reader
                 .read()
                 .unwrap_or_else(|poisoned| poisoned.into_inner()),
             key,
+            &mut found,
         );
         match read {
-            Ok(found) => Ok(found),
+            Ok(result) => Ok(result),
             Err(ReadError::Exhausted { .. }) => {
-                Ok(self.get_local_with_deadline(key)?.map(|(value, _)| value))
+                let value = self.get_local_with_deadline(key)?.map(|(value, _)| value);
+                Ok(found(value.as_ref().map(|v| (&v.value[..], v.version))))
             }
             Err(other) => Err(other.into()),
         }
@@ -641,7 +682,7 @@ impl RegionStateMachine {
     }
 
     /// The current snapshot, building one if there is none yet.
-    pub async fn snapshot_bytes(&self) -> Result<(SnapshotMeta, SnapshotData), StateMachineError> {
+    pub async fn snapshot_file(&self) -> Result<(SnapshotMeta, SnapshotFile), StateMachineError> {
         if let Some(current) = self.lock().snapshot.clone() {
             return Ok(current);
         }
@@ -649,34 +690,20 @@ impl RegionStateMachine {
         Ok((built.meta, built.snapshot))
     }
 
+    /// A new file in this node's snapshot directory, for a snapshot being
+    /// received (then installed with `install_snapshot`).
+    pub fn new_snapshot_file(&self) -> Result<NewSnapshot, StateMachineError> {
+        Ok(NewSnapshot::create(&self.shared.config.snapshot_dir)?)
+    }
+
     async fn build(&self) -> Result<Snapshot, StateMachineError> {
-        let (meta, bytes) = {
-            let state = self.lock();
-            let meta = SnapshotMeta {
-                last_log_id: state.last_applied,
-                last_membership: state.last_membership.clone(),
-            };
-            let region = SnapshotRegion {
-                hash_seed: state.hash_seed.map(|seed| (seed.0, seed.1)),
-                quota_bytes: state.quota_bytes,
-                clock_unix_ms: state.writer.clock_unix_ms(),
-                cluster_id: state.cluster_id,
-            };
-            let mut writer = SnapshotWriter::new(Vec::new(), &meta, region)?;
-            let mut encode_error = None;
-            state.writer.for_each_live(|pair| {
-                if let Err(e) = writer.pair(pair) {
-                    encode_error.get_or_insert(e);
-                }
-                Ok(())
-            })?;
-            if let Some(e) = encode_error {
-                return Err(e.into());
-            }
-            (meta, Bytes::from(writer.finish()?))
-        };
-        // Builds run beside applies and installs: persist under the
-        // snapshot lock, and never let an older snapshot replace a newer one.
+        // The region is streamed into a file off the runtime's threads
+        // (applies wait for the state lock meanwhile, as before).
+        let this = self.clone();
+        let (meta, file) = tokio::task::spawn_blocking(move || this.write_snapshot()).await??;
+        // Builds run beside applies and installs: adopt under the snapshot
+        // lock, and never let an older snapshot replace a newer one (the
+        // file not adopted is removed with its handle).
         let _persisting = self.shared.persist_lock.lock().await;
         if let Some(current) = self
             .lock()
@@ -689,31 +716,66 @@ impl RegionStateMachine {
                 snapshot: current.1,
             });
         }
-        self.persist(&meta, &bytes).await?;
-        self.lock().snapshot = Some((meta.clone(), bytes.clone()));
+        let file = self.adopt(file, &meta).await?;
+        self.lock().snapshot = Some((meta.clone(), file.clone()));
         metrics::counter!("rdkv_snapshot_builds_total").increment(1);
         tracing::info!(
             last_log_index = index_of(&meta),
-            bytes = bytes.len(),
+            bytes = file.len(),
             "snapshot built and persisted"
         );
         Ok(Snapshot {
             meta,
-            snapshot: bytes,
+            snapshot: file,
         })
     }
 
-    async fn persist(&self, meta: &SnapshotMeta, bytes: &Bytes) -> Result<(), StateMachineError> {
+    /// Streams the live pairs into a new file under the state lock (the
+    /// snapshot is of one applied index), then syncs it without the lock.
+    fn write_snapshot(&self) -> Result<(SnapshotMeta, SnapshotFile), StateMachineError> {
+        let mut file = self.new_snapshot_file()?;
+        let meta = {
+            let state = self.lock();
+            let meta = SnapshotMeta {
+                last_log_id: state.last_applied,
+                last_membership: state.last_membership.clone(),
+            };
+            let region = SnapshotRegion {
+                hash_seed: state.hash_seed.map(|seed| (seed.0, seed.1)),
+                quota_bytes: state.quota_bytes,
+                clock_unix_ms: state.writer.clock_unix_ms(),
+                cluster_id: state.cluster_id,
+            };
+            file.write_with(|out| {
+                let mut writer = SnapshotWriter::new(out, &meta, region)?;
+                let mut encode_error = None;
+                state.writer.for_each_live(|pair| {
+                    if let Err(e) = writer.pair(pair) {
+                        encode_error.get_or_insert(e);
+                    }
+                    Ok(())
+                })?;
+                if let Some(e) = encode_error {
+                    return Err(e.into());
+                }
+                writer.finish()?;
+                Ok::<_, StateMachineError>(())
+            })?;
+            meta
+        };
+        Ok((meta, file.finish()?))
+    }
+
+    /// Makes `file` the persisted snapshot (see `SnapshotFile::adopt`),
+    /// off the runtime's threads; the caller holds the snapshot lock.
+    async fn adopt(
+        &self,
+        file: SnapshotFile,
+        meta: &SnapshotMeta,
+    ) -> Result<SnapshotFile, StateMachineError> {
         let dir = self.shared.config.snapshot_dir.clone();
-        let index = meta.last_log_id.map_or(0, |l| l.index);
-        let bytes = bytes.clone();
-        tokio::task::spawn_blocking(move || snapshot::persist(&dir, index, &bytes))
-            .await
-            .map_err(|e| SnapshotError::Io {
-                path: PathBuf::new(),
-                source: io::Error::other(e),
-            })??;
-        Ok(())
+        let index = index_of(meta);
+        Ok(tokio::task::spawn_blocking(move || file.adopt(&dir, index)).await??)
     }
 }
 
@@ -772,7 +834,13 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
         snapshot: SnapshotData,
     ) -> Result<(), io::Error> {
         let epoch = self.lock().writer.layout().region_epoch + 1;
-        let loaded = load_region(&self.shared.config, &self.shared.clock, epoch, &snapshot)?;
+        let (this, file) = (self.clone(), snapshot.clone());
+        let loaded = tokio::task::spawn_blocking(move || {
+            load_region(&this.shared.config, &this.shared.clock, epoch, &file)
+        })
+        .await
+        .map_err(StateMachineError::from)?
+        .inspect_err(|e| tracing::error!("refused a snapshot: {e}"))?;
         let (writer, stored_meta) = (loaded.writer, loaded.meta);
         if stored_meta.last_log_id != meta.last_log_id {
             return Err(io::Error::other(
@@ -789,7 +857,7 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
             (ours, theirs) => theirs.or(ours),
         };
         let _persisting = self.shared.persist_lock.lock().await;
-        self.persist(meta, &snapshot).await?;
+        let snapshot = self.adopt(snapshot, meta).await?;
         crate::failpoint::hit(crate::failpoint::SNAPSHOT_INSTALL_AFTER_PERSIST);
         let index = meta.last_log_id.map_or(0, |l| l.index);
         writer

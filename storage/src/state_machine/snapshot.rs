@@ -15,22 +15,20 @@
 //! version 3's has no apply clock and its pairs no deadline (none expire),
 //! version 4's has no cluster identity.
 //!
-//! A snapshot is read from bytes in memory (a mapped file, a received
-//! snapshot) or from a stream ([`SnapshotReader::from_stream`]: a backup
-//! file checked or restored record by record, never held whole), and
-//! written to any `Write` (a buffer, or a file as it is built).
+//! A snapshot is read from bytes in memory (tests, fuzzing) or from a
+//! stream ([`SnapshotReader::from_stream`]: a node's snapshot file loaded,
+//! a backup checked or restored, record by record, never held whole), and
+//! written to any `Write` (a buffer, or a file as it is built). Where the
+//! files live and how they become durable is `snapshot_store`'s.
 
-use std::fs;
 use std::io::{self, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use bytes::Bytes;
 use rdkv_proto::region::{BlockRef, NO_DEADLINE};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::cluster_id::ClusterId;
-use crate::durability;
 use crate::raft::SnapshotMeta;
 use crate::record::{
     RECORD_HEADER_BYTES, ReadRecordError, RecordError, decode_record, encode_record, read_record,
@@ -40,8 +38,6 @@ const MAGIC: &[u8; 8] = b"RDKVSNAP";
 pub const FORMAT_VERSION: u32 = 5;
 /// The oldest format version still read.
 const OLDEST_READ_VERSION: u32 = 1;
-const FILE_PREFIX: &str = "snap-";
-const FILE_SUFFIX: &str = ".bin";
 
 /// Postcard encodes the variant's index: variants are only ever appended.
 #[derive(Debug, Serialize, Deserialize)]
@@ -217,7 +213,7 @@ pub trait RecordSource {
     fn next_payload(&mut self, max_bytes: u64) -> Result<Option<&[u8]>, ReadRecordError>;
 }
 
-/// A snapshot held in memory (a mapped file, a received snapshot).
+/// A snapshot held in memory.
 #[derive(Debug)]
 pub struct InMemory<'a> {
     rest: &'a [u8],
@@ -468,104 +464,6 @@ impl<S: RecordSource> Records<S> {
     }
 }
 
-fn io_error(path: &Path) -> impl FnOnce(io::Error) -> SnapshotError + '_ {
-    move |source| SnapshotError::Io {
-        path: path.to_owned(),
-        source,
-    }
-}
-
-/// Writes `bytes` as the snapshot covering `last_index` durably (see
-/// [`persist_with`]).
-pub fn persist(dir: &Path, last_index: u64, bytes: &[u8]) -> Result<PathBuf, SnapshotError> {
-    persist_with(dir, last_index, |file| {
-        file.write_all(bytes).map_err(SnapshotError::Write)
-    })
-}
-
-/// Writes the snapshot covering `last_index` durably, its bytes produced by
-/// `write` into a temp file as they come (a restore streams them), then
-/// fsync, rename, directory fsync; then removes older snapshot files. If
-/// `write` fails, the temp file is removed and nothing else changes.
-pub fn persist_with<E: From<SnapshotError>>(
-    dir: &Path,
-    last_index: u64,
-    write: impl FnOnce(&mut io::BufWriter<fs::File>) -> Result<(), E>,
-) -> Result<PathBuf, E> {
-    durability::create_dir_all(dir).map_err(io_error(dir))?;
-    let path = dir.join(format!("{FILE_PREFIX}{last_index:020}{FILE_SUFFIX}"));
-    // Unique per write: two writers of the same index never share a temp file.
-    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = path.with_extension(format!("{}-{n}.tmp", std::process::id()));
-    if let Err(e) = write_synced(&tmp, write) {
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
-    }
-    durability::rename(&tmp, &path).map_err(io_error(&path))?;
-    durability::sync_dir_at(dir).map_err(io_error(dir))?;
-    // Only older snapshots go: a newer one written meanwhile must stay (file
-    // names sort by index).
-    for old in snapshot_files(dir)? {
-        if old < path {
-            durability::remove_file(&old).map_err(io_error(&old))?;
-        }
-    }
-    Ok(path)
-}
-
-/// Creates `path`, lets `write` fill it through a buffer, and syncs it.
-fn write_synced<E: From<SnapshotError>>(
-    path: &Path,
-    write: impl FnOnce(&mut io::BufWriter<fs::File>) -> Result<(), E>,
-) -> Result<(), E> {
-    let file = fs::File::create(path).map_err(io_error(path))?;
-    let mut out = io::BufWriter::with_capacity(WRITE_BUFFER_BYTES, file);
-    write(&mut out)?;
-    let file = out
-        .into_inner()
-        .map_err(|e| io_error(path)(e.into_error()))?;
-    durability::sync_all(&file).map_err(io_error(path))?;
-    Ok(())
-}
-
-/// Buffer between a streamed snapshot's records and its file.
-const WRITE_BUFFER_BYTES: usize = 1024 * 1024;
-
-fn snapshot_files(dir: &Path) -> Result<Vec<PathBuf>, SnapshotError> {
-    let mut files = Vec::new();
-    let entries = match fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(files),
-        Err(e) => return Err(io_error(dir)(e)),
-    };
-    for entry in entries {
-        let path = entry.map_err(io_error(dir))?.path();
-        let is_snapshot = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with(FILE_PREFIX) && n.ends_with(FILE_SUFFIX));
-        if is_snapshot {
-            files.push(path);
-        }
-    }
-    files.sort();
-    Ok(files)
-}
-
-/// The newest persisted snapshot's bytes, if any: the file mapped, not
-/// read into the heap (a snapshot is as large as the region's live data).
-/// Snapshot files are never changed in place (`persist` renames finished
-/// files), which the mapping relies on.
-pub fn load_latest(dir: &Path) -> Result<Option<Bytes>, SnapshotError> {
-    let Some(path) = snapshot_files(dir)?.pop() else {
-        return Ok(None);
-    };
-    rdkv_fabric::mapped_file::map_file(&path)
-        .map(Some)
-        .map_err(io_error(&path))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -709,28 +607,5 @@ mod tests {
             SnapshotReader::open(&bytes, 1024),
             Err(SnapshotError::BadHeader)
         ));
-    }
-
-    #[test]
-    fn an_older_snapshot_never_replaces_a_newer_file() {
-        let dir = tempfile::tempdir().unwrap();
-        persist(dir.path(), 10, b"ten").unwrap();
-        // A slow build of an older index finishing later:
-        persist(dir.path(), 5, b"five").unwrap();
-        assert_eq!(
-            load_latest(dir.path()).unwrap().as_deref(),
-            Some(&b"ten"[..])
-        );
-        persist(dir.path(), 12, b"twelve").unwrap();
-        assert_eq!(
-            load_latest(dir.path()).unwrap().as_deref(),
-            Some(&b"twelve"[..])
-        );
-        // Older files are cleaned up, no temp files are left behind.
-        let names: Vec<_> = fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        assert_eq!(names, vec!["snap-00000000000000000012.bin".to_owned()]);
     }
 }

@@ -9,20 +9,50 @@ use openraft::testing::log_id;
 use rdkv_proto::region::HashSeed;
 use rdkv_storage::RegionConfig;
 use rdkv_storage::raft::{Command, Entry, TypeConfig};
-use rdkv_storage::state_machine::{RegionStateMachine, StateMachineConfig};
+use rdkv_storage::state_machine::snapshot_store::SnapshotFile;
+use rdkv_storage::state_machine::{RegionStateMachine, StateMachineConfig, StateMachineError};
+
+/// The tests' region: `mib` MiB, a fixed seed.
+pub fn region(mib: u64) -> RegionConfig {
+    RegionConfig {
+        region_bytes: mib * 1024 * 1024,
+        hash_seed: HashSeed(1, 1),
+        ..RegionConfig::default()
+    }
+}
 
 /// Opens (or reopens) the state machine whose snapshots live in `dir`, over
 /// a fresh 4 MiB region.
 pub fn open(dir: &Path) -> RegionStateMachine {
+    open_with(dir, 4).unwrap()
+}
+
+/// Opens the state machine of `dir` over a fresh region of `mib` MiB.
+#[allow(dead_code)] // Not every test binary that shares this module uses it.
+pub fn open_with(dir: &Path, mib: u64) -> Result<RegionStateMachine, StateMachineError> {
     RegionStateMachine::open(StateMachineConfig {
-        region: RegionConfig {
-            region_bytes: 4 * 1024 * 1024,
-            hash_seed: HashSeed(1, 1),
-            ..RegionConfig::default()
-        },
+        region: region(mib),
         snapshot_dir: dir.join("snapshots"),
     })
-    .unwrap()
+}
+
+/// The whole of a snapshot file.
+#[allow(dead_code)]
+pub fn bytes_of(file: &SnapshotFile) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut file.reader(), &mut bytes).unwrap();
+    bytes
+}
+
+/// `bytes` received by `sm` as a snapshot, as the peer service receives
+/// one: in chunks, into a new file of its snapshot directory.
+#[allow(dead_code)]
+pub fn received(sm: &RegionStateMachine, bytes: &[u8]) -> SnapshotFile {
+    let mut file = sm.new_snapshot_file().unwrap();
+    for chunk in bytes.chunks(1000) {
+        file.append(chunk).unwrap();
+    }
+    file.finish().unwrap()
 }
 
 /// A normal entry at `index` of term 1.

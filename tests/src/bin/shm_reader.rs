@@ -1,8 +1,11 @@
 //! `shm_reader`: one client process of the cross-process stress test
-//! (`tests/tests/one_sided_stress.rs`).
+//! (`rdkv_tests::stress`, run over shm by `tests/tests/one_sided_stress.rs`
+//! and over ofi by `tests/tests/ofi.rs`).
 //!
 //! It GETs the given keys round-robin with a default [`Client`] (one-sided
-//! `Lease` reads through `shm` on this host) and checks every value it gets
+//! `Lease` reads through `shm` on this host, or, built with the `ofi`
+//! feature, by `fi_read` from nodes that offer no shm socket) and checks
+//! every value it gets
 //! back: the value must name the key it was read for, its filler must be the
 //! one derived from (key, seq), and per key the (version, seq) pairs must
 //! never go backwards. It reads until its stdin closes (or `--max-secs`
