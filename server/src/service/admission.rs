@@ -212,6 +212,9 @@ mod tests {
         assert!(!wait.is_finished(), "the budget is spent");
         drop(first);
         let second = tokio::time::timeout(std::time::Duration::from_secs(10), wait).await;
-        assert!(matches!(second, Ok(Ok(Some(_)))), "given once the first is done");
+        assert!(
+            matches!(second, Ok(Ok(Some(_)))),
+            "given once the first is done"
+        );
     }
 }
