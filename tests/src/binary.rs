@@ -25,8 +25,8 @@ pub fn binary(name: &str) -> PathBuf {
     }
 }
 
-/// `cargo build --workspace --bins` in this test's profile; the name and
-/// path of every binary it reports.
+/// `cargo build --workspace --bins` in this test's profile and feature
+/// resolution; the name and path of every binary it reports.
 fn build_workspace_binaries() -> Vec<(String, PathBuf)> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let profile = if cfg!(debug_assertions) {
@@ -43,6 +43,15 @@ fn build_workspace_binaries() -> Vec<(String, PathBuf)> {
         "--profile",
         profile,
     ]);
+    // One test target in the build makes cargo resolve features the way
+    // `cargo test` does (dev-dependencies included: proptest and criterion
+    // turn on features of regex and zerocopy that the servers' dependencies
+    // share). Without it the workspace's crates were compiled a second time
+    // with the other feature set, over the same files, and then once more
+    // by the next `cargo test`: minutes per test run on 2 cores. `rdma` is
+    // part of every feature set and of CI's feature step, so it is built
+    // already.
+    command.args(["--test", "rdma"]);
     command.arg("--message-format=json-render-diagnostics");
     // Tests built with the rdma feature run servers built with it.
     if cfg!(feature = "rdma") {
