@@ -328,8 +328,7 @@ async fn lease_reads_over_ofi_never_return_a_deposed_leaders_value() -> Result<(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_without_libfabric_says_why_and_serves() -> Result<()> {
     const MISSING: &str = "/nonexistent/libfabric.so.1";
-    let mut cluster =
-        Cluster::start_with_env(1, &NODE_ARGS, &[("RDKV_OFI_LIBRARY", MISSING)])?;
+    let mut cluster = Cluster::start_with_env(1, &NODE_ARGS, &[("RDKV_OFI_LIBRARY", MISSING)])?;
     check_with_leader(&mut cluster, 60, async |cluster, _| {
         let why = format!("libfabric unavailable: {MISSING} not loadable");
         let status = cluster.status_of(1).await?;
