@@ -348,7 +348,10 @@ async fn a_node_without_libfabric_says_why_and_serves() -> Result<()> {
         let client = cluster.client_with(Intent::Any, options(Transport::Auto))?;
         client.put("k", "v").await?;
         let got = client.get_with("k", Consistency::Lease).await?;
-        ensure!(got.is_some_and(|v| v.value == "v"), "read back {got:?}");
+        ensure!(
+            got.as_ref().is_some_and(|v| v.value == "v"),
+            "read back {got:?}"
+        );
         Ok(())
     })
     .await
