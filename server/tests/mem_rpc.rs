@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use clap::Parser;
+use openraft::async_runtime::WatchReceiver;
 use rdkv_fabric::{MemChannel, RpcChannel};
-use rdkv_proto::wire::{Consistency, Request, Response};
+use rdkv_proto::wire::{Consistency, ErrorCode, Request, Response};
 use rdkv_server::config::{Args, Config};
 use rdkv_server::node::Node;
 use tokio::time::Instant;
@@ -84,4 +85,84 @@ async fn an_embedded_node_answers_over_a_mem_channel() {
     ));
     assert!(!channel.is_closed());
     node.stop().await.unwrap();
+}
+
+/// Arguments of member `id` of a cluster whose peers listen on `peers`.
+fn member_args(dir: &std::path::Path, id: u64, peers: &[u16]) -> Args {
+    let initial = peers
+        .iter()
+        .enumerate()
+        .map(|(i, port)| format!("{}=127.0.0.1:{port}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    Args::parse_from([
+        "rdkv-server".to_owned(),
+        "--id".into(),
+        id.to_string(),
+        "--data-dir".into(),
+        dir.join(format!("n{id}")).display().to_string(),
+        "--listen".into(),
+        format!("127.0.0.1:{}", free_port()),
+        "--peer-listen".into(),
+        format!("127.0.0.1:{}", peers[(id - 1) as usize]),
+        "--initial-cluster".into(),
+        initial,
+        "--http-listen".into(),
+        "off".into(),
+        "--resp-listen".into(),
+        "off".into(),
+        "--heartbeat-ms".into(),
+        "50".into(),
+        "--region-mib".into(),
+        "16".into(),
+    ])
+}
+
+/// A write Raft accepted but never committed has an unknown outcome when
+/// Raft stops: the reply must say so with `Timeout` (never retried by a
+/// client), not `Unavailable` (retried: a write that did apply would be
+/// applied twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_cut_off_by_raft_stopping_has_an_unknown_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    let peers = [free_port(), free_port(), free_port()];
+    let mut nodes = Vec::new();
+    for id in 1..=3 {
+        let config = Config::resolve(member_args(dir.path(), id, &peers)).unwrap();
+        nodes.push(Node::start(config).await.unwrap());
+    }
+    let started = Instant::now();
+    let leader = loop {
+        let leader = nodes[0].raft.metrics().borrow_watched().current_leader;
+        if let Some(leader) = leader {
+            break leader;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "no leader");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let leader = nodes.remove((leader - 1) as usize);
+    // Without its followers the leader accepts the write but cannot commit it.
+    for follower in nodes {
+        follower.stop().await.unwrap();
+    }
+    let channel = MemChannel::new(Arc::clone(&leader.handler) as Arc<dyn rdkv_fabric::RpcHandler>);
+    let put = Request::Put {
+        key: Bytes::from_static(b"k"),
+        value: Bytes::from_static(b"v"),
+    };
+    let write = tokio::spawn(async move {
+        channel
+            .call_boxed(&put, Instant::now() + Duration::from_secs(30))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !write.is_finished(),
+        "the write cannot commit without a quorum"
+    );
+    leader.stop().await.unwrap();
+    match write.await.unwrap().unwrap() {
+        Response::Error(e) => assert_eq!(e.code, ErrorCode::Timeout, "{e:?}"),
+        other => panic!("a write with no quorum answered {other:?}"),
+    }
 }

@@ -44,9 +44,11 @@ async fn propose_and_wait(replica: &Replica, command: Command, placed: Option<Fi
         .propose(command, responder)
         .map_err(|_| ErrorReply::new(ErrorCode::Unavailable, "raft has stopped"))?;
     drop(placed);
+    // The proposal reached Raft, which may have committed it before it
+    // stopped: the outcome is unknown, and a client must not resend it.
     let applied = outcome.await.map_err(|_| {
         ErrorReply::new(
-            ErrorCode::Unavailable,
+            ErrorCode::Timeout,
             "raft stopped before the write's outcome was known: it may or may not have been applied",
         )
     })?;
