@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use clap::Parser;
-use openraft::async_runtime::WatchReceiver;
 use rdkv_fabric::{MemChannel, RpcChannel};
 use rdkv_proto::wire::{Consistency, ErrorCode, Request, Response};
 use rdkv_server::config::{Args, Config};
