@@ -19,14 +19,14 @@ fn free_port() -> u16 {
         .expect("an ephemeral port")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_embedded_node_answers_over_a_mem_channel() {
-    let dir = tempfile::tempdir().unwrap();
+/// A single node that elects itself, with a 16 MiB region, no HTTP or RESP
+/// port, its data under `dir`; and a channel straight to its handler.
+async fn start_single_node(dir: &std::path::Path) -> (Node, MemChannel) {
     let addr = |port: u16| format!("127.0.0.1:{port}");
     let args = Args::parse_from([
         "rdkv-server".to_owned(),
         "--data-dir".into(),
-        dir.path().join("data").display().to_string(),
+        dir.join("data").display().to_string(),
         "--listen".into(),
         addr(free_port()),
         "--peer-listen".into(),
@@ -42,17 +42,19 @@ async fn an_embedded_node_answers_over_a_mem_channel() {
     ]);
     let node = Node::start(Config::resolve(args).unwrap()).await.unwrap();
     let channel = MemChannel::new(Arc::clone(&node.handler) as Arc<dyn rdkv_fabric::RpcHandler>);
-    let deadline = || Instant::now() + Duration::from_secs(10);
+    (node, channel)
+}
 
-    // A single node elects itself; writes succeed once it leads.
-    let put = Request::Put {
-        key: Bytes::from_static(b"k"),
-        value: Bytes::from_static(b"v"),
-    };
+/// Sends `put` until the node, once it leads, writes it; its version.
+async fn put_once_leading(channel: &MemChannel, put: &Request) -> u64 {
     let started = Instant::now();
-    let version = loop {
-        match channel.call_boxed(&put, deadline()).await.unwrap() {
-            Response::Written { version } => break version,
+    loop {
+        match channel
+            .call_boxed(put, Instant::now() + Duration::from_secs(10))
+            .await
+            .unwrap()
+        {
+            Response::Written { version } => return version,
             other => {
                 assert!(
                     started.elapsed() < Duration::from_secs(20),
@@ -61,7 +63,21 @@ async fn an_embedded_node_answers_over_a_mem_channel() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedded_node_answers_over_a_mem_channel() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, channel) = start_single_node(dir.path()).await;
+    let deadline = || Instant::now() + Duration::from_secs(10);
+
+    // A single node elects itself; writes succeed once it leads.
+    let put = Request::Put {
+        key: Bytes::from_static(b"k"),
+        value: Bytes::from_static(b"v"),
     };
+    let version = put_once_leading(&channel, &put).await;
     let get = Request::Get {
         key: Bytes::from_static(b"k"),
         consistency: Consistency::Linearizable,
@@ -86,37 +102,6 @@ async fn an_embedded_node_answers_over_a_mem_channel() {
     node.stop().await.unwrap();
 }
 
-/// Arguments of member `id` of a cluster whose peers listen on `peers`.
-fn member_args(dir: &std::path::Path, id: u64, peers: &[u16]) -> Args {
-    let initial = peers
-        .iter()
-        .enumerate()
-        .map(|(i, port)| format!("{}=127.0.0.1:{port}", i + 1))
-        .collect::<Vec<_>>()
-        .join(",");
-    Args::parse_from([
-        "rdkv-server".to_owned(),
-        "--id".into(),
-        id.to_string(),
-        "--data-dir".into(),
-        dir.join(format!("n{id}")).display().to_string(),
-        "--listen".into(),
-        format!("127.0.0.1:{}", free_port()),
-        "--peer-listen".into(),
-        format!("127.0.0.1:{}", peers[(id - 1) as usize]),
-        "--initial-cluster".into(),
-        initial,
-        "--http-listen".into(),
-        "off".into(),
-        "--resp-listen".into(),
-        "off".into(),
-        "--heartbeat-ms".into(),
-        "50".into(),
-        "--region-mib".into(),
-        "16".into(),
-    ])
-}
-
 /// A write Raft accepted but never committed has an unknown outcome when
 /// Raft stops: the reply must say so with `Timeout` (never retried by a
 /// client), not `Unavailable` (retried: a write that did apply would be
@@ -124,31 +109,19 @@ fn member_args(dir: &std::path::Path, id: u64, peers: &[u16]) -> Args {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_cut_off_by_raft_stopping_has_an_unknown_outcome() {
     let dir = tempfile::tempdir().unwrap();
-    let config = Config::resolve(member_args(dir.path(), 1, &[free_port()])).unwrap();
-    let node = Node::start(config).await.unwrap();
-    let channel = MemChannel::new(Arc::clone(&node.handler) as Arc<dyn rdkv_fabric::RpcHandler>);
-    let deadline = || Instant::now() + Duration::from_secs(30);
+    let (node, channel) = start_single_node(dir.path()).await;
     let put = |value: &'static [u8]| Request::Put {
         key: Bytes::from_static(b"k"),
         value: Bytes::from_static(value),
     };
     // Leading and serving writes first.
-    let started = Instant::now();
-    while !matches!(
-        channel
-            .call_boxed(&put(b"first"), deadline())
-            .await
-            .unwrap(),
-        Response::Written { .. }
-    ) {
-        assert!(started.elapsed() < Duration::from_secs(20), "no leader");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    put_once_leading(&channel, &put(b"first")).await;
     node.handler
         .replica()
         .log
         .set_fsync_delay(Duration::from_secs(1));
-    let write = tokio::spawn(async move { channel.call_boxed(&put(b"second"), deadline()).await });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let write = tokio::spawn(async move { channel.call_boxed(&put(b"second"), deadline).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     if write.is_finished() {
         panic!("the write answered before its fsync: {:?}", write.await);
