@@ -12,7 +12,7 @@
 //! [`Limits`] error is answered with an [`ErrorReply`] for that request id.
 
 pub mod admin;
-mod batch;
+pub(crate) mod batch;
 pub mod error;
 pub mod frame;
 pub mod handshake;
