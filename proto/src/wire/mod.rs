@@ -45,7 +45,7 @@ pub use limits::{
 };
 pub use message::{
     Consistency, ErrorCode, ErrorReply, ExpireCondition, Expiry, KeyExpiry, LeaderHint, Request,
-    Response, SetCondition, TxnOp, TxnResult, Update, UpdateOutcome, Versioned,
+    Response, SetCondition, TxnOp, TxnResult, Update, UpdateOutcome, Versioned, WrongShard,
 };
 pub use ofi::{MAX_OFI_ENDPOINT_BYTES, MAX_OFI_PROVIDER_BYTES, OfiRegionGrant, OfiWireError};
 pub use op::Op;
