@@ -26,7 +26,14 @@ impl ClusterRedis {
         let port = free_port("127.0.0.1");
         let child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--cluster-enabled", "yes", "--save", "", "--appendonly", "no"])
+            .args([
+                "--cluster-enabled",
+                "yes",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .arg("--cluster-config-file")
             .arg(dir.join("nodes.conf"))
             .arg("--dir")
@@ -94,12 +101,16 @@ async fn key_slot_agrees_with_redis_cluster_keyslot() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let redis = ClusterRedis::start(dir.path())?;
     let url = format!("redis://127.0.0.1:{}/", redis.port);
-    let mut con = eventually(Duration::from_secs(10), "redis-server answers", async || {
-        let client = redis::Client::open(url.as_str())?;
-        let mut con = client.get_connection()?;
-        redis::cmd("PING").query::<String>(&mut con)?;
-        Ok(con)
-    })
+    let mut con = eventually(
+        Duration::from_secs(10),
+        "redis-server answers",
+        async || {
+            let client = redis::Client::open(url.as_str())?;
+            let mut con = client.get_connection()?;
+            redis::cmd("PING").query::<String>(&mut con)?;
+            Ok(con)
+        },
+    )
     .await?;
 
     let seed = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;

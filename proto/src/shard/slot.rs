@@ -205,7 +205,10 @@ mod tests {
         let bytes = postcard::to_allocvec(&SLOT_COUNT).unwrap();
         assert!(crate::wire::decode_exact::<Slot>(&bytes).is_err());
         let bytes = postcard::to_allocvec(&LAST_SLOT).unwrap();
-        assert_eq!(crate::wire::decode_exact::<Slot>(&bytes).unwrap(), LAST_SLOT);
+        assert_eq!(
+            crate::wire::decode_exact::<Slot>(&bytes).unwrap(),
+            LAST_SLOT
+        );
     }
 
     proptest! {
