@@ -1,12 +1,14 @@
 //! The `mem` transport's RPC half: an in-process node answers requests sent
 //! through a `MemChannel`, with no socket in between.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use clap::Parser;
 use rdkv_fabric::{MemChannel, RpcChannel};
+use rdkv_proto::shard::{SINGLE_GROUP_VERSION, ShardId};
 use rdkv_proto::wire::{Consistency, Request, Response};
 use rdkv_server::config::{Args, Config};
 use rdkv_server::node::Node;
@@ -19,14 +21,13 @@ fn free_port() -> u16 {
         .expect("an ephemeral port")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_embedded_node_answers_over_a_mem_channel() {
-    let dir = tempfile::tempdir().unwrap();
+/// A single node in `dir`, RESP on `resp_listen` (`off`: none).
+async fn start_node(dir: &Path, resp_listen: &str) -> Node {
     let addr = |port: u16| format!("127.0.0.1:{port}");
     let args = Args::parse_from([
         "rdkv-server".to_owned(),
         "--data-dir".into(),
-        dir.path().join("data").display().to_string(),
+        dir.join("data").display().to_string(),
         "--listen".into(),
         addr(free_port()),
         "--peer-listen".into(),
@@ -34,13 +35,19 @@ async fn an_embedded_node_answers_over_a_mem_channel() {
         "--http-listen".into(),
         "off".into(),
         "--resp-listen".into(),
-        "off".into(),
+        resp_listen.into(),
         "--heartbeat-ms".into(),
         "50".into(),
         "--region-mib".into(),
         "16".into(),
     ]);
-    let node = Node::start(Config::resolve(args).unwrap()).await.unwrap();
+    Node::start(Config::resolve(args).unwrap()).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedded_node_answers_over_a_mem_channel() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path(), "off").await;
     let channel = MemChannel::new(Arc::clone(&node.handler) as Arc<dyn rdkv_fabric::RpcHandler>);
     let deadline = || Instant::now() + Duration::from_secs(10);
 
@@ -83,5 +90,60 @@ async fn an_embedded_node_answers_over_a_mem_channel() {
         Response::Error(_)
     ));
     assert!(!channel.is_closed());
+    node.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_group_node_answers_its_shard_map() {
+    let dir = tempfile::tempdir().unwrap();
+    let resp_addr = format!("127.0.0.1:{}", free_port());
+    let node = start_node(dir.path(), &resp_addr).await;
+    let channel = MemChannel::new(Arc::clone(&node.handler) as Arc<dyn rdkv_fabric::RpcHandler>);
+    let deadline = || Instant::now() + Duration::from_secs(10);
+
+    // The map names the leader once the node has elected itself.
+    let started = Instant::now();
+    let map = loop {
+        match channel
+            .call_boxed(&Request::ShardMap, deadline())
+            .await
+            .unwrap()
+        {
+            Response::ShardMap(map) if map.shards()[0].leader.is_some() => break map,
+            other => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "no leader in the map: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let Response::Members(members) = channel
+        .call_boxed(&Request::Members, deadline())
+        .await
+        .unwrap()
+    else {
+        panic!("no members");
+    };
+    let ids: Vec<u64> = members.iter().map(|m| m.id).collect();
+    assert_eq!(ids.len(), 1);
+    assert_eq!(map.version(), SINGLE_GROUP_VERSION);
+    assert_eq!(map.nodes().iter().map(|n| n.id).collect::<Vec<_>>(), ids);
+    assert_eq!(
+        map.nodes()[0].client_addr.as_deref(),
+        Some(members[0].client_addr.as_str())
+    );
+    assert_eq!(
+        map.nodes()[0].resp_addr.as_deref(),
+        Some(resp_addr.as_str())
+    );
+    let shards = map.shards();
+    assert_eq!(shards.len(), 1);
+    assert_eq!((shards[0].id, &shards[0].members), (ShardId(0), &ids));
+    assert_eq!(shards[0].leader, Some(ids[0]));
+    for key in [&b"foo"[..], b"bar", b"{user1000}.following", b""] {
+        assert_eq!(map.shard_of_key(key), ShardId(0));
+    }
     node.stop().await.unwrap();
 }
