@@ -25,8 +25,8 @@ pub fn binary(name: &str) -> PathBuf {
     }
 }
 
-/// `cargo build --workspace --bins` in this test's profile; the name and
-/// path of every binary it reports.
+/// `cargo build --workspace --bins` in this test's profile and feature
+/// resolution; the name and path of every binary it reports.
 fn build_workspace_binaries() -> Vec<(String, PathBuf)> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let profile = if cfg!(debug_assertions) {
@@ -43,6 +43,26 @@ fn build_workspace_binaries() -> Vec<(String, PathBuf)> {
         "--profile",
         profile,
     ]);
+    // One test target in the build makes cargo resolve features the way
+    // `cargo test` does (dev-dependencies included: proptest and criterion
+    // turn on features of regex and zerocopy that the servers' dependencies
+    // share). Without it the workspace's crates were compiled a second time
+    // with the other feature set, over the same files, and then once more
+    // by the next `cargo test`: minutes per test run on 2 cores. `rdma` is
+    // part of every feature set and of CI's feature step, so it is built
+    // already.
+    command.args(["--test", "rdma"]);
+    // And none of the variables cargo set for this test's own crate: ring's
+    // build script asks to rerun when CARGO_PKG_NAME or CARGO_MANIFEST_DIR
+    // change, and cargo compares them with its own environment, which for
+    // this nested cargo is the test's. Inherited, they rebuilt ring and
+    // everything above it (rustls, the workspace) once per package whose
+    // tests run servers: about 200 s each on 2 cores.
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(set_by_cargo_for_the_crate) {
+            command.env_remove(name);
+        }
+    }
     command.arg("--message-format=json-render-diagnostics");
     // Tests built with the rdma feature run servers built with it.
     if cfg!(feature = "rdma") {
@@ -63,6 +83,23 @@ fn build_workspace_binaries() -> Vec<(String, PathBuf)> {
         .lines()
         .filter_map(built_binary)
         .collect()
+}
+
+/// Whether cargo sets `name` for the crate it runs (a test), rather than
+/// it being the caller's setting (CARGO_HOME, CARGO_TARGET_DIR, ...).
+fn set_by_cargo_for_the_crate(name: &str) -> bool {
+    const EXACT: [&str; 9] = [
+        "CARGO_MANIFEST_DIR",
+        "CARGO_MANIFEST_PATH",
+        "CARGO_MANIFEST_LINKS",
+        "CARGO_CRATE_NAME",
+        "CARGO_BIN_NAME",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+        "OUT_DIR",
+    ];
+    EXACT.contains(&name) || name.starts_with("CARGO_PKG_") || name.starts_with("CARGO_BIN_EXE_")
 }
 
 /// The binary a line of cargo's JSON report announces, if it announces one.
@@ -134,4 +171,32 @@ pub fn rdkvctl_blocking(args: &[&str], env: &[(&str, &str)]) -> Result<Output> {
         .envs(env.iter().copied())
         .output()
         .context("running rdkvctl")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::set_by_cargo_for_the_crate;
+
+    #[test]
+    fn only_the_crates_own_variables_are_dropped() {
+        for name in [
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION_MAJOR",
+            "CARGO_MANIFEST_DIR",
+            "CARGO_BIN_EXE_rdkv-bench",
+            "OUT_DIR",
+        ] {
+            assert!(set_by_cargo_for_the_crate(name), "{name}");
+        }
+        for name in [
+            "CARGO",
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_INCREMENTAL",
+            "CARGO_TERM_COLOR",
+            "RUSTFLAGS",
+        ] {
+            assert!(!set_by_cargo_for_the_crate(name), "{name}");
+        }
+    }
 }

@@ -21,6 +21,7 @@ use bytes::Bytes;
 use rdkv_client::{Client, ClientOptions, Consistency, Transport};
 use rdkv_fabric::Fabric;
 use rdkv_fabric::ofi::client::{OfiSession, descriptor_of};
+use rdkv_fabric::ofi::endpoint;
 use rdkv_proto::wire::OfiRegionGrant;
 use rdkv_tests::ofi::{NODE_ARGS, PROVIDER, grant_of, ofi_on, options};
 use rdkv_tests::over::Over;
@@ -319,4 +320,40 @@ async fn readers_over_ofi_in_other_processes_never_see_a_wrong_value() -> Result
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_reads_over_ofi_never_return_a_deposed_leaders_value() -> Result<()> {
     rdkv_tests::lease_change::lease_reads_never_return_a_deposed_leaders_value(Over::Ofi, 0).await
+}
+
+/// A node built with the feature where libfabric cannot be loaded (here:
+/// `endpoint::LIBRARY_ENV` names a file that does not exist) says why in one
+/// log line and in its status, and serves everything over the other
+/// transports: writes, and reads by a client that asks for any transport.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_libfabric_says_why_and_serves() -> Result<()> {
+    const MISSING: &str = "/nonexistent/libfabric.so.1";
+    let mut cluster = Cluster::start_with_env(1, &NODE_ARGS, &[(endpoint::LIBRARY_ENV, MISSING)])?;
+    check_with_leader(&mut cluster, 60, async |cluster, _| {
+        let why = format!("libfabric unavailable: {MISSING} not loadable");
+        let status = cluster.status_of(1).await?;
+        ensure!(
+            status.ofi.starts_with(&format!("off: {why}")),
+            "status: {}",
+            status.ofi
+        );
+        let log = cluster.node(1)?.log();
+        ensure!(
+            log.lines()
+                .filter(|l| l.contains(&format!("ofi transport off: {why}")))
+                .count()
+                == 1,
+            "not one line saying why:\n{log}"
+        );
+        let client = cluster.client_with(Intent::Any, options(Transport::Auto))?;
+        client.put("k", "v").await?;
+        let got = client.get_with("k", Consistency::Lease).await?;
+        ensure!(
+            got.as_ref().is_some_and(|v| v.value == "v"),
+            "read back {got:?}"
+        );
+        Ok(())
+    })
+    .await
 }

@@ -50,15 +50,28 @@ fn call_error(what: &'static str, rc: c_int) -> OfiError {
     }
 }
 
-/// Loads libfabric.so.1 (once per process); the version it reports, or why
-/// it cannot be used.
+/// The library [`load`] opens unless [`LIBRARY_ENV`] names another.
+pub const DEFAULT_LIBRARY: &str = "libfabric.so.1";
+
+/// Names the libfabric to load instead of [`DEFAULT_LIBRARY`]: a vendor's
+/// build outside the loader's path (AWS's EFA installer puts its own in
+/// /opt/amazon/efa/lib), or, in tests, one that is not there. Read as
+/// libfabric itself reads `FI_PROVIDER`: from the environment, once.
+pub const LIBRARY_ENV: &str = "RDKV_OFI_LIBRARY";
+
+/// Loads libfabric (once per process: [`DEFAULT_LIBRARY`] or what
+/// [`LIBRARY_ENV`] names); the version it reports, or why it cannot be used.
 pub fn load() -> Result<u32, OfiError> {
     let loaded = LOADED.get_or_init(|| {
+        let path = std::env::var_os(LIBRARY_ENV).unwrap_or_else(|| DEFAULT_LIBRARY.into());
+        let path = std::ffi::CString::new(path.as_encoded_bytes())
+            .map_err(|_| format!("{LIBRARY_ENV} holds a NUL byte"))?;
         let mut err = [0 as c_char; ERR_BYTES];
-        // SAFETY: `err` is a writable buffer of the length passed; the shim
-        // writes a NUL-terminated message into it. `OnceLock` runs this
-        // once, so the shim's global table is written by one thread.
-        let rc = unsafe { ffi::rdkv_ofi_load(err.as_mut_ptr(), err.len()) };
+        // SAFETY: `path` is a NUL-terminated string that outlives the call;
+        // `err` is a writable buffer of the length passed, into which the
+        // shim writes a NUL-terminated message. `OnceLock` runs this once,
+        // so the shim's global table is written by one thread.
+        let rc = unsafe { ffi::rdkv_ofi_load(path.as_ptr(), err.as_mut_ptr(), err.len()) };
         if rc != 0 {
             return Err(text(&err));
         }

@@ -30,7 +30,7 @@ pub const FI_ECANCELED: isize = 125;
 pub const FI_EAVAIL: isize = 259;
 
 unsafe extern "C" {
-    pub fn rdkv_ofi_load(err: *mut c_char, errlen: usize) -> c_int;
+    pub fn rdkv_ofi_load(path: *const c_char, err: *mut c_char, errlen: usize) -> c_int;
     pub fn rdkv_ofi_version() -> u32;
     pub fn rdkv_ofi_strerror(errnum: c_int) -> *const c_char;
     pub fn rdkv_ofi_open(

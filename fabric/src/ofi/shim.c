@@ -81,14 +81,14 @@ static void set_err(char *err, size_t errlen, const char *what, int rc) {
         snprintf(err, errlen, "%s", what);
 }
 
-int rdkv_ofi_load(char *err, size_t errlen) {
+int rdkv_ofi_load(const char *path, char *err, size_t errlen) {
     void *handle;
     if (lib_loaded)
         return 0;
-    handle = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
+    handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (handle == NULL) {
         const char *why = dlerror();
-        snprintf(err, errlen, "libfabric.so.1 not loadable: %s",
+        snprintf(err, errlen, "%s not loadable: %s", path,
                  why ? why : "unknown");
         return -1;
     }
@@ -100,7 +100,7 @@ int rdkv_ofi_load(char *err, size_t errlen) {
     lib.version = (void *)dlsym(handle, "fi_version");
     if (!lib.getinfo || !lib.freeinfo || !lib.dupinfo || !lib.fabric ||
         !lib.strerror || !lib.version) {
-        snprintf(err, errlen, "libfabric.so.1 lacks a required symbol");
+        snprintf(err, errlen, "%s lacks a required symbol", path);
         dlclose(handle);
         memset(&lib, 0, sizeof(lib));
         return -1;
