@@ -5,13 +5,18 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use clap::Parser;
 use rdkv_fabric::{MemChannel, RpcChannel};
 use rdkv_proto::shard::{SINGLE_GROUP_VERSION, ShardId};
-use rdkv_proto::wire::{Consistency, Request, Response};
+use rdkv_proto::wire::{
+    ClientHello, Consistency, DEFAULT_MAX_FRAME_BYTES, ErrorCode, FrameDecoder, FrameKind,
+    PROTOCOL_VERSION, Request, Response, ServerHello, decode_payload, encoded_frame,
+};
 use rdkv_server::config::{Args, Config};
 use rdkv_server::node::Node;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 fn free_port() -> u16 {
@@ -145,5 +150,54 @@ async fn a_single_group_node_answers_its_shard_map() {
     for key in [&b"foo"[..], b"bar", b"{user1000}.following", b""] {
         assert_eq!(map.shard_of_key(key), ShardId(0));
     }
+
+    // Over TCP, a connection that negotiated version 2 gets the map, one
+    // that negotiated 1 (an older client) an error it can decode instead.
+    let client_addr = &members[0].client_addr;
+    let answer = ask_over_tcp(client_addr, PROTOCOL_VERSION, &Request::ShardMap).await;
+    assert!(
+        matches!(&answer, Response::ShardMap(got) if got.version() == map.version()),
+        "{answer:?}"
+    );
+    let answer = ask_over_tcp(client_addr, 1, &Request::ShardMap).await;
+    assert!(
+        matches!(&answer, Response::Error(e) if e.code == ErrorCode::InvalidRequest),
+        "{answer:?}"
+    );
     node.stop().await.unwrap();
+}
+
+/// One request over a new TCP connection whose hello offers exactly
+/// `version`, and its answer.
+async fn ask_over_tcp(addr: &str, version: u16, request: &Request) -> Response {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let hello = ClientHello {
+        min_version: version,
+        max_version: version,
+        ..ClientHello::new("mem_rpc test", None)
+    };
+    let max = DEFAULT_MAX_FRAME_BYTES;
+    let mut out = encoded_frame(FrameKind::ClientHello, 0, &hello, max).unwrap();
+    out.extend_from_slice(&encoded_frame(FrameKind::Request, 1, request, max).unwrap());
+    stream.write_all(&out).await.unwrap();
+    let mut decoder = FrameDecoder::new(max);
+    let mut buf = BytesMut::new();
+    let mut frames = Vec::new();
+    while frames.len() < 2 {
+        if let Some(frame) = decoder.decode(&mut buf).unwrap() {
+            frames.push(frame);
+            continue;
+        }
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read_buf(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(read > 0, "closed after {frames:?}");
+    }
+    let Ok(ServerHello::Accepted(info)) = decode_payload::<ServerHello>(&frames[0]) else {
+        panic!("not accepted: {:?}", frames[0]);
+    };
+    assert_eq!(info.version, version);
+    assert_eq!(frames[1].kind, FrameKind::Response);
+    decode_payload(&frames[1]).unwrap()
 }

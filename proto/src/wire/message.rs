@@ -12,6 +12,7 @@ use super::admin::{
     Fault, Health, MemberInfo, NodeStatus, ReadReport, SnapshotChunk, StateDigestAt,
 };
 use super::batch::bounded_vec;
+use super::handshake::SHARDS_PROTOCOL_VERSION;
 use super::ofi::OfiRegionGrant;
 use super::rdma::{QpEndpoint, RdmaRegionGrant};
 use crate::region::{DeadlineUnixMs, NO_DEADLINE};
@@ -481,6 +482,16 @@ impl UpdateOutcome {
 }
 
 impl Response {
+    /// The lowest protocol version whose clients can decode this response;
+    /// a server answers a connection of a lower version with an error
+    /// instead (docs/sharding.md, section 5).
+    pub fn min_version(&self) -> u16 {
+        match self {
+            Response::ShardMap(_) | Response::WrongShard(_) => SHARDS_PROTOCOL_VERSION,
+            _ => 1,
+        }
+    }
+
     /// The highest log index this response shows the answering replica had
     /// applied: a write's own index, the version of a value read. A client
     /// that must never read an older state than it has seen keeps the

@@ -35,8 +35,8 @@ pub use frame::{
     decode_exact, decode_payload, encode_frame, encoded_frame,
 };
 pub use handshake::{
-    ClientHello, HANDSHAKE_MAGIC, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, ServerHello, ServerInfo,
-    negotiate, tokens_match,
+    ClientHello, HANDSHAKE_MAGIC, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, SHARDS_PROTOCOL_VERSION,
+    ServerHello, ServerInfo, negotiate, tokens_match,
 };
 pub use key_use::KeyUse;
 pub use limits::{

@@ -79,17 +79,17 @@ where
     let mut reader = FrameReader::new(read, HANDSHAKE_MAX_FRAME_BYTES);
     let mut writer = FrameWriter::new(write, limits.max_frame_bytes);
     // Held for as long as the connection is served.
-    let _slot = handshake(&mut reader, &mut writer, addr, via, &handler).await?;
+    let (_slot, version) = handshake(&mut reader, &mut writer, addr, via, &handler).await?;
 
     let _open = handler.stats().connection(via);
     let credits = Arc::new(Semaphore::new(MAX_IN_FLIGHT as usize));
     let (done_tx, mut done_rx) = mpsc::channel::<(u64, Response)>(MAX_IN_FLIGHT as usize);
     let write_task = tokio::spawn(async move {
         while let Some((request_id, response)) = done_rx.recv().await {
-            queue_response(&mut writer, request_id, &response)?;
+            queue_response(&mut writer, request_id, &for_version(response, version))?;
             // Batch whatever else is ready into the same write.
             while let Ok((request_id, response)) = done_rx.try_recv() {
-                queue_response(&mut writer, request_id, &response)?;
+                queue_response(&mut writer, request_id, &for_version(response, version))?;
             }
             writer.flush().await?;
         }
@@ -159,6 +159,20 @@ fn rdma_connect(
         }
         Err(reply) => Response::Error(reply),
     }
+}
+
+/// `response`, or an error reply when the connection's protocol `version`
+/// is too old to decode it (a version-1 client is never sent the shard
+/// answers, docs/sharding.md section 5).
+fn for_version(response: Response, version: u16) -> Response {
+    let needed = response.min_version();
+    if needed <= version {
+        return response;
+    }
+    Response::Error(ErrorReply::new(
+        ErrorCode::InvalidRequest,
+        format!("this answer needs protocol version {needed}; the connection speaks {version}"),
+    ))
 }
 
 /// Queues a response; one too large for a frame becomes an error reply.
