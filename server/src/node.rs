@@ -25,6 +25,7 @@ use crate::config::Config;
 use crate::layout::Layout;
 use crate::peer::{PeerContext, PeerNetwork, SNAPSHOT_CHUNK_BYTES, serve_peers};
 use crate::replica::Replica;
+use crate::service::proposals::Proposals;
 use crate::service::read_rounds::ReadRounds;
 use crate::service::{Endpoints, Handler, HandlerSettings, serve_clients, serve_unix_clients};
 use crate::tls::NodeTls;
@@ -340,6 +341,7 @@ async fn start_replica(
     .context("starting raft")?;
     Ok(Replica {
         reads: ReadRounds::start(raft.clone()),
+        proposals: Proposals::start(raft.clone()),
         raft,
         sm,
         log,
