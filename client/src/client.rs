@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use rdkv_proto::shard::ShardMap;
 use rdkv_proto::wire::{
     Consistency, ExpireCondition, Expiry, Fault, Health, KeyExpiry, MemberInfo, NodeStatus, Op,
     Request, Response, SetCondition, StateDigestAt, Update, UpdateOutcome, Versioned,
@@ -80,6 +81,12 @@ impl Client {
 
     pub fn options(&self) -> &ClientOptions {
         self.router.options()
+    }
+
+    /// The newest shard map this client fetched (docs/sharding.md); `None`
+    /// until a node answered `WrongShard` (the cluster is one group).
+    pub fn shard_map(&self) -> Option<Arc<ShardMap>> {
+        self.router.shard_map()
     }
 
     /// A synchronous handle on the one-sided read path, for one thread or

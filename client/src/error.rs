@@ -63,6 +63,11 @@ pub enum Error {
     /// a writer that cannot be rewound; start again.
     #[error("snapshot changed during transfer (index {from} -> {to}); retry")]
     SnapshotChanged { from: u64, to: u64 },
+    /// A node serves a newer shard map (version `needed`) than the one the
+    /// client could fetch in the call's budget (`held`; 0: none): the
+    /// request was never served, nothing was changed.
+    #[error("stale shard map: a node has version {needed}, the client {held}")]
+    StaleShardMap { needed: u64, held: u64 },
     /// The TLS settings could not be used (a missing or bad CA,
     /// certificate or key file).
     #[error("TLS settings: {0}")]
@@ -91,7 +96,7 @@ impl Error {
             Self::Connect(ConnectError::Tls { .. } | ConnectError::ServerWantsTls { .. }) => false,
             Self::Connect(_) | Self::Timeout(_) | Self::NoLeader => true,
             Self::OneSidedUnavailable => true,
-            Self::ConnectionLost { .. } => true,
+            Self::ConnectionLost { .. } | Self::StaleShardMap { .. } => true,
             Self::Server(reply) => reply.code.is_retryable(),
             _ => false,
         }

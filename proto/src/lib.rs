@@ -3,6 +3,7 @@
 //! - [`region`]: the layout of a server's registered memory region (header, index
 //!   buckets of packed slots, self-describing data blocks), with the encoders the
 //!   writer uses and the validators a one-sided reader applies to raw bytes.
+//! - [`shard`]: sharding: a key's hash slot (Redis Cluster's), the shard map.
 //! - [`wire`]: the native protocol: length-prefixed frames, the version handshake
 //!   and the postcard-encoded request/response messages.
 
@@ -11,4 +12,5 @@
 #![cfg_attr(not(test), warn(clippy::too_many_lines))]
 
 pub mod region;
+pub mod shard;
 pub mod wire;

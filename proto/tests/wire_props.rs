@@ -4,10 +4,11 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use proptest::collection::vec;
 use proptest::prelude::*;
+use rdkv_proto::shard::{NodeInfo, SLOT_COUNT, ShardId, ShardMap, Slot};
 use rdkv_proto::wire::{
     ClientHello, Consistency, DEFAULT_MAX_FRAME_BYTES, ErrorCode, ErrorReply, Frame, FrameDecoder,
-    FrameKind, LeaderHint, Request, Response, ServerHello, ServerInfo, Versioned, decode_payload,
-    encode_frame,
+    FrameKind, LeaderHint, Request, Response, ServerHello, ServerInfo, Versioned, WrongShard,
+    decode_payload, encode_frame,
 };
 
 fn any_bytes() -> impl Strategy<Value = Bytes> {
@@ -66,7 +67,31 @@ fn any_request() -> impl Strategy<Value = Request> {
                 limit,
                 consistency,
             }),
+        Just(Request::ShardMap),
     ]
+}
+
+/// A single-group map of 1 to 4 nodes (the map's own proptests cover
+/// every shape; here it is one answer among others).
+fn any_shard_map() -> impl Strategy<Value = ShardMap> {
+    (
+        proptest::collection::btree_set(any::<u64>(), 1..5),
+        any::<prop::sample::Index>(),
+        any::<bool>(),
+    )
+        .prop_map(|(ids, leader, has_leader)| {
+            let ids: Vec<u64> = ids.into_iter().collect();
+            let leader = has_leader.then(|| ids[leader.index(ids.len())]);
+            let nodes = ids
+                .iter()
+                .map(|&id| NodeInfo {
+                    id,
+                    client_addr: Some(format!("10.0.0.{}:7000", id % 256)),
+                    resp_addr: None,
+                })
+                .collect();
+            ShardMap::single_group(nodes, leader).unwrap()
+        })
 }
 
 fn any_error_reply() -> impl Strategy<Value = ErrorReply> {
@@ -107,6 +132,14 @@ fn any_response() -> impl Strategy<Value = Response> {
             .prop_map(|(pairs, more)| Response::Pairs { pairs, more }),
         Just(Response::Pong),
         any_error_reply().prop_map(Response::Error),
+        any_shard_map().prop_map(|map| Response::ShardMap(Box::new(map))),
+        (any::<u64>(), 0..SLOT_COUNT, any::<u32>()).prop_map(|(map_version, slot, shard)| {
+            Response::WrongShard(WrongShard {
+                map_version,
+                slot: Slot::new(slot).unwrap(),
+                shard: ShardId(shard),
+            })
+        }),
     ]
 }
 

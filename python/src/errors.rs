@@ -153,6 +153,7 @@ pub(crate) fn classify(error: &ClientError) -> (Kind, &'static str) {
         ClientError::Protocol(_) => (Kind::Protocol, "protocol"),
         ClientError::UnexpectedResponse { .. } => (Kind::Protocol, "unexpected_response"),
         ClientError::SnapshotChanged { .. } => (Kind::Other, "snapshot_changed"),
+        ClientError::StaleShardMap { .. } => (Kind::Unavailable, "stale_shard_map"),
         ClientError::Io(_) => (Kind::Other, "io"),
         _ => (Kind::Other, "other"),
     }

@@ -5,6 +5,8 @@
 //!   and the listeners.
 //! - [`replica`]: Raft and the stores it runs on, and what they tell about
 //!   the cluster (members, who leads).
+//! - [`layout`]: the data directory's layout, one group or `shards/<k>/`.
+//! - [`placement`]: where shards start (`--shards`, docs/sharding.md).
 //! - `lease`: the lease rules (quorum acknowledgement, the lease published
 //!   for one-sided readers, read confirmation, follower freshness).
 //! - [`peer`]: Raft traffic between nodes.
@@ -31,11 +33,13 @@ mod framed;
 mod grant_upkeep;
 pub mod http;
 mod join;
+pub mod layout;
 mod lease;
 pub mod node;
 pub mod ofi;
 mod order;
 pub mod peer;
+pub mod placement;
 pub mod rdma;
 pub mod replica;
 pub mod resp;

@@ -10,17 +10,19 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use openraft::SnapshotPolicy;
 use openraft::errors::{InitializeError, RaftError};
+use rdkv_proto::shard::ShardId;
 use rdkv_proto::wire::{Limits, SINGLE_ENTRY_OVERHEAD_BYTES};
 use rdkv_storage::RegionConfig;
 use rdkv_storage::raft::NodeAddr;
 use rdkv_storage::raft_log::{LogOptions, LogStore};
-use rdkv_storage::state_machine::{RegionStateMachine, SNAPSHOTS_DIR_NAME, StateMachineConfig};
+use rdkv_storage::state_machine::{RegionStateMachine, StateMachineConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::Raft;
 use crate::accept::TcpFront;
 use crate::config::Config;
+use crate::layout::Layout;
 use crate::peer::{PeerContext, PeerNetwork, SNAPSHOT_CHUNK_BYTES, serve_peers};
 use crate::replica::Replica;
 use crate::service::proposals::Proposals;
@@ -278,15 +280,25 @@ fn own_client_options(config: &Config, tls: &NodeTls) -> rdkv_client::ClientOpti
     }
 }
 
-/// Opens the log and the region, then starts Raft on them.
-async fn start_replica(config: &Config, region: RegionConfig, tls: &NodeTls) -> Result<Replica> {
+/// Opens the log and the region of shard 0 where `layout` keeps them
+/// (today's single group), then starts Raft on them.
+async fn start_replica(
+    config: &Config,
+    layout: &Layout,
+    region: RegionConfig,
+    tls: &NodeTls,
+) -> Result<Replica> {
     let started = std::time::Instant::now();
-    let log = LogStore::open(config.data_dir.join("raft-log"), LogOptions::default())
-        .context("opening the raft log")?;
+    let shard = ShardId(0);
+    let log = LogStore::open(
+        layout.log_dir(&config.data_dir, shard),
+        LogOptions::default(),
+    )
+    .context("opening the raft log")?;
     let log_opened = started.elapsed();
     let sm = RegionStateMachine::open(StateMachineConfig {
         region,
-        snapshot_dir: config.data_dir.join(SNAPSHOTS_DIR_NAME),
+        snapshot_dir: layout.snapshot_dir(&config.data_dir, shard),
     })
     .context("opening the state machine")?;
     tracing::info!(
@@ -357,7 +369,9 @@ impl Node {
         let region = region_config(&config);
         let limits = protocol_limits(&region)?;
         let quota_bytes = quota_bytes(&config, &region)?;
-        let replica = start_replica(&config, region, &tls).await?;
+        // One group until `--shards` exists (docs/sharding.md, section 11).
+        let layout = Layout::open(&config.data_dir, 1)?;
+        let replica = start_replica(&config, &layout, region, &tls).await?;
         let raft = replica.raft.clone();
         let fixed = Fixed {
             limits,

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use openraft::RaftMetrics;
 use openraft::async_runtime::WatchReceiver;
-use rdkv_proto::wire::{ErrorReply, LeaderHint, MemberInfo};
+use rdkv_proto::shard::{NodeInfo, ShardMap, ShardMapError};
+use rdkv_proto::wire::{ErrorCode, ErrorReply, LeaderHint, MemberInfo};
 use rdkv_storage::raft::{NodeAddr, TypeConfig};
 use rdkv_storage::raft_log::LogStore;
 use rdkv_storage::state_machine::RegionStateMachine;
@@ -97,6 +98,34 @@ impl Replica {
                 voter: voters.contains(id),
             })
             .collect()
+    }
+
+    /// This group as a shard map ([`ShardMap::single_group`]): its members
+    /// with their client addresses where known, `own_resp_addr` for this
+    /// node (other nodes' RESP ports are not known here), and the leader.
+    pub fn shard_map(&self, own_resp_addr: Option<String>) -> Result<ShardMap, ErrorReply> {
+        let own_id = self.node_id();
+        let nodes: Vec<NodeInfo> = self
+            .members()
+            .into_iter()
+            .map(|member| NodeInfo {
+                id: member.id,
+                client_addr: Some(member.client_addr).filter(|addr| !addr.is_empty()),
+                resp_addr: own_resp_addr.clone().filter(|_| member.id == own_id),
+            })
+            .collect();
+        let leader = self
+            .metrics()
+            .current_leader
+            .filter(|leader| nodes.iter().any(|node| node.id == *leader));
+        ShardMap::single_group(nodes, leader).map_err(|e| {
+            // A node that has not joined a cluster yet knows no members.
+            let code = match e {
+                ShardMapError::NoMembers(_) => ErrorCode::Unavailable,
+                _ => ErrorCode::Internal,
+            };
+            ErrorReply::new(code, format!("this node's shard map: {e}"))
+        })
     }
 
     /// Keys held by this node's region (DBSIZE, INFO keyspace).

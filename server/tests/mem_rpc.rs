@@ -1,15 +1,22 @@
 //! The `mem` transport's RPC half: an in-process node answers requests sent
 //! through a `MemChannel`, with no socket in between.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use clap::Parser;
 use rdkv_fabric::{MemChannel, RpcChannel};
-use rdkv_proto::wire::{Consistency, ErrorCode, Request, Response};
+use rdkv_proto::shard::{SINGLE_GROUP_VERSION, ShardId};
+use rdkv_proto::wire::{
+    ClientHello, Consistency, DEFAULT_MAX_FRAME_BYTES, ErrorCode, FrameDecoder, FrameKind,
+    PROTOCOL_VERSION, Request, Response, ServerHello, decode_payload, encoded_frame,
+};
 use rdkv_server::config::{Args, Config};
 use rdkv_server::node::Node;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 fn free_port() -> u16 {
@@ -19,9 +26,10 @@ fn free_port() -> u16 {
         .expect("an ephemeral port")
 }
 
-/// A single node that elects itself, with a 16 MiB region, no HTTP or RESP
-/// port, its data under `dir`; and a channel straight to its handler.
-async fn start_single_node(dir: &std::path::Path) -> (Node, MemChannel) {
+/// A single node that elects itself, with a 16 MiB region, no HTTP port,
+/// RESP on `resp_listen` (`off`: none), its data under `dir`; and a channel
+/// straight to its handler.
+async fn start_single_node(dir: &Path, resp_listen: &str) -> (Node, MemChannel) {
     let addr = |port: u16| format!("127.0.0.1:{port}");
     let args = Args::parse_from([
         "rdkv-server".to_owned(),
@@ -34,7 +42,7 @@ async fn start_single_node(dir: &std::path::Path) -> (Node, MemChannel) {
         "--http-listen".into(),
         "off".into(),
         "--resp-listen".into(),
-        "off".into(),
+        resp_listen.into(),
         "--heartbeat-ms".into(),
         "50".into(),
         "--region-mib".into(),
@@ -69,7 +77,7 @@ async fn put_once_leading(channel: &MemChannel, put: &Request) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_embedded_node_answers_over_a_mem_channel() {
     let dir = tempfile::tempdir().unwrap();
-    let (node, channel) = start_single_node(dir.path()).await;
+    let (node, channel) = start_single_node(dir.path(), "off").await;
     let deadline = || Instant::now() + Duration::from_secs(10);
 
     // A single node elects itself; writes succeed once it leads.
@@ -102,6 +110,111 @@ async fn an_embedded_node_answers_over_a_mem_channel() {
     node.stop().await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_group_node_answers_its_shard_map() {
+    let dir = tempfile::tempdir().unwrap();
+    let resp_addr = format!("127.0.0.1:{}", free_port());
+    let (node, channel) = start_single_node(dir.path(), &resp_addr).await;
+    let deadline = || Instant::now() + Duration::from_secs(10);
+
+    // The map names the leader once the node has elected itself.
+    let started = Instant::now();
+    let map = loop {
+        match channel
+            .call_boxed(&Request::ShardMap, deadline())
+            .await
+            .unwrap()
+        {
+            Response::ShardMap(map) if map.shards()[0].leader.is_some() => break map,
+            other => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "no leader in the map: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let Response::Members(members) = channel
+        .call_boxed(&Request::Members, deadline())
+        .await
+        .unwrap()
+    else {
+        panic!("no members");
+    };
+    let ids: Vec<u64> = members.iter().map(|m| m.id).collect();
+    assert_eq!(ids.len(), 1);
+    assert_eq!(map.version(), SINGLE_GROUP_VERSION);
+    assert_eq!(map.nodes().iter().map(|n| n.id).collect::<Vec<_>>(), ids);
+    assert_eq!(
+        map.nodes()[0].client_addr.as_deref(),
+        Some(members[0].client_addr.as_str())
+    );
+    assert_eq!(
+        map.nodes()[0].resp_addr.as_deref(),
+        Some(resp_addr.as_str())
+    );
+    let shards = map.shards();
+    assert_eq!(shards.len(), 1);
+    assert_eq!((shards[0].id, &shards[0].members), (ShardId(0), &ids));
+    assert_eq!(shards[0].leader, Some(ids[0]));
+    for key in [&b"foo"[..], b"bar", b"{user1000}.following", b""] {
+        assert_eq!(map.shard_of_key(key), ShardId(0));
+    }
+
+    // Over TCP, a connection that negotiated version 2 gets the map, one
+    // that negotiated 1 (an older client) an error it can decode instead.
+    let client_addr = &members[0].client_addr;
+    let answer = ask_over_tcp(client_addr, PROTOCOL_VERSION, &Request::ShardMap).await;
+    assert!(
+        matches!(&answer, Response::ShardMap(got) if got.version() == map.version()),
+        "{answer:?}"
+    );
+    let answer = ask_over_tcp(client_addr, 1, &Request::ShardMap).await;
+    assert!(
+        matches!(&answer, Response::Error(e) if e.code == ErrorCode::InvalidRequest),
+        "{answer:?}"
+    );
+    node.stop().await.unwrap();
+}
+
+/// One request over a new TCP connection whose hello offers exactly
+/// `version`, and its answer.
+async fn ask_over_tcp(addr: &str, version: u16, request: &Request) -> Response {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let hello = ClientHello {
+        min_version: version,
+        max_version: version,
+        ..ClientHello::new("mem_rpc test", None)
+    };
+    let max = DEFAULT_MAX_FRAME_BYTES;
+    let mut out = encoded_frame(FrameKind::ClientHello, 0, &hello, max).unwrap();
+    out.extend_from_slice(&encoded_frame(FrameKind::Request, 1, request, max).unwrap());
+    stream.write_all(&out).await.unwrap();
+    let mut decoder = FrameDecoder::new(max);
+    let mut buf = BytesMut::new();
+    let mut frames = Vec::new();
+    while frames.len() < 2 {
+        if let Some(frame) = decoder.decode(&mut buf).unwrap() {
+            frames.push(frame);
+            continue;
+        }
+        let read = tokio::time::timeout(Duration::from_secs(10), stream.read_buf(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(read > 0, "closed after {frames:?}");
+    }
+    let Ok(ServerHello::Accepted(info)) = decode_payload::<ServerHello>(&frames[0]) else {
+        panic!("not accepted: {:?}", frames[0]);
+    };
+    assert_eq!(info.version, version);
+    assert_eq!(frames[1].kind, FrameKind::Response);
+    decode_payload(&frames[1]).unwrap()
+}
+
+/// Arguments of member `id` of a cluster whose peers listen on `peers`.
+
 /// A write Raft accepted but never committed has an unknown outcome when
 /// Raft stops: the reply must say so with `Timeout` (never retried by a
 /// client), not `Unavailable` (retried: a write that did apply would be
@@ -109,7 +222,7 @@ async fn an_embedded_node_answers_over_a_mem_channel() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_cut_off_by_raft_stopping_has_an_unknown_outcome() {
     let dir = tempfile::tempdir().unwrap();
-    let (node, channel) = start_single_node(dir.path()).await;
+    let (node, channel) = start_single_node(dir.path(), "off").await;
     let put = |value: &'static [u8]| Request::Put {
         key: Bytes::from_static(b"k"),
         value: Bytes::from_static(value),

@@ -4,12 +4,14 @@
 
 mod pool;
 mod route;
+mod shards;
 mod step;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use rdkv_proto::shard::ShardMap;
 use rdkv_proto::wire::{ClientHello, Request, Response};
 use tokio::time::{Instant, sleep_until};
 
@@ -17,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::options::ClientOptions;
 use route::RouteState;
 pub(crate) use route::{Idempotence, Route, route_of};
+use shards::ShardRouting;
 use step::{Attempt, BackOff, Outcome, Step, direct_result, next_step};
 
 pub(crate) use pool::Pool;
@@ -33,6 +36,8 @@ pub(crate) struct Router {
     options: ClientOptions,
     pool: Pool,
     state: Mutex<RouteState>,
+    /// The shard map, fetched when a node says the client's is stale.
+    shards: ShardRouting,
     /// Where the next follower read starts its round.
     spread: AtomicUsize,
 }
@@ -61,6 +66,7 @@ impl Router {
             pool: Pool::new(hello, options.connect_timeout, tls),
             options,
             state: Mutex::new(RouteState::new(list)),
+            shards: ShardRouting::default(),
             spread: AtomicUsize::new(0),
         })
     }
@@ -79,6 +85,12 @@ impl Router {
 
     pub(crate) fn leader(&self) -> Option<String> {
         self.state().leader.clone()
+    }
+
+    /// The newest shard map the client fetched (none until a node said
+    /// the client's was stale: a single group).
+    pub(crate) fn shard_map(&self) -> Option<Arc<ShardMap>> {
+        self.shards.map()
     }
 
     fn state(&self) -> MutexGuard<'_, RouteState> {
@@ -155,11 +167,14 @@ impl Router {
             Route::Leader | Route::AnyPreferLeader => 0,
         };
         let mut call = Call::new(self.options.request_timeout, cursor);
-        for attempt in 1..=self.options.max_attempts.max(1) {
+        let mut attempt = 0;
+        while attempt < self.options.max_attempts.max(1) {
+            attempt += 1;
             let addr = call
                 .next
                 .take()
                 .unwrap_or_else(|| self.state().pick(route, call.cursor));
+            let map_version = self.shards.version();
             let outcome = self.attempt(&addr, &request, call.deadline).await;
             let facts = Attempt {
                 addr: &addr,
@@ -169,7 +184,14 @@ impl Router {
                 past_deadline: Instant::now() >= call.deadline,
                 earlier_error: call.last_err.is_some(),
             };
-            match self.follow(next_step(outcome, &facts), &addr, route, &mut call) {
+            let then = match next_step(outcome, &facts) {
+                Step::Remap { at_least } => {
+                    self.remap(at_least, map_version, &addr, &mut call, &mut attempt)
+                        .await
+                }
+                step => self.follow(step, &addr, route, &mut call),
+            };
+            match then {
                 Then::Return(result) => return result.map(|response| (addr, response)),
                 Then::Stop => break,
                 Then::Next { wait } => {
@@ -190,6 +212,83 @@ impl Router {
             .unwrap_or_else(|| Error::Timeout(call.start.elapsed())))
     }
 
+    /// Carries out a `Remap` step: `addr` answered `WrongShard` to a request
+    /// sent under map `sent_under`. When the map is brought past that
+    /// version the request goes again at once and the attempt is not
+    /// counted (nothing was proposed, the client only learnt); otherwise
+    /// (the node is no newer than the client, or no map could be fetched)
+    /// it is a failed attempt, retried after a back-off.
+    async fn remap(
+        &self,
+        at_least: u64,
+        sent_under: u64,
+        addr: &str,
+        call: &mut Call,
+        attempt: &mut u32,
+    ) -> Then {
+        tracing::debug!(%addr, at_least, sent_under, "stale shard map");
+        match self.refresh_map(at_least, addr, call.deadline).await {
+            Ok(()) if sent_under < at_least => {
+                *attempt -= 1;
+                Then::Next { wait: false }
+            }
+            Ok(()) => {
+                call.last_err = Some(Error::StaleShardMap {
+                    needed: at_least,
+                    held: self.shards.version(),
+                });
+                Then::Next { wait: true }
+            }
+            Err(error) => {
+                call.last_err = Some(error);
+                Then::Next { wait: true }
+            }
+        }
+    }
+
+    /// Brings the shard map to at least `at_least`, asking `first` (which
+    /// said it has that version), then the other endpoints. One refresh at
+    /// a time: calls that waited for it find its map and fetch nothing.
+    async fn refresh_map(&self, at_least: u64, first: &str, deadline: Instant) -> Result<()> {
+        let held = || Error::StaleShardMap {
+            needed: at_least,
+            held: self.shards.version(),
+        };
+        let _turn = tokio::time::timeout_at(deadline, self.shards.refresh_turn())
+            .await
+            .map_err(|_| held())?;
+        if self.shards.version() >= at_least {
+            return Ok(());
+        }
+        let mut order = vec![first.to_owned()];
+        order.extend(self.endpoints().into_iter().filter(|e| e != first));
+        let mut last_err = held();
+        for addr in order {
+            let start = Instant::now();
+            let outcome = self.attempt(&addr, &Request::ShardMap, deadline).await;
+            match direct_result(outcome, &addr, start.elapsed()) {
+                Ok(Response::ShardMap(map)) => {
+                    self.shards.install(*map);
+                    if self.shards.version() >= at_least {
+                        return Ok(());
+                    }
+                    last_err = held();
+                }
+                Ok(other) => {
+                    last_err = Error::UnexpectedResponse {
+                        request: "ShardMap",
+                        response: format!("{other:?}"),
+                    }
+                }
+                Err(error) => last_err = error,
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+        }
+        Err(last_err)
+    }
+
     /// Carries out `step` of `call`, whose last attempt went to `addr`.
     fn follow(&self, step: Step, addr: &str, route: Route, call: &mut Call) -> Then {
         match step {
@@ -204,6 +303,8 @@ impl Router {
                 Then::Return(Err(error))
             }
             Step::GiveUp => Then::Stop,
+            // Carried out by `remap`, which must wait for the refresh.
+            Step::Remap { .. } => Then::Next { wait: true },
             Step::Redirect { to, error } => {
                 tracing::debug!(from = %addr, %to, "redirecting to the leader");
                 self.state().learn_leader(&to);

@@ -44,6 +44,7 @@ pub(crate) fn route_of(request: &Request) -> (Route, Idempotence) {
         | Request::ReportReads(_)
         | Request::RdmaRegion
         | Request::OfiRegion
+        | Request::ShardMap
         | Request::Digests => (Route::AnyPreferLeader, Idempotence::Read),
         Request::Put { .. }
         | Request::Delete { .. }

@@ -62,6 +62,11 @@ pub(crate) enum Step {
     },
     /// Try the leader a hint named, at once.
     Redirect { to: String, error: Error },
+    /// The node serves a newer shard map than the client's (`WrongShard`):
+    /// bring the map to at least `at_least` (the node has it), then send
+    /// the request again, a write too: a node answers `WrongShard` before
+    /// it proposes anything.
+    Remap { at_least: u64 },
     /// The deadline cut the call short: report the earlier error.
     GiveUp,
 }
@@ -72,6 +77,9 @@ pub(crate) fn next_step(outcome: Outcome, attempt: &Attempt<'_>) -> Step {
     match outcome {
         Outcome::Unreachable(error) => unreachable_step(error, attempt),
         Outcome::Replied(Response::Error(reply)) => error_reply_step(reply, attempt),
+        Outcome::Replied(Response::WrongShard(wrong)) => Step::Remap {
+            at_least: wrong.map_version,
+        },
         Outcome::Replied(response) => Step::Done(response),
         Outcome::CallFailed(failure) => call_failed_step(failure, attempt),
     }
@@ -199,7 +207,8 @@ pub(crate) fn direct_result(outcome: Outcome, addr: &str, elapsed: Duration) -> 
 
 #[cfg(test)]
 mod tests {
-    use rdkv_proto::wire::{LeaderHint, WireError};
+    use rdkv_proto::shard::{ShardId, key_slot};
+    use rdkv_proto::wire::{LeaderHint, WireError, WrongShard};
 
     use crate::error::ConnectError;
 
@@ -212,6 +221,7 @@ mod tests {
         Fail(&'static str, bool),
         Retry(&'static str, bool, BackOff),
         Redirect(String, &'static str),
+        Remap(u64),
         GiveUp,
     }
 
@@ -240,6 +250,7 @@ mod tests {
                 back_off,
             } => Shape::Retry(kind(error), *skip_node, *back_off),
             Step::Redirect { to, error } => Shape::Redirect(to.clone(), kind(error)),
+            Step::Remap { at_least } => Shape::Remap(*at_least),
             Step::GiveUp => Shape::GiveUp,
         }
     }
@@ -273,6 +284,14 @@ mod tests {
             client_addr: addr.to_owned(),
         });
         Outcome::Replied(Response::Error(reply))
+    }
+
+    fn wrong_shard() -> Outcome {
+        Outcome::Replied(Response::WrongShard(WrongShard {
+            map_version: 7,
+            slot: key_slot(b"foo"),
+            shard: ShardId(1),
+        }))
     }
 
     fn connect_error() -> Outcome {
@@ -359,6 +378,9 @@ mod tests {
             ("server Timeout, write", || reply(C::Timeout, None), Write, InTime, Fail("OutcomeUnknown", false)),
             ("InvalidRequest", || reply(C::InvalidRequest, None), Read, InTime, Fail("Server", false)),
             ("Unauthenticated", || reply(C::Unauthenticated, None), Write, InTime, Fail("Server", false)),
+            // Nothing was proposed: a write is sent again once the map is as new.
+            ("WrongShard", wrong_shard, Read, InTime, Remap(7)),
+            ("WrongShard, write", wrong_shard, Write, InTime, Remap(7)),
         ];
         for (name, outcome, idempotence, when, expected) in rows {
             let step = next_step(outcome(), &attempt(idempotence, when));

@@ -12,8 +12,17 @@ use serde::{Deserialize, Serialize};
 use super::error::WireError;
 use super::message::ErrorCode;
 
-pub const PROTOCOL_VERSION: u16 = 1;
+/// Version 2 added the shard answers ([`Response::ShardMap`],
+/// [`Response::WrongShard`]): a connection that negotiated 1 is never sent
+/// them ([`Response::min_version`]).
+///
+/// [`Response::ShardMap`]: super::Response::ShardMap
+/// [`Response::WrongShard`]: super::Response::WrongShard
+/// [`Response::min_version`]: super::Response::min_version
+pub const PROTOCOL_VERSION: u16 = 2;
 pub const MIN_PROTOCOL_VERSION: u16 = 1;
+/// The first version whose clients decode the shard answers.
+pub const SHARDS_PROTOCOL_VERSION: u16 = 2;
 /// Lets a server recognise a non-rdkv client (or an HTTP probe) on its first frame.
 pub const HANDSHAKE_MAGIC: [u8; 4] = *b"RDKV";
 

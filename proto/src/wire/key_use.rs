@@ -52,6 +52,7 @@ impl Request {
             | Request::RdmaConnect { .. }
             | Request::RdmaRegion
             | Request::OfiRegion
+            | Request::ShardMap
             | Request::Digests => KeyUse::Nothing,
         }
     }

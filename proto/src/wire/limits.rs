@@ -187,6 +187,7 @@ impl Request {
             | Self::RdmaConnect { .. }
             | Self::RdmaRegion
             | Self::OfiRegion
+            | Self::ShardMap
             | Self::Digests => Ok(()),
         }
     }

@@ -12,9 +12,11 @@ use super::admin::{
     Fault, Health, MemberInfo, NodeStatus, ReadReport, SnapshotChunk, StateDigestAt,
 };
 use super::batch::bounded_vec;
+use super::handshake::SHARDS_PROTOCOL_VERSION;
 use super::ofi::OfiRegionGrant;
 use super::rdma::{QpEndpoint, RdmaRegionGrant};
 use crate::region::{DeadlineUnixMs, NO_DEADLINE};
+use crate::shard::{ShardId, ShardMap, Slot};
 
 /// How fresh a read must be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -154,6 +156,11 @@ pub enum Request {
     /// [`Response::OfiRegion`], or an error reply (`InvalidRequest`) when
     /// the transport is off on the node.
     OfiRegion,
+    /// The shard map this node knows (`docs/sharding.md`), answered with
+    /// [`Response::ShardMap`] by any node; a single-group node answers
+    /// [`ShardMap::single_group`] of its members. A node older than this
+    /// request answers `Malformed`: it serves a single group.
+    ShardMap,
 }
 
 /// One command of a [`Request::Transaction`]. Append-only.
@@ -426,6 +433,26 @@ pub enum Response {
     Expiry(Option<KeyExpiry>),
     /// The answer to [`Request::OfiRegion`].
     OfiRegion(OfiRegionGrant),
+    /// The answer to [`Request::ShardMap`] (boxed: a map is larger than
+    /// every other answer).
+    ShardMap(Box<ShardMap>),
+    /// A keyed request reached a node that does not serve its key's shard:
+    /// the client's map is older than the node's. Nothing was proposed, so
+    /// the request may be sent again (a write too) once the client's map
+    /// is at least `map_version`. Only sent on connections that can
+    /// understand it (docs/sharding.md, section 5); no node sends it yet.
+    WrongShard(WrongShard),
+}
+
+/// The detail of a [`Response::WrongShard`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct WrongShard {
+    /// The version of the answering node's map: refresh to at least this.
+    pub map_version: u64,
+    /// The slot of the request's key(s).
+    pub slot: Slot,
+    /// The shard serving `slot` in the answering node's map.
+    pub shard: ShardId,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -455,6 +482,16 @@ impl UpdateOutcome {
 }
 
 impl Response {
+    /// The lowest protocol version whose clients can decode this response;
+    /// a server answers a connection of a lower version with an error
+    /// instead (docs/sharding.md, section 5).
+    pub fn min_version(&self) -> u16 {
+        match self {
+            Response::ShardMap(_) | Response::WrongShard(_) => SHARDS_PROTOCOL_VERSION,
+            _ => 1,
+        }
+    }
+
     /// The highest log index this response shows the answering replica had
     /// applied: a write's own index, the version of a value read. A client
     /// that must never read an older state than it has seen keeps the

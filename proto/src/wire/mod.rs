@@ -12,7 +12,7 @@
 //! [`Limits`] error is answered with an [`ErrorReply`] for that request id.
 
 pub mod admin;
-mod batch;
+pub(crate) mod batch;
 pub mod error;
 pub mod frame;
 pub mod handshake;
@@ -35,8 +35,8 @@ pub use frame::{
     decode_exact, decode_payload, encode_frame, encoded_frame,
 };
 pub use handshake::{
-    ClientHello, HANDSHAKE_MAGIC, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, ServerHello, ServerInfo,
-    negotiate, tokens_match,
+    ClientHello, HANDSHAKE_MAGIC, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, SHARDS_PROTOCOL_VERSION,
+    ServerHello, ServerInfo, negotiate, tokens_match,
 };
 pub use key_use::KeyUse;
 pub use limits::{
@@ -45,7 +45,7 @@ pub use limits::{
 };
 pub use message::{
     Consistency, ErrorCode, ErrorReply, ExpireCondition, Expiry, KeyExpiry, LeaderHint, Request,
-    Response, SetCondition, TxnOp, TxnResult, Update, UpdateOutcome, Versioned,
+    Response, SetCondition, TxnOp, TxnResult, Update, UpdateOutcome, Versioned, WrongShard,
 };
 pub use ofi::{MAX_OFI_ENDPOINT_BYTES, MAX_OFI_PROVIDER_BYTES, OfiRegionGrant, OfiWireError};
 pub use op::Op;

@@ -31,11 +31,12 @@ pub enum Op {
     Transaction,
     Ttl,
     OfiRegion,
+    ShardMap,
 }
 
 impl Op {
     /// Every op, in a fixed order (indexes of per-op tables).
-    pub const ALL: [Op; 26] = [
+    pub const ALL: [Op; 27] = [
         Op::Get,
         Op::MGet,
         Op::Put,
@@ -62,6 +63,7 @@ impl Op {
         Op::Transaction,
         Op::Ttl,
         Op::OfiRegion,
+        Op::ShardMap,
     ];
 
     pub fn name(self) -> &'static str {
@@ -89,6 +91,7 @@ impl Op {
             Op::RdmaConnect => "rdma_connect",
             Op::RdmaRegion => "rdma_region",
             Op::OfiRegion => "ofi_region",
+            Op::ShardMap => "shard_map",
             Op::Digests => "digests",
             Op::Transaction => "transaction",
             Op::Ttl => "ttl",
@@ -149,6 +152,7 @@ impl Request {
             Request::Transaction { .. } => Op::Transaction,
             Request::Ttl { .. } => Op::Ttl,
             Request::OfiRegion => Op::OfiRegion,
+            Request::ShardMap => Op::ShardMap,
         }
     }
 }

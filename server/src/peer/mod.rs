@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex};
 use rdkv_tls::ClientTls;
 
 use bytes::Bytes;
-use rdkv_proto::wire::{WireError, decode_exact};
+use rdkv_proto::shard::ShardId;
+use rdkv_proto::wire::{Frame, WireError, decode_exact, decode_payload};
 use rdkv_storage::cluster_id::ClusterId;
 use rdkv_storage::raft::rpc::{
     AppendEntriesRequest, AppendEntriesResponse, RaftError, SnapshotResponse,
@@ -23,6 +24,7 @@ use rdkv_storage::raft::rpc::{
 };
 use rdkv_storage::raft::{SnapshotMeta, Vote};
 use rdkv_storage::state_machine::RegionStateMachine;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 pub use network::PeerNetwork;
@@ -35,6 +37,10 @@ pub const PEER_MAGIC: [u8; 4] = *b"RDKP";
 pub const PEER_PROTOCOL_VERSION: u16 = 2;
 /// The hello of nodes that know no cluster identity.
 pub const PEER_PROTOCOL_VERSION_NO_IDENTITY: u16 = 1;
+/// Connections of this hello version carry the frames of many shards,
+/// each payload prefixed by its shard id (docs/sharding.md, section 3);
+/// not sent yet: a node hosts one group.
+pub const PEER_PROTOCOL_VERSION_SHARDS: u16 = 3;
 /// Appends carry up to `max_payload_entries` entries of up to a max value
 /// each; peers are authenticated members, and this still bounds a frame.
 pub const PEER_MAX_FRAME_BYTES: u32 = 256 * 1024 * 1024;
@@ -119,6 +125,21 @@ impl PeerHello {
             from_client_addr: old.from_client_addr,
             cluster_id: None,
         })
+    }
+}
+
+/// A peer message and the shard it is for, from a frame of a connection
+/// whose hello had `hello_version`: version 3 prefixes every payload with
+/// the shard id (encoded as the pair `(shard, message)`), older versions
+/// carry shard 0 only.
+pub fn decode_for_shard<T: DeserializeOwned>(
+    hello_version: u16,
+    frame: &Frame,
+) -> Result<(ShardId, T), WireError> {
+    if hello_version >= PEER_PROTOCOL_VERSION_SHARDS {
+        decode_payload(frame)
+    } else {
+        Ok((ShardId(0), decode_payload(frame)?))
     }
 }
 
@@ -266,5 +287,46 @@ impl PeerContext {
             .unwrap_or_else(|p| p.into_inner())
             .get(&node_id)
             .cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::BytesMut;
+    use rdkv_proto::wire::{FrameDecoder, FrameKind, encoded_frame};
+
+    use super::*;
+
+    fn frame_of<T: Serialize>(message: &T) -> Frame {
+        let mut bytes: BytesMut =
+            encoded_frame(FrameKind::Request, 7, message, PEER_MAX_FRAME_BYTES).unwrap();
+        FrameDecoder::new(PEER_MAX_FRAME_BYTES)
+            .decode(&mut bytes)
+            .unwrap()
+            .unwrap()
+    }
+
+    fn failed(frame: &Frame, version: u16) -> Result<(ShardId, String), WireError> {
+        decode_for_shard::<PeerResponse>(version, frame).map(|(shard, response)| match response {
+            PeerResponse::Failed(message) => (shard, message),
+            other => panic!("{other:?}"),
+        })
+    }
+
+    #[test]
+    fn older_connections_carry_shard_0_and_version_3_names_the_shard() {
+        let plain = frame_of(&PeerResponse::Failed("x".into()));
+        for version in [PEER_PROTOCOL_VERSION_NO_IDENTITY, PEER_PROTOCOL_VERSION] {
+            assert_eq!(failed(&plain, version).unwrap(), (ShardId(0), "x".into()));
+        }
+        let tagged = frame_of(&(ShardId(300), PeerResponse::Failed("y".into())));
+        assert_eq!(
+            failed(&tagged, PEER_PROTOCOL_VERSION_SHARDS).unwrap(),
+            (ShardId(300), "y".into())
+        );
+        // A tagged payload is not an untagged one, and the reverse: neither
+        // is taken for the other's shard.
+        assert!(failed(&tagged, PEER_PROTOCOL_VERSION).is_err());
+        assert!(failed(&plain, PEER_PROTOCOL_VERSION_SHARDS).is_err());
     }
 }

@@ -86,7 +86,7 @@ where
     let mut reader = FrameReader::new(read, HANDSHAKE_MAX_FRAME_BYTES);
     let mut writer = FrameWriter::new(write, limits.max_frame_bytes);
     // Held for as long as the connection is served.
-    let _slot = handshake(&mut reader, &mut writer, addr, via, &handler).await?;
+    let (_slot, version) = handshake(&mut reader, &mut writer, addr, via, &handler).await?;
 
     let _open = handler.stats().connection(via);
     // Queue pairs opened on this connection: torn down when it closes.
@@ -101,6 +101,7 @@ where
         order: KeyOrder::default(),
         running: FuturesUnordered::new(),
         writer,
+        version,
     };
     let served = connection.serve(&mut reader).await;
     // Let the answers to requests already read go out.
@@ -121,9 +122,20 @@ struct Connection<'a, W> {
     /// At most `MAX_IN_FLIGHT`.
     running: FuturesUnordered<Running<'a>>,
     writer: FrameWriter<W>,
+    /// The protocol version the handshake agreed.
+    version: u16,
 }
 
 impl<'a, W: AsyncWrite + Unpin> Connection<'a, W> {
+    /// Queues a request's answer as the connection's version can decode it.
+    fn answer(&mut self, request_id: u64, response: Response) -> Result<(), FramedError> {
+        queue_response(
+            &mut self.writer,
+            request_id,
+            &for_version(response, self.version),
+        )
+    }
+
     fn has_room(&self) -> bool {
         self.running.len() < MAX_IN_FLIGHT as usize
     }
@@ -155,7 +167,7 @@ impl<'a, W: AsyncWrite + Unpin> Connection<'a, W> {
             was_full = !self.has_room();
             tokio::select! {
                 Some((request_id, response)) = self.running.next(), if !self.running.is_empty() => {
-                    queue_response(&mut self.writer, request_id, &response)?;
+                    self.answer(request_id, response)?;
                 }
                 frame = reader.next(), if may_read => match frame {
                     Ok(Some(frame)) => self.start(frame).await?,
@@ -169,7 +181,7 @@ impl<'a, W: AsyncWrite + Unpin> Connection<'a, W> {
     /// Queues the answer to every request that has finished.
     fn take_ready(&mut self) -> Result<(), FramedError> {
         while let Some(Some((request_id, response))) = self.running.next().now_or_never() {
-            queue_response(&mut self.writer, request_id, &response)?;
+            self.answer(request_id, response)?;
         }
         Ok(())
     }
@@ -177,7 +189,7 @@ impl<'a, W: AsyncWrite + Unpin> Connection<'a, W> {
     /// Runs every request still running to its end and sends the answers.
     async fn finish_all(&mut self) -> Result<(), FramedError> {
         while let Some((request_id, response)) = self.running.next().await {
-            queue_response(&mut self.writer, request_id, &response)?;
+            self.answer(request_id, response)?;
         }
         self.flush().await
     }
@@ -257,7 +269,7 @@ impl<'a, W: AsyncWrite + Unpin> Connection<'a, W> {
             tokio::select! {
                 permit = &mut permit => return Ok(permit),
                 Some((request_id, response)) = self.running.next(), if !self.running.is_empty() => {
-                    queue_response(&mut self.writer, request_id, &response)?;
+                    self.answer(request_id, response)?;
                     self.take_ready()?;
                     self.flush().await?;
                 }
@@ -308,6 +320,20 @@ fn rdma_connect(
         }
         Err(reply) => Response::Error(reply),
     }
+}
+
+/// `response`, or an error reply when the connection's protocol `version`
+/// is too old to decode it (a version-1 client is never sent the shard
+/// answers, docs/sharding.md section 5).
+fn for_version(response: Response, version: u16) -> Response {
+    let needed = response.min_version();
+    if needed <= version {
+        return response;
+    }
+    Response::Error(ErrorReply::new(
+        ErrorCode::InvalidRequest,
+        format!("this answer needs protocol version {needed}; the connection speaks {version}"),
+    ))
 }
 
 /// Queues a response; one too large for a frame becomes an error reply.

@@ -194,6 +194,9 @@ impl Handler {
             Request::Status => Ok(Response::Status(Box::new(self.status()))),
             Request::Health => Ok(Response::Health(self.health())),
             Request::Members => Ok(Response::Members(replica.members())),
+            Request::ShardMap => replica
+                .shard_map(self.endpoints.resp.clone())
+                .map(|map| Response::ShardMap(Box::new(map))),
             Request::Digests => Ok(Response::Digests(replica.sm.digests())),
             Request::AddMember {
                 id,

@@ -75,14 +75,14 @@ fn admit(
 
 /// Reads the hello and answers it. On success the reader takes frames up to
 /// the node's limit, and the returned slot is to be held for as long as the
-/// connection is served.
+/// connection is served; the version is the one negotiated.
 pub async fn handshake<R, W>(
     reader: &mut FrameReader<R>,
     writer: &mut FrameWriter<W>,
     addr: &str,
     via: Via,
     handler: &Handler,
-) -> Result<OwnedSemaphorePermit>
+) -> Result<(OwnedSemaphorePermit, u16)>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -117,7 +117,7 @@ where
             });
             writer.send(FrameKind::ServerHello, 0, &accepted).await?;
             reader.set_max_frame_bytes(max_frame_bytes);
-            Ok(slot)
+            Ok((slot, version))
         }
         Err(reply) => {
             if matches!(
