@@ -12,6 +12,8 @@
 //!   hot over as many keys as fill about 1 MiB of blocks, cold over keys
 //!   spread over the whole region.
 //! - `get`: the async `Client::get_with` (Lease) of the same keys.
+//! - tiny rows: 64 keys (and a floor over 64 fixed places of the hot
+//!   region), all in L1/L2 and the TLB: the GET's software cost alone.
 //! - spread floor: the floor's work over as many fixed (bucket, block)
 //!   places as the row has keys, scattered over a buffer of the cold
 //!   region's size: the cache footprint of the row's keys and their page
@@ -34,6 +36,8 @@ use crate::fabric_bench::FabricBenchError;
 
 /// The hot region's size.
 pub const HOT_REGION_BYTES: usize = 1 << 20;
+/// Keys of the tiny rows (and places of their floor, in the hot region).
+const TINY_KEYS: usize = 64;
 /// Bytes of a key of the floor table's keys (`floor/<size>/<index>`, padded).
 const KEY_BYTES: usize = 28;
 /// The region header and the 32-byte block header.
@@ -64,6 +68,8 @@ pub struct FloorOptions {
     /// Operations per round, and rounds.
     pub ops_per_round: usize,
     pub rounds: usize,
+    /// Which rows: tiny, hot, cold.
+    pub regions: Vec<String>,
 }
 
 /// The block a value of `size` bytes takes: its size class (64-byte steps
@@ -80,11 +86,37 @@ pub fn block_bytes(size: usize) -> usize {
 }
 
 fn key(size: usize, index: usize) -> Bytes {
-    let key = format!(
-        "floor/{size}/{index:0>width$}",
-        width = KEY_BYTES - 7 - size.to_string().len()
-    );
-    Bytes::from(key)
+    let mut out = [0u8; KEY_BYTES];
+    Bytes::copy_from_slice(KeyMaker::new(size).make(index, &mut out))
+}
+
+/// Writes the keys of one size (`floor/<size>/<index>`, the index
+/// zero-padded to [`KEY_BYTES`]) into a buffer on the stack, as the timed
+/// loops need them: an application holds the key it asks for, while a
+/// table of 150 000 keys on the heap would add a cache miss or two per
+/// GET that the floor does not have.
+struct KeyMaker {
+    prefix: [u8; KEY_BYTES],
+    prefix_len: usize,
+}
+
+impl KeyMaker {
+    fn new(size: usize) -> KeyMaker {
+        let text = format!("floor/{size}/");
+        let mut prefix = [b'0'; KEY_BYTES];
+        let prefix_len = text.len().min(KEY_BYTES);
+        prefix[..prefix_len].copy_from_slice(&text.as_bytes()[..prefix_len]);
+        KeyMaker { prefix, prefix_len }
+    }
+
+    fn make<'o>(&self, mut index: usize, out: &'o mut [u8; KEY_BYTES]) -> &'o [u8] {
+        *out = self.prefix;
+        for digit in out[self.prefix_len..].iter_mut().rev() {
+            *digit = b'0' + (index % 10) as u8;
+            index /= 10;
+        }
+        out
+    }
 }
 
 /// A small fast generator (xorshift64*), the same for every row.
@@ -204,9 +236,10 @@ pub async fn fill(client: &Client, sizes: &[usize], count: usize) -> Result<(), 
     Ok(())
 }
 
-/// Keys of one row, and the GETs' buffer.
+/// Keys of one row: `floor/<size>/<i>` for i below `count`.
 struct RowKeys {
-    keys: Vec<Bytes>,
+    maker: KeyMaker,
+    count: usize,
     size: usize,
 }
 
@@ -225,7 +258,8 @@ fn get_into_round(
     let mut buf = vec![0u8; row.size];
     let start = Instant::now();
     for _ in 0..ops {
-        let key = &row.keys[rng.below(row.keys.len())];
+        let mut key = [0u8; KEY_BYTES];
+        let key = row.maker.make(rng.below(row.count), &mut key);
         match handle.get_into(key, &mut buf) {
             Ok(Some(got)) if got.len == row.size => {}
             Err(GetIntoError::NotServed(_)) => return Ok(None),
@@ -248,7 +282,8 @@ async fn get_round(
 ) -> Result<Option<f64>, FabricBenchError> {
     let start = Instant::now();
     for _ in 0..ops {
-        let key = row.keys[rng.below(row.keys.len())].clone();
+        let mut key = [0u8; KEY_BYTES];
+        let key = Bytes::copy_from_slice(row.maker.make(rng.below(row.count), &mut key));
         match client.get_with(key, Consistency::Lease).await {
             Ok(Some(v)) if v.value.len() == row.size => {}
             Err(rdkv_client::Error::OneSidedUnavailable) => return Ok(None),
@@ -291,43 +326,52 @@ pub async fn run_floor(
 ) -> Result<Vec<FloorRow>, FabricBenchError> {
     let mut handle = client.read_handle();
     let mut rows = Vec::new();
+    let hot = floor_region(HOT_REGION_BYTES);
     let cold = floor_region(options.cold_region_bytes);
     for (region, region_bytes) in [
+        ("tiny", HOT_REGION_BYTES),
         ("hot", HOT_REGION_BYTES),
         ("cold", options.cold_region_bytes),
     ] {
-        let hot;
-        let floor = if region == "hot" {
-            hot = floor_region(region_bytes);
-            &hot
-        } else {
-            &cold
-        };
+        if !options.regions.iter().any(|r| r == region) {
+            continue;
+        }
+        let floor = if region == "cold" { &cold } else { &hot };
         for &size in &options.sizes {
             let block = block_bytes(size);
             // Hot: as many keys as the hot floor region holds blocks and
-            // index lines (two 64-byte bucket lines each).
-            let keys = if region == "hot" {
-                (HOT_REGION_BYTES / (block + 128)).clamp(1, cold_keys)
-            } else {
-                cold_keys
+            // index lines (two 64-byte bucket lines each). Tiny: so few
+            // that their lines and pages stay in L1/L2 and the TLB, for
+            // floor and GET alike: what is left of a GET is its software.
+            let keys = match region {
+                "tiny" => TINY_KEYS.min(cold_keys),
+                "hot" => (HOT_REGION_BYTES / (block + 128)).clamp(1, cold_keys),
+                _ => cold_keys,
             };
             let row_keys = RowKeys {
-                keys: (0..keys).map(|i| key(size, i)).collect(),
+                maker: KeyMaker::new(size),
+                count: keys,
                 size,
             };
             let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ size as u64);
             let places = spread_places(cold.len(), block, keys, &mut rng);
+            let tiny_places = spread_places(hot.len(), block, keys, &mut rng);
             // Attaches the regions (this runtime runs the refresher only
             // when the rounds of `get` poll it).
             handle.refresh().await;
             // Warm-up: every key once (attaches, and the hot set is cached).
-            for key in &row_keys.keys {
+            for i in 0..keys {
+                let mut key = [0u8; KEY_BYTES];
+                let key = row_keys.maker.make(i, &mut key);
                 let _ = handle.get_into(key, &mut vec![0u8; size]);
             }
             let (mut f, mut s, mut gi, mut g) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for _ in 0..options.rounds {
-                f.push(floor_round(floor, block, options.ops_per_round, &mut rng));
+                f.push(if region == "tiny" {
+                    spread_round(floor, &tiny_places, block, options.ops_per_round, &mut rng)
+                } else {
+                    floor_round(floor, block, options.ops_per_round, &mut rng)
+                });
                 s.push(spread_round(
                     &cold,
                     &places,
@@ -423,6 +467,8 @@ mod tests {
         assert_eq!(block_bytes(1024), 1088);
         assert_eq!(key(1024, 5).len(), KEY_BYTES);
         assert_eq!(key(8, 123_456).len(), KEY_BYTES);
+        assert_eq!(&key(8, 123_456)[..], b"floor/8/00000000000000123456");
+        assert_eq!(&key(1024, 7)[..], b"floor/1024/00000000000000007");
     }
 
     #[test]
