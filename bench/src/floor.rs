@@ -163,7 +163,12 @@ fn floor_round(region: &[u8], block: usize, ops: usize, rng: &mut Rng) -> f64 {
 
 /// Fixed places of the spread floor: `keys` (bucket, block) offsets,
 /// random over `region` laid out as the floor lays it out.
-fn spread_places(region_bytes: usize, block: usize, keys: usize, rng: &mut Rng) -> Vec<(usize, usize)> {
+fn spread_places(
+    region_bytes: usize,
+    block: usize,
+    keys: usize,
+    rng: &mut Rng,
+) -> Vec<(usize, usize)> {
     let index_bytes = (region_bytes / BYTES_PER_SLOT * 8).max(64);
     let data = region_bytes - index_bytes;
     (0..keys)
@@ -380,15 +385,23 @@ pub async fn run_floor(
                     &mut rng,
                 ));
                 gi.push(
-                    served_round(&mut handle, async |handle, rng| {
-                        get_into_round(handle, &row_keys, options.ops_per_round, rng)
-                    }, &mut rng)
+                    served_round(
+                        &mut handle,
+                        async |handle, rng| {
+                            get_into_round(handle, &row_keys, options.ops_per_round, rng)
+                        },
+                        &mut rng,
+                    )
                     .await?,
                 );
                 g.push(
-                    served_round(&mut handle, async |_, rng| {
-                        get_round(client, &row_keys, options.ops_per_round, rng).await
-                    }, &mut rng)
+                    served_round(
+                        &mut handle,
+                        async |_, rng| {
+                            get_round(client, &row_keys, options.ops_per_round, rng).await
+                        },
+                        &mut rng,
+                    )
                     .await?,
                 );
             }
