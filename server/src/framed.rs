@@ -36,7 +36,13 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         self.decoder = FrameDecoder::new(max_frame_bytes);
     }
 
+    /// The next frame if it is already buffered, without reading.
+    pub fn next_buffered(&mut self) -> Result<Option<Frame>, FramedError> {
+        Ok(self.decoder.decode(&mut self.buf)?)
+    }
+
     /// The next frame; `None` on a clean end of stream between frames.
+    /// Cancel-safe: bytes read before a cancellation stay buffered.
     pub async fn next(&mut self) -> Result<Option<Frame>, FramedError> {
         loop {
             if let Some(frame) = self.decoder.decode(&mut self.buf)? {
@@ -87,6 +93,11 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
             &mut self.buf,
         )?;
         Ok(())
+    }
+
+    /// Whether frames are queued and not yet sent.
+    pub fn has_queued(&self) -> bool {
+        !self.buf.is_empty()
     }
 
     pub async fn flush(&mut self) -> Result<(), FramedError> {

@@ -8,6 +8,12 @@ use rdkv_server::config::{Args, Config, LogFormat};
 use rdkv_server::node::Node;
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc, not glibc's malloc: the request and replication paths allocate
+/// and free many small buffers across threads, where glibc spent about a
+/// fifth of the leader's CPU (docs/benchmarks.md, issue 15).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn init_logging(format: LogFormat) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,openraft=warn"));

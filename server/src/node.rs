@@ -23,6 +23,7 @@ use crate::accept::TcpFront;
 use crate::config::Config;
 use crate::peer::{PeerContext, PeerNetwork, SNAPSHOT_CHUNK_BYTES, serve_peers};
 use crate::replica::Replica;
+use crate::service::proposals::Proposals;
 use crate::service::read_rounds::ReadRounds;
 use crate::service::{Endpoints, Handler, HandlerSettings, serve_clients, serve_unix_clients};
 use crate::tls::NodeTls;
@@ -328,6 +329,7 @@ async fn start_replica(config: &Config, region: RegionConfig, tls: &NodeTls) -> 
     .context("starting raft")?;
     Ok(Replica {
         reads: ReadRounds::start(raft.clone()),
+        proposals: Proposals::start(raft.clone()),
         raft,
         sm,
         log,

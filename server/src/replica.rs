@@ -14,6 +14,7 @@ use rdkv_storage::state_machine::RegionStateMachine;
 
 use crate::Raft;
 use crate::peer::PeerContext;
+use crate::service::proposals::Proposals;
 use crate::service::read_rounds::ReadRounds;
 
 /// Raft and the stores it runs on, started. Cheap to clone: every part is
@@ -26,6 +27,8 @@ pub struct Replica {
     pub peers: Arc<PeerContext>,
     /// Linearizable reads share ReadIndex rounds through it.
     pub reads: ReadRounds,
+    /// Client writes are proposed through it, batched.
+    pub proposals: Proposals,
 }
 
 impl Replica {

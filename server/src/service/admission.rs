@@ -49,27 +49,27 @@ impl Admission {
     }
 
     /// Takes `payload_bytes` from the node's in-flight budget for a large
-    /// request (`None` for a small one), waiting while the budget is spent;
-    /// `waited` is set if it had to.
-    pub async fn in_flight_permit(
+    /// request (`Ok(None)` for a small one). While the budget is spent,
+    /// `Err` holds the wait for it (cancel-safe: dropping it gives up its
+    /// place in the queue).
+    pub fn try_in_flight_permit(
         &self,
         payload_bytes: usize,
-        waited: &mut bool,
-    ) -> Option<OwnedSemaphorePermit> {
+    ) -> Result<
+        Option<OwnedSemaphorePermit>,
+        impl Future<Output = Option<OwnedSemaphorePermit>> + Send + 'static,
+    > {
         if payload_bytes <= SMALL_REQUEST_BYTES {
-            return None;
+            return Ok(None);
         }
         let kib = u32::try_from(payload_bytes.div_ceil(1024))
             .unwrap_or(u32::MAX)
             .min(self.max_in_flight_kib);
-        if let Ok(permit) = Arc::clone(&self.in_flight_kib).try_acquire_many_owned(kib) {
-            return Some(permit);
+        let budget = Arc::clone(&self.in_flight_kib);
+        match Arc::clone(&budget).try_acquire_many_owned(kib) {
+            Ok(permit) => Ok(Some(permit)),
+            Err(_) => Err(async move { budget.acquire_many_owned(kib).await.ok() }),
         }
-        *waited = true;
-        Arc::clone(&self.in_flight_kib)
-            .acquire_many_owned(kib)
-            .await
-            .ok()
     }
 
     /// (budget, in use) of large in-flight requests, in bytes.
@@ -185,21 +185,36 @@ mod tests {
     #[tokio::test]
     async fn small_requests_take_nothing_from_the_budget() {
         let admission = Admission::new(1, 1024 * 1024);
-        let mut waited = false;
-        assert!(
-            admission
-                .in_flight_permit(SMALL_REQUEST_BYTES, &mut waited)
-                .await
-                .is_none()
-        );
-        let large = admission
-            .in_flight_permit(SMALL_REQUEST_BYTES + 1, &mut waited)
-            .await;
-        assert!(large.is_some());
-        assert!(!waited);
+        assert!(matches!(
+            admission.try_in_flight_permit(SMALL_REQUEST_BYTES),
+            Ok(None)
+        ));
+        let large = admission.try_in_flight_permit(SMALL_REQUEST_BYTES + 1);
+        assert!(matches!(large, Ok(Some(_))), "the budget has room");
         assert_eq!(admission.in_flight_bytes(), (1024 * 1024, 65 * 1024));
         let slot = admission.connection_slot();
         assert!(slot.is_some());
         assert!(admission.connection_slot().is_none(), "the limit is one");
+    }
+
+    #[tokio::test]
+    async fn a_large_request_past_the_budget_waits_for_it() {
+        let admission = Admission::new(1, 128 * 1024);
+        let first = admission.try_in_flight_permit(100 * 1024);
+        let Ok(Some(first)) = first else {
+            panic!("the budget has room for the first");
+        };
+        let Err(wait) = admission.try_in_flight_permit(100 * 1024) else {
+            panic!("the second is past the budget");
+        };
+        let wait = tokio::spawn(wait);
+        tokio::task::yield_now().await;
+        assert!(!wait.is_finished(), "the budget is spent");
+        drop(first);
+        let second = tokio::time::timeout(std::time::Duration::from_secs(10), wait).await;
+        assert!(
+            matches!(second, Ok(Ok(Some(_)))),
+            "given once the first is done"
+        );
     }
 }

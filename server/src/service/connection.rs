@@ -1,8 +1,10 @@
-//! One native-protocol connection (TCP or Unix socket). One task reads
-//! frames (acquiring a credit per request before reading the next, so a
-//! client can never have more than `MAX_IN_FLIGHT` requests in the server:
-//! backpressure instead of an unbounded queue), one task per request
-//! computes the answer, one task writes responses as they complete.
+//! One native-protocol connection (TCP or Unix socket), served by one
+//! task: it reads frames, runs the requests they carry as futures of its
+//! own (at most `MAX_IN_FLIGHT` at once: past that the socket is not read,
+//! so a client is held back by TCP instead of an unbounded queue), and
+//! writes each response as it completes. No task, channel or wake-up per
+//! request: every frame already buffered is started before the answers
+//! that are ready go out in one write.
 //!
 //! Requests on different keys run at once; a request after another that
 //! may observe or change its keys runs after it (`order`: a read sees every
@@ -13,15 +15,20 @@
 //! other keys' requests that share the connection (one client multiplexes
 //! many callers over it).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use anyhow::{Result, bail};
+use futures::FutureExt;
+use futures::stream::{FuturesUnordered, StreamExt};
 use rdkv_proto::wire::{
-    ErrorCode, ErrorReply, FrameKind, KeyUse, Limits, Request, Response, WireError, decode_payload,
+    ErrorCode, ErrorReply, Frame, FrameKind, KeyUse, Limits, Request, Response, WireError,
+    decode_payload,
 };
 use rdkv_tls::Stream;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{OwnedSemaphorePermit, watch};
 
 use super::handshake::{HANDSHAKE_MAX_FRAME_BYTES, handshake};
 use super::{Handler, MAX_IN_FLIGHT};
@@ -82,45 +89,187 @@ where
     let _slot = handshake(&mut reader, &mut writer, addr, via, &handler).await?;
 
     let _open = handler.stats().connection(via);
-    let credits = Arc::new(Semaphore::new(MAX_IN_FLIGHT as usize));
-    let (done_tx, mut done_rx) = mpsc::channel::<(u64, Response)>(MAX_IN_FLIGHT as usize);
-    let write_task = tokio::spawn(async move {
-        while let Some((request_id, response)) = done_rx.recv().await {
-            queue_response(&mut writer, request_id, &response)?;
-            // Batch whatever else is ready into the same write.
-            while let Ok((request_id, response)) = done_rx.try_recv() {
-                queue_response(&mut writer, request_id, &response)?;
-            }
-            writer.flush().await?;
-        }
-        Ok::<_, FramedError>(())
-    });
-
     // Queue pairs opened on this connection: torn down when it closes.
     let rdma_sessions = RdmaSessions {
         local_ip,
-        open: Arc::new(std::sync::Mutex::new(Vec::new())),
+        open: std::sync::Mutex::new(Vec::new()),
     };
-    let result = read_requests(
-        &mut reader,
-        &handler,
+    let mut connection = Connection {
+        handler: &handler,
         via,
-        &credits,
-        &done_tx,
-        &rdma_sessions,
-    )
-    .await;
-    drop(done_tx);
+        rdma_sessions: &rdma_sessions,
+        order: KeyOrder::default(),
+        running: FuturesUnordered::new(),
+        writer,
+    };
+    let served = connection.serve(&mut reader).await;
     // Let the answers to requests already read go out.
-    let _ = write_task.await;
-    result
+    let finished = connection.finish_all().await;
+    served?;
+    Ok(finished?)
+}
+
+/// A request running on its connection's task: its id and its response.
+type Running<'a> = Pin<Box<dyn Future<Output = (u64, Response)> + Send + 'a>>;
+
+/// One connection's state while it is served.
+struct Connection<'a, W> {
+    handler: &'a Arc<Handler>,
+    via: Via,
+    rdma_sessions: &'a RdmaSessions,
+    order: KeyOrder,
+    /// At most `MAX_IN_FLIGHT`.
+    running: FuturesUnordered<Running<'a>>,
+    writer: FrameWriter<W>,
+}
+
+impl<'a, W: AsyncWrite + Unpin> Connection<'a, W> {
+    fn has_room(&self) -> bool {
+        self.running.len() < MAX_IN_FLIGHT as usize
+    }
+
+    /// Reads and runs requests until the client closes the connection or
+    /// breaks the framing (an error, once its reply is queued).
+    async fn serve<R: AsyncRead + Unpin>(&mut self, reader: &mut FrameReader<R>) -> Result<()> {
+        let mut input_open = true;
+        let mut was_full = false;
+        loop {
+            // Start everything already buffered, then send every answer
+            // that is ready in one write.
+            while self.has_room() {
+                match reader.next_buffered() {
+                    Ok(Some(frame)) => self.start(frame).await?,
+                    Ok(None) => break,
+                    Err(e) => return self.framing_error(e),
+                }
+            }
+            self.take_ready()?;
+            self.flush().await?;
+            if !input_open && self.running.is_empty() {
+                return Ok(());
+            }
+            let may_read = input_open && self.has_room();
+            if input_open && !may_read && !was_full {
+                self.handler.stats().backpressure(self.via);
+            }
+            was_full = !self.has_room();
+            tokio::select! {
+                Some((request_id, response)) = self.running.next(), if !self.running.is_empty() => {
+                    queue_response(&mut self.writer, request_id, &response)?;
+                }
+                frame = reader.next(), if may_read => match frame {
+                    Ok(Some(frame)) => self.start(frame).await?,
+                    Ok(None) => input_open = false,
+                    Err(e) => return self.framing_error(e),
+                },
+            }
+        }
+    }
+
+    /// Queues the answer to every request that has finished.
+    fn take_ready(&mut self) -> Result<(), FramedError> {
+        while let Some(Some((request_id, response))) = self.running.next().now_or_never() {
+            queue_response(&mut self.writer, request_id, &response)?;
+        }
+        Ok(())
+    }
+
+    /// Runs every request still running to its end and sends the answers.
+    async fn finish_all(&mut self) -> Result<(), FramedError> {
+        while let Some((request_id, response)) = self.running.next().await {
+            queue_response(&mut self.writer, request_id, &response)?;
+        }
+        self.flush().await
+    }
+
+    /// Sends the answers queued, if any.
+    async fn flush(&mut self) -> Result<(), FramedError> {
+        if self.writer.has_queued() {
+            self.writer.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// The stream cannot be resynchronised: say why (the connection then
+    /// closes once the requests already read are answered).
+    fn framing_error(&mut self, e: FramedError) -> Result<()> {
+        let reply = match &e {
+            FramedError::Wire(wire) => ErrorReply::from(wire),
+            FramedError::Io(_) => ErrorReply::new(ErrorCode::Malformed, e.to_string()),
+        };
+        queue_response(&mut self.writer, 0, &Response::Error(reply))?;
+        bail!("framing: {e}");
+    }
+
+    /// Starts the request `frame` carries, in its turn among the
+    /// connection's requests on its keys.
+    async fn start(&mut self, frame: Frame) -> Result<()> {
+        if frame.kind != FrameKind::Request {
+            let reply = ErrorReply::new(ErrorCode::Malformed, "expected a request frame");
+            queue_response(&mut self.writer, frame.request_id, &Response::Error(reply))?;
+            bail!("unexpected frame kind {:?}", frame.kind);
+        }
+        let request_id = frame.request_id;
+        // Large requests take from the node-wide budget before they are
+        // decoded; while it is spent this connection is not read further.
+        let budget = self.in_flight_permit(frame.payload.len()).await?;
+        let request = decode_payload::<Request>(&frame);
+        let turn = request.as_ref().map_or_else(
+            |_| Turn::default(),
+            |request| take_turn(&mut self.order, request),
+        );
+        let (handler, via, rdma_sessions) = (self.handler, self.via, self.rdma_sessions);
+        self.running.push(Box::pin(async move {
+            turn.waits.start().await;
+            let response = match request {
+                Err(e) => {
+                    handler.stats().malformed(via);
+                    Response::Error(ErrorReply::new(ErrorCode::Malformed, e.to_string()))
+                }
+                Ok(Request::RdmaConnect { endpoint }) => {
+                    rdma_connect(handler, endpoint, &handler.limits(), rdma_sessions)
+                }
+                Ok(request) => handler.handle_placed(request, via, turn.place).await,
+            };
+            turn.waits.finish().await;
+            drop(turn.finish);
+            drop(budget);
+            (request_id, response)
+        }));
+        Ok(())
+    }
+
+    /// A permit from the node's budget for a large request (`None` for a
+    /// small one). While it waits, this connection's running requests go
+    /// on and are answered: they may hold the budget it waits for.
+    async fn in_flight_permit(
+        &mut self,
+        payload_bytes: usize,
+    ) -> Result<Option<OwnedSemaphorePermit>, FramedError> {
+        let admission = self.handler.admission();
+        let permit = match admission.try_in_flight_permit(payload_bytes) {
+            Ok(permit) => return Ok(permit),
+            Err(wait) => wait,
+        };
+        self.handler.stats().backpressure(self.via);
+        tokio::pin!(permit);
+        loop {
+            tokio::select! {
+                permit = &mut permit => return Ok(permit),
+                Some((request_id, response)) = self.running.next(), if !self.running.is_empty() => {
+                    queue_response(&mut self.writer, request_id, &response)?;
+                    self.take_ready()?;
+                    self.flush().await?;
+                }
+            }
+        }
+    }
 }
 
 /// The queue pairs opened on one connection, and its local address.
-#[derive(Clone)]
 struct RdmaSessions {
     local_ip: Option<std::net::IpAddr>,
-    open: Arc<std::sync::Mutex<Vec<crate::rdma::RdmaConnectionGuard>>>,
+    open: std::sync::Mutex<Vec<crate::rdma::RdmaConnectionGuard>>,
 }
 
 /// Opens a queue pair for this (authenticated) connection: the region's
@@ -181,81 +330,6 @@ fn queue_response<W: AsyncWrite + Unpin>(
             writer.queue(FrameKind::Response, request_id, &error)
         }
         other => other,
-    }
-}
-
-async fn read_requests<R: AsyncRead + Unpin>(
-    reader: &mut FrameReader<R>,
-    handler: &Arc<Handler>,
-    via: Via,
-    credits: &Arc<Semaphore>,
-    done: &mpsc::Sender<(u64, Response)>,
-    rdma_sessions: &RdmaSessions,
-) -> Result<()> {
-    let mut order = KeyOrder::default();
-    loop {
-        let permit = match Arc::clone(credits).try_acquire_owned() {
-            Ok(permit) => permit,
-            Err(_) => {
-                handler.stats().backpressure(via);
-                Arc::clone(credits).acquire_owned().await?
-            }
-        };
-        let frame = match reader.next().await {
-            Ok(Some(frame)) => frame,
-            Ok(None) => return Ok(()),
-            Err(e) => {
-                // The stream cannot be resynchronised: say why, then close.
-                let reply = match &e {
-                    FramedError::Wire(wire) => ErrorReply::from(wire),
-                    FramedError::Io(_) => ErrorReply::new(ErrorCode::Malformed, e.to_string()),
-                };
-                let _ = done.send((0, Response::Error(reply))).await;
-                bail!("framing: {e}");
-            }
-        };
-        if frame.kind != FrameKind::Request {
-            let reply = ErrorReply::new(ErrorCode::Malformed, "expected a request frame");
-            let _ = done.send((frame.request_id, Response::Error(reply))).await;
-            bail!("unexpected frame kind {:?}", frame.kind);
-        }
-        let request_id = frame.request_id;
-        // Large requests take from the node-wide budget before they are
-        // decoded; while it is spent this connection is not read further.
-        let mut waited = false;
-        let budget = handler
-            .admission()
-            .in_flight_permit(frame.payload.len(), &mut waited)
-            .await;
-        if waited {
-            handler.stats().backpressure(via);
-        }
-        let request = decode_payload::<Request>(&frame);
-        let turn = request.as_ref().map_or_else(
-            |_| Turn::default(),
-            |request| take_turn(&mut order, request),
-        );
-        let handler = Arc::clone(handler);
-        let done = done.clone();
-        let rdma_sessions = rdma_sessions.clone();
-        tokio::spawn(async move {
-            turn.waits.start().await;
-            let response = match request {
-                Err(e) => {
-                    handler.stats().malformed(via);
-                    Response::Error(ErrorReply::new(ErrorCode::Malformed, e.to_string()))
-                }
-                Ok(Request::RdmaConnect { endpoint }) => {
-                    rdma_connect(&handler, endpoint, &handler.limits(), &rdma_sessions)
-                }
-                Ok(request) => handler.handle_placed(request, via, turn.place).await,
-            };
-            turn.waits.finish().await;
-            drop(turn.finish);
-            let _ = done.send((request_id, response)).await;
-            drop(permit);
-            drop(budget);
-        });
     }
 }
 

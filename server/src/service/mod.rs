@@ -11,6 +11,7 @@
 //! - `read`: GET, MGET and SCAN from the local region, once the read's
 //!   consistency allows it.
 //! - `write`: commands through the Raft log, and their outcomes.
+//! - `proposals`: writes proposed together go to Raft as one batch.
 //! - `admin`: membership, leadership transfer, snapshots, fault injection.
 //! - `status`: `endpoint status` and `endpoint health`.
 //! - `metrics`: the `/metrics` page, state read at scrape time.
@@ -21,6 +22,7 @@ mod connection;
 mod handler;
 mod handshake;
 mod metrics;
+pub mod proposals;
 pub(crate) mod read;
 pub mod read_rounds;
 mod status;

@@ -19,8 +19,9 @@ const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Proposes `command`, stamped with this leader's wall clock (the time its
 /// expiry decisions and TTLs count from, `Command::Timed`), and waits for
 /// its result (the caller has checked that this node leads and the region
-/// has room). `placed` is dropped once the proposal is in Raft's queue:
-/// a proposal this node makes after that is ordered after it in the log.
+/// has room). `placed` is dropped once the proposal is queued
+/// (`proposals`): a write this node proposes after that is ordered after
+/// it in the log.
 pub async fn commit(replica: &Replica, command: Command, placed: Option<Finish>) -> Reply {
     // Past the limit the outcome is unknown: the entry may still commit.
     within(
@@ -39,14 +40,15 @@ async fn propose_and_wait(replica: &Replica, command: Command, placed: Option<Fi
     let command = command.timed(unix_now_ms());
     let (responder, outcome) = ProgressResponder::complete_only();
     replica
-        .raft
-        .client_write_ff(command, Some(responder))
-        .await
-        .map_err(|fatal| write_error(replica, RaftError::Fatal(fatal)))?;
+        .proposals
+        .propose(command, responder)
+        .map_err(|_| ErrorReply::new(ErrorCode::Unavailable, "raft has stopped"))?;
     drop(placed);
+    // The proposal reached Raft, which may have committed it before it
+    // stopped: the outcome is unknown, and a client must not resend it.
     let applied = outcome.await.map_err(|_| {
         ErrorReply::new(
-            ErrorCode::Unavailable,
+            ErrorCode::Timeout,
             "raft stopped before the write's outcome was known: it may or may not have been applied",
         )
     })?;

@@ -33,6 +33,12 @@ pub fn prometheus() -> &'static PrometheusHandle {
                     Matcher::Full("rdkv_raft_log_entries_per_fsync".into()),
                     &ENTRIES_BUCKETS,
                 )
+            })
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full("rdkv_write_batch_commands".into()),
+                    &ENTRIES_BUCKETS,
+                )
             });
         // Only an empty bucket list fails, and ours are constants.
         let builder = builder.unwrap_or_else(|_| PrometheusBuilder::new());
@@ -161,6 +167,10 @@ fn describe_events() {
         "rdkv_raft_apply_duration_seconds",
         Unit::Seconds,
         "Duration of each batch of committed entries applied to the region."
+    );
+    describe_histogram!(
+        "rdkv_write_batch_commands",
+        "Client writes handed to Raft together, as one batch of log entries."
     );
     describe_histogram!(
         "rdkv_raft_apply_batch_entries",
