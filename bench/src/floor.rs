@@ -12,6 +12,14 @@
 //!   hot over as many keys as fill about 1 MiB of blocks, cold over keys
 //!   spread over the whole region.
 //! - `get`: the async `Client::get_with` (Lease) of the same keys.
+//! - tiny rows: 64 keys (and a floor over 64 fixed places of the hot
+//!   region), all in L1/L2 and the TLB: the GET's software cost alone.
+//! - spread floor: the floor's work over as many fixed (bucket, block)
+//!   places as the row has keys, scattered over a buffer of the cold
+//!   region's size: the cache footprint of the row's keys and their page
+//!   footprint too (a hot row's keys fill 1 MiB of cache lines but lie on
+//!   thousands of pages of the 256 MiB region, more than the TLB holds).
+//!   Not a target: it tells how much of a GET's gap is the TLB.
 //!
 //! Every figure is the mean time per operation over a round of
 //! back-to-back operations (a clock reading per operation would cost about
@@ -21,13 +29,15 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use rdkv_client::{Client, Consistency, ReadHandle};
+use rdkv_client::{Client, Consistency, GetIntoError, ReadHandle};
 use serde::Serialize;
 
 use crate::fabric_bench::FabricBenchError;
 
 /// The hot region's size.
 pub const HOT_REGION_BYTES: usize = 1 << 20;
+/// Keys of the tiny rows (and places of their floor, in the hot region).
+const TINY_KEYS: usize = 64;
 /// Bytes of a key of the floor table's keys (`floor/<size>/<index>`, padded).
 const KEY_BYTES: usize = 28;
 /// The region header and the 32-byte block header.
@@ -42,10 +52,12 @@ pub struct FloorRow {
     pub bytes: usize,
     pub keys: usize,
     pub floor_ns: f64,
+    pub spread_floor_ns: f64,
     pub get_into_ns: f64,
     pub get_ns: f64,
     pub get_into_ratio: f64,
     pub get_ratio: f64,
+    pub get_into_spread_ratio: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -56,6 +68,8 @@ pub struct FloorOptions {
     /// Operations per round, and rounds.
     pub ops_per_round: usize,
     pub rounds: usize,
+    /// Which rows: tiny, hot, cold.
+    pub regions: Vec<String>,
 }
 
 /// The block a value of `size` bytes takes: its size class (64-byte steps
@@ -72,11 +86,43 @@ pub fn block_bytes(size: usize) -> usize {
 }
 
 fn key(size: usize, index: usize) -> Bytes {
-    let key = format!(
-        "floor/{size}/{index:0>width$}",
-        width = KEY_BYTES - 7 - size.to_string().len()
-    );
-    Bytes::from(key)
+    let mut out = [0u8; KEY_BYTES];
+    Bytes::copy_from_slice(KeyMaker::new(size).make(index, &mut out))
+}
+
+/// Writes the keys of one size (`floor/<size>/<index>`, the index
+/// zero-padded to [`KEY_BYTES`]) into a buffer on the stack, as the timed
+/// loops need them: an application holds the key it asks for, while a
+/// table of 150 000 keys on the heap would add a cache miss or two per
+/// GET that the floor does not have.
+struct KeyMaker {
+    prefix: [u8; KEY_BYTES],
+    prefix_len: usize,
+}
+
+impl KeyMaker {
+    fn new(size: usize) -> KeyMaker {
+        let text = format!("floor/{size}/");
+        let mut prefix = [b'0'; KEY_BYTES];
+        let prefix_len = text.len().min(KEY_BYTES);
+        prefix[..prefix_len].copy_from_slice(&text.as_bytes()[..prefix_len]);
+        KeyMaker { prefix, prefix_len }
+    }
+
+    fn make<'o>(&self, mut index: usize, out: &'o mut [u8; KEY_BYTES]) -> &'o [u8] {
+        // The prefix brings the padding zeros: only the index's own
+        // digits are written (a few, not twenty: a dependent chain of
+        // twenty divisions cost a GET row about 50 ns the floor has not).
+        *out = self.prefix;
+        for digit in out[self.prefix_len..].iter_mut().rev() {
+            *digit = b'0' + (index % 10) as u8;
+            index /= 10;
+            if index == 0 {
+                break;
+            }
+        }
+        out
+    }
 }
 
 /// A small fast generator (xorshift64*), the same for every row.
@@ -113,6 +159,49 @@ fn floor_round(region: &[u8], block: usize, ops: usize, rng: &mut Rng) -> f64 {
         let bucket = rng.below(index_bytes / 64) * 64;
         slot.copy_from_slice(&region[bucket..bucket + 64]);
         let at = index_bytes + rng.below((data - block) / 64) * 64;
+        copy.copy_from_slice(&region[at..at + block]);
+        sum ^= crc32fast::hash(&copy[4..]) ^ u32::from(slot[7]);
+    }
+    let elapsed = start.elapsed();
+    std::hint::black_box(sum);
+    per_op(elapsed, ops)
+}
+
+/// Fixed places of the spread floor: `keys` (bucket, block) offsets,
+/// random over `region` laid out as the floor lays it out.
+fn spread_places(
+    region_bytes: usize,
+    block: usize,
+    keys: usize,
+    rng: &mut Rng,
+) -> Vec<(usize, usize)> {
+    let index_bytes = (region_bytes / BYTES_PER_SLOT * 8).max(64);
+    let data = region_bytes - index_bytes;
+    (0..keys)
+        .map(|_| {
+            let bucket = rng.below(index_bytes / 64) * 64;
+            let at = index_bytes + rng.below((data - block) / 64) * 64;
+            (bucket, at)
+        })
+        .collect()
+}
+
+/// One round of the spread floor: the floor's work at a random one of
+/// `places`. Returns ns per operation.
+fn spread_round(
+    region: &[u8],
+    places: &[(usize, usize)],
+    block: usize,
+    ops: usize,
+    rng: &mut Rng,
+) -> f64 {
+    let mut slot = [0u8; 64];
+    let mut copy = vec![0u8; block];
+    let mut sum = 0u32;
+    let start = Instant::now();
+    for _ in 0..ops {
+        let (bucket, at) = places[rng.below(places.len())];
+        slot.copy_from_slice(&region[bucket..bucket + 64]);
         copy.copy_from_slice(&region[at..at + block]);
         sum ^= crc32fast::hash(&copy[4..]) ^ u32::from(slot[7]);
     }
@@ -158,24 +247,33 @@ pub async fn fill(client: &Client, sizes: &[usize], count: usize) -> Result<(), 
     Ok(())
 }
 
-/// Keys of one row, and the GETs' buffer.
+/// Keys of one row: `floor/<size>/<i>` for i below `count`.
 struct RowKeys {
-    keys: Vec<Bytes>,
+    maker: KeyMaker,
+    count: usize,
     size: usize,
 }
+
+/// Times a round that is run again (after a refresh of the view) when a
+/// read was not served one-sided: on a loaded machine a leader's lease can
+/// lapse for a moment, and a round with a refused read is not the path
+/// measured. `None` from a round: not served.
+const ROUND_TRIES: usize = 5;
 
 fn get_into_round(
     handle: &mut ReadHandle,
     row: &RowKeys,
     ops: usize,
     rng: &mut Rng,
-) -> Result<f64, FabricBenchError> {
+) -> Result<Option<f64>, FabricBenchError> {
     let mut buf = vec![0u8; row.size];
     let start = Instant::now();
     for _ in 0..ops {
-        let key = &row.keys[rng.below(row.keys.len())];
+        let mut key = [0u8; KEY_BYTES];
+        let key = row.maker.make(rng.below(row.count), &mut key);
         match handle.get_into(key, &mut buf) {
             Ok(Some(got)) if got.len == row.size => {}
+            Err(GetIntoError::NotServed(_)) => return Ok(None),
             other => {
                 return Err(failed(format!(
                     "get_into of a {}-byte value: {other:?}",
@@ -184,7 +282,7 @@ fn get_into_round(
             }
         }
     }
-    Ok(per_op(start.elapsed(), ops))
+    Ok(Some(per_op(start.elapsed(), ops)))
 }
 
 async fn get_round(
@@ -192,12 +290,14 @@ async fn get_round(
     row: &RowKeys,
     ops: usize,
     rng: &mut Rng,
-) -> Result<f64, FabricBenchError> {
+) -> Result<Option<f64>, FabricBenchError> {
     let start = Instant::now();
     for _ in 0..ops {
-        let key = row.keys[rng.below(row.keys.len())].clone();
+        let mut key = [0u8; KEY_BYTES];
+        let key = Bytes::copy_from_slice(row.maker.make(rng.below(row.count), &mut key));
         match client.get_with(key, Consistency::Lease).await {
             Ok(Some(v)) if v.value.len() == row.size => {}
+            Err(rdkv_client::Error::OneSidedUnavailable) => return Ok(None),
             other => {
                 return Err(failed(format!(
                     "get of a {}-byte value: {other:?}",
@@ -206,7 +306,26 @@ async fn get_round(
             }
         }
     }
-    Ok(per_op(start.elapsed(), ops))
+    Ok(Some(per_op(start.elapsed(), ops)))
+}
+
+/// A round of `round`, run again after a refresh while it was not served
+/// (at most [`ROUND_TRIES`] times).
+async fn served_round(
+    handle: &mut ReadHandle,
+    mut round: impl AsyncFnMut(&mut ReadHandle, &mut Rng) -> Result<Option<f64>, FabricBenchError>,
+    rng: &mut Rng,
+) -> Result<f64, FabricBenchError> {
+    for _ in 0..ROUND_TRIES {
+        if let Some(ns) = round(handle, rng).await? {
+            return Ok(ns);
+        }
+        handle.refresh().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(failed(format!(
+        "{ROUND_TRIES} rounds in a row had a read not served one-sided (no lease?)"
+    )))
 }
 
 /// The table: for the hot and the cold region, each size. The cluster
@@ -218,54 +337,94 @@ pub async fn run_floor(
 ) -> Result<Vec<FloorRow>, FabricBenchError> {
     let mut handle = client.read_handle();
     let mut rows = Vec::new();
+    let hot = floor_region(HOT_REGION_BYTES);
+    let cold = floor_region(options.cold_region_bytes);
     for (region, region_bytes) in [
+        ("tiny", HOT_REGION_BYTES),
         ("hot", HOT_REGION_BYTES),
         ("cold", options.cold_region_bytes),
     ] {
-        let floor = floor_region(region_bytes);
+        if !options.regions.iter().any(|r| r == region) {
+            continue;
+        }
+        let floor = if region == "cold" { &cold } else { &hot };
         for &size in &options.sizes {
             let block = block_bytes(size);
             // Hot: as many keys as the hot floor region holds blocks and
-            // index lines (two 64-byte bucket lines each).
-            let keys = if region == "hot" {
-                (HOT_REGION_BYTES / (block + 128)).clamp(1, cold_keys)
-            } else {
-                cold_keys
+            // index lines (two 64-byte bucket lines each). Tiny: so few
+            // that their lines and pages stay in L1/L2 and the TLB, for
+            // floor and GET alike: what is left of a GET is its software.
+            let keys = match region {
+                "tiny" => TINY_KEYS.min(cold_keys),
+                "hot" => (HOT_REGION_BYTES / (block + 128)).clamp(1, cold_keys),
+                _ => cold_keys,
             };
             let row_keys = RowKeys {
-                keys: (0..keys).map(|i| key(size, i)).collect(),
+                maker: KeyMaker::new(size),
+                count: keys,
                 size,
             };
             let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ size as u64);
+            let places = spread_places(cold.len(), block, keys, &mut rng);
+            let tiny_places = spread_places(hot.len(), block, keys, &mut rng);
             // Attaches the regions (this runtime runs the refresher only
             // when the rounds of `get` poll it).
             handle.refresh().await;
             // Warm-up: every key once (attaches, and the hot set is cached).
-            for key in &row_keys.keys {
+            for i in 0..keys {
+                let mut key = [0u8; KEY_BYTES];
+                let key = row_keys.maker.make(i, &mut key);
                 let _ = handle.get_into(key, &mut vec![0u8; size]);
             }
-            let (mut f, mut gi, mut g) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut f, mut s, mut gi, mut g) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for _ in 0..options.rounds {
-                f.push(floor_round(&floor, block, options.ops_per_round, &mut rng));
-                gi.push(get_into_round(
-                    &mut handle,
-                    &row_keys,
+                f.push(if region == "tiny" {
+                    spread_round(floor, &tiny_places, block, options.ops_per_round, &mut rng)
+                } else {
+                    floor_round(floor, block, options.ops_per_round, &mut rng)
+                });
+                s.push(spread_round(
+                    &cold,
+                    &places,
+                    block,
                     options.ops_per_round,
                     &mut rng,
-                )?);
-                g.push(get_round(client, &row_keys, options.ops_per_round, &mut rng).await?);
+                ));
+                gi.push(
+                    served_round(
+                        &mut handle,
+                        async |handle, rng| {
+                            get_into_round(handle, &row_keys, options.ops_per_round, rng)
+                        },
+                        &mut rng,
+                    )
+                    .await?,
+                );
+                g.push(
+                    served_round(
+                        &mut handle,
+                        async |_, rng| {
+                            get_round(client, &row_keys, options.ops_per_round, rng).await
+                        },
+                        &mut rng,
+                    )
+                    .await?,
+                );
             }
             let (floor_ns, get_into_ns, get_ns) = (median(f), median(gi), median(g));
+            let spread_floor_ns = median(s);
             rows.push(FloorRow {
                 region,
                 region_bytes,
                 bytes: size,
                 keys,
                 floor_ns,
+                spread_floor_ns,
                 get_into_ns,
                 get_ns,
                 get_into_ratio: get_into_ns / floor_ns,
                 get_ratio: get_ns / floor_ns,
+                get_into_spread_ratio: get_into_ns / spread_floor_ns,
             });
         }
     }
@@ -275,7 +434,7 @@ pub async fn run_floor(
 pub fn format_floor(rows: &[FloorRow]) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
-    let rule = "-".repeat(103);
+    let rule = "-".repeat(130);
     let _ = writeln!(out, "{rule}");
     let _ = writeln!(
         out,
@@ -283,7 +442,7 @@ pub fn format_floor(rows: &[FloorRow]) -> String {
     );
     let _ = writeln!(
         out,
-        " {:<6} {:<12} {:<8} {:<8} {:<10} {:<14} {:<10} {:<10} {:<10}",
+        " {:<6} {:<12} {:<8} {:<8} {:<10} {:<14} {:<10} {:<10} {:<10} {:<12} {:<10}",
         "region",
         "region_bytes",
         "#bytes",
@@ -292,12 +451,14 @@ pub fn format_floor(rows: &[FloorRow]) -> String {
         "get_into[ns]",
         "ratio",
         "get[ns]",
-        "ratio"
+        "ratio",
+        "spread[ns]",
+        "gi/spread"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            " {:<6} {:<12} {:<8} {:<8} {:<10.1} {:<14.1} {:<10.2} {:<10.1} {:<10.2}",
+            " {:<6} {:<12} {:<8} {:<8} {:<10.1} {:<14.1} {:<10.2} {:<10.1} {:<10.2} {:<12.1} {:<10.2}",
             r.region,
             r.region_bytes,
             r.bytes,
@@ -306,7 +467,9 @@ pub fn format_floor(rows: &[FloorRow]) -> String {
             r.get_into_ns,
             r.get_into_ratio,
             r.get_ns,
-            r.get_ratio
+            r.get_ratio,
+            r.spread_floor_ns,
+            r.get_into_spread_ratio
         );
     }
     let _ = writeln!(out, "{rule}");
@@ -323,6 +486,8 @@ mod tests {
         assert_eq!(block_bytes(1024), 1088);
         assert_eq!(key(1024, 5).len(), KEY_BYTES);
         assert_eq!(key(8, 123_456).len(), KEY_BYTES);
+        assert_eq!(&key(8, 123_456)[..], b"floor/8/00000000000000123456");
+        assert_eq!(&key(1024, 7)[..], b"floor/1024/00000000000000007");
     }
 
     #[test]

@@ -40,41 +40,70 @@ pub fn encode<'a>(fields: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> Byte
 
 /// The fields of a record, borrowed from it.
 pub fn decode(record: &[u8]) -> Result<Vec<(&str, &[u8])>, RecordError> {
-    let mut fields = Vec::new();
+    fields(record).collect()
+}
+
+/// The fields of a record one after another, without a list (a READ
+/// checks its record with it: no allocation per operation).
+pub fn fields(record: &[u8]) -> impl Iterator<Item = Result<(&str, &[u8]), RecordError>> {
     let mut offset = 0;
+    let mut failed = false;
+    std::iter::from_fn(move || {
+        if failed || offset >= record.len() {
+            return None;
+        }
+        let field = next_field(record, &mut offset);
+        failed = field.is_err();
+        Some(field)
+    })
+}
+
+/// The field at `*offset`, which moves past it.
+fn next_field<'r>(
+    record: &'r [u8],
+    offset: &mut usize,
+) -> Result<(&'r str, &'r [u8]), RecordError> {
     let len = record.len();
     let take = |offset: usize, n: usize| -> Result<&[u8], RecordError> {
         record
             .get(offset..offset + n)
             .ok_or(RecordError::Truncated { offset, len })
     };
-    while offset < len {
-        let name_len = u16::from_le_bytes([take(offset, 2)?[0], take(offset, 2)?[1]]) as usize;
-        offset += 2;
-        let name = std::str::from_utf8(take(offset, name_len)?)
-            .map_err(|_| RecordError::BadName { offset })?;
-        offset += name_len;
-        let header = take(offset, 4)?;
-        let value_len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
-        offset += 4;
-        let value = take(offset, value_len)?;
-        offset += value_len;
-        fields.push((name, value));
-    }
-    Ok(fields)
+    let header = take(*offset, 2)?;
+    let name_len = u16::from_le_bytes([header[0], header[1]]) as usize;
+    *offset += 2;
+    let name = std::str::from_utf8(take(*offset, name_len)?)
+        .map_err(|_| RecordError::BadName { offset: *offset })?;
+    *offset += name_len;
+    let header = take(*offset, 4)?;
+    let value_len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+    *offset += 4;
+    let value = take(*offset, value_len)?;
+    *offset += value_len;
+    Ok((name, value))
 }
 
 /// Checks a record read back: all fields, or the one asked for must decode.
 /// Returns the bytes of field data delivered.
 pub fn check(record: &[u8], field: Option<&str>) -> Result<usize, RecordError> {
-    let fields = decode(record)?;
+    let mut delivered = 0;
+    let mut found = false;
+    for entry in fields(record) {
+        let (name, value) = entry?;
+        match field {
+            None => delivered += value.len(),
+            // The first field of that name, as a list search would find it;
+            // the rest are still decoded (a damaged record is an error).
+            Some(wanted) if !found && name == wanted => {
+                delivered = value.len();
+                found = true;
+            }
+            Some(_) => {}
+        }
+    }
     match field {
-        None => Ok(fields.iter().map(|(_, v)| v.len()).sum()),
-        Some(wanted) => fields
-            .iter()
-            .find(|(name, _)| *name == wanted)
-            .map(|(_, v)| v.len())
-            .ok_or_else(|| RecordError::MissingField(wanted.to_owned())),
+        Some(wanted) if !found => Err(RecordError::MissingField(wanted.to_owned())),
+        _ => Ok(delivered),
     }
 }
 
@@ -108,6 +137,11 @@ mod tests {
         let record = encode([("field0", &b"hello"[..])]);
         for cut in 1..record.len() {
             assert!(decode(&record[..cut]).is_err(), "cut at {cut}");
+            assert!(check(&record[..cut], None).is_err(), "cut at {cut}");
+            assert!(
+                check(&record[..cut], Some("field0")).is_err(),
+                "cut at {cut}"
+            );
         }
         assert_eq!(decode(&[]), Ok(vec![]));
     }

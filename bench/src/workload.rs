@@ -279,10 +279,21 @@ impl WorkloadSpec {
 /// CoreWorkload.buildKeyName: `user` + the key number, FNV-64 hashed unless
 /// `insertorder=ordered`, left-padded with zeros to `zeropadding` digits.
 pub fn build_key_name(keynum: i64, ordered: bool, zero_padding: u64) -> String {
+    use std::fmt::Write as _;
     let keynum = if ordered { keynum } else { fnvhash64(keynum) };
-    let digits = keynum.to_string();
-    let fill = (zero_padding as usize).saturating_sub(digits.len());
-    format!("user{}{digits}", "0".repeat(fill))
+    // One allocation per key (an operation owns its key): the digits are
+    // counted, not formatted twice.
+    let digits = keynum
+        .unsigned_abs()
+        .checked_ilog10()
+        .map_or(1, |l| l as usize + 1)
+        + usize::from(keynum < 0);
+    let fill = (zero_padding as usize).saturating_sub(digits);
+    let mut key = String::with_capacity(4 + fill + digits);
+    key.push_str("user");
+    key.extend(std::iter::repeat_n('0', fill));
+    let _ = write!(key, "{keynum}");
+    key
 }
 
 /// One operation to issue.

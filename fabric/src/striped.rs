@@ -18,15 +18,19 @@ const STRIPES: usize = 16;
 struct Padded<T>(T);
 
 /// `STRIPES` copies of `T`; a thread uses the one [`Striped::local`] gives it.
+/// A fixed-size array: the stripe index is masked, not divided by a length
+/// known only at run time (a `div` on every counted GET).
 #[derive(Debug)]
 pub struct Striped<T> {
-    stripes: Box<[Padded<T>]>,
+    stripes: Box<[Padded<T>; STRIPES]>,
 }
+
+const _: () = assert!(STRIPES.is_power_of_two());
 
 impl<T: Default> Default for Striped<T> {
     fn default() -> Self {
         Striped {
-            stripes: (0..STRIPES).map(|_| Padded::default()).collect(),
+            stripes: Box::new(std::array::from_fn(|_| Padded::default())),
         }
     }
 }
@@ -40,7 +44,7 @@ fn thread_stripe() -> usize {
     }
     STRIPE.with(|stripe| {
         if stripe.get() == usize::MAX {
-            stripe.set(NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES);
+            stripe.set(NEXT.fetch_add(1, Ordering::Relaxed) & (STRIPES - 1));
         }
         stripe.get()
     })
@@ -49,7 +53,7 @@ fn thread_stripe() -> usize {
 impl<T> Striped<T> {
     /// This thread's stripe.
     pub fn local(&self) -> &T {
-        &self.stripes[thread_stripe() % self.stripes.len()].0
+        &self.stripes[thread_stripe() & (STRIPES - 1)].0
     }
 
     /// Every stripe, to sum.

@@ -33,6 +33,10 @@ pub struct FabricArgs {
     /// size, filled to about 70% with keys of every floor size.
     #[arg(long, default_value_t = 256)]
     floor_region_mib: usize,
+    /// Rows of the floor table: tiny (64 keys: the GET's software alone),
+    /// hot (1 MiB of keys), cold (the whole region).
+    #[arg(long, value_delimiter = ',', default_value = "tiny,hot,cold")]
+    floor_regions: Vec<String>,
     /// Operations per timed round of the floor table.
     #[arg(long, default_value_t = 20_000)]
     floor_ops: usize,
@@ -170,6 +174,7 @@ async fn floor_table(args: &FabricArgs, options: &FabricOptions) -> Result<Vec<F
         cold_region_bytes: region_bytes,
         ops_per_round: args.floor_ops,
         rounds: args.floor_rounds,
+        regions: args.floor_regions.clone(),
     };
     Ok(run_floor(&client, &floor, cold_keys).await?)
 }

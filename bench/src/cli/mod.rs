@@ -26,7 +26,7 @@ enum Command {
     /// YCSB core workloads A-F (load and run phases) against rdkv, Redis and/or etcd.
     Ycsb(Box<ycsb::YcsbArgs>),
     /// perftest-style one-sided read and RPC latency/bandwidth by message size.
-    Fabric(fabric::FabricArgs),
+    Fabric(Box<fabric::FabricArgs>),
 }
 
 pub fn run() -> Result<ExitCode> {
@@ -34,7 +34,7 @@ pub fn run() -> Result<ExitCode> {
     let stop = watch_signals();
     match cli.command {
         Command::Ycsb(args) => ycsb::run(*args, stop),
-        Command::Fabric(args) => fabric::run(args, stop),
+        Command::Fabric(args) => fabric::run(*args, stop),
     }
 }
 

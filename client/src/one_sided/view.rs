@@ -126,7 +126,10 @@ impl Views {
 
     /// Asks for a refresh (once until it starts); never blocks.
     pub(super) fn want_refresh(&self) {
-        if !self.wanted.swap(true, Ordering::AcqRel) {
+        // A load first: a view past its TTL asks on every read until the
+        // refresh starts, and a swap each time would be a locked
+        // read-modify-write per GET (on a line every reader shares).
+        if !self.wanted.load(Ordering::Acquire) && !self.wanted.swap(true, Ordering::AcqRel) {
             self.wake.notify_one();
         }
     }
