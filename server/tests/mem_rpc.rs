@@ -213,8 +213,6 @@ async fn ask_over_tcp(addr: &str, version: u16, request: &Request) -> Response {
     decode_payload(&frames[1]).unwrap()
 }
 
-/// Arguments of member `id` of a cluster whose peers listen on `peers`.
-
 /// A write Raft accepted but never committed has an unknown outcome when
 /// Raft stops: the reply must say so with `Timeout` (never retried by a
 /// client), not `Unavailable` (retried: a write that did apply would be
