@@ -22,6 +22,7 @@ use crate::outcome::{
 use crate::routing::Router;
 use crate::scan::{self, ScanRange};
 use crate::snapshot::{self, SnapshotInfo};
+use crate::split;
 
 /// An rdkv client: cheap to clone (clones share connections and leader knowledge).
 ///
@@ -119,6 +120,11 @@ impl Client {
     /// with the retries and redirects described on [`Client`]. An error reply
     /// comes back as [`Error::Server`]. The typed methods below wrap it.
     pub async fn send(&self, request: Request) -> Result<Response> {
+        // The one-sided view holds one region: under a map of several
+        // shards it may not hold the key's shard (docs/sharding.md, 5).
+        if self.router.is_sharded() {
+            return self.checked_routed(request).await;
+        }
         let one_sided = match &request {
             Request::Get { key, consistency } => self
                 .one_sided
@@ -138,6 +144,12 @@ impl Client {
         if self.options().transport.is_one_sided_only() {
             return Err(Error::OneSidedUnavailable);
         }
+        self.checked_routed(request).await
+    }
+
+    /// [`routed`](Client::routed), with an `MGet`'s answer checked to have
+    /// one entry per key asked.
+    async fn checked_routed(&self, request: Request) -> Result<Response> {
         let asked = match &request {
             Request::MGet { keys, .. } => Some(keys.len()),
             _ => None,
@@ -169,7 +181,7 @@ impl Client {
     }
 
     /// [`send`](Client::send) with the answer taken out of the response.
-    async fn call<T: FromResponse>(&self, request: Request) -> Result<T> {
+    pub(crate) async fn call<T: FromResponse>(&self, request: Request) -> Result<T> {
         let op = request.op();
         answer(op, self.send(request).await?)
     }
@@ -298,8 +310,11 @@ impl Client {
         I: IntoIterator<Item = K>,
         K: Into<Bytes>,
     {
-        let keys = keys.into_iter().map(Into::into).collect();
-        self.call(Request::MGet { keys, consistency }).await
+        let keys: Vec<Bytes> = keys.into_iter().map(Into::into).collect();
+        match self.shard_map() {
+            Some(map) if map.shards().len() > 1 => split::mget(self, &map, keys, consistency).await,
+            _ => self.call(Request::MGet { keys, consistency }).await,
+        }
     }
 
     /// Up to `limit` pairs in key order (bytewise) from `start_key` (inclusive),
@@ -348,6 +363,12 @@ impl Client {
     }
 
     /// Writes several pairs atomically (one log entry); returns its version.
+    ///
+    /// In a cluster of several shards the pairs are written shard by shard,
+    /// each shard's part atomic, the whole not (keys sharing a hash tag
+    /// `{...}` are in one shard): the call returns the highest of the parts'
+    /// versions, or fails with [`Error::PartialMPut`] if some parts were
+    /// written and others not.
     pub async fn mput<I, K, V>(&self, pairs: I) -> Result<u64>
     where
         I: IntoIterator<Item = (K, V)>,
@@ -357,7 +378,10 @@ impl Client {
         let pairs = pairs
             .into_iter()
             .map(|(k, v)| (k.into(), v.into()))
-            .collect();
+            .collect::<Vec<(Bytes, Bytes)>>();
+        if let Some(map) = self.shard_map().filter(|map| map.shards().len() > 1) {
+            return split::mput(self, &map, pairs).await;
+        }
         let MWritten(version) = self.call(Request::MPut { pairs }).await?;
         Ok(version)
     }
@@ -375,6 +399,9 @@ impl Client {
     /// Deletes every key in one log entry (FLUSHDB); returns how many keys
     /// were removed and the entry's version.
     pub async fn clear(&self) -> Result<(u64, u64)> {
+        if self.router.is_sharded() {
+            return Err(Error::NotAcrossShards { op: "clear" });
+        }
         let Cleared { removed, version } = self.call(Request::Clear).await?;
         Ok((removed, version))
     }

@@ -68,6 +68,16 @@ pub enum Error {
     /// request was never served, nothing was changed.
     #[error("stale shard map: a node has version {needed}, the client {held}")]
     StaleShardMap { needed: u64, held: u64 },
+    /// The call needs every shard of a sharded cluster (a scan, a clear),
+    /// which the client cannot do yet (docs/sharding.md, section 11): sent
+    /// as before it would cover one shard and look complete.
+    #[error("{op} across the shards of a sharded cluster is not supported yet")]
+    NotAcrossShards { op: &'static str },
+    /// An `mput` whose pairs span several shards (each shard's part one
+    /// atomic write) was written in some shards and not, or not knowingly,
+    /// in others: which keys are which is in the [`PartialMPut`].
+    #[error("{0}")]
+    PartialMPut(Box<PartialMPut>),
     /// The TLS settings could not be used (a missing or bad CA,
     /// certificate or key file).
     #[error("TLS settings: {0}")]
@@ -150,3 +160,35 @@ impl From<io::Error> for Error {
 
 /// Shorthand for results of client calls.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What became of an `mput` split over several shards when a part failed.
+#[derive(Debug)]
+pub struct PartialMPut {
+    /// Keys written, per shard part, with that part's version (versions of
+    /// different shards are positions in different logs: not comparable).
+    pub written: Vec<(Vec<bytes::Bytes>, u64)>,
+    /// Keys of the parts that failed, with why. A part whose error is
+    /// [`Error::OutcomeUnknown`] may have been written.
+    pub failed: Vec<(Vec<bytes::Bytes>, Error)>,
+}
+
+impl std::fmt::Display for PartialMPut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "mput across shards partly failed: {} keys written in {} shards, {} keys in {} shards not written or unknown",
+            keys_in(&self.written),
+            self.written.len(),
+            keys_in(&self.failed),
+            self.failed.len()
+        )?;
+        if let Some((_, first)) = self.failed.first() {
+            write!(f, " (first error: {first})")?;
+        }
+        Ok(())
+    }
+}
+
+fn keys_in<T>(parts: &[(Vec<bytes::Bytes>, T)]) -> usize {
+    parts.iter().map(|(keys, _)| keys.len()).sum()
+}

@@ -88,11 +88,12 @@ mod outcome;
 mod routing;
 mod scan;
 mod snapshot;
+mod split;
 
 /// Re-exported so that callers need not depend on `bytes` themselves.
 pub use bytes::Bytes;
 pub use client::{Client, ttl_ms};
-pub use error::{ConnectError, Error, Result};
+pub use error::{ConnectError, Error, PartialMPut, Result};
 pub use one_sided::{GetIntoError, NotServed, OneSidedStats, ReadHandle};
 pub use options::{ClientOptions, ClientTlsFiles, Transport};
 pub use outcome::{CasOutcome, DeleteOutcome};

@@ -20,6 +20,9 @@ pub(crate) struct ScanRange {
 /// The pairs of `range` in key order, page by page (each page one consistent
 /// view, the pages not with each other).
 pub(crate) async fn range(router: &Router, range: ScanRange) -> Result<Vec<(Bytes, Versioned)>> {
+    if router.is_sharded() {
+        return Err(Error::NotAcrossShards { op: "scan" });
+    }
     let ScanRange {
         mut start_key,
         end_key,

@@ -2,13 +2,15 @@
 //! section 5): it refreshes its shard map, once for every call that waits
 //! on it, keeps the newest, and sends the request again.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
 use rdkv_client::{Client, ClientOptions, Error};
-use rdkv_proto::shard::{NodeInfo, ShardId, ShardMap, key_slot};
-use rdkv_proto::wire::{Request, Response, WrongShard};
+use rdkv_proto::shard::{
+    NodeInfo, SLOT_COUNT, ShardId, ShardInfo, ShardMap, Slot, SlotRange, key_slot,
+};
+use rdkv_proto::wire::{ErrorCode, ErrorReply, KeyUse, Request, Response, WrongShard};
 use rdkv_tests::fake_server::{FakeConn, Kv, accepted, serve};
 
 fn options(timeout_ms: u64) -> ClientOptions {
@@ -182,4 +184,212 @@ async fn a_node_newer_than_any_map_it_serves_fails_the_call_in_its_budget() {
     );
     assert!(err.is_retryable());
     assert_eq!(client.shard_map().map(|m| m.version()), Some(2));
+}
+
+/// A map of two shards at version 2: shard 0 (slots 0-8191) on node 1 at
+/// `first`, shard 1 on node 2 at `second`, each its own leader.
+fn two_nodes_two_shards(first: &str, second: &str) -> ShardMap {
+    let node = |id, addr: &str| NodeInfo {
+        id,
+        client_addr: Some(addr.to_owned()),
+        resp_addr: None,
+    };
+    let shard = |id, member| ShardInfo {
+        id: ShardId(id),
+        members: vec![member],
+        leader: Some(member),
+    };
+    let range = |first, last, shard| SlotRange {
+        first: Slot::new(first).unwrap(),
+        last: Slot::new(last).unwrap(),
+        shard: ShardId(shard),
+    };
+    ShardMap::new(
+        2,
+        vec![node(1, first), node(2, second)],
+        vec![shard(0, 1), shard(1, 2)],
+        vec![range(0, 8191, 0), range(8192, SLOT_COUNT - 1, 1)],
+    )
+    .unwrap()
+}
+
+/// A fake node serving shard `mine` of the map set in `map` once both
+/// fakes listen: keys of the other shard are answered `WrongShard`, as is
+/// a multi-key request with any of them; an `MPut` holding `refuse_mput`
+/// is refused. Records what it was asked in `seen`.
+async fn shard_node(
+    mine: ShardId,
+    map: Arc<OnceLock<ShardMap>>,
+    seen: Seen,
+    refuse_mput: Option<&'static [u8]>,
+) -> rdkv_tests::fake_server::Fake {
+    let kv: Arc<Mutex<Kv>> = Arc::default();
+    serve(accepted(64), None, move |mut conn: FakeConn| {
+        let (map, seen, kv) = (Arc::clone(&map), Arc::clone(&seen), Arc::clone(&kv));
+        async move {
+            while let Some((id, request)) = conn.request().await {
+                seen.lock().unwrap().push(describe(&request));
+                let map = map.get().expect("the map is set before any call");
+                let foreign = keys_of(&request)
+                    .find(|k| map.shard_of_key(k) != mine)
+                    .map(key_slot);
+                let response = match (request, foreign) {
+                    (Request::ShardMap, _) => Response::ShardMap(Box::new(map.clone())),
+                    (_, Some(slot)) => Response::WrongShard(WrongShard {
+                        map_version: map.version(),
+                        slot,
+                        shard: mine,
+                    }),
+                    (request, None) if refused(&request, refuse_mput) => {
+                        Response::Error(ErrorReply::new(ErrorCode::NoSpace, "full"))
+                    }
+                    (request, None) => kv.lock().unwrap().apply(request),
+                };
+                conn.respond(id, &response).await;
+            }
+        }
+    })
+    .await
+}
+
+fn refused(request: &Request, key: Option<&[u8]>) -> bool {
+    matches!((request, key), (Request::MPut { pairs }, Some(key)) if pairs.iter().any(|(k, _)| k == key))
+}
+
+fn keys_of(request: &Request) -> impl Iterator<Item = &[u8]> {
+    let keys: Vec<&[u8]> = match request.key_use() {
+        KeyUse::Reads(keys) | KeyUse::Writes(keys) => keys.into_iter().map(|k| &k[..]).collect(),
+        KeyUse::Nothing | KeyUse::Everything => Vec::new(),
+    };
+    keys.into_iter()
+}
+
+/// A request's kind and keys, e.g. `MGet foo,bar`.
+fn describe(request: &Request) -> String {
+    let kind = format!("{:?}", request.op());
+    let keys: Vec<String> = keys_of(request)
+        .map(|k| String::from_utf8_lossy(k).into_owned())
+        .collect();
+    if keys.is_empty() {
+        kind
+    } else {
+        format!("{kind} {}", keys.join(","))
+    }
+}
+
+#[tokio::test]
+async fn keys_go_to_their_shards_and_multi_key_calls_split_by_shard() {
+    // foo is slot 12182 (shard 1), bar 5061 and {bar}x 5061 (shard 0).
+    assert_eq!(key_slot(b"foo").get(), 12182);
+    let map: Arc<OnceLock<ShardMap>> = Arc::default();
+    let (seen0, seen1): (Seen, Seen) = (Arc::default(), Arc::default());
+    let node0 = shard_node(ShardId(0), Arc::clone(&map), Arc::clone(&seen0), None).await;
+    let node1 = shard_node(ShardId(1), Arc::clone(&map), Arc::clone(&seen1), None).await;
+    map.set(two_nodes_two_shards(&node0.endpoint(), &node1.endpoint()))
+        .unwrap();
+    // The client knows only the first node.
+    let client = Client::connect_with(&[node0.endpoint()], options(5_000))
+        .await
+        .unwrap();
+
+    client.put("foo", "1").await.unwrap();
+    client.put("bar", "2").await.unwrap();
+    client.mput([("{bar}x", "3"), ("foo", "4")]).await.unwrap();
+    let got = client.mget(["foo", "nope", "bar", "{bar}x"]).await.unwrap();
+    let values: Vec<Option<Bytes>> = got.into_iter().map(|v| v.map(|v| v.value)).collect();
+    assert_eq!(
+        values,
+        [Some("4".into()), None, Some("2".into()), Some("3".into())]
+    );
+    assert_eq!(
+        *seen0.lock().unwrap(),
+        [
+            "Put foo",
+            "ShardMap",
+            "Put bar",
+            "MPut {bar}x",
+            "MGet bar,{bar}x"
+        ],
+        "shard 0's node: foo refused once, then only its own keys"
+    );
+    // "nope" is slot 3616... whichever shard holds it, asked there once.
+    let nope_in_1 = client.shard_map().unwrap().shard_of_key(b"nope") == ShardId(1);
+    let mget1 = if nope_in_1 {
+        "MGet foo,nope"
+    } else {
+        "MGet foo"
+    };
+    assert_eq!(*seen1.lock().unwrap(), ["Put foo", "MPut foo", mget1]);
+}
+
+#[tokio::test]
+async fn an_mput_written_in_one_shard_and_refused_in_another_says_which_keys() {
+    let map: Arc<OnceLock<ShardMap>> = Arc::default();
+    let seen: Seen = Arc::default();
+    let node0 = shard_node(ShardId(0), Arc::clone(&map), Arc::clone(&seen), None).await;
+    let node1 = shard_node(
+        ShardId(1),
+        Arc::clone(&map),
+        Arc::clone(&seen),
+        Some(b"foo"),
+    )
+    .await;
+    map.set(two_nodes_two_shards(&node0.endpoint(), &node1.endpoint()))
+        .unwrap();
+    let client = Client::connect_with(&[node0.endpoint()], options(5_000))
+        .await
+        .unwrap();
+    client.put("foo", "learn the map").await.unwrap();
+
+    let err = client
+        .mput([("bar", "1"), ("foo", "2"), ("{foo}y", "3")])
+        .await
+        .unwrap_err();
+    let Error::PartialMPut(partial) = err else {
+        panic!("{err:?}");
+    };
+    let keys = |part: &[Bytes]| {
+        part.iter()
+            .map(|k| String::from_utf8_lossy(k).into_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(partial.written.len(), 1);
+    assert_eq!(keys(&partial.written[0].0), ["bar"]);
+    assert_eq!(partial.failed.len(), 1);
+    assert_eq!(keys(&partial.failed[0].0), ["foo", "{foo}y"]);
+    assert_eq!(partial.failed[0].1.code(), Some(ErrorCode::NoSpace));
+    assert_eq!(
+        client.get("bar").await.unwrap().map(|v| v.value),
+        Some(Bytes::from("1"))
+    );
+    assert_eq!(
+        client.get("foo").await.unwrap().map(|v| v.value),
+        Some(Bytes::from("learn the map"))
+    );
+}
+
+#[tokio::test]
+async fn a_scan_or_clear_of_a_sharded_cluster_is_refused_not_cut_to_one_shard() {
+    let map: Arc<OnceLock<ShardMap>> = Arc::default();
+    let seen: Seen = Arc::default();
+    let node0 = shard_node(ShardId(0), Arc::clone(&map), Arc::clone(&seen), None).await;
+    let node1 = shard_node(ShardId(1), Arc::clone(&map), Arc::clone(&seen), None).await;
+    map.set(two_nodes_two_shards(&node0.endpoint(), &node1.endpoint()))
+        .unwrap();
+    let client = Client::connect_with(&[node0.endpoint()], options(5_000))
+        .await
+        .unwrap();
+    client.put("foo", "learn the map").await.unwrap();
+    let asked = seen.lock().unwrap().len();
+    let err = client.scan("", 10).await.unwrap_err();
+    assert!(
+        matches!(err, Error::NotAcrossShards { op: "scan" }),
+        "{err:?}"
+    );
+    let err = client.clear().await.unwrap_err();
+    assert!(
+        matches!(err, Error::NotAcrossShards { op: "clear" }),
+        "{err:?}"
+    );
+    assert_eq!(seen.lock().unwrap().len(), asked, "nothing sent");
 }

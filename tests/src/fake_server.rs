@@ -62,6 +62,7 @@ pub fn node_status(id: u64, role: Role) -> NodeStatus {
         rpc_socket: None,
         rdma: String::new(),
         ofi: String::new(),
+        resp_addr: None,
         region_epoch: 1,
         ops: Vec::new(),
         open_connections: Default::default(),

@@ -24,6 +24,10 @@ fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("python/redis_py_check.py")
 }
 
+fn cluster_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("python/redis_cluster_check.py")
+}
+
 fn run(command: &mut Command) -> Result<String> {
     let output = command
         .output()
@@ -61,19 +65,27 @@ fn python_with_redis_py() -> Result<PathBuf> {
     Ok(python)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_py_8_works_at_its_defaults_and_with_resp2() -> Result<()> {
-    let python = match tokio::task::spawn_blocking(python_with_redis_py).await? {
-        Ok(python) => python,
+/// The virtualenv's python, or `None` after a visible skip of `test`.
+async fn python_or_skip(test: &str) -> Result<Option<PathBuf>> {
+    match tokio::task::spawn_blocking(python_with_redis_py).await? {
+        Ok(python) => Ok(Some(python)),
         Err(e) => {
             rdkv_tests::skip::skip(
-                "redis_py_8_works_at_its_defaults_and_with_resp2",
+                test,
                 &format!(
                     "no python3 virtualenv with redis-py from PyPI ({e:#}); .ci/run installs python3-venv"
                 ),
             );
-            return Ok(());
+            Ok(None)
         }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_py_8_works_at_its_defaults_and_with_resp2() -> Result<()> {
+    let Some(python) = python_or_skip("redis_py_8_works_at_its_defaults_and_with_resp2").await?
+    else {
+        return Ok(());
     };
     let mut cluster = Cluster::start_with(3, &["--token", TOKEN])?;
     check(&mut cluster, TEST_LIMIT, async |cluster| {
@@ -89,6 +101,36 @@ async fn redis_py_8_works_at_its_defaults_and_with_resp2() -> Result<()> {
             let out = tokio::task::spawn_blocking(move || run(&mut command)).await??;
             eprintln!("{}", out.trim());
         }
+        Ok(())
+    })
+    .await
+}
+
+/// redis-py's `RedisCluster` against a 3-node (single-shard) cluster: it
+/// finds the leader by CLUSTER SLOTS and routes itself; plain connections
+/// check the views, MOVED and CROSSSLOT (docs/sharding.md, section 7).
+/// (`redis-benchmark --cluster` refuses a cluster of one master: "Invalid
+/// cluster: 1 node(s)"; it needs several shards.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_aware_redis_clients_route_themselves() -> Result<()> {
+    let Some(python) = python_or_skip("cluster_aware_redis_clients_route_themselves").await? else {
+        return Ok(());
+    };
+    let mut cluster = Cluster::start_with(3, &["--token", TOKEN])?;
+    cluster.set_client_auth(Some(TOKEN), None);
+    check(&mut cluster, TEST_LIMIT, async |cluster| {
+        cluster.serving_client(TOKEN).await?;
+        let leader = cluster.wait_for_leader(Duration::from_secs(20)).await?;
+        let resp_of = |id: u64| -> Result<String> { Ok(cluster.node(id)?.resp_addr.to_string()) };
+        let mut addrs = vec![resp_of(leader)?];
+        for id in cluster.nodes.keys().filter(|id| **id != leader) {
+            addrs.push(resp_of(*id)?);
+        }
+        let mut command = Command::new(&python);
+        command.arg(cluster_script()).arg(TOKEN).args(&addrs);
+        let out = tokio::task::spawn_blocking(move || run(&mut command)).await??;
+        eprintln!("{}", out.trim());
+
         Ok(())
     })
     .await

@@ -11,14 +11,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use rdkv_proto::shard::ShardMap;
-use rdkv_proto::wire::{ClientHello, Request, Response};
+use rdkv_proto::shard::{ShardId, ShardMap};
+use rdkv_proto::wire::{ClientHello, KeyUse, Request, Response};
 use tokio::time::{Instant, sleep_until};
 
 use crate::error::{Error, Result};
 use crate::options::ClientOptions;
-use route::RouteState;
 pub(crate) use route::{Idempotence, Route, route_of};
+use route::{RouteState, Target};
 use shards::ShardRouting;
 use step::{Attempt, BackOff, Outcome, Step, direct_result, next_step};
 
@@ -83,14 +83,29 @@ impl Router {
         self.state().endpoints.clone()
     }
 
+    /// The node believed to lead (shard 0's leader in a sharded cluster).
     pub(crate) fn leader(&self) -> Option<String> {
-        self.state().leader.clone()
+        self.state().leader(ShardId(0)).cloned()
     }
 
     /// The newest shard map the client fetched (none until a node said
     /// the client's was stale: a single group).
     pub(crate) fn shard_map(&self) -> Option<Arc<ShardMap>> {
         self.shards.map()
+    }
+
+    /// Whether the map held has more than one shard.
+    pub(crate) fn is_sharded(&self) -> bool {
+        self.shards.is_sharded()
+    }
+
+    /// Where `request` goes under the map held: its key's shard, that
+    /// shard's leader hint and members. Unsharded: the whole cluster.
+    fn target(&self, request: &Request) -> Target {
+        match self.shards.map() {
+            Some(map) if map.shards().len() > 1 => target_in(&map, request),
+            _ => Target::whole(),
+        }
     }
 
     fn state(&self) -> MutexGuard<'_, RouteState> {
@@ -122,7 +137,7 @@ impl Router {
         let (_, response) = self.request_at(request, route, idempotence).await?;
         if moves_leader {
             // The old leader no longer leads; rediscover on the next write.
-            self.state().leader = None;
+            self.state().leader_moved(ShardId(0));
         }
         Ok(response)
     }
@@ -170,10 +185,12 @@ impl Router {
         let mut attempt = 0;
         while attempt < self.options.max_attempts.max(1) {
             attempt += 1;
+            // The map may change between attempts (a `Remap`).
+            let target = self.target(&request);
             let addr = call
                 .next
                 .take()
-                .unwrap_or_else(|| self.state().pick(route, call.cursor));
+                .unwrap_or_else(|| self.state().pick(route, call.cursor, &target));
             let map_version = self.shards.version();
             let outcome = self.attempt(&addr, &request, call.deadline).await;
             let facts = Attempt {
@@ -189,7 +206,7 @@ impl Router {
                     self.remap(at_least, map_version, &addr, &mut call, &mut attempt)
                         .await
                 }
-                step => self.follow(step, &addr, route, &mut call),
+                step => self.follow(step, &addr, (route, &target), &mut call),
             };
             match then {
                 Then::Return(result) => return result.map(|response| (addr, response)),
@@ -268,7 +285,11 @@ impl Router {
             let outcome = self.attempt(&addr, &Request::ShardMap, deadline).await;
             match direct_result(outcome, &addr, start.elapsed()) {
                 Ok(Response::ShardMap(map)) => {
-                    self.shards.install(*map);
+                    if self.shards.install(*map) {
+                        // The new map's leader hints are fresher than what
+                        // was learnt under the old one.
+                        self.state().forget_leaders();
+                    }
                     if self.shards.version() >= at_least {
                         return Ok(());
                     }
@@ -289,11 +310,13 @@ impl Router {
         Err(last_err)
     }
 
-    /// Carries out `step` of `call`, whose last attempt went to `addr`.
-    fn follow(&self, step: Step, addr: &str, route: Route, call: &mut Call) -> Then {
+    /// Carries out `step` of `call`, whose last attempt went to `addr`
+    /// by `route` for `target`.
+    fn follow(&self, step: Step, addr: &str, to: (Route, &Target), call: &mut Call) -> Then {
+        let (route, target) = to;
         match step {
             Step::Done(response) => {
-                self.state().answered(addr, route);
+                self.state().answered(addr, route, target.shard);
                 Then::Return(Ok(response))
             }
             Step::Fail { error, suspect } => {
@@ -307,7 +330,7 @@ impl Router {
             Step::Remap { .. } => Then::Next { wait: true },
             Step::Redirect { to, error } => {
                 tracing::debug!(from = %addr, %to, "redirecting to the leader");
-                self.state().learn_leader(&to);
+                self.state().learn_leader(&to, target.shard);
                 call.next = Some(to);
                 call.last_err = Some(error);
                 call.redirects += 1;
@@ -327,7 +350,8 @@ impl Router {
                 }
                 call.last_err = Some(error);
                 Then::Next {
-                    wait: back_off == BackOff::Always || self.state().round_done(call.cursor),
+                    wait: back_off == BackOff::Always
+                        || self.state().round_done(call.cursor, target),
                 }
             }
         }
@@ -380,4 +404,28 @@ enum Then {
     Next {
         wait: bool,
     },
+}
+
+/// [`Router::target`] under a map of several shards: the shard of the
+/// request's first key (keyless requests: shard 0), with the client
+/// addresses the map gives for its leader and members.
+fn target_in(map: &ShardMap, request: &Request) -> Target {
+    let shard = first_key(request).map_or(ShardId(0), |key| map.shard_of_key(key));
+    let Some(info) = map.shard(shard) else {
+        return Target::whole();
+    };
+    let addr = |id| map.node(id).and_then(|node| node.client_addr.clone());
+    Target {
+        shard,
+        hint: info.leader.and_then(addr),
+        members: info.members.iter().filter_map(|&id| addr(id)).collect(),
+    }
+}
+
+/// The first key a request touches, if it touches any by name.
+fn first_key(request: &Request) -> Option<&[u8]> {
+    match request.key_use() {
+        KeyUse::Reads(keys) | KeyUse::Writes(keys) => keys.first().map(|key| &key[..]),
+        KeyUse::Nothing | KeyUse::Everything => None,
+    }
 }

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use rdkv_proto::shard::ShardId;
 use rdkv_proto::wire::{Consistency, Request};
 use tokio::time::Instant;
 
@@ -69,12 +70,36 @@ fn read_route(consistency: Consistency) -> Route {
     }
 }
 
+/// The shard a request is for and where the client's map puts it. For a
+/// single group (no map, or a map of one shard) it is shard 0 with no hint
+/// and no member list: any endpoint may be tried, as before sharding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Target {
+    pub(crate) shard: ShardId,
+    /// The client address of the shard's leader as the map names it.
+    pub(crate) hint: Option<String>,
+    /// The client addresses of the shard's members; empty: every endpoint.
+    pub(crate) members: Vec<String>,
+}
+
+impl Target {
+    /// The one group of an unsharded cluster.
+    pub(crate) fn whole() -> Target {
+        Target {
+            shard: ShardId(0),
+            hint: None,
+            members: Vec::new(),
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct RouteState {
     /// Seed endpoints plus leader addresses learned from hints.
     pub(crate) endpoints: Vec<String>,
-    /// Client address of the node believed to lead.
-    pub(crate) leader: Option<String>,
+    /// Per shard, the client address of the node believed to lead it
+    /// (learned from answers and `NotLeader` hints; fresher than the map's).
+    leaders: HashMap<ShardId, String>,
     /// The node that answered last.
     pub(crate) current: Option<String>,
     /// Nodes that recently failed to answer within a call's budget, and
@@ -86,49 +111,79 @@ impl RouteState {
     pub(crate) fn new(endpoints: Vec<String>) -> RouteState {
         RouteState {
             endpoints,
-            leader: None,
+            leaders: HashMap::new(),
             current: None,
             suspects: HashMap::new(),
         }
     }
 
-    /// The node to try for `route` on the `cursor`-th fallback.
-    pub(crate) fn pick(&self, route: Route, cursor: usize) -> String {
-        let preferred = match route {
-            Route::Leader | Route::AnyPreferLeader => {
-                self.leader.clone().or_else(|| self.current.clone())
-            }
-            Route::AnySpread => None,
-        };
-        if let Some(addr) = preferred {
-            return addr;
+    /// The node believed to lead `shard`.
+    pub(crate) fn leader(&self, shard: ShardId) -> Option<&String> {
+        self.leaders.get(&shard)
+    }
+
+    /// Forgets every shard's leader: a new map's hints are fresher.
+    pub(crate) fn forget_leaders(&mut self) {
+        self.leaders.clear();
+    }
+
+    /// The node to try for `route` to `target` on the `cursor`-th fallback.
+    pub(crate) fn pick(&self, route: Route, cursor: usize, target: &Target) -> String {
+        if let Some(addr) = self.preferred(route, target) {
+            return addr.clone();
         }
-        let n = self.endpoints.len().max(1);
+        let candidates = self.candidates(target);
+        let n = candidates.len().max(1);
         let suspect = |addr: &String| {
             self.suspects
                 .get(addr)
                 .is_some_and(|since| since.elapsed() < SUSPECT_FOR)
         };
-        // From the cursor on, the first endpoint not under suspicion; all
+        // From the cursor on, the first candidate not under suspicion; all
         // suspect (or none left): plain rotation.
         (0..n)
-            .filter_map(|k| self.endpoints.get((cursor + k) % n))
+            .filter_map(|k| candidates.get((cursor + k) % n))
             .find(|addr| !suspect(addr))
-            .or_else(|| self.endpoints.get(cursor % n))
+            .or_else(|| candidates.get(cursor % n))
             .cloned()
             .unwrap_or_default()
     }
 
-    /// Whether the cursor has just gone through every endpoint once.
-    pub(crate) fn round_done(&self, cursor: usize) -> bool {
-        cursor.is_multiple_of(self.endpoints.len().max(1))
+    /// The leader of the target's shard as known, else the map's hint, else
+    /// (a shard any node may serve) the node that answered last.
+    fn preferred<'a>(&'a self, route: Route, target: &'a Target) -> Option<&'a String> {
+        match route {
+            Route::AnySpread => None,
+            Route::Leader | Route::AnyPreferLeader => self
+                .leaders
+                .get(&target.shard)
+                .or(target.hint.as_ref())
+                .or_else(|| {
+                    self.current
+                        .as_ref()
+                        .filter(|c| target.members.is_empty() || target.members.contains(c))
+                }),
+        }
     }
 
-    /// Stops preferring `addr` after it failed.
-    pub(crate) fn forget(&mut self, addr: &str) {
-        if self.leader.as_deref() == Some(addr) {
-            self.leader = None;
+    /// The nodes a fallback goes through: the shard's members when the map
+    /// names them, else every endpoint.
+    fn candidates<'a>(&'a self, target: &'a Target) -> &'a [String] {
+        if target.members.is_empty() {
+            &self.endpoints
+        } else {
+            &target.members
         }
+    }
+
+    /// Whether the cursor has just gone through every candidate once.
+    pub(crate) fn round_done(&self, cursor: usize, target: &Target) -> bool {
+        cursor.is_multiple_of(self.candidates(target).len().max(1))
+    }
+
+    /// Stops preferring `addr` after it failed, for every shard.
+    pub(crate) fn forget(&mut self, addr: &str) {
+        self.leaders.retain(|_, leader| leader != addr);
         if self.current.as_deref() == Some(addr) {
             self.current = None;
         }
@@ -141,21 +196,26 @@ impl RouteState {
         self.suspects.insert(addr.to_owned(), Instant::now());
     }
 
-    /// `addr` answered a request sent by `route`.
-    pub(crate) fn answered(&mut self, addr: &str, route: Route) {
+    /// `addr` answered a request for `shard` sent by `route`.
+    pub(crate) fn answered(&mut self, addr: &str, route: Route, shard: ShardId) {
         self.suspects.remove(addr);
         if route == Route::Leader {
-            self.leader = Some(addr.to_owned());
+            self.leaders.insert(shard, addr.to_owned());
         }
         self.current = Some(addr.to_owned());
     }
 
-    /// A hint named `addr` as the leader.
-    pub(crate) fn learn_leader(&mut self, addr: &str) {
+    /// A hint named `addr` as the leader of `shard`.
+    pub(crate) fn learn_leader(&mut self, addr: &str, shard: ShardId) {
         if !self.endpoints.iter().any(|e| e == addr) {
             self.endpoints.push(addr.to_owned());
         }
-        self.leader = Some(addr.to_owned());
+        self.leaders.insert(shard, addr.to_owned());
+    }
+
+    /// Forgets who leads `shard` (it moved its leadership away).
+    pub(crate) fn leader_moved(&mut self, shard: ShardId) {
+        self.leaders.remove(&shard);
     }
 }
 
@@ -167,31 +227,70 @@ mod tests {
         RouteState::new(vec!["a".into(), "b".into(), "c".into()])
     }
 
+    fn whole() -> Target {
+        Target::whole()
+    }
+
     #[test]
     fn the_leader_is_preferred_unless_reads_are_spread() {
         let mut state = state();
-        state.learn_leader("b");
-        assert_eq!(state.pick(Route::Leader, 0), "b");
-        assert_eq!(state.pick(Route::AnyPreferLeader, 2), "b");
-        assert_eq!(state.pick(Route::AnySpread, 2), "c");
+        state.learn_leader("b", ShardId(0));
+        assert_eq!(state.pick(Route::Leader, 0, &whole()), "b");
+        assert_eq!(state.pick(Route::AnyPreferLeader, 2, &whole()), "b");
+        assert_eq!(state.pick(Route::AnySpread, 2, &whole()), "c");
     }
 
     #[test]
     fn a_suspect_is_tried_after_the_others() {
         let mut state = state();
         state.suspect("a");
-        assert_eq!(state.pick(Route::Leader, 0), "b");
-        state.answered("a", Route::AnySpread);
+        assert_eq!(state.pick(Route::Leader, 0, &whole()), "b");
+        state.answered("a", Route::AnySpread, ShardId(0));
         state.forget("a");
-        assert_eq!(state.pick(Route::Leader, 0), "a");
+        assert_eq!(state.pick(Route::Leader, 0, &whole()), "a");
     }
 
     #[test]
     fn a_hinted_leader_becomes_an_endpoint() {
         let mut state = state();
-        state.learn_leader("d");
+        state.learn_leader("d", ShardId(0));
         assert_eq!(state.endpoints.len(), 4);
-        assert!(state.round_done(4));
-        assert!(!state.round_done(3));
+        assert!(state.round_done(4, &whole()));
+        assert!(!state.round_done(3, &whole()));
+    }
+
+    #[test]
+    fn each_shard_has_its_own_leader_and_members() {
+        let mut state = state();
+        let shard = |id, hint: Option<&str>, members: &[&str]| Target {
+            shard: ShardId(id),
+            hint: hint.map(str::to_owned),
+            members: members.iter().map(|m| (*m).to_owned()).collect(),
+        };
+        let one = shard(1, Some("c"), &["b", "c"]);
+        // The map's hint first; a learnt leader overrides it.
+        assert_eq!(state.pick(Route::Leader, 0, &one), "c");
+        state.learn_leader("b", ShardId(1));
+        assert_eq!(state.pick(Route::Leader, 0, &one), "b");
+        assert_eq!(
+            state.pick(Route::Leader, 0, &whole()),
+            "a",
+            "shard 0 unchanged"
+        );
+        // With no leader or hint, fallbacks go through the members only,
+        // and the last node to answer is preferred only if it is one.
+        let no_hint = shard(2, None, &["b", "c"]);
+        state.answered("a", Route::AnySpread, ShardId(0));
+        assert_eq!(state.pick(Route::Leader, 0, &no_hint), "b");
+        assert_eq!(state.pick(Route::Leader, 1, &no_hint), "c");
+        assert_eq!(state.pick(Route::Leader, 2, &no_hint), "b");
+        assert!(state.round_done(2, &no_hint));
+        // A node that fails stops leading every shard it was thought to.
+        state.learn_leader("b", ShardId(0));
+        state.forget("b");
+        assert_eq!(state.leader(ShardId(0)), None);
+        assert_eq!(state.leader(ShardId(1)), None);
+        state.forget_leaders();
+        assert_eq!(state.pick(Route::Leader, 0, &one), "c");
     }
 }

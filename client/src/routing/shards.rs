@@ -5,6 +5,7 @@
 //! is [`ShardMap::single_group`]) and requests are routed as before.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use arc_swap::ArcSwapOption;
 use rdkv_proto::shard::ShardMap;
@@ -14,6 +15,9 @@ use tokio::sync::{Mutex, MutexGuard};
 pub(crate) struct ShardRouting {
     /// The highest-versioned map seen; `None`: one group.
     map: ArcSwapOption<ShardMap>,
+    /// Whether `map` has more than one shard: read on every one-sided GET,
+    /// which must not read a region for a key of another shard.
+    sharded: AtomicBool,
     /// Held by the one refresh under way: calls that waited on it find the
     /// map it installed and fetch nothing.
     refreshing: Mutex<()>,
@@ -30,6 +34,11 @@ impl ShardRouting {
         self.map.load_full()
     }
 
+    /// Whether the map held has more than one shard.
+    pub(crate) fn is_sharded(&self) -> bool {
+        self.sharded.load(Ordering::Acquire)
+    }
+
     /// Keeps `map` unless the one held is as new; says whether it was kept.
     /// Versions only grow, whatever order answers arrive in.
     pub(crate) fn install(&self, map: ShardMap) -> bool {
@@ -38,9 +47,16 @@ impl ShardRouting {
             Some(held) if held.version() >= offered.version() => Some(Arc::clone(held)),
             _ => Some(Arc::clone(&offered)),
         });
-        before
+        let kept = before
             .as_ref()
-            .is_none_or(|held| held.version() < offered.version())
+            .is_none_or(|held| held.version() < offered.version());
+        if let Some(held) = self.map.load().as_ref() {
+            // Once sharded, stays so: a cluster does not merge its shards.
+            if held.shards().len() > 1 {
+                self.sharded.store(true, Ordering::Release);
+            }
+        }
+        kept
     }
 
     /// Waits for the refresh under way, if any, and holds off the others

@@ -89,6 +89,9 @@ pub struct NodeStatus {
     /// The libfabric transport: `on: <provider (libfabric version)>` or
     /// `off: <why>`.
     pub ofi: String,
+    /// The RESP port's `host:port` (`None`: none): how the other nodes
+    /// name this one in Redis Cluster's view (`CLUSTER SLOTS`, `MOVED`).
+    pub resp_addr: Option<String>,
 }
 
 /// The quota and what the live pairs are charged against it (a pair's

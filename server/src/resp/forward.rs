@@ -58,6 +58,22 @@ impl Forwarder {
     }
 }
 
+impl Forwarder {
+    /// `request` to exactly the node at `addr` (one of `endpoints`).
+    pub async fn send_to(
+        &self,
+        endpoints: Vec<String>,
+        addr: &str,
+        request: Request,
+    ) -> Result<Response, Reply> {
+        let client = self.client(endpoints)?;
+        client.send_to(addr, request).await.map_err(|e| match e {
+            rdkv_client::Error::Server(reply) => error_reply(&reply),
+            other => Reply::err(other.to_string()),
+        })
+    }
+}
+
 /// What Redis answers a write refused at `maxmemory` (noeviction).
 pub const REDIS_OOM: &str = "OOM command not allowed when used memory > 'maxmemory'.";
 

@@ -8,6 +8,9 @@
 //!   handler); dispatch and the `COMMAND` reply are read from it.
 //! - `session`: one connection's state; runs a command by its row.
 //! - `clients`: the open connections (CLIENT LIST); `client_command`: CLIENT.
+//! - `cluster`: Redis Cluster's view of the shard map (CLUSTER SLOTS,
+//!   SHARDS, NODES, ...), and MOVED/CROSSSLOT on connections in cluster
+//!   mode (docs/sharding.md, section 7).
 //! - `transaction`: MULTI/EXEC/DISCARD, WATCH/UNWATCH (one native
 //!   `Transaction`, one log entry).
 //! - `keyspace`: KEYS, SCAN (cursors in `keyspace::Cursors`), TYPE; `glob`:
@@ -33,6 +36,7 @@
 
 mod client_command;
 mod clients;
+mod cluster;
 mod commands;
 mod connection;
 mod expiry;
@@ -69,6 +73,8 @@ pub struct RespServer {
     forwarder: Forwarder,
     clients: Clients,
     cursors: Cursors,
+    /// Every node's RESP address, for Redis Cluster's view.
+    resp_directory: cluster::RespDirectory,
     port: u16,
 }
 
@@ -85,6 +91,7 @@ impl RespServer {
             forwarder: Forwarder::new(own_client),
             clients: Clients::default(),
             cursors: Cursors::default(),
+            resp_directory: cluster::RespDirectory::default(),
             handler,
             consistency,
             port,

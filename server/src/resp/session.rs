@@ -8,6 +8,7 @@ use rdkv_proto::wire::tokens_match;
 
 use super::RespServer;
 use super::clients::{ClientInfo, Registered, valid_client_field};
+use super::cluster;
 use super::commands::{hello_reply, integer_arg, upper};
 use super::reply::{Protocol, Reply};
 use super::table::{self, Run, Spec, StoreRun};
@@ -54,6 +55,11 @@ pub struct Session<'a> {
     multi: Option<Multi>,
     /// WATCHed keys and their versions then, until EXEC, DISCARD or UNWATCH.
     watched: Vec<(Bytes, Option<u64>)>,
+    /// The connection opted in to Redis Cluster's rules (`MOVED`,
+    /// `CROSSSLOT`): it asked `CLUSTER SLOTS|SHARDS|NODES` or `READONLY`.
+    cluster_mode: bool,
+    /// `READONLY`: reads are served by the node reached, not redirected.
+    readonly: bool,
 }
 
 /// What a HELLO asks for, checked before any of it is done.
@@ -74,6 +80,8 @@ impl<'a> Session<'a> {
             client: server.clients.register(info),
             multi: None,
             watched: Vec::new(),
+            cluster_mode: false,
+            readonly: false,
             server,
         }
     }
@@ -126,6 +134,15 @@ impl<'a> Session<'a> {
         };
         if self.multi.is_some() && !transaction::RUN_INSIDE_MULTI.contains(&spec.name) {
             return Step::now(transaction::queue(self, spec, argv));
+        }
+        if spec.name == "cluster" && cluster::opts_in(&argv[1..]) {
+            self.cluster_mode = true;
+        }
+        if self.cluster_mode
+            && matches!(spec.run, Run::Store(_))
+            && let Some(reply) = cluster::redirect(self.server, spec, argv, self.readonly)
+        {
+            return Step::now(reply);
         }
         match spec.run {
             Run::Quit => Step::Now {
@@ -263,12 +280,22 @@ impl<'a> Session<'a> {
 
     /// RESET: the connection as it was when it opened (protocol 2, no
     /// name, not authenticated when a token is set), Redis 6.2's command.
+    /// READONLY (`true`) and READWRITE: READONLY also opts in to cluster
+    /// mode, as cluster clients send it to replicas they read from.
+    pub fn set_readonly(&mut self, readonly: bool) -> Reply {
+        self.readonly = readonly;
+        self.cluster_mode |= readonly;
+        Reply::ok()
+    }
+
     pub fn reset(&mut self, _: &[Bytes]) -> Reply {
         self.authenticated = self.server.handler.replica().token().is_none();
         self.set_protocol(Protocol::Resp2);
         self.client.update(|info| info.name.clear());
         self.multi = None;
         self.watched.clear();
+        self.cluster_mode = false;
+        self.readonly = false;
         Reply::Simple("RESET")
     }
 }

@@ -10,6 +10,7 @@ use rdkv_proto::wire::Op;
 
 use super::RespServer;
 use super::client_command;
+use super::cluster;
 use super::commands::{self, upper};
 use super::expiry;
 use super::keyspace;
@@ -144,6 +145,11 @@ impl Spec {
         }
     }
 
+    /// Whether the command only reads (its flags say `readonly`).
+    pub fn is_read(&self) -> bool {
+        self.flags.contains(&"readonly")
+    }
+
     /// Whether the command may change the store (its flags say `write`).
     pub fn writes(&self) -> bool {
         self.flags.contains(&"write")
@@ -177,6 +183,9 @@ impl Spec {
             Reply::Integer(self.keys.first),
             Reply::Integer(self.keys.last),
             Reply::Integer(self.keys.step),
+            // ACL categories: none (there are no ACLs). Redis 6 and later
+            // send this element, and redis-py's RESP3 parser reads it.
+            Reply::Array(Vec::new()),
         ])
     }
 }
@@ -300,6 +309,21 @@ pub static COMMANDS: &[Spec] = &[
     row("info", -1, &["stale"], NONE, Run::Session(commands::info)),
     row("command", -1, &["stale"], NONE, Run::Pure(command)),
     row("config", -2, &["admin"], NONE, Run::Pure(commands::config)),
+    row("cluster", -2, &["stale"], NONE, store!(cluster::cluster)),
+    row(
+        "readonly",
+        1,
+        &["fast"],
+        NONE,
+        Run::Session(|s, _| s.set_readonly(true)),
+    ),
+    row(
+        "readwrite",
+        1,
+        &["fast"],
+        NONE,
+        Run::Session(|s, _| s.set_readonly(false)),
+    ),
 ];
 
 /// The row of command `name` (any case).
@@ -354,6 +378,7 @@ mod tests {
             Reply::Integer(1),
             Reply::Integer(-1),
             Reply::Integer(2),
+            Reply::Array(Vec::new()),
         ])]);
         assert_eq!(reply, expected);
     }

@@ -86,6 +86,7 @@ impl Handler {
             open_connections: self.stats().open_connections(),
             rdma: self.rdma().status().to_owned(),
             ofi: self.ofi().status().to_owned(),
+            resp_addr: self.endpoints().resp.clone(),
             quota: QuotaUse {
                 quota_bytes: quota.quota_bytes,
                 charged_bytes: quota.charged_bytes,
