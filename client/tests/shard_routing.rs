@@ -277,20 +277,33 @@ fn describe(request: &Request) -> String {
     }
 }
 
+/// Two fake nodes, one shard each (`two_nodes_two_shards`), recording into
+/// `seen` (one list per node); node 1 refuses an `MPut` holding
+/// `refuse_mput`. The client is given only node 0. The nodes stop when
+/// dropped.
+async fn two_shard_nodes(
+    seen: [Seen; 2],
+    refuse_mput: Option<&'static [u8]>,
+) -> (Client, [rdkv_tests::fake_server::Fake; 2]) {
+    let map: Arc<OnceLock<ShardMap>> = Arc::default();
+    let [seen0, seen1] = seen;
+    let node0 = shard_node(ShardId(0), Arc::clone(&map), seen0, None).await;
+    let node1 = shard_node(ShardId(1), Arc::clone(&map), seen1, refuse_mput).await;
+    map.set(two_nodes_two_shards(&node0.endpoint(), &node1.endpoint()))
+        .unwrap();
+    let client = Client::connect_with(&[node0.endpoint()], options(5_000))
+        .await
+        .unwrap();
+    (client, [node0, node1])
+}
+
 #[tokio::test]
 async fn keys_go_to_their_shards_and_multi_key_calls_split_by_shard() {
     // foo is slot 12182 (shard 1), bar 5061 and {bar}x 5061 (shard 0).
     assert_eq!(key_slot(b"foo").get(), 12182);
-    let map: Arc<OnceLock<ShardMap>> = Arc::default();
     let (seen0, seen1): (Seen, Seen) = (Arc::default(), Arc::default());
-    let node0 = shard_node(ShardId(0), Arc::clone(&map), Arc::clone(&seen0), None).await;
-    let node1 = shard_node(ShardId(1), Arc::clone(&map), Arc::clone(&seen1), None).await;
-    map.set(two_nodes_two_shards(&node0.endpoint(), &node1.endpoint()))
-        .unwrap();
     // The client knows only the first node.
-    let client = Client::connect_with(&[node0.endpoint()], options(5_000))
-        .await
-        .unwrap();
+    let (client, _nodes) = two_shard_nodes([Arc::clone(&seen0), Arc::clone(&seen1)], None).await;
 
     client.put("foo", "1").await.unwrap();
     client.put("bar", "2").await.unwrap();
@@ -324,21 +337,9 @@ async fn keys_go_to_their_shards_and_multi_key_calls_split_by_shard() {
 
 #[tokio::test]
 async fn an_mput_written_in_one_shard_and_refused_in_another_says_which_keys() {
-    let map: Arc<OnceLock<ShardMap>> = Arc::default();
     let seen: Seen = Arc::default();
-    let node0 = shard_node(ShardId(0), Arc::clone(&map), Arc::clone(&seen), None).await;
-    let node1 = shard_node(
-        ShardId(1),
-        Arc::clone(&map),
-        Arc::clone(&seen),
-        Some(b"foo"),
-    )
-    .await;
-    map.set(two_nodes_two_shards(&node0.endpoint(), &node1.endpoint()))
-        .unwrap();
-    let client = Client::connect_with(&[node0.endpoint()], options(5_000))
-        .await
-        .unwrap();
+    let (client, _nodes) =
+        two_shard_nodes([Arc::clone(&seen), Arc::clone(&seen)], Some(b"foo")).await;
     client.put("foo", "learn the map").await.unwrap();
 
     let err = client
@@ -370,15 +371,8 @@ async fn an_mput_written_in_one_shard_and_refused_in_another_says_which_keys() {
 
 #[tokio::test]
 async fn a_scan_or_clear_of_a_sharded_cluster_is_refused_not_cut_to_one_shard() {
-    let map: Arc<OnceLock<ShardMap>> = Arc::default();
     let seen: Seen = Arc::default();
-    let node0 = shard_node(ShardId(0), Arc::clone(&map), Arc::clone(&seen), None).await;
-    let node1 = shard_node(ShardId(1), Arc::clone(&map), Arc::clone(&seen), None).await;
-    map.set(two_nodes_two_shards(&node0.endpoint(), &node1.endpoint()))
-        .unwrap();
-    let client = Client::connect_with(&[node0.endpoint()], options(5_000))
-        .await
-        .unwrap();
+    let (client, _nodes) = two_shard_nodes([Arc::clone(&seen), Arc::clone(&seen)], None).await;
     client.put("foo", "learn the map").await.unwrap();
     let asked = seen.lock().unwrap().len();
     let err = client.scan("", 10).await.unwrap_err();
