@@ -6,6 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
@@ -42,8 +43,13 @@ fn run(command: &mut Command) -> Result<String> {
     Ok(text)
 }
 
+/// Held while the virtualenv is checked or made: the tests of this file
+/// run at once, and two `python3 -m venv` of one directory collide.
+static VENV_SETUP: Mutex<()> = Mutex::new(());
+
 /// The virtualenv's python with redis-py 8 installed, made on first use.
 fn python_with_redis_py() -> Result<PathBuf> {
+    let _setup = VENV_SETUP.lock().unwrap_or_else(PoisonError::into_inner);
     let venv = venv_dir();
     let python = venv.join("bin/python");
     let installed = Command::new(&python)
