@@ -87,16 +87,16 @@ impl RespServer {
     /// - at `linearizable` consistency, when this node leads and a ReadIndex
     ///   round that started now confirms it (the round is shared with every
     ///   other read waiting on the node, `service::read_rounds`): one round
-    ///   per batch of reads, not per read. A node that does not lead (no
-    ///   lease published) or fails the round answers through the store
-    ///   path, which forwards or reports why.
+    ///   per batch of reads, not per read. Not the lease: a leader whose
+    ///   lease lapsed under load still serves reads this way. A node that
+    ///   does not lead or fails the round answers through the store path,
+    ///   which forwards or reports why.
     pub(super) async fn reads_now(&self) -> bool {
         let replica = self.handler.replica();
         match self.consistency {
             Consistency::Lease => lease::serves_lease_reads(replica),
             Consistency::Linearizable => {
-                replica.sm.published_lease_boottime_us().is_some()
-                    && matches!(replica.reads.confirm().await, Ok(Ok(())))
+                replica.raft.is_leader() && matches!(replica.reads.confirm().await, Ok(Ok(())))
             }
             Consistency::Follower { .. } => false,
         }
