@@ -140,7 +140,8 @@ pub async fn serve(stream: Stream, peer: String, server: &RespServer) -> Result<
 }
 
 /// The reads one batch of buffered commands answered at once: whether the
-/// node may (asked at the batch's first such read; the lease's margin
+/// node may (asked at the batch's first such read: the lease's margin, or
+/// one ReadIndex round started after every command of the batch arrived,
 /// covers the batch), and how many of each op, for the request metrics.
 #[derive(Debug, Default)]
 struct NowReads {
@@ -150,11 +151,14 @@ struct NowReads {
 }
 
 impl NowReads {
-    fn allowed(&mut self, server: &RespServer) -> bool {
-        *self.allowed.get_or_insert_with(|| {
-            self.started = Some(Instant::now());
-            server.reads_now()
-        })
+    async fn allowed(&mut self, server: &RespServer) -> bool {
+        if let Some(allowed) = self.allowed {
+            return allowed;
+        }
+        self.started = Some(Instant::now());
+        let allowed = server.reads_now().await;
+        self.allowed = Some(allowed);
+        allowed
     }
 
     fn answered(&mut self, op: Op) {
@@ -248,7 +252,7 @@ impl<'a> Pipeline<'a> {
                     self.push_ready(reply, false).await?;
                 }
                 Step::Store { spec, run } => {
-                    if !self.answer_now(spec, argv, reads_now) {
+                    if !self.answer_now(spec, argv, reads_now).await {
                         // It runs past this batch: its own copy of the arguments.
                         self.start_store(spec, run, detached(argv));
                     } else if self.output.len() >= FLUSH_BYTES {
@@ -278,7 +282,7 @@ impl<'a> Pipeline<'a> {
     /// if it did. With nothing in flight its reply is encoded straight into
     /// the output (the common pipeline of reads: no reply value, no copy of
     /// the value); else encoded now and queued behind the earlier replies.
-    fn answer_now(
+    async fn answer_now(
         &mut self,
         spec: &'static Spec,
         argv: &[Bytes],
@@ -290,8 +294,8 @@ impl<'a> Pipeline<'a> {
         // With nothing in flight no earlier command can write its keys (the
         // common pipeline of reads needs no key list).
         let after_writes = !self.running.is_empty();
-        if !reads_now.allowed(self.server)
-            || after_writes && !self.order.read_may_run_now(&spec.keys_in(argv))
+        if after_writes && !self.order.read_may_run_now(&spec.keys_in(argv))
+            || !reads_now.allowed(self.server).await
         {
             return false;
         }

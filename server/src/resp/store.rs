@@ -79,12 +79,27 @@ impl RespServer {
         endpoints
     }
 
-    /// Whether this node may answer reads at once from its region: the
-    /// connections read at `lease` consistency and this node holds the
-    /// lease ([`lease::serves_lease_reads`]). Checked once per batch of
-    /// buffered commands, within the lease's margin.
-    pub(super) fn reads_now(&self) -> bool {
-        self.consistency == Consistency::Lease && lease::serves_lease_reads(self.handler.replica())
+    /// Whether this node may answer reads at once from its region, asked
+    /// once per batch of buffered commands (every one of which arrived
+    /// before this is called):
+    /// - at `lease` consistency, when this node holds the lease
+    ///   ([`lease::serves_lease_reads`]), within the lease's margin;
+    /// - at `linearizable` consistency, when this node leads and a ReadIndex
+    ///   round that started now confirms it (the round is shared with every
+    ///   other read waiting on the node, `service::read_rounds`): one round
+    ///   per batch of reads, not per read. Not the lease: a leader whose
+    ///   lease lapsed under load still serves reads this way. A node that
+    ///   does not lead or fails the round answers through the store path,
+    ///   which forwards or reports why.
+    pub(super) async fn reads_now(&self) -> bool {
+        let replica = self.handler.replica();
+        match self.consistency {
+            Consistency::Lease => lease::serves_lease_reads(replica),
+            Consistency::Linearizable => {
+                replica.raft.is_leader() && matches!(replica.reads.confirm().await, Ok(Ok(())))
+            }
+            Consistency::Follower { .. } => false,
+        }
     }
 
     /// Reads `key` from this node's region at once, once [`Self::reads_now`]

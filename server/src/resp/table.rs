@@ -25,7 +25,7 @@ pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Reply> + Send + 'a>>;
 pub type StoreRun = for<'a> fn(&'a RespServer, &'a [Bytes]) -> StoreFuture<'a>;
 
 /// A read served at once from this node's region, called only once the
-/// node may serve reads without waiting (`RespServer::reads_now`): `true`
+/// node may serve reads from it (`RespServer::reads_now`): `true`
 /// once its reply is appended to the buffer, encoded in the protocol
 /// given; `false`, nothing appended: this one may not be (the command runs
 /// as a store command instead).
