@@ -481,6 +481,9 @@ fn bench_thread<F: DriverFactory>(
     let concurrency = shared.concurrency;
     let measurements = RefCell::new(Measurements::default());
     let finished = runtime.block_on(async {
+        if shared.phase == Phase::Run && driver.batches_reads() {
+            return run_batched(shared, &driver, thread_index * concurrency, &measurements).await;
+        }
         let tasks = (0..concurrency).map(|task| {
             let global = thread_index * concurrency + task;
             run_task(shared, &driver, global, &measurements)
@@ -561,6 +564,115 @@ async fn run_task<D: Driver>(
     shared.completed.fetch_add(unreported, Ordering::Relaxed);
     // The end of the last operation (the loop only checked the count since).
     Instant::now()
+}
+
+/// A thread's operations as a user with `--concurrency` of them in flight
+/// issues them through a batch interface: `concurrency` operations are
+/// generated (the same generator, key strings and claims as a task's),
+/// their reads issued as one [`Driver::read_batch`], and each measured
+/// and its record checked as `timed_read` does. One clock reading starts
+/// a batch and one ends it: every read of a batch gets the batch's
+/// latency. A group that is not all reads runs one operation after
+/// another. No `--target-ops` schedule: operations start when the
+/// previous batch ended.
+async fn run_batched<D: Driver>(
+    shared: &Shared<'_>,
+    driver: &D,
+    stream: usize,
+    measurements: &RefCell<Measurements>,
+) -> Instant {
+    let options = shared.options;
+    let mut generator = shared.workload.generator(options.seed, stream as u64);
+    let warmup_end = shared.warmup_end();
+    let deadline = options.duration.map(|d| warmup_end + d);
+    let mut claims = Claims::default();
+    let mut unreported = 0u64;
+    let warmup = RefCell::new(Measurements::default());
+    let mut group = Vec::with_capacity(shared.concurrency);
+    while !shared.stopped() {
+        let issued = Instant::now();
+        if deadline.is_some_and(|d| issued >= d) {
+            break;
+        }
+        let measuring = issued >= warmup_end;
+        group.clear();
+        while group.len() < shared.concurrency && (!measuring || claims.take(shared)) {
+            group.push(generator.next_transaction());
+        }
+        if group.is_empty() {
+            break;
+        }
+        let record_into = if measuring { measurements } else { &warmup };
+        if let Err(message) = execute_group(shared, driver, &mut group, issued, record_into).await {
+            shared.fail(message);
+            break;
+        }
+        let count = group.len() as u64;
+        if measuring {
+            record_into.borrow_mut().operations += count;
+        }
+        unreported += count;
+        if unreported >= CLAIM_BATCH {
+            shared.completed.fetch_add(unreported, Ordering::Relaxed);
+            unreported = 0;
+        }
+    }
+    shared.completed.fetch_add(unreported, Ordering::Relaxed);
+    Instant::now()
+}
+
+/// One group of `run_batched`: its reads as one batch if it holds nothing
+/// else, else each operation in turn.
+async fn execute_group<D: Driver>(
+    shared: &Shared<'_>,
+    driver: &D,
+    group: &mut Vec<Operation>,
+    issued: Instant,
+    measurements: &RefCell<Measurements>,
+) -> Result<(), String> {
+    let reads: Option<Vec<(&str, Option<&str>)>> = group
+        .iter()
+        .map(|op| match op {
+            Operation::Read { key, field } => Some((key.as_str(), field.as_deref())),
+            _ => None,
+        })
+        .collect();
+    let Some(reads) = reads else {
+        for operation in group.drain(..) {
+            execute(shared, driver, operation, issued, measurements).await?;
+        }
+        return Ok(());
+    };
+    let keys: Vec<&str> = reads.iter().map(|(key, _)| *key).collect();
+    let mut statuses = vec![Status::Error; reads.len()];
+    let mut each = |i: usize, result: crate::driver::ReadResult<'_>| {
+        let (key, field) = reads[i];
+        statuses[i] = match result {
+            Ok(Some(record)) => match record::check(record, field) {
+                Ok(_) => Status::Ok,
+                Err(e) => {
+                    measurements
+                        .borrow_mut()
+                        .note_error(|| format!("READ {key}: bad record: {e}"));
+                    Status::Error
+                }
+            },
+            Ok(None) => Status::NotFound,
+            Err(e) => {
+                measurements
+                    .borrow_mut()
+                    .note_error(|| format!("READ: {e}"));
+                Status::Error
+            }
+        };
+    };
+    driver.read_batch(&keys, &mut each).await;
+    let end = Instant::now();
+    let mut measurements = measurements.borrow_mut();
+    for status in statuses {
+        measurements.measure("READ", status, issued, issued, end);
+    }
+    Ok(())
 }
 
 fn status_of<T, E: std::fmt::Display>(

@@ -97,6 +97,32 @@ fn ycsb_against_an_embedded_node() {
 }
 
 #[test]
+fn ycsb_batches_a_threads_reads_with_rdkv_shm_batch() {
+    build_server();
+    // Workload C: every group of 8 in flight is all reads, so each is one
+    // batch (`get_many_into`); each read is still checked and counted.
+    let (output, stdout) = embedded_ycsb(
+        "workloadc",
+        500,
+        &["--target", "rdkv-shm-batch", "--concurrency", "8"],
+    );
+    assert!(
+        output.status.success(),
+        "exit {:?}\n{stdout}",
+        output.status
+    );
+    assert!(stdout.contains("# rdkv-shm-batch run phase"), "{stdout}");
+    assert_eq!(
+        values(&stdout, "READ", "Return=OK"),
+        vec![500.0],
+        "{stdout}"
+    );
+    assert_eq!(values(&stdout, "READ", "Operations"), vec![500.0]);
+    assert!(!stdout.contains("Return=ERROR"), "{stdout}");
+    assert!(!stdout.contains("Return=NOT_FOUND"), "{stdout}");
+}
+
+#[test]
 fn ycsb_compares_rdkv_with_redis() {
     let Some(_) = rdkv_bench::embedded::find_on_path("redis-server") else {
         rdkv_tests::skip::skip(

@@ -126,42 +126,45 @@ impl From<ReadStats> for ReadReport {
     }
 }
 
-fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
-}
-
 impl ReadCounters {
+    /// Adds one to a counter of this thread's stripe (a plain load and
+    /// store on a stripe the thread owns: [`Striped::add`]).
+    fn bump(&self, counter: fn(&CounterSet) -> &AtomicU64) {
+        self.stripes.add(counter, 1);
+    }
+
     /// Counts one read that ended with an answer: a hit or a miss.
     pub fn finished(&self, hit: bool) {
-        let set = self.stripes.local();
-        bump(if hit { &set.hits } else { &set.misses });
+        if hit {
+            self.bump(|set| &set.hits);
+        } else {
+            self.bump(|set| &set.misses);
+        }
     }
 
     pub fn retry(&self, cause: RetryCause) {
-        let set = self.stripes.local();
-        bump(match cause {
-            RetryCause::Slot => &set.retries_slot,
-            RetryCause::Block => &set.retries_block,
-            RetryCause::Invalidated => &set.retries_invalidated,
-            RetryCause::Moved => &set.retries_moved,
-            RetryCause::Slow => &set.retries_slow,
+        self.bump(match cause {
+            RetryCause::Slot => |set| &set.retries_slot,
+            RetryCause::Block => |set| &set.retries_block,
+            RetryCause::Invalidated => |set| &set.retries_invalidated,
+            RetryCause::Moved => |set| &set.retries_moved,
+            RetryCause::Slow => |set| &set.retries_slow,
         });
     }
 
     /// A read that gave up after its attempts.
     pub fn exhausted(&self) {
-        bump(&self.stripes.local().exhausted);
+        self.bump(|set| &set.exhausted);
     }
 
     /// A read answered from the index cache's location (a hit).
     pub fn cache_hit(&self) {
-        let set = self.stripes.local();
-        bump(&set.cache_hits);
-        bump(&set.hits);
+        self.bump(|set| &set.cache_hits);
+        self.bump(|set| &set.hits);
     }
 
     pub fn cache_miss(&self) {
-        bump(&self.stripes.local().cache_misses);
+        self.bump(|set| &set.cache_misses);
     }
 
     pub fn snapshot(&self) -> ReadStats {

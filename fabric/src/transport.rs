@@ -107,11 +107,37 @@ pub trait RemoteRegion: Send + Sync + Debug {
         ])
     }
 
+    /// Loads `words.len()` consecutive aligned words (little-endian, as
+    /// every region word) from `offset`, each read whole: the header words
+    /// a GET checks. Transports that map the region load them directly
+    /// (no byte copy, no buffer); the default reads their bytes, up to
+    /// [`WORDS_PER_READ`] words a read.
+    fn read_words(&self, offset: u64, words: &mut [u64]) -> Result<(), FabricError> {
+        let mut bytes = [0u8; WORDS_PER_READ * WORD_BYTES];
+        let mut at = offset;
+        for chunk in words.chunks_mut(WORDS_PER_READ) {
+            let bytes = &mut bytes[..chunk.len() * WORD_BYTES];
+            self.read(at, bytes)?;
+            for (word, le) in chunk.iter_mut().zip(bytes.chunks_exact(WORD_BYTES)) {
+                let mut one = [0u8; WORD_BYTES];
+                one.copy_from_slice(le);
+                *word = u64::from_le_bytes(one);
+            }
+            at = at.saturating_add(bytes.len() as u64);
+        }
+        Ok(())
+    }
+
     /// A hint that `[offset, offset + len_bytes)` will be read next (the CPU
     /// may start loading it into its caches). Transports without such a
     /// notion ignore it.
     fn prefetch(&self, _offset: u64, _len_bytes: u64) {}
 }
+
+/// Words [`RemoteRegion::read_words`] reads at once by default (a
+/// region's dynamic header is six).
+pub const WORDS_PER_READ: usize = 8;
+const WORD_BYTES: usize = 8;
 
 /// Checks a read against a region's length before any byte moves.
 pub fn check_range(
@@ -182,6 +208,20 @@ impl RemoteRegion for MappedRegion {
         reads
             .iter_mut()
             .try_for_each(|op| self.copy(op.offset, op.buf))
+    }
+
+    fn read_words(&self, offset: u64, words: &mut [u64]) -> Result<(), FabricError> {
+        if !self.live.load(Ordering::Relaxed) {
+            return Err(FabricError::PeerGone("the region was deregistered".into()));
+        }
+        check_range(&self.descriptor, offset, (words.len() * WORD_BYTES) as u64)?;
+        self.memory.read_words(offset, words, Ordering::Relaxed)?;
+        // The memory holds each word's bytes in this host's order; the
+        // region's words are little-endian (a no-op on x86 and arm64).
+        for word in words.iter_mut() {
+            *word = u64::from_le(*word);
+        }
+        Ok(())
     }
 
     fn prefetch(&self, offset: u64, len_bytes: u64) {

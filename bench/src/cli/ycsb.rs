@@ -44,7 +44,9 @@ pub struct YcsbArgs {
     /// Store(s) to benchmark, one after another with the same seed and records:
     /// rdkv (with --transport), rdkv-shm, rdkv-tcp, rdkv-auto, rdkv-rdma, rdkv-resp (the
     /// embedded cluster's leader through its RESP port, with the redis driver), redis or
-    /// etcd (etcd needs a build with `--features etcd`). Repeatable.
+    /// etcd (etcd needs a build with `--features etcd`). Repeatable. rdkv-<transport>-batch
+    /// (e.g. rdkv-shm-batch): in the run phase each thread gathers --concurrency operations
+    /// and issues their reads as one batch (`get_many_into`), one after another otherwise.
     #[arg(long = "target", value_name = "TARGET", default_value = "rdkv")]
     targets: Vec<String>,
 
@@ -139,7 +141,9 @@ pub struct YcsbArgs {
 /// A target to run, resolved from `--target`.
 #[derive(Debug, Clone)]
 enum Target {
-    Rdkv(TransportChoice),
+    /// The transport, and whether a thread's in-flight reads go as one
+    /// batch (`rdkv-<transport>-batch`).
+    Rdkv(TransportChoice, bool),
     /// rdkv's RESP front end, through the redis driver.
     RdkvResp,
     Redis,
@@ -182,14 +186,17 @@ fn resolve_targets(args: &YcsbArgs) -> Result<Vec<Target>> {
         .iter()
         .map(|t| {
             Ok(match t.as_str() {
-                "rdkv" => Target::Rdkv(default_transport),
+                "rdkv" => Target::Rdkv(default_transport, false),
                 "rdkv-resp" => Target::RdkvResp,
                 "redis" => Target::Redis,
                 "etcd" => etcd_target()?,
                 other => match other.strip_prefix("rdkv-") {
-                    Some(transport) => Target::Rdkv(TransportChoice::parse(transport)?),
+                    Some(transport) => match transport.strip_suffix("-batch") {
+                        Some(transport) => Target::Rdkv(TransportChoice::parse(transport)?, true),
+                        None => Target::Rdkv(TransportChoice::parse(transport)?, false),
+                    },
                     None => bail!(
-                        "unknown target {other:?}: expected rdkv, rdkv-shm, rdkv-tcp, rdkv-auto, rdkv-rdma, rdkv-resp, redis or etcd"
+                        "unknown target {other:?}: expected rdkv, rdkv-shm, rdkv-tcp, rdkv-auto, rdkv-rdma (each also as rdkv-<transport>-batch), rdkv-resp, redis or etcd"
                     ),
                 },
             })
@@ -209,7 +216,7 @@ fn run_target(
 ) -> Result<PhaseResult> {
     let tls = client_tls(args)?;
     Ok(match target {
-        Target::Rdkv(transport) => {
+        Target::Rdkv(transport, batch_reads) => {
             let factory = RdkvFactory {
                 endpoints: servers.endpoints.clone(),
                 transport: *transport,
@@ -217,6 +224,7 @@ fn run_target(
                 token: args.token.clone(),
                 request_timeout: Duration::from_secs(10),
                 tls,
+                batch_reads: *batch_reads,
             };
             factory.validate()?;
             run_one(phase, workload, &factory, run_options)?
@@ -279,7 +287,7 @@ pub fn run(args: YcsbArgs, stop: Arc<AtomicBool>) -> Result<ExitCode> {
     check_etcd_flags(&args)?;
     let targets = resolve_targets(&args)?;
     for target in &targets {
-        if let Target::Rdkv(transport) = target {
+        if let Target::Rdkv(transport, _) = target {
             transport.check_available()?;
         }
     }
@@ -300,7 +308,7 @@ pub fn run(args: YcsbArgs, stop: Arc<AtomicBool>) -> Result<ExitCode> {
         PhaseArg::Both => &[Phase::Load, Phase::Run],
     };
     let scans = spec.scan_proportion > 0.0 && phases.contains(&Phase::Run);
-    if scans && targets.iter().any(|t| matches!(t, Target::Rdkv(_))) && !rdkv::SUPPORTS_SCAN {
+    if scans && targets.iter().any(|t| matches!(t, Target::Rdkv(..))) && !rdkv::SUPPORTS_SCAN {
         bail!(
             "this workload scans (scanproportion={}) and this rdkv-client has no scan yet: \
              run it with --target redis only",
@@ -444,7 +452,7 @@ impl Servers {
         };
         let wants_rdkv = targets
             .iter()
-            .any(|t| matches!(t, Target::Rdkv(_) | Target::RdkvResp));
+            .any(|t| matches!(t, Target::Rdkv(..) | Target::RdkvResp));
         if wants_rdkv && let Some(n) = args.embedded {
             servers.start_cluster(n, args, stop)?;
         }

@@ -27,6 +27,9 @@ pub enum DriverError {
     Config(String),
 }
 
+/// One read of a batch: the record's bytes, `None` if absent.
+pub type ReadResult<'a> = Result<Option<&'a [u8]>, DriverError>;
+
 /// One store's operations, as YCSB's `DB` class has them (delete is not
 /// needed by the core workloads). Records are opaque encoded values.
 ///
@@ -39,6 +42,24 @@ pub trait Driver {
 
     /// The record stored under `key`, if any.
     async fn read(&self, key: &str) -> Result<Option<Bytes>, DriverError>;
+
+    /// Whether [`Driver::read_batch`] serves several reads at once (the
+    /// runner then issues a thread's in-flight reads together).
+    fn batches_reads(&self) -> bool {
+        false
+    }
+
+    /// The records of `keys`, each passed to `each(i, record)` as it is
+    /// known (borrowed from the driver's buffers; `None`: absent). By
+    /// default one [`Driver::read`] after another.
+    async fn read_batch(&self, keys: &[&str], each: &mut dyn FnMut(usize, ReadResult<'_>)) {
+        for (i, key) in keys.iter().enumerate() {
+            match self.read(key).await {
+                Ok(record) => each(i, Ok(record.as_deref())),
+                Err(error) => each(i, Err(error)),
+            }
+        }
+    }
 
     /// Replaces the record of an existing key.
     async fn update(&self, key: &str, record: Bytes) -> Result<(), DriverError>;

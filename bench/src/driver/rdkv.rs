@@ -8,10 +8,11 @@ use std::cell::RefCell;
 
 use bytes::Bytes;
 use rdkv_client::{
-    Client, ClientOptions, ClientTlsFiles, Consistency, GetIntoError, ReadHandle, Transport,
+    Client, ClientOptions, ClientTlsFiles, Consistency, GetIntoError, GotInto, ReadHandle,
+    Transport,
 };
 
-use super::{Driver, DriverError, DriverFactory};
+use super::{Driver, DriverError, DriverFactory, ReadResult};
 
 /// `--transport`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +91,9 @@ pub struct RdkvFactory {
     pub request_timeout: Duration,
     /// TLS to the servers' client ports (`None`: plain TCP).
     pub tls: Option<ClientTlsFiles>,
+    /// Serve a thread's in-flight reads as one `get_many_into` batch
+    /// (target `rdkv-<transport>-batch`).
+    pub batch_reads: bool,
 }
 
 impl RdkvFactory {
@@ -110,7 +114,8 @@ impl DriverFactory for RdkvFactory {
     type Driver = RdkvDriver;
 
     fn label(&self) -> String {
-        format!("rdkv-{}", self.transport.name())
+        let batch = if self.batch_reads { "-batch" } else { "" };
+        format!("rdkv-{}{batch}", self.transport.name())
     }
 
     async fn connect(&self) -> Result<RdkvDriver, DriverError> {
@@ -130,6 +135,7 @@ impl DriverFactory for RdkvFactory {
             client,
             consistency: self.consistency,
             handle,
+            batch: self.batch_reads.then(RefCell::default),
         })
     }
 }
@@ -147,7 +153,20 @@ pub struct RdkvDriver {
     /// its own buffers uses it), the value then copied out as the `Bytes`
     /// every driver returns; what it does not serve goes to `get_with`.
     handle: RefCell<(ReadHandle, Vec<u8>)>,
+    /// With batched reads: a buffer per read in flight and the answers.
+    batch: Option<RefCell<BatchBuffers>>,
 }
+
+/// What a batch of reads lands in, reused from batch to batch.
+#[derive(Debug, Default)]
+struct BatchBuffers {
+    values: Vec<Vec<u8>>,
+    answers: Vec<Option<GotInto>>,
+}
+
+/// Times a batch is read again with larger buffers (the first batch
+/// learns the records' size).
+const BATCH_ATTEMPTS: usize = 3;
 
 impl RdkvDriver {
     pub fn client(&self) -> &Client {
@@ -171,9 +190,70 @@ impl RdkvDriver {
     }
 }
 
+impl RdkvDriver {
+    /// A batch of READs by the read handle (`get_many_into`: the
+    /// neighbourhoods in one round, the blocks in a second, one clock
+    /// reading), each record passed to `each` from its buffer, not copied
+    /// out; `false` if the handle does not serve it (nothing was passed).
+    fn read_many_one_sided(
+        &self,
+        batch: &RefCell<BatchBuffers>,
+        keys: &[&str],
+        each: &mut dyn FnMut(usize, ReadResult<'_>),
+    ) -> bool {
+        let mut handle = self.handle.borrow_mut();
+        let handle = &mut handle.0;
+        let mut batch = batch.borrow_mut();
+        let BatchBuffers { values, answers } = &mut *batch;
+        if values.len() < keys.len() {
+            values.resize_with(keys.len(), Vec::new);
+        }
+        answers.clear();
+        answers.resize(keys.len(), None);
+        let key_bytes: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+        for _ in 0..BATCH_ATTEMPTS {
+            let mut bufs: Vec<&mut [u8]> = values.iter_mut().map(Vec::as_mut_slice).collect();
+            match handle.get_many_into(&key_bytes, &mut bufs, answers, self.consistency) {
+                Ok(()) => {
+                    for (i, (answer, value)) in answers.iter().zip(values.iter()).enumerate() {
+                        each(i, Ok(answer.map(|got| &value[..got.len])));
+                    }
+                    return true;
+                }
+                Err(GetIntoError::BufferTooSmall { needed, .. }) => {
+                    for value in values.iter_mut().filter(|v| v.len() < needed) {
+                        value.resize(needed, 0);
+                    }
+                }
+                Err(GetIntoError::NotServed(_)) => return false,
+            }
+        }
+        false
+    }
+}
+
 impl Driver for RdkvDriver {
     fn supports_scan(&self) -> bool {
         SUPPORTS_SCAN
+    }
+
+    fn batches_reads(&self) -> bool {
+        self.batch.is_some()
+    }
+
+    async fn read_batch(&self, keys: &[&str], each: &mut dyn FnMut(usize, ReadResult<'_>)) {
+        if let Some(batch) = &self.batch
+            && self.read_many_one_sided(batch, keys, each)
+        {
+            return;
+        }
+        // Not served one-sided: one read after another, as the default.
+        for (i, key) in keys.iter().enumerate() {
+            match self.read(key).await {
+                Ok(record) => each(i, Ok(record.as_deref())),
+                Err(error) => each(i, Err(error)),
+            }
+        }
     }
 
     async fn read(&self, key: &str) -> Result<Option<Bytes>, DriverError> {

@@ -152,10 +152,7 @@ impl OneSided {
         // Counted, then the k-th taken: no list of candidates is built.
         let candidates = view.readers.iter().filter(|r| fits(r)).count();
         if candidates == 0 {
-            self.counters
-                .local()
-                .lag_refusals
-                .fetch_add(1, Ordering::Relaxed);
+            self.counters.add(|c| &c.lag_refusals, 1);
             return Err(NotServed::Lag);
         }
         let pick = self.spread.local().fetch_add(1, Ordering::Relaxed) % candidates;
@@ -191,19 +188,13 @@ impl OneSided {
         } else if choice.leased_read {
             Err(self.lease_refused())
         } else {
-            self.counters
-                .local()
-                .lag_refusals
-                .fetch_add(1, Ordering::Relaxed);
+            self.counters.add(|c| &c.lag_refusals, 1);
             Err(NotServed::Lag)
         }
     }
 
     fn lease_refused(&self) -> NotServed {
-        self.counters
-            .local()
-            .lease_refusals
-            .fetch_add(1, Ordering::Relaxed);
+        self.counters.add(|c| &c.lease_refusals, 1);
         // The leader may have changed: look again.
         self.views.want_refresh();
         NotServed::Lease

@@ -5,7 +5,6 @@
 //! async `Client::get` share.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use rdkv_fabric::clock::boottime_now_us;
 use rdkv_fabric::{GotInto, ReadError, ReadTime, RegionReader};
@@ -88,10 +87,7 @@ impl OneSided {
         *since = time;
         self.note_age(view, time);
         self.confirm(view, &choice, time)?;
-        self.counters
-            .local()
-            .served
-            .fetch_add(keys, Ordering::Relaxed);
+        self.counters.add(|c| &c.served, keys);
         self.read_from(choice.reader);
         Ok(value)
     }
@@ -109,10 +105,7 @@ impl OneSided {
                 GetIntoError::BufferTooSmall { needed, len }
             }
             ReadError::Exhausted { .. } => {
-                self.counters
-                    .local()
-                    .fallbacks
-                    .fetch_add(1, Ordering::Relaxed);
+                self.counters.add(|c| &c.fallbacks, 1);
                 NotServed::Exhausted.into()
             }
             error => {

@@ -461,7 +461,18 @@ pub struct DynamicHeader {
     pub lease_deadline_boottime_us: Option<u64>,
 }
 
+/// The dynamic words in order from [`dynamic_word::RAFT_TERM`], as a
+/// reader loads them one word each ([`DynamicHeader::from_words`]).
+pub const DYNAMIC_WORDS: usize = 6;
+pub type DynamicWords = [u64; DYNAMIC_WORDS];
+const _: () = assert!(
+    dynamic_word::RAFT_TERM + (DYNAMIC_WORDS as u64 - 1) * WORD_BYTES as u64
+        == dynamic_word::LEADER_LEASE_BOOTTIME
+);
+
 impl DynamicHeader {
+    /// The dynamic part of header bytes read from a region (from offset 0,
+    /// at least [`HEADER_USED_BYTES`]).
     pub fn decode(bytes: &[u8]) -> Result<DynamicHeader, HeaderError> {
         if bytes.len() < HEADER_USED_BYTES {
             return Err(HeaderError::Truncated {
@@ -469,16 +480,28 @@ impl DynamicHeader {
                 need: HEADER_USED_BYTES,
             });
         }
-        let at = |offset: u64| read_u64(bytes, offset as usize);
+        let first = dynamic_word::RAFT_TERM as usize;
+        let words = std::array::from_fn(|i| read_u64(bytes, first + i * WORD_BYTES));
+        Ok(DynamicHeader::from_words(&words))
+    }
+
+    /// The same rules over the dynamic words already loaded (each one
+    /// aligned word, read whole): a reader on the per-GET path loads them
+    /// directly instead of copying bytes to decode.
+    pub fn from_words(words: &DynamicWords) -> DynamicHeader {
+        // Offsets are the constants of `dynamic_word`: the index is in
+        // range (asserted above).
+        let at =
+            |offset: u64| words[((offset - dynamic_word::RAFT_TERM) / WORD_BYTES as u64) as usize];
         let deadline = |offset: u64| Some(at(offset)).filter(|word| *word != 0);
-        Ok(DynamicHeader {
+        DynamicHeader {
             raft_term: at(dynamic_word::RAFT_TERM),
             applied_index: at(dynamic_word::APPLIED_INDEX),
             applied_at_unix_us: at(dynamic_word::APPLIED_AT_UNIX_US),
             lease_deadline_unix_us: deadline(dynamic_word::LEADER_LEASE),
             state: RegionState::from_word(at(dynamic_word::REGION_STATE)),
             lease_deadline_boottime_us: deadline(dynamic_word::LEADER_LEASE_BOOTTIME),
-        })
+        }
     }
 }
 
@@ -585,6 +608,17 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn loaded_words_decode_as_their_bytes_do(words in proptest::array::uniform6(any::<u64>())) {
+            let mut bytes = [0u8; HEADER_USED_BYTES];
+            let first = dynamic_word::RAFT_TERM as usize;
+            for (i, word) in words.iter().enumerate() {
+                let at = first + i * WORD_BYTES;
+                bytes[at..at + WORD_BYTES].copy_from_slice(&word.to_le_bytes());
+            }
+            prop_assert_eq!(DynamicHeader::decode(&bytes), Ok(DynamicHeader::from_words(&words)));
+        }
+
         #[test]
         fn arbitrary_header_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = RegionLayout::decode(&bytes);

@@ -62,6 +62,24 @@ pub fn random_seed() -> HashSeed {
     HashSeed(draw(), draw())
 }
 
+/// Bucket counts from which [`with_power_of_two_homes`] adds buckets (the
+/// small indexes of tests keep exactly what they ask for).
+const POWER_OF_TWO_HOMES_FROM: u64 = 1024;
+
+/// `buckets`, or, when it is a power of two (the default for a region of a
+/// power-of-two size), `neighbourhood - 1` more: a key's home bucket is its
+/// hash modulo `bucket_count - neighbourhood + 1` (the homes), and with a
+/// power of two of homes every reader computes it with a mask instead of
+/// a 64-bit division per GET (`KeyHash::new`). The geometry is the
+/// header's, so readers of any version compute the same homes.
+fn with_power_of_two_homes(buckets: u64, neighbourhood: u64) -> u64 {
+    if buckets >= POWER_OF_TWO_HOMES_FROM && buckets.is_power_of_two() {
+        buckets.saturating_add(neighbourhood.saturating_sub(1))
+    } else {
+        buckets
+    }
+}
+
 impl RegionConfig {
     /// The quota of a node with this region (what it proposes when it
     /// leads, and what a restore checks a backup against): `explicit`
@@ -96,7 +114,10 @@ impl RegionConfig {
             return Err(RegionError::Config("bytes_per_slot must be >= 1".into()));
         }
         let slots = self.region_bytes / self.bytes_per_slot;
-        let bucket_count = (slots / SLOTS_PER_BUCKET as u64).max(self.neighbourhood_buckets);
+        let bucket_count = with_power_of_two_homes(
+            (slots / SLOTS_PER_BUCKET as u64).max(self.neighbourhood_buckets),
+            self.neighbourhood_buckets,
+        );
         RegionLayout::plan(LayoutParams {
             region_bytes: self.region_bytes,
             bucket_count,
@@ -109,5 +130,28 @@ impl RegionConfig {
             grace_period_us: self.grace_period_us,
         })
         .map_err(RegionError::from)
+    }
+}
+
+#[cfg(test)]
+mod homes_tests {
+    use super::*;
+
+    #[test]
+    fn a_power_of_two_index_gets_a_power_of_two_of_homes() {
+        let config = RegionConfig {
+            region_bytes: 64 << 20,
+            ..RegionConfig::default()
+        };
+        let layout = config.layout().unwrap();
+        let homes = layout.bucket_count - layout.neighbourhood_buckets + 1;
+        assert!(homes.is_power_of_two(), "{} buckets", layout.bucket_count);
+        assert_eq!(
+            homes,
+            (64 << 20) / config.bytes_per_slot / SLOTS_PER_BUCKET as u64
+        );
+        // Small and odd indexes are left as asked.
+        assert_eq!(with_power_of_two_homes(512, 2), 512);
+        assert_eq!(with_power_of_two_homes(3 << 12, 2), 3 << 12);
     }
 }
