@@ -40,6 +40,12 @@ impl RespServer {
         loop {
             let error = match handler.handle(request.clone(), Via::Resp).await {
                 Response::Error(error) if error.code == ErrorCode::NotLeader => error,
+                // A key of a shard this node does not host: the forwarding
+                // client finds its shard from the map.
+                Response::WrongShard(_) => {
+                    let endpoints = self.member_endpoints();
+                    return Box::pin(self.forwarder.forward(endpoints, request)).await;
+                }
                 Response::Error(error) => return Err(error_reply(&error)),
                 response => return Ok(response),
             };
@@ -64,6 +70,17 @@ impl RespServer {
     /// Every member's client address and the leader's, sorted: the same
     /// set gives the same forwarding client.
     fn leader_endpoints(&self, hint: &LeaderHint) -> Vec<String> {
+        let mut endpoints = self.member_endpoints();
+        if !endpoints.contains(&hint.client_addr) {
+            endpoints.push(hint.client_addr.clone());
+        }
+        endpoints.sort();
+        endpoints
+    }
+
+    /// The client addresses of the members this node knows (the primary
+    /// shard's), sorted.
+    fn member_endpoints(&self) -> Vec<String> {
         let mut endpoints: Vec<String> = self
             .handler
             .replica()
@@ -72,9 +89,6 @@ impl RespServer {
             .map(|m| m.client_addr)
             .filter(|a| !a.is_empty())
             .collect();
-        if !endpoints.contains(&hint.client_addr) {
-            endpoints.push(hint.client_addr.clone());
-        }
         endpoints.sort();
         endpoints
     }
@@ -83,8 +97,12 @@ impl RespServer {
     /// connections read at `lease` consistency and this node holds the
     /// lease ([`lease::serves_lease_reads`]). Checked once per batch of
     /// buffered commands, within the lease's margin.
+    /// A multi-shard node never does: its keys are in several regions, and
+    /// these reads go to one (they go through the handler, which routes).
     pub(super) fn reads_now(&self) -> bool {
-        self.consistency == Consistency::Lease && lease::serves_lease_reads(self.handler.replica())
+        self.consistency == Consistency::Lease
+            && !self.handler.shards().is_sharded()
+            && lease::serves_lease_reads(self.handler.replica())
     }
 
     /// Reads `key` from this node's region at once, once [`Self::reads_now`]
