@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use rdkv_proto::shard::MAX_SHARDS;
 use rdkv_proto::wire::{Consistency, DEFAULT_MAX_VALUE_BYTES};
 use rdkv_tls::ServerTlsFiles;
 use serde::Deserialize;
@@ -72,6 +73,15 @@ pub struct Args {
     /// forms that cluster. Default: a single-node cluster of this node.
     #[arg(long, env = "RDKV_INITIAL_CLUSTER")]
     pub initial_cluster: Option<String>,
+    /// Raft groups (shards) the key space is split into at bootstrap
+    /// (docs/sharding.md); more than 1 needs --initial-cluster, and every
+    /// node gets the same. Fixed for the data directory's life. Default 1.
+    #[arg(long, env = "RDKV_SHARDS")]
+    pub shards: Option<u32>,
+    /// With --shards: how many nodes hold each shard (1 to the node
+    /// count). Default: every node of --initial-cluster.
+    #[arg(long, env = "RDKV_REPLICAS")]
+    pub replicas: Option<usize>,
     /// Client address of any member: this fresh node asks to be added.
     #[arg(long, env = "RDKV_JOIN")]
     pub join: Option<String>,
@@ -254,6 +264,8 @@ struct FileConfig {
     shm_socket: Option<String>,
     rpc_socket: Option<String>,
     initial_cluster: Option<String>,
+    shards: Option<u32>,
+    replicas: Option<usize>,
     join: Option<String>,
     token: Option<String>,
     insecure: Option<bool>,
@@ -300,6 +312,10 @@ pub struct Config {
     pub rpc_socket: Option<PathBuf>,
     /// id -> peer address; empty when joining.
     pub initial_cluster: BTreeMap<u64, String>,
+    /// Shards at bootstrap (1: today's single group on every node).
+    pub shards: u32,
+    /// Nodes per shard (the member count when `shards` is 1).
+    pub replicas: usize,
     pub join: Option<String>,
     /// A backup to build the data directory from before starting.
     pub restore: Option<PathBuf>,
@@ -378,6 +394,29 @@ fn initial_members(
         bail!("--initial-cluster does not name this node (id {id})");
     }
     Ok(members)
+}
+
+/// `--shards` and `--replicas`: one group on every member by default; more
+/// groups only at a bootstrap that names its members, each on 1 to all of
+/// them.
+fn shard_counts(
+    shards: Option<u32>,
+    replicas: Option<usize>,
+    explicit_members: bool,
+    members: usize,
+) -> Result<(u32, usize)> {
+    let shards = within("shards", shards.unwrap_or(1), 1..=MAX_SHARDS as u32)?;
+    if shards == 1 {
+        if replicas.is_some_and(|r| r != members) {
+            bail!("--replicas needs --shards above 1: a single group is on every member");
+        }
+        return Ok((1, members));
+    }
+    if !explicit_members {
+        bail!("--shards {shards} needs --initial-cluster (every node bootstraps the same shards)");
+    }
+    let replicas = within("replicas", replicas.unwrap_or(members), 1..=members)?;
+    Ok((shards, replicas))
 }
 
 /// Without a token, every listener must be on a loopback address.
@@ -543,12 +582,18 @@ impl Config {
         if args.restore.is_some() && join.is_some() {
             bail!("--restore and --join are exclusive: a restored node starts a new cluster");
         }
-        let initial_cluster = initial_members(
-            args.initial_cluster.or(file.initial_cluster),
-            join.is_some(),
-            id,
-            peer_listen,
+        let spec = args.initial_cluster.or(file.initial_cluster);
+        let explicit_members = spec.is_some();
+        let initial_cluster = initial_members(spec, join.is_some(), id, peer_listen)?;
+        let (shards, replicas) = shard_counts(
+            args.shards.or(file.shards),
+            args.replicas.or(file.replicas),
+            explicit_members,
+            initial_cluster.len(),
         )?;
+        if shards > 1 && args.restore.is_some() {
+            bail!("--restore builds a single group: it cannot be combined with --shards");
+        }
         let token = args.token.or(file.token).filter(|t| !t.is_empty());
         let insecure = args.insecure || file.insecure.unwrap_or(false);
         let listened = [Some(listen), Some(peer_listen), http_listen, resp_listen];
@@ -577,6 +622,8 @@ impl Config {
             resp_listen,
             resp_read_consistency,
             initial_cluster,
+            shards,
+            replicas,
             join,
             restore: args.restore,
             cluster_name: args.cluster_name.unwrap_or_default(),
@@ -642,6 +689,45 @@ mod tests {
         assert!(
             Config::resolve(args(&["--id", "4", "--initial-cluster", "1=127.0.0.1:1"])).is_err()
         );
+    }
+
+    #[test]
+    fn shards_default_to_one_group_and_more_need_the_members() {
+        let config = Config::resolve(args(&[])).unwrap();
+        assert_eq!((config.shards, config.replicas), (1, 1));
+        let three = [
+            "--initial-cluster",
+            "1=127.0.0.1:1,2=127.0.0.1:2,3=127.0.0.1:3",
+        ];
+        let config = Config::resolve(args(&[&three[..], &["--shards", "6"]].concat())).unwrap();
+        assert_eq!((config.shards, config.replicas), (6, 3));
+        let flags = [&three[..], &["--shards", "6", "--replicas", "2"]].concat();
+        let config = Config::resolve(args(&flags)).unwrap();
+        assert_eq!((config.shards, config.replicas), (6, 2));
+        let refused = |extra: &[&str], says: &str| {
+            let error = Config::resolve(args(extra)).unwrap_err().to_string();
+            assert!(error.contains(says), "{extra:?}: {error}");
+        };
+        refused(&["--shards", "2"], "needs --initial-cluster");
+        refused(&["--shards", "0"], "--shards must be between 1 and 4096");
+        refused(&["--shards", "4097"], "--shards must be between 1 and 4096");
+        refused(
+            &[&three[..], &["--replicas", "2"]].concat(),
+            "--replicas needs --shards",
+        );
+        for bad in ["0", "4"] {
+            let flags = [&three[..], &["--shards", "3", "--replicas", bad]].concat();
+            refused(&flags, "--replicas must be between 1 and 3");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rdkv.toml");
+        std::fs::write(
+            &path,
+            "initial_cluster = \"1=127.0.0.1:1,2=127.0.0.1:2\"\nshards = 4\nreplicas = 1\n",
+        )
+        .unwrap();
+        let config = Config::resolve(args(&["--config", path.to_str().unwrap()])).unwrap();
+        assert_eq!((config.shards, config.replicas), (4, 1));
     }
 
     #[test]

@@ -46,6 +46,7 @@ pub mod resp;
 pub mod restore;
 pub mod service;
 mod settings;
+pub mod shards;
 mod stop_snapshot;
 pub mod telemetry;
 mod tls;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use openraft::SnapshotPolicy;
 use openraft::errors::{InitializeError, RaftError};
-use rdkv_proto::shard::ShardId;
+use rdkv_proto::shard::{NodeInfo, ShardId, ShardMap};
 use rdkv_proto::wire::{Limits, SINGLE_ENTRY_OVERHEAD_BYTES};
 use rdkv_storage::RegionConfig;
 use rdkv_storage::raft::NodeAddr;
@@ -23,11 +23,13 @@ use crate::Raft;
 use crate::accept::TcpFront;
 use crate::config::Config;
 use crate::layout::Layout;
-use crate::peer::{PeerContext, PeerNetwork, SNAPSHOT_CHUNK_BYTES, serve_peers};
+use crate::peer::{PeerContext, PeerNetwork, PeerShards, SNAPSHOT_CHUNK_BYTES, serve_peers};
+use crate::placement;
 use crate::replica::Replica;
 use crate::service::proposals::Proposals;
 use crate::service::read_rounds::ReadRounds;
 use crate::service::{Endpoints, Handler, HandlerSettings, serve_clients, serve_unix_clients};
+use crate::shards::Shards;
 use crate::tls::NodeTls;
 
 /// Background tasks of a node, aborted when dropped: a start that fails
@@ -52,8 +54,8 @@ impl Drop for Tasks {
 /// What a started node exposes to its owner (main, or a test).
 #[derive(Debug)]
 pub struct Node {
-    pub raft: Raft,
-    sm: RegionStateMachine,
+    /// Every shard replica of this node (one in a single group).
+    shards: Shards,
     pub handler: Arc<Handler>,
     shutdown: watch::Sender<bool>,
     tasks: Tasks,
@@ -280,65 +282,77 @@ fn own_client_options(config: &Config, tls: &NodeTls) -> rdkv_client::ClientOpti
     }
 }
 
-/// Opens the log and the region of shard 0 where `layout` keeps them
-/// (today's single group), then starts Raft on them.
-async fn start_replica(
+/// A shard's log and region, opened where `layout` keeps them.
+struct Stores {
+    shard: ShardId,
+    log: LogStore,
+    sm: RegionStateMachine,
+}
+
+impl Stores {
+    fn open(
+        config: &Config,
+        layout: &Layout,
+        shard: ShardId,
+        region: RegionConfig,
+    ) -> Result<Stores> {
+        let started = std::time::Instant::now();
+        let log = LogStore::open(
+            layout.log_dir(&config.data_dir, shard),
+            LogOptions::default(),
+        )
+        .with_context(|| format!("opening shard {}'s raft log", shard.0))?;
+        let log_opened = started.elapsed();
+        let sm = RegionStateMachine::open(StateMachineConfig {
+            region,
+            snapshot_dir: layout.snapshot_dir(&config.data_dir, shard),
+        })
+        .with_context(|| format!("opening shard {}'s state machine", shard.0))?;
+        tracing::info!(
+            shard = shard.0,
+            log_ms = log_opened.as_millis(),
+            region_ms = (started.elapsed() - log_opened).as_millis(),
+            live_keys = sm.region_stats().live_keys,
+            "opened the log and the region"
+        );
+        Ok(Stores { shard, log, sm })
+    }
+
+    /// Whether a previous incarnation wrote here.
+    fn has_state(&self) -> bool {
+        self.log.stats().last_index.is_some() || self.sm.applied_index() > 0
+    }
+}
+
+/// Starts Raft on a shard's stores; `tag`: the shard its peer frames name
+/// (`None`: a single group's untagged connections).
+async fn start_raft(
     config: &Config,
-    layout: &Layout,
-    region: RegionConfig,
+    stores: Stores,
+    tag: Option<ShardId>,
     tls: &NodeTls,
 ) -> Result<Replica> {
-    let started = std::time::Instant::now();
-    let shard = ShardId(0);
-    let log = LogStore::open(
-        layout.log_dir(&config.data_dir, shard),
-        LogOptions::default(),
-    )
-    .context("opening the raft log")?;
-    let log_opened = started.elapsed();
-    let sm = RegionStateMachine::open(StateMachineConfig {
-        region,
-        snapshot_dir: layout.snapshot_dir(&config.data_dir, shard),
-    })
-    .context("opening the state machine")?;
-    tracing::info!(
-        log_ms = log_opened.as_millis(),
-        region_ms = (started.elapsed() - log_opened).as_millis(),
-        live_keys = sm.region_stats().live_keys,
-        "opened the log and the region"
-    );
+    let Stores { shard, log, sm } = stores;
     // A snapshot holds at most the region's live pairs plus framing.
     let max_snapshot_bytes = config.region_bytes * 2 + SNAPSHOT_CHUNK_BYTES as u64;
     let peers = Arc::new(PeerContext::new(
         config.id,
+        tag,
         config.listen.to_string(),
         config.token.clone(),
         sm.clone(),
         max_snapshot_bytes,
         tls.peer_client.clone(),
     ));
-    let raft_config = Arc::new(raft_config(config)?);
-    // A previous incarnation may have led and published a lease (at most
-    // one minimum election timeout long) into a region clients still map.
-    // Nothing this incarnation commits may become visible before that
-    // lease has run out: in a cluster the other voters guarantee it (they
-    // vote for no one that soon), but a sole voter elects itself at once.
-    // So a restarted node waits the lease out before it starts Raft: from
-    // its own start, which came after the previous incarnation's last
-    // publication, so that opening the log and the region counts towards it.
-    if log.stats().last_index.is_some() || sm.applied_index() > 0 {
-        let lease_out = started + Duration::from_millis(raft_config.election_timeout_min);
-        tokio::time::sleep_until(lease_out.into()).await;
-    }
     let raft = Raft::new(
         config.id,
-        raft_config,
+        Arc::new(raft_config(config)?),
         PeerNetwork::new(Arc::clone(&peers)),
         log.clone(),
         sm.clone(),
     )
     .await
-    .context("starting raft")?;
+    .with_context(|| format!("starting shard {}'s raft", shard.0))?;
     Ok(Replica {
         reads: ReadRounds::start(raft.clone()),
         proposals: Proposals::start(raft.clone()),
@@ -347,6 +361,97 @@ async fn start_replica(
         log,
         peers,
     })
+}
+
+/// The placed map of a multi-shard cluster (`placement::initial` of
+/// `--initial-cluster`, the same on every node); `None` for a single group.
+fn placed_map(config: &Config) -> Result<Option<ShardMap>> {
+    if config.shards <= 1 {
+        return Ok(None);
+    }
+    let nodes = config
+        .initial_cluster
+        .keys()
+        .map(|&id| NodeInfo {
+            id,
+            client_addr: (id == config.id).then(|| config.listen.to_string()),
+            resp_addr: None,
+        })
+        .collect();
+    let map =
+        placement::initial(nodes, config.shards, config.replicas).context("placing the shards")?;
+    Ok(Some(map))
+}
+
+/// Opens and starts the replicas of the shards placed on this node (shard
+/// 0 alone for a single group).
+async fn start_shards(
+    config: &Config,
+    layout: &Layout,
+    region: RegionConfig,
+    tls: &NodeTls,
+) -> Result<Shards> {
+    let started = std::time::Instant::now();
+    let placed = placed_map(config)?;
+    let hosted: Vec<ShardId> = match &placed {
+        None => vec![ShardId(0)],
+        Some(map) => map
+            .shards()
+            .iter()
+            .filter(|shard| shard.members.contains(&config.id))
+            .map(|shard| shard.id)
+            .collect(),
+    };
+    if hosted.is_empty() {
+        bail!(
+            "--shards {} --replicas {} places no shard on node {}: \
+             raise --shards or --replicas",
+            config.shards,
+            config.replicas,
+            config.id
+        );
+    }
+    let stores = hosted
+        .iter()
+        .map(|&shard| Stores::open(config, layout, shard, region.clone()))
+        .collect::<Result<Vec<_>>>()?;
+    // A previous incarnation may have led and published a lease (at most
+    // one minimum election timeout long) into a region clients still map.
+    // Nothing this incarnation commits may become visible before that
+    // lease has run out: in a cluster the other voters guarantee it (they
+    // vote for no one that soon), but a sole voter elects itself at once.
+    // So a restarted node waits the lease out before it starts Raft: from
+    // its own start, which came after the previous incarnation's last
+    // publication, so that opening the logs and the regions counts towards
+    // it (once for all shards: they were opened together).
+    if stores.iter().any(Stores::has_state) {
+        let lease_out = started + Duration::from_millis(raft_config(config)?.election_timeout_min);
+        tokio::time::sleep_until(lease_out.into()).await;
+    }
+    let tagged = placed.is_some();
+    let mut replicas = BTreeMap::new();
+    for stores in stores {
+        let shard = stores.shard;
+        match start_raft(config, stores, tagged.then_some(shard), tls).await {
+            Ok(replica) => {
+                replicas.insert(shard, replica);
+            }
+            Err(e) => {
+                // The ones started own their logs: stop them first.
+                for replica in replicas.values() {
+                    let _ = replica.raft.shutdown().await;
+                }
+                return Err(e);
+            }
+        }
+    }
+    match placed {
+        Some(map) => Shards::placed(map, replicas).context("no shard placed here"),
+        None => replicas
+            .remove(&ShardId(0))
+            .map(Shards::single)
+            .context("shard 0 was not started"),
+    }
 }
 
 /// What a node settles before it serves: its protocol limits, the quota it
@@ -369,29 +474,29 @@ impl Node {
         let region = region_config(&config);
         let limits = protocol_limits(&region)?;
         let quota_bytes = quota_bytes(&config, &region)?;
-        // One group until `--shards` exists (docs/sharding.md, section 11).
-        let layout = Layout::open(&config.data_dir, 1)?;
-        let replica = start_replica(&config, &layout, region, &tls).await?;
-        let raft = replica.raft.clone();
+        let layout = Layout::open(&config.data_dir, config.shards)?;
+        let shards = start_shards(&config, &layout, region, &tls).await?;
         let fixed = Fixed {
             limits,
             quota_bytes,
             lock,
             tls,
         };
-        match Self::serve(config, replica, fixed, listeners).await {
+        match Self::serve(config, shards.clone(), fixed, listeners).await {
             Ok(node) => Ok(node),
             Err(e) => {
-                // Raft is running and owns the log: stop it before giving up.
-                let _ = raft.shutdown().await;
+                // Raft is running and owns the logs: stop it before giving up.
+                for (_, replica) in shards.iter() {
+                    let _ = replica.raft.shutdown().await;
+                }
                 Err(e)
             }
         }
     }
 
     async fn serve(
-        config: Config,
-        replica: Replica,
+        mut config: Config,
+        shards: Shards,
         fixed: Fixed,
         listeners: Listeners,
     ) -> Result<Node> {
@@ -403,19 +508,30 @@ impl Node {
         } = fixed;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = Tasks::default();
+        let replica = shards.primary().clone();
         let raft = replica.raft.clone();
+        if shards.is_sharded() && config.shm_socket.take().is_some() {
+            // The attach request names no shard (docs/sharding.md, section 11).
+            tracing::info!("shm one-sided reads are off on a multi-shard node");
+        }
         tasks.push(tokio::spawn(
             Arc::clone(&tls).reload_on_change(shutdown_rx.clone()),
         ));
+        let peer_shards = PeerShards::new(
+            shards.is_sharded(),
+            shards
+                .iter()
+                .map(|(id, r)| (id, r.raft.clone(), Arc::clone(&r.peers))),
+        )
+        .context("a node without shards")?;
         tasks.push(tokio::spawn(serve_peers(
             TcpFront::new(listeners.peer, tls.peer_server.clone()),
-            raft.clone(),
-            Arc::clone(&replica.peers),
+            peer_shards,
             shutdown_rx.clone(),
         )));
         let client_addr = config.listen.to_string();
         if !config.initial_cluster.is_empty() {
-            initialize(&raft, &config, &client_addr).await?;
+            bootstrap(&shards, &config, &client_addr).await?;
         }
         let (rdma, ofi) = one_sided_transports(&config, &replica, &shutdown_rx, &mut tasks);
         let settings = HandlerSettings {
@@ -426,7 +542,7 @@ impl Node {
             max_client_connections: config.max_client_connections,
             max_in_flight_bytes: u64::from(config.max_in_flight_mib) * 1024 * 1024,
         };
-        let handler = Arc::new(Handler::new(replica.clone(), settings, rdma, ofi));
+        let handler = Arc::new(Handler::new(shards.clone(), settings, rdma, ofi));
         tasks.push(tokio::spawn(crate::telemetry::raft_events::watch_raft(
             raft.clone(),
             shutdown_rx.clone(),
@@ -437,24 +553,9 @@ impl Node {
         listeners
             .front
             .spawn(&config, &tls, &handler, &shutdown_rx, &mut tasks)?;
-        tasks.push(tokio::spawn(crate::lease::publish_leadership(
-            raft.clone(),
-            replica.sm.clone(),
-            config.heartbeat_ms,
-            shutdown_rx.clone(),
-        )));
-        tasks.push(tokio::spawn(crate::settings::propose_while_leading(
-            raft.clone(),
-            replica.sm.clone(),
-            quota_bytes,
-            shutdown_rx.clone(),
-        )));
-        tasks.push(tokio::spawn(crate::expiry::expire_while_leading(
-            raft.clone(),
-            replica.sm.clone(),
-            Duration::from_millis(config.expire_cycle_ms),
-            shutdown_rx.clone(),
-        )));
+        for (_, replica) in shards.iter() {
+            spawn_leader_tasks(replica, &config, quota_bytes, &shutdown_rx, &mut tasks);
+        }
         let initialized = raft.is_initialized().await.context("reading raft state")?;
         if let Some(seed) = config.join.clone().filter(|_| !initialized) {
             tasks.push(tokio::spawn(crate::join::join_cluster(
@@ -474,8 +575,7 @@ impl Node {
             "rdkv-server serving"
         );
         Ok(Node {
-            raft,
-            sm: replica.sm,
+            shards,
             handler,
             shutdown,
             tasks,
@@ -486,23 +586,33 @@ impl Node {
     /// Saves a snapshot (`stop_snapshot`), stops serving and shuts Raft
     /// down (its log is already durable).
     pub async fn stop(self) -> Result<()> {
-        crate::stop_snapshot::snapshot_before_stop(&self.raft).await;
-        // Clients mapping the region stop trusting it before anything else.
-        if let Err(e) = self.sm.retire() {
-            tracing::warn!("retiring the region: {e}");
+        for (_, replica) in self.shards.iter() {
+            crate::stop_snapshot::snapshot_before_stop(&replica.raft).await;
+            // Clients mapping the region stop trusting it before anything else.
+            if let Err(e) = replica.sm.retire() {
+                tracing::warn!("retiring the region: {e}");
+            }
         }
         let _ = self.shutdown.send(true);
         drop(self.tasks);
-        self.raft
-            .shutdown()
-            .await
-            .map_err(|e| anyhow::anyhow!("raft shutdown: {e}"))?;
-        // Best effort: a log left with its preallocated tail is recovered
-        // alike (the tail is cut at the next open).
-        if let Err(e) = self.handler.replica().log.trim_preallocation() {
-            tracing::warn!("cutting the raft log's preallocated tail: {e}");
+        for (shard, replica) in self.shards.iter() {
+            replica
+                .raft
+                .shutdown()
+                .await
+                .map_err(|e| anyhow::anyhow!("shard {}'s raft shutdown: {e}", shard.0))?;
+            // Best effort: a log left with its preallocated tail is recovered
+            // alike (the tail is cut at the next open).
+            if let Err(e) = replica.log.trim_preallocation() {
+                tracing::warn!("cutting the raft log's preallocated tail: {e}");
+            }
         }
         Ok(())
+    }
+
+    /// The Raft of the replica serving requests that name no shard.
+    pub fn raft(&self) -> &Raft {
+        &self.shards.primary().raft
     }
 }
 
@@ -518,9 +628,66 @@ fn bind_unix(path: &std::path::Path) -> Result<tokio::net::UnixListener> {
         .with_context(|| format!("binding the shm socket {}", path.display()))
 }
 
-/// Initializes the cluster from `--initial-cluster` unless this node already
-/// belongs to one (its data directory has state): restarts never re-initialize.
-async fn initialize(raft: &Raft, config: &Config, client_addr: &str) -> Result<()> {
+/// The leader's own tasks of one shard replica: publishing its lease, the
+/// cluster settings, the active expire cycle.
+fn spawn_leader_tasks(
+    replica: &Replica,
+    config: &Config,
+    quota_bytes: u64,
+    shutdown_rx: &watch::Receiver<bool>,
+    tasks: &mut Tasks,
+) {
+    let raft = &replica.raft;
+    tasks.push(tokio::spawn(crate::lease::publish_leadership(
+        raft.clone(),
+        replica.sm.clone(),
+        config.heartbeat_ms,
+        shutdown_rx.clone(),
+    )));
+    tasks.push(tokio::spawn(crate::settings::propose_while_leading(
+        raft.clone(),
+        replica.sm.clone(),
+        quota_bytes,
+        shutdown_rx.clone(),
+    )));
+    tasks.push(tokio::spawn(crate::expiry::expire_while_leading(
+        raft.clone(),
+        replica.sm.clone(),
+        Duration::from_millis(config.expire_cycle_ms),
+        shutdown_rx.clone(),
+    )));
+}
+
+/// Forms the groups of `--initial-cluster`: a single group on every
+/// member (each initializes it alike); in a multi-shard cluster, each
+/// shard's first placed member initializes that shard with its members.
+async fn bootstrap(shards: &Shards, config: &Config, client_addr: &str) -> Result<()> {
+    let Some(map) = shards.placed_map() else {
+        let members: Vec<u64> = config.initial_cluster.keys().copied().collect();
+        return initialize(&shards.primary().raft, config, client_addr, &members).await;
+    };
+    for (shard, replica) in shards.iter() {
+        let Some(info) = map.shard(shard) else {
+            continue;
+        };
+        if info.members.first() == Some(&config.id) {
+            initialize(&replica.raft, config, client_addr, &info.members)
+                .await
+                .with_context(|| format!("shard {}", shard.0))?;
+        }
+    }
+    Ok(())
+}
+
+/// Initializes a group of `members` (ids of `--initial-cluster`) unless
+/// this replica already belongs to one (its data directory has state):
+/// restarts never re-initialize.
+async fn initialize(
+    raft: &Raft,
+    config: &Config,
+    client_addr: &str,
+    members: &[u64],
+) -> Result<()> {
     if raft.is_initialized().await.context("reading raft state")? {
         tracing::info!("resuming the cluster recorded in the data directory");
         return Ok(());
@@ -528,6 +695,7 @@ async fn initialize(raft: &Raft, config: &Config, client_addr: &str) -> Result<(
     let members: BTreeMap<u64, NodeAddr> = config
         .initial_cluster
         .iter()
+        .filter(|(id, _)| members.contains(id))
         .map(|(id, peer_addr)| {
             let client_addr = if *id == config.id {
                 client_addr.to_owned()

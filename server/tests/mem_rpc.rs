@@ -243,3 +243,106 @@ async fn a_write_cut_off_by_raft_stopping_has_an_unknown_outcome() {
         other => panic!("a write cut off by Raft stopping answered {other:?}"),
     }
 }
+
+/// Node 1 of a two-shard cluster with one replica per shard hosts shard 0
+/// only (placement puts shard 1 on node 2, not started here): it serves
+/// keys of shard 0, answers `WrongShard` for keys of shard 1 without
+/// touching a log, refuses requests spanning both, answers the placed map
+/// with shard 0's leader from its Raft, and keeps shard 0's data over a
+/// restart; its data directory is refused to another shard count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_node_serves_its_shard_and_answers_wrong_shard_for_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let peers = [free_port(), free_port()];
+    let args = |shards: &str| {
+        let mut args = member_args(dir.path(), 1, &peers);
+        args.shards = Some(shards.parse().unwrap());
+        args.replicas = Some(1);
+        Config::resolve(args).unwrap()
+    };
+    let node = Node::start(args("2")).await.unwrap();
+    let channel = MemChannel::new(Arc::clone(&node.handler) as Arc<dyn rdkv_fabric::RpcHandler>);
+    let deadline = || Instant::now() + Duration::from_secs(10);
+    let started = Instant::now();
+    let map = loop {
+        match channel
+            .call_boxed(&Request::ShardMap, deadline())
+            .await
+            .unwrap()
+        {
+            Response::ShardMap(map) if map.shards()[0].leader == Some(1) => break map,
+            other => {
+                assert!(started.elapsed() < Duration::from_secs(20), "{other:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    assert_eq!(map.version(), 1);
+    let members: Vec<Vec<u64>> = map.shards().iter().map(|s| s.members.clone()).collect();
+    assert_eq!(members, [vec![1], vec![2]]);
+    let key_of = |shard: u32| {
+        (0..)
+            .map(|i| Bytes::from(format!("key-{i}")))
+            .find(|k| map.shard_of_key(k) == ShardId(shard))
+            .unwrap()
+    };
+    let (ours, theirs) = (key_of(0), key_of(1));
+    let put = |key: &Bytes| Request::Put {
+        key: key.clone(),
+        value: Bytes::from_static(b"v"),
+    };
+    let get = |key: &Bytes| Request::Get {
+        key: key.clone(),
+        consistency: Consistency::Linearizable,
+    };
+    let written = channel.call_boxed(&put(&ours), deadline()).await.unwrap();
+    assert!(matches!(written, Response::Written { .. }), "{written:?}");
+    let wrong = rdkv_proto::wire::WrongShard {
+        map_version: 1,
+        slot: rdkv_proto::shard::key_slot(&theirs),
+        shard: ShardId(1),
+    };
+    for request in [put(&theirs), get(&theirs)] {
+        let answer = channel.call_boxed(&request, deadline()).await.unwrap();
+        assert_eq!(answer, Response::WrongShard(wrong), "{request:?}");
+    }
+    let both = Request::MGet {
+        keys: vec![ours.clone(), theirs.clone()],
+        consistency: Consistency::Linearizable,
+    };
+    let scan = Request::Scan {
+        start_key: Bytes::new(),
+        end_key: None,
+        limit: 10,
+        consistency: Consistency::Linearizable,
+    };
+    for refused in [both, scan, Request::RdmaRegion, Request::OfiRegion] {
+        let answer = channel.call_boxed(&refused, deadline()).await.unwrap();
+        assert!(
+            matches!(&answer, Response::Error(e) if e.code == ErrorCode::InvalidRequest),
+            "{refused:?}: {answer:?}"
+        );
+    }
+    node.stop().await.unwrap();
+    // The channel holds the handler, and with it the shard's log.
+    drop(channel);
+
+    let error = Node::start(args("3")).await.unwrap_err();
+    assert!(
+        format!("{error:#}").contains("--shards 2, not 3"),
+        "{error:#}"
+    );
+    let node = Node::start(args("2")).await.unwrap();
+    let channel = MemChannel::new(Arc::clone(&node.handler) as Arc<dyn rdkv_fabric::RpcHandler>);
+    let started = Instant::now();
+    loop {
+        match channel.call_boxed(&get(&ours), deadline()).await.unwrap() {
+            Response::Value(Some(v)) => break assert_eq!(&v.value[..], b"v"),
+            other => {
+                assert!(started.elapsed() < Duration::from_secs(20), "{other:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    node.stop().await.unwrap();
+}

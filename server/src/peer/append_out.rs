@@ -16,14 +16,16 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use openraft::base::{BoxFuture, BoxStream};
-use rdkv_proto::wire::{Frame, FrameKind, decode_payload};
+use rdkv_proto::wire::Frame;
 use rdkv_storage::raft::LogId;
 use rdkv_storage::raft::rpc::{
     AppendEntriesRequest, AppendEntriesResponse, RpcError, StreamAppendError, StreamAppendResult,
 };
 use tokio::time::Instant;
 
-use super::network::{Conn, PeerConn, network, remote, unexpected, unreachable};
+use super::network::{
+    Conn, PeerConn, decode_response, network, remote, send_request, unexpected, unreachable,
+};
 use super::{PeerRequest, PeerResponse};
 
 /// AppendEntries sent to one follower ahead of its answers.
@@ -154,13 +156,13 @@ where
             )));
         }
         let request_id = self.peer.next_request_id();
+        let shard = self.peer.shard();
         let prev = rpc.prev_log_id;
         let last = rpc.entries.last().map(|entry| entry.log_id).or(prev);
         let Some((_, writer)) = self.conn.as_mut() else {
             return Err(network("the connection is gone".into()));
         };
-        writer
-            .send(FrameKind::Request, request_id, &PeerRequest::Append(rpc))
+        send_request(shard, writer, request_id, &PeerRequest::Append(rpc))
             .await
             .map_err(|e| network(format!("send to node {target}: {e}")))?;
         self.in_flight.push_back(Sent {
@@ -186,7 +188,7 @@ where
                 frame.request_id
             )))
         } else {
-            match decode_payload::<PeerResponse>(frame) {
+            match decode_response(self.peer.shard(), frame) {
                 Ok(PeerResponse::Append(Ok(response))) => stream_result(target, response, &sent),
                 Ok(PeerResponse::Append(Err(e))) => remote(target, Err(e)),
                 Ok(other) => Err(unexpected(target, other)),

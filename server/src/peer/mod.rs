@@ -28,7 +28,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 pub use network::PeerNetwork;
-pub use service::serve_peers;
+pub use service::{PeerShards, serve_peers};
 
 pub const PEER_MAGIC: [u8; 4] = *b"RDKP";
 /// Version 2 adds the cluster identity to the hello. A node that has no
@@ -37,9 +37,10 @@ pub const PEER_MAGIC: [u8; 4] = *b"RDKP";
 pub const PEER_PROTOCOL_VERSION: u16 = 2;
 /// The hello of nodes that know no cluster identity.
 pub const PEER_PROTOCOL_VERSION_NO_IDENTITY: u16 = 1;
-/// Connections of this hello version carry the frames of many shards,
-/// each payload prefixed by its shard id (docs/sharding.md, section 3);
-/// not sent yet: a node hosts one group.
+/// Connections of this hello version carry shard-tagged frames: every
+/// payload is prefixed by its shard id (docs/sharding.md, section 3). Sent
+/// by the nodes of a multi-shard cluster only (each shard's Raft has its own
+/// connection per target for now); a single group keeps versions 1-2.
 pub const PEER_PROTOCOL_VERSION_SHARDS: u16 = 3;
 /// Appends carry up to `max_payload_entries` entries of up to a max value
 /// each; peers are authenticated members, and this still bounds a frame.
@@ -79,15 +80,17 @@ pub enum WireHello {
 }
 
 impl PeerHello {
-    /// The hello `ctx` sends: version 2 with its identity, version 1 while
-    /// it has none.
+    /// The hello `ctx` sends: version 3 for a shard of a multi-shard
+    /// cluster; else version 2 with its identity, version 1 while it has
+    /// none.
     pub fn of(ctx: &PeerContext) -> PeerHello {
         let cluster_id = ctx.cluster_id();
         PeerHello {
             magic: PEER_MAGIC,
-            version: match cluster_id {
-                Some(_) => PEER_PROTOCOL_VERSION,
-                None => PEER_PROTOCOL_VERSION_NO_IDENTITY,
+            version: match (ctx.shard, cluster_id) {
+                (Some(_), _) => PEER_PROTOCOL_VERSION_SHARDS,
+                (None, Some(_)) => PEER_PROTOCOL_VERSION,
+                (None, None) => PEER_PROTOCOL_VERSION_NO_IDENTITY,
             },
             token: ctx.token.clone(),
             from_id: ctx.node_id,
@@ -96,8 +99,12 @@ impl PeerHello {
         }
     }
 
-    /// What goes on the wire: version 1's layout when there is no identity.
+    /// What goes on the wire: version 1's layout when there is no identity
+    /// (version 3 always has version 2's layout: no older node reads it).
     pub fn into_wire(self) -> WireHello {
+        if self.version >= PEER_PROTOCOL_VERSION_SHARDS {
+            return WireHello::V2(self);
+        }
         match self.cluster_id {
             Some(_) => WireHello::V2(self),
             None => WireHello::V1(PeerHelloV1 {
@@ -186,6 +193,10 @@ pub enum PeerResponse {
 #[derive(Debug)]
 pub struct PeerContext {
     pub node_id: u64,
+    /// The shard this context's Raft serves in a multi-shard cluster: its
+    /// connections send hello version 3 and tag every frame with it.
+    /// `None`: a single group (versions 1-2, untagged frames, shard 0).
+    pub shard: Option<ShardId>,
     pub client_addr: String,
     pub token: Option<String>,
     /// Where this node's cluster identity is kept (applied state).
@@ -242,6 +253,7 @@ impl PeerContext {
 
     pub fn new(
         node_id: u64,
+        shard: Option<ShardId>,
         client_addr: String,
         token: Option<String>,
         state: RegionStateMachine,
@@ -250,6 +262,7 @@ impl PeerContext {
     ) -> Self {
         PeerContext {
             node_id,
+            shard,
             client_addr,
             token,
             state,

@@ -9,7 +9,8 @@ use openraft::base::{BoxFuture, BoxStream};
 use openraft::errors::{NetworkError, ReplicationClosed, Unreachable};
 use openraft::network::v2::RaftNetworkV2;
 use openraft::network::{RPCOption, RaftNetworkFactory};
-use rdkv_proto::wire::{FrameKind, decode_payload};
+use rdkv_proto::shard::ShardId;
+use rdkv_proto::wire::{Frame, FrameKind, decode_payload};
 use rdkv_storage::raft::rpc::{
     AppendEntriesRequest, AppendEntriesResponse, RaftError, RpcError, SnapshotResponse,
     StreamAppendResult, StreamingError, TransferLeaderRequest, TransferLeaderResponse, VoteRequest,
@@ -22,8 +23,8 @@ use tokio::net::TcpStream;
 
 use super::append_out;
 use super::{
-    PEER_MAX_FRAME_BYTES, PeerContext, PeerHello, PeerHelloReply, PeerRequest, PeerResponse,
-    SNAPSHOT_CHUNK_BYTES, SnapshotPiece,
+    PEER_MAX_FRAME_BYTES, PEER_PROTOCOL_VERSION, PEER_PROTOCOL_VERSION_SHARDS, PeerContext,
+    PeerHello, PeerHelloReply, PeerRequest, PeerResponse, SNAPSHOT_CHUNK_BYTES, SnapshotPiece,
 };
 use crate::framed::{FrameReader, FrameWriter};
 
@@ -164,6 +165,11 @@ impl PeerConn {
         }
     }
 
+    /// The shard this connection's frames are tagged with (`None`: untagged).
+    pub(super) fn shard(&self) -> Option<ShardId> {
+        self.ctx.shard
+    }
+
     /// Whether fault injection has cut this node off from the target.
     pub(super) fn cut_off(&self) -> bool {
         self.ctx.is_isolated_from(self.target)
@@ -198,8 +204,7 @@ impl PeerConn {
         let request_id = self.next_request_id();
         let target = self.target;
         let exchange = async {
-            writer
-                .send(FrameKind::Request, request_id, request)
+            send_request(self.ctx.shard, &mut writer, request_id, request)
                 .await
                 .map_err(|e| network(format!("send to node {target}: {e}")))?;
             let frame = reader
@@ -213,7 +218,7 @@ impl PeerConn {
                     frame.request_id
                 )));
             }
-            decode_payload::<PeerResponse>(&frame)
+            decode_response(self.ctx.shard, &frame)
                 .map_err(|e| network(format!("decode from node {target}: {e}")))
         };
         let response = tokio::time::timeout(timeout, exchange)
@@ -222,6 +227,44 @@ impl PeerConn {
         self.conn = Some((reader, writer));
         Ok(response)
     }
+}
+
+/// Sends `request`, tagged with `shard` when there is one (hello version 3).
+pub(super) async fn send_request(
+    shard: Option<ShardId>,
+    writer: &mut FrameWriter<WriteHalf>,
+    request_id: u64,
+    request: &PeerRequest,
+) -> Result<(), crate::framed::FramedError> {
+    match shard {
+        Some(shard) => {
+            writer
+                .send(FrameKind::Request, request_id, &(shard, request))
+                .await
+        }
+        None => writer.send(FrameKind::Request, request_id, request).await,
+    }
+}
+
+/// The answer in `frame`, which must be for the connection's `shard`.
+pub(super) fn decode_response(
+    shard: Option<ShardId>,
+    frame: &Frame,
+) -> Result<PeerResponse, String> {
+    let version = match shard {
+        Some(_) => PEER_PROTOCOL_VERSION_SHARDS,
+        None => PEER_PROTOCOL_VERSION,
+    };
+    let (answered, response) =
+        super::decode_for_shard::<PeerResponse>(version, frame).map_err(|e| e.to_string())?;
+    let asked = shard.unwrap_or(ShardId(0));
+    if answered != asked {
+        return Err(format!(
+            "an answer for shard {} on shard {}'s connection",
+            answered.0, asked.0
+        ));
+    }
+    Ok(response)
 }
 
 pub(super) fn unexpected(target: u64, response: PeerResponse) -> RpcError {

@@ -1,6 +1,7 @@
 //! The receiving side: accepts peer connections, checks who they are, and
 //! hands their RPCs to the local Raft.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,7 +9,8 @@ use anyhow::{Context, Result, bail};
 use openraft::async_runtime::WatchReceiver;
 use openraft::errors::RaftError;
 use openraft::raft::AppendEntriesResponse;
-use rdkv_proto::wire::{FrameKind, decode_payload, tokens_match};
+use rdkv_proto::shard::ShardId;
+use rdkv_proto::wire::{Frame, FrameKind, tokens_match};
 use rdkv_storage::cluster_id::ClusterId;
 use rdkv_storage::raft::SnapshotMeta;
 use rdkv_storage::state_machine::snapshot_store::NewSnapshot;
@@ -18,8 +20,9 @@ use tokio::sync::watch;
 
 use super::append_in::Inbound;
 use super::{
-    PEER_MAGIC, PEER_MAX_FRAME_BYTES, PEER_PROTOCOL_VERSION, PEER_PROTOCOL_VERSION_NO_IDENTITY,
-    PeerContext, PeerHello, PeerHelloReply, PeerRequest, PeerResponse, SnapshotPiece,
+    PEER_MAGIC, PEER_MAX_FRAME_BYTES, PEER_PROTOCOL_VERSION_NO_IDENTITY,
+    PEER_PROTOCOL_VERSION_SHARDS, PeerContext, PeerHello, PeerHelloReply, PeerRequest,
+    PeerResponse, SnapshotPiece, decode_for_shard,
 };
 use crate::Raft;
 use crate::accept::{TcpFront, accept_until};
@@ -29,41 +32,105 @@ use crate::telemetry::{RateLimitedLog, RequestStats};
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const HANDSHAKE_MAX_FRAME_BYTES: u32 = 64 * 1024;
 
-pub async fn serve_peers(
-    listener: TcpFront,
-    raft: Raft,
-    ctx: Arc<PeerContext>,
-    shutdown: watch::Receiver<bool>,
-) {
+/// The shard replicas a node's peer port serves: each shard's Raft and its
+/// peer context (docs/sharding.md, section 3).
+#[derive(Debug, Clone)]
+pub struct PeerShards {
+    /// Never empty (checked by [`PeerShards::new`]).
+    shards: Arc<BTreeMap<ShardId, (Raft, Arc<PeerContext>)>>,
+    /// A multi-shard node: its peers speak hello version 3 (tagged frames).
+    sharded: bool,
+}
+
+impl PeerShards {
+    /// `None` when `shards` is empty.
+    pub fn new(
+        sharded: bool,
+        shards: impl IntoIterator<Item = (ShardId, Raft, Arc<PeerContext>)>,
+    ) -> Option<PeerShards> {
+        let shards: BTreeMap<_, _> = shards
+            .into_iter()
+            .map(|(id, raft, ctx)| (id, (raft, ctx)))
+            .collect();
+        (!shards.is_empty()).then(|| PeerShards {
+            shards: Arc::new(shards),
+            sharded,
+        })
+    }
+
+    /// Who this node is (id, token, client address): the same in every
+    /// shard's context.
+    fn own(&self) -> Option<&Arc<PeerContext>> {
+        self.shards.values().next().map(|(_, ctx)| ctx)
+    }
+
+    fn contexts(&self) -> impl Iterator<Item = &Arc<PeerContext>> {
+        self.shards.values().map(|(_, ctx)| ctx)
+    }
+}
+
+pub async fn serve_peers(listener: TcpFront, shards: PeerShards, shutdown: watch::Receiver<bool>) {
     accept_until(listener, "peer", shutdown, move |stream, _| {
-        handle(stream, raft.clone(), Arc::clone(&ctx))
+        handle(stream, shards.clone())
     })
     .await;
 }
 
-/// Why a peer is refused, if it is.
-fn refusal(hello: &PeerHello, raft: &Raft, ctx: &PeerContext) -> Option<String> {
-    let versions = PEER_PROTOCOL_VERSION_NO_IDENTITY..=PEER_PROTOCOL_VERSION;
+/// Why a peer is refused at its hello, if it is: a wrong token or protocol,
+/// or (hellos 1-2, which carry shard 0 only) not a member of shard 0 or of
+/// another cluster. A version-3 peer's membership is checked per shard,
+/// when its frames name one ([`admit`]).
+fn refusal(hello: &PeerHello, shards: &PeerShards) -> Option<String> {
+    let versions = PEER_PROTOCOL_VERSION_NO_IDENTITY..=PEER_PROTOCOL_VERSION_SHARDS;
     if hello.magic != PEER_MAGIC || !versions.contains(&hello.version) {
         return Some("not an rdkv peer of this protocol version".into());
     }
-    if let Some(expected) = &ctx.token {
+    let Some(own) = shards.own() else {
+        return Some("this node hosts no shard".into());
+    };
+    if let Some(expected) = &own.token {
         let presented = hello.token.as_deref().unwrap_or("");
         if !tokens_match(expected.as_bytes(), presented.as_bytes()) {
             return Some("wrong or missing token".into());
         }
     }
+    let tagged = hello.version >= PEER_PROTOCOL_VERSION_SHARDS;
+    match (tagged, shards.sharded) {
+        (true, true) => None,
+        (true, false) => Some("this node serves a single group (peer versions 1-2)".into()),
+        (false, true) => Some("this node serves several shards (peer version 3)".into()),
+        (false, false) => admit(hello, ShardId(0), shards).err(),
+    }
+}
+
+/// Shard `shard`'s Raft and context for the peer of `hello`, if this node
+/// hosts the shard and the peer may send it Raft traffic: a member of it
+/// (any peer while this replica is in no cluster yet, about to be added or
+/// initialized) of the same cluster.
+fn admit(hello: &PeerHello, shard: ShardId, shards: &PeerShards) -> Result<Bound, String> {
+    let Some((raft, ctx)) = shards.shards.get(&shard) else {
+        return Err(format!("this node does not host shard {}", shard.0));
+    };
     let metrics = raft.metrics().borrow_watched().clone();
     let membership = metrics.membership_config.membership();
-    let mut nodes = membership.nodes().peekable();
-    // A node that is not yet part of a cluster (about to be added) accepts
-    // its future leader; a member accepts only members.
-    let uninitialized = nodes.peek().is_none();
+    let uninitialized = membership.nodes().next().is_none();
     let member = membership.nodes().any(|(id, _)| *id == hello.from_id);
     if !uninitialized && !member {
-        return Some(format!("node {} is not a member", hello.from_id));
+        return Err(format!(
+            "node {} is not a member of shard {}",
+            hello.from_id, shard.0
+        ));
     }
-    other_cluster(hello.cluster_id, ctx.cluster_id())
+    if let Some(message) = other_cluster(hello.cluster_id, ctx.cluster_id()) {
+        return Err(message);
+    }
+    Ok(Bound {
+        shard,
+        raft: raft.clone(),
+        ctx: Arc::clone(ctx),
+        appends: Inbound::new(raft.clone()),
+        incoming: IncomingSnapshot::default(),
+    })
 }
 
 /// Why a peer of cluster `theirs` is refused by a node of cluster `ours`:
@@ -83,7 +150,75 @@ fn other_cluster(theirs: Option<ClusterId>, ours: Option<ClusterId>) -> Option<S
 /// See `service::AUTH_FAILURE_LOG`.
 static PEER_REFUSAL_LOG: RateLimitedLog = RateLimitedLog::new(10);
 
-async fn handle(stream: Stream, raft: Raft, ctx: Arc<PeerContext>) -> Result<()> {
+/// The shard a connection's frames go to now, with its state: appends
+/// being answered and a snapshot being received.
+struct Bound {
+    shard: ShardId,
+    raft: Raft,
+    ctx: Arc<PeerContext>,
+    appends: Inbound,
+    incoming: IncomingSnapshot,
+}
+
+/// Where a connection's answers go, tagged with their shard on version 3.
+struct Answers {
+    writer: FrameWriter<rdkv_tls::WriteHalf>,
+    tagged: bool,
+}
+
+impl Answers {
+    async fn send(
+        &mut self,
+        shard: ShardId,
+        request_id: u64,
+        response: &PeerResponse,
+    ) -> Result<()> {
+        if self.tagged {
+            self.writer
+                .send(FrameKind::Response, request_id, &(shard, response))
+                .await?;
+        } else {
+            self.writer
+                .send(FrameKind::Response, request_id, response)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Sends one of `bound`'s answers; an accepted append (any answer but a
+    /// higher vote) means the sender leads that shard now. (`bound` itself
+    /// is not `Sync`: its append stream is borrowed mutably elsewhere.)
+    async fn answer(
+        &mut self,
+        (shard, ctx): (ShardId, &PeerContext),
+        request_id: u64,
+        response: &PeerResponse,
+    ) -> Result<()> {
+        if let PeerResponse::Append(Ok(r)) = response
+            && !matches!(r, AppendEntriesResponse::HigherVote(_))
+        {
+            ctx.leader_contact();
+        }
+        self.send(shard, request_id, response).await
+    }
+
+    /// Answers every append `bound` still has waiting, in order.
+    async fn drain(&mut self, bound: &mut Bound) -> Result<()> {
+        while let Some((request_id, response)) = bound.appends.next_answer().await {
+            self.answer((bound.shard, &bound.ctx), request_id, &response)
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// What a connection does next.
+enum Next {
+    Answer(u64, PeerResponse),
+    Frame(Option<Frame>),
+}
+
+async fn handle(stream: Stream, shards: PeerShards) -> Result<()> {
     let (read, write) = stream.into_split();
     // Nothing large is read before the peer has proven it holds the token.
     let mut reader = FrameReader::new(read, HANDSHAKE_MAX_FRAME_BYTES);
@@ -93,7 +228,8 @@ async fn handle(stream: Stream, raft: Raft, ctx: Arc<PeerContext>) -> Result<()>
         .context("peer handshake timed out")??
         .context("peer closed before its handshake")?;
     let hello = PeerHello::decode(&frame.payload).context("decoding the peer handshake")?;
-    if let Some(message) = refusal(&hello, &raft, &ctx) {
+    let own = Arc::clone(shards.own().context("a node without shards")?);
+    if let Some(message) = refusal(&hello, &shards) {
         RequestStats::auth_failure("peer");
         PEER_REFUSAL_LOG.warn(format_args!(
             "refused a peer connection from node {}: {message}",
@@ -110,81 +246,110 @@ async fn handle(stream: Stream, raft: Raft, ctx: Arc<PeerContext>) -> Result<()>
             .await?;
         bail!("refused: {message}");
     }
-    ctx.learn_client_addr(hello.from_id, hello.from_client_addr.clone());
+    for ctx in shards.contexts() {
+        ctx.learn_client_addr(hello.from_id, hello.from_client_addr.clone());
+    }
     let accepted = PeerHelloReply::Accepted {
-        node_id: ctx.node_id,
-        client_addr: ctx.client_addr.clone(),
+        node_id: own.node_id,
+        client_addr: own.client_addr.clone(),
     };
     writer.send(FrameKind::ServerHello, 0, &accepted).await?;
     reader.set_max_frame_bytes(PEER_MAX_FRAME_BYTES);
 
-    let mut incoming = IncomingSnapshot::default();
-    let mut appends = Inbound::new(raft.clone());
+    let tagged = hello.version >= PEER_PROTOCOL_VERSION_SHARDS;
+    let mut out = Answers { writer, tagged };
+    // Hellos 1-2 carry shard 0 only, admitted with the hello.
+    let mut bound = match tagged {
+        true => None,
+        false => Some(admit(&hello, ShardId(0), &shards).map_err(anyhow::Error::msg)?),
+    };
     loop {
         // Answers to pipelined appends go out as they complete; the next
         // request is read meanwhile.
-        let frame = tokio::select! {
+        let waiting = bound.as_ref().is_some_and(|b| b.appends.has_waiting());
+        let next = tokio::select! {
             biased;
-            Some((request_id, response)) = appends.next_answer(), if appends.has_waiting() => {
-                answer(&mut writer, &ctx, request_id, &response).await?;
+            Some((request_id, response)) = next_answer(&mut bound), if waiting => {
+                Next::Answer(request_id, response)
+            }
+            frame = reader.next() => Next::Frame(frame?),
+        };
+        let frame = match next {
+            Next::Answer(request_id, response) => {
+                if let Some(b) = &bound {
+                    out.answer((b.shard, &b.ctx), request_id, &response).await?;
+                }
                 continue;
             }
-            frame = reader.next() => frame?,
+            Next::Frame(None) => return Ok(()),
+            Next::Frame(Some(frame)) => frame,
         };
-        let Some(frame) = frame else {
-            return Ok(());
-        };
-        if ctx.is_isolated_from(hello.from_id) {
+        if own.is_isolated_from(hello.from_id) {
             // As if the network lost it: no answer, and the sender's
             // connection goes away.
             bail!("node {} is cut off by fault injection", hello.from_id);
         }
-        match decode_payload::<PeerRequest>(&frame) {
+        let current = bound.as_ref().map_or(ShardId(0), |b| b.shard);
+        let (shard, decoded) = match decode_for_shard::<PeerRequest>(hello.version, &frame) {
+            Ok((shard, request)) => (shard, Ok(request)),
+            Err(e) => (current, Err(e)),
+        };
+        if bound.as_ref().is_none_or(|b| b.shard != shard) {
+            // Another shard's frame: the appends before it are answered
+            // first (answers keep request order), then the connection
+            // serves that shard, if this node hosts it and the peer is a
+            // member of it.
+            if let Some(old) = bound.as_mut() {
+                out.drain(old).await?;
+            }
+            match admit(&hello, shard, &shards) {
+                Ok(new) => bound = Some(new),
+                Err(message) => {
+                    bound = None;
+                    PEER_REFUSAL_LOG.warn(format_args!(
+                        "refused a frame of node {}: {message}",
+                        hello.from_id
+                    ));
+                    let refused = PeerResponse::Failed(message);
+                    out.send(shard, frame.request_id, &refused).await?;
+                    continue;
+                }
+            }
+        }
+        let Some(b) = bound.as_mut() else {
+            continue;
+        };
+        match decoded {
             Ok(PeerRequest::Append(rpc)) => {
                 // A leader keeps at most `MAX_APPENDS_IN_FLIGHT` appends
                 // unanswered; past that, the oldest is answered before
                 // another is taken (bounded, and never waiting on a queue
                 // that only our own answering drains).
-                while appends.is_full() {
-                    if let Some((request_id, response)) = appends.next_answer().await {
-                        answer(&mut writer, &ctx, request_id, &response).await?;
+                while b.appends.is_full() {
+                    if let Some((request_id, response)) = b.appends.next_answer().await {
+                        out.answer((b.shard, &b.ctx), request_id, &response).await?;
                     }
                 }
-                appends.submit(frame.request_id, rpc).await;
+                b.appends.submit(frame.request_id, rpc).await;
             }
             decoded => {
                 // Answers keep request order: the appends before this
                 // request are answered first.
-                while let Some((request_id, response)) = appends.next_answer().await {
-                    answer(&mut writer, &ctx, request_id, &response).await?;
-                }
+                out.drain(b).await?;
                 let response = match decoded {
                     Err(e) => PeerResponse::Failed(format!("undecodable request: {e}")),
-                    Ok(request) => dispatch(request, &raft, &ctx, &mut incoming).await,
+                    Ok(request) => dispatch(request, &b.raft, &b.ctx, &mut b.incoming).await,
                 };
-                answer(&mut writer, &ctx, frame.request_id, &response).await?;
+                out.answer((b.shard, &b.ctx), frame.request_id, &response)
+                    .await?;
             }
         }
     }
 }
 
-/// Sends one answer; an accepted append (any answer but a higher vote)
-/// means the sender leads now.
-async fn answer(
-    writer: &mut FrameWriter<rdkv_tls::WriteHalf>,
-    ctx: &PeerContext,
-    request_id: u64,
-    response: &PeerResponse,
-) -> Result<()> {
-    if let PeerResponse::Append(Ok(r)) = response
-        && !matches!(r, AppendEntriesResponse::HigherVote(_))
-    {
-        ctx.leader_contact();
-    }
-    writer
-        .send(FrameKind::Response, request_id, response)
-        .await?;
-    Ok(())
+/// The oldest waiting append's answer of the bound shard.
+async fn next_answer(bound: &mut Option<Bound>) -> Option<(u64, PeerResponse)> {
+    bound.as_mut()?.appends.next_answer().await
 }
 
 async fn dispatch(
@@ -296,6 +461,7 @@ async fn blocking<T: Send + 'static, E: std::fmt::Display + Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::peer::PEER_PROTOCOL_VERSION;
 
     #[test]
     fn only_a_known_other_cluster_is_refused() {

@@ -40,6 +40,12 @@ impl RespServer {
         loop {
             let error = match handler.handle(request.clone(), Via::Resp).await {
                 Response::Error(error) if error.code == ErrorCode::NotLeader => error,
+                // A key of a shard this node does not host: the forwarding
+                // client finds its shard from the map.
+                Response::WrongShard(_) => {
+                    let endpoints = self.member_endpoints();
+                    return Box::pin(self.forwarder.forward(endpoints, request)).await;
+                }
                 Response::Error(error) => return Err(error_reply(&error)),
                 response => return Ok(response),
             };
@@ -64,6 +70,17 @@ impl RespServer {
     /// Every member's client address and the leader's, sorted: the same
     /// set gives the same forwarding client.
     fn leader_endpoints(&self, hint: &LeaderHint) -> Vec<String> {
+        let mut endpoints = self.member_endpoints();
+        if !endpoints.contains(&hint.client_addr) {
+            endpoints.push(hint.client_addr.clone());
+        }
+        endpoints.sort();
+        endpoints
+    }
+
+    /// The client addresses of the members this node knows (the primary
+    /// shard's), sorted.
+    fn member_endpoints(&self) -> Vec<String> {
         let mut endpoints: Vec<String> = self
             .handler
             .replica()
@@ -72,9 +89,6 @@ impl RespServer {
             .map(|m| m.client_addr)
             .filter(|a| !a.is_empty())
             .collect();
-        if !endpoints.contains(&hint.client_addr) {
-            endpoints.push(hint.client_addr.clone());
-        }
         endpoints.sort();
         endpoints
     }
@@ -91,7 +105,13 @@ impl RespServer {
     ///   lease lapsed under load still serves reads this way. A node that
     ///   does not lead or fails the round answers through the store path,
     ///   which forwards or reports why.
+    ///
+    /// A multi-shard node never does: its keys are in several regions, and
+    /// these reads go to one (they go through the handler, which routes).
     pub(super) async fn reads_now(&self) -> bool {
+        if self.handler.shards().is_sharded() {
+            return false;
+        }
         let replica = self.handler.replica();
         match self.consistency {
             Consistency::Lease => lease::serves_lease_reads(replica),

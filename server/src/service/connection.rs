@@ -292,6 +292,9 @@ fn rdma_connect(
     limits: &Limits,
     sessions: &RdmaSessions,
 ) -> Response {
+    if let Some(refusal) = handler.one_sided_refusal() {
+        return Response::Error(refusal);
+    }
     let local_ip = sessions.local_ip;
     let mut sessions = sessions.open.lock().unwrap_or_else(|p| p.into_inner());
     if sessions.len() >= crate::rdma::MAX_RDMA_SESSIONS_PER_CONNECTION {

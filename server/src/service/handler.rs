@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use rdkv_proto::wire::{ErrorCode, ErrorReply, Limits, Request, Response};
+use rdkv_proto::wire::{ErrorCode, ErrorReply, Limits, Request, Response, TxnOp};
 use rdkv_storage::raft::{Command, NodeAddr};
 use rdkv_storage::state_machine::ScanRange;
 
@@ -14,6 +14,7 @@ use crate::ofi::OfiState;
 use crate::order::Finish;
 use crate::rdma::RdmaState;
 use crate::replica::Replica;
+use crate::shards::{NotHere, Shards, not_across_shards};
 use crate::telemetry::{RequestStats, Via};
 
 /// Where this node can be reached, for `/status` and `endpoint status`.
@@ -45,9 +46,58 @@ pub struct HandlerSettings {
     pub max_in_flight_bytes: u64,
 }
 
+/// The replica a request's keys route to, or the early answer: nothing is
+/// proposed or read for a key this node does not serve, so `WrongShard`
+/// is safe to resend (docs/sharding.md, section 4).
+macro_rules! routed {
+    ($route:expr) => {
+        match $route {
+            Ok(replica) => replica,
+            Err(NotHere::WrongShard(wrong)) => return Ok(Response::WrongShard(wrong)),
+            Err(cross) => return Err(cross.to_error()),
+        }
+    };
+}
+
+/// The keys a client's write touches; `None`: it names none (`Clear`, the
+/// leader's own commands).
+fn command_keys(command: &Command) -> Option<Vec<&[u8]>> {
+    let keys = match command {
+        Command::Put { key, .. }
+        | Command::Delete { key }
+        | Command::Cas { key, .. }
+        | Command::Update { key, .. } => vec![&key[..]],
+        Command::MPut { pairs } => pairs.iter().map(|(k, _)| &k[..]).collect(),
+        Command::Transaction { watch, ops } => watch
+            .iter()
+            .map(|(k, _)| &k[..])
+            .chain(ops.iter().map(txn_key))
+            .collect(),
+        Command::ExpireKeys { keys } => keys.iter().map(|(k, _)| &k[..]).collect(),
+        Command::Timed { command, .. } => return command_keys(command),
+        Command::Clear
+        | Command::SetHashSeed { .. }
+        | Command::SetQuota { .. }
+        | Command::SetClusterId { .. } => return None,
+    };
+    Some(keys)
+}
+
+fn txn_key(op: &TxnOp) -> &[u8] {
+    match op {
+        TxnOp::Get { key }
+        | TxnOp::Put { key, .. }
+        | TxnOp::Delete { key }
+        | TxnOp::Update { key, .. }
+        | TxnOp::Ttl { key } => key,
+    }
+}
+
 #[derive(Debug)]
 pub struct Handler {
-    replica: Replica,
+    /// This node's shard replicas: keyed requests go to their key's shard,
+    /// the others to the primary (shard 0 in a single group).
+    shards: Shards,
     limits: Limits,
     quota_bytes: u64,
     endpoints: Endpoints,
@@ -71,13 +121,13 @@ impl rdkv_fabric::RpcHandler for Handler {
 
 impl Handler {
     pub fn new(
-        replica: Replica,
+        shards: Shards,
         settings: HandlerSettings,
         rdma: Arc<RdmaState>,
         ofi: Arc<OfiState>,
     ) -> Self {
         Handler {
-            replica,
+            shards,
             limits: settings.limits,
             quota_bytes: settings.quota_bytes,
             endpoints: settings.endpoints,
@@ -92,8 +142,28 @@ impl Handler {
         }
     }
 
+    /// The replica of requests that name no shard (shard 0 in a single
+    /// group).
     pub fn replica(&self) -> &Replica {
-        &self.replica
+        self.shards.primary()
+    }
+
+    pub fn shards(&self) -> &Shards {
+        &self.shards
+    }
+
+    /// Why this node grants no one-sided access to its region: a
+    /// multi-shard node holds a region per shard and a grant request names
+    /// none (docs/sharding.md, section 5), so a reader given one region
+    /// would take another shard's keys for absent.
+    pub fn one_sided_refusal(&self) -> Option<ErrorReply> {
+        self.shards.is_sharded().then(|| {
+            ErrorReply::new(
+                ErrorCode::InvalidRequest,
+                "one-sided reads of a multi-shard node are not served yet \
+                 (the grant request names no shard)",
+            )
+        })
     }
 
     pub fn limits(&self) -> Limits {
@@ -156,12 +226,15 @@ impl Handler {
     /// boxed: a future is as large as its largest arm, and it is copied at
     /// every await on the way down.
     async fn dispatch(&self, request: Request, placed: Option<Finish>) -> Reply {
-        let replica = &self.replica;
         let max_frame_bytes = self.limits.max_frame_bytes;
         match request {
             Request::Ping => Ok(Response::Pong),
-            Request::Get { key, consistency } => read::get(replica, &key, consistency).await,
+            Request::Get { key, consistency } => {
+                let replica = routed!(self.shards.for_key(&key));
+                read::get(replica, &key, consistency).await
+            }
             Request::MGet { keys, consistency } => {
+                let replica = routed!(self.shards.for_keys(keys.iter().map(|k| &k[..])));
                 read::mget(replica, &keys, consistency, max_frame_bytes).await
             }
             // Every write is a command for the log.
@@ -173,7 +246,7 @@ impl Handler {
     }
 
     async fn dispatch_rest(&self, request: Request) -> Reply {
-        let replica = &self.replica;
+        let replica = self.shards.primary();
         let max_frame_bytes = self.limits.max_frame_bytes;
         match request {
             Request::Ping => Ok(Response::Pong),
@@ -183,6 +256,9 @@ impl Handler {
                 limit,
                 consistency,
             } => {
+                if self.shards.is_sharded() {
+                    return Err(not_across_shards("scan"));
+                }
                 let range = ScanRange {
                     start: &start_key,
                     end: end_key.as_deref(),
@@ -190,11 +266,15 @@ impl Handler {
                 };
                 read::scan(replica, range, consistency, max_frame_bytes).await
             }
-            Request::Ttl { key, consistency } => read::ttl(replica, &key, consistency).await,
+            Request::Ttl { key, consistency } => {
+                let replica = routed!(self.shards.for_key(&key));
+                read::ttl(replica, &key, consistency).await
+            }
             Request::Status => Ok(Response::Status(Box::new(self.status()))),
             Request::Health => Ok(Response::Health(self.health())),
             Request::Members => Ok(Response::Members(replica.members())),
-            Request::ShardMap => replica
+            Request::ShardMap => self
+                .shards
                 .shard_map(self.endpoints.resp.clone())
                 .map(|map| Response::ShardMap(Box::new(map))),
             Request::Digests => Ok(Response::Digests(replica.sm.digests())),
@@ -216,8 +296,12 @@ impl Handler {
             Request::SnapshotRead { offset, max_bytes } => {
                 admin::snapshot_read(replica, offset, max_bytes).await
             }
+            // Every shard's traffic and log: a node is cut off or slowed whole.
             Request::InjectFault(fault) => {
-                admin::inject_fault(replica, self.fault_injection, fault)
+                for (_, replica) in self.shards.iter() {
+                    admin::inject_fault(replica, self.fault_injection, fault.clone())?;
+                }
+                Ok(Response::Done)
             }
             Request::ReportReads(report) => {
                 crate::telemetry::scrape::client_reads(&report);
@@ -229,6 +313,9 @@ impl Handler {
                 ErrorCode::InvalidRequest,
                 "rdma sessions are opened on a native client connection",
             )),
+            Request::RdmaRegion | Request::OfiRegion if self.shards.is_sharded() => Err(self
+                .one_sided_refusal()
+                .unwrap_or_else(|| not_across_shards("a grant"))),
             Request::RdmaRegion => self
                 .rdma
                 .region_grant(&replica.sm, replica.node_id())
@@ -249,15 +336,20 @@ impl Handler {
     /// A write goes through the log on the leader, if the quota has room
     /// for it.
     async fn write(&self, command: Command, placed: Option<Finish>) -> Reply {
-        self.replica.require_leader()?;
-        self.admit_within_quota(&command)?;
-        write::commit(&self.replica, command, placed).await
+        let replica = match command_keys(&command) {
+            Some(keys) => routed!(self.shards.for_keys(keys)),
+            None if self.shards.is_sharded() => return Err(not_across_shards("a keyless write")),
+            None => self.shards.primary(),
+        };
+        replica.require_leader()?;
+        self.admit_within_quota(replica, &command)?;
+        write::commit(replica, command, placed).await
     }
 
     /// Checks `command` against the cluster's quota (this node's own until
     /// one is applied); a refusal raises the no-space alarm.
-    fn admit_within_quota(&self, command: &Command) -> Result<(), ErrorReply> {
-        let sm = &self.replica.sm;
+    fn admit_within_quota(&self, replica: &Replica, command: &Command) -> Result<(), ErrorReply> {
+        let sm = &replica.sm;
         let status = sm.quota_status();
         let quota_bytes = status.quota_bytes.unwrap_or(self.quota_bytes);
         within_quota(command, status.charged_bytes, quota_bytes).inspect_err(|_| {

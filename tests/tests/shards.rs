@@ -1,0 +1,156 @@
+//! A cluster of several Raft groups (docs/sharding.md): real `rdkv-server`
+//! processes bootstrapped with `--shards 3 --replicas 2`, so that each node
+//! hosts two of the three shards and a key of the third is answered
+//! `WrongShard` there. Every shard elects a leader, the client writes and
+//! reads keys of every shard through any node, and a restart of the whole
+//! cluster keeps every shard's data.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{Result, bail, ensure};
+use rdkv_proto::shard::{ShardId, ShardMap};
+use rdkv_proto::wire::{Request, Response};
+use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, check, eventually};
+
+const SHARDS: u32 = 3;
+const FLAGS: [&str; 6] = ["--shards", "3", "--replicas", "2", "--region-mib", "16"];
+
+/// Node `id`'s own shard map, asked directly.
+async fn map_of(cluster: &Cluster, id: u64) -> Result<ShardMap> {
+    let client = cluster.client(Intent::Via(&[id]))?;
+    let endpoint = cluster.node(id)?.endpoint();
+    match client.send_to(&endpoint, Request::ShardMap).await? {
+        Response::ShardMap(map) => Ok(*map),
+        other => bail!("node {id} answered ShardMap with {other:?}"),
+    }
+}
+
+/// Every shard's leader, as each of its members reports it from its own
+/// Raft (a node reports the placed hint for shards it does not host, so
+/// only members are asked about a shard); fails until all members of
+/// every shard agree on one of them.
+async fn leaders(cluster: &Cluster) -> Result<BTreeMap<ShardId, u64>> {
+    let mut seen: BTreeMap<ShardId, Vec<Option<u64>>> = BTreeMap::new();
+    let mut map = None;
+    for &id in cluster.nodes.keys() {
+        let node_map = map_of(cluster, id).await?;
+        for shard in node_map.shards() {
+            if shard.members.contains(&id) {
+                seen.entry(shard.id).or_default().push(shard.leader);
+            }
+        }
+        map = Some(node_map);
+    }
+    let Some(map) = map else {
+        bail!("no nodes");
+    };
+    ensure!(map.shards().len() == SHARDS as usize, "{map:?}");
+    let mut agreed = BTreeMap::new();
+    for shard in map.shards() {
+        let reports = seen.get(&shard.id).cloned().unwrap_or_default();
+        match reports.first() {
+            Some(Some(leader))
+                if reports.len() == shard.members.len()
+                    && reports.iter().all(|l| *l == Some(*leader))
+                    && shard.members.contains(leader) =>
+            {
+                agreed.insert(shard.id, *leader);
+            }
+            _ => bail!("shard {} members report leaders {reports:?}", shard.id.0),
+        }
+    }
+    Ok(agreed)
+}
+
+/// Keys, four per shard of `map`.
+fn keys_of_every_shard(map: &ShardMap) -> Vec<(ShardId, String)> {
+    let mut keys = Vec::new();
+    let mut per_shard: BTreeMap<ShardId, usize> = BTreeMap::new();
+    for i in 0.. {
+        let key = format!("key-{i}");
+        let shard = map.shard_of_key(key.as_bytes());
+        let count = per_shard.entry(shard).or_default();
+        if *count < 4 {
+            *count += 1;
+            keys.push((shard, key));
+        }
+        if per_shard.len() == map.shards().len() && per_shard.values().all(|c| *c == 4) {
+            break;
+        }
+    }
+    keys
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_serve_every_shard_and_keep_it_over_a_restart() -> Result<()> {
+    let mut cluster = Cluster::start_with(3, &FLAGS)?;
+    check(&mut cluster, Duration::from_secs(90), async |cluster| {
+        let led = eventually(LEADER_TIMEOUT, "a leader in every shard", async || {
+            leaders(cluster).await
+        })
+        .await?;
+        ensure!(led.len() == SHARDS as usize, "{led:?}");
+        let map = map_of(cluster, 1).await?;
+        // Each node hosts two shards: a third of the keys are not its own.
+        for shard in map.shards() {
+            ensure!(shard.members.len() == 2, "{map:?}");
+        }
+        let keys = keys_of_every_shard(&map);
+
+        // Through node 1 alone: keys of the shard it does not host are
+        // answered WrongShard there, and the client follows the map.
+        let client = cluster.client(Intent::Via(&[1]))?;
+        for (shard, key) in &keys {
+            client
+                .put(key.clone(), format!("{key}@{}", shard.0))
+                .await
+                .map_err(|e| anyhow::anyhow!("writing {key} (shard {}): {e}", shard.0))?;
+        }
+        let fetched = client.shard_map();
+        ensure!(
+            fetched
+                .as_ref()
+                .is_some_and(|m| m.version() == map.version()),
+            "the client never took the cluster's map: {fetched:?}"
+        );
+        let anywhere = cluster.client(Intent::Any)?;
+        for (shard, key) in &keys {
+            let got = anywhere.get(key.clone()).await?;
+            let expected = format!("{key}@{}", shard.0);
+            ensure!(
+                got.as_ref().map(|v| &v.value[..]) == Some(expected.as_bytes()),
+                "{key} (shard {}) reads {got:?}",
+                shard.0
+            );
+        }
+
+        // SIGKILL every node, then start them again: each shard's log and
+        // snapshots come back from its own directory.
+        let ids: Vec<u64> = cluster.nodes.keys().copied().collect();
+        for &id in &ids {
+            cluster.node_mut(id)?.kill();
+        }
+        for &id in &ids {
+            cluster.restart(id)?;
+        }
+        eventually(
+            LEADER_TIMEOUT,
+            "a leader in every shard again",
+            async || leaders(cluster).await,
+        )
+        .await?;
+        let after = cluster.client(Intent::Via(&[2]))?;
+        for (shard, key) in &keys {
+            let got = after.get(key.clone()).await?;
+            let expected = format!("{key}@{}", shard.0);
+            ensure!(
+                got.as_ref().map(|v| &v.value[..]) == Some(expected.as_bytes()),
+                "after the restart {key} (shard {}) reads {got:?}",
+                shard.0
+            );
+        }
+        Ok(())
+    })
+    .await
+}
