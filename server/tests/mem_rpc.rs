@@ -30,27 +30,37 @@ fn free_port() -> u16 {
 /// RESP on `resp_listen` (`off`: none), its data under `dir`; and a channel
 /// straight to its handler.
 async fn start_single_node(dir: &Path, resp_listen: &str) -> (Node, MemChannel) {
-    let addr = |port: u16| format!("127.0.0.1:{port}");
-    let args = Args::parse_from([
-        "rdkv-server".to_owned(),
-        "--data-dir".into(),
-        dir.join("data").display().to_string(),
-        "--listen".into(),
-        addr(free_port()),
-        "--peer-listen".into(),
-        addr(free_port()),
-        "--http-listen".into(),
-        "off".into(),
-        "--resp-listen".into(),
-        resp_listen.into(),
-        "--heartbeat-ms".into(),
-        "50".into(),
-        "--region-mib".into(),
-        "16".into(),
-    ]);
+    let peer_listen = format!("127.0.0.1:{}", free_port());
+    let args = node_args(
+        dir,
+        ["--peer-listen", &peer_listen, "--resp-listen", resp_listen],
+    );
     let node = Node::start(Config::resolve(args).unwrap()).await.unwrap();
     let channel = MemChannel::new(Arc::clone(&node.handler) as Arc<dyn rdkv_fabric::RpcHandler>);
     (node, channel)
+}
+
+/// A node's arguments in `dir`: its own client port, no HTTP, fast
+/// heartbeats, a 16 MiB region, and `extra` (the peer port at least).
+fn node_args<'a>(dir: &Path, extra: impl IntoIterator<Item = &'a str>) -> Args {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let data_dir = dir.join("data").display().to_string();
+    let common = [
+        "rdkv-server",
+        "--data-dir",
+        &data_dir,
+        "--listen",
+        &listen,
+        "--http-listen",
+        "off",
+        "--heartbeat-ms",
+        "50",
+        "--region-mib",
+        "16",
+    ];
+    let mut args: Vec<String> = common.iter().map(|arg| (*arg).to_owned()).collect();
+    args.extend(extra.into_iter().map(str::to_owned));
+    Args::parse_from(args)
 }
 
 /// Sends `put` until the node, once it leads, writes it; its version.
@@ -254,8 +264,22 @@ async fn a_write_cut_off_by_raft_stopping_has_an_unknown_outcome() {
 async fn a_shard_node_serves_its_shard_and_answers_wrong_shard_for_another() {
     let dir = tempfile::tempdir().unwrap();
     let peers = [free_port(), free_port()];
+    let initial = format!("1=127.0.0.1:{},2=127.0.0.1:{}", peers[0], peers[1]);
+    let peer_listen = format!("127.0.0.1:{}", peers[0]);
     let args = |shards: &str| {
-        let mut args = member_args(dir.path(), 1, &peers);
+        let mut args = node_args(
+            dir.path(),
+            [
+                "--id",
+                "1",
+                "--peer-listen",
+                &peer_listen,
+                "--initial-cluster",
+                &initial,
+                "--resp-listen",
+                "off",
+            ],
+        );
         args.shards = Some(shards.parse().unwrap());
         args.replicas = Some(1);
         Config::resolve(args).unwrap()
