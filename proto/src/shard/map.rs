@@ -569,6 +569,30 @@ mod tests {
         ]
     }
 
+    /// Adds range `at` turned around (last before first). It sorts after
+    /// the range it came from, which covers its first slot, so nothing
+    /// before it fails.
+    fn turn_range_around(parts: &mut Parts, at: usize) -> ShardMapError {
+        let range = &parts.ranges[at];
+        let (first, last) = (range.last, range.first);
+        if first == last {
+            // A one-slot range cannot be turned around: add an empty one
+            // at the last slot instead.
+            parts.ranges.push(SlotRange {
+                first: LAST_SLOT,
+                last: slot(SLOT_COUNT - 2),
+                shard: range.shard,
+            });
+            return ShardMapError::EmptyRange {
+                first: LAST_SLOT,
+                last: slot(SLOT_COUNT - 2),
+            };
+        }
+        let shard = range.shard;
+        parts.ranges.push(SlotRange { first, last, shard });
+        ShardMapError::EmptyRange { first, last }
+    }
+
     /// Breaks `parts` as `how` says; returns the error that must follow.
     fn break_parts(parts: &mut Parts, how: Breakage) -> ShardMapError {
         let pick = |i: usize, len: usize| i % len;
@@ -586,29 +610,7 @@ mod tests {
                 parts.ranges.push(again);
                 ShardMapError::Overlap { slot: again.first }
             }
-            Breakage::EmptyRange(i) => {
-                // The range turned around: sorted after the range it came
-                // from, which covers its first slot, so nothing before it
-                // fails.
-                let range = &parts.ranges[pick(i, parts.ranges.len())];
-                let (first, last) = (range.last, range.first);
-                if first == last {
-                    // A one-slot range cannot be turned around: add an
-                    // empty one at the last slot instead.
-                    parts.ranges.push(SlotRange {
-                        first: LAST_SLOT,
-                        last: slot(SLOT_COUNT - 2),
-                        shard: range.shard,
-                    });
-                    return ShardMapError::EmptyRange {
-                        first: LAST_SLOT,
-                        last: slot(SLOT_COUNT - 2),
-                    };
-                }
-                let shard = range.shard;
-                parts.ranges.push(SlotRange { first, last, shard });
-                ShardMapError::EmptyRange { first, last }
-            }
+            Breakage::EmptyRange(i) => turn_range_around(parts, pick(i, parts.ranges.len())),
             Breakage::RangeOfUnlistedShard(i) => {
                 let at = pick(i, parts.ranges.len());
                 let range = &mut parts.ranges[at];

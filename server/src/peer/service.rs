@@ -223,37 +223,7 @@ async fn handle(stream: Stream, shards: PeerShards) -> Result<()> {
     // Nothing large is read before the peer has proven it holds the token.
     let mut reader = FrameReader::new(read, HANDSHAKE_MAX_FRAME_BYTES);
     let mut writer = FrameWriter::new(write, PEER_MAX_FRAME_BYTES);
-    let frame = tokio::time::timeout(HANDSHAKE_TIMEOUT, reader.next())
-        .await
-        .context("peer handshake timed out")??
-        .context("peer closed before its handshake")?;
-    let hello = PeerHello::decode(&frame.payload).context("decoding the peer handshake")?;
-    let own = Arc::clone(shards.own().context("a node without shards")?);
-    if let Some(message) = refusal(&hello, &shards) {
-        RequestStats::auth_failure("peer");
-        PEER_REFUSAL_LOG.warn(format_args!(
-            "refused a peer connection from node {}: {message}",
-            hello.from_id
-        ));
-        writer
-            .send(
-                FrameKind::ServerHello,
-                0,
-                &PeerHelloReply::Rejected {
-                    message: message.clone(),
-                },
-            )
-            .await?;
-        bail!("refused: {message}");
-    }
-    for ctx in shards.contexts() {
-        ctx.learn_client_addr(hello.from_id, hello.from_client_addr.clone());
-    }
-    let accepted = PeerHelloReply::Accepted {
-        node_id: own.node_id,
-        client_addr: own.client_addr.clone(),
-    };
-    writer.send(FrameKind::ServerHello, 0, &accepted).await?;
+    let (hello, own) = handshake(&mut reader, &mut writer, &shards).await?;
     reader.set_max_frame_bytes(PEER_MAX_FRAME_BYTES);
 
     let tagged = hello.version >= PEER_PROTOCOL_VERSION_SHARDS;
@@ -295,56 +265,123 @@ async fn handle(stream: Stream, shards: PeerShards) -> Result<()> {
             Err(e) => (current, Err(e)),
         };
         if bound.as_ref().is_none_or(|b| b.shard != shard) {
-            // Another shard's frame: the appends before it are answered
-            // first (answers keep request order), then the connection
-            // serves that shard, if this node hosts it and the peer is a
-            // member of it.
-            if let Some(old) = bound.as_mut() {
-                out.drain(old).await?;
-            }
-            match admit(&hello, shard, &shards) {
-                Ok(new) => bound = Some(new),
-                Err(message) => {
-                    bound = None;
-                    PEER_REFUSAL_LOG.warn(format_args!(
-                        "refused a frame of node {}: {message}",
-                        hello.from_id
-                    ));
-                    let refused = PeerResponse::Failed(message);
-                    out.send(shard, frame.request_id, &refused).await?;
-                    continue;
-                }
-            }
+            rebind(
+                &mut out,
+                &mut bound,
+                &hello,
+                shard,
+                &shards,
+                frame.request_id,
+            )
+            .await?;
         }
-        let Some(b) = bound.as_mut() else {
-            continue;
-        };
-        match decoded {
-            Ok(PeerRequest::Append(rpc)) => {
-                // A leader keeps at most `MAX_APPENDS_IN_FLIGHT` appends
-                // unanswered; past that, the oldest is answered before
-                // another is taken (bounded, and never waiting on a queue
-                // that only our own answering drains).
-                while b.appends.is_full() {
-                    if let Some((request_id, response)) = b.appends.next_answer().await {
-                        out.answer((b.shard, &b.ctx), request_id, &response).await?;
-                    }
-                }
-                b.appends.submit(frame.request_id, rpc).await;
-            }
-            decoded => {
-                // Answers keep request order: the appends before this
-                // request are answered first.
-                out.drain(b).await?;
-                let response = match decoded {
-                    Err(e) => PeerResponse::Failed(format!("undecodable request: {e}")),
-                    Ok(request) => dispatch(request, &b.raft, &b.ctx, &mut b.incoming).await,
-                };
-                out.answer((b.shard, &b.ctx), frame.request_id, &response)
-                    .await?;
-            }
+        if let Some(b) = bound.as_mut() {
+            serve_frame(&mut out, b, frame.request_id, decoded).await?;
         }
     }
+}
+
+/// Reads and checks the peer's hello and answers it: the peer is refused
+/// (and the connection ends) unless [`refusal`] finds nothing wrong.
+/// Returns the hello and this node's own context.
+async fn handshake(
+    reader: &mut FrameReader<rdkv_tls::ReadHalf>,
+    writer: &mut FrameWriter<rdkv_tls::WriteHalf>,
+    shards: &PeerShards,
+) -> Result<(PeerHello, Arc<PeerContext>)> {
+    let frame = tokio::time::timeout(HANDSHAKE_TIMEOUT, reader.next())
+        .await
+        .context("peer handshake timed out")??
+        .context("peer closed before its handshake")?;
+    let hello = PeerHello::decode(&frame.payload).context("decoding the peer handshake")?;
+    let own = Arc::clone(shards.own().context("a node without shards")?);
+    if let Some(message) = refusal(&hello, shards) {
+        RequestStats::auth_failure("peer");
+        PEER_REFUSAL_LOG.warn(format_args!(
+            "refused a peer connection from node {}: {message}",
+            hello.from_id
+        ));
+        let rejected = PeerHelloReply::Rejected {
+            message: message.clone(),
+        };
+        writer.send(FrameKind::ServerHello, 0, &rejected).await?;
+        bail!("refused: {message}");
+    }
+    for ctx in shards.contexts() {
+        ctx.learn_client_addr(hello.from_id, hello.from_client_addr.clone());
+    }
+    let accepted = PeerHelloReply::Accepted {
+        node_id: own.node_id,
+        client_addr: own.client_addr.clone(),
+    };
+    writer.send(FrameKind::ServerHello, 0, &accepted).await?;
+    Ok((hello, own))
+}
+
+/// A frame for another shard than the bound one: the appends before it
+/// are answered first (answers keep request order), then the connection
+/// serves that shard if this node hosts it and the peer is a member of it;
+/// otherwise the frame is refused and nothing is bound.
+async fn rebind(
+    out: &mut Answers,
+    bound: &mut Option<Bound>,
+    hello: &PeerHello,
+    shard: ShardId,
+    shards: &PeerShards,
+    request_id: u64,
+) -> Result<()> {
+    if let Some(old) = bound.as_mut() {
+        out.drain(old).await?;
+    }
+    match admit(hello, shard, shards) {
+        Ok(new) => *bound = Some(new),
+        Err(message) => {
+            *bound = None;
+            PEER_REFUSAL_LOG.warn(format_args!(
+                "refused a frame of node {}: {message}",
+                hello.from_id
+            ));
+            out.send(shard, request_id, &PeerResponse::Failed(message))
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Serves one decoded request of the bound shard: appends are pipelined,
+/// anything else is answered in request order after them.
+async fn serve_frame(
+    out: &mut Answers,
+    b: &mut Bound,
+    request_id: u64,
+    decoded: Result<PeerRequest, rdkv_proto::wire::WireError>,
+) -> Result<()> {
+    match decoded {
+        Ok(PeerRequest::Append(rpc)) => {
+            // A leader keeps at most `MAX_APPENDS_IN_FLIGHT` appends
+            // unanswered; past that, the oldest is answered before
+            // another is taken (bounded, and never waiting on a queue
+            // that only our own answering drains).
+            while b.appends.is_full() {
+                if let Some((answered_id, response)) = b.appends.next_answer().await {
+                    out.answer((b.shard, &b.ctx), answered_id, &response)
+                        .await?;
+                }
+            }
+            b.appends.submit(request_id, rpc).await;
+        }
+        decoded => {
+            // Answers keep request order: the appends before this
+            // request are answered first.
+            out.drain(b).await?;
+            let response = match decoded {
+                Err(e) => PeerResponse::Failed(format!("undecodable request: {e}")),
+                Ok(request) => dispatch(request, &b.raft, &b.ctx, &mut b.incoming).await,
+            };
+            out.answer((b.shard, &b.ctx), request_id, &response).await?;
+        }
+    }
+    Ok(())
 }
 
 /// The oldest waiting append's answer of the bound shard.
