@@ -171,7 +171,18 @@ async fn a_scan_covers_every_shard_in_key_order_and_a_clear_empties_them_all() -
             leaders(cluster).await
         })
         .await?;
-        let map = map_of(cluster, 1).await?;
+        // Node 1 (the client's only endpoint) learns the others' client
+        // addresses from their peer hellos; the client keeps the first map
+        // of a version it gets, so it asks once node 1 knows them all.
+        let map = eventually(LEADER_TIMEOUT, "node 1 knows every address", async || {
+            let map = map_of(cluster, 1).await?;
+            ensure!(
+                map.nodes().iter().all(|n| n.client_addr.is_some()),
+                "{map:?}"
+            );
+            Ok(map)
+        })
+        .await?;
         // Ten keys per shard; the key names interleave the shards.
         let mut keys: Vec<String> = Vec::new();
         let mut per_shard: BTreeMap<ShardId, usize> = BTreeMap::new();
