@@ -84,8 +84,9 @@ impl Client {
         self.router.options()
     }
 
-    /// The newest shard map this client fetched (docs/sharding.md); `None`
-    /// until a node answered `WrongShard` (the cluster is one group).
+    /// The newest shard map this client fetched (docs/sharding.md: at
+    /// connect, kept if it has several shards, or when a node answered
+    /// `WrongShard`); `None`: the cluster is taken as one group.
     pub fn shard_map(&self) -> Option<Arc<ShardMap>> {
         self.router.shard_map()
     }
@@ -311,6 +312,7 @@ impl Client {
         K: Into<Bytes>,
     {
         let keys: Vec<Bytes> = keys.into_iter().map(Into::into).collect();
+        self.router.learn_map().await;
         match self.shard_map() {
             Some(map) if map.shards().len() > 1 => split::mget(self, &map, keys, consistency).await,
             _ => self.call(Request::MGet { keys, consistency }).await,
@@ -379,6 +381,7 @@ impl Client {
             .into_iter()
             .map(|(k, v)| (k.into(), v.into()))
             .collect::<Vec<(Bytes, Bytes)>>();
+        self.router.learn_map().await;
         if let Some(map) = self.shard_map().filter(|map| map.shards().len() > 1) {
             return split::mput(self, &map, pairs).await;
         }
@@ -398,9 +401,15 @@ impl Client {
 
     /// Deletes every key in one log entry (FLUSHDB); returns how many keys
     /// were removed and the entry's version.
+    ///
+    /// In a cluster of several shards each shard is cleared by its own
+    /// entry, all at once, not atomically together: the call returns the
+    /// keys removed in all and the highest of the shards' versions, or the
+    /// first shard's error (other shards may have been cleared).
     pub async fn clear(&self) -> Result<(u64, u64)> {
-        if self.router.is_sharded() {
-            return Err(Error::NotAcrossShards { op: "clear" });
+        self.router.learn_map().await;
+        if let Some(map) = self.shard_map().filter(|map| map.shards().len() > 1) {
+            return split::clear(self, &map).await;
         }
         let Cleared { removed, version } = self.call(Request::Clear).await?;
         Ok((removed, version))

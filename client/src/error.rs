@@ -68,11 +68,6 @@ pub enum Error {
     /// request was never served, nothing was changed.
     #[error("stale shard map: a node has version {needed}, the client {held}")]
     StaleShardMap { needed: u64, held: u64 },
-    /// The call needs every shard of a sharded cluster (a scan, a clear),
-    /// which the client cannot do yet (docs/sharding.md, section 11): sent
-    /// as before it would cover one shard and look complete.
-    #[error("{op} across the shards of a sharded cluster is not supported yet")]
-    NotAcrossShards { op: &'static str },
     /// An `mput` whose pairs span several shards (each shard's part one
     /// atomic write) was written in some shards and not, or not knowingly,
     /// in others: which keys are which is in the [`PartialMPut`].

@@ -82,6 +82,7 @@
 
 mod client;
 mod error;
+mod merge;
 mod one_sided;
 mod options;
 mod outcome;

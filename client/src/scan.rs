@@ -1,10 +1,14 @@
 //! Scans larger than one reply: pages of at most `DEFAULT_MAX_BATCH_KEYS`
-//! pairs, each continuing after the last key of the one before.
+//! pairs, each continuing after the last key of the one before; in a
+//! sharded cluster, every shard's pages merged in key order
+//! (docs/sharding.md, section 6).
 
 use bytes::Bytes;
-use rdkv_proto::wire::{Consistency, DEFAULT_MAX_BATCH_KEYS, Op, Request, Versioned};
+use rdkv_proto::shard::{ShardId, ShardMap};
+use rdkv_proto::wire::{Consistency, DEFAULT_MAX_BATCH_KEYS, Op, Request, ShardRequest, Versioned};
 
 use crate::error::{Error, Result};
+use crate::merge::merge;
 use crate::outcome::{ScanPage, answer};
 use crate::routing::Router;
 
@@ -18,67 +22,71 @@ pub(crate) struct ScanRange {
 }
 
 /// The pairs of `range` in key order, page by page (each page one consistent
-/// view, the pages not with each other).
+/// view of one shard, the pages not with each other). Under a map of
+/// several shards every shard is scanned and the pages merged; else the
+/// one group is.
 pub(crate) async fn range(router: &Router, range: ScanRange) -> Result<Vec<(Bytes, Versioned)>> {
-    if router.is_sharded() {
-        return Err(Error::NotAcrossShards { op: "scan" });
-    }
-    let ScanRange {
-        mut start_key,
-        end_key,
-        limit,
-        consistency,
-    } = range;
-    let mut out: Vec<(Bytes, Versioned)> = Vec::new();
-    while out.len() < limit {
-        let page_limit = (limit - out.len()).min(DEFAULT_MAX_BATCH_KEYS as usize);
-        let request = Request::Scan {
-            start_key: start_key.clone(),
-            end_key: end_key.clone(),
-            limit: u32::try_from(page_limit).unwrap_or(DEFAULT_MAX_BATCH_KEYS),
-            consistency,
-        };
-        let page = checked_page(
-            answer(Op::Scan, router.send(request).await?)?,
-            page_limit,
-            &start_key,
-        )?;
-        let Some((last, _)) = page.pairs.last() else {
-            break;
-        };
-        let page_full = page.pairs.len() == page_limit;
-        // The smallest key after `last`.
-        let mut next = last.to_vec();
-        next.push(0);
-        start_key = Bytes::from(next);
-        out.extend(page.pairs);
-        if !page.more && !page_full {
-            break;
+    router.learn_map().await;
+    let map = router.shard_map().filter(|map| map.shards().len() > 1);
+    let sources: Vec<Option<ShardId>> = match &map {
+        Some(map) => map.shards().iter().map(|shard| Some(shard.id)).collect(),
+        None => vec![None],
+    };
+    let fetch = |source: Option<ShardId>, start_key: Bytes, page_limit: usize| {
+        let request = page_request(source, start_key, &range, page_limit);
+        let map = map.as_deref();
+        async move {
+            let page = answer(Op::Scan, router.send(request).await?)?;
+            match (map, source) {
+                (Some(map), Some(shard)) => of_shard(page, map, shard),
+                _ => Ok(page),
+            }
         }
-    }
-    Ok(out)
+    };
+    merge(sources, range.start_key.clone(), range.limit, fetch).await
 }
 
-/// `page` if it holds at most `page_limit` pairs, in key order, from
-/// `start_key` on.
-fn checked_page(page: ScanPage, page_limit: usize, start_key: &Bytes) -> Result<ScanPage> {
-    if page.pairs.len() > page_limit {
-        return Err(Error::UnexpectedResponse {
-            request: Op::Scan.name(),
-            response: format!("{} pairs when {page_limit} were asked", page.pairs.len()),
-        });
+/// The request for one page of `source` (a shard, or `None`: the one
+/// group) from `start_key` on.
+fn page_request(
+    source: Option<ShardId>,
+    start_key: Bytes,
+    range: &ScanRange,
+    page_limit: usize,
+) -> Request {
+    let limit = u32::try_from(page_limit).unwrap_or(DEFAULT_MAX_BATCH_KEYS);
+    let (end_key, consistency) = (range.end_key.clone(), range.consistency);
+    match source {
+        None => Request::Scan {
+            start_key,
+            end_key,
+            limit,
+            consistency,
+        },
+        Some(shard) => Request::Sharded {
+            shard,
+            request: ShardRequest::Scan {
+                start_key,
+                end_key,
+                limit,
+                consistency,
+            },
+        },
     }
-    let in_order = page.pairs.windows(2).all(|w| w[0].0 < w[1].0);
-    if !in_order
-        || page
-            .pairs
-            .first()
-            .is_some_and(|(first, _)| first < start_key)
+}
+
+/// `page` if every key in it is `shard`'s in the client's map: another
+/// shard's key would come again from its own shard.
+fn of_shard(page: ScanPage, map: &ShardMap, shard: ShardId) -> Result<ScanPage> {
+    match page
+        .pairs
+        .iter()
+        .find(|(key, _)| map.shard_of_key(key) != shard)
     {
-        return Err(Error::UnexpectedResponse {
+        None => Ok(page),
+        Some((key, _)) => Err(Error::UnexpectedResponse {
             request: Op::Scan.name(),
-            response: "pairs out of key order or before the start key".to_owned(),
-        });
+            response: format!("shard {} answered key {key:?} of another shard", shard.0),
+        }),
     }
-    Ok(page)
 }

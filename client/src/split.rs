@@ -2,16 +2,17 @@
 //! keys are grouped by the shard the client's map gives them, each group
 //! goes to its shard as one request, all at once, and the answers are put
 //! back in the caller's order. Each part is what one shard gives: one
-//! consistent read, one atomic write; the whole is neither.
+//! consistent read, one atomic write; the whole is neither. `clear` goes
+//! to every shard alike.
 
 use bytes::Bytes;
 use futures::future::join_all;
 use rdkv_proto::shard::{ShardId, ShardMap};
-use rdkv_proto::wire::{Consistency, Request, Versioned};
+use rdkv_proto::wire::{Consistency, Request, ShardRequest, Versioned};
 
 use crate::client::Client;
 use crate::error::{Error, PartialMPut, Result};
-use crate::outcome::MWritten;
+use crate::outcome::{Cleared, MWritten};
 
 /// The positions of `items` grouped by the shard of each one's key, shards
 /// in order of first appearance, positions in the caller's order.
@@ -88,6 +89,28 @@ pub(crate) async fn mput(
             failed,
         }))),
     }
+}
+
+/// Every shard of `map` cleared through its leader, all at once, each
+/// shard one entry in its own log (not atomic across shards,
+/// docs/sharding.md, section 6). Returns the keys removed in all and the
+/// highest of the shards' versions; if a shard fails, the call fails with
+/// its error (the others may have been cleared).
+pub(crate) async fn clear(client: &Client, map: &ShardMap) -> Result<(u64, u64)> {
+    let parts = map.shards().iter().map(|shard| {
+        client.call::<Cleared>(Request::Sharded {
+            shard: shard.id,
+            request: ShardRequest::Clear,
+        })
+    });
+    let mut removed_in_all = 0u64;
+    let mut highest = 0u64;
+    for answer in join_all(parts).await {
+        let Cleared { removed, version } = answer?;
+        removed_in_all = removed_in_all.saturating_add(removed);
+        highest = highest.max(version);
+    }
+    Ok((removed_in_all, highest))
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use rdkv_proto::shard::{
     NodeInfo, SLOT_COUNT, ShardId, ShardInfo, ShardMap, Slot, SlotRange, key_slot,
 };
 use rdkv_proto::wire::{ErrorCode, ErrorReply, KeyUse, Request, Response, WrongShard};
-use rdkv_tests::fake_server::{FakeConn, Kv, accepted, serve};
+use rdkv_tests::fake_server::{FakeConn, Kv, accepted, accepted_sharded, serve};
 
 fn options(timeout_ms: u64) -> ClientOptions {
     ClientOptions {
@@ -86,9 +86,8 @@ async fn a_write_answered_wrong_shard_is_sent_again_under_the_new_map() {
     })
     .await;
 
-    let client = Client::connect_with(&[fake.endpoint()], options(5_000))
-        .await
-        .unwrap();
+    // Not `connect`: it would fetch the map first (shown below).
+    let client = Client::new(&[fake.endpoint()], options(5_000)).unwrap();
     assert!(client.shard_map().is_none(), "no map before a WrongShard");
     client.put("k", "v").await.unwrap();
     assert_eq!(
@@ -140,9 +139,7 @@ async fn calls_refused_together_share_one_map_refresh() {
     })
     .await;
 
-    let client = Client::connect_with(&[fake.endpoint()], options(5_000))
-        .await
-        .unwrap();
+    let client = Client::new(&[fake.endpoint()], options(5_000)).unwrap();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..CALLS {
         let client = client.clone();
@@ -174,9 +171,7 @@ async fn a_node_newer_than_any_map_it_serves_fails_the_call_in_its_budget() {
     })
     .await;
 
-    let client = Client::connect_with(&[fake.endpoint()], options(500))
-        .await
-        .unwrap();
+    let client = Client::new(&[fake.endpoint()], options(500)).unwrap();
     let err = client.put("k", "v").await.unwrap_err();
     assert!(
         matches!(err, Error::StaleShardMap { needed: 5, held: 2 }),
@@ -224,7 +219,8 @@ async fn shard_node(
     refuse_mput: Option<&'static [u8]>,
 ) -> rdkv_tests::fake_server::Fake {
     let kv: Arc<Mutex<Kv>> = Arc::default();
-    serve(accepted(64), None, move |mut conn: FakeConn| {
+    // Its hello announces the map (version 2), as a sharded node's does.
+    serve(accepted_sharded(64, 2), None, move |mut conn: FakeConn| {
         let (map, seen, kv) = (Arc::clone(&map), Arc::clone(&seen), Arc::clone(&kv));
         async move {
             while let Some((id, request)) = conn.request().await {
@@ -235,6 +231,16 @@ async fn shard_node(
                     .map(key_slot);
                 let response = match (request, foreign) {
                     (Request::ShardMap, _) => Response::ShardMap(Box::new(map.clone())),
+                    (Request::Sharded { shard, .. }, _) if shard != mine => {
+                        Response::WrongShard(WrongShard {
+                            map_version: map.version(),
+                            slot: Slot::new(0).unwrap(),
+                            shard: mine,
+                        })
+                    }
+                    (Request::Sharded { request, .. }, _) => {
+                        kv.lock().unwrap().apply(request.to_request())
+                    }
                     (_, Some(slot)) => Response::WrongShard(WrongShard {
                         map_version: map.version(),
                         slot,
@@ -298,12 +304,14 @@ async fn two_shard_nodes(
 }
 
 #[tokio::test]
-async fn keys_go_to_their_shards_and_multi_key_calls_split_by_shard() {
+async fn the_map_is_fetched_at_connect_and_keys_go_straight_to_their_shards() {
     // foo is slot 12182 (shard 1), bar 5061 and {bar}x 5061 (shard 0).
     assert_eq!(key_slot(b"foo").get(), 12182);
     let (seen0, seen1): (Seen, Seen) = (Arc::default(), Arc::default());
     // The client knows only the first node.
-    let (client, _nodes) = two_shard_nodes([Arc::clone(&seen0), Arc::clone(&seen1)], None).await;
+    let (client, nodes) = two_shard_nodes([Arc::clone(&seen0), Arc::clone(&seen1)], None).await;
+    // The hello announced the map: it was fetched before any request.
+    assert_eq!(client.shard_map().map(|m| m.version()), Some(2));
 
     client.put("foo", "1").await.unwrap();
     client.put("bar", "2").await.unwrap();
@@ -316,14 +324,8 @@ async fn keys_go_to_their_shards_and_multi_key_calls_split_by_shard() {
     );
     assert_eq!(
         *seen0.lock().unwrap(),
-        [
-            "Put foo",
-            "ShardMap",
-            "Put bar",
-            "MPut {bar}x",
-            "MGet bar,{bar}x"
-        ],
-        "shard 0's node: foo refused once, then only its own keys"
+        ["ShardMap", "Put bar", "MPut {bar}x", "MGet bar,{bar}x"],
+        "shard 0's node: the map at connect, then only its own keys"
     );
     // "nope" is slot 3616... whichever shard holds it, asked there once.
     let nope_in_1 = client.shard_map().unwrap().shard_of_key(b"nope") == ShardId(1);
@@ -333,6 +335,15 @@ async fn keys_go_to_their_shards_and_multi_key_calls_split_by_shard() {
         "MGet foo"
     };
     assert_eq!(*seen1.lock().unwrap(), ["Put foo", "MPut foo", mget1]);
+
+    // A client made without connecting learns the map from the hello of
+    // its first connection, before its first request is sent.
+    let lazy = Client::new(&[nodes[0].endpoint()], options(5_000)).unwrap();
+    seen0.lock().unwrap().clear();
+    seen1.lock().unwrap().clear();
+    lazy.put("foo", "5").await.unwrap();
+    assert_eq!(*seen0.lock().unwrap(), ["ShardMap"]);
+    assert_eq!(*seen1.lock().unwrap(), ["Put foo"]);
 }
 
 #[tokio::test]
@@ -370,20 +381,52 @@ async fn an_mput_written_in_one_shard_and_refused_in_another_says_which_keys() {
 }
 
 #[tokio::test]
-async fn a_scan_or_clear_of_a_sharded_cluster_is_refused_not_cut_to_one_shard() {
-    let seen: Seen = Arc::default();
-    let (client, _nodes) = two_shard_nodes([Arc::clone(&seen), Arc::clone(&seen)], None).await;
-    client.put("foo", "learn the map").await.unwrap();
-    let asked = seen.lock().unwrap().len();
-    let err = client.scan("", 10).await.unwrap_err();
+async fn a_scan_merges_every_shard_and_a_clear_empties_every_shard() {
+    let (seen0, seen1): (Seen, Seen) = (Arc::default(), Arc::default());
+    let (client, _nodes) = two_shard_nodes([Arc::clone(&seen0), Arc::clone(&seen1)], None).await;
+    let map = client.shard_map().unwrap();
+    let keys: Vec<String> = (0..40).map(|i| format!("key{i:02}")).collect();
+    for key in &keys {
+        client.put(key.clone(), "v").await.unwrap();
+    }
+    let in_shard1 = keys
+        .iter()
+        .filter(|k| map.shard_of_key(k.as_bytes()) == ShardId(1))
+        .count();
     assert!(
-        matches!(err, Error::NotAcrossShards { op: "scan" }),
-        "{err:?}"
+        in_shard1 > 0 && in_shard1 < keys.len(),
+        "both shards hold keys"
     );
-    let err = client.clear().await.unwrap_err();
-    assert!(
-        matches!(err, Error::NotAcrossShards { op: "clear" }),
-        "{err:?}"
+    let scanned = |pairs: Vec<(Bytes, rdkv_proto::wire::Versioned)>| {
+        pairs
+            .into_iter()
+            .map(|(k, _)| String::from_utf8(k.to_vec()).unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(scanned(client.scan("", 100).await.unwrap()), keys);
+    assert_eq!(scanned(client.scan("key1", 5).await.unwrap()), keys[10..15]);
+    let range = client
+        .scan_range("key05", Some(Bytes::from("key25")), 100, Default::default())
+        .await
+        .unwrap();
+    assert_eq!(scanned(range), keys[5..25]);
+    let scans = |seen: &Seen| seen.lock().unwrap().iter().filter(|s| *s == "Scan").count();
+    assert_eq!(
+        (scans(&seen0), scans(&seen1)),
+        (3, 3),
+        "each shard asked once per scan"
     );
-    assert_eq!(seen.lock().unwrap().len(), asked, "nothing sent");
+
+    let (removed, _) = client.clear().await.unwrap();
+    assert_eq!(removed, 40);
+    assert!(client.scan("", 100).await.unwrap().is_empty());
+    for seen in [&seen0, &seen1] {
+        let clears = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| *s == "Clear")
+            .count();
+        assert_eq!(clears, 1, "every shard cleared once");
+    }
 }

@@ -94,6 +94,13 @@ fn tls_failure(addr: &str, error: ConnectError) -> ConnectError {
     }
 }
 
+/// What a server's hello accepted: its limits, and the version of its shard
+/// map if it serves several shards.
+struct Accepted {
+    info: ServerInfo,
+    shard_map_version: Option<u64>,
+}
+
 /// Sends the hello and reads the server's answer before `deadline`. Returns
 /// the accepted server's limits and whatever arrived after its hello.
 async fn handshake<R, W>(
@@ -102,7 +109,7 @@ async fn handshake<R, W>(
     wr: &mut W,
     hello: &ClientHello,
     deadline: Instant,
-) -> Result<(ServerInfo, BytesMut), ConnectError>
+) -> Result<(Accepted, BytesMut), ConnectError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -140,8 +147,12 @@ where
     .await
     .map_err(|_| connect_err(timed_out()))??;
     frame.expect_kind(FrameKind::ServerHello)?;
-    let info = match decode_payload::<ServerHello>(&frame)? {
-        ServerHello::Accepted(info) => info,
+    let (info, shard_map_version) = match decode_payload::<ServerHello>(&frame)? {
+        ServerHello::Accepted(info) => (info, None),
+        ServerHello::AcceptedSharded {
+            info,
+            shard_map_version,
+        } => (info, Some(shard_map_version)),
         ServerHello::Rejected { code, message } => {
             return Err(ConnectError::Handshake {
                 addr: addr.to_owned(),
@@ -160,7 +171,13 @@ where
             ),
         });
     }
-    Ok((info, buf))
+    Ok((
+        Accepted {
+            info,
+            shard_map_version,
+        },
+        buf,
+    ))
 }
 
 /// The frame of one request, as every client channel sends it.
@@ -187,6 +204,12 @@ pub trait RpcChannel: Send + Sync + std::fmt::Debug {
     fn max_frame_bytes(&self) -> u32 {
         DEFAULT_MAX_FRAME_BYTES
     }
+
+    /// The version of the server's shard map, if it said at connect that
+    /// it serves several shards (`None`: one group, or not said).
+    fn shard_map_version(&self) -> Option<u64> {
+        None
+    }
 }
 
 impl RpcChannel for Connection {
@@ -200,6 +223,10 @@ impl RpcChannel for Connection {
 
     fn max_frame_bytes(&self) -> u32 {
         self.info.max_frame_bytes
+    }
+
+    fn shard_map_version(&self) -> Option<u64> {
+        self.shard_map_version
     }
 }
 
@@ -354,6 +381,9 @@ struct Outgoing {
 #[derive(Debug)]
 pub struct Connection {
     info: ServerInfo,
+    /// The version of the server's shard map, if its hello said it serves
+    /// several shards.
+    shard_map_version: Option<u64>,
     /// The local address of a TCP connection (the route to the server).
     local_ip: Option<std::net::IpAddr>,
     shared: Arc<Shared>,
@@ -442,7 +472,11 @@ impl Connection {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
-        let (info, buf) = handshake(addr, &mut rd, &mut wr, hello, deadline).await?;
+        let (accepted, buf) = handshake(addr, &mut rd, &mut wr, hello, deadline).await?;
+        let Accepted {
+            info,
+            shard_map_version,
+        } = accepted;
         tracing::debug!(%addr, node_id = info.node_id, max_in_flight = info.max_in_flight, "connected");
 
         let permits = usize::try_from(info.max_in_flight)
@@ -462,6 +496,7 @@ impl Connection {
         let writer = tokio::spawn(write_loop(wr, rx, Arc::clone(&shared)));
         Ok(Self {
             info,
+            shard_map_version,
             local_ip: None,
             shared,
             queue,

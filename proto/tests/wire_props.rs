@@ -7,8 +7,8 @@ use proptest::prelude::*;
 use rdkv_proto::shard::{NodeInfo, SLOT_COUNT, ShardId, ShardMap, Slot};
 use rdkv_proto::wire::{
     ClientHello, Consistency, DEFAULT_MAX_FRAME_BYTES, ErrorCode, ErrorReply, Frame, FrameDecoder,
-    FrameKind, LeaderHint, Request, Response, ServerHello, ServerInfo, Versioned, WrongShard,
-    decode_payload, encode_frame,
+    FrameKind, LeaderHint, Request, Response, ServerHello, ServerInfo, ShardRequest, Versioned,
+    WrongShard, decode_payload, encode_frame,
 };
 
 fn any_bytes() -> impl Strategy<Value = Bytes> {
@@ -68,6 +68,21 @@ fn any_request() -> impl Strategy<Value = Request> {
                 consistency,
             }),
         Just(Request::ShardMap),
+        (any::<u32>(), any_bytes(), any::<u32>(), any_consistency()).prop_map(
+            |(shard, start_key, limit, consistency)| Request::Sharded {
+                shard: ShardId(shard),
+                request: ShardRequest::Scan {
+                    start_key,
+                    end_key: None,
+                    limit,
+                    consistency,
+                },
+            }
+        ),
+        any::<u32>().prop_map(|shard| Request::Sharded {
+            shard: ShardId(shard),
+            request: ShardRequest::Clear,
+        }),
     ]
 }
 
@@ -184,6 +199,18 @@ fn any_server_hello() -> impl Strategy<Value = ServerHello> {
             ),
         (any_error_code(), ".{0,40}")
             .prop_map(|(code, message)| ServerHello::Rejected { code, message }),
+        (any::<u16>(), any::<u64>(), any::<u64>()).prop_map(|(version, node_id, map_version)| {
+            ServerHello::AcceptedSharded {
+                info: ServerInfo {
+                    version,
+                    node_id,
+                    cluster_id: 7,
+                    max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+                    max_in_flight: 64,
+                },
+                shard_map_version: map_version,
+            }
+        }),
     ]
 }
 

@@ -154,7 +154,6 @@ pub(crate) fn classify(error: &ClientError) -> (Kind, &'static str) {
         ClientError::UnexpectedResponse { .. } => (Kind::Protocol, "unexpected_response"),
         ClientError::SnapshotChanged { .. } => (Kind::Other, "snapshot_changed"),
         ClientError::StaleShardMap { .. } => (Kind::Unavailable, "stale_shard_map"),
-        ClientError::NotAcrossShards { .. } => (Kind::InvalidRequest, "not_across_shards"),
         // Some shards' parts were written: neither a clean failure nor an
         // unknown outcome; the message names the keys.
         ClientError::PartialMPut(_) => (Kind::Other, "partial_mput"),

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use rdkv_proto::shard::{NodeInfo, ShardId, ShardInfo, ShardMap, key_slot};
+use rdkv_proto::shard::{FIRST_SLOT, NodeInfo, ShardId, ShardInfo, ShardMap, key_slot};
 use rdkv_proto::wire::{ErrorCode, ErrorReply, WrongShard};
 
 use crate::replica::Replica;
@@ -131,6 +131,29 @@ impl Shards {
                 slot,
                 shard,
             }))
+    }
+
+    /// The replica of `shard`, named by a `Request::Sharded`: not hosted
+    /// here (or not in this node's map), `WrongShard` with the shard's
+    /// first slot. A single group hosts shard 0 only.
+    pub fn hosted(&self, shard: ShardId) -> Result<&Replica, NotHere> {
+        if let Some(replica) = self.replicas.get(&shard) {
+            return Ok(replica);
+        }
+        // A single group's map is version 1 (docs/sharding.md, section 2).
+        let Some(map) = &self.placed else {
+            return Err(NotHere::WrongShard(WrongShard {
+                map_version: 1,
+                slot: FIRST_SLOT,
+                shard,
+            }));
+        };
+        let slot = map.ranges_of(shard).next().map(|range| range.first);
+        Err(NotHere::WrongShard(WrongShard {
+            map_version: map.version(),
+            slot: slot.unwrap_or(FIRST_SLOT),
+            shard,
+        }))
     }
 
     /// The replica serving every one of `keys` (all in one shard); no keys:

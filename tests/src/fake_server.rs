@@ -23,13 +23,26 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// The hello of a fake that accepts the client with `max_in_flight` credits.
 pub fn accepted(max_in_flight: u32) -> ServerHello {
-    ServerHello::Accepted(ServerInfo {
-        version: 1,
+    ServerHello::Accepted(server_info(1, max_in_flight))
+}
+
+fn server_info(version: u16, max_in_flight: u32) -> ServerInfo {
+    ServerInfo {
+        version,
         node_id: 1,
         cluster_id: 42,
         max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
         max_in_flight,
-    })
+    }
+}
+
+/// The hello of a fake node of a multi-shard cluster: [`accepted`], at
+/// version 3, announcing a shard map at `shard_map_version`.
+pub fn accepted_sharded(max_in_flight: u32, shard_map_version: u64) -> ServerHello {
+    ServerHello::AcceptedSharded {
+        info: server_info(3, max_in_flight),
+        shard_map_version,
+    }
 }
 
 /// A status for tests that render one: node `id` (at 10.0.0.`id`) of a
@@ -306,6 +319,31 @@ impl Kv {
                     succeeded: true,
                     version,
                     current: None,
+                }
+            }
+            Request::Scan {
+                start_key,
+                end_key,
+                limit,
+                ..
+            } => {
+                let mut pairs: Vec<(Bytes, Versioned)> = self
+                    .map
+                    .iter()
+                    .filter(|(k, _)| **k >= start_key && end_key.as_ref().is_none_or(|e| *k < e))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                pairs.sort_by(|a, b| a.0.cmp(&b.0));
+                pairs.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+                Response::Pairs { pairs, more: false }
+            }
+            Request::Clear => {
+                self.index += 1;
+                let removed = u64::try_from(self.map.len()).unwrap_or(u64::MAX);
+                self.map.clear();
+                Response::Cleared {
+                    removed,
+                    version: self.index,
                 }
             }
             Request::Ping => Response::Pong,

@@ -49,7 +49,7 @@ impl RawConnection {
         raw.send_hello(&ClientHello::new(name, token.map(str::to_owned)))
             .await?;
         Ok(match raw.server_hello().await? {
-            ServerHello::Accepted(_) => Ok(raw),
+            ServerHello::Accepted(_) | ServerHello::AcceptedSharded { .. } => Ok(raw),
             ServerHello::Rejected { code, message } => Err(format!("{code:?}: {message}")),
         })
     }

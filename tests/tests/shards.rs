@@ -154,3 +154,104 @@ async fn three_nodes_serve_every_shard_and_keep_it_over_a_restart() -> Result<()
     })
     .await
 }
+
+/// `pairs`' keys as strings.
+fn key_names(pairs: &[(bytes::Bytes, rdkv_proto::wire::Versioned)]) -> Vec<String> {
+    pairs
+        .iter()
+        .map(|(key, _)| String::from_utf8_lossy(key).into_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scan_covers_every_shard_in_key_order_and_a_clear_empties_them_all() -> Result<()> {
+    let mut cluster = Cluster::start_with(3, &FLAGS)?;
+    check(&mut cluster, Duration::from_secs(60), async |cluster| {
+        eventually(LEADER_TIMEOUT, "a leader in every shard", async || {
+            leaders(cluster).await
+        })
+        .await?;
+        // Node 1 (the client's only endpoint) learns the others' client
+        // addresses from their peer hellos; the client keeps the first map
+        // of a version it gets, so it asks once node 1 knows them all.
+        let map = eventually(LEADER_TIMEOUT, "node 1 knows every address", async || {
+            let map = map_of(cluster, 1).await?;
+            ensure!(
+                map.nodes().iter().all(|n| n.client_addr.is_some()),
+                "{map:?}"
+            );
+            Ok(map)
+        })
+        .await?;
+        // Ten keys per shard; the key names interleave the shards.
+        let mut keys: Vec<String> = Vec::new();
+        let mut per_shard: BTreeMap<ShardId, usize> = BTreeMap::new();
+        for i in 0.. {
+            let key = format!("key-{i:03}");
+            let count = per_shard
+                .entry(map.shard_of_key(key.as_bytes()))
+                .or_default();
+            if *count < 10 {
+                *count += 1;
+                keys.push(key);
+            }
+            if keys.len() == 10 * SHARDS as usize {
+                break;
+            }
+        }
+        keys.sort();
+        let client = cluster.client(Intent::Via(&[1]))?;
+        client.mput(keys.iter().map(|k| (k.clone(), "v"))).await?;
+
+        let all = client.scan("", 1_000).await?;
+        ensure!(
+            key_names(&all) == keys,
+            "a full scan: {:?}",
+            key_names(&all)
+        );
+
+        // Paged with a small limit, each page after the last key of the
+        // one before, as a caller pages.
+        let mut paged: Vec<String> = Vec::new();
+        let mut from = bytes::Bytes::new();
+        loop {
+            let page = client.scan(from.clone(), 7).await?;
+            let Some((last, _)) = page.last() else { break };
+            let mut next = last.to_vec();
+            next.push(0);
+            from = next.into();
+            paged.extend(key_names(&page));
+        }
+        ensure!(paged == keys, "paged by 7: {paged:?}");
+
+        // A range that crosses shards, from a key of one to a key of another.
+        let range = client
+            .scan_range(
+                keys[3].clone(),
+                Some(keys[22].clone().into()),
+                1_000,
+                rdkv_proto::wire::Consistency::Linearizable,
+            )
+            .await?;
+        ensure!(
+            key_names(&range) == keys[3..22],
+            "a range: {:?}",
+            key_names(&range)
+        );
+
+        // Clear: every shard emptied, each through its leader.
+        let (removed, _) = client.clear().await?;
+        ensure!(removed == keys.len() as u64, "clear removed {removed}");
+        ensure!(
+            client.scan("", 1_000).await?.is_empty(),
+            "a scan after clear"
+        );
+        let anywhere = cluster.client(Intent::Any)?;
+        for key in &keys {
+            let got = anywhere.get(key.clone()).await?;
+            ensure!(got.is_none(), "{key} after clear: {got:?}");
+        }
+        Ok(())
+    })
+    .await
+}

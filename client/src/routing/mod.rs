@@ -7,10 +7,11 @@ mod route;
 mod shards;
 mod step;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use rdkv_fabric::rpc::RpcChannel;
 use rdkv_proto::shard::{ShardId, ShardMap};
 use rdkv_proto::wire::{ClientHello, KeyUse, Request, Response};
 use tokio::time::{Instant, sleep_until};
@@ -40,6 +41,8 @@ pub(crate) struct Router {
     shards: ShardRouting,
     /// Where the next follower read starts its round.
     spread: AtomicUsize,
+    /// A node's hello was looked at for a shard map (`learn_map`).
+    hello_seen: AtomicBool,
 }
 
 impl Router {
@@ -68,6 +71,7 @@ impl Router {
             state: Mutex::new(RouteState::new(list)),
             shards: ShardRouting::default(),
             spread: AtomicUsize::new(0),
+            hello_seen: AtomicBool::new(false),
         })
     }
 
@@ -88,8 +92,9 @@ impl Router {
         self.state().leader(ShardId(0)).cloned()
     }
 
-    /// The newest shard map the client fetched (none until a node said
-    /// the client's was stale: a single group).
+    /// The newest shard map of several shards the client fetched (at
+    /// connect, or when a node said the client's was stale); none: a
+    /// single group.
     pub(crate) fn shard_map(&self) -> Option<Arc<ShardMap>> {
         self.shards.map()
     }
@@ -119,7 +124,9 @@ impl Router {
         let mut last_err = Error::NoEndpoints;
         for addr in self.endpoints() {
             match self.pool.connection(&addr, deadline).await {
-                Ok(_) => {
+                Ok(conn) => {
+                    self.learn_announced_map(&addr, conn.as_ref(), deadline)
+                        .await;
                     self.state().current = Some(addr);
                     return Ok(());
                 }
@@ -128,6 +135,45 @@ impl Router {
             }
         }
         Err(last_err)
+    }
+
+    /// Fetches the map a node announced in its hello, if it is newer than
+    /// the one held: a sharded cluster's node announces its map's version
+    /// (docs/sharding.md, section 5), so the map is known before the first
+    /// request is routed, at no cost to a single group.
+    async fn learn_announced_map(&self, addr: &str, conn: &dyn RpcChannel, deadline: Instant) {
+        let learnt = match conn.shard_map_version() {
+            Some(announced) if announced > self.shards.version() => {
+                self.refresh_map(announced, addr, deadline).await
+            }
+            _ => Ok(()),
+        };
+        match learnt {
+            Ok(()) => self.hello_seen.store(true, Ordering::Release),
+            Err(error) => {
+                tracing::debug!(%addr, %error, "the announced shard map could not be had")
+            }
+        }
+    }
+
+    /// Connects to a node (the one last talked to first) to learn whether
+    /// it announces a shard map, once in the client's life: a call that
+    /// splits by shard (scan, clear, mget, mput) must know the shards
+    /// before it starts. No request is sent to a single group.
+    pub(crate) async fn learn_map(&self) {
+        if self.hello_seen.load(Ordering::Acquire) {
+            return;
+        }
+        let deadline = Instant::now() + self.options.request_timeout;
+        let mut order: Vec<String> = self.state().current.iter().cloned().collect();
+        order.extend(self.endpoints());
+        for addr in order {
+            if let Ok(conn) = self.pool.connection(&addr, deadline).await {
+                self.learn_announced_map(&addr, conn.as_ref(), deadline)
+                    .await;
+                return;
+            }
+        }
     }
 
     /// Sends `request` where its kind may be served ([`route_of`]).
@@ -161,10 +207,23 @@ impl Router {
     async fn attempt(&self, addr: &str, request: &Request, deadline: Instant) -> Outcome {
         match self.pool.connection(addr, deadline).await {
             Err(e) => Outcome::Unreachable(e),
-            Ok(conn) => match conn.call_boxed(request, deadline).await {
-                Ok(response) => Outcome::Replied(response),
-                Err(failure) => Outcome::CallFailed(failure),
-            },
+            Ok(conn) => call(conn.as_ref(), request, deadline).await,
+        }
+    }
+
+    /// [`attempt`](Self::attempt) of a routed request: not sent if the
+    /// node announced a newer shard map than the one it was routed under
+    /// (it is fetched first, by the `Remap` step).
+    async fn routed_attempt(&self, addr: &str, request: &Request, deadline: Instant) -> Outcome {
+        let conn = match self.pool.connection(addr, deadline).await {
+            Err(e) => return Outcome::Unreachable(e),
+            Ok(conn) => conn,
+        };
+        match conn.shard_map_version() {
+            Some(announced) if announced > self.shards.version() => {
+                Outcome::MapAnnounced(announced)
+            }
+            _ => call(conn.as_ref(), request, deadline).await,
         }
     }
 
@@ -192,7 +251,7 @@ impl Router {
                 .take()
                 .unwrap_or_else(|| self.state().pick(route, call.cursor, &target));
             let map_version = self.shards.version();
-            let outcome = self.attempt(&addr, &request, call.deadline).await;
+            let outcome = self.routed_attempt(&addr, &request, call.deadline).await;
             let facts = Attempt {
                 addr: &addr,
                 idempotence,
@@ -406,11 +465,23 @@ enum Then {
     },
 }
 
-/// [`Router::target`] under a map of several shards: the shard of the
-/// request's first key (keyless requests: shard 0), with the client
-/// addresses the map gives for its leader and members.
+/// One call of `request` on `conn`.
+async fn call(conn: &dyn RpcChannel, request: &Request, deadline: Instant) -> Outcome {
+    match conn.call_boxed(request, deadline).await {
+        Ok(response) => Outcome::Replied(response),
+        Err(failure) => Outcome::CallFailed(failure),
+    }
+}
+
+/// [`Router::target`] under a map of several shards: the shard a
+/// `Sharded` request names, else the shard of the request's first key
+/// (keyless requests: shard 0), with the client addresses the map gives
+/// for its leader and members.
 fn target_in(map: &ShardMap, request: &Request) -> Target {
-    let shard = first_key(request).map_or(ShardId(0), |key| map.shard_of_key(key));
+    let shard = match request {
+        Request::Sharded { shard, .. } => *shard,
+        _ => first_key(request).map_or(ShardId(0), |key| map.shard_of_key(key)),
+    };
     let Some(info) = map.shard(shard) else {
         return Target::whole();
     };

@@ -60,6 +60,9 @@ pub(crate) fn route_of(request: &Request) -> (Route, Idempotence) {
         | Request::MoveLeader { .. }
         | Request::InjectFault(_)
         | Request::RdmaConnect { .. } => (Route::Leader, Idempotence::Write),
+        // A shard's scan or clear goes where the unsharded one would, in
+        // that shard.
+        Request::Sharded { request, .. } => route_of(&request.to_request()),
     }
 }
 

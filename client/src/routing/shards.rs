@@ -1,8 +1,9 @@
 //! What the client knows of the shard map (docs/sharding.md, section 5):
 //! the highest-versioned map it has seen, and the single-flight refresh a
-//! `WrongShard` reply asks for. Until a node sends `WrongShard` no map is
-//! fetched: the cluster is taken as one group (today's clusters, whose map
-//! is [`ShardMap::single_group`]) and requests are routed as before.
+//! `WrongShard` reply, or a node's hello announcing a newer map, asks for.
+//! Until a map of several shards is held the cluster is taken as one group
+//! (today's clusters, whose map is [`ShardMap::single_group`], and whose
+//! nodes announce none) and requests are routed as before.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -19,6 +19,9 @@ pub(crate) enum Outcome {
     Replied(Response),
     /// The channel failed the call.
     CallFailed(CallError),
+    /// Not sent: the node's hello announced a shard map of this version,
+    /// newer than the client's.
+    MapAnnounced(u64),
 }
 
 /// The facts about an attempt besides its outcome.
@@ -82,6 +85,7 @@ pub(crate) fn next_step(outcome: Outcome, attempt: &Attempt<'_>) -> Step {
         },
         Outcome::Replied(response) => Step::Done(response),
         Outcome::CallFailed(failure) => call_failed_step(failure, attempt),
+        Outcome::MapAnnounced(at_least) => Step::Remap { at_least },
     }
 }
 
@@ -189,6 +193,11 @@ pub(crate) fn direct_result(outcome: Outcome, addr: &str, elapsed: Duration) -> 
         Outcome::Unreachable(error) => Err(error),
         Outcome::Replied(Response::Error(reply)) => Err(Error::Server(reply)),
         Outcome::Replied(response) => Ok(response),
+        // Only routed attempts are held back for a map.
+        Outcome::MapAnnounced(version) => Err(Error::StaleShardMap {
+            needed: version,
+            held: 0,
+        }),
         Outcome::CallFailed(
             CallError::NotSent {
                 timed_out: true, ..

@@ -19,10 +19,19 @@ use super::message::ErrorCode;
 /// [`Response::ShardMap`]: super::Response::ShardMap
 /// [`Response::WrongShard`]: super::Response::WrongShard
 /// [`Response::min_version`]: super::Response::min_version
-pub const PROTOCOL_VERSION: u16 = 2;
+///
+/// Version 3 added [`Request::Sharded`] (a scan or clear of one shard),
+/// never sent on a connection of an older version
+/// ([`Request::min_version`]).
+///
+/// [`Request::Sharded`]: super::Request::Sharded
+/// [`Request::min_version`]: super::Request::min_version
+pub const PROTOCOL_VERSION: u16 = 3;
 pub const MIN_PROTOCOL_VERSION: u16 = 1;
 /// The first version whose clients decode the shard answers.
 pub const SHARDS_PROTOCOL_VERSION: u16 = 2;
+/// The first version whose servers decode `Request::Sharded`.
+pub const SHARDED_PROTOCOL_VERSION: u16 = 3;
 /// Lets a server recognise a non-rdkv client (or an HTTP probe) on its first frame.
 pub const HANDSHAKE_MAGIC: [u8; 4] = *b"RDKV";
 
@@ -82,7 +91,20 @@ pub struct ServerInfo {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ServerHello {
     Accepted(ServerInfo),
-    Rejected { code: ErrorCode, message: String },
+    Rejected {
+        code: ErrorCode,
+        message: String,
+    },
+    /// `Accepted` by a node of a multi-shard cluster, on a connection of
+    /// version [`SHARDED_PROTOCOL_VERSION`] or later: the version of the
+    /// node's shard map rides on the hello, so a client learns that the
+    /// cluster is sharded (and fetches the map before its first request)
+    /// with no round trip of its own, and a single group's hello is as
+    /// before (docs/sharding.md, section 5).
+    AcceptedSharded {
+        info: ServerInfo,
+        shard_map_version: u64,
+    },
 }
 
 /// Picks the highest version both sides support.

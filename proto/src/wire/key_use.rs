@@ -37,7 +37,7 @@ impl Request {
                 let watched = watch.iter().map(|(key, _)| key);
                 KeyUse::Writes(watched.chain(ops.iter().flat_map(txn_op_keys)).collect())
             }
-            Request::Scan { .. } | Request::Clear => KeyUse::Everything,
+            Request::Scan { .. } | Request::Clear | Request::Sharded { .. } => KeyUse::Everything,
             Request::Ping
             | Request::Status
             | Request::Health

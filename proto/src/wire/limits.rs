@@ -170,6 +170,7 @@ impl Request {
                 limits.check_key(start_key)?;
                 end_key.as_ref().map_or(Ok(()), |key| limits.check_key(key))
             }
+            Self::Sharded { request, .. } => request.to_request().validate(limits),
             // Admin requests carry no keys or values; the server checks their
             // arguments against the cluster state.
             Self::Ping

@@ -12,9 +12,10 @@ use super::admin::{
     Fault, Health, MemberInfo, NodeStatus, ReadReport, SnapshotChunk, StateDigestAt,
 };
 use super::batch::bounded_vec;
-use super::handshake::SHARDS_PROTOCOL_VERSION;
+use super::handshake::{SHARDED_PROTOCOL_VERSION, SHARDS_PROTOCOL_VERSION};
 use super::ofi::OfiRegionGrant;
 use super::rdma::{QpEndpoint, RdmaRegionGrant};
+use super::sharded::ShardRequest;
 use crate::region::{DeadlineUnixMs, NO_DEADLINE};
 use crate::shard::{ShardId, ShardMap, Slot};
 
@@ -161,6 +162,15 @@ pub enum Request {
     /// [`ShardMap::single_group`] of its members. A node older than this
     /// request answers `Malformed`: it serves a single group.
     ShardMap,
+    /// A keyless request (scan, clear) of one shard (docs/sharding.md,
+    /// section 4), sent only on connections of version
+    /// [`SHARDED_PROTOCOL_VERSION`] or later ([`Request::min_version`]). A
+    /// node that does not host `shard` answers [`Response::WrongShard`]
+    /// (its `slot`: the shard's first one in the node's map).
+    Sharded {
+        shard: ShardId,
+        request: ShardRequest,
+    },
 }
 
 /// One command of a [`Request::Transaction`]. Append-only.
@@ -477,6 +487,18 @@ impl UpdateOutcome {
             | UpdateOutcome::Copied { version, .. }
             | UpdateOutcome::ExpiryChanged { version, .. }
             | UpdateOutcome::Got { version, .. } => *version,
+        }
+    }
+}
+
+impl Request {
+    /// The lowest protocol version whose servers decode this request; a
+    /// server refuses it on a connection of a lower version (a client of
+    /// that version cannot have meant it).
+    pub fn min_version(&self) -> u16 {
+        match self {
+            Request::Sharded { .. } => SHARDED_PROTOCOL_VERSION,
+            _ => 1,
         }
     }
 }

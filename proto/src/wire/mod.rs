@@ -22,6 +22,7 @@ pub mod message;
 pub mod ofi;
 pub mod op;
 pub mod rdma;
+pub mod sharded;
 pub mod shm;
 
 pub use admin::{
@@ -35,8 +36,8 @@ pub use frame::{
     decode_exact, decode_payload, encode_frame, encoded_frame,
 };
 pub use handshake::{
-    ClientHello, HANDSHAKE_MAGIC, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, SHARDS_PROTOCOL_VERSION,
-    ServerHello, ServerInfo, negotiate, tokens_match,
+    ClientHello, HANDSHAKE_MAGIC, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, SHARDED_PROTOCOL_VERSION,
+    SHARDS_PROTOCOL_VERSION, ServerHello, ServerInfo, negotiate, tokens_match,
 };
 pub use key_use::KeyUse;
 pub use limits::{
@@ -54,4 +55,5 @@ pub use rdma::{
     MIN_RDMA_RECV_BUFFER_BYTES, MIN_RDMA_RECV_CREDITS, QpEndpoint, RDMA_ENDPOINT_VERSION,
     RDMA_MTU_BYTES, RdmaRegionGrant, RdmaWireError,
 };
+pub use sharded::ShardRequest;
 pub use shm::{MAX_SHM_GRANT_BYTES, SHM_GRANT_PREFIX_BYTES, ShmGrant};

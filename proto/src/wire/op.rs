@@ -153,6 +153,7 @@ impl Request {
             Request::Ttl { .. } => Op::Ttl,
             Request::OfiRegion => Op::OfiRegion,
             Request::ShardMap => Op::ShardMap,
+            Request::Sharded { request, .. } => request.op(),
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use rdkv_proto::wire::{ErrorCode, ErrorReply, Limits, Request, Response, TxnOp};
+use rdkv_proto::wire::{ErrorCode, ErrorReply, Limits, Request, Response, ShardRequest, TxnOp};
 use rdkv_storage::raft::{Command, NodeAddr};
 use rdkv_storage::state_machine::ScanRange;
 
@@ -81,6 +81,15 @@ fn command_keys(command: &Command) -> Option<Vec<&[u8]>> {
         | Command::SetClusterId { .. } => return None,
     };
     Some(keys)
+}
+
+/// A scan's range as the state machine takes it.
+fn scan_range<'k>(start: &'k [u8], end: Option<&'k [u8]>, limit: u32) -> ScanRange<'k> {
+    ScanRange {
+        start,
+        end,
+        limit: usize::try_from(limit).unwrap_or(usize::MAX),
+    }
 }
 
 fn txn_key(op: &TxnOp) -> &[u8] {
@@ -259,12 +268,12 @@ impl Handler {
                 if self.shards.is_sharded() {
                     return Err(not_across_shards("scan"));
                 }
-                let range = ScanRange {
-                    start: &start_key,
-                    end: end_key.as_deref(),
-                    limit: usize::try_from(limit).unwrap_or(usize::MAX),
-                };
+                let range = scan_range(&start_key, end_key.as_deref(), limit);
                 read::scan(replica, range, consistency, max_frame_bytes).await
+            }
+            Request::Sharded { shard, request } => {
+                let replica = routed!(self.shards.hosted(shard));
+                self.serve_sharded(replica, request).await
             }
             Request::Ttl { key, consistency } => {
                 let replica = routed!(self.shards.for_key(&key));
@@ -333,6 +342,23 @@ impl Handler {
         }
     }
 
+    /// A keyless request of one shard's `replica` (docs/sharding.md,
+    /// section 4): what it would be on a single group, on that replica.
+    async fn serve_sharded(&self, replica: &Replica, request: ShardRequest) -> Reply {
+        match request {
+            ShardRequest::Scan {
+                start_key,
+                end_key,
+                limit,
+                consistency,
+            } => {
+                let range = scan_range(&start_key, end_key.as_deref(), limit);
+                read::scan(replica, range, consistency, self.limits.max_frame_bytes).await
+            }
+            ShardRequest::Clear => self.write_to(replica, Command::Clear, None).await,
+        }
+    }
+
     /// A write goes through the log on the leader, if the quota has room
     /// for it.
     async fn write(&self, command: Command, placed: Option<Finish>) -> Reply {
@@ -341,6 +367,12 @@ impl Handler {
             None if self.shards.is_sharded() => return Err(not_across_shards("a keyless write")),
             None => self.shards.primary(),
         };
+        self.write_to(replica, command, placed).await
+    }
+
+    /// `command` through the log of `replica`, on its leader, if the quota
+    /// has room for it.
+    async fn write_to(&self, replica: &Replica, command: Command, placed: Option<Finish>) -> Reply {
         replica.require_leader()?;
         self.admit_within_quota(replica, &command)?;
         write::commit(replica, command, placed).await

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use rdkv_proto::wire::{
-    ClientHello, ErrorCode, FrameKind, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, ServerHello,
-    ServerInfo, decode_payload, negotiate, tokens_match,
+    ClientHello, ErrorCode, FrameKind, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION,
+    SHARDED_PROTOCOL_VERSION, ServerHello, ServerInfo, decode_payload, negotiate, tokens_match,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::OwnedSemaphorePermit;
@@ -24,6 +24,19 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The hello is read under this small limit: nothing large is buffered for
 /// a client that has not authenticated.
 pub const HANDSHAKE_MAX_FRAME_BYTES: u32 = 64 * 1024;
+
+/// The hello accepting a client: on a multi-shard node it carries the
+/// version of the node's map, when the connection's version can decode it
+/// (docs/sharding.md, section 5); a single group's is as before.
+fn accepted_hello(info: ServerInfo, handler: &Handler) -> ServerHello {
+    match handler.shards().placed_map() {
+        Some(map) if info.version >= SHARDED_PROTOCOL_VERSION => ServerHello::AcceptedSharded {
+            info,
+            shard_map_version: map.version(),
+        },
+        _ => ServerHello::Accepted(info),
+    }
+}
 
 fn rejected(code: ErrorCode, message: impl Into<String>) -> ServerHello {
     ServerHello::Rejected {
@@ -108,13 +121,14 @@ where
     let max_frame_bytes = handler.limits().max_frame_bytes;
     match admit(&hello, handler, via) {
         Ok((version, slot)) => {
-            let accepted = ServerHello::Accepted(ServerInfo {
+            let info = ServerInfo {
                 version,
                 node_id: handler.replica().node_id(),
                 cluster_id: 0,
                 max_frame_bytes,
                 max_in_flight: MAX_IN_FLIGHT,
-            });
+            };
+            let accepted = accepted_hello(info, handler);
             writer.send(FrameKind::ServerHello, 0, &accepted).await?;
             reader.set_max_frame_bytes(max_frame_bytes);
             Ok((slot, version))
