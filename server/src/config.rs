@@ -372,6 +372,19 @@ pub fn parse_consistency(text: &str) -> Result<Consistency> {
     }
 }
 
+/// The RESP port's read consistency and cluster mode: the flag, else the
+/// file's, else `linearizable` and `auto`.
+fn resp_rules(args: &Args, file: &FileConfig) -> Result<(Consistency, RespClusterMode)> {
+    let consistency = args.resp_read_consistency.as_deref();
+    let consistency = consistency.or(file.resp_read_consistency.as_deref());
+    let cluster_mode = args.resp_cluster_mode.as_deref();
+    let cluster_mode = cluster_mode.or(file.resp_cluster_mode.as_deref());
+    Ok((
+        parse_consistency(consistency.unwrap_or("linearizable"))?,
+        parse_resp_cluster_mode(cluster_mode.unwrap_or("auto"))?,
+    ))
+}
+
 /// When a RESP connection follows Redis Cluster's rules (docs/sharding.md,
 /// section 7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -592,6 +605,7 @@ impl Config {
             bail!("--id must be >= 1");
         }
         let numbers = NumericSettings::resolve(&args, &file)?;
+        let (resp_read_consistency, resp_cluster_mode) = resp_rules(&args, &file)?;
         let listen = address("listen", args.listen.or(file.listen), DEFAULT_LISTEN)?;
         let peer_listen = args.peer_listen.or(file.peer_listen);
         let peer_listen = address("peer-listen", peer_listen, DEFAULT_PEER_LISTEN)?;
@@ -605,11 +619,6 @@ impl Config {
             args.resp_listen.or(file.resp_listen),
             DEFAULT_RESP_LISTEN,
         )?;
-        let consistency = args.resp_read_consistency.or(file.resp_read_consistency);
-        let resp_read_consistency =
-            parse_consistency(consistency.as_deref().unwrap_or("linearizable"))?;
-        let cluster_mode = args.resp_cluster_mode.or(file.resp_cluster_mode);
-        let resp_cluster_mode = parse_resp_cluster_mode(cluster_mode.as_deref().unwrap_or("auto"))?;
         let join = args.join.or(file.join);
         if args.restore.is_some() && join.is_some() {
             bail!("--restore and --join are exclusive: a restored node starts a new cluster");
