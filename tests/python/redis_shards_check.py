@@ -26,21 +26,12 @@ from redis.exceptions import (
     ResponseError,
 )
 from redis.retry import Retry
-
-
-def split(address):
-    host, port = address.rsplit(":", 1)
-    return host, int(port)
-
-
-def expect(what, got, want):
-    if got != want:
-        raise AssertionError(f"{what}: got {got!r}, want {want!r}")
+from redis_cluster_check import expect, split
+import redis_cluster_check as cluster_check
 
 
 def plain(address):
-    host, port = split(address)
-    return redis.Redis(host=host, port=port, socket_timeout=15, retry=Retry(NoBackoff(), 0))
+    return cluster_check.plain(address, None)
 
 
 def name(node):
