@@ -21,15 +21,7 @@ pub(crate) fn by_shard<T>(
     items: &[T],
     key: impl Fn(&T) -> &[u8],
 ) -> Vec<(ShardId, Vec<usize>)> {
-    let mut groups: Vec<(ShardId, Vec<usize>)> = Vec::new();
-    for (at, item) in items.iter().enumerate() {
-        let shard = map.shard_of_key(key(item));
-        match groups.iter_mut().find(|(s, _)| *s == shard) {
-            Some((_, positions)) => positions.push(at),
-            None => groups.push((shard, vec![at])),
-        }
-    }
-    groups
+    map.positions_by_shard(items.iter().map(key))
 }
 
 /// `keys` read shard by shard, answers in the order of `keys`.

@@ -60,6 +60,12 @@ pub struct Args {
     /// `lease`, or `follower:N` (this replica if at most N entries behind).
     #[arg(long, env = "RDKV_RESP_READ_CONSISTENCY")]
     pub resp_read_consistency: Option<String>,
+    /// Redis Cluster's rules (MOVED, CROSSSLOT) on RESP connections:
+    /// `auto` (default: once a connection asks CLUSTER SLOTS|SHARDS|NODES
+    /// or READONLY), `always` (from the start, as a Redis Cluster node:
+    /// `redis-cli -c`), `never` (every key forwarded).
+    #[arg(long, env = "RDKV_RESP_CLUSTER_MODE")]
+    pub resp_cluster_mode: Option<String>,
     /// Unix socket of the `shm` transport (local clients map the region
     /// read-only). Default `<data-dir>/rdkv.sock`; `off` disables.
     #[arg(long, env = "RDKV_SHM_SOCKET")]
@@ -261,6 +267,7 @@ struct FileConfig {
     http_listen: Option<String>,
     resp_listen: Option<String>,
     resp_read_consistency: Option<String>,
+    resp_cluster_mode: Option<String>,
     shm_socket: Option<String>,
     rpc_socket: Option<String>,
     initial_cluster: Option<String>,
@@ -308,6 +315,7 @@ pub struct Config {
     /// The RESP front end's address; `None`: off.
     pub resp_listen: Option<SocketAddr>,
     pub resp_read_consistency: Consistency,
+    pub resp_cluster_mode: RespClusterMode,
     pub shm_socket: Option<PathBuf>,
     pub rpc_socket: Option<PathBuf>,
     /// id -> peer address; empty when joining.
@@ -361,6 +369,41 @@ pub fn parse_consistency(text: &str) -> Result<Consistency> {
             Some(Ok(max_lag_entries)) => Ok(Consistency::Follower { max_lag_entries }),
             _ => bail!("read consistency {other:?} is not linearizable, lease or follower:N"),
         },
+    }
+}
+
+/// The RESP port's read consistency and cluster mode: the flag, else the
+/// file's, else `linearizable` and `auto`.
+fn resp_rules(args: &Args, file: &FileConfig) -> Result<(Consistency, RespClusterMode)> {
+    let consistency = args.resp_read_consistency.as_deref();
+    let consistency = consistency.or(file.resp_read_consistency.as_deref());
+    let cluster_mode = args.resp_cluster_mode.as_deref();
+    let cluster_mode = cluster_mode.or(file.resp_cluster_mode.as_deref());
+    Ok((
+        parse_consistency(consistency.unwrap_or("linearizable"))?,
+        parse_resp_cluster_mode(cluster_mode.unwrap_or("auto"))?,
+    ))
+}
+
+/// When a RESP connection follows Redis Cluster's rules (docs/sharding.md,
+/// section 7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RespClusterMode {
+    /// Once it asked CLUSTER SLOTS|SHARDS|NODES or READONLY.
+    Auto,
+    /// From its first command.
+    Always,
+    /// Never: every key is served here or forwarded.
+    Never,
+}
+
+/// `auto`, `always` or `never`.
+pub fn parse_resp_cluster_mode(text: &str) -> Result<RespClusterMode> {
+    match text {
+        "auto" => Ok(RespClusterMode::Auto),
+        "always" => Ok(RespClusterMode::Always),
+        "never" => Ok(RespClusterMode::Never),
+        other => bail!("RESP cluster mode {other:?} is not auto, always or never"),
     }
 }
 
@@ -562,6 +605,7 @@ impl Config {
             bail!("--id must be >= 1");
         }
         let numbers = NumericSettings::resolve(&args, &file)?;
+        let (resp_read_consistency, resp_cluster_mode) = resp_rules(&args, &file)?;
         let listen = address("listen", args.listen.or(file.listen), DEFAULT_LISTEN)?;
         let peer_listen = args.peer_listen.or(file.peer_listen);
         let peer_listen = address("peer-listen", peer_listen, DEFAULT_PEER_LISTEN)?;
@@ -575,9 +619,6 @@ impl Config {
             args.resp_listen.or(file.resp_listen),
             DEFAULT_RESP_LISTEN,
         )?;
-        let consistency = args.resp_read_consistency.or(file.resp_read_consistency);
-        let resp_read_consistency =
-            parse_consistency(consistency.as_deref().unwrap_or("linearizable"))?;
         let join = args.join.or(file.join);
         if args.restore.is_some() && join.is_some() {
             bail!("--restore and --join are exclusive: a restored node starts a new cluster");
@@ -621,6 +662,7 @@ impl Config {
             http_listen,
             resp_listen,
             resp_read_consistency,
+            resp_cluster_mode,
             initial_cluster,
             shards,
             replicas,
@@ -752,6 +794,11 @@ mod tests {
             Consistency::Follower { max_lag_entries: 5 }
         );
         assert!(Config::resolve(args(&["--resp-read-consistency", "eventual"])).is_err());
+        let auto = Config::resolve(args(&[])).unwrap();
+        assert_eq!(auto.resp_cluster_mode, RespClusterMode::Auto);
+        let always = Config::resolve(args(&["--resp-cluster-mode", "always"])).unwrap();
+        assert_eq!(always.resp_cluster_mode, RespClusterMode::Always);
+        assert!(Config::resolve(args(&["--resp-cluster-mode", "sometimes"])).is_err());
     }
 
     #[test]

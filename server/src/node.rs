@@ -216,6 +216,7 @@ impl FrontEnds {
             let resp = Arc::new(crate::resp::RespServer::new(
                 Arc::clone(handler),
                 config.resp_read_consistency,
+                config.resp_cluster_mode,
                 own_client_options(config, tls),
                 port,
             ));

@@ -10,7 +10,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use rdkv_tests::{Cluster, check};
+use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, check, eventually};
 
 const TEST_LIMIT: Duration = Duration::from_secs(300);
 const TOKEN: &str = "s3cret";
@@ -27,6 +27,10 @@ fn script() -> PathBuf {
 
 fn cluster_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("python/redis_cluster_check.py")
+}
+
+fn shards_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("python/redis_shards_check.py")
 }
 
 fn run(command: &mut Command) -> Result<String> {
@@ -116,7 +120,7 @@ async fn redis_py_8_works_at_its_defaults_and_with_resp2() -> Result<()> {
 /// finds the leader by CLUSTER SLOTS and routes itself; plain connections
 /// check the views, MOVED and CROSSSLOT (docs/sharding.md, section 7).
 /// (`redis-benchmark --cluster` refuses a cluster of one master: "Invalid
-/// cluster: 1 node(s)"; it needs several shards.)
+/// cluster: 1 node(s)"; it runs against several shards, below.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_aware_redis_clients_route_themselves() -> Result<()> {
     let Some(python) = python_or_skip("cluster_aware_redis_clients_route_themselves").await? else {
@@ -137,6 +141,78 @@ async fn cluster_aware_redis_clients_route_themselves() -> Result<()> {
         let out = tokio::task::spawn_blocking(move || run(&mut command)).await??;
         eprintln!("{}", out.trim());
 
+        Ok(())
+    })
+    .await
+}
+
+/// Redis clients against 3 nodes hosting 3 shards of 2 replicas each
+/// (docs/sharding.md, section 7): a plain redis-py connection to one node
+/// is answered for keys of every shard, multi-key commands split per
+/// shard, commands over every shard refused; `RedisCluster` routes
+/// itself by every node's CLUSTER SLOTS; connections in cluster mode get
+/// CROSSSLOT and MOVED; `redis-benchmark --cluster` completes and the keys
+/// it wrote are readable (`tests/python/redis_shards_check.py`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_clients_work_against_several_shards() -> Result<()> {
+    const TEST: &str = "redis_clients_work_against_several_shards";
+    let Some(python) = python_or_skip(TEST).await? else {
+        return Ok(());
+    };
+    let benchmark_installed = Command::new("redis-benchmark")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !benchmark_installed {
+        rdkv_tests::skip::skip(TEST, "redis-benchmark not installed (.ci/run installs it)");
+        return Ok(());
+    }
+    let flags = ["--shards", "3", "--replicas", "2", "--region-mib", "16"];
+    let mut cluster = Cluster::start_with(3, &flags)?;
+    check(&mut cluster, TEST_LIMIT, async |cluster| {
+        // Keys of every shard written through the map: each shard has a
+        // leader its members know.
+        let client = cluster.client(Intent::Any)?;
+        eventually(LEADER_TIMEOUT, "a leader in every shard", async || {
+            for i in 0..30 {
+                client.put(format!("probe-{i}"), "x").await?;
+            }
+            Ok(())
+        })
+        .await?;
+        let addrs: Vec<String> = cluster
+            .nodes
+            .values()
+            .map(|node| node.resp_addr.to_string())
+            .collect();
+        let mut command = Command::new(&python);
+        command
+            .arg(shards_script())
+            .args(["clients", "3", "2"])
+            .args(&addrs);
+        let out = tokio::task::spawn_blocking(move || run(&mut command)).await??;
+        eprintln!("{}", out.trim());
+
+        let first = cluster.node(1)?.resp_addr;
+        let mut benchmark = Command::new("redis-benchmark");
+        benchmark
+            .args(["--cluster", "-h", &first.ip().to_string()])
+            .args(["-p", &first.port().to_string()])
+            .args(["-t", "set,get", "-n", "2000", "-q"]);
+        let out = tokio::task::spawn_blocking(move || run(&mut benchmark)).await??;
+        for test in ["SET", "GET"] {
+            let done = out
+                .split(['\r', '\n'])
+                .any(|l| l.trim().starts_with(test) && l.contains("requests per second"));
+            ensure!(done, "no {test} result: {out}");
+        }
+        ensure!(!out.contains("rror"), "errors: {out}");
+        let mut command = Command::new(&python);
+        command
+            .arg(shards_script())
+            .args(["bench-keys", &first.to_string()]);
+        let out = tokio::task::spawn_blocking(move || run(&mut command)).await??;
+        eprintln!("{}", out.trim());
         Ok(())
     })
     .await

@@ -304,6 +304,24 @@ impl ShardMap {
         self.shard_of_slot(key_slot(key))
     }
 
+    /// The positions of `keys` grouped by the shard of each: shards in
+    /// order of first appearance, positions in the caller's order (a
+    /// multi-key request split per shard and reassembled).
+    pub fn positions_by_shard<'k>(
+        &self,
+        keys: impl IntoIterator<Item = &'k [u8]>,
+    ) -> Vec<(ShardId, Vec<usize>)> {
+        let mut groups: Vec<(ShardId, Vec<usize>)> = Vec::new();
+        for (at, key) in keys.into_iter().enumerate() {
+            let shard = self.shard_of_key(key);
+            match groups.iter_mut().find(|(s, _)| *s == shard) {
+                Some((_, positions)) => positions.push(at),
+                None => groups.push((shard, vec![at])),
+            }
+        }
+        groups
+    }
+
     /// The ranges `shard` serves, in slot order.
     pub fn ranges_of(&self, shard: ShardId) -> impl Iterator<Item = &SlotRange> {
         self.ranges.iter().filter(move |r| r.shard == shard)

@@ -19,8 +19,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::join_all;
-use rdkv_proto::shard::{NodeId, NodeInfo, SLOT_COUNT, ShardMap, key_slot};
-use rdkv_proto::wire::Request;
+use rdkv_proto::shard::{
+    NodeId, NodeInfo, SLOT_COUNT, ShardId, ShardInfo, ShardMap, Slot, key_slot,
+};
+use rdkv_proto::wire::{Request, Response};
 
 use super::RespServer;
 use super::commands::upper;
@@ -33,24 +35,34 @@ const ASK_TIMEOUT: Duration = Duration::from_secs(1);
 
 pub const CROSSSLOT: &str = "CROSSSLOT Keys in request don't hash to the same slot";
 
-/// Every node's RESP address as learnt from its status.
+/// Every node's RESP address, and the leader of each shard this node
+/// does not host, as learnt from the other nodes' shard maps.
 #[derive(Debug, Default)]
 pub struct RespDirectory {
     addrs: Mutex<HashMap<NodeId, String>>,
+    leaders: Mutex<HashMap<ShardId, NodeId>>,
 }
 
 impl RespDirectory {
     fn get(&self, id: NodeId) -> Option<String> {
-        self.lock().get(&id).cloned()
+        lock(&self.addrs).get(&id).cloned()
     }
 
     fn learn(&self, id: NodeId, addr: String) {
-        self.lock().insert(id, addr);
+        lock(&self.addrs).insert(id, addr);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<NodeId, String>> {
-        self.addrs.lock().unwrap_or_else(|p| p.into_inner())
+    fn leader(&self, shard: ShardId) -> Option<NodeId> {
+        lock(&self.leaders).get(&shard).copied()
     }
+
+    fn learn_leader(&self, shard: ShardId, leader: NodeId) {
+        lock(&self.leaders).insert(shard, leader);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A node's Redis Cluster id.
@@ -115,9 +127,8 @@ pub fn redirect(server: &RespServer, spec: &Spec, argv: &[Bytes], readonly: bool
     if readonly && spec.is_read() {
         return None;
     }
-    let replica = server.handler.replica();
-    let leader = replica.metrics().current_leader?;
-    if leader == replica.node_id() {
+    let leader = server.leader_of(slot)?;
+    if leader == server.handler.replica().node_id() {
         return None;
     }
     let addr = server.resp_directory.get(leader)?;
@@ -125,38 +136,64 @@ pub fn redirect(server: &RespServer, spec: &Spec, argv: &[Bytes], readonly: bool
 }
 
 impl RespServer {
-    /// This node's shard map with every node's RESP address filled in:
-    /// this node's from its listener, the others' from the directory,
-    /// asking the nodes not in it yet for their status.
+    /// The leader of `slot`'s shard as this node knows it: from the
+    /// shard's own Raft when it is hosted here, else as learnt from its
+    /// members (`cluster_map`), else the placed hint.
+    fn leader_of(&self, slot: Slot) -> Option<NodeId> {
+        let shards = self.handler.shards();
+        let Some(map) = shards.placed_map() else {
+            return shards.primary().metrics().current_leader;
+        };
+        let shard = map.shard_of_slot(slot);
+        match shards.get(shard) {
+            Some(replica) => replica.metrics().current_leader,
+            None => self
+                .resp_directory
+                .leader(shard)
+                .or_else(|| map.shard(shard)?.leader),
+        }
+    }
+
+    /// This node's shard map with every node's RESP address filled in and,
+    /// for the shards this node does not host, the leader their members
+    /// report: asks the other nodes their maps (on a multi-shard node every
+    /// time, for the leaders; else only while a RESP address is unknown).
     async fn cluster_map(&self) -> Result<ShardMap, Reply> {
-        let replica = self.handler.replica();
-        let map = replica
+        let shards = self.handler.shards();
+        let own_id = shards.primary().node_id();
+        let map = shards
             .shard_map(self.handler.endpoints().resp.clone())
             .map_err(|e| error_reply(&e))?;
-        let unknown: Vec<&NodeInfo> = map
+        let asked: Vec<&NodeInfo> = map
             .nodes()
             .iter()
-            .filter(|node| node.resp_addr.is_none() && self.resp_directory.get(node.id).is_none())
+            .filter(|node| node.id != own_id)
+            .filter(|node| {
+                shards.is_sharded()
+                    || (node.resp_addr.is_none() && self.resp_directory.get(node.id).is_none())
+            })
             .collect();
-        let mut client_addrs: HashMap<NodeId, String> = unknown
+        let mut client_addrs: HashMap<NodeId, String> = asked
             .iter()
             .filter_map(|node| Some((node.id, node.client_addr.clone()?)))
             .collect();
-        if client_addrs.len() < unknown.len() {
+        if client_addrs.len() < asked.len() {
             // A follower knows the client address of the nodes it talked
-            // to only; the leader knows every member's.
-            self.learn_client_addrs(&map, &mut client_addrs).await;
+            // to only; another node may know more (a leader knows every
+            // member's).
+            self.learn_client_addrs(&map, own_id, &mut client_addrs)
+                .await;
         }
-        let unknown: Vec<(NodeId, String)> = unknown
+        let asked = asked
             .iter()
-            .filter_map(|node| Some((node.id, client_addrs.get(&node.id)?.clone())))
-            .collect();
-        join_all(
-            unknown
-                .into_iter()
-                .map(|(id, addr)| self.learn_resp_addr(id, addr)),
-        )
-        .await;
+            .filter_map(|node| Some((node.id, client_addrs.get(&node.id)?.clone())));
+        join_all(asked.map(|(id, addr)| self.learn_from(id, addr))).await;
+        self.filled_in(&map)
+    }
+
+    /// `map` with the RESP addresses and leaders learnt.
+    fn filled_in(&self, map: &ShardMap) -> Result<ShardMap, Reply> {
+        let shards = self.handler.shards();
         let nodes = map
             .nodes()
             .iter()
@@ -168,44 +205,77 @@ impl RespServer {
                 ..node.clone()
             })
             .collect();
-        ShardMap::new(
-            map.version(),
-            nodes,
-            map.shards().to_vec(),
-            map.ranges().to_vec(),
-        )
-        .map_err(|e| Reply::err(format!("this node's shard map: {e}")))
+        let led = map
+            .shards()
+            .iter()
+            .map(|shard| match shards.get(shard.id) {
+                Some(_) => shard.clone(),
+                None => ShardInfo {
+                    leader: self.resp_directory.leader(shard.id).or(shard.leader),
+                    ..shard.clone()
+                },
+            })
+            .collect();
+        ShardMap::new(map.version(), nodes, led, map.ranges().to_vec())
+            .map_err(|e| Reply::err(format!("this node's shard map: {e}")))
     }
 
-    /// Adds the client addresses the leader of `map`'s first shard knows.
-    async fn learn_client_addrs(&self, map: &ShardMap, into: &mut HashMap<NodeId, String>) {
-        let leader = map.shards().first().and_then(|shard| shard.leader);
-        let Some(addr) = leader.and_then(|id| map.node(id)?.client_addr.clone()) else {
+    /// Adds the client addresses the first other node with a known one
+    /// knows.
+    async fn learn_client_addrs(
+        &self,
+        map: &ShardMap,
+        own_id: NodeId,
+        into: &mut HashMap<NodeId, String>,
+    ) {
+        let known = map.nodes().iter().filter(|node| node.id != own_id);
+        let Some((id, addr)) = known
+            .filter_map(|node| Some((node.id, node.client_addr.clone()?)))
+            .next()
+        else {
             return;
         };
-        let asked = self
-            .forwarder
-            .send_to(vec![addr.clone()], &addr, Request::Members);
-        if let Ok(Ok(rdkv_proto::wire::Response::Members(members))) =
-            tokio::time::timeout(ASK_TIMEOUT, asked).await
-        {
-            for member in members.into_iter().filter(|m| !m.client_addr.is_empty()) {
-                into.entry(member.id).or_insert(member.client_addr);
+        if let Some(their) = self.map_of(id, addr).await {
+            for node in their.nodes() {
+                if let Some(addr) = &node.client_addr {
+                    into.entry(node.id).or_insert_with(|| addr.clone());
+                }
             }
         }
     }
 
-    /// Asks node `id` (native address `addr`) its status for its RESP address.
-    async fn learn_resp_addr(&self, id: NodeId, addr: String) {
-        let endpoints = vec![addr.clone()];
-        let asked = self.forwarder.send_to(endpoints, &addr, Request::Status);
-        match tokio::time::timeout(ASK_TIMEOUT, asked).await {
-            Ok(Ok(rdkv_proto::wire::Response::Status(status))) => {
-                if let Some(resp) = status.resp_addr {
-                    self.resp_directory.learn(id, resp);
-                }
+    /// Asks node `id` (native address `addr`) its shard map: its own RESP
+    /// address, and the leaders of the shards it is a member of.
+    async fn learn_from(&self, id: NodeId, addr: String) {
+        let Some(their) = self.map_of(id, addr).await else {
+            return;
+        };
+        if let Some(resp) = their.node(id).and_then(|node| node.resp_addr.clone()) {
+            self.resp_directory.learn(id, resp);
+        }
+        let hosted_here = self.handler.shards();
+        for shard in their.shards() {
+            if let Some(leader) = shard.leader
+                && shard.members.contains(&id)
+                && hosted_here.get(shard.id).is_none()
+            {
+                self.resp_directory.learn_leader(shard.id, leader);
             }
-            other => tracing::debug!(id, %addr, ?other, "no RESP address learnt"),
+        }
+    }
+
+    /// Node `id`'s shard map, asked at `addr`; `None` when it does not
+    /// answer in time.
+    async fn map_of(&self, id: NodeId, addr: String) -> Option<ShardMap> {
+        let asked = self
+            .forwarder
+            .send_to(vec![addr.clone()], &addr, Request::ShardMap);
+        match tokio::time::timeout(ASK_TIMEOUT, asked).await {
+            Ok(Ok(Response::ShardMap(map))) => Some(*map),
+            other => {
+                tracing::debug!(id, %addr, ?other, "no shard map learnt");
+                None
+            }
         }
     }
 }

@@ -45,6 +45,9 @@ pub fn select(args: &[Bytes]) -> Reply {
 }
 
 pub fn dbsize(session: &mut Session<'_>, _: &[Bytes]) -> Reply {
+    if let Some(refused) = session.server().refuse_across_shards("DBSIZE") {
+        return refused;
+    }
     Reply::Integer(session.server().handler.replica().live_keys() as i64)
 }
 
@@ -407,15 +410,51 @@ pub async fn mset(server: &RespServer, args: &[Bytes]) -> Reply {
     if !args.len().is_multiple_of(2) {
         return Reply::wrong_arity("mset");
     }
-    let pairs = args
+    let pairs: Vec<(Bytes, Bytes)> = args
         .chunks_exact(2)
         .map(|p| (p[0].clone(), p[1].clone()))
         .collect();
+    let Some(groups) = server.split_by_shard(pairs.iter().map(|(key, _)| key)) else {
+        return mput(server, pairs).await;
+    };
+    // Keys of several shards: one MPut per shard, at once; atomic per
+    // shard only (docs/resp.md).
+    let parts = groups.iter().map(|positions| {
+        mput(
+            server,
+            positions.iter().map(|&at| pairs[at].clone()).collect(),
+        )
+    });
+    mset_parts_reply(futures::future::join_all(parts).await)
+}
+
+/// `pairs` written as one log entry (all of one shard, or a single group).
+async fn mput(server: &RespServer, pairs: Vec<(Bytes, Bytes)>) -> Reply {
     match server.call(Request::MPut { pairs }).await {
         Ok(Response::MWritten { .. }) => Reply::ok(),
         Ok(other) => unexpected(&other),
         Err(e) => e,
     }
+}
+
+/// MSET's reply from its shards' parts: OK when every part was written,
+/// else an error that says how many parts were (the others' keys were
+/// not, or their outcome is unknown), with the first failure.
+fn mset_parts_reply(parts: Vec<Reply>) -> Reply {
+    let mut failures = parts.iter().filter_map(|part| match part {
+        Reply::Error(message) => Some(message.as_str()),
+        _ => None,
+    });
+    let Some(first) = failures.next() else {
+        return Reply::ok();
+    };
+    let failed = 1 + failures.count();
+    Reply::err(format!(
+        "MSET over {} shards is atomic per shard only: {} of them written, {failed} not \
+         (or unknown); first failure: {first}",
+        parts.len(),
+        parts.len() - failed
+    ))
 }
 
 /// FLUSHDB / FLUSHALL [SYNC|ASYNC]: replicated like any write; with a token
@@ -426,6 +465,9 @@ pub async fn flush(server: &RespServer, args: &[Bytes]) -> Reply {
         [] => {}
         [mode] if mode.eq_ignore_ascii_case(b"sync") || mode.eq_ignore_ascii_case(b"async") => {}
         _ => return Reply::err("syntax error"),
+    }
+    if let Some(refused) = server.refuse_across_shards("FLUSHDB") {
+        return refused;
     }
     match server.call(Request::Clear).await {
         Ok(Response::Cleared { .. }) => Reply::ok(),

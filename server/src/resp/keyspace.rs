@@ -117,6 +117,9 @@ async fn page(
 
 /// KEYS pattern: every key that matches, in key order.
 pub async fn keys(server: &RespServer, args: &[Bytes]) -> Reply {
+    if let Some(refused) = server.refuse_across_shards("KEYS") {
+        return refused;
+    }
     let pattern = &args[0];
     let mut matched = Vec::new();
     let mut start = Some(Bytes::new());
@@ -171,6 +174,9 @@ fn scan_options(args: &[Bytes]) -> Result<ScanOptions<'_>, Reply> {
 
 /// SCAN cursor [MATCH pattern] [COUNT count] [TYPE type].
 pub async fn scan(server: &RespServer, args: &[Bytes]) -> Reply {
+    if let Some(refused) = server.refuse_across_shards("SCAN") {
+        return refused;
+    }
     let start = match std::str::from_utf8(&args[0])
         .ok()
         .and_then(|c| c.parse::<u64>().ok())

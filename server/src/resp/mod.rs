@@ -55,6 +55,7 @@ use std::sync::Arc;
 use rdkv_proto::wire::Consistency;
 use tokio::sync::watch;
 
+use crate::config::RespClusterMode;
 use crate::service::Handler;
 use clients::Clients;
 use forward::Forwarder;
@@ -70,6 +71,8 @@ pub struct RespServer {
     handler: Arc<Handler>,
     limits: ParseLimits,
     consistency: Consistency,
+    /// When a connection follows Redis Cluster's rules.
+    cluster_mode: RespClusterMode,
     forwarder: Forwarder,
     clients: Clients,
     cursors: Cursors,
@@ -82,6 +85,7 @@ impl RespServer {
     pub fn new(
         handler: Arc<Handler>,
         consistency: Consistency,
+        cluster_mode: RespClusterMode,
         own_client: rdkv_client::ClientOptions,
         port: u16,
     ) -> RespServer {
@@ -94,6 +98,7 @@ impl RespServer {
             resp_directory: cluster::RespDirectory::default(),
             handler,
             consistency,
+            cluster_mode,
             port,
         }
     }

@@ -13,6 +13,7 @@ use super::commands::{hello_reply, integer_arg, upper};
 use super::reply::{Protocol, Reply};
 use super::table::{self, Run, Spec, StoreRun};
 use super::transaction::{self, Multi};
+use crate::config::RespClusterMode;
 use crate::telemetry::RequestStats;
 
 const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
@@ -80,7 +81,7 @@ impl<'a> Session<'a> {
             client: server.clients.register(info),
             multi: None,
             watched: Vec::new(),
-            cluster_mode: false,
+            cluster_mode: server.cluster_mode == RespClusterMode::Always,
             readonly: false,
             server,
         }
@@ -135,7 +136,10 @@ impl<'a> Session<'a> {
         if self.multi.is_some() && !transaction::RUN_INSIDE_MULTI.contains(&spec.name) {
             return Step::now(transaction::queue(self, spec, argv));
         }
-        if spec.name == "cluster" && cluster::opts_in(&argv[1..]) {
+        if spec.name == "cluster"
+            && self.server.cluster_mode == RespClusterMode::Auto
+            && cluster::opts_in(&argv[1..])
+        {
             self.cluster_mode = true;
         }
         if self.cluster_mode
@@ -284,7 +288,7 @@ impl<'a> Session<'a> {
     /// mode, as cluster clients send it to replicas they read from.
     pub fn set_readonly(&mut self, readonly: bool) -> Reply {
         self.readonly = readonly;
-        self.cluster_mode |= readonly;
+        self.cluster_mode |= readonly && self.server.cluster_mode == RespClusterMode::Auto;
         Reply::ok()
     }
 
@@ -294,7 +298,7 @@ impl<'a> Session<'a> {
         self.client.update(|info| info.name.clear());
         self.multi = None;
         self.watched.clear();
-        self.cluster_mode = false;
+        self.cluster_mode = self.server.cluster_mode == RespClusterMode::Always;
         self.readonly = false;
         Reply::Simple("RESET")
     }

@@ -78,19 +78,41 @@ impl RespServer {
         endpoints
     }
 
-    /// The client addresses of the members this node knows (the primary
-    /// shard's), sorted.
-    fn member_endpoints(&self) -> Vec<String> {
-        let mut endpoints: Vec<String> = self
-            .handler
-            .replica()
-            .members()
-            .into_iter()
-            .map(|m| m.client_addr)
-            .filter(|a| !a.is_empty())
-            .collect();
+    /// The client addresses this node knows, sorted: a single group's
+    /// members; on a multi-shard node every node of the map, as a key's
+    /// shard may be on any of them (the forwarding client then routes each
+    /// request to its shard's leader by the map it fetches).
+    pub(super) fn member_endpoints(&self) -> Vec<String> {
+        let shards = self.handler.shards();
+        let mut endpoints: Vec<String> = match shards.is_sharded() {
+            true => shards
+                .shard_map(None)
+                .map(|map| {
+                    map.nodes()
+                        .iter()
+                        .filter_map(|n| n.client_addr.clone())
+                        .collect()
+                })
+                .unwrap_or_default(),
+            false => shards
+                .primary()
+                .members()
+                .into_iter()
+                .map(|m| m.client_addr)
+                .collect(),
+        };
+        endpoints.retain(|a| !a.is_empty());
         endpoints.sort();
         endpoints
+    }
+
+    /// On a multi-shard node, the refusal of `command`, which spans every
+    /// shard (KEYS, SCAN, DBSIZE, FLUSHDB): not served until requests can
+    /// name their shard (docs/sharding.md, section 11); answered from one
+    /// shard it would look complete and be wrong.
+    pub(super) fn refuse_across_shards(&self, command: &str) -> Option<Reply> {
+        let sharded = self.handler.shards().is_sharded();
+        sharded.then(|| error_reply(&crate::shards::not_across_shards(command)))
     }
 
     /// Whether this node may answer reads at once from its region, asked
@@ -177,10 +199,45 @@ impl RespServer {
         }
     }
 
-    /// The keys' values with their versions (`None`: absent).
+    /// The positions of `keys` per shard on a multi-shard node when they
+    /// are in more than one; `None`: one request serves them all.
+    pub(super) fn split_by_shard<'k>(
+        &self,
+        keys: impl IntoIterator<Item = &'k Bytes>,
+    ) -> Option<Vec<Vec<usize>>> {
+        let map = self.handler.shards().placed_map()?;
+        let groups = map.positions_by_shard(keys.into_iter().map(|k| &k[..]));
+        (groups.len() > 1).then(|| groups.into_iter().map(|(_, at)| at).collect())
+    }
+
+    /// The keys' values with their versions (`None`: absent). Keys of
+    /// several shards are read shard by shard at once, each part one
+    /// consistent read of its shard, and put back in the caller's order.
     async fn mget_versioned(&self, keys: &[Bytes]) -> Result<Vec<Option<Versioned>>, Reply> {
+        let Some(groups) = self.split_by_shard(keys) else {
+            return self.mget_one_shard(keys.to_vec()).await;
+        };
+        let parts = groups.iter().map(|positions| {
+            self.mget_one_shard(positions.iter().map(|&at| keys[at].clone()).collect())
+        });
+        let parts = futures::future::join_all(parts).await;
+        let mut values: Vec<Option<Versioned>> = keys.iter().map(|_| None).collect();
+        for (positions, part) in groups.iter().zip(parts) {
+            let part = part?;
+            if part.len() != positions.len() {
+                return Err(unexpected(&part));
+            }
+            for (&at, value) in positions.iter().zip(part) {
+                values[at] = value;
+            }
+        }
+        Ok(values)
+    }
+
+    /// The values of `keys`, all of one shard (or of a single group).
+    async fn mget_one_shard(&self, keys: Vec<Bytes>) -> Result<Vec<Option<Versioned>>, Reply> {
         let request = Request::MGet {
-            keys: keys.to_vec(),
+            keys,
             consistency: self.consistency,
         };
         match self.call(request).await? {

@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use rdkv_proto::wire::{ErrorCode, ErrorReply, Limits, Request, Response, ShardRequest, TxnOp};
+use rdkv_proto::wire::{
+    ErrorCode, ErrorReply, Limits, Request, Response, ShardRequest, TxnOp, Update,
+};
 use rdkv_storage::raft::{Command, NodeAddr};
 use rdkv_storage::state_machine::ScanRange;
 
@@ -63,15 +65,16 @@ macro_rules! routed {
 /// leader's own commands).
 fn command_keys(command: &Command) -> Option<Vec<&[u8]>> {
     let keys = match command {
-        Command::Put { key, .. }
-        | Command::Delete { key }
-        | Command::Cas { key, .. }
-        | Command::Update { key, .. } => vec![&key[..]],
+        Command::Put { key, .. } | Command::Delete { key } | Command::Cas { key, .. } => {
+            vec![&key[..]]
+        }
+        // COPY and RENAME read their source: it must be in the same shard.
+        Command::Update { key, update } => update_keys(key, update),
         Command::MPut { pairs } => pairs.iter().map(|(k, _)| &k[..]).collect(),
         Command::Transaction { watch, ops } => watch
             .iter()
             .map(|(k, _)| &k[..])
-            .chain(ops.iter().map(txn_key))
+            .chain(ops.iter().flat_map(txn_keys))
             .collect(),
         Command::ExpireKeys { keys } => keys.iter().map(|(k, _)| &k[..]).collect(),
         Command::Timed { command, .. } => return command_keys(command),
@@ -92,13 +95,23 @@ fn scan_range<'k>(start: &'k [u8], end: Option<&'k [u8]>, limit: u32) -> ScanRan
     }
 }
 
-fn txn_key(op: &TxnOp) -> &[u8] {
+fn txn_keys(op: &TxnOp) -> Vec<&[u8]> {
     match op {
         TxnOp::Get { key }
         | TxnOp::Put { key, .. }
         | TxnOp::Delete { key }
-        | TxnOp::Update { key, .. }
-        | TxnOp::Ttl { key } => key,
+        | TxnOp::Ttl { key } => {
+            vec![key]
+        }
+        TxnOp::Update { key, update } => update_keys(key, update),
+    }
+}
+
+/// The key an update writes and, for COPY and RENAME, the source it reads.
+fn update_keys<'a>(key: &'a [u8], update: &'a Update) -> Vec<&'a [u8]> {
+    match update {
+        Update::CopyFrom { source, .. } => vec![key, source],
+        _ => vec![key],
     }
 }
 
