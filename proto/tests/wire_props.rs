@@ -68,6 +68,11 @@ fn any_request() -> impl Strategy<Value = Request> {
                 consistency,
             }),
         Just(Request::ShardMap),
+        Just(Request::ShardStatus),
+        (any::<u32>(), any::<u64>()).prop_map(|(shard, to)| Request::ShardMoveLeader {
+            shard: ShardId(shard),
+            to
+        }),
     ]
 }
 

@@ -188,6 +188,8 @@ impl Request {
             | Self::RdmaRegion
             | Self::OfiRegion
             | Self::ShardMap
+            | Self::ShardStatus
+            | Self::ShardMoveLeader { .. }
             | Self::Digests => Ok(()),
         }
     }

@@ -231,12 +231,16 @@ impl<'a, W: AsyncWrite + Unpin> Connection<'a, W> {
             |request| take_turn(&mut self.order, request),
         );
         let (handler, via, rdma_sessions) = (self.handler, self.via, self.rdma_sessions);
+        let version = self.version;
         self.running.push(Box::pin(async move {
             turn.waits.start().await;
             let response = match request {
                 Err(e) => {
                     handler.stats().malformed(via);
                     Response::Error(ErrorReply::new(ErrorCode::Malformed, e.to_string()))
+                }
+                Ok(request) if request.min_version() > version => {
+                    Response::Error(needs_version("request", request.min_version(), version))
                 }
                 Ok(Request::RdmaConnect { endpoint }) => {
                     rdma_connect(handler, endpoint, &handler.limits(), rdma_sessions)
@@ -333,10 +337,15 @@ fn for_version(response: Response, version: u16) -> Response {
     if needed <= version {
         return response;
     }
-    Response::Error(ErrorReply::new(
+    Response::Error(needs_version("answer", needed, version))
+}
+
+/// The refusal of a request or answer (`what`) newer than the connection.
+fn needs_version(what: &str, needed: u16, version: u16) -> ErrorReply {
+    ErrorReply::new(
         ErrorCode::InvalidRequest,
-        format!("this answer needs protocol version {needed}; the connection speaks {version}"),
-    ))
+        format!("this {what} needs protocol version {needed}; the connection speaks {version}"),
+    )
 }
 
 /// Queues a response; one too large for a frame becomes an error reply.
