@@ -5,9 +5,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use rdkv_client::{Client, ClientOptions, ClientTlsFiles};
 
-use crate::args::{Command, EndpointCommand, Global, MemberCommand, SnapshotCommand, arg_bytes};
+use rdkv_proto::shard::ShardId;
+
+use crate::args::{
+    Command, EndpointCommand, Global, MemberCommand, ShardCommand, SnapshotCommand, arg_bytes,
+};
 use crate::check::CheckView;
 use crate::output::{Json, Message, View};
+use crate::shards::{self, ShardListView, ShardsState};
 use crate::views::{
     DelView, GetView, HealthRow, HealthView, MembersView, PutView, ScanView, StatusRow, StatusView,
     TtlView, fill_lag,
@@ -154,6 +159,21 @@ pub async fn run(client: &Client, command: Command) -> Result<Outcome> {
                 Json::obj([("leader_id", Json::U64(id))]),
             ))
         }
+        Command::Shard(ShardCommand::List) => Ok(Outcome::ok(ShardListView {
+            state: ShardsState::gather(client).await?,
+        })),
+        Command::Shard(ShardCommand::MoveLeader { shard, node }) => {
+            let state = ShardsState::gather(client).await?;
+            shards::move_leader(client, &state, ShardId(shard), node).await?;
+            Ok(message(
+                format!("Shard {shard}'s leadership transferred to node {node}"),
+                Json::obj([
+                    ("shard", Json::U64(u64::from(shard))),
+                    ("leader_id", Json::U64(node)),
+                ]),
+            ))
+        }
+        Command::Rebalance => Ok(Outcome::ok(shards::rebalance(client).await?)),
         Command::Top { .. } => bail!("top runs on its own (see main)"),
         Command::Snapshot(SnapshotCommand::Status { .. } | SnapshotCommand::Restore { .. }) => {
             bail!("snapshot status and restore run locally (see run_local)")
