@@ -90,6 +90,14 @@ impl Client {
         self.router.shard_map()
     }
 
+    /// Fetches the cluster's shard map now, so that keys go to their
+    /// shard's leader from the first request (a node hosting every shard
+    /// never answers `WrongShard`, which is what fetches it otherwise). A
+    /// node older than shard maps fails it with `Malformed`.
+    pub async fn fetch_shard_map(&self) -> Result<()> {
+        self.router.fetch_map().await
+    }
+
     /// A synchronous handle on the one-sided read path, for one thread or
     /// task: `get_into` reads a value straight into the caller's buffer,
     /// without a lock or an allocation (see [`ReadHandle`]). Made inside a

@@ -10,9 +10,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use rdkv_proto::shard::{ShardId, ShardMap};
-use rdkv_proto::wire::{Request, Response, Role};
+use rdkv_proto::wire::Role;
 use rdkv_tests::prometheus::{http_get, parse};
 use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, check, eventually, rdkvctl_ok};
 
@@ -128,7 +128,7 @@ async fn observed_per_shard(cluster: &Cluster) -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rebalance_spreads_leaders_and_a_killed_node_leaves_every_shard_writable() -> Result<()> {
     let mut cluster = Cluster::start_with(NODES, &FLAGS)?;
-    check(&mut cluster, Duration::from_secs(60), async |cluster| {
+    check(&mut cluster, Duration::from_secs(90), async |cluster| {
         eventually(LEADER_TIMEOUT, "a leader per shard", async || {
             led_per_node(cluster).await
         })
@@ -137,6 +137,13 @@ async fn rebalance_spreads_leaders_and_a_killed_node_leaves_every_shard_writable
         let listed = ctl(cluster, &["shard", "list", "-w", "table"]).await?;
         println!("{listed}");
         ensure!(listed.lines().count() >= SHARDS, "shard list: {listed}");
+        let status = ctl(cluster, &["endpoint", "status", "-w", "json"]).await?;
+        let status: serde_json::Value = serde_json::from_str(&status)?;
+        let rows = status["shards"].as_array().map_or(0, Vec::len);
+        ensure!(
+            rows == SHARDS * NODES as usize,
+            "endpoint status shows {rows} shard rows: {status}"
+        );
         rebalance_within_bound(cluster, "at start").await?;
 
         // Forced skew: node 1 leads every shard.
@@ -158,11 +165,12 @@ async fn rebalance_spreads_leaders_and_a_killed_node_leaves_every_shard_writable
 
         // Writes acknowledged in every shard, then SIGKILL node 1: every
         // shard keeps a quorum and stays writable.
+        // The map fetched at once (what rdkv-bench does): keys go to their
+        // shard's leader from the first write.
         let client = cluster.client(Intent::Any)?;
-        let map = match client.send(Request::ShardMap).await? {
-            Response::ShardMap(map) => *map,
-            other => bail!("ShardMap answered {other:?}"),
-        };
+        client.fetch_shard_map().await?;
+        let map = client.shard_map().context("no map after fetch_shard_map")?;
+        ensure!(map.shards().len() == SHARDS, "fetched {map:?}");
         let mut acknowledged = Vec::new();
         for key in key_per_shard(&map, "before") {
             client.put(key.clone(), key.clone()).await?;

@@ -130,6 +130,10 @@ impl DriverFactory for RdkvFactory {
         let client = Client::new(&self.endpoints, options)?;
         // Fail now, not on the first timed operation, if nothing answers.
         client.ping().await?;
+        // Keys go to their shard's leader from the first operation. A
+        // server older than shard maps refuses the request: it serves one
+        // group, which the client routes as before.
+        let _ = client.fetch_shard_map().await;
         let handle = RefCell::new((client.read_handle(), Vec::new()));
         Ok(RdkvDriver {
             client,

@@ -94,6 +94,14 @@ impl Router {
         self.shards.map()
     }
 
+    /// Fetches the cluster's shard map now (not waiting for a
+    /// `WrongShard`): from the first endpoint that answers.
+    pub(crate) async fn fetch_map(&self) -> Result<()> {
+        let deadline = Instant::now() + self.options.request_timeout;
+        let first = self.endpoints().into_iter().next().unwrap_or_default();
+        self.refresh_map(1, &first, deadline).await
+    }
+
     /// Whether the map held has more than one shard.
     pub(crate) fn is_sharded(&self) -> bool {
         self.shards.is_sharded()
