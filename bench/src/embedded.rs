@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use rdkv_client::{Client, ClientOptions};
+use rdkv_client::{Client, ClientOptions, ErrorCode};
 use thiserror::Error;
 
 #[cfg(feature = "etcd")]
@@ -271,6 +271,7 @@ impl EmbeddedCluster {
             }
             if let Some(Some(leader)) = leaders.first()
                 && leaders.iter().all(|l| *l == Some(*leader))
+                && self.every_shard_led(&options).await
             {
                 return Ok(*leader);
             }
@@ -283,6 +284,25 @@ impl EmbeddedCluster {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+}
+
+impl EmbeddedCluster {
+    /// Whether every shard replica of every node knows its leader (a
+    /// node older than shard status: its one group, checked by the caller).
+    async fn every_shard_led(&self, options: &ClientOptions) -> bool {
+        for endpoint in &self.endpoints {
+            let Ok(client) = Client::new(&[endpoint], options.clone()) else {
+                return false;
+            };
+            match client.shard_statuses_of(endpoint).await {
+                Ok(shards) if shards.iter().all(|s| s.leader_id.is_some()) => {}
+                Ok(_) => return false,
+                Err(e) if e.code() == Some(ErrorCode::Malformed) => {}
+                Err(_) => return false,
+            }
+        }
+        true
     }
 }
 

@@ -126,6 +126,13 @@ pub enum Command {
     Check,
     /// Transfers leadership to member ID.
     MoveLeader { id: u64 },
+    /// The shards of a multi-shard cluster: list, move-leader.
+    #[command(subcommand)]
+    Shard(ShardCommand),
+    /// Moves shard leaderships so that no node leads more than
+    /// ceil(shards / nodes) where the shards' members allow it; prints the
+    /// moves and each node's count. Running it again moves nothing.
+    Rebalance,
     /// Snapshots of a node's state.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
@@ -182,6 +189,14 @@ pub enum MemberCommand {
     Promote { id: u64 },
     /// Removes a member.
     Remove { id: u64 },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ShardCommand {
+    /// The shard map: shard, slot ranges, members, leader, map version.
+    List,
+    /// Transfers shard SHARD's leadership to node NODE (one of its members).
+    MoveLeader { shard: u32, node: u64 },
 }
 
 #[derive(Debug, Subcommand)]

@@ -5,9 +5,14 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use rdkv_client::{Client, ClientOptions, ClientTlsFiles};
 
-use crate::args::{Command, EndpointCommand, Global, MemberCommand, SnapshotCommand, arg_bytes};
+use rdkv_proto::shard::ShardId;
+
+use crate::args::{
+    Command, EndpointCommand, Global, MemberCommand, ShardCommand, SnapshotCommand, arg_bytes,
+};
 use crate::check::CheckView;
 use crate::output::{Json, Message, View};
+use crate::shards::{self, ShardListView, ShardsState};
 use crate::views::{
     DelView, GetView, HealthRow, HealthView, MembersView, PutView, ScanView, StatusRow, StatusView,
     TtlView, fill_lag,
@@ -154,26 +159,47 @@ pub async fn run(client: &Client, command: Command) -> Result<Outcome> {
                 Json::obj([("leader_id", Json::U64(id))]),
             ))
         }
+        Command::Shard(command) => shard(client, command).await,
+        Command::Rebalance => Ok(Outcome::ok(shards::rebalance(client).await?)),
         Command::Top { .. } => bail!("top runs on its own (see main)"),
         Command::Snapshot(SnapshotCommand::Status { .. } | SnapshotCommand::Restore { .. }) => {
             bail!("snapshot status and restore run locally (see run_local)")
         }
-        Command::Snapshot(SnapshotCommand::Save { file }) => {
-            let info = client
-                .snapshot_to_file(&file)
-                .await
-                .with_context(|| format!("saving a snapshot to {} failed", file.display()))?;
+        Command::Snapshot(SnapshotCommand::Save { file }) => snapshot_save(client, &file).await,
+    }
+}
+
+async fn snapshot_save(client: &Client, file: &std::path::Path) -> Result<Outcome> {
+    let info = client
+        .snapshot_to_file(file)
+        .await
+        .with_context(|| format!("saving a snapshot to {} failed", file.display()))?;
+    Ok(message(
+        format!(
+            "Snapshot saved at {} ({} bytes, last log index {})",
+            file.display(),
+            info.total_bytes,
+            info.last_log_index
+        ),
+        Json::obj([
+            ("path", Json::str(file.display().to_string())),
+            ("total_bytes", Json::U64(info.total_bytes)),
+            ("last_log_index", Json::U64(info.last_log_index)),
+        ]),
+    ))
+}
+
+async fn shard(client: &Client, command: ShardCommand) -> Result<Outcome> {
+    let state = ShardsState::gather(client).await?;
+    match command {
+        ShardCommand::List => Ok(Outcome::ok(ShardListView { state })),
+        ShardCommand::MoveLeader { shard, node } => {
+            shards::move_leader(client, &state, ShardId(shard), node).await?;
             Ok(message(
-                format!(
-                    "Snapshot saved at {} ({} bytes, last log index {})",
-                    file.display(),
-                    info.total_bytes,
-                    info.last_log_index
-                ),
+                format!("Shard {shard}'s leadership transferred to node {node}"),
                 Json::obj([
-                    ("path", Json::str(file.display().to_string())),
-                    ("total_bytes", Json::U64(info.total_bytes)),
-                    ("last_log_index", Json::U64(info.last_log_index)),
+                    ("shard", Json::U64(u64::from(shard))),
+                    ("leader_id", Json::U64(node)),
                 ]),
             ))
         }
@@ -272,18 +298,30 @@ where
 /// (printed on stderr, exit code 1), as etcdctl does.
 async fn endpoint_status(client: &Client, endpoints: Vec<String>) -> Result<Outcome> {
     let results = each(client, endpoints, |client, endpoint| async move {
-        client.status_of(&endpoint).await
+        let status = client.status_of(&endpoint).await?;
+        // A node older than shard status serves one group: no shard rows.
+        let shards = client
+            .shard_statuses_of(&endpoint)
+            .await
+            .unwrap_or_default();
+        Ok::<_, rdkv_client::Error>((status, shards))
     })
     .await;
     let mut rows = Vec::new();
+    let mut shard_rows = Vec::new();
     let mut errors = Vec::new();
     for (endpoint, result) in results {
         match result {
-            Ok(status) => rows.push(StatusRow {
-                endpoint,
-                status,
-                lag_entries: None,
-            }),
+            Ok((status, shards)) => {
+                if shards.len() > 1 {
+                    shard_rows.extend(shards.into_iter().map(|s| (endpoint.clone(), s)));
+                }
+                rows.push(StatusRow {
+                    endpoint,
+                    status,
+                    lag_entries: None,
+                });
+            }
             Err(e) => errors.push(format!("{endpoint}: {}", chain(&e))),
         }
     }
@@ -302,7 +340,10 @@ async fn endpoint_status(client: &Client, endpoints: Vec<String>) -> Result<Outc
         )
     });
     Ok(Outcome {
-        view: Box::new(StatusView { rows }),
+        view: Box::new(StatusView {
+            rows,
+            shards: shard_rows,
+        }),
         failure,
     })
 }

@@ -14,6 +14,7 @@ mod backup;
 mod check;
 mod commands;
 mod output;
+mod shards;
 mod top;
 mod views;
 

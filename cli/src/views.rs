@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use rdkv_client::{KeyExpiry, MemberInfo, NodeStatus, Role, Versioned};
+use rdkv_client::{KeyExpiry, MemberInfo, NodeStatus, RegionFill, Role, ShardStatus, Versioned};
 
 use crate::output::{Json, Table, View, lines, show_bytes};
 
@@ -263,8 +263,7 @@ pub struct StatusRow {
 
 impl StatusRow {
     fn fill_percent(&self) -> Option<f64> {
-        let r = &self.status.region;
-        (r.capacity_bytes > 0).then(|| r.used_bytes as f64 * 100.0 / r.capacity_bytes as f64)
+        fill_percent(&self.status.region)
     }
 
     /// The charge as a share of the quota, once a quota is applied.
@@ -284,17 +283,17 @@ impl StatusRow {
         }
     }
 
-    fn cells(&self) -> [String; 14] {
+    fn cells(&self) -> Vec<String> {
         let s = &self.status;
-        [
-            self.endpoint.clone(),
-            s.id.to_string(),
-            role_name(s.role).to_owned(),
-            s.term.to_string(),
-            s.leader_id
-                .map_or_else(|| "-".to_owned(), |l| l.to_string()),
-            s.commit_index.to_string(),
-            s.applied_index.to_string(),
+        let mut cells = vec![self.endpoint.clone(), s.id.to_string()];
+        cells.extend(raft_cells(
+            s.role,
+            s.term,
+            s.leader_id,
+            s.commit_index,
+            s.applied_index,
+        ));
+        cells.extend([
             self.fill_percent()
                 .map_or_else(|| "-".to_owned(), |p| format!("{p:.1}%")),
             self.quota_percent()
@@ -305,8 +304,32 @@ impl StatusRow {
             s.shm_socket.clone().unwrap_or_else(|| "-".to_owned()),
             transport_cell(&s.rdma),
             transport_cell(&s.ofi),
-        ]
+        ]);
+        cells
     }
+}
+
+/// Role, term, leader, commit and applied index: the cells a node's and a
+/// shard replica's status rows share.
+fn raft_cells(
+    role: Role,
+    term: u64,
+    leader: Option<u64>,
+    commit: u64,
+    applied: u64,
+) -> [String; 5] {
+    [
+        role_name(role).to_owned(),
+        term.to_string(),
+        leader.map_or_else(|| "-".to_owned(), |l| l.to_string()),
+        commit.to_string(),
+        applied.to_string(),
+    ]
+}
+
+/// How full a region is, in percent (`None`: no capacity).
+fn fill_percent(r: &RegionFill) -> Option<f64> {
+    (r.capacity_bytes > 0).then(|| r.used_bytes as f64 * 100.0 / r.capacity_bytes as f64)
 }
 
 /// A remote one-sided transport's state in a table cell: `on: <what>`
@@ -357,11 +380,47 @@ pub fn role_name(role: Role) -> &'static str {
 #[derive(Debug)]
 pub struct StatusView {
     pub rows: Vec<StatusRow>,
+    /// Every shard replica of the nodes that host several (endpoint, shard).
+    pub shards: Vec<(String, ShardStatus)>,
+}
+
+/// One shard replica's cells: endpoint, shard, role, term, leader,
+/// commit and applied index, region fill.
+fn shard_cells((endpoint, s): &(String, ShardStatus)) -> Vec<String> {
+    let mut cells = vec![endpoint.clone(), s.shard.to_string()];
+    cells.extend(raft_cells(
+        s.role,
+        s.term,
+        s.leader_id,
+        s.commit_index,
+        s.applied_index,
+    ));
+    cells.push(fill_percent(&s.region).map_or_else(|| "-".to_owned(), |p| format!("{p:.1}%")));
+    cells
+}
+
+fn shard_json((endpoint, s): &(String, ShardStatus)) -> Json {
+    Json::obj([
+        ("endpoint", Json::str(endpoint)),
+        ("shard", Json::U64(u64::from(s.shard.0))),
+        ("role", Json::str(role_name(s.role))),
+        ("term", Json::U64(s.term)),
+        ("leader_id", Json::opt_u64(s.leader_id)),
+        ("commit_index", Json::U64(s.commit_index)),
+        ("applied_index", Json::U64(s.applied_index)),
+        ("used_bytes", Json::U64(s.region.used_bytes)),
+        ("capacity_bytes", Json::U64(s.region.capacity_bytes)),
+        ("live_keys", Json::U64(s.region.live_keys)),
+    ])
 }
 
 impl View for StatusView {
     fn simple(&self) -> String {
-        lines(self.rows.iter().map(|r| r.cells().join(", ")))
+        let shards = self
+            .shards
+            .iter()
+            .map(|row| format!("shard {}", shard_cells(row).join(", ")));
+        lines(self.rows.iter().map(|r| r.cells().join(", ")).chain(shards))
     }
 
     fn table(&self) -> String {
@@ -381,10 +440,41 @@ impl View for StatusView {
             "RDMA",
             "OFI",
         ];
-        Table::of(headers, self.rows.iter().map(StatusRow::cells))
+        let nodes = Table::of(headers, self.rows.iter().map(StatusRow::cells));
+        if self.shards.is_empty() {
+            return nodes;
+        }
+        let headers = [
+            "ENDPOINT",
+            "SHARD",
+            "ROLE",
+            "TERM",
+            "LEADER",
+            "COMMIT INDEX",
+            "APPLIED INDEX",
+            "REGION FILL",
+        ];
+        nodes + &Table::of(headers, self.shards.iter().map(shard_cells))
     }
 
     fn json(&self) -> Json {
+        let nodes = self.nodes_json();
+        if self.shards.is_empty() {
+            return nodes;
+        }
+        Json::obj([
+            ("nodes", nodes),
+            (
+                "shards",
+                Json::Arr(self.shards.iter().map(shard_json).collect()),
+            ),
+        ])
+    }
+}
+
+impl StatusView {
+    /// One object per node (the whole `-w json` of a single-group cluster).
+    fn nodes_json(&self) -> Json {
         Json::Arr(
             self.rows
                 .iter()
@@ -634,7 +724,10 @@ mod tests {
         rows[0].status.ofi = "on: tcp;ofi_rxm (libfabric 1.17)".into();
         rows[0].status.rdma = "off: no RDMA device".into();
         rows[1].status.ofi = "off: libfabric unavailable: libfabric.so.1 not loadable".into();
-        let view = StatusView { rows };
+        let view = StatusView {
+            rows,
+            shards: Vec::new(),
+        };
         assert_eq!(
             render(&view, Format::Simple),
             "10.0.0.1:7379, 1, leader, 4, 1, 120, 118, 12.5%, -, -, 0, -, off, on: tcp;ofi_rxm\n\

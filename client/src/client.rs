@@ -5,10 +5,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use rdkv_proto::shard::ShardMap;
+use rdkv_proto::shard::{ShardId, ShardMap};
 use rdkv_proto::wire::{
     Consistency, ExpireCondition, Expiry, Fault, Health, KeyExpiry, MemberInfo, NodeStatus, Op,
-    Request, Response, SetCondition, StateDigestAt, Update, UpdateOutcome, Versioned,
+    Request, Response, SetCondition, ShardStatus, StateDigestAt, Update, UpdateOutcome, Versioned,
 };
 use tokio::io::AsyncWrite;
 
@@ -437,6 +437,27 @@ impl Client {
     /// asked directly (see [`StateDigestAt`]).
     pub async fn digests_of(&self, endpoint: &str) -> Result<Vec<StateDigestAt>> {
         self.call_to(endpoint, Request::Digests).await
+    }
+
+    /// Every shard replica one node hosts (a single-group node: shard 0),
+    /// asked directly. A node older than the request answers `Malformed`.
+    pub async fn shard_statuses_of(&self, endpoint: &str) -> Result<Vec<ShardStatus>> {
+        self.call_to(endpoint, Request::ShardStatus).await
+    }
+
+    /// Transfers shard `shard`'s leadership to node `to`, asked of the node
+    /// at `endpoint` (that shard's leader: no redirect); returns once `to`
+    /// leads.
+    pub async fn move_shard_leader_at(
+        &self,
+        endpoint: &str,
+        shard: ShardId,
+        to: u64,
+    ) -> Result<()> {
+        let Done = self
+            .call_to(endpoint, Request::ShardMoveLeader { shard, to })
+            .await?;
+        Ok(())
     }
 
     /// Health of one node, asked directly.

@@ -102,6 +102,6 @@ pub use rdkv_fabric::GotInto;
 pub use rdkv_proto::wire::{
     Consistency, ErrorCode, ErrorReply, ExpireCondition, Expiry, Fault, Health, KeyExpiry,
     LeaderHint, MemberInfo, NodeStatus, OpStats, OpenConnections, RegionFill, ReplicationLag, Role,
-    StateDigestAt, Versioned,
+    ShardStatus, StateDigestAt, Versioned,
 };
 pub use snapshot::SnapshotInfo;

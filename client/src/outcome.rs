@@ -5,8 +5,8 @@
 
 use bytes::Bytes;
 use rdkv_proto::wire::{
-    Health, KeyExpiry, MemberInfo, NodeStatus, Op, Response, SnapshotChunk, StateDigestAt,
-    UpdateOutcome, Versioned,
+    Health, KeyExpiry, MemberInfo, NodeStatus, Op, Response, ShardStatus, SnapshotChunk,
+    StateDigestAt, UpdateOutcome, Versioned,
 };
 
 use crate::error::{Error, Result};
@@ -113,6 +113,7 @@ from_response! {
     SnapshotChunk: Response::Snapshot(chunk) => chunk;
     Vec<StateDigestAt>: Response::Digests(digests) => digests;
     Option<KeyExpiry>: Response::Expiry(expiry) => expiry;
+    Vec<ShardStatus>: Response::ShardStatus(shards) => shards;
 }
 
 #[cfg(test)]

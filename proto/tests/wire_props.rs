@@ -83,6 +83,11 @@ fn any_request() -> impl Strategy<Value = Request> {
             shard: ShardId(shard),
             request: ShardRequest::Clear,
         }),
+        Just(Request::ShardStatus),
+        (any::<u32>(), any::<u64>()).prop_map(|(shard, to)| Request::ShardMoveLeader {
+            shard: ShardId(shard),
+            to
+        }),
     ]
 }
 

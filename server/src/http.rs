@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
-use rdkv_proto::wire::NodeStatus;
+use rdkv_proto::wire::{NodeStatus, ShardStatus};
 use serde::Serialize;
 
 use crate::accept::{TcpFront, accept_until};
@@ -106,6 +106,17 @@ struct StatusView {
     health_reason: String,
     listeners: Listeners,
     in_flight_requests: u64,
+    /// Every shard replica this node hosts (a single group: shard 0).
+    shards: Vec<ShardView>,
+}
+
+/// One hosted shard in `/status`: its replica's state and its slots.
+#[derive(Debug, Serialize)]
+struct ShardView {
+    #[serde(flatten)]
+    status: ShardStatus,
+    /// Inclusive `[first, last]` slot ranges.
+    slots: Vec<(u16, u16)>,
 }
 
 #[derive(Debug, Serialize)]
@@ -132,6 +143,14 @@ fn status_json(handler: &Handler) -> String {
             http: endpoints.http.clone(),
         },
         in_flight_requests: handler.stats().in_flight(),
+        shards: handler
+            .shard_statuses()
+            .into_iter()
+            .map(|status| ShardView {
+                slots: handler.shards().slot_ranges(status.shard),
+                status,
+            })
+            .collect(),
     };
     match serde_json::to_string(&view) {
         Ok(mut json) => {

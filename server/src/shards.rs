@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use rdkv_proto::shard::{FIRST_SLOT, NodeInfo, ShardId, ShardInfo, ShardMap, key_slot};
+use rdkv_proto::shard::{FIRST_SLOT, LAST_SLOT, NodeInfo, ShardId, ShardInfo, ShardMap, key_slot};
 use rdkv_proto::wire::{ErrorCode, ErrorReply, WrongShard};
 
 use crate::replica::Replica;
@@ -115,6 +115,18 @@ impl Shards {
 
     pub fn iter(&self) -> impl Iterator<Item = (ShardId, &Replica)> {
         self.replicas.iter().map(|(id, r)| (*id, r))
+    }
+
+    /// The slot ranges (first, last; inclusive) `shard` serves: a single
+    /// group serves them all.
+    pub fn slot_ranges(&self, shard: ShardId) -> Vec<(u16, u16)> {
+        match &self.placed {
+            Some(map) => map
+                .ranges_of(shard)
+                .map(|range| (range.first.get(), range.last.get()))
+                .collect(),
+            None => vec![(FIRST_SLOT.get(), LAST_SLOT.get())],
+        }
     }
 
     /// The replica serving `key`.

@@ -89,7 +89,11 @@ fn region_bytes_per_byte(cluster: &Cluster) -> Result<f64> {
         bail!("/metrics answered {status}");
     }
     let metrics = parse(&body)?;
-    let sample = |name: &str| metrics.get(name, &[]).with_context(|| format!("no {name}"));
+    let sample = |name: &str| {
+        metrics
+            .get(name, &[("shard", "0")])
+            .with_context(|| format!("no {name}"))
+    };
     Ok(sample("rdkv_region_used_bytes")? / sample("rdkv_region_payload_bytes")?)
 }
 

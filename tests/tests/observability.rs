@@ -11,6 +11,9 @@ use rdkv_client::{Client, ClientOptions, Consistency, Transport};
 use rdkv_tests::prometheus::{Exposition, http_get, parse};
 use rdkv_tests::{Cluster, Intent, binary, check_with_leader, client_options, eventually};
 
+/// The labels of a single group's Raft and region gauges.
+const SHARD_0: &[(&str, &str)] = &[("shard", "0")];
+
 async fn scrape(cluster: &Cluster, id: u64) -> Result<Exposition> {
     let addr = cluster.node(id)?.http_addr;
     let (status, body) = tokio::task::spawn_blocking(move || http_get(addr, "/metrics")).await??;
@@ -150,14 +153,14 @@ async fn metrics_count_every_operation_and_report_follower_lag() -> Result<()> {
             "follower counted {on_follower} GETs"
         );
         // The writes reached the log: PUTS + DELETES entries.
-        let log_moved = moved(&before, &after, "rdkv_raft_last_log_index", &[]);
+        let log_moved = moved(&before, &after, "rdkv_raft_last_log_index", SHARD_0);
         ensure!(
             log_moved == (PUTS + DELETES) as f64,
             "the log grew by {log_moved} entries"
         );
-        ensure!(after.get("rdkv_raft_is_leader", &[]) == Some(1.0));
-        ensure!(after_follower.get("rdkv_raft_is_leader", &[]) == Some(0.0));
-        ensure!(after.get("rdkv_region_live_keys", &[]) == Some((PUTS - DELETES + 1) as f64));
+        ensure!(after.get("rdkv_raft_is_leader", SHARD_0) == Some(1.0));
+        ensure!(after_follower.get("rdkv_raft_is_leader", SHARD_0) == Some(0.0));
+        ensure!(after.get("rdkv_region_live_keys", SHARD_0) == Some((PUTS - DELETES + 1) as f64));
         ensure!(
             after.sum("rdkv_raft_log_fsync_duration_seconds_count", &[]) > 0.0,
             "no fsync recorded"
@@ -215,7 +218,10 @@ async fn metrics_count_every_operation_and_report_follower_lag() -> Result<()> {
             let label = id.to_string();
             ensure!(
                 after
-                    .get("rdkv_raft_replication_lag_entries", &[("follower", &label)])
+                    .get(
+                        "rdkv_raft_replication_lag_entries",
+                        &[("shard", "0"), ("follower", &label)],
+                    )
                     .is_some(),
                 "no lag reported for follower {id}"
             );
@@ -235,7 +241,10 @@ async fn metrics_count_every_operation_and_report_follower_lag() -> Result<()> {
             let label = follower.to_string();
             let lag = scrape(cluster, leader)
                 .await?
-                .get("rdkv_raft_replication_lag_entries", &[("follower", &label)])
+                .get(
+                    "rdkv_raft_replication_lag_entries",
+                    &[("shard", "0"), ("follower", &label)],
+                )
                 .context("lag of the frozen follower")?;
             ensure!(lag >= 20.0, "frozen follower's lag is {lag}");
             Ok(())

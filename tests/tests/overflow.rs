@@ -149,7 +149,7 @@ async fn overflow_tables(cluster: &Cluster, id: u64) -> Result<f64> {
     ensure!(status == 200, "/metrics of node {id} answered {status}");
     let metrics = parse(&body).with_context(|| format!("node {id}'s /metrics"))?;
     metrics
-        .get("rdkv_region_overflow_tables", &[])
+        .get("rdkv_region_overflow_tables", &[("shard", "0")])
         .with_context(|| format!("node {id} reports no rdkv_region_overflow_tables"))
 }
 

@@ -78,6 +78,13 @@ pub struct YcsbArgs {
     /// Region size of each embedded node.
     #[arg(long, default_value_t = 256)]
     embedded_region_mib: u64,
+    /// Shards (Raft groups) of the embedded cluster (`rdkv-server --shards`).
+    #[arg(long, default_value_t = 1, requires = "embedded")]
+    shards: u32,
+    /// Replicas of each shard of the embedded cluster (`rdkv-server
+    /// --replicas`; default: every node).
+    #[arg(long, requires = "embedded")]
+    replicas: Option<u64>,
     /// An extra rdkv-server flag for every embedded node, e.g.
     /// `--server-arg=--resp-read-consistency=lease`. Repeatable.
     #[arg(long = "server-arg", value_name = "FLAG", allow_hyphen_values = true)]
@@ -478,11 +485,19 @@ impl Servers {
 
     fn start_cluster(&mut self, nodes: u64, args: &YcsbArgs, stop: &AtomicBool) -> Result<()> {
         let runtime = waiting_runtime()?;
-        eprintln!("rdkv-bench: starting an embedded {nodes}-node rdkv cluster");
+        eprintln!(
+            "rdkv-bench: starting an embedded {nodes}-node rdkv cluster of {} shard(s)",
+            args.shards
+        );
+        let mut extra_args = vec!["--shards".to_owned(), args.shards.to_string()];
+        if let Some(replicas) = args.replicas {
+            extra_args.extend(["--replicas".to_owned(), replicas.to_string()]);
+        }
+        extra_args.extend(args.server_args.iter().cloned());
         let mut c = EmbeddedCluster::start(&ClusterOptions {
             nodes,
             region_mib: args.embedded_region_mib,
-            extra_args: args.server_args.clone(),
+            extra_args,
         })
         .context("starting the embedded cluster")?;
         let leader = runtime

@@ -129,6 +129,9 @@ impl DriverFactory for RdkvFactory {
         };
         let client = Client::new(&self.endpoints, options)?;
         // Fail now, not on the first timed operation, if nothing answers.
+        // A sharded node's hello announces its map, which the client
+        // fetches before this first request: keys go to their shard's
+        // leader from the first timed operation.
         client.ping().await?;
         let handle = RefCell::new((client.read_handle(), Vec::new()));
         Ok(RdkvDriver {

@@ -46,6 +46,7 @@ pub(crate) fn route_of(request: &Request) -> (Route, Idempotence) {
         | Request::RdmaRegion
         | Request::OfiRegion
         | Request::ShardMap
+        | Request::ShardStatus
         | Request::Digests => (Route::AnyPreferLeader, Idempotence::Read),
         Request::Put { .. }
         | Request::Delete { .. }
@@ -58,6 +59,7 @@ pub(crate) fn route_of(request: &Request) -> (Route, Idempotence) {
         | Request::PromoteMember { .. }
         | Request::RemoveMember { .. }
         | Request::MoveLeader { .. }
+        | Request::ShardMoveLeader { .. }
         | Request::InjectFault(_)
         | Request::RdmaConnect { .. } => (Route::Leader, Idempotence::Write),
         // A shard's scan or clear goes where the unsharded one would, in

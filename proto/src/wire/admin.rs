@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::shard::ShardId;
+
 /// A node's Raft role as its own metrics report it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Role {
@@ -227,4 +229,21 @@ pub enum Fault {
     /// Delay every raft log fsync by this much (0: no delay), as a slow or
     /// overloaded disk would.
     SlowFsync { delay_ms: u64 },
+}
+
+/// One shard replica hosted by a node, as its own Raft sees it: a row of
+/// `endpoint status`, `/status` and `rdkvctl shard list`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardStatus {
+    pub shard: ShardId,
+    pub role: Role,
+    pub term: u64,
+    pub leader_id: Option<u64>,
+    /// The shard's voters and learners as this replica knows them.
+    #[serde(deserialize_with = "super::batch::bounded_vec")]
+    pub members: Vec<u64>,
+    pub last_log_index: u64,
+    pub commit_index: u64,
+    pub applied_index: u64,
+    pub region: RegionFill,
 }

@@ -53,6 +53,8 @@ impl Request {
             | Request::RdmaRegion
             | Request::OfiRegion
             | Request::ShardMap
+            | Request::ShardStatus
+            | Request::ShardMoveLeader { .. }
             | Request::Digests => KeyUse::Nothing,
         }
     }

@@ -189,6 +189,8 @@ impl Request {
             | Self::RdmaRegion
             | Self::OfiRegion
             | Self::ShardMap
+            | Self::ShardStatus
+            | Self::ShardMoveLeader { .. }
             | Self::Digests => Ok(()),
         }
     }

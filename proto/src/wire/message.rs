@@ -9,7 +9,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use super::admin::{
-    Fault, Health, MemberInfo, NodeStatus, ReadReport, SnapshotChunk, StateDigestAt,
+    Fault, Health, MemberInfo, NodeStatus, ReadReport, ShardStatus, SnapshotChunk, StateDigestAt,
 };
 use super::batch::bounded_vec;
 use super::handshake::{SHARDED_PROTOCOL_VERSION, SHARDS_PROTOCOL_VERSION};
@@ -171,6 +171,15 @@ pub enum Request {
         shard: ShardId,
         request: ShardRequest,
     },
+    /// Every shard replica the node hosts (a single-group node: shard 0),
+    /// answered with [`Response::ShardStatus`] by any node. Protocol
+    /// version 2 ([`Request::min_version`]); an older node answers
+    /// `Malformed`.
+    ShardStatus,
+    /// Transfers the leadership of `shard` to node `to`. Sent to that
+    /// shard's leader; answered with [`Response::Done`] once `to` leads.
+    /// Protocol version 2.
+    ShardMoveLeader { shard: ShardId, to: u64 },
 }
 
 /// One command of a [`Request::Transaction`]. Append-only.
@@ -452,6 +461,8 @@ pub enum Response {
     /// is at least `map_version`. Only sent on connections that can
     /// understand it (docs/sharding.md, section 5); no node sends it yet.
     WrongShard(WrongShard),
+    /// The answer to [`Request::ShardStatus`], in shard order.
+    ShardStatus(#[serde(deserialize_with = "bounded_vec")] Vec<ShardStatus>),
 }
 
 /// The detail of a [`Response::WrongShard`].
@@ -494,9 +505,11 @@ impl UpdateOutcome {
 impl Request {
     /// The lowest protocol version whose servers decode this request; a
     /// server refuses it on a connection of a lower version (a client of
-    /// that version cannot have meant it).
+    /// that version cannot have meant it). The shard admin requests came
+    /// with version 2, `Sharded` with version 3.
     pub fn min_version(&self) -> u16 {
         match self {
+            Request::ShardStatus | Request::ShardMoveLeader { .. } => SHARDS_PROTOCOL_VERSION,
             Request::Sharded { .. } => SHARDED_PROTOCOL_VERSION,
             _ => 1,
         }
@@ -509,7 +522,9 @@ impl Response {
     /// instead (docs/sharding.md, section 5).
     pub fn min_version(&self) -> u16 {
         match self {
-            Response::ShardMap(_) | Response::WrongShard(_) => SHARDS_PROTOCOL_VERSION,
+            Response::ShardMap(_) | Response::WrongShard(_) | Response::ShardStatus(_) => {
+                SHARDS_PROTOCOL_VERSION
+            }
             _ => 1,
         }
     }

@@ -27,7 +27,7 @@ pub mod shm;
 
 pub use admin::{
     Alarm, Fault, Health, MemberInfo, NodeStatus, OpStats, OpenConnections, QuotaUse, ReadReport,
-    RegionFill, ReplicationLag, Role, ServedCounts, SnapshotChunk, StateDigestAt,
+    RegionFill, ReplicationLag, Role, ServedCounts, ShardStatus, SnapshotChunk, StateDigestAt,
 };
 pub use batch::HARD_MAX_BATCH_ENTRIES;
 pub use error::{LimitError, LimitsConfigError, WireError};

@@ -32,11 +32,13 @@ pub enum Op {
     Ttl,
     OfiRegion,
     ShardMap,
+    ShardStatus,
+    ShardMoveLeader,
 }
 
 impl Op {
     /// Every op, in a fixed order (indexes of per-op tables).
-    pub const ALL: [Op; 27] = [
+    pub const ALL: [Op; 29] = [
         Op::Get,
         Op::MGet,
         Op::Put,
@@ -64,6 +66,8 @@ impl Op {
         Op::Ttl,
         Op::OfiRegion,
         Op::ShardMap,
+        Op::ShardStatus,
+        Op::ShardMoveLeader,
     ];
 
     pub fn name(self) -> &'static str {
@@ -92,6 +96,8 @@ impl Op {
             Op::RdmaRegion => "rdma_region",
             Op::OfiRegion => "ofi_region",
             Op::ShardMap => "shard_map",
+            Op::ShardStatus => "shard_status",
+            Op::ShardMoveLeader => "shard_move_leader",
             Op::Digests => "digests",
             Op::Transaction => "transaction",
             Op::Ttl => "ttl",
@@ -154,6 +160,8 @@ impl Request {
             Request::OfiRegion => Op::OfiRegion,
             Request::ShardMap => Op::ShardMap,
             Request::Sharded { request, .. } => request.op(),
+            Request::ShardStatus => Op::ShardStatus,
+            Request::ShardMoveLeader { .. } => Op::ShardMoveLeader,
         }
     }
 }

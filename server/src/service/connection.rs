@@ -240,7 +240,7 @@ impl<'a, W: AsyncWrite + Unpin> Connection<'a, W> {
                     Response::Error(ErrorReply::new(ErrorCode::Malformed, e.to_string()))
                 }
                 Ok(request) if request.min_version() > version => {
-                    Response::Error(too_new(request.min_version(), version))
+                    Response::Error(needs_version("request", request.min_version(), version))
                 }
                 Ok(Request::RdmaConnect { endpoint }) => {
                     rdma_connect(handler, endpoint, &handler.limits(), rdma_sessions)
@@ -337,15 +337,14 @@ fn for_version(response: Response, version: u16) -> Response {
     if needed <= version {
         return response;
     }
-    Response::Error(too_new(needed, version))
+    Response::Error(needs_version("answer", needed, version))
 }
 
-/// The refusal of a message that needs protocol version `needed` on a
-/// connection that speaks `version`.
-fn too_new(needed: u16, version: u16) -> ErrorReply {
+/// The refusal of a request or answer (`what`) newer than the connection.
+fn needs_version(what: &str, needed: u16, version: u16) -> ErrorReply {
     ErrorReply::new(
         ErrorCode::InvalidRequest,
-        format!("this message needs protocol version {needed}; the connection speaks {version}"),
+        format!("this {what} needs protocol version {needed}; the connection speaks {version}"),
     )
 }
 

@@ -300,6 +300,16 @@ impl Handler {
                 .shard_map(self.endpoints.resp.clone())
                 .map(|map| Response::ShardMap(Box::new(map))),
             Request::Digests => Ok(Response::Digests(replica.sm.digests())),
+            Request::ShardStatus => Ok(Response::ShardStatus(self.shard_statuses())),
+            Request::ShardMoveLeader { shard, to } => {
+                let replica = self.shards.get(shard).ok_or_else(|| {
+                    ErrorReply::new(
+                        ErrorCode::NotFound,
+                        format!("shard {shard} has no replica on this node"),
+                    )
+                })?;
+                admin::move_leader(replica, to).await
+            }
             Request::AddMember {
                 id,
                 peer_addr,

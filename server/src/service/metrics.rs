@@ -19,7 +19,14 @@ fn set(name: &'static str, value: u64) {
     gauge!(name).set(value as f64);
 }
 
-fn raft_gauges(status: &NodeStatus, log: &LogStats) {
+/// Shard `shard`'s gauge `name`: every Raft and region gauge is one
+/// replica's, labelled with its shard (a single group: shard="0").
+fn set_for(shard: &str, name: &'static str, value: u64) {
+    gauge!(name, "shard" => shard.to_owned()).set(value as f64);
+}
+
+fn raft_gauges(shard: &str, status: &NodeStatus, log: &LogStats) {
+    let set = |name, value| set_for(shard, name, value);
     set("rdkv_raft_term", status.term);
     set(
         "rdkv_raft_is_leader",
@@ -55,7 +62,8 @@ fn raft_gauges(status: &NodeStatus, log: &LogStats) {
     set("rdkv_raft_log_segments", log.segments);
 }
 
-fn region_gauges(region: &RegionStats) {
+fn region_gauges(shard: &str, region: &RegionStats) {
+    let set = |name, value| set_for(shard, name, value);
     set("rdkv_region_capacity_bytes", region.data_capacity_bytes);
     set("rdkv_region_used_bytes", region.used_bytes);
     set("rdkv_region_payload_bytes", region.payload_bytes);
@@ -64,7 +72,8 @@ fn region_gauges(region: &RegionStats) {
     set("rdkv_region_index_slots", region.index_slots);
     set("rdkv_region_overflow_tables", region.overflow_tables);
     set("rdkv_region_overflow_bytes", region.overflow_bytes);
-    gauge!("rdkv_region_fragmentation_ratio").set(region.fragmentation);
+    gauge!("rdkv_region_fragmentation_ratio", "shard" => shard.to_owned())
+        .set(region.fragmentation);
     set(
         "rdkv_region_grace_queue_blocks",
         region.pending_reclaim_blocks,
@@ -73,26 +82,34 @@ fn region_gauges(region: &RegionStats) {
         "rdkv_region_grace_queue_bytes",
         region.pending_reclaim_bytes,
     );
-    counter!("rdkv_region_reclaimed_blocks_total").absolute(region.reclaimed_blocks_total);
-    counter!("rdkv_region_reclaimed_bytes_total").absolute(region.reclaimed_bytes_total);
+    counter!("rdkv_region_reclaimed_blocks_total", "shard" => shard.to_owned())
+        .absolute(region.reclaimed_blocks_total);
+    counter!("rdkv_region_reclaimed_bytes_total", "shard" => shard.to_owned())
+        .absolute(region.reclaimed_bytes_total);
 }
 
 /// Per-follower lag exists only while this node leads: rendered here, not
 /// recorded, so that a node that stops leading stops reporting it at once.
-fn replication_lag(status: &NodeStatus, out: &mut String) {
-    if status.replication.is_empty() {
+/// `leading`: the status of each shard this node leads.
+fn replication_lag(leading: &[(String, NodeStatus)], out: &mut String) {
+    if leading
+        .iter()
+        .all(|(_, status)| status.replication.is_empty())
+    {
         return;
     }
     out.push_str(
-        "# HELP rdkv_raft_replication_lag_entries Leader's last log index minus what the follower has (leader only).\n\
+        "# HELP rdkv_raft_replication_lag_entries Leader's last log index minus what the follower has (leader only), by shard.\n\
          # TYPE rdkv_raft_replication_lag_entries gauge\n",
     );
-    for follower in &status.replication {
-        let _ = writeln!(
-            out,
-            "rdkv_raft_replication_lag_entries{{follower=\"{}\"}} {}",
-            follower.id, follower.lag_entries
-        );
+    for (shard, status) in leading {
+        for follower in &status.replication {
+            let _ = writeln!(
+                out,
+                "rdkv_raft_replication_lag_entries{{shard=\"{shard}\",follower=\"{}\"}} {}",
+                follower.id, follower.lag_entries
+            );
+        }
     }
 }
 
@@ -166,21 +183,30 @@ impl Handler {
 
     /// Everything `/metrics` shows, in the Prometheus text format (0.0.4).
     pub async fn metrics(&self) -> String {
+        let mut leading = Vec::new();
+        for (shard, replica) in self.shards().iter() {
+            let shard = shard.0.to_string();
+            let status = self.status_of(replica);
+            raft_gauges(&shard, &status, &replica.log.stats());
+            region_gauges(&shard, &replica.sm.region_stats());
+            set_for(
+                &shard,
+                "rdkv_region_expiring_keys",
+                replica.sm.expiring_keys() as u64,
+            );
+            if status.role == Role::Leader {
+                leading.push((shard, status));
+            }
+        }
         let status = self.status();
         let replica = self.replica();
-        raft_gauges(&status, &replica.log.stats());
-        region_gauges(&replica.sm.region_stats());
-        set(
-            "rdkv_region_expiring_keys",
-            replica.sm.expiring_keys() as u64,
-        );
         // Validation counters of this node's own lock-free reader (current
         // region; they restart when a snapshot install replaces the region).
         server_reads(&replica.sm.reader().stats());
         self.connection_gauges(&status);
         set("rdkv_in_flight_requests", self.stats().in_flight());
         let mut out = prometheus().render();
-        replication_lag(&status, &mut out);
+        replication_lag(&leading, &mut out);
         stage_latencies(&replica.raft, &mut out).await;
         out
     }

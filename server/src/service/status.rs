@@ -1,12 +1,15 @@
 //! `endpoint status` and `endpoint health` of this node.
 
 use openraft::ServerState;
+use rdkv_proto::shard::ShardId;
 use rdkv_proto::wire::{
     Alarm, Health, NodeStatus, Op, QuotaUse, RegionFill, ReplicationLag, Role, ServedCounts,
+    ShardStatus,
 };
 
 use super::Handler;
 use crate::lease::quorum_ack_age;
+use crate::replica::Replica;
 
 /// A node that has applied everything but this many committed entries is
 /// healthy; more means it is falling behind.
@@ -22,11 +25,55 @@ fn role(state: ServerState) -> Role {
     }
 }
 
+/// How full `replica`'s region is.
+fn region_fill(replica: &Replica) -> RegionFill {
+    let stats = replica.sm.region_stats();
+    RegionFill {
+        capacity_bytes: stats.data_capacity_bytes,
+        used_bytes: stats.used_bytes,
+        pending_reclaim_bytes: stats.pending_reclaim_bytes,
+        live_keys: stats.live_keys,
+    }
+}
+
+/// Shard `shard`'s replica on this node, as its own Raft sees it.
+pub fn shard_status(shard: ShardId, replica: &Replica) -> ShardStatus {
+    let metrics = replica.metrics();
+    ShardStatus {
+        shard,
+        role: role(metrics.state),
+        term: metrics.current_term,
+        leader_id: metrics.current_leader,
+        members: metrics
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, _)| *id)
+            .collect(),
+        last_log_index: metrics.last_log_index.unwrap_or(0),
+        commit_index: metrics.cluster_committed.map_or(0, |l| l.index),
+        applied_index: replica.sm.applied_index(),
+        region: region_fill(replica),
+    }
+}
+
 impl Handler {
+    /// Every shard replica of this node, in shard order.
+    pub fn shard_statuses(&self) -> Vec<ShardStatus> {
+        self.shards()
+            .iter()
+            .map(|(shard, replica)| shard_status(shard, replica))
+            .collect()
+    }
+
+    /// The status of the primary replica (docs/sharding.md, section 3).
     pub fn status(&self) -> NodeStatus {
-        let replica = self.replica();
+        self.status_of(self.replica())
+    }
+
+    /// The status of this node as `replica`'s Raft group sees it.
+    pub fn status_of(&self, replica: &Replica) -> NodeStatus {
         let metrics = replica.metrics();
-        let stats = replica.sm.region_stats();
         let quota = replica.sm.quota_status();
         let last_log_index = metrics.last_log_index.unwrap_or(0);
         let leader_client_addr = metrics.current_leader.and_then(|id| {
@@ -70,12 +117,7 @@ impl Handler {
             state_digest: replica.sm.digest_now(),
             snapshot_index: metrics.snapshot.map_or(0, |l| l.index),
             purged_index: metrics.purged.map_or(0, |l| l.index),
-            region: RegionFill {
-                capacity_bytes: stats.data_capacity_bytes,
-                used_bytes: stats.used_bytes,
-                pending_reclaim_bytes: stats.pending_reclaim_bytes,
-                live_keys: stats.live_keys,
-            },
+            region: region_fill(replica),
             members: replica.members(),
             replication,
             shm_socket: self.endpoints().shm_socket.clone(),

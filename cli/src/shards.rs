@@ -1,0 +1,284 @@
+//! `shard list`, `shard move-leader` and `rebalance` (docs/sharding.md,
+//! section 8): the shard map from any node, each shard's leader as the
+//! shards' own replicas report it (`Request::ShardStatus` of every node in
+//! the map), and leader moves sent to the shard's current leader.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result, bail};
+use rdkv_client::Client;
+use rdkv_proto::shard::{
+    LeaderMove, ShardId, ShardLeadership, ShardMap, leader_bound, leader_moves,
+};
+use rdkv_proto::wire::{Request, Response, Role, ShardStatus};
+
+use crate::output::{Json, Table, View, lines};
+
+/// The cluster's shards as `rdkvctl` sees them: the map, and each shard's
+/// leader from its replicas (the map's hint when none answered).
+pub struct ShardsState {
+    pub map: ShardMap,
+    /// Shard -> (term, leader) reported by a replica leading it, highest term.
+    leaders: BTreeMap<ShardId, (u64, u64)>,
+}
+
+impl ShardsState {
+    /// Asks any node for the map, then every node of the map for the
+    /// shards it hosts; nodes that do not answer are skipped.
+    pub async fn gather(client: &Client) -> Result<ShardsState> {
+        let map = match client.send(Request::ShardMap).await {
+            Ok(Response::ShardMap(map)) => *map,
+            Ok(other) => bail!("the shard map request was answered {other:?}"),
+            Err(e) => return Err(e).context("reading the shard map failed"),
+        };
+        let mut leaders = BTreeMap::new();
+        for node in map.nodes() {
+            let Some(addr) = &node.client_addr else {
+                continue;
+            };
+            let Ok(statuses) = client.shard_statuses_of(addr).await else {
+                continue;
+            };
+            for status in statuses.iter().filter(|s| s.role == Role::Leader) {
+                note_leader(&mut leaders, status, node.id);
+            }
+        }
+        Ok(ShardsState { map, leaders })
+    }
+
+    /// Shard `shard`'s leader: as a leading replica reports it, else the
+    /// map's hint.
+    pub fn leader_of(&self, shard: ShardId) -> Option<u64> {
+        self.leaders
+            .get(&shard)
+            .map(|&(_, leader)| leader)
+            .or_else(|| self.map.shard(shard).and_then(|s| s.leader))
+    }
+
+    /// Each shard's members and leader, as the rebalance plan takes them.
+    pub fn leaderships(&self) -> Vec<ShardLeadership> {
+        self.map
+            .shards()
+            .iter()
+            .map(|s| ShardLeadership {
+                shard: s.id,
+                members: s.members.clone(),
+                leader: self.leader_of(s.id),
+            })
+            .collect()
+    }
+
+    fn node_ids(&self) -> Vec<u64> {
+        self.map.nodes().iter().map(|n| n.id).collect()
+    }
+
+    fn client_addr(&self, node: u64) -> Option<&str> {
+        self.map.node(node).and_then(|n| n.client_addr.as_deref())
+    }
+}
+
+/// Keeps the leader of `status`'s shard reported with the highest term.
+fn note_leader(leaders: &mut BTreeMap<ShardId, (u64, u64)>, status: &ShardStatus, node: u64) {
+    let newer = leaders
+        .get(&status.shard)
+        .is_none_or(|&(term, _)| status.term > term);
+    if newer {
+        leaders.insert(status.shard, (status.term, node));
+    }
+}
+
+/// Moves `shard`'s leadership to `to`, asking the shard's current leader.
+pub async fn move_leader(
+    client: &Client,
+    state: &ShardsState,
+    shard: ShardId,
+    to: u64,
+) -> Result<()> {
+    let info = state
+        .map
+        .shard(shard)
+        .with_context(|| format!("shard {shard} is not in the map"))?;
+    if !info.members.contains(&to) {
+        bail!(
+            "node {to} is not a member of shard {shard} ({:?})",
+            info.members
+        );
+    }
+    let leader = state
+        .leader_of(shard)
+        .with_context(|| format!("shard {shard} has no known leader"))?;
+    if leader == to {
+        return Ok(());
+    }
+    let addr = state
+        .client_addr(leader)
+        .with_context(|| format!("no client address known for node {leader}"))?;
+    client
+        .move_shard_leader_at(addr, shard, to)
+        .await
+        .with_context(|| format!("moving shard {shard}'s leadership from {leader} to {to} failed"))
+}
+
+/// `shard list`: one row per shard.
+pub struct ShardListView {
+    pub state: ShardsState,
+}
+
+impl ShardListView {
+    fn rows(&self) -> Vec<[String; 5]> {
+        let version = self.state.map.version().to_string();
+        self.state
+            .map
+            .shards()
+            .iter()
+            .map(|s| {
+                [
+                    s.id.to_string(),
+                    slot_ranges(&self.state.map, s.id).join(" "),
+                    join_ids(&s.members),
+                    self.state
+                        .leader_of(s.id)
+                        .map_or_else(|| "-".to_owned(), |l| l.to_string()),
+                    version.clone(),
+                ]
+            })
+            .collect()
+    }
+}
+
+fn slot_ranges(map: &ShardMap, shard: ShardId) -> Vec<String> {
+    map.ranges_of(shard)
+        .map(|r| format!("{}-{}", r.first.get(), r.last.get()))
+        .collect()
+}
+
+fn join_ids(ids: &[u64]) -> String {
+    ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+}
+
+impl View for ShardListView {
+    fn simple(&self) -> String {
+        lines(self.rows().into_iter().map(|r| r.join(", ")))
+    }
+
+    fn table(&self) -> String {
+        let headers = ["SHARD", "SLOTS", "MEMBERS", "LEADER", "MAP VERSION"];
+        Table::of(headers, self.rows())
+    }
+
+    fn json(&self) -> Json {
+        let map = &self.state.map;
+        Json::obj([
+            ("version", Json::U64(map.version())),
+            (
+                "shards",
+                Json::Arr(
+                    map.shards()
+                        .iter()
+                        .map(|s| {
+                            Json::obj([
+                                ("shard", Json::U64(u64::from(s.id.0))),
+                                (
+                                    "slots",
+                                    Json::Arr(
+                                        slot_ranges(map, s.id).into_iter().map(Json::str).collect(),
+                                    ),
+                                ),
+                                (
+                                    "members",
+                                    Json::Arr(s.members.iter().map(|&m| Json::U64(m)).collect()),
+                                ),
+                                ("leader", Json::opt_u64(self.state.leader_of(s.id))),
+                            ])
+                        })
+                        .collect(),
+                ),
+            ),
+        ])
+    }
+}
+
+/// `rebalance`: the moves made, and each node's led count after them.
+pub struct RebalanceView {
+    pub bound: usize,
+    pub moves: Vec<LeaderMove>,
+    /// Node -> shards it leads after the moves.
+    pub spread: BTreeMap<u64, usize>,
+}
+
+impl View for RebalanceView {
+    fn simple(&self) -> String {
+        let moves = self
+            .moves
+            .iter()
+            .map(|m| format!("moved shard {} leader {} -> {}", m.shard, m.from, m.to));
+        let spread = self
+            .spread
+            .iter()
+            .map(|(node, led)| format!("node {node} leads {led}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let summary = match self.moves.is_empty() {
+            true => format!("balanced (at most {} per node): {spread}", self.bound),
+            false => format!("at most {} per node: {spread}", self.bound),
+        };
+        lines(moves.chain(std::iter::once(summary)))
+    }
+
+    fn json(&self) -> Json {
+        Json::obj([
+            ("bound", Json::U64(self.bound as u64)),
+            (
+                "moves",
+                Json::Arr(
+                    self.moves
+                        .iter()
+                        .map(|m| {
+                            Json::obj([
+                                ("shard", Json::U64(u64::from(m.shard.0))),
+                                ("from", Json::U64(m.from)),
+                                ("to", Json::U64(m.to)),
+                            ])
+                        })
+                        .collect(),
+                ),
+            ),
+            (
+                "leaders_per_node",
+                Json::obj(
+                    self.spread
+                        .iter()
+                        .map(|(node, led)| (node.to_string(), Json::U64(*led as u64))),
+                ),
+            ),
+        ])
+    }
+}
+
+/// Plans the leader moves from the cluster's state and carries them out
+/// one at a time; run again, it finds nothing to move.
+pub async fn rebalance(client: &Client) -> Result<RebalanceView> {
+    let state = ShardsState::gather(client).await?;
+    let nodes = state.node_ids();
+    let shards = state.leaderships();
+    let moves = leader_moves(&shards, &nodes);
+    for m in &moves {
+        move_leader(client, &state, m.shard, m.to).await?;
+    }
+    let mut spread: BTreeMap<u64, usize> = nodes.iter().map(|&n| (n, 0)).collect();
+    let mut leaders: BTreeMap<ShardId, u64> = shards
+        .iter()
+        .filter_map(|s| s.leader.map(|l| (s.shard, l)))
+        .collect();
+    for m in &moves {
+        leaders.insert(m.shard, m.to);
+    }
+    for leader in leaders.values() {
+        *spread.entry(*leader).or_default() += 1;
+    }
+    Ok(RebalanceView {
+        bound: leader_bound(shards.len(), nodes.len()),
+        moves,
+        spread,
+    })
+}
