@@ -5,8 +5,8 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use openraft::RaftMetrics;
 use openraft::async_runtime::WatchReceiver;
+use openraft::{Membership, RaftMetrics};
 use rdkv_proto::shard::{NodeInfo, ShardMap, ShardMapError};
 use rdkv_proto::wire::{ErrorCode, ErrorReply, LeaderHint, MemberInfo};
 use rdkv_storage::raft::{NodeAddr, TypeConfig};
@@ -87,7 +87,12 @@ impl Replica {
     /// The configuration this node knows, voters and learners.
     pub fn members(&self) -> Vec<MemberInfo> {
         let metrics = self.metrics();
-        let membership = metrics.membership_config.membership();
+        self.members_of(metrics.membership_config.membership())
+    }
+
+    /// `membership`'s voters and learners, with their client addresses
+    /// where known.
+    pub fn members_of(&self, membership: &Membership<u64, NodeAddr>) -> Vec<MemberInfo> {
         let voters: BTreeSet<u64> = membership.voter_ids().collect();
         membership
             .nodes()

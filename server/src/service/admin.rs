@@ -76,18 +76,25 @@ fn member(replica: &Replica, id: u64) -> Result<MemberInfo, ErrorReply> {
         .ok_or_else(|| ErrorReply::new(ErrorCode::NotFound, format!("node {id} is not a member")))
 }
 
-/// Commits a configuration change and answers with the new members.
+/// Commits a configuration change and answers with the new members: the
+/// configuration the change committed, not the node's metrics, which may
+/// not show it yet when the call returns (seen under load: a removed
+/// member still listed).
 async fn change_membership(
     replica: &Replica,
     change: ChangeMembers<u64, NodeAddr>,
     retain: bool,
 ) -> Reply {
-    replica
+    let committed = replica
         .raft
         .change_membership(change, retain)
         .await
         .map_err(|e| write_error(replica, e))?;
-    Ok(Response::Members(replica.members()))
+    let members = match committed.membership() {
+        Some(membership) => replica.members_of(membership),
+        None => replica.members(),
+    };
+    Ok(Response::Members(members))
 }
 
 pub async fn move_leader(replica: &Replica, to: u64) -> Reply {
