@@ -1289,7 +1289,7 @@ fn may_remove_above(op: &OpRecord, above: u64, read: &OpRecord) -> bool {
 
 /// Checks every `Ok` follower read against its lag bound.
 pub fn check_follower_reads(history: &History) -> FollowerReport {
-    follower_reads(history, None)
+    follower_reads(history, None, &|_| 0)
 }
 
 /// Like [`check_follower_reads`], for the bound as rdkv states it: a
@@ -1299,12 +1299,31 @@ pub fn check_follower_reads(history: &History) -> FollowerReport {
 /// indexes returned at least `freshness_ns` (wall clock) before a read was
 /// invoked are taken as committed for that read.
 pub fn check_follower_reads_within(history: &History, freshness_ns: u64) -> FollowerReport {
-    follower_reads(history, Some(freshness_ns))
+    follower_reads(history, Some(freshness_ns), &|_| 0)
 }
 
-fn follower_reads(history: &History, freshness_ns: Option<u64>) -> FollowerReport {
-    let completions = committed_by_completion(history, freshness_ns);
-    let committed_before = |tick: Tick| {
+/// Like [`check_follower_reads_within`], for a store of several Raft logs
+/// (shards): versions are log indexes, comparable only within one log, so
+/// a read's bound comes from the indexes returned by operations on keys of
+/// the read's log. `log_of` names the log a key belongs to.
+pub fn check_follower_reads_per_log(
+    history: &History,
+    freshness_ns: u64,
+    log_of: &dyn Fn(&[u8]) -> u64,
+) -> FollowerReport {
+    follower_reads(history, Some(freshness_ns), log_of)
+}
+
+fn follower_reads(
+    history: &History,
+    freshness_ns: Option<u64>,
+    log_of: &dyn Fn(&[u8]) -> u64,
+) -> FollowerReport {
+    let completions = committed_by_completion(history, freshness_ns, log_of);
+    let committed_before = |log: u64, tick: Tick| {
+        let Some(completions) = completions.get(&log) else {
+            return 0;
+        };
         let count = completions.partition_point(|&(t, _)| t < tick);
         count.checked_sub(1).map_or(0, |i| completions[i].1)
     };
@@ -1321,9 +1340,10 @@ fn follower_reads(history: &History, freshness_ns: Option<u64>) -> FollowerRepor
             continue;
         };
         report.reads_checked += 1;
+        let log = log_of(&read.key);
         let committed = match freshness_ns {
-            None => committed_before(read.invoked_at),
-            Some(ns) => committed_before(read.invoked_ns.saturating_sub(ns)),
+            None => committed_before(log, read.invoked_at),
+            Some(ns) => committed_before(log, read.invoked_ns.saturating_sub(ns)),
         };
         let bound = ReadBound {
             committed,
@@ -1345,31 +1365,37 @@ fn follower_reads(history: &History, freshness_ns: Option<u64>) -> FollowerRepor
     report
 }
 
-/// Completion time -> largest index returned up to then (a prefix maximum,
-/// sorted by time); logical ticks, or wall-clock ns when a freshness bound
-/// applies.
-fn committed_by_completion(history: &History, freshness_ns: Option<u64>) -> Vec<(Tick, u64)> {
-    let mut completions: Vec<(Tick, u64)> = history
-        .ops
-        .iter()
-        .filter_map(|op| match &op.outcome {
-            Outcome::Ok(returned) => returned.committed_index().map(|i| {
-                let at = match freshness_ns {
-                    None => op.completed_at,
-                    Some(_) => op.completed_ns,
-                };
-                (at, i)
-            }),
-            _ => None,
-        })
-        .collect();
-    completions.sort_unstable();
-    let mut running_max = 0;
-    for entry in &mut completions {
-        running_max = running_max.max(entry.1);
-        entry.1 = running_max;
+/// Per log: completion time -> largest index returned up to then (a prefix
+/// maximum, sorted by time); logical ticks, or wall-clock ns when a
+/// freshness bound applies.
+fn committed_by_completion(
+    history: &History,
+    freshness_ns: Option<u64>,
+    log_of: &dyn Fn(&[u8]) -> u64,
+) -> HashMap<u64, Vec<(Tick, u64)>> {
+    let mut by_log: HashMap<u64, Vec<(Tick, u64)>> = HashMap::new();
+    for op in &history.ops {
+        let Outcome::Ok(returned) = &op.outcome else {
+            continue;
+        };
+        let Some(index) = returned.committed_index() else {
+            continue;
+        };
+        let at = match freshness_ns {
+            None => op.completed_at,
+            Some(_) => op.completed_ns,
+        };
+        by_log.entry(log_of(&op.key)).or_default().push((at, index));
     }
-    completions
+    for completions in by_log.values_mut() {
+        completions.sort_unstable();
+        let mut running_max = 0;
+        for entry in completions.iter_mut() {
+            running_max = running_max.max(entry.1);
+            entry.1 = running_max;
+        }
+    }
+    by_log
 }
 
 /// Every write whose version is known, per key, in version order.

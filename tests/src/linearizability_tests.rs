@@ -563,6 +563,22 @@ fn follower_bound_counts_commits_on_other_keys() {
 }
 
 #[test]
+fn follower_bound_per_log_ignores_other_logs_indexes() {
+    // Two shards: "other" lives in a log whose index 10 says nothing about
+    // KEY's log, which has committed only index 1.
+    let mut b = Builder::default();
+    b.put_on(1, KEY, (0, 1), "a", 1);
+    b.put_on(1, "other", (2, 3), "z", 10);
+    b.follower_get(2, KEY, (4, 5), 5, None);
+    let log_of = |key: &[u8]| u64::from(key == b"other");
+    let per_log = check_follower_reads_per_log(&b.history(), 0, &log_of);
+    assert!(per_log.violations.is_empty(), "{:?}", per_log.violations);
+    // One log for both keys: the same read is out of bound.
+    let one_log = check_follower_reads_per_log(&b.history(), 0, &|_| 0);
+    assert_eq!(one_log.violations.len(), 1, "{:?}", one_log.violations);
+}
+
+#[test]
 fn follower_absent_read_explained_by_a_possible_delete() {
     let mut b = Builder::default();
     b.put(1, (0, 1), "a", 1);

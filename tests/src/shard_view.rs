@@ -1,0 +1,58 @@
+//! What the nodes of a sharded cluster (`--shards N`) say about its shards:
+//! each node's own shard map, and the leader of every shard as its members
+//! report it from their own Raft groups.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Result, bail};
+use rdkv_proto::shard::{ShardId, ShardMap};
+use rdkv_proto::wire::{Request, Response};
+
+use crate::{Cluster, Intent};
+
+/// Node `id`'s own shard map, asked directly.
+pub async fn map_of(cluster: &Cluster, id: u64) -> Result<ShardMap> {
+    let client = cluster.client(Intent::Via(&[id]))?;
+    let endpoint = cluster.node(id)?.endpoint();
+    match client.send_to(&endpoint, Request::ShardMap).await? {
+        Response::ShardMap(map) => Ok(*map),
+        other => bail!("node {id} answered ShardMap with {other:?}"),
+    }
+}
+
+/// Every shard's leader as the nodes `asked` report it: each shard must
+/// have a leader among `asked` that every asked member of the shard names
+/// (a node reports the placed hint for shards it does not host, so only
+/// members count). Fails while any shard has none, or its members disagree.
+pub async fn agreed_leaders(cluster: &Cluster, asked: &[u64]) -> Result<BTreeMap<ShardId, u64>> {
+    let mut reports: BTreeMap<ShardId, Vec<Option<u64>>> = BTreeMap::new();
+    let mut map = None;
+    for &id in asked {
+        let node_map = map_of(cluster, id).await?;
+        for shard in node_map.shards() {
+            if shard.members.contains(&id) {
+                reports.entry(shard.id).or_default().push(shard.leader);
+            }
+        }
+        map = Some(node_map);
+    }
+    let Some(map) = map else {
+        bail!("no node asked");
+    };
+    let mut agreed = BTreeMap::new();
+    for shard in map.shards() {
+        let named = reports.remove(&shard.id).unwrap_or_default();
+        match named.first() {
+            Some(Some(leader))
+                if named.iter().all(|l| *l == Some(*leader)) && asked.contains(leader) =>
+            {
+                agreed.insert(shard.id, *leader);
+            }
+            _ => bail!(
+                "shard {}: its members among {asked:?} report leaders {named:?}",
+                shard.id.0
+            ),
+        }
+    }
+    Ok(agreed)
+}
