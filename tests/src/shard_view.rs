@@ -56,3 +56,33 @@ pub async fn agreed_leaders(cluster: &Cluster, asked: &[u64]) -> Result<BTreeMap
     }
     Ok(agreed)
 }
+
+/// Keys named `name(0)`, `name(1)`, ... taken in that order until each
+/// shard of `map` has `per_shard` of them; each with its shard.
+pub fn keys_per_shard(
+    map: &ShardMap,
+    per_shard: usize,
+    name: impl Fn(usize) -> String,
+) -> Vec<(ShardId, String)> {
+    let mut keys = Vec::new();
+    let mut counts: BTreeMap<ShardId, usize> = BTreeMap::new();
+    let wanted = per_shard * map.shards().len();
+    for i in 0.. {
+        if keys.len() == wanted {
+            break;
+        }
+        let key = name(i);
+        let shard = map.shard_of_key(key.as_bytes());
+        let count = counts.entry(shard).or_default();
+        if *count < per_shard {
+            *count += 1;
+            keys.push((shard, key));
+        }
+    }
+    keys
+}
+
+/// The ids of `cluster`'s nodes now.
+pub fn node_ids(cluster: &Cluster) -> Vec<u64> {
+    cluster.nodes.keys().copied().collect()
+}

@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 use rdkv_proto::shard::ShardId;
 use rdkv_tests::nemesis::{Expect, load_secs, report, run_scenario, slow_fsyncs};
-use rdkv_tests::shard_view::{agreed_leaders, map_of};
+use rdkv_tests::shard_view::{agreed_leaders, map_of, node_ids};
 use rdkv_tests::{Cluster, check, eventually};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -63,10 +63,6 @@ impl Scenario {
             Scenario::RestartAll => "6 shards: restart all (kill -9)",
         }
     }
-}
-
-fn node_ids(cluster: &Cluster) -> Vec<u64> {
-    cluster.nodes.keys().copied().collect()
 }
 
 /// Waits until every shard has a leader among `ids` that its members there

@@ -14,6 +14,7 @@ use anyhow::{Context, Result, ensure};
 use rdkv_proto::shard::{ShardId, ShardMap};
 use rdkv_proto::wire::Role;
 use rdkv_tests::prometheus::{http_get, parse};
+use rdkv_tests::shard_view::keys_per_shard;
 use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, check, eventually, rdkvctl_ok};
 
 const SHARDS: usize = 6;
@@ -70,15 +71,10 @@ async fn rebalance_within_bound(cluster: &Cluster, when: &str) -> Result<BTreeMa
 
 /// One key per shard of `map`, tagged with `round`.
 fn key_per_shard(map: &ShardMap, round: &str) -> Vec<String> {
-    let mut keys: BTreeMap<ShardId, String> = BTreeMap::new();
-    for i in 0.. {
-        let key = format!("{round}-{i}");
-        keys.entry(map.shard_of_key(key.as_bytes())).or_insert(key);
-        if keys.len() == map.shards().len() {
-            break;
-        }
-    }
-    keys.into_values().collect()
+    keys_per_shard(map, 1, |i| format!("{round}-{i}"))
+        .into_iter()
+        .map(|(_, key)| key)
+        .collect()
 }
 
 /// `/status` lists every hosted shard with its slots; `/metrics` labels

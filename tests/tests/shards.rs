@@ -8,78 +8,17 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::{Result, bail, ensure};
-use rdkv_proto::shard::{ShardId, ShardMap};
-use rdkv_proto::wire::{Request, Response};
+use anyhow::{Result, ensure};
+use rdkv_proto::shard::ShardId;
+use rdkv_tests::shard_view::{agreed_leaders, keys_per_shard, map_of, node_ids};
 use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, check, eventually};
 
 const SHARDS: u32 = 3;
 const FLAGS: [&str; 6] = ["--shards", "3", "--replicas", "2", "--region-mib", "16"];
 
-/// Node `id`'s own shard map, asked directly.
-async fn map_of(cluster: &Cluster, id: u64) -> Result<ShardMap> {
-    let client = cluster.client(Intent::Via(&[id]))?;
-    let endpoint = cluster.node(id)?.endpoint();
-    match client.send_to(&endpoint, Request::ShardMap).await? {
-        Response::ShardMap(map) => Ok(*map),
-        other => bail!("node {id} answered ShardMap with {other:?}"),
-    }
-}
-
-/// Every shard's leader, as each of its members reports it from its own
-/// Raft (a node reports the placed hint for shards it does not host, so
-/// only members are asked about a shard); fails until all members of
-/// every shard agree on one of them.
+/// Every shard's leader, agreed by all of its members.
 async fn leaders(cluster: &Cluster) -> Result<BTreeMap<ShardId, u64>> {
-    let mut seen: BTreeMap<ShardId, Vec<Option<u64>>> = BTreeMap::new();
-    let mut map = None;
-    for &id in cluster.nodes.keys() {
-        let node_map = map_of(cluster, id).await?;
-        for shard in node_map.shards() {
-            if shard.members.contains(&id) {
-                seen.entry(shard.id).or_default().push(shard.leader);
-            }
-        }
-        map = Some(node_map);
-    }
-    let Some(map) = map else {
-        bail!("no nodes");
-    };
-    ensure!(map.shards().len() == SHARDS as usize, "{map:?}");
-    let mut agreed = BTreeMap::new();
-    for shard in map.shards() {
-        let reports = seen.get(&shard.id).cloned().unwrap_or_default();
-        match reports.first() {
-            Some(Some(leader))
-                if reports.len() == shard.members.len()
-                    && reports.iter().all(|l| *l == Some(*leader))
-                    && shard.members.contains(leader) =>
-            {
-                agreed.insert(shard.id, *leader);
-            }
-            _ => bail!("shard {} members report leaders {reports:?}", shard.id.0),
-        }
-    }
-    Ok(agreed)
-}
-
-/// Keys, four per shard of `map`.
-fn keys_of_every_shard(map: &ShardMap) -> Vec<(ShardId, String)> {
-    let mut keys = Vec::new();
-    let mut per_shard: BTreeMap<ShardId, usize> = BTreeMap::new();
-    for i in 0.. {
-        let key = format!("key-{i}");
-        let shard = map.shard_of_key(key.as_bytes());
-        let count = per_shard.entry(shard).or_default();
-        if *count < 4 {
-            *count += 1;
-            keys.push((shard, key));
-        }
-        if per_shard.len() == map.shards().len() && per_shard.values().all(|c| *c == 4) {
-            break;
-        }
-    }
-    keys
+    agreed_leaders(cluster, &node_ids(cluster)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -96,7 +35,7 @@ async fn three_nodes_serve_every_shard_and_keep_it_over_a_restart() -> Result<()
         for shard in map.shards() {
             ensure!(shard.members.len() == 2, "{map:?}");
         }
-        let keys = keys_of_every_shard(&map);
+        let keys = keys_per_shard(&map, 4, |i| format!("key-{i}"));
 
         // Through node 1 alone: keys of the shard it does not host are
         // answered WrongShard there, and the client follows the map.
@@ -184,21 +123,10 @@ async fn a_scan_covers_every_shard_in_key_order_and_a_clear_empties_them_all() -
         })
         .await?;
         // Ten keys per shard; the key names interleave the shards.
-        let mut keys: Vec<String> = Vec::new();
-        let mut per_shard: BTreeMap<ShardId, usize> = BTreeMap::new();
-        for i in 0.. {
-            let key = format!("key-{i:03}");
-            let count = per_shard
-                .entry(map.shard_of_key(key.as_bytes()))
-                .or_default();
-            if *count < 10 {
-                *count += 1;
-                keys.push(key);
-            }
-            if keys.len() == 10 * SHARDS as usize {
-                break;
-            }
-        }
+        let mut keys: Vec<String> = keys_per_shard(&map, 10, |i| format!("key-{i:03}"))
+            .into_iter()
+            .map(|(_, key)| key)
+            .collect();
         keys.sort();
         let client = cluster.client(Intent::Via(&[1]))?;
         client.mput(keys.iter().map(|k| (k.clone(), "v"))).await?;
