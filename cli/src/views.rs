@@ -294,10 +294,8 @@ impl StatusRow {
             s.applied_index,
         ));
         cells.extend([
-            self.fill_percent()
-                .map_or_else(|| "-".to_owned(), |p| format!("{p:.1}%")),
-            self.quota_percent()
-                .map_or_else(|| "-".to_owned(), |p| format!("{p:.1}%")),
+            percent_cell(self.fill_percent()),
+            percent_cell(self.quota_percent()),
             self.alarms(),
             self.lag_entries
                 .map_or_else(|| "-".to_owned(), |l| l.to_string()),
@@ -395,8 +393,13 @@ fn shard_cells((endpoint, s): &(String, ShardStatus)) -> Vec<String> {
         s.commit_index,
         s.applied_index,
     ));
-    cells.push(fill_percent(&s.region).map_or_else(|| "-".to_owned(), |p| format!("{p:.1}%")));
+    cells.push(percent_cell(fill_percent(&s.region)));
     cells
+}
+
+/// A percentage with one decimal, `-` when unknown.
+fn percent_cell(percent: Option<f64>) -> String {
+    percent.map_or_else(|| "-".to_owned(), |p| format!("{p:.1}%"))
 }
 
 fn shard_json((endpoint, s): &(String, ShardStatus)) -> Json {

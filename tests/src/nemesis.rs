@@ -53,8 +53,23 @@ pub fn load_secs() -> u64 {
         .unwrap_or(4)
 }
 
+/// Slows node `id`'s fsyncs (every shard's log) by 25 ms until some are
+/// seen slow, holds for `hold`, heals.
+pub async fn slow_disk(cluster: &mut Cluster, id: u64, hold: Duration) -> Result<()> {
+    let before = slow_fsyncs(cluster, id).await?;
+    cluster.slow_fsync(id, 25).await?;
+    crate::eventually(LEADER_TIMEOUT, "fsyncs slower than 25 ms", async || {
+        let now = slow_fsyncs(cluster, id).await?;
+        ensure!(now > before, "{now} fsyncs over 25 ms, {before} before");
+        Ok(())
+    })
+    .await?;
+    tokio::time::sleep(hold).await;
+    cluster.heal().await
+}
+
 /// How many of node `id`'s log fsyncs took longer than 25 ms.
-pub async fn slow_fsyncs(cluster: &Cluster, id: u64) -> Result<f64> {
+async fn slow_fsyncs(cluster: &Cluster, id: u64) -> Result<f64> {
     let addr = cluster.node(id)?.http_addr;
     let (_, text) = tokio::task::spawn_blocking(move || http_get(addr, "/metrics")).await??;
     let metrics = crate::prometheus::parse(&text)?;

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use rdkv_tests::nemesis::{Expect, load_secs, report, run_scenario, slow_fsyncs};
+use rdkv_tests::nemesis::{Expect, load_secs, report, run_scenario, slow_disk};
 use rdkv_tests::{Cluster, Intent, check, eventually};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -99,18 +99,7 @@ async fn inject(cluster: &mut Cluster, scenario: Scenario, hold: Duration) -> Re
                 .await?;
             cluster.restart(leader)?;
         }
-        Scenario::SlowFsync => {
-            let before = slow_fsyncs(cluster, leader).await?;
-            cluster.slow_fsync(leader, 25).await?;
-            eventually(LEADER_TIMEOUT, "fsyncs slower than 25 ms", async || {
-                let now = slow_fsyncs(cluster, leader).await?;
-                ensure!(now > before, "{now} fsyncs over 25 ms, {before} before");
-                Ok(())
-            })
-            .await?;
-            tokio::time::sleep(hold).await;
-            cluster.heal().await?;
-        }
+        Scenario::SlowFsync => slow_disk(cluster, leader, hold).await?,
         Scenario::MembershipChange => change_membership(cluster, leader, hold).await?,
         Scenario::RestartAll => restart_all(cluster, leader, hold).await?,
     }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use rdkv_proto::shard::ShardId;
-use rdkv_tests::nemesis::{Expect, load_secs, report, run_scenario, slow_fsyncs};
+use rdkv_tests::nemesis::{Expect, load_secs, report, run_scenario, slow_disk};
 use rdkv_tests::shard_view::{agreed_leaders, map_of, node_ids};
 use rdkv_tests::{Cluster, check, eventually};
 
@@ -134,21 +134,6 @@ async fn inject(cluster: &mut Cluster, scenario: Scenario, hold: Duration) -> Re
     }
     leaders_among(cluster, &all).await?;
     Ok(())
-}
-
-/// Slows node `id`'s fsyncs (every shard's log) by 25 ms until some are
-/// seen slow, holds for `hold`, heals.
-async fn slow_disk(cluster: &mut Cluster, id: u64, hold: Duration) -> Result<()> {
-    let before = slow_fsyncs(cluster, id).await?;
-    cluster.slow_fsync(id, 25).await?;
-    eventually(LEADER_TIMEOUT, "fsyncs slower than 25 ms", async || {
-        let now = slow_fsyncs(cluster, id).await?;
-        ensure!(now > before, "{now} fsyncs over 25 ms, {before} before");
-        Ok(())
-    })
-    .await?;
-    tokio::time::sleep(hold).await;
-    cluster.heal().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
