@@ -404,7 +404,9 @@ impl Router {
                 back_off,
             } => {
                 if skip_node {
-                    self.state().forget(addr);
+                    // No connection to it: tried after the others for a
+                    // while, even where the map names it leader.
+                    self.state().suspect(addr);
                     call.cursor = call.cursor.wrapping_add(1);
                 }
                 call.last_err = Some(error);

@@ -139,30 +139,34 @@ impl RouteState {
         }
         let candidates = self.candidates(target);
         let n = candidates.len().max(1);
-        let suspect = |addr: &String| {
-            self.suspects
-                .get(addr)
-                .is_some_and(|since| since.elapsed() < SUSPECT_FOR)
-        };
         // From the cursor on, the first candidate not under suspicion; all
         // suspect (or none left): plain rotation.
         (0..n)
             .filter_map(|k| candidates.get((cursor + k) % n))
-            .find(|addr| !suspect(addr))
+            .find(|addr| !self.is_suspect(addr))
             .or_else(|| candidates.get(cursor % n))
             .cloned()
             .unwrap_or_default()
     }
 
-    /// The leader of the target's shard as known, else the map's hint, else
-    /// (a shard any node may serve) the node that answered last.
+    /// Whether `addr` failed within the last `SUSPECT_FOR`.
+    fn is_suspect(&self, addr: &str) -> bool {
+        self.suspects
+            .get(addr)
+            .is_some_and(|since| since.elapsed() < SUSPECT_FOR)
+    }
+
+    /// The leader of the target's shard as known, else the map's hint
+    /// unless that node failed lately (the map's version, and so its hint,
+    /// may not change for a long time after its leader died), else (a
+    /// shard any node may serve) the node that answered last.
     fn preferred<'a>(&'a self, route: Route, target: &'a Target) -> Option<&'a String> {
         match route {
             Route::AnySpread => None,
             Route::Leader | Route::AnyPreferLeader => self
                 .leaders
                 .get(&target.shard)
-                .or(target.hint.as_ref())
+                .or(target.hint.as_ref().filter(|hint| !self.is_suspect(hint)))
                 .or_else(|| {
                     self.current
                         .as_ref()
@@ -297,5 +301,23 @@ mod tests {
         assert_eq!(state.leader(ShardId(1)), None);
         state.forget_leaders();
         assert_eq!(state.pick(Route::Leader, 0, &one), "c");
+    }
+
+    #[test]
+    fn a_failed_hinted_leader_is_passed_over_for_the_other_members() {
+        let mut state = state();
+        let target = Target {
+            shard: ShardId(1),
+            hint: Some("a".to_owned()),
+            members: vec!["a".to_owned(), "b".to_owned(), "c".to_owned()],
+        };
+        assert_eq!(state.pick(Route::Leader, 0, &target), "a");
+        // "a" (the map's leader) no longer accepts connections.
+        state.suspect("a");
+        assert_eq!(state.pick(Route::Leader, 0, &target), "b");
+        assert_eq!(state.pick(Route::Leader, 2, &target), "c");
+        // It answers again: its hint counts again.
+        state.answered("a", Route::AnySpread, ShardId(0));
+        assert_eq!(state.pick(Route::Leader, 0, &target), "a");
     }
 }
