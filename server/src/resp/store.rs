@@ -6,9 +6,10 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use rdkv_proto::shard::{ShardInfo, ShardMap};
 use rdkv_proto::wire::{
-    Consistency, ErrorCode, KeyExpiry, LeaderHint, Request, Response, Update, UpdateOutcome,
-    Versioned,
+    Consistency, ErrorCode, KeyExpiry, LeaderHint, Request, Response, Role, ShardStatus, Update,
+    UpdateOutcome, Versioned,
 };
 
 use super::RespServer;
@@ -106,13 +107,139 @@ impl RespServer {
         endpoints
     }
 
-    /// On a multi-shard node, the refusal of `command`, which spans every
-    /// shard (KEYS, SCAN, DBSIZE, FLUSHDB): not served until requests can
-    /// name their shard (docs/sharding.md, section 11); answered from one
-    /// shard it would look complete and be wrong.
-    pub(super) fn refuse_across_shards(&self, command: &str) -> Option<Reply> {
-        let sharded = self.handler.shards().is_sharded();
-        sharded.then(|| error_reply(&crate::shards::not_across_shards(command)))
+    /// Up to `limit` keys from `start_key` on, in key order, with whether
+    /// the walk is over (fewer than `limit` keys and nothing more): one
+    /// page of the group; on a multi-shard node the forwarding client's
+    /// scan, every shard's pages merged in key order.
+    pub(super) async fn scan_keys(
+        &self,
+        start_key: Bytes,
+        limit: usize,
+    ) -> Result<(Vec<Bytes>, bool), Reply> {
+        if self.handler.shards().is_sharded() {
+            let endpoints = self.member_endpoints();
+            let keys =
+                Box::pin(
+                    self.forwarder
+                        .scan_keys(endpoints, start_key, limit, self.consistency),
+                )
+                .await?;
+            let done = keys.len() < limit;
+            return Ok((keys, done));
+        }
+        let request = Request::Scan {
+            start_key,
+            end_key: None,
+            limit: u32::try_from(limit).unwrap_or(u32::MAX),
+            consistency: self.consistency,
+        };
+        let (pairs, more) = match self.call(request).await? {
+            Response::Pairs { pairs, more } => (pairs, more),
+            other => return Err(unexpected(&other)),
+        };
+        let done = pairs.len() < limit && !more;
+        Ok((pairs.into_iter().map(|(key, _)| key).collect(), done))
+    }
+
+    /// Deletes every key: one entry in the group's log; on a multi-shard
+    /// node one entry in each shard's, all at once through the forwarding
+    /// client, not atomic across shards (docs/sharding.md, section 6).
+    pub(super) async fn clear(&self) -> Result<(), Reply> {
+        if self.handler.shards().is_sharded() {
+            let endpoints = self.member_endpoints();
+            return Box::pin(self.forwarder.clear(endpoints)).await;
+        }
+        match self.call(Request::Clear).await? {
+            Response::Cleared { .. } => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// DBSIZE: the live keys of this node's region; on a multi-shard node
+    /// the sum over every shard of its leader's count (docs/sharding.md,
+    /// section 6), exact once a write is acknowledged.
+    pub(super) async fn live_keys(&self) -> Result<u64, Reply> {
+        let shards = self.handler.shards();
+        if !shards.is_sharded() {
+            return Ok(shards.primary().live_keys());
+        }
+        let map = shards.shard_map(None).map_err(|e| error_reply(&e))?;
+        let local = self.handler.shard_statuses();
+        let counts = map
+            .shards()
+            .iter()
+            .map(|shard| self.leader_live_keys(&map, shard, &local));
+        let mut total = 0u64;
+        for count in futures::future::join_all(counts).await {
+            total = total.saturating_add(count?);
+        }
+        Ok(total)
+    }
+
+    /// The live keys of `shard` as its leader counts them: this node's
+    /// replica (in `local`) when it leads, else the `ShardStatus` of the
+    /// shard's other members, the leader this node knows first. While no
+    /// member says it leads (an election), the count of the one that
+    /// applied the most.
+    async fn leader_live_keys(
+        &self,
+        map: &ShardMap,
+        shard: &ShardInfo,
+        local: &[ShardStatus],
+    ) -> Result<u64, Reply> {
+        let mut best = local.iter().find(|s| s.shard == shard.id).cloned();
+        if let Some(status) = best.as_ref().filter(|s| s.role == Role::Leader) {
+            return Ok(status.region.live_keys);
+        }
+        let own_id = self.handler.replica().node_id();
+        let mut members: Vec<u64> = shard
+            .members
+            .iter()
+            .copied()
+            .filter(|id| *id != own_id)
+            .collect();
+        members.sort_by_key(|id| Some(*id) != shard.leader);
+        let endpoints = self.member_endpoints();
+        let mut failure = None;
+        for addr in members
+            .iter()
+            .filter_map(|id| map.node(*id)?.client_addr.clone())
+        {
+            let request = Request::ShardStatus;
+            let status =
+                match Box::pin(self.forwarder.send_to(endpoints.clone(), &addr, request)).await {
+                    Ok(Response::ShardStatus(statuses)) => {
+                        statuses.into_iter().find(|s| s.shard == shard.id)
+                    }
+                    Ok(other) => {
+                        failure = Some(unexpected(&other));
+                        continue;
+                    }
+                    Err(e) => {
+                        failure = Some(e);
+                        continue;
+                    }
+                };
+            match status {
+                Some(status) if status.role == Role::Leader => return Ok(status.region.live_keys),
+                Some(status)
+                    if best
+                        .as_ref()
+                        .is_none_or(|b| status.applied_index > b.applied_index) =>
+                {
+                    best = Some(status);
+                }
+                _ => {}
+            }
+        }
+        match (best, failure) {
+            (Some(status), _) => Ok(status.region.live_keys),
+            (None, Some(failure)) => Err(failure),
+            (None, None) => Err(Reply::err(format!(
+                "no member of shard {} answered",
+                shard.id.0
+            ))),
+        }
     }
 
     /// Whether this node may answer reads at once from its region, asked
