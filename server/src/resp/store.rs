@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use rdkv_proto::shard::{ShardInfo, ShardMap};
+use rdkv_proto::shard::{ShardId, ShardInfo, ShardMap};
 use rdkv_proto::wire::{
     Consistency, ErrorCode, KeyExpiry, LeaderHint, Request, Response, Role, ShardStatus, Update,
     UpdateOutcome, Versioned,
@@ -205,31 +205,20 @@ impl RespServer {
             .iter()
             .filter_map(|id| map.node(*id)?.client_addr.clone())
         {
-            let request = Request::ShardStatus;
-            let status =
-                match Box::pin(self.forwarder.send_to(endpoints.clone(), &addr, request)).await {
-                    Ok(Response::ShardStatus(statuses)) => {
-                        statuses.into_iter().find(|s| s.shard == shard.id)
-                    }
-                    Ok(other) => {
-                        failure = Some(unexpected(&other));
-                        continue;
-                    }
-                    Err(e) => {
-                        failure = Some(e);
-                        continue;
-                    }
-                };
-            match status {
-                Some(status) if status.role == Role::Leader => return Ok(status.region.live_keys),
-                Some(status)
+            match self.status_at(endpoints.clone(), &addr, shard.id).await {
+                Ok(Some(status)) if status.role == Role::Leader => {
+                    return Ok(status.region.live_keys);
+                }
+                Ok(Some(status)) => {
                     if best
                         .as_ref()
-                        .is_none_or(|b| status.applied_index > b.applied_index) =>
-                {
-                    best = Some(status);
+                        .is_none_or(|b| status.applied_index > b.applied_index)
+                    {
+                        best = Some(status);
+                    }
                 }
-                _ => {}
+                Ok(None) => {}
+                Err(e) => failure = Some(e),
             }
         }
         match (best, failure) {
@@ -239,6 +228,21 @@ impl RespServer {
                 "no member of shard {} answered",
                 shard.id.0
             ))),
+        }
+    }
+
+    /// `shard`'s replica on the node at `addr`, as that node's
+    /// `ShardStatus` shows it (`None`: it hosts no replica of `shard`).
+    async fn status_at(
+        &self,
+        endpoints: Vec<String>,
+        addr: &str,
+        shard: ShardId,
+    ) -> Result<Option<ShardStatus>, Reply> {
+        let request = Request::ShardStatus;
+        match Box::pin(self.forwarder.send_to(endpoints, addr, request)).await? {
+            Response::ShardStatus(statuses) => Ok(statuses.into_iter().find(|s| s.shard == shard)),
+            other => Err(unexpected(&other)),
         }
     }
 
