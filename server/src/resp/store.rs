@@ -29,6 +29,19 @@ pub fn unexpected(what: &impl std::fmt::Debug) -> Reply {
     Reply::err(format!("unexpected reply from the store: {what:?}"))
 }
 
+/// The live keys of one shard from its replicas' `statuses`: its leader's
+/// count (of the latest term, should a deposed leader not know it yet);
+/// while none leads (an election), the count of the replica that applied
+/// the most. `None`: no status.
+fn leader_count(statuses: &[ShardStatus]) -> Option<u64> {
+    statuses
+        .iter()
+        .filter(|s| s.role == Role::Leader)
+        .max_by_key(|s| s.term)
+        .or_else(|| statuses.iter().max_by_key(|s| s.applied_index))
+        .map(|s| s.region.live_keys)
+}
+
 impl RespServer {
     /// Serves `request` here, or at the leader when this node does not lead.
     pub(super) async fn call(&self, request: Request) -> Result<Response, Reply> {
@@ -176,59 +189,46 @@ impl RespServer {
         Ok(total)
     }
 
-    /// The live keys of `shard` as its leader counts them: this node's
-    /// replica (in `local`) when it leads, else the `ShardStatus` of the
-    /// shard's other members, the leader this node knows first. While no
-    /// member says it leads (an election), the count of the one that
-    /// applied the most.
+    /// The live keys of `shard` as its leader counts them ([`leader_count`]):
+    /// this node's replica (in `local`) when it leads, else from the
+    /// `ShardStatus` of every member, asked at once.
     async fn leader_live_keys(
         &self,
         map: &ShardMap,
         shard: &ShardInfo,
         local: &[ShardStatus],
     ) -> Result<u64, Reply> {
-        let mut best = local.iter().find(|s| s.shard == shard.id).cloned();
-        if let Some(status) = best.as_ref().filter(|s| s.role == Role::Leader) {
+        let mut statuses: Vec<ShardStatus> = local
+            .iter()
+            .filter(|s| s.shard == shard.id)
+            .cloned()
+            .collect();
+        if let Some(status) = statuses.iter().find(|s| s.role == Role::Leader) {
             return Ok(status.region.live_keys);
         }
         let own_id = self.handler.replica().node_id();
-        let mut members: Vec<u64> = shard
+        let addrs: Vec<String> = shard
             .members
             .iter()
-            .copied()
-            .filter(|id| *id != own_id)
-            .collect();
-        members.sort_by_key(|id| Some(*id) != shard.leader);
-        let endpoints = self.member_endpoints();
-        let mut failure = None;
-        for addr in members
-            .iter()
+            .filter(|id| **id != own_id)
             .filter_map(|id| map.node(*id)?.client_addr.clone())
-        {
-            match self.status_at(endpoints.clone(), &addr, shard.id).await {
-                Ok(Some(status)) if status.role == Role::Leader => {
-                    return Ok(status.region.live_keys);
-                }
-                Ok(Some(status)) => {
-                    if best
-                        .as_ref()
-                        .is_none_or(|b| status.applied_index > b.applied_index)
-                    {
-                        best = Some(status);
-                    }
-                }
-                Ok(None) => {}
+            .collect();
+        let endpoints = self.member_endpoints();
+        let asks = addrs
+            .iter()
+            .map(|addr| self.status_at(endpoints.clone(), addr, shard.id));
+        let mut failure = None;
+        for answer in futures::future::join_all(asks).await {
+            match answer {
+                Ok(status) => statuses.extend(status),
                 Err(e) => failure = Some(e),
             }
         }
-        match (best, failure) {
-            (Some(status), _) => Ok(status.region.live_keys),
-            (None, Some(failure)) => Err(failure),
-            (None, None) => Err(Reply::err(format!(
-                "no member of shard {} answered",
-                shard.id.0
-            ))),
-        }
+        leader_count(&statuses).ok_or_else(|| {
+            failure.unwrap_or_else(|| {
+                Reply::err(format!("no member of shard {} answered", shard.id.0))
+            })
+        })
     }
 
     /// `shard`'s replica on the node at `addr`, as that node's
@@ -398,5 +398,60 @@ impl RespServer {
             Response::Updated(outcome) => Ok(outcome),
             other => Err(unexpected(&other)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkv_proto::wire::RegionFill;
+
+    use super::*;
+
+    fn status(role: Role, term: u64, applied_index: u64, live_keys: u64) -> ShardStatus {
+        ShardStatus {
+            shard: ShardId(1),
+            role,
+            term,
+            leader_id: None,
+            members: vec![1, 2, 3],
+            last_log_index: applied_index,
+            commit_index: applied_index,
+            applied_index,
+            region: RegionFill {
+                capacity_bytes: 1 << 20,
+                used_bytes: 0,
+                pending_reclaim_bytes: 0,
+                live_keys,
+            },
+        }
+    }
+
+    #[test]
+    fn a_shard_counts_as_its_leader_says() {
+        let statuses = [
+            status(Role::Follower, 3, 90, 7),
+            status(Role::Leader, 3, 80, 5),
+        ];
+        assert_eq!(
+            leader_count(&statuses),
+            Some(5),
+            "the leader, not the most applied"
+        );
+        let deposed = [
+            status(Role::Leader, 2, 70, 4),
+            status(Role::Leader, 3, 60, 6),
+        ];
+        assert_eq!(leader_count(&deposed), Some(6), "the latest term's leader");
+    }
+
+    #[test]
+    fn without_a_leader_the_most_applied_replica_counts() {
+        let statuses = [
+            status(Role::Candidate, 4, 50, 3),
+            status(Role::Follower, 4, 60, 8),
+            status(Role::Follower, 4, 40, 1),
+        ];
+        assert_eq!(leader_count(&statuses), Some(8));
+        assert_eq!(leader_count(&[]), None);
     }
 }
