@@ -1,6 +1,7 @@
 //! Sends requests this node cannot serve (it does not lead) to the leader
 //! through a native client over the cluster's client addresses, and turns
-//! native errors into Redis errors.
+//! native errors into Redis errors. On a multi-shard node the same client
+//! scans and clears every shard (KEYS, SCAN, FLUSHDB).
 
 use std::sync::Mutex;
 use std::time::Duration;
