@@ -149,7 +149,7 @@ async fn cluster_aware_redis_clients_route_themselves() -> Result<()> {
 /// Redis clients against 3 nodes hosting 3 shards of 2 replicas each
 /// (docs/sharding.md, section 7): a plain redis-py connection to one node
 /// is answered for keys of every shard, multi-key commands split per
-/// shard, commands over every shard refused; `RedisCluster` routes
+/// shard, KEYS/SCAN/DBSIZE/FLUSHDB over every shard; `RedisCluster` routes
 /// itself by every node's CLUSTER SLOTS; connections in cluster mode get
 /// CROSSSLOT and MOVED; `redis-benchmark --cluster` completes and the keys
 /// it wrote are readable (`tests/python/redis_shards_check.py`).

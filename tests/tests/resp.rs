@@ -397,6 +397,121 @@ async fn flush_through_every_node(addrs: &[SocketAddr]) -> Result<()> {
     Ok(())
 }
 
+/// A whole SCAN iteration in pages of `count` through `con`: every key it
+/// returned, in order, duplicates kept.
+fn scan_walk(con: &mut redis::Connection, pattern: &str, count: usize) -> Result<Vec<String>> {
+    let mut cursor = 0u64;
+    let mut keys = Vec::new();
+    loop {
+        let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(count)
+            .query(con)?;
+        ensure!(
+            page.len() <= count,
+            "a page of {} keys for COUNT {count}",
+            page.len()
+        );
+        keys.extend(page);
+        if next == 0 {
+            return Ok(keys);
+        }
+        cursor = next;
+    }
+}
+
+/// `keys` (of every shard) written through every node, then KEYS and
+/// whole SCAN walks through every node return each of them exactly once,
+/// nothing else.
+fn keys_and_scan_span_every_shard(addrs: &[SocketAddr], keys: &[String]) -> Result<()> {
+    let mut cons = connect_all(addrs)?;
+    for (i, key) in keys.iter().enumerate() {
+        let at = i % cons.len();
+        let reply: String = query(&mut cons[at], &["SET", key, "x"])?;
+        ensure!(reply == "OK", "SET {key}: {reply}");
+    }
+    let mut expected = keys.to_vec();
+    expected.sort();
+    let matching: Vec<String> = expected
+        .iter()
+        .filter(|k| k.starts_with("span-1"))
+        .cloned()
+        .collect();
+    for (node, con) in cons.iter_mut().enumerate() {
+        let mut all: Vec<String> = query(con, &["KEYS", "*"])?;
+        all.sort();
+        ensure!(all == expected, "KEYS * through node {node}: {all:?}");
+        // Key order across shards: already sorted, each key once.
+        let walked = scan_walk(con, "*", 7)?;
+        ensure!(
+            walked == expected,
+            "SCAN COUNT 7 through node {node}: {walked:?}"
+        );
+        let walked = scan_walk(con, "span-1*", 7)?;
+        ensure!(
+            walked == matching,
+            "SCAN MATCH through node {node}: {walked:?}"
+        );
+    }
+    Ok(())
+}
+
+/// DBSIZE through every node is `expected`: the sum of the shards'
+/// leaders' counts, exact once the writes were acknowledged.
+async fn dbsize_everywhere(addrs: &[SocketAddr], expected: i64) -> Result<()> {
+    for (node, addr) in addrs.iter().enumerate() {
+        let size: i64 = with_connection(*addr, |con| Ok(query(con, &["DBSIZE"])?)).await?;
+        ensure!(
+            size == expected,
+            "DBSIZE {size} through node {node}, not {expected}"
+        );
+    }
+    Ok(())
+}
+
+/// On a multi-shard node KEYS, SCAN, DBSIZE and FLUSHDB span every shard:
+/// 3 nodes, 3 shards of 2 replicas, so each node also answers for a shard
+/// it does not host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyspace_commands_span_every_shard() -> Result<()> {
+    use rdkv_tests::shard_view::{agreed_leaders, keys_per_shard, map_of, node_ids};
+
+    let flags = ["--shards", "3", "--replicas", "2", "--region-mib", "16"];
+    let mut cluster = Cluster::start_with(3, &flags)?;
+    check(&mut cluster, TEST_LIMIT, async |cluster| {
+        let ids = node_ids(cluster);
+        rdkv_tests::eventually(
+            rdkv_tests::LEADER_TIMEOUT,
+            "a leader in every shard",
+            async || agreed_leaders(cluster, &ids).await.map(drop),
+        )
+        .await?;
+        let map = map_of(cluster, ids[0]).await?;
+        let keys: Vec<String> = keys_per_shard(&map, 20, |i| format!("span-{i}"))
+            .into_iter()
+            .map(|(_, key)| key)
+            .collect();
+        let count = i64::try_from(keys.len())?;
+        let addrs = resp_addrs(cluster);
+        let run = addrs.clone();
+        tokio::task::spawn_blocking(move || keys_and_scan_span_every_shard(&run, &keys)).await??;
+        dbsize_everywhere(&addrs, count).await?;
+        // FLUSHDB through one node clears every shard.
+        let keys_left = with_connection(addrs[1], |con| {
+            let reply: String = query(con, &["FLUSHDB"])?;
+            ensure!(reply == "OK", "FLUSHDB: {reply}");
+            Ok(query::<Vec<String>>(con, &["KEYS", "*"])?)
+        })
+        .await?;
+        ensure!(keys_left.is_empty(), "KEYS after FLUSHDB: {keys_left:?}");
+        dbsize_everywhere(&addrs, 0).await
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_incr_through_every_node_is_exact() -> Result<()> {
     const CLIENTS_PER_NODE: usize = 2;

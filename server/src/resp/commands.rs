@@ -44,11 +44,11 @@ pub fn select(args: &[Bytes]) -> Reply {
     }
 }
 
-pub fn dbsize(session: &mut Session<'_>, _: &[Bytes]) -> Reply {
-    if let Some(refused) = session.server().refuse_across_shards("DBSIZE") {
-        return refused;
+pub async fn dbsize(server: &RespServer, _: &[Bytes]) -> Reply {
+    match server.live_keys().await {
+        Ok(count) => Reply::Integer(i64::try_from(count).unwrap_or(i64::MAX)),
+        Err(e) => e,
     }
-    Reply::Integer(session.server().handler.replica().live_keys() as i64)
 }
 
 pub async fn get(server: &RespServer, args: &[Bytes]) -> Reply {
@@ -457,21 +457,18 @@ fn mset_parts_reply(parts: Vec<Reply>) -> Reply {
     ))
 }
 
-/// FLUSHDB / FLUSHALL [SYNC|ASYNC]: replicated like any write; with a token
-/// configured the connection is authenticated by now (AUTH gates every
-/// command).
+/// FLUSHDB / FLUSHALL [SYNC|ASYNC]: replicated like any write (on a
+/// multi-shard node, one write per shard: not atomic across shards); with
+/// a token configured the connection is authenticated by now (AUTH gates
+/// every command).
 pub async fn flush(server: &RespServer, args: &[Bytes]) -> Reply {
     match args {
         [] => {}
         [mode] if mode.eq_ignore_ascii_case(b"sync") || mode.eq_ignore_ascii_case(b"async") => {}
         _ => return Reply::err("syntax error"),
     }
-    if let Some(refused) = server.refuse_across_shards("FLUSHDB") {
-        return refused;
-    }
-    match server.call(Request::Clear).await {
-        Ok(Response::Cleared { .. }) => Reply::ok(),
-        Ok(other) => unexpected(&other),
+    match server.clear().await {
+        Ok(()) => Reply::ok(),
         Err(e) => e,
     }
 }

@@ -1,12 +1,14 @@
 //! Sends requests this node cannot serve (it does not lead) to the leader
 //! through a native client over the cluster's client addresses, and turns
-//! native errors into Redis errors.
+//! native errors into Redis errors. On a multi-shard node the same client
+//! scans and clears every shard (KEYS, SCAN, FLUSHDB).
 
 use std::sync::Mutex;
 use std::time::Duration;
 
+use bytes::Bytes;
 use rdkv_client::{Client, ClientOptions, Transport};
-use rdkv_proto::wire::{ErrorCode, ErrorReply, Request, Response};
+use rdkv_proto::wire::{Consistency, ErrorCode, ErrorReply, Request, Response};
 
 use super::reply::Reply;
 
@@ -51,14 +53,9 @@ impl Forwarder {
         request: Request,
     ) -> Result<Response, Reply> {
         let client = self.client(endpoints)?;
-        client.send(request).await.map_err(|e| match e {
-            rdkv_client::Error::Server(reply) => error_reply(&reply),
-            other => Reply::err(other.to_string()),
-        })
+        client.send(request).await.map_err(client_error)
     }
-}
 
-impl Forwarder {
     /// `request` to exactly the node at `addr` (one of `endpoints`).
     pub async fn send_to(
         &self,
@@ -67,10 +64,41 @@ impl Forwarder {
         request: Request,
     ) -> Result<Response, Reply> {
         let client = self.client(endpoints)?;
-        client.send_to(addr, request).await.map_err(|e| match e {
-            rdkv_client::Error::Server(reply) => error_reply(&reply),
-            other => Reply::err(other.to_string()),
-        })
+        client.send_to(addr, request).await.map_err(client_error)
+    }
+
+    /// Up to `limit` keys of every shard from `start_key` on, in key order:
+    /// the client's scan, which merges the shards' pages (docs/sharding.md,
+    /// section 6).
+    pub async fn scan_keys(
+        &self,
+        endpoints: Vec<String>,
+        start_key: Bytes,
+        limit: usize,
+        consistency: Consistency,
+    ) -> Result<Vec<Bytes>, Reply> {
+        let client = self.client(endpoints)?;
+        let pairs = client
+            .scan_with(start_key, limit, consistency)
+            .await
+            .map_err(client_error)?;
+        Ok(pairs.into_iter().map(|(key, _)| key).collect())
+    }
+
+    /// Clears every shard, each through its leader (the client's `clear`:
+    /// one entry per shard, not atomic across shards).
+    pub async fn clear(&self, endpoints: Vec<String>) -> Result<(), Reply> {
+        let client = self.client(endpoints)?;
+        client.clear().await.map_err(client_error)?;
+        Ok(())
+    }
+}
+
+/// A forwarding client's error as a Redis error.
+fn client_error(error: rdkv_client::Error) -> Reply {
+    match error {
+        rdkv_client::Error::Server(reply) => error_reply(&reply),
+        other => Reply::err(other.to_string()),
     }
 }
 

@@ -1,8 +1,11 @@
 //! Commands over the keyspace: KEYS, SCAN, TYPE. Both walks are the native
 //! `Scan` (key order, one consistent view per page), so a key present for
-//! the whole of a SCAN iteration is returned exactly once.
+//! the whole of a SCAN iteration is returned exactly once. On a multi-shard
+//! node a page is every shard's pages merged in key order (the forwarding
+//! client's scan), so the same walk by key covers every shard.
 //!
-//! A Redis SCAN cursor is an integer; rdkv's position is a key. A node
+//! A Redis SCAN cursor is an integer; rdkv's position is a key, whatever
+//! the number of shards (one encoding). A node
 //! remembers the next key of each cursor it hands out in [`Cursors`] (the
 //! newest [`MAX_SCAN_CURSORS`]); a cursor it no longer remembers, or one
 //! from another node, is refused with an error rather than restarted.
@@ -11,13 +14,11 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
-use rdkv_proto::wire::{Request, Response};
 
 use super::RespServer;
 use super::commands::{integer_arg, upper};
 use super::glob::glob_match;
 use super::reply::Reply;
-use super::store::unexpected;
 
 /// SCAN cursors a node remembers: with the largest keys (the key limit),
 /// a bounded amount of memory whatever clients do.
@@ -93,18 +94,7 @@ async fn page(
     let limits = server.handler.limits();
     let max_batch = usize::try_from(limits.max_batch_keys).unwrap_or(usize::MAX);
     let limit = count.clamp(1, max_batch.max(1));
-    let request = Request::Scan {
-        start_key: start,
-        end_key: None,
-        limit: u32::try_from(limit).unwrap_or(u32::MAX),
-        consistency: server.consistency,
-    };
-    let (pairs, more) = match server.call(request).await? {
-        Response::Pairs { pairs, more } => (pairs, more),
-        other => return Err(unexpected(&other)),
-    };
-    let done = pairs.len() < limit && !more;
-    let keys: Vec<Bytes> = pairs.into_iter().map(|(key, _)| key).collect();
+    let (keys, done) = server.scan_keys(start, limit).await?;
     let next = match keys.last() {
         Some(last) if !done => successor(
             last,
@@ -117,9 +107,6 @@ async fn page(
 
 /// KEYS pattern: every key that matches, in key order.
 pub async fn keys(server: &RespServer, args: &[Bytes]) -> Reply {
-    if let Some(refused) = server.refuse_across_shards("KEYS") {
-        return refused;
-    }
     let pattern = &args[0];
     let mut matched = Vec::new();
     let mut start = Some(Bytes::new());
@@ -174,9 +161,6 @@ fn scan_options(args: &[Bytes]) -> Result<ScanOptions<'_>, Reply> {
 
 /// SCAN cursor [MATCH pattern] [COUNT count] [TYPE type].
 pub async fn scan(server: &RespServer, args: &[Bytes]) -> Reply {
-    if let Some(refused) = server.refuse_across_shards("SCAN") {
-        return refused;
-    }
     let start = match std::str::from_utf8(&args[0])
         .ok()
         .and_then(|c| c.parse::<u64>().ok())

@@ -6,9 +6,10 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use rdkv_proto::shard::{ShardId, ShardInfo, ShardMap};
 use rdkv_proto::wire::{
-    Consistency, ErrorCode, KeyExpiry, LeaderHint, Request, Response, Update, UpdateOutcome,
-    Versioned,
+    Consistency, ErrorCode, KeyExpiry, LeaderHint, Request, Response, Role, ShardStatus, Update,
+    UpdateOutcome, Versioned,
 };
 
 use super::RespServer;
@@ -26,6 +27,19 @@ const MAX_BACKOFF: Duration = Duration::from_millis(250);
 /// The reply to a response no command expects.
 pub fn unexpected(what: &impl std::fmt::Debug) -> Reply {
     Reply::err(format!("unexpected reply from the store: {what:?}"))
+}
+
+/// The live keys of one shard from its replicas' `statuses`: its leader's
+/// count (of the latest term, should a deposed leader not know it yet);
+/// while none leads (an election), the count of the replica that applied
+/// the most. `None`: no status.
+fn leader_count(statuses: &[ShardStatus]) -> Option<u64> {
+    statuses
+        .iter()
+        .filter(|s| s.role == Role::Leader)
+        .max_by_key(|s| s.term)
+        .or_else(|| statuses.iter().max_by_key(|s| s.applied_index))
+        .map(|s| s.region.live_keys)
 }
 
 impl RespServer {
@@ -106,13 +120,130 @@ impl RespServer {
         endpoints
     }
 
-    /// On a multi-shard node, the refusal of `command`, which spans every
-    /// shard (KEYS, SCAN, DBSIZE, FLUSHDB): not served until requests can
-    /// name their shard (docs/sharding.md, section 11); answered from one
-    /// shard it would look complete and be wrong.
-    pub(super) fn refuse_across_shards(&self, command: &str) -> Option<Reply> {
-        let sharded = self.handler.shards().is_sharded();
-        sharded.then(|| error_reply(&crate::shards::not_across_shards(command)))
+    /// Up to `limit` keys from `start_key` on, in key order, with whether
+    /// the walk is over (fewer than `limit` keys and nothing more): one
+    /// page of the group; on a multi-shard node the forwarding client's
+    /// scan, every shard's pages merged in key order.
+    pub(super) async fn scan_keys(
+        &self,
+        start_key: Bytes,
+        limit: usize,
+    ) -> Result<(Vec<Bytes>, bool), Reply> {
+        if self.handler.shards().is_sharded() {
+            let endpoints = self.member_endpoints();
+            let keys =
+                Box::pin(
+                    self.forwarder
+                        .scan_keys(endpoints, start_key, limit, self.consistency),
+                )
+                .await?;
+            let done = keys.len() < limit;
+            return Ok((keys, done));
+        }
+        let request = Request::Scan {
+            start_key,
+            end_key: None,
+            limit: u32::try_from(limit).unwrap_or(u32::MAX),
+            consistency: self.consistency,
+        };
+        let (pairs, more) = match self.call(request).await? {
+            Response::Pairs { pairs, more } => (pairs, more),
+            other => return Err(unexpected(&other)),
+        };
+        let done = pairs.len() < limit && !more;
+        Ok((pairs.into_iter().map(|(key, _)| key).collect(), done))
+    }
+
+    /// Deletes every key: one entry in the group's log; on a multi-shard
+    /// node one entry in each shard's, all at once through the forwarding
+    /// client, not atomic across shards (docs/sharding.md, section 6).
+    pub(super) async fn clear(&self) -> Result<(), Reply> {
+        if self.handler.shards().is_sharded() {
+            let endpoints = self.member_endpoints();
+            return Box::pin(self.forwarder.clear(endpoints)).await;
+        }
+        match self.call(Request::Clear).await? {
+            Response::Cleared { .. } => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// DBSIZE: the live keys of this node's region; on a multi-shard node
+    /// the sum over every shard of its leader's count (docs/sharding.md,
+    /// section 6), exact once a write is acknowledged.
+    pub(super) async fn live_keys(&self) -> Result<u64, Reply> {
+        let shards = self.handler.shards();
+        if !shards.is_sharded() {
+            return Ok(shards.primary().live_keys());
+        }
+        let map = shards.shard_map(None).map_err(|e| error_reply(&e))?;
+        let local = self.handler.shard_statuses();
+        let counts = map
+            .shards()
+            .iter()
+            .map(|shard| self.leader_live_keys(&map, shard, &local));
+        let mut total = 0u64;
+        for count in futures::future::join_all(counts).await {
+            total = total.saturating_add(count?);
+        }
+        Ok(total)
+    }
+
+    /// The live keys of `shard` as its leader counts them ([`leader_count`]):
+    /// this node's replica (in `local`) when it leads, else from the
+    /// `ShardStatus` of every member, asked at once.
+    async fn leader_live_keys(
+        &self,
+        map: &ShardMap,
+        shard: &ShardInfo,
+        local: &[ShardStatus],
+    ) -> Result<u64, Reply> {
+        let mut statuses: Vec<ShardStatus> = local
+            .iter()
+            .filter(|s| s.shard == shard.id)
+            .cloned()
+            .collect();
+        if let Some(status) = statuses.iter().find(|s| s.role == Role::Leader) {
+            return Ok(status.region.live_keys);
+        }
+        let own_id = self.handler.replica().node_id();
+        let addrs: Vec<String> = shard
+            .members
+            .iter()
+            .filter(|id| **id != own_id)
+            .filter_map(|id| map.node(*id)?.client_addr.clone())
+            .collect();
+        let endpoints = self.member_endpoints();
+        let asks = addrs
+            .iter()
+            .map(|addr| self.status_at(endpoints.clone(), addr, shard.id));
+        let mut failure = None;
+        for answer in futures::future::join_all(asks).await {
+            match answer {
+                Ok(status) => statuses.extend(status),
+                Err(e) => failure = Some(e),
+            }
+        }
+        leader_count(&statuses).ok_or_else(|| {
+            failure.unwrap_or_else(|| {
+                Reply::err(format!("no member of shard {} answered", shard.id.0))
+            })
+        })
+    }
+
+    /// `shard`'s replica on the node at `addr`, as that node's
+    /// `ShardStatus` shows it (`None`: it hosts no replica of `shard`).
+    async fn status_at(
+        &self,
+        endpoints: Vec<String>,
+        addr: &str,
+        shard: ShardId,
+    ) -> Result<Option<ShardStatus>, Reply> {
+        let request = Request::ShardStatus;
+        match Box::pin(self.forwarder.send_to(endpoints, addr, request)).await? {
+            Response::ShardStatus(statuses) => Ok(statuses.into_iter().find(|s| s.shard == shard)),
+            other => Err(unexpected(&other)),
+        }
     }
 
     /// Whether this node may answer reads at once from its region, asked
@@ -267,5 +398,60 @@ impl RespServer {
             Response::Updated(outcome) => Ok(outcome),
             other => Err(unexpected(&other)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkv_proto::wire::RegionFill;
+
+    use super::*;
+
+    fn status(role: Role, term: u64, applied_index: u64, live_keys: u64) -> ShardStatus {
+        ShardStatus {
+            shard: ShardId(1),
+            role,
+            term,
+            leader_id: None,
+            members: vec![1, 2, 3],
+            last_log_index: applied_index,
+            commit_index: applied_index,
+            applied_index,
+            region: RegionFill {
+                capacity_bytes: 1 << 20,
+                used_bytes: 0,
+                pending_reclaim_bytes: 0,
+                live_keys,
+            },
+        }
+    }
+
+    #[test]
+    fn a_shard_counts_as_its_leader_says() {
+        let statuses = [
+            status(Role::Follower, 3, 90, 7),
+            status(Role::Leader, 3, 80, 5),
+        ];
+        assert_eq!(
+            leader_count(&statuses),
+            Some(5),
+            "the leader, not the most applied"
+        );
+        let deposed = [
+            status(Role::Leader, 2, 70, 4),
+            status(Role::Leader, 3, 60, 6),
+        ];
+        assert_eq!(leader_count(&deposed), Some(6), "the latest term's leader");
+    }
+
+    #[test]
+    fn without_a_leader_the_most_applied_replica_counts() {
+        let statuses = [
+            status(Role::Candidate, 4, 50, 3),
+            status(Role::Follower, 4, 60, 8),
+            status(Role::Follower, 4, 40, 1),
+        ];
+        assert_eq!(leader_count(&statuses), Some(8));
+        assert_eq!(leader_count(&[]), None);
     }
 }

@@ -303,7 +303,7 @@ pub static COMMANDS: &[Spec] = &[
     row("decrby", 3, FAST_WRITE, ONE, store!(commands::decrby)),
     row("append", 3, FAST_WRITE, ONE, store!(commands::append)),
     row("strlen", 2, READ, ONE, store!(commands::strlen)),
-    row("dbsize", 1, READ, NONE, Run::Session(commands::dbsize)),
+    row("dbsize", 1, READ, NONE, store!(commands::dbsize)),
     row("flushdb", -1, &["write"], NONE, store!(commands::flush)),
     row("flushall", -1, &["write"], NONE, store!(commands::flush)),
     row("info", -1, &["stale"], NONE, Run::Session(commands::info)),
