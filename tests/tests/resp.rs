@@ -397,24 +397,30 @@ async fn flush_through_every_node(addrs: &[SocketAddr]) -> Result<()> {
     Ok(())
 }
 
-/// A whole SCAN iteration in pages of `count` through `con`: every key it
-/// returned, in order, duplicates kept.
-fn scan_walk(con: &mut redis::Connection, pattern: &str, count: usize) -> Result<Vec<String>> {
+/// A whole SCAN iteration through `con`, in pages of `count` when given
+/// (each page checked against it): every key it returned, in order,
+/// duplicates kept.
+fn scan_walk(
+    con: &mut redis::Connection,
+    pattern: &str,
+    count: Option<usize>,
+) -> Result<Vec<String>> {
     let mut cursor = 0u64;
     let mut keys = Vec::new();
     loop {
-        let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(count)
-            .query(con)?;
-        ensure!(
-            page.len() <= count,
-            "a page of {} keys for COUNT {count}",
-            page.len()
-        );
+        let mut scan = redis::cmd("SCAN");
+        scan.arg(cursor).arg("MATCH").arg(pattern);
+        if let Some(count) = count {
+            scan.arg("COUNT").arg(count);
+        }
+        let (next, page): (u64, Vec<String>) = scan.query(con)?;
+        if let Some(count) = count {
+            ensure!(
+                page.len() <= count,
+                "a page of {} keys for COUNT {count}",
+                page.len()
+            );
+        }
         keys.extend(page);
         if next == 0 {
             return Ok(keys);
@@ -445,12 +451,12 @@ fn keys_and_scan_span_every_shard(addrs: &[SocketAddr], keys: &[String]) -> Resu
         all.sort();
         ensure!(all == expected, "KEYS * through node {node}: {all:?}");
         // Key order across shards: already sorted, each key once.
-        let walked = scan_walk(con, "*", 7)?;
+        let walked = scan_walk(con, "*", Some(7))?;
         ensure!(
             walked == expected,
             "SCAN COUNT 7 through node {node}: {walked:?}"
         );
-        let walked = scan_walk(con, "span-1*", 7)?;
+        let walked = scan_walk(con, "span-1*", Some(7))?;
         ensure!(
             walked == matching,
             "SCAN MATCH through node {node}: {walked:?}"
@@ -1086,24 +1092,6 @@ fn eventually_blocking(what: &str, mut attempt: impl FnMut() -> Result<()>) -> R
     ))
 }
 
-/// Every SCAN page's keys that match `pattern`.
-fn scan_all(con: &mut redis::Connection, pattern: &str) -> Result<Vec<String>> {
-    let mut cursor = 0u64;
-    let mut keys = Vec::new();
-    loop {
-        let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .query(con)?;
-        keys.extend(page);
-        if next == 0 {
-            return Ok(keys);
-        }
-        cursor = next;
-    }
-}
-
 /// A key set with `PX 300` is there, then gone from every read and, once
 /// the active expire cycle removed it, from every replica's region.
 fn a_short_ttl_expires_everywhere(cons: &mut [redis::Connection]) -> Result<()> {
@@ -1130,7 +1118,7 @@ fn a_short_ttl_expires_everywhere(cons: &mut [redis::Connection]) -> Result<()> 
             ensure!(kind == "none", "TYPE {kind}");
             let keys: Vec<String> = query(con, &["KEYS", "x:short*"])?;
             ensure!(keys.is_empty(), "KEYS {keys:?}");
-            let scanned = scan_all(con, "x:short*")?;
+            let scanned = scan_walk(con, "x:short*", None)?;
             ensure!(scanned.is_empty(), "SCAN {scanned:?}");
             Ok(())
         })?;
