@@ -16,6 +16,7 @@ mod commands;
 mod output;
 mod shards;
 mod top;
+mod top_shards;
 mod views;
 
 use std::io::Write;

@@ -31,18 +31,17 @@ impl ShardsState {
             Ok(other) => bail!("the shard map request was answered {other:?}"),
             Err(e) => return Err(e).context("reading the shard map failed"),
         };
-        let mut leaders = BTreeMap::new();
+        let mut statuses = Vec::new();
         for node in map.nodes() {
             let Some(addr) = &node.client_addr else {
                 continue;
             };
-            let Ok(statuses) = client.shard_statuses_of(addr).await else {
+            let Ok(hosted) = client.shard_statuses_of(addr).await else {
                 continue;
             };
-            for status in statuses.iter().filter(|s| s.role == Role::Leader) {
-                note_leader(&mut leaders, status, node.id);
-            }
+            statuses.extend(hosted.into_iter().map(|s| (node.id, s)));
         }
+        let leaders = leaders_of(statuses.iter().map(|(node, s)| (*node, s)));
         Ok(ShardsState { map, leaders })
     }
 
@@ -77,14 +76,22 @@ impl ShardsState {
     }
 }
 
-/// Keeps the leader of `status`'s shard reported with the highest term.
-fn note_leader(leaders: &mut BTreeMap<ShardId, (u64, u64)>, status: &ShardStatus, node: u64) {
-    let newer = leaders
-        .get(&status.shard)
-        .is_none_or(|&(term, _)| status.term > term);
-    if newer {
-        leaders.insert(status.shard, (status.term, node));
+/// Shard -> (term, node) of the replica reporting itself leader with the
+/// highest term, from `(node, status)` pairs.
+pub fn leaders_of<'a>(
+    statuses: impl IntoIterator<Item = (u64, &'a ShardStatus)>,
+) -> BTreeMap<ShardId, (u64, u64)> {
+    let mut leaders = BTreeMap::new();
+    for (node, status) in statuses {
+        let newer = status.role == Role::Leader
+            && leaders
+                .get(&status.shard)
+                .is_none_or(|&(term, _)| status.term > term);
+        if newer {
+            leaders.insert(status.shard, (status.term, node));
+        }
     }
+    leaders
 }
 
 /// Moves `shard`'s leadership to `to`, asking the shard's current leader.

@@ -5,7 +5,8 @@
 //! counters per op), so a node's figures cover exactly the last interval;
 //! p99 is the node's own recent window (10-20 s). On a terminal the screen
 //! is redrawn in place; otherwise each refresh is printed after the
-//! previous one (like `top -b`), so it can be logged or piped.
+//! previous one (like `top -b`), so it can be logged or piped. On a
+//! multi-shard cluster a table per shard follows (`top_shards`).
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
@@ -13,9 +14,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use rdkv_client::{Client, NodeStatus, OpStats, Role};
+use rdkv_proto::wire::{Request, Response, ShardStatus};
 
 use crate::output::Table;
-use crate::views::role_name;
+use crate::top_shards;
+use crate::views::{fill_percent, role_name};
 
 /// What `top` shows for one member in one refresh.
 #[derive(Debug, Clone, PartialEq)]
@@ -97,7 +100,6 @@ pub fn live(
             0.0
         }
     };
-    let region = &now.region;
     Live {
         role: now.role,
         term: now.term,
@@ -118,11 +120,7 @@ pub fn live(
             .unwrap_or(0),
         error_percent: (previous.is_some() && requests > 0)
             .then(|| errors as f64 * 100.0 / requests as f64),
-        fill_percent: if region.capacity_bytes > 0 {
-            region.used_bytes as f64 * 100.0 / region.capacity_bytes as f64
-        } else {
-            0.0
-        },
+        fill_percent: fill_percent(&now.region).unwrap_or(0.0),
     }
 }
 
@@ -190,10 +188,113 @@ pub fn render(rows: &[TopRow], at: &str) -> String {
     )
 }
 
+/// One node's answers in one refresh.
+struct Answer {
+    id: u64,
+    endpoint: String,
+    status: Option<NodeStatus>,
+    /// The shard replicas it hosts (asked on a multi-shard cluster only).
+    shards: Vec<ShardStatus>,
+    at: Instant,
+}
+
+/// The nodes `top` asks and whether the cluster has several shards: on a
+/// multi-shard cluster the map's nodes (the members `Members` lists are the
+/// primary shard's only), else the group's members.
+async fn targets(client: &Client) -> Result<(Vec<(u64, String)>, bool)> {
+    if let Ok(Response::ShardMap(map)) = client.send(Request::ShardMap).await
+        && map.shards().len() > 1
+    {
+        let nodes = map
+            .nodes()
+            .iter()
+            .filter_map(|n| Some((n.id, n.client_addr.clone()?)))
+            .collect();
+        return Ok((nodes, true));
+    }
+    let members = client.members().await.context("listing members failed")?;
+    let nodes = members.into_iter().map(|m| (m.id, m.client_addr)).collect();
+    Ok((nodes, false))
+}
+
+/// Asks every node at once, each within `interval`; sorted by node id.
+async fn ask_all(
+    client: &Client,
+    nodes: Vec<(u64, String)>,
+    sharded: bool,
+    interval: Duration,
+) -> Vec<Answer> {
+    let mut asks = tokio::task::JoinSet::new();
+    for (id, endpoint) in nodes {
+        let client = client.clone();
+        asks.spawn(async move {
+            let ask = async {
+                let status = client.status_of(&endpoint).await.ok();
+                let shards = if sharded {
+                    client
+                        .shard_statuses_of(&endpoint)
+                        .await
+                        .unwrap_or_default()
+                } else {
+                    Vec::new()
+                };
+                (status, shards)
+            };
+            let (status, shards) = tokio::time::timeout(interval, ask)
+                .await
+                .unwrap_or_default();
+            Answer {
+                id,
+                endpoint,
+                status,
+                shards,
+                at: Instant::now(),
+            }
+        });
+    }
+    let mut answers = Vec::new();
+    while let Some(answer) = asks.join_next().await {
+        answers.extend(answer.ok());
+    }
+    answers.sort_by_key(|a| a.id);
+    answers
+}
+
+/// The node rows of one refresh; `previous` keeps each node's last status.
+fn node_rows(
+    answers: &mut [Answer],
+    previous: &mut BTreeMap<u64, (Instant, NodeStatus)>,
+    interval: Duration,
+) -> Vec<TopRow> {
+    let leader_applied = answers
+        .iter()
+        .filter_map(|a| a.status.as_ref())
+        .find(|s| s.role == Role::Leader)
+        .map(|s| s.applied_index);
+    answers
+        .iter_mut()
+        .map(|a| {
+            let status = a.status.take().map(|now| {
+                let before = previous.get(&a.id);
+                let elapsed = before.map_or(interval, |(t, _)| a.at.duration_since(*t));
+                let row = live(before.map(|(_, s)| s), &now, elapsed, leader_applied);
+                previous.insert(a.id, (a.at, now));
+                row
+            });
+            TopRow {
+                id: a.id,
+                endpoint: a.endpoint.clone(),
+                status,
+            }
+        })
+        .collect()
+}
+
 /// Refreshes every `interval` until Ctrl-C, or `iterations` times.
 pub async fn run(client: &Client, interval: Duration, iterations: Option<u64>) -> Result<()> {
     let terminal = std::io::stdout().is_terminal();
     let mut previous: BTreeMap<u64, (Instant, NodeStatus)> = BTreeMap::new();
+    let mut previous_shards = top_shards::Previous::new();
     let mut done = 0u64;
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -202,50 +303,32 @@ pub async fn run(client: &Client, interval: Duration, iterations: Option<u64>) -
             _ = tick.tick() => {}
             _ = tokio::signal::ctrl_c() => break,
         }
-        let members = client.members().await.context("listing members failed")?;
-        let mut asks = tokio::task::JoinSet::new();
-        for member in &members {
-            let client = client.clone();
-            let (id, addr) = (member.id, member.client_addr.clone());
-            asks.spawn(async move {
-                let status = tokio::time::timeout(interval, client.status_of(&addr)).await;
-                (id, addr, status.ok().and_then(Result::ok), Instant::now())
-            });
+        let (nodes, sharded) = targets(client).await?;
+        let mut answers = ask_all(client, nodes, sharded, interval).await;
+        let mut text = render(
+            &node_rows(&mut answers, &mut previous, interval),
+            &clock_utc(),
+        );
+        if sharded {
+            // A node's status is its first hosted shard's replica: say so.
+            text = text.replacen(
+                " members - ",
+                " nodes (role, term, applied: each node's first shard) - ",
+                1,
+            );
+            let statuses: Vec<(u64, ShardStatus)> = answers
+                .into_iter()
+                .flat_map(|a| a.shards.into_iter().map(move |s| (a.id, s)))
+                .collect();
+            let rows = top_shards::shard_rows(&statuses, &mut previous_shards, Instant::now());
+            text = format!("{text}\n{}", top_shards::render_shards(&rows));
         }
-        let mut answers = Vec::new();
-        while let Some(answer) = asks.join_next().await {
-            answers.extend(answer.ok());
-        }
-        answers.sort_by_key(|a| a.0);
-        let leader_applied = answers
-            .iter()
-            .filter_map(|a| a.2.as_ref())
-            .find(|s| s.role == Role::Leader)
-            .map(|s| s.applied_index);
-        let rows: Vec<TopRow> = answers
-            .into_iter()
-            .map(|(id, endpoint, status, at)| {
-                let status = status.map(|now| {
-                    let before = previous.get(&id);
-                    let elapsed = before.map_or(interval, |(t, _)| at.duration_since(*t));
-                    let row = live(before.map(|(_, s)| s), &now, elapsed, leader_applied);
-                    previous.insert(id, (at, now));
-                    row
-                });
-                TopRow {
-                    id,
-                    endpoint,
-                    status,
-                }
-            })
-            .collect();
-        let at = clock_utc();
         let mut out = std::io::stdout().lock();
         if terminal {
             // Home, clear: redraw in place.
             let _ = write!(out, "\x1b[H\x1b[2J");
         }
-        let _ = writeln!(out, "{}", render(&rows, &at));
+        let _ = writeln!(out, "{text}");
         let _ = out.flush();
         done += 1;
         if iterations.is_some_and(|n| done >= n) {

@@ -326,7 +326,7 @@ fn raft_cells(
 }
 
 /// How full a region is, in percent (`None`: no capacity).
-fn fill_percent(r: &RegionFill) -> Option<f64> {
+pub(crate) fn fill_percent(r: &RegionFill) -> Option<f64> {
     (r.capacity_bytes > 0).then(|| r.used_bytes as f64 * 100.0 / r.capacity_bytes as f64)
 }
 
@@ -398,7 +398,7 @@ fn shard_cells((endpoint, s): &(String, ShardStatus)) -> Vec<String> {
 }
 
 /// A percentage with one decimal, `-` when unknown.
-fn percent_cell(percent: Option<f64>) -> String {
+pub(crate) fn percent_cell(percent: Option<f64>) -> String {
     percent.map_or_else(|| "-".to_owned(), |p| format!("{p:.1}%"))
 }
 

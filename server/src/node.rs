@@ -300,13 +300,17 @@ impl Stores {
         let started = std::time::Instant::now();
         let log = LogStore::open(
             layout.log_dir(&config.data_dir, shard),
-            LogOptions::default(),
+            LogOptions {
+                shard,
+                ..LogOptions::default()
+            },
         )
         .with_context(|| format!("opening shard {}'s raft log", shard.0))?;
         let log_opened = started.elapsed();
         let sm = RegionStateMachine::open(StateMachineConfig {
             region,
             snapshot_dir: layout.snapshot_dir(&config.data_dir, shard),
+            shard,
         })
         .with_context(|| format!("opening shard {}'s state machine", shard.0))?;
         tracing::info!(
@@ -356,7 +360,7 @@ async fn start_raft(
     .with_context(|| format!("starting shard {}'s raft", shard.0))?;
     Ok(Replica {
         reads: ReadRounds::start(raft.clone()),
-        proposals: Proposals::start(raft.clone()),
+        proposals: Proposals::start(raft.clone(), shard),
         raft,
         sm,
         log,

@@ -31,6 +31,7 @@ impl StoreBuilder<TypeConfig, LogStore, RegionStateMachine, TempDir> for Builder
                 ..RegionConfig::default()
             },
             snapshot_dir: dir.path().join("snapshots"),
+            shard: rdkv_proto::shard::ShardId(0),
         })
         .map_err(|e| StorageError::read(TypeConfig::err_from_error(&e)))?;
         Ok((dir, log, sm))

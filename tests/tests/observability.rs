@@ -172,7 +172,7 @@ async fn metrics_count_every_operation_and_report_follower_lag() -> Result<()> {
         let stage = |name: &'static str| {
             after.get(
                 "rdkv_raft_stage_latency_microseconds",
-                &[("stage", name), ("quantile", "0.5")],
+                &[("shard", "0"), ("stage", name), ("quantile", "0.5")],
             )
         };
         let persisted = stage("submitted_to_persisted").context("no fsync stage")?;

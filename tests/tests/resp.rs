@@ -478,6 +478,55 @@ async fn dbsize_everywhere(addrs: &[SocketAddr], expected: i64) -> Result<()> {
     Ok(())
 }
 
+/// The `keys=` counts of INFO's `# Shards` lines (one per hosted shard
+/// replica) and of its `db0` line.
+fn info_key_counts(info: &str) -> Result<(Vec<u64>, u64)> {
+    let keys_of = |line: &str| -> Result<u64> {
+        let field = line
+            .split([',', ':'])
+            .find_map(|f| f.strip_prefix("keys="))
+            .with_context(|| format!("no keys= in {line:?}"))?;
+        Ok(field.parse()?)
+    };
+    let shards = info
+        .lines()
+        .filter(|l| l.starts_with("shard"))
+        .map(keys_of)
+        .collect::<Result<Vec<_>>>()?;
+    let db0 = info
+        .lines()
+        .find(|l| l.starts_with("db0:"))
+        .context("no db0 line")?;
+    Ok((shards, keys_of(db0)?))
+}
+
+/// INFO on every node: a `# Shards` line per hosted replica (2 of 3
+/// shards each), the node's keyspace their sum, and, once every replica
+/// applied, `replicas` copies of every key over the cluster.
+async fn info_shards_everywhere(addrs: &[SocketAddr], keys: u64, replicas: u64) -> Result<()> {
+    rdkv_tests::eventually(
+        Duration::from_secs(20),
+        "every replica applied",
+        async || {
+            let mut total = 0;
+            for addr in addrs {
+                let info: String = with_connection(*addr, |con| Ok(query(con, &["INFO"])?)).await?;
+                ensure!(info.contains("# Shards\r\n"), "{info}");
+                let (shards, db0) = info_key_counts(&info)?;
+                ensure!(shards.len() == 2, "{addr}: {info}");
+                ensure!(shards.iter().sum::<u64>() == db0, "{addr}: {info}");
+                total += db0;
+            }
+            ensure!(
+                total == keys * replicas,
+                "{total} keys over the nodes' replicas"
+            );
+            Ok(())
+        },
+    )
+    .await
+}
+
 /// On a multi-shard node KEYS, SCAN, DBSIZE and FLUSHDB span every shard:
 /// 3 nodes, 3 shards of 2 replicas, so each node also answers for a shard
 /// it does not host.
@@ -505,6 +554,7 @@ async fn keyspace_commands_span_every_shard() -> Result<()> {
         let run = addrs.clone();
         tokio::task::spawn_blocking(move || keys_and_scan_span_every_shard(&run, &keys)).await??;
         dbsize_everywhere(&addrs, count).await?;
+        info_shards_everywhere(&addrs, u64::try_from(count)?, 2).await?;
         // FLUSHDB through one node clears every shard.
         let keys_left = with_connection(addrs[1], |con| {
             let reply: String = query(con, &["FLUSHDB"])?;

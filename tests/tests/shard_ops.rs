@@ -121,6 +121,40 @@ async fn observed_per_shard(cluster: &Cluster) -> Result<()> {
     Ok(())
 }
 
+/// `rdkvctl top` with node 1 killed: node 1 unreachable, a row per shard,
+/// each led by a survivor and answered by two of its three replicas.
+async fn top_shows_every_shard_without_node_1(cluster: &Cluster) -> Result<()> {
+    let text = ctl(
+        cluster,
+        &["top", "--interval-ms", "300", "--iterations", "2"],
+    )
+    .await?;
+    let last = text
+        .rsplit("rdkv top - ")
+        .next()
+        .context("no refresh printed")?;
+    println!("rdkvctl top, last refresh:\n{last}");
+    ensure!(
+        last.contains("3 nodes (role, term, applied: each node's first shard)"),
+        "{last}"
+    );
+    ensure!(
+        last.contains("unreachable"),
+        "node 1 not unreachable: {last}"
+    );
+    ensure!(
+        last.contains(&format!(
+            "{SHARDS} shards - {SHARDS} with a leader answering"
+        )),
+        "{last}"
+    );
+    ensure!(
+        last.matches("| 2/3 ").count() == SHARDS,
+        "not every shard answered by 2 of 3: {last}"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rebalance_spreads_leaders_and_a_killed_node_leaves_every_shard_writable() -> Result<()> {
     let mut cluster = Cluster::start_with(NODES, &FLAGS)?;
@@ -184,6 +218,7 @@ async fn rebalance_spreads_leaders_and_a_killed_node_leaves_every_shard_writable
             .await?;
             acknowledged.push(key);
         }
+        top_shows_every_shard_without_node_1(cluster).await?;
         for key in &acknowledged {
             let got = survivors.get(key.clone()).await?;
             ensure!(

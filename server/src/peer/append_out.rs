@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use openraft::base::{BoxFuture, BoxStream};
+use rdkv_proto::shard::ShardId;
 use rdkv_proto::wire::Frame;
 use rdkv_storage::raft::LogId;
 use rdkv_storage::raft::rpc::{
@@ -68,7 +69,11 @@ where
 {
     Box::pin(async move {
         let conn = peer.open().await?;
-        let round_trip = metrics::histogram!("rdkv_peer_append_round_trip_seconds", "peer" => peer.target.to_string());
+        let round_trip = metrics::histogram!(
+            "rdkv_peer_append_round_trip_seconds",
+            "shard" => peer.ctx.shard.unwrap_or(ShardId(0)).0.to_string(),
+            "peer" => peer.target.to_string()
+        );
         let outbound = Outbound {
             peer,
             conn: Some(conn),

@@ -66,7 +66,7 @@ pub(super) type Conn = (FrameReader<ReadHalf>, FrameWriter<WriteHalf>);
 
 #[derive(Debug)]
 pub struct PeerConn {
-    ctx: Arc<PeerContext>,
+    pub(super) ctx: Arc<PeerContext>,
     pub(super) target: u64,
     addr: String,
     /// The open connection between calls (none while a call or an append

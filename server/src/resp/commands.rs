@@ -13,6 +13,7 @@ use super::glob::glob_match;
 use super::reply::{Protocol, Reply};
 use super::session::Session;
 use super::store::unexpected;
+use crate::service::shard_status;
 
 pub fn upper(arg: &[u8]) -> String {
     String::from_utf8_lossy(arg).to_ascii_uppercase()
@@ -516,16 +517,52 @@ pub fn info(session: &mut Session<'_>, args: &[Bytes]) -> Reply {
         ));
     }
     if show("KEYSPACE") {
-        // Like Redis's, both counts include keys expired but not yet
-        // removed by the active expire cycle.
-        let replica = server.handler.replica();
+        // Like Redis's (a Redis Cluster node's too), the keys this node
+        // holds: every hosted shard's replica. Both counts include keys
+        // expired but not yet removed by the active expire cycle.
+        let (keys, expires) =
+            server
+                .handler
+                .shards()
+                .iter()
+                .fold((0, 0), |(keys, expires), (_, replica)| {
+                    (
+                        keys + replica.live_keys(),
+                        expires + replica.sm.expiring_keys() as u64,
+                    )
+                });
         text.push_str(&format!(
-            "# Keyspace\r\ndb0:keys={},expires={},avg_ttl=0\r\n",
-            replica.live_keys(),
+            "# Keyspace\r\ndb0:keys={keys},expires={expires},avg_ttl=0\r\n"
+        ));
+    }
+    if server.handler.shards().is_sharded() && show("SHARDS") {
+        text.push_str(&shards_section(server));
+    }
+    Reply::Verbatim(text)
+}
+
+/// INFO's `# Shards` (rdkv's own section, a multi-shard node only): a
+/// line per hosted shard replica, as its own Raft sees it. The
+/// Replication section above is the node's first shard's.
+fn shards_section(server: &RespServer) -> String {
+    let mut text = String::from("\r\n# Shards\r\n");
+    for (shard, replica) in server.handler.shards().iter() {
+        let status = shard_status(shard, replica);
+        text.push_str(&format!(
+            "shard{}:role={},raft_role={:?},term={},leader_id={},members={},commit_index={},applied_index={},keys={},expires={}\r\n",
+            status.shard.0,
+            redis_role(status.role, "slave"),
+            status.role,
+            status.term,
+            status.leader_id.map_or_else(|| "none".to_owned(), |l| l.to_string()),
+            status.members.len(),
+            status.commit_index,
+            status.applied_index,
+            status.region.live_keys,
             replica.sm.expiring_keys(),
         ));
     }
-    Reply::Verbatim(text)
+    text
 }
 
 /// The HELLO reply: the server, and the connection's id and protocol.

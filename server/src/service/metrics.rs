@@ -11,7 +11,7 @@ use rdkv_storage::RegionStats;
 use rdkv_storage::raft_log::LogStats;
 
 use super::{Handler, MAX_IN_FLIGHT};
-use crate::Raft;
+use crate::shards::Shards;
 use crate::telemetry::prometheus;
 use crate::telemetry::scrape::server_reads;
 
@@ -122,35 +122,38 @@ const STAGE_QUANTILES: [f64; 2] = [0.5, 0.99];
 /// own log-stage histograms (it samples the last 1,024 entries): proposed
 /// (`client_write`) to received by RaftCore, to submitted to the log, to
 /// persisted (the fsync), to committed (the quorum), to applied. Rendered
-/// here, not recorded: RaftCore keeps them.
-async fn stage_latencies(raft: &Raft, out: &mut String) {
-    let Ok(Ok(stats)) = tokio::time::timeout(STAGE_STATS_TIMEOUT, raft.runtime_stats()).await
-    else {
-        return;
-    };
-    let stages = &stats.log_stage_histograms;
-    let rows = [
-        ("proposed_to_received", &stages.proposed_to_received),
-        ("received_to_submitted", &stages.received_to_submitted),
-        ("submitted_to_persisted", &stages.submitted_to_persisted),
-        ("persisted_to_committed", &stages.persisted_to_committed),
-        ("committed_to_applied", &stages.committed_to_applied),
-        ("proposed_to_applied", &stages.proposed_to_applied),
-    ];
+/// here, not recorded: RaftCore keeps them. Every hosted shard's RaftCore
+/// is asked at once, so a stalled one costs a scrape one timeout, not one
+/// per shard.
+async fn stage_latencies(shards: &Shards, out: &mut String) {
+    let asks = shards.iter().map(|(shard, replica)| async move {
+        let stats = tokio::time::timeout(STAGE_STATS_TIMEOUT, replica.raft.runtime_stats()).await;
+        (shard, stats)
+    });
     out.push_str(
-        "# HELP rdkv_raft_stage_latency_microseconds Time between consecutive stages of a log entry at this node (openraft's sample of the last 1,024 entries), by stage and quantile.\n\
+        "# HELP rdkv_raft_stage_latency_microseconds Time between consecutive stages of a log entry at this node (openraft's sample of the last 1,024 entries), by shard, stage and quantile.\n\
          # TYPE rdkv_raft_stage_latency_microseconds gauge\n",
     );
-    for (stage, histogram) in rows {
-        if histogram.total() == 0 {
-            continue;
-        }
-        for quantile in STAGE_QUANTILES {
-            let _ = writeln!(
-                out,
-                "rdkv_raft_stage_latency_microseconds{{stage=\"{stage}\",quantile=\"{quantile}\"}} {}",
-                histogram.percentile(quantile)
-            );
+    for (shard, stats) in futures::future::join_all(asks).await {
+        let Ok(Ok(stats)) = stats else { continue };
+        let stages = &stats.log_stage_histograms;
+        let rows = [
+            ("proposed_to_received", &stages.proposed_to_received),
+            ("received_to_submitted", &stages.received_to_submitted),
+            ("submitted_to_persisted", &stages.submitted_to_persisted),
+            ("persisted_to_committed", &stages.persisted_to_committed),
+            ("committed_to_applied", &stages.committed_to_applied),
+            ("proposed_to_applied", &stages.proposed_to_applied),
+        ];
+        for (stage, histogram) in rows.into_iter().filter(|(_, h)| h.total() > 0) {
+            for quantile in STAGE_QUANTILES {
+                let _ = writeln!(
+                    out,
+                    "rdkv_raft_stage_latency_microseconds{{shard=\"{}\",stage=\"{stage}\",quantile=\"{quantile}\"}} {}",
+                    shard.0,
+                    histogram.percentile(quantile)
+                );
+            }
         }
     }
 }
@@ -207,7 +210,7 @@ impl Handler {
         set("rdkv_in_flight_requests", self.stats().in_flight());
         let mut out = prometheus().render();
         replication_lag(&leading, &mut out);
-        stage_latencies(&replica.raft, &mut out).await;
+        stage_latencies(self.shards(), &mut out).await;
         out
     }
 }

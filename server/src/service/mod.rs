@@ -34,6 +34,7 @@ use rdkv_proto::wire::{ErrorCode, ErrorReply, Response};
 
 pub use connection::{serve_clients, serve_unix_clients};
 pub use handler::{Endpoints, Handler, HandlerSettings};
+pub use status::shard_status;
 
 /// Requests one connection may have in the server at once.
 pub const MAX_IN_FLIGHT: u32 = 128;

@@ -14,6 +14,7 @@ use futures::{Stream, StreamExt};
 use openraft::impls::ProgressResponder;
 use openraft::raft::responder::Responder;
 use openraft::raft::{ClientWriteResponse, ClientWriteResult, WriteResult};
+use rdkv_proto::shard::ShardId;
 use rdkv_storage::raft::{Command, TypeConfig};
 use tokio::sync::mpsc;
 
@@ -37,10 +38,12 @@ pub struct Proposals {
 pub struct Stopped;
 
 impl Proposals {
-    /// Starts the proposing task on the current runtime.
-    pub fn start(raft: Raft) -> Proposals {
+    /// Starts the proposing task of shard `shard` on the current runtime.
+    pub fn start(raft: Raft, shard: ShardId) -> Proposals {
         let (queue, queued) = mpsc::unbounded_channel();
-        tokio::spawn(run(raft, queued));
+        let batch_sizes =
+            metrics::histogram!("rdkv_write_batch_commands", "shard" => shard.0.to_string());
+        tokio::spawn(run(raft, queued, batch_sizes));
         Proposals { queue }
     }
 
@@ -51,7 +54,11 @@ impl Proposals {
     }
 }
 
-async fn run(raft: Raft, mut queued: mpsc::UnboundedReceiver<(Command, Outcome)>) {
+async fn run(
+    raft: Raft,
+    mut queued: mpsc::UnboundedReceiver<(Command, Outcome)>,
+    batch_sizes: metrics::Histogram,
+) {
     let mut batch = Vec::new();
     while let Some(first) = queued.recv().await {
         batch.push(first);
@@ -61,7 +68,7 @@ async fn run(raft: Raft, mut queued: mpsc::UnboundedReceiver<(Command, Outcome)>
                 Err(_) => break,
             }
         }
-        metrics::histogram!("rdkv_write_batch_commands").record(batch.len() as f64);
+        batch_sizes.record(batch.len() as f64);
         if batch.len() == 1 {
             if let Some((command, outcome)) = batch.pop() {
                 // Dropped on failure: the proposer sees Raft stopped.

@@ -157,29 +157,29 @@ fn describe_events() {
     describe_histogram!(
         "rdkv_raft_log_fsync_duration_seconds",
         Unit::Seconds,
-        "Duration of each fdatasync of a raft log segment."
+        "Duration of each fdatasync of a raft log segment, by shard."
     );
     describe_histogram!(
         "rdkv_raft_log_entries_per_fsync",
-        "Log entries made durable by one group-commit fsync."
+        "Log entries made durable by one group-commit fsync, by shard."
     );
     describe_histogram!(
         "rdkv_raft_apply_duration_seconds",
         Unit::Seconds,
-        "Duration of each batch of committed entries applied to the region."
+        "Duration of each batch of committed entries applied to the region, by shard."
     );
     describe_histogram!(
         "rdkv_write_batch_commands",
-        "Client writes handed to Raft together, as one batch of log entries."
+        "Client writes handed to Raft together, as one batch of log entries, by shard."
     );
     describe_histogram!(
         "rdkv_raft_apply_batch_entries",
-        "Committed entries applied in one batch."
+        "Committed entries applied in one batch, by shard."
     );
     describe_histogram!(
         "rdkv_peer_append_round_trip_seconds",
         Unit::Seconds,
-        "From sending an AppendEntries to a follower to its answer (the follower's fsync included), by follower."
+        "From sending an AppendEntries to a follower to its answer (the follower's fsync included), by shard and follower."
     );
     describe_gauge!("rdkv_in_flight_requests", "Requests being served now.");
 }

@@ -15,6 +15,8 @@ use std::time::Instant;
 
 use openraft::storage::IOFlushed;
 
+use rdkv_proto::shard::ShardId;
+
 use crate::raft::TypeConfig;
 
 /// Counters shared by the store and the flusher thread.
@@ -32,9 +34,18 @@ pub(crate) struct Counters {
     /// Planted bug (power-loss tests only): group commits complete their
     /// append callbacks without the fsync.
     pub skip_append_fsync: AtomicBool,
+    /// The `shard` label of this log's histograms.
+    pub shard_label: String,
 }
 
 impl Counters {
+    pub fn for_shard(shard: ShardId) -> Counters {
+        Counters {
+            shard_label: shard.0.to_string(),
+            ..Counters::default()
+        }
+    }
+
     /// `sync_data` on a segment whose first `written_len` bytes are its
     /// header and records (the rest is preallocated), counted and timed.
     pub fn sync(&self, file: &File, written_len: u64) -> io::Result<()> {
@@ -45,7 +56,8 @@ impl Counters {
         }
         let result = crate::durability::sync_data_written(file, written_len);
         let elapsed = start.elapsed();
-        metrics::histogram!("rdkv_raft_log_fsync_duration_seconds").record(elapsed.as_secs_f64());
+        metrics::histogram!("rdkv_raft_log_fsync_duration_seconds", "shard" => self.shard_label.clone())
+            .record(elapsed.as_secs_f64());
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         self.fsyncs.fetch_add(1, Ordering::Relaxed);
         self.fsync_nanos.fetch_add(nanos, Ordering::Relaxed);
@@ -191,7 +203,8 @@ fn run(queue: &Queue, counters: &Counters) {
             counters
                 .entries_flushed
                 .fetch_add(entries, Ordering::Relaxed);
-            metrics::histogram!("rdkv_raft_log_entries_per_fsync").record(entries as f64);
+            metrics::histogram!("rdkv_raft_log_entries_per_fsync", "shard" => counters.shard_label.clone())
+                .record(entries as f64);
         }
         for callback in callbacks {
             let r = match &result {

@@ -1,5 +1,6 @@
 //! `LogStore`: the segmented, CRC-framed, group-committed Raft log.
 
+use rdkv_proto::shard::ShardId;
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
@@ -44,6 +45,9 @@ pub struct LogOptions {
     /// zeros is cut when the log rolls past it or closes), so that a group
     /// commit's `fdatasync` writes the data without a new file size.
     pub preallocate: bool,
+    /// The shard this log belongs to: the `shard` label of its fsync
+    /// histograms (a single group: shard 0).
+    pub shard: ShardId,
 }
 
 impl Default for LogOptions {
@@ -53,6 +57,7 @@ impl Default for LogOptions {
             max_record_size: DEFAULT_MAX_RECORD_SIZE,
             cache_bytes: DEFAULT_CACHE_BYTES,
             preallocate: true,
+            shard: ShardId(0),
         }
     }
 }
@@ -292,7 +297,7 @@ impl LogStore {
                 Err(e) => return Err(LogError::io(&tmp, e)),
             }
         }
-        let counters = Arc::new(Counters::default());
+        let counters = Arc::new(Counters::for_shard(options.shard));
         counters.skip_append_fsync.store(
             failpoint::armed(failpoint::LOG_SKIP_APPEND_FSYNC),
             Ordering::Relaxed,

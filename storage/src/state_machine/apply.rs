@@ -889,6 +889,7 @@ mod tests {
                         ..RegionConfig::default()
                     },
                     snapshot_dir: dir.path().join("snapshots"),
+                    shard: rdkv_proto::shard::ShardId(0),
                 })
                 .unwrap();
                 Applier {

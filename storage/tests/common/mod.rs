@@ -33,6 +33,7 @@ pub fn open_with(dir: &Path, mib: u64) -> Result<RegionStateMachine, StateMachin
     RegionStateMachine::open(StateMachineConfig {
         region: region(mib),
         snapshot_dir: dir.join("snapshots"),
+        shard: rdkv_proto::shard::ShardId(0),
     })
 }
 
