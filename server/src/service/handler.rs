@@ -81,7 +81,8 @@ fn command_keys(command: &Command) -> Option<Vec<&[u8]>> {
         Command::Clear
         | Command::SetHashSeed { .. }
         | Command::SetQuota { .. }
-        | Command::SetClusterId { .. } => return None,
+        | Command::SetClusterId { .. }
+        | Command::PublishShardMap { .. } => return None,
     };
     Some(keys)
 }

@@ -11,6 +11,7 @@ pub mod digest;
 mod keyed;
 mod load;
 mod local_read;
+pub mod shard_map;
 pub mod snapshot;
 pub mod snapshot_store;
 
@@ -412,6 +413,14 @@ impl RegionStateMachine {
         self.lock()
             .writer
             .scan(range, max_bytes, expired_from_unix_ms())
+    }
+
+    /// The shard map this replica applied (metadata group only:
+    /// `Command::PublishShardMap`); `None` before the first one.
+    pub fn applied_shard_map(
+        &self,
+    ) -> Result<Option<rdkv_proto::shard::ShardMap>, shard_map::AppliedMapError> {
+        shard_map::recorded(&self.lock().writer)
     }
 
     /// Keys in the ordered scan index; always equal to the region's live keys.
