@@ -9,8 +9,8 @@ use rdkv_proto::wire::{
 };
 
 use super::State;
-use super::shard_map;
 use super::keyed::KeyedRegion;
+use super::shard_map;
 use crate::raft::{Command, CommandResult, Entry, StoredMembership};
 use crate::region::RegionError;
 
@@ -1011,8 +1011,10 @@ mod tests {
             assert_eq!(applied_map(&a), None);
             // The first map is version 1: a later one is refused.
             let refused = a.apply(map_version(2, 1));
-            assert!(matches!(&refused, Response::Error(e) if e.code == ErrorCode::InvalidRequest
-                && e.message.starts_with(crate::state_machine::shard_map::STALE_MAP_PREFIX)));
+            assert!(
+                matches!(&refused, Response::Error(e) if e.code == ErrorCode::InvalidRequest
+                && e.message.starts_with(crate::state_machine::shard_map::STALE_MAP_PREFIX))
+            );
             assert_eq!(applied_map(&a), None);
             assert_eq!(a.apply(map_version(1, 1)), Response::Written { version: 2 });
             assert_eq!(applied_map(&a), Some((1, Some(1))));
@@ -1020,8 +1022,11 @@ mod tests {
             // Built from version 1 once 2 was applied: the same version
             // again, or the one it replaced, changes nothing.
             for stale in [map_version(2, 1), map_version(1, 1), map_version(4, 1)] {
-                assert!(matches!(a.apply(stale), Response::Error(e)
-                    if e.code == ErrorCode::InvalidRequest), "a stale map applied");
+                assert!(
+                    matches!(a.apply(stale), Response::Error(e)
+                    if e.code == ErrorCode::InvalidRequest),
+                    "a stale map applied"
+                );
                 assert_eq!(applied_map(&a), Some((2, Some(2))));
             }
             assert_eq!(a.apply(map_version(3, 1)), Response::Written { version: 7 });

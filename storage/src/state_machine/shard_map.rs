@@ -45,10 +45,7 @@ pub(super) fn decode(bytes: &[u8]) -> Result<ShardMap, postcard::Error> {
 /// What applying `map` decides: the record to write, or the refusal of a
 /// map that is not exactly one version above `applied` (a proposal built
 /// from a map older than the applied one, or a repeated one).
-pub(super) fn next_record(
-    applied: Option<&ShardMap>,
-    map: &ShardMap,
-) -> Result<Vec<u8>, Response> {
+pub(super) fn next_record(applied: Option<&ShardMap>, map: &ShardMap) -> Result<Vec<u8>, Response> {
     let applied_version = applied.map_or(0, ShardMap::version);
     if Some(map.version()) != applied_version.checked_add(1) {
         return Err(Response::Error(stale(applied_version, map.version())));
