@@ -12,7 +12,7 @@ use anyhow::{Result, bail, ensure};
 use rdkv_proto::shard::{ShardId, ShardInfo, ShardMap};
 use rdkv_proto::wire::{Consistency, Request, Response};
 use rdkv_tests::shard_view::{agreed_map, keys_per_shard, node_ids, publish_map};
-use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, check, eventually};
+use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, check, eventually, rdkvctl_ok};
 
 const FLAGS: [&str; 6] = ["--shards", "3", "--replicas", "2", "--region-mib", "16"];
 
@@ -107,6 +107,14 @@ async fn every_node_serves_the_versioned_map_and_a_stale_client_follows_an_edit(
         ensure!(held == Some(right.version()), "the client holds {held:?}");
         let got = cluster.client(Intent::Any)?.get(shard0_key.clone()).await?;
         ensure!(got.is_some_and(|v| &v.value[..] == b"zero"));
+
+        // `rdkvctl shard list` prints the version it got.
+        let endpoints = cluster.endpoints(Intent::Any)?.join(",");
+        let args = ["--endpoints", &endpoints, "shard", "list", "-w", "json"];
+        let out = rdkvctl_ok(&args, &[]).await?;
+        let listed = String::from_utf8_lossy(&out.stdout).into_owned();
+        let expected = format!("\"version\":{}", right.version());
+        ensure!(listed.contains(&expected), "shard list: {listed}");
         Ok(())
     })
     .await
