@@ -41,16 +41,23 @@ async fn every_node_at(cluster: &Cluster, ids: &[u64], version: u64) -> Result<S
     .await
 }
 
+/// The cluster's node ids and the map they all serve once it names every
+/// node's addresses.
+async fn every_node_listed(cluster: &Cluster) -> Result<(Vec<u64>, ShardMap)> {
+    let ids = node_ids(cluster);
+    let what = "every node serving one map with every node's addresses";
+    let map = eventually(LEADER_TIMEOUT, what, async || {
+        agreed_map(cluster, &ids).await
+    })
+    .await?;
+    Ok((ids, map))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_node_serves_the_versioned_map_and_a_stale_client_follows_an_edit() -> Result<()> {
     let mut cluster = Cluster::start_with(3, &FLAGS)?;
     check(&mut cluster, Duration::from_secs(120), async |cluster| {
-        let ids = node_ids(cluster);
-        let what = "every node serving one map with every node's addresses";
-        let map = eventually(LEADER_TIMEOUT, what, async || {
-            agreed_map(cluster, &ids).await
-        })
-        .await?;
+        let (ids, map) = every_node_listed(cluster).await?;
         // Version 1 is the placed map; each node then published its
         // addresses, one version each.
         ensure!(map.version() >= 4, "{map:?}");
@@ -124,12 +131,7 @@ async fn every_node_serves_the_versioned_map_and_a_stale_client_follows_an_edit(
 async fn the_map_survives_its_leaders_kill_and_a_restart_of_every_node() -> Result<()> {
     let mut cluster = Cluster::start_with(3, &FLAGS)?;
     check(&mut cluster, Duration::from_secs(150), async |cluster| {
-        let ids = node_ids(cluster);
-        let what = "every node serving one map with every node's addresses";
-        let map = eventually(LEADER_TIMEOUT, what, async || {
-            agreed_map(cluster, &ids).await
-        })
-        .await?;
+        let (ids, map) = every_node_listed(cluster).await?;
         let edited = next_map(&map, ShardId(1), |s| s.leader = s.members.last().copied())?;
         let (meta_leader, _) = publish_map(cluster, &ids, &edited).await?;
         every_node_at(cluster, &ids, edited.version()).await?;
