@@ -88,6 +88,7 @@ fn any_request() -> impl Strategy<Value = Request> {
             shard: ShardId(shard),
             to
         }),
+        any_shard_map().prop_map(|map| Request::PublishShardMap { map }),
     ]
 }
 

@@ -108,6 +108,19 @@ struct StatusView {
     in_flight_requests: u64,
     /// Every shard replica this node hosts (a single group: shard 0).
     shards: Vec<ShardView>,
+    /// The metadata group's replica here (a multi-shard node only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    meta: Option<MetaView>,
+}
+
+/// The metadata group in `/status`: its replica's state, the version of
+/// the map it applied and of the map this node serves.
+#[derive(Debug, Serialize)]
+struct MetaView {
+    #[serde(flatten)]
+    status: ShardStatus,
+    applied_map_version: u64,
+    served_map_version: u64,
 }
 
 /// One hosted shard in `/status`: its replica's state and its slots.
@@ -151,6 +164,11 @@ fn status_json(handler: &Handler) -> String {
                 status,
             })
             .collect(),
+        meta: handler.shards().meta().map(|meta| MetaView {
+            status: crate::service::shard_status(rdkv_proto::shard::ShardId::META, meta.replica()),
+            applied_map_version: meta.applied_version(),
+            served_map_version: meta.map().version(),
+        }),
     };
     match serde_json::to_string(&view) {
         Ok(mut json) => {

@@ -12,6 +12,8 @@ use rdkv_storage::state_machine::SNAPSHOTS_DIR_NAME;
 
 /// The marker of a multi-shard data directory: the shard count, in decimal.
 pub const SHARDS_MARKER: &str = "SHARDS";
+/// The metadata group's directory in a multi-shard data directory.
+pub const META_DIR_NAME: &str = "meta";
 /// The Raft log's directory name, in a data directory or a shard's.
 pub const RAFT_LOG_DIR_NAME: &str = "raft-log";
 
@@ -102,10 +104,12 @@ impl Layout {
         (0..count).map(ShardId)
     }
 
-    /// The directory holding `shard`'s log and snapshots.
+    /// The directory holding `shard`'s log and snapshots; the metadata
+    /// group's (`ShardId::META`, multi-shard only) is `meta/`.
     pub fn shard_dir(&self, data_dir: &Path, shard: ShardId) -> PathBuf {
         match self {
             Layout::Single => data_dir.to_owned(),
+            Layout::Sharded { .. } if shard == ShardId::META => data_dir.join(META_DIR_NAME),
             Layout::Sharded { .. } => data_dir.join("shards").join(shard.0.to_string()),
         }
     }
@@ -173,6 +177,14 @@ mod tests {
         assert_eq!(
             layout.snapshot_dir(dir.path(), ShardId(0)),
             dir.path().join("shards/0/snapshots")
+        );
+        assert_eq!(
+            layout.log_dir(dir.path(), ShardId::META),
+            dir.path().join("meta/raft-log")
+        );
+        assert_eq!(
+            layout.snapshot_dir(dir.path(), ShardId::META),
+            dir.path().join("meta/snapshots")
         );
         assert_eq!(layout.shards().count(), 3);
         assert_eq!(Layout::open(dir.path(), 3).unwrap(), layout);

@@ -7,6 +7,8 @@
 //!   the cluster (members, who leads).
 //! - [`layout`]: the data directory's layout, one group or `shards/<k>/`.
 //! - [`placement`]: where shards start (`--shards`, docs/sharding.md).
+//! - [`meta`]: the metadata group of a multi-shard cluster: the replicated,
+//!   versioned shard map every node serves.
 //! - `lease`: the lease rules (quorum acknowledgement, the lease published
 //!   for one-sided readers, read confirmation, follower freshness).
 //! - [`peer`]: Raft traffic between nodes.
@@ -35,6 +37,7 @@ pub mod http;
 mod join;
 pub mod layout;
 mod lease;
+pub mod meta;
 pub mod node;
 pub mod ofi;
 mod order;

@@ -23,6 +23,7 @@ use crate::Raft;
 use crate::accept::TcpFront;
 use crate::config::Config;
 use crate::layout::Layout;
+use crate::meta::Meta;
 use crate::peer::{PeerContext, PeerNetwork, PeerShards, SNAPSHOT_CHUNK_BYTES, serve_peers};
 use crate::placement;
 use crate::replica::Replica;
@@ -369,7 +370,9 @@ async fn start_raft(
 }
 
 /// The placed map of a multi-shard cluster (`placement::initial` of
-/// `--initial-cluster`, the same on every node); `None` for a single group.
+/// `--initial-cluster`, the same on every node, byte for byte: no node's
+/// addresses yet, each node publishes its own as a later version); `None`
+/// for a single group. The metadata group's version 1.
 fn placed_map(config: &Config) -> Result<Option<ShardMap>> {
     if config.shards <= 1 {
         return Ok(None);
@@ -379,7 +382,7 @@ fn placed_map(config: &Config) -> Result<Option<ShardMap>> {
         .keys()
         .map(|&id| NodeInfo {
             id,
-            client_addr: (id == config.id).then(|| config.listen.to_string()),
+            client_addr: None,
             resp_addr: None,
         })
         .collect();
@@ -388,25 +391,43 @@ fn placed_map(config: &Config) -> Result<Option<ShardMap>> {
     Ok(Some(map))
 }
 
+/// The shards placed on this node: shard 0 for a single group; in a
+/// multi-shard cluster the data shards `placed` puts here, then the
+/// metadata group (every node runs it).
+fn hosted_shards(config: &Config, placed: Option<&ShardMap>) -> Vec<ShardId> {
+    let Some(map) = placed else {
+        return vec![ShardId(0)];
+    };
+    let mut hosted: Vec<ShardId> = map
+        .shards()
+        .iter()
+        .filter(|shard| shard.members.contains(&config.id))
+        .map(|shard| shard.id)
+        .collect();
+    if !hosted.is_empty() {
+        hosted.push(ShardId::META);
+    }
+    hosted
+}
+
+/// The shards this node started, and the placed map of a multi-shard
+/// cluster (what its groups are initialized with).
+struct Started {
+    shards: Shards,
+    placed: Option<ShardMap>,
+}
+
 /// Opens and starts the replicas of the shards placed on this node (shard
-/// 0 alone for a single group).
+/// 0 alone for a single group; with the metadata group's otherwise).
 async fn start_shards(
     config: &Config,
     layout: &Layout,
     region: RegionConfig,
     tls: &NodeTls,
-) -> Result<Shards> {
+) -> Result<Started> {
     let started = std::time::Instant::now();
     let placed = placed_map(config)?;
-    let hosted: Vec<ShardId> = match &placed {
-        None => vec![ShardId(0)],
-        Some(map) => map
-            .shards()
-            .iter()
-            .filter(|shard| shard.members.contains(&config.id))
-            .map(|shard| shard.id)
-            .collect(),
-    };
+    let hosted = hosted_shards(config, placed.as_ref());
     if hosted.is_empty() {
         bail!(
             "--shards {} --replicas {} places no shard on node {}: \
@@ -418,7 +439,13 @@ async fn start_shards(
     }
     let stores = hosted
         .iter()
-        .map(|&shard| Stores::open(config, layout, shard, region.clone()))
+        .map(|&shard| {
+            let region = match shard == ShardId::META {
+                true => crate::meta::region_config(&region),
+                false => region.clone(),
+            };
+            Stores::open(config, layout, shard, region)
+        })
         .collect::<Result<Vec<_>>>()?;
     // A previous incarnation may have led and published a lease (at most
     // one minimum election timeout long) into a region clients still map.
@@ -450,13 +477,30 @@ async fn start_shards(
             }
         }
     }
-    match placed {
-        Some(map) => Shards::placed(map, replicas).context("no shard placed here"),
+    let shards = match &placed {
+        Some(map) => {
+            let meta = replicas
+                .remove(&ShardId::META)
+                .context("the metadata group was not started")?;
+            let meta = meta_of(meta, map, own_client_options(config, tls));
+            Shards::sharded(meta, replicas).context("no shard placed here")?
+        }
         None => replicas
             .remove(&ShardId(0))
             .map(Shards::single)
-            .context("shard 0 was not started"),
-    }
+            .context("shard 0 was not started")?,
+    };
+    Ok(Started { shards, placed })
+}
+
+/// The metadata group's part on this node, serving the map its replica
+/// applied before a restart, or else the placed one.
+fn meta_of(replica: Replica, placed: &ShardMap, forward: rdkv_client::ClientOptions) -> Meta {
+    let applied = replica.sm.applied_shard_map().unwrap_or_else(|e| {
+        tracing::warn!("reading the applied shard map: {e}");
+        None
+    });
+    Meta::new(replica, applied.unwrap_or_else(|| placed.clone()), forward)
 }
 
 /// What a node settles before it serves: its protocol limits, the quota it
@@ -480,18 +524,18 @@ impl Node {
         let limits = protocol_limits(&region)?;
         let quota_bytes = quota_bytes(&config, &region)?;
         let layout = Layout::open(&config.data_dir, config.shards)?;
-        let shards = start_shards(&config, &layout, region, &tls).await?;
+        let Started { shards, placed } = start_shards(&config, &layout, region, &tls).await?;
         let fixed = Fixed {
             limits,
             quota_bytes,
             lock,
             tls,
         };
-        match Self::serve(config, shards.clone(), fixed, listeners).await {
+        match Self::serve(config, (shards.clone(), placed), fixed, listeners).await {
             Ok(node) => Ok(node),
             Err(e) => {
                 // Raft is running and owns the logs: stop it before giving up.
-                for (_, replica) in shards.iter() {
+                for (_, replica) in shards.all() {
                     let _ = replica.raft.shutdown().await;
                 }
                 Err(e)
@@ -501,7 +545,7 @@ impl Node {
 
     async fn serve(
         mut config: Config,
-        shards: Shards,
+        (shards, placed): (Shards, Option<ShardMap>),
         fixed: Fixed,
         listeners: Listeners,
     ) -> Result<Node> {
@@ -525,7 +569,7 @@ impl Node {
         let peer_shards = PeerShards::new(
             shards.is_sharded(),
             shards
-                .iter()
+                .all()
                 .map(|(id, r)| (id, r.raft.clone(), Arc::clone(&r.peers))),
         )
         .context("a node without shards")?;
@@ -536,7 +580,7 @@ impl Node {
         )));
         let client_addr = config.listen.to_string();
         if !config.initial_cluster.is_empty() {
-            bootstrap(&shards, &config, &client_addr).await?;
+            bootstrap(&shards, placed.as_ref(), &config, &client_addr).await?;
         }
         let (rdma, ofi) = one_sided_transports(&config, &replica, &shutdown_rx, &mut tasks);
         let settings = HandlerSettings {
@@ -560,6 +604,14 @@ impl Node {
             .spawn(&config, &tls, &handler, &shutdown_rx, &mut tasks)?;
         for (_, replica) in shards.iter() {
             spawn_leader_tasks(replica, &config, quota_bytes, &shutdown_rx, &mut tasks);
+        }
+        if let (Some(meta), Some(placed)) = (shards.meta(), placed) {
+            let own = NodeInfo {
+                id: config.id,
+                client_addr: Some(client_addr.clone()),
+                resp_addr: handler.endpoints().resp.clone(),
+            };
+            spawn_meta_tasks(meta, placed, own, &config, &shutdown_rx, &mut tasks)?;
         }
         let initialized = raft.is_initialized().await.context("reading raft state")?;
         if let Some(seed) = config.join.clone().filter(|_| !initialized) {
@@ -591,7 +643,7 @@ impl Node {
     /// Saves a snapshot (`stop_snapshot`), stops serving and shuts Raft
     /// down (its log is already durable).
     pub async fn stop(self) -> Result<()> {
-        for (_, replica) in self.shards.iter() {
+        for (_, replica) in self.shards.all() {
             crate::stop_snapshot::snapshot_before_stop(&replica.raft).await;
             // Clients mapping the region stop trusting it before anything else.
             if let Err(e) = replica.sm.retire() {
@@ -600,7 +652,7 @@ impl Node {
         }
         let _ = self.shutdown.send(true);
         drop(self.tasks);
-        for (shard, replica) in self.shards.iter() {
+        for (shard, replica) in self.shards.all() {
             replica
                 .raft
                 .shutdown()
@@ -665,9 +717,16 @@ fn spawn_leader_tasks(
 
 /// Forms the groups of `--initial-cluster`: a single group on every
 /// member (each initializes it alike); in a multi-shard cluster, each
-/// shard's first placed member initializes that shard with its members.
-async fn bootstrap(shards: &Shards, config: &Config, client_addr: &str) -> Result<()> {
-    let Some(map) = shards.placed_map() else {
+/// shard's first placed member initializes that shard with its members,
+/// and the first node the metadata group with its voters (its leader adds
+/// the other nodes as learners, `meta::tasks::lead`).
+async fn bootstrap(
+    shards: &Shards,
+    placed: Option<&ShardMap>,
+    config: &Config,
+    client_addr: &str,
+) -> Result<()> {
+    let (Some(map), Some(meta)) = (placed, shards.meta()) else {
         let members: Vec<u64> = config.initial_cluster.keys().copied().collect();
         return initialize(&shards.primary().raft, config, client_addr, &members).await;
     };
@@ -681,6 +740,56 @@ async fn bootstrap(shards: &Shards, config: &Config, client_addr: &str) -> Resul
                 .with_context(|| format!("shard {}", shard.0))?;
         }
     }
+    let voters = crate::meta::voters(config.initial_cluster.keys().copied());
+    if voters.first() == Some(&config.id) {
+        initialize(&meta.replica().raft, config, client_addr, &voters)
+            .await
+            .context("the metadata group")?;
+    }
+    Ok(())
+}
+
+/// The metadata group's tasks on this node: its leader's bootstrap and
+/// settings, the watch serving each applied map, and the publication of
+/// this node's addresses (`own`).
+fn spawn_meta_tasks(
+    meta: &Meta,
+    placed: ShardMap,
+    own: NodeInfo,
+    config: &Config,
+    shutdown_rx: &watch::Receiver<bool>,
+    tasks: &mut Tasks,
+) -> Result<()> {
+    use crate::meta::tasks;
+    let replica = meta.replica();
+    // Its own region's default: `--quota-bytes` sizes the data shards.
+    let quota_bytes = crate::meta::region_config(&region_config(config))
+        .quota_bytes(None)
+        .context("the metadata group's quota")?;
+    tasks.push(tokio::spawn(crate::settings::propose_while_leading(
+        replica.raft.clone(),
+        replica.sm.clone(),
+        quota_bytes,
+        shutdown_rx.clone(),
+    )));
+    let bootstrap = tasks::Bootstrap {
+        placed,
+        nodes: config.initial_cluster.clone(),
+    };
+    tasks.push(tokio::spawn(tasks::lead(
+        meta.clone(),
+        bootstrap,
+        shutdown_rx.clone(),
+    )));
+    tasks.push(tokio::spawn(tasks::follow_applied(
+        meta.clone(),
+        shutdown_rx.clone(),
+    )));
+    tasks.push(tokio::spawn(tasks::publish_own_addresses(
+        meta.clone(),
+        own,
+        shutdown_rx.clone(),
+    )));
     Ok(())
 }
 

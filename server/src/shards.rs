@@ -5,15 +5,17 @@
 //! shard 0, and no placed map: its `ShardMap` is computed from the group's
 //! membership as before, and every key is its one group's. A node of a
 //! multi-shard cluster holds the replicas `placement::initial` put on it
-//! and the placed map (static until the metadata group exists); a key of a
-//! shard it does not host is answered `WrongShard`.
+//! and its part of the metadata group (`meta`), whose applied map it
+//! serves; a key of a shard it does not host is answered `WrongShard`
+//! with that map's version.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use rdkv_proto::shard::{FIRST_SLOT, LAST_SLOT, NodeInfo, ShardId, ShardInfo, ShardMap, key_slot};
+use rdkv_proto::shard::{FIRST_SLOT, LAST_SLOT, ShardId, ShardInfo, ShardMap, key_slot};
 use rdkv_proto::wire::{ErrorCode, ErrorReply, WrongShard};
 
+use crate::meta::Meta;
 use crate::replica::Replica;
 
 /// Why a set of keys is not served by one of this node's replicas.
@@ -67,10 +69,11 @@ pub struct Shards {
     /// Serves the requests that name no shard: shard 0, or the lowest
     /// shard hosted here.
     primary: Replica,
-    /// Every replica of this node, `primary` among them.
+    /// Every data shard replica of this node, `primary` among them.
     replicas: Arc<BTreeMap<ShardId, Replica>>,
-    /// The placed map of a multi-shard cluster; `None`: a single group.
-    placed: Option<Arc<ShardMap>>,
+    /// The metadata group of a multi-shard cluster, and the map it
+    /// applied; `None`: a single group.
+    meta: Option<Meta>,
 }
 
 impl Shards {
@@ -79,28 +82,34 @@ impl Shards {
         Shards {
             primary: replica.clone(),
             replicas: Arc::new(BTreeMap::from([(ShardId(0), replica)])),
-            placed: None,
+            meta: None,
         }
     }
 
-    /// A multi-shard node: `replicas` of the shards `map` put here; `None`
-    /// when there are none.
-    pub fn placed(map: ShardMap, replicas: BTreeMap<ShardId, Replica>) -> Option<Shards> {
+    /// A multi-shard node: `replicas` of the shards placed here, and its
+    /// replica of the metadata group; `None` when there are no replicas.
+    pub fn sharded(meta: Meta, replicas: BTreeMap<ShardId, Replica>) -> Option<Shards> {
         let primary = replicas.values().next()?.clone();
         Some(Shards {
             primary,
             replicas: Arc::new(replicas),
-            placed: Some(Arc::new(map)),
+            meta: Some(meta),
         })
     }
 
-    /// The placed map of a multi-shard node, as placed (no leader seen yet).
-    pub fn placed_map(&self) -> Option<&ShardMap> {
-        self.placed.as_deref()
+    /// The map of a multi-shard node, as its metadata group applied it
+    /// (the placed version 1 before); `None` for a single group.
+    pub fn map(&self) -> Option<Arc<ShardMap>> {
+        self.meta.as_ref().map(Meta::map)
+    }
+
+    /// The metadata group of a multi-shard node.
+    pub fn meta(&self) -> Option<&Meta> {
+        self.meta.as_ref()
     }
 
     pub fn is_sharded(&self) -> bool {
-        self.placed.is_some()
+        self.meta.is_some()
     }
 
     /// The replica of requests that name no shard (admin, status): shard 0,
@@ -113,14 +122,22 @@ impl Shards {
         self.replicas.get(&shard)
     }
 
+    /// The data shard replicas (not the metadata group's).
     pub fn iter(&self) -> impl Iterator<Item = (ShardId, &Replica)> {
         self.replicas.iter().map(|(id, r)| (*id, r))
+    }
+
+    /// Every replica of this node, the metadata group's last
+    /// (`ShardId::META`): what stops, faults and peers reach.
+    pub fn all(&self) -> impl Iterator<Item = (ShardId, &Replica)> {
+        let meta = self.meta.iter().map(|meta| (ShardId::META, meta.replica()));
+        self.iter().chain(meta)
     }
 
     /// The slot ranges (first, last; inclusive) `shard` serves: a single
     /// group serves them all.
     pub fn slot_ranges(&self, shard: ShardId) -> Vec<(u16, u16)> {
-        match &self.placed {
+        match self.map() {
             Some(map) => map
                 .ranges_of(shard)
                 .map(|range| (range.first.get(), range.last.get()))
@@ -131,7 +148,7 @@ impl Shards {
 
     /// The replica serving `key`.
     pub fn for_key(&self, key: &[u8]) -> Result<&Replica, NotHere> {
-        let Some(map) = &self.placed else {
+        let Some(map) = self.map() else {
             return Ok(self.primary());
         };
         let slot = key_slot(key);
@@ -153,7 +170,7 @@ impl Shards {
             return Ok(replica);
         }
         // A single group's map is version 1 (docs/sharding.md, section 2).
-        let Some(map) = &self.placed else {
+        let Some(map) = self.map() else {
             return Err(NotHere::WrongShard(WrongShard {
                 map_version: 1,
                 slot: FIRST_SLOT,
@@ -174,7 +191,7 @@ impl Shards {
         &self,
         keys: impl IntoIterator<Item = &'k [u8]>,
     ) -> Result<&Replica, NotHere> {
-        let Some(map) = &self.placed else {
+        let Some(map) = self.map() else {
             return Ok(self.primary());
         };
         let mut keys = keys.into_iter();
@@ -189,25 +206,14 @@ impl Shards {
     }
 
     /// The map this node answers `ShardMap` with: a single group's from its
-    /// membership, or the placed map with each hosted shard's leader from
-    /// its own Raft and every node's client address this node knows.
+    /// membership, or the metadata group's applied map (nodes and their
+    /// addresses as its directory has them, under its version) with each
+    /// hosted shard's leader from its own Raft (leader hints change
+    /// without a version).
     pub fn shard_map(&self, own_resp_addr: Option<String>) -> Result<ShardMap, ErrorReply> {
-        let Some(map) = &self.placed else {
+        let Some(map) = self.map() else {
             return self.primary().shard_map(own_resp_addr);
         };
-        let own_id = self.primary().node_id();
-        let nodes = map
-            .nodes()
-            .iter()
-            .map(|node| NodeInfo {
-                id: node.id,
-                client_addr: self.client_addr_of(node.id).or(node.client_addr.clone()),
-                resp_addr: match node.id == own_id {
-                    true => own_resp_addr.clone(),
-                    false => node.resp_addr.clone(),
-                },
-            })
-            .collect();
         let shards = map
             .shards()
             .iter()
@@ -216,9 +222,13 @@ impl Shards {
                 ..shard.clone()
             })
             .collect();
-        ShardMap::new(map.version(), nodes, shards, map.ranges().to_vec()).map_err(|e| {
-            ErrorReply::new(ErrorCode::Internal, format!("this node's shard map: {e}"))
-        })
+        ShardMap::new(
+            map.version(),
+            map.nodes().to_vec(),
+            shards,
+            map.ranges().to_vec(),
+        )
+        .map_err(|e| ErrorReply::new(ErrorCode::Internal, format!("this node's shard map: {e}")))
     }
 
     /// A hosted shard's leader as its Raft knows it (when it is a member);
@@ -231,12 +241,5 @@ impl Shards {
                 .filter(|leader| shard.members.contains(leader)),
             None => shard.leader,
         }
-    }
-
-    /// Node `id`'s client address, as any of this node's replicas learned it.
-    fn client_addr_of(&self, id: u64) -> Option<String> {
-        self.replicas
-            .values()
-            .find_map(|replica| replica.peers.client_addr_of(id))
     }
 }

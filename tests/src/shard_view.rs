@@ -86,3 +86,70 @@ pub fn keys_per_shard(
 pub fn node_ids(cluster: &Cluster) -> Vec<u64> {
     cluster.nodes.keys().copied().collect()
 }
+
+/// The map every node of `ids` serves, once they all serve the same one
+/// (leader hints aside: they change without a version) naming each of
+/// `ids` with its client and RESP addresses. Fails while they differ.
+pub async fn agreed_map(cluster: &Cluster, ids: &[u64]) -> Result<ShardMap> {
+    let mut agreed: Option<ShardMap> = None;
+    for &id in ids {
+        let map = map_of(cluster, id).await?;
+        for &named in ids {
+            let node = cluster.node(named)?;
+            let listed = map.node(named);
+            let complete = listed.is_some_and(|n| {
+                n.client_addr.as_deref() == Some(&node.endpoint()[..])
+                    && n.resp_addr == Some(node.resp_addr.to_string())
+            });
+            if !complete {
+                bail!(
+                    "node {id}'s map (version {}) lists node {named} as {listed:?}",
+                    map.version()
+                );
+            }
+        }
+        if let Some(first) = &agreed {
+            let same = first.version() == map.version()
+                && first.nodes() == map.nodes()
+                && first.ranges() == map.ranges()
+                && members(first) == members(&map);
+            if !same {
+                bail!("nodes serve different maps: {first:?} and node {id}'s {map:?}");
+            }
+        }
+        agreed = Some(map);
+    }
+    agreed.ok_or_else(|| anyhow::anyhow!("no node asked"))
+}
+
+/// Each shard's members, without the leader hints.
+fn members(map: &ShardMap) -> Vec<(ShardId, Vec<u64>)> {
+    map.shards()
+        .iter()
+        .map(|s| (s.id, s.members.clone()))
+        .collect()
+}
+
+/// Publishes `map` (the next version) through `Request::PublishShardMap`
+/// at whichever node of `ids` leads the metadata group; returns that
+/// node's id and the map it applied. Fails if none took it.
+pub async fn publish_map(
+    cluster: &Cluster,
+    ids: &[u64],
+    map: &ShardMap,
+) -> Result<(u64, ShardMap)> {
+    let mut refusals = Vec::new();
+    for &id in ids {
+        let client = cluster.client(Intent::Via(&[id]))?;
+        let endpoint = cluster.node(id)?.endpoint();
+        let request = Request::PublishShardMap { map: map.clone() };
+        match client.send_to(&endpoint, request).await {
+            Ok(Response::ShardMap(applied)) => return Ok((id, *applied)),
+            other => refusals.push(format!("node {id}: {other:?}")),
+        }
+    }
+    bail!(
+        "no node published map version {}: {refusals:?}",
+        map.version()
+    )
+}

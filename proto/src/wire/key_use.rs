@@ -55,6 +55,7 @@ impl Request {
             | Request::ShardMap
             | Request::ShardStatus
             | Request::ShardMoveLeader { .. }
+            | Request::PublishShardMap { .. }
             | Request::Digests => KeyUse::Nothing,
         }
     }

@@ -191,6 +191,7 @@ impl Request {
             | Self::ShardMap
             | Self::ShardStatus
             | Self::ShardMoveLeader { .. }
+            | Self::PublishShardMap { .. }
             | Self::Digests => Ok(()),
         }
     }

@@ -180,6 +180,13 @@ pub enum Request {
     /// shard's leader; answered with [`Response::Done`] once `to` leads.
     /// Protocol version 2.
     ShardMoveLeader { shard: ShardId, to: u64 },
+    /// Node to node: publish `map` as the next shard map of a multi-shard
+    /// cluster (docs/sharding.md, section 2). Sent to the metadata group's
+    /// leader, which proposes it only if its version is exactly one above
+    /// the map it applied; answered with [`Response::ShardMap`] (the map
+    /// applied), `NotLeader` elsewhere, `InvalidRequest` for a stale version
+    /// or on a single-group node. Protocol version 3.
+    PublishShardMap { map: ShardMap },
 }
 
 /// One command of a [`Request::Transaction`]. Append-only.
@@ -510,7 +517,7 @@ impl Request {
     pub fn min_version(&self) -> u16 {
         match self {
             Request::ShardStatus | Request::ShardMoveLeader { .. } => SHARDS_PROTOCOL_VERSION,
-            Request::Sharded { .. } => SHARDED_PROTOCOL_VERSION,
+            Request::Sharded { .. } | Request::PublishShardMap { .. } => SHARDED_PROTOCOL_VERSION,
             _ => 1,
         }
     }

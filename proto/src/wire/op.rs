@@ -34,11 +34,12 @@ pub enum Op {
     ShardMap,
     ShardStatus,
     ShardMoveLeader,
+    PublishShardMap,
 }
 
 impl Op {
     /// Every op, in a fixed order (indexes of per-op tables).
-    pub const ALL: [Op; 29] = [
+    pub const ALL: [Op; 30] = [
         Op::Get,
         Op::MGet,
         Op::Put,
@@ -68,6 +69,7 @@ impl Op {
         Op::ShardMap,
         Op::ShardStatus,
         Op::ShardMoveLeader,
+        Op::PublishShardMap,
     ];
 
     pub fn name(self) -> &'static str {
@@ -98,6 +100,7 @@ impl Op {
             Op::ShardMap => "shard_map",
             Op::ShardStatus => "shard_status",
             Op::ShardMoveLeader => "shard_move_leader",
+            Op::PublishShardMap => "publish_shard_map",
             Op::Digests => "digests",
             Op::Transaction => "transaction",
             Op::Ttl => "ttl",
@@ -162,6 +165,7 @@ impl Request {
             Request::Sharded { request, .. } => request.op(),
             Request::ShardStatus => Op::ShardStatus,
             Request::ShardMoveLeader { .. } => Op::ShardMoveLeader,
+            Request::PublishShardMap { .. } => Op::PublishShardMap,
         }
     }
 }

@@ -71,7 +71,7 @@ where
         let conn = peer.open().await?;
         let round_trip = metrics::histogram!(
             "rdkv_peer_append_round_trip_seconds",
-            "shard" => peer.ctx.shard.unwrap_or(ShardId(0)).0.to_string(),
+            "shard" => peer.ctx.shard.unwrap_or(ShardId(0)).to_string(),
             "peer" => peer.target.to_string()
         );
         let outbound = Outbound {

@@ -141,7 +141,7 @@ impl RespServer {
     /// members (`cluster_map`), else the placed hint.
     fn leader_of(&self, slot: Slot) -> Option<NodeId> {
         let shards = self.handler.shards();
-        let Some(map) = shards.placed_map() else {
+        let Some(map) = shards.map() else {
             return shards.primary().metrics().current_leader;
         };
         let shard = map.shard_of_slot(slot);

@@ -336,7 +336,7 @@ impl RespServer {
         &self,
         keys: impl IntoIterator<Item = &'k Bytes>,
     ) -> Option<Vec<Vec<usize>>> {
-        let map = self.handler.shards().placed_map()?;
+        let map = self.handler.shards().map()?;
         let groups = map.positions_by_shard(keys.into_iter().map(|k| &k[..]));
         (groups.len() > 1).then(|| groups.into_iter().map(|(_, at)| at).collect())
     }

@@ -124,6 +124,7 @@ fn incoming_charge(command: &Command) -> Option<u64> {
         | Command::SetHashSeed { .. }
         | Command::SetQuota { .. }
         | Command::SetClusterId { .. }
+        | Command::PublishShardMap { .. }
         | Command::Cas {
             new_value: None, ..
         } => return None,

@@ -81,7 +81,8 @@ fn command_keys(command: &Command) -> Option<Vec<&[u8]>> {
         Command::Clear
         | Command::SetHashSeed { .. }
         | Command::SetQuota { .. }
-        | Command::SetClusterId { .. } => return None,
+        | Command::SetClusterId { .. }
+        | Command::PublishShardMap { .. } => return None,
     };
     Some(keys)
 }
@@ -330,11 +331,18 @@ impl Handler {
             }
             // Every shard's traffic and log: a node is cut off or slowed whole.
             Request::InjectFault(fault) => {
-                for (_, replica) in self.shards.iter() {
+                for (_, replica) in self.shards.all() {
                     admin::inject_fault(replica, self.fault_injection, fault.clone())?;
                 }
                 Ok(Response::Done)
             }
+            Request::PublishShardMap { map } => match self.shards.meta() {
+                Some(meta) => crate::meta::edit::publish_here(meta, map).await,
+                None => Err(ErrorReply::new(
+                    ErrorCode::InvalidRequest,
+                    "a single-group node has no shard map to publish",
+                )),
+            },
             Request::ReportReads(report) => {
                 crate::telemetry::scrape::client_reads(&report);
                 Ok(Response::Done)

@@ -29,7 +29,7 @@ pub const HANDSHAKE_MAX_FRAME_BYTES: u32 = 64 * 1024;
 /// version of the node's map, when the connection's version can decode it
 /// (docs/sharding.md, section 5); a single group's is as before.
 fn accepted_hello(info: ServerInfo, handler: &Handler) -> ServerHello {
-    match handler.shards().placed_map() {
+    match handler.shards().map() {
         Some(map) if info.version >= SHARDED_PROTOCOL_VERSION => ServerHello::AcceptedSharded {
             info,
             shard_map_version: map.version(),

@@ -150,7 +150,7 @@ async fn stage_latencies(shards: &Shards, out: &mut String) {
                 let _ = writeln!(
                     out,
                     "rdkv_raft_stage_latency_microseconds{{shard=\"{}\",stage=\"{stage}\",quantile=\"{quantile}\"}} {}",
-                    shard.0,
+                    shard,
                     histogram.percentile(quantile)
                 );
             }

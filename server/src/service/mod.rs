@@ -26,7 +26,7 @@ pub mod proposals;
 pub(crate) mod read;
 pub mod read_rounds;
 mod status;
-mod write;
+pub(crate) mod write;
 
 use std::time::Duration;
 
@@ -40,7 +40,7 @@ pub use status::shard_status;
 pub const MAX_IN_FLIGHT: u32 = 128;
 
 /// A request's answer before it is sent: an error is a `Response::Error`.
-type Reply = Result<Response, ErrorReply>;
+pub(crate) type Reply = Result<Response, ErrorReply>;
 
 /// `work`'s output, or an error reply with `code` when it takes longer than
 /// `limit`: a leader cut off from its quorum would otherwise hold a request

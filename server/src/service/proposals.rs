@@ -42,7 +42,7 @@ impl Proposals {
     pub fn start(raft: Raft, shard: ShardId) -> Proposals {
         let (queue, queued) = mpsc::unbounded_channel();
         let batch_sizes =
-            metrics::histogram!("rdkv_write_batch_commands", "shard" => shard.0.to_string());
+            metrics::histogram!("rdkv_write_batch_commands", "shard" => shard.to_string());
         tokio::spawn(run(raft, queued, batch_sizes));
         Proposals { queue }
     }

@@ -5,6 +5,7 @@
 use std::fmt;
 
 use bytes::Bytes;
+use rdkv_proto::shard::ShardMap;
 use rdkv_proto::wire::{ErrorCode, ErrorReply, Request, Response, TxnOp, Update};
 use serde::{Deserialize, Serialize};
 
@@ -84,6 +85,14 @@ pub enum Command {
     SetClusterId {
         id: ClusterId,
     },
+    /// A new shard map for the metadata group (docs/sharding.md, section
+    /// 2): applied only if its version is exactly one above the applied
+    /// map's (0 when none), else refused alike on every replica; kept as
+    /// the record `state_machine::SHARD_MAP_KEY`. Internal: proposed by the
+    /// metadata group's leader, never by a client request.
+    PublishShardMap {
+        map: ShardMap,
+    },
 }
 
 thread_local! {
@@ -142,6 +151,9 @@ impl fmt::Display for Command {
             Command::Timed { command, .. } => write!(f, "{command}"),
             Command::ExpireKeys { keys } => write!(f, "expire {} keys", keys.len()),
             Command::SetClusterId { id } => write!(f, "set the cluster identity to {id}"),
+            Command::PublishShardMap { map } => {
+                write!(f, "publish shard map version {}", map.version())
+            }
         }
     }
 }

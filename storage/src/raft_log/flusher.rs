@@ -41,7 +41,7 @@ pub(crate) struct Counters {
 impl Counters {
     pub fn for_shard(shard: ShardId) -> Counters {
         Counters {
-            shard_label: shard.0.to_string(),
+            shard_label: shard.to_string(),
             ..Counters::default()
         }
     }

@@ -10,6 +10,7 @@ use rdkv_proto::wire::{
 
 use super::State;
 use super::keyed::KeyedRegion;
+use super::shard_map;
 use crate::raft::{Command, CommandResult, Entry, StoredMembership};
 use crate::region::RegionError;
 
@@ -82,6 +83,7 @@ fn apply_normal(
         Command::Transaction { watch, ops } => {
             apply_transaction(state, watch, ops, index, resume_at, limits)
         }
+        Command::PublishShardMap { map } => apply_shard_map(&mut state.writer, limits, map, index),
         command => {
             let applied = apply_command(&mut state.writer, command, index, resume_at, limits);
             if is_quota_refusal(&applied) {
@@ -246,6 +248,7 @@ fn apply_command(
         // the transaction's results.
         Command::SetQuota { .. }
         | Command::SetClusterId { .. }
+        | Command::PublishShardMap { .. }
         | Command::Transaction { .. }
         | Command::Timed { .. } => replied(Response::Done),
         Command::Clear => match writer.clear() {
@@ -386,6 +389,32 @@ fn apply_cas(
             version,
             current: None,
         }),
+        Err(applied) => applied,
+    }
+}
+
+/// The metadata group's compare-and-set on the map's version: `map` is
+/// recorded only if it is exactly one version above the applied one.
+fn apply_shard_map(
+    writer: &mut KeyedRegion,
+    limits: Limits,
+    map: &rdkv_proto::shard::ShardMap,
+    version: u64,
+) -> Applied {
+    let applied = match shard_map::recorded(writer) {
+        Ok(applied) => applied,
+        Err(e) => {
+            return Applied::Done(CommandResult::Failed {
+                message: e.to_string(),
+            });
+        }
+    };
+    let record = match shard_map::next_record(applied.as_ref(), map) {
+        Ok(record) => record,
+        Err(refusal) => return replied(refusal),
+    };
+    match put_within(writer, limits, shard_map::SHARD_MAP_KEY, &record, version) {
+        Ok(()) => replied(Response::Written { version }),
         Err(applied) => applied,
     }
 }
@@ -945,6 +974,64 @@ mod tests {
                 source_missing,
                 version,
             })
+        }
+
+        fn map_version(version: u64, leader: u64) -> Command {
+            use rdkv_proto::shard::{FIRST_SLOT, LAST_SLOT, NodeInfo, ShardId, ShardInfo};
+            use rdkv_proto::shard::{ShardMap, SlotRange};
+            let nodes = [1, 2]
+                .map(|id| NodeInfo {
+                    id,
+                    client_addr: None,
+                    resp_addr: None,
+                })
+                .to_vec();
+            let shards = vec![ShardInfo {
+                id: ShardId(0),
+                members: vec![1, 2],
+                leader: Some(leader),
+            }];
+            let ranges = vec![SlotRange {
+                first: FIRST_SLOT,
+                last: LAST_SLOT,
+                shard: ShardId(0),
+            }];
+            Command::PublishShardMap {
+                map: ShardMap::new(version, nodes, shards, ranges).unwrap(),
+            }
+        }
+
+        fn applied_map(a: &Applier) -> Option<(u64, Option<u64>)> {
+            let map = a.sm.applied_shard_map().unwrap()?;
+            Some((map.version(), map.shards()[0].leader))
+        }
+
+        #[test]
+        fn a_shard_map_is_applied_only_one_version_above_the_applied_one() {
+            let mut a = Applier::new();
+            assert_eq!(applied_map(&a), None);
+            // The first map is version 1: a later one is refused.
+            let refused = a.apply(map_version(2, 1));
+            assert!(
+                matches!(&refused, Response::Error(e) if e.code == ErrorCode::InvalidRequest
+                && e.message.starts_with(crate::state_machine::shard_map::STALE_MAP_PREFIX))
+            );
+            assert_eq!(applied_map(&a), None);
+            assert_eq!(a.apply(map_version(1, 1)), Response::Written { version: 2 });
+            assert_eq!(applied_map(&a), Some((1, Some(1))));
+            assert_eq!(a.apply(map_version(2, 2)), Response::Written { version: 3 });
+            // Built from version 1 once 2 was applied: the same version
+            // again, or the one it replaced, changes nothing.
+            for stale in [map_version(2, 1), map_version(1, 1), map_version(4, 1)] {
+                assert!(
+                    matches!(a.apply(stale), Response::Error(e)
+                    if e.code == ErrorCode::InvalidRequest),
+                    "a stale map applied"
+                );
+                assert_eq!(applied_map(&a), Some((2, Some(2))));
+            }
+            assert_eq!(a.apply(map_version(3, 1)), Response::Written { version: 7 });
+            assert_eq!(applied_map(&a), Some((3, Some(1))));
         }
 
         #[test]

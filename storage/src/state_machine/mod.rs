@@ -11,6 +11,7 @@ pub mod digest;
 mod keyed;
 mod load;
 mod local_read;
+pub mod shard_map;
 pub mod snapshot;
 pub mod snapshot_store;
 
@@ -418,6 +419,14 @@ impl RegionStateMachine {
             .scan(range, max_bytes, expired_from_unix_ms())
     }
 
+    /// The shard map this replica applied (metadata group only:
+    /// `Command::PublishShardMap`); `None` before the first one.
+    pub fn applied_shard_map(
+        &self,
+    ) -> Result<Option<rdkv_proto::shard::ShardMap>, shard_map::AppliedMapError> {
+        shard_map::recorded(&self.lock().writer)
+    }
+
     /// Keys in the ordered scan index; always equal to the region's live keys.
     pub fn indexed_keys(&self) -> usize {
         self.lock().writer.indexed_keys()
@@ -821,7 +830,7 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
         // The apply stage of a write's latency, for the breakdown beside
         // the log's fsyncs and the replication round trips.
         if applied > 0 {
-            let shard = self.shared.config.shard.0.to_string();
+            let shard = self.shared.config.shard.to_string();
             metrics::histogram!("rdkv_raft_apply_duration_seconds", "shard" => shard.clone())
                 .record(started.elapsed().as_secs_f64());
             metrics::histogram!("rdkv_raft_apply_batch_entries", "shard" => shard)
