@@ -34,11 +34,14 @@ pub enum Op {
     ShardMap,
     ShardStatus,
     ShardMoveLeader,
+    ShardOpenReplica,
+    ShardCloseReplica,
+    ShardMoveReplica,
 }
 
 impl Op {
     /// Every op, in a fixed order (indexes of per-op tables).
-    pub const ALL: [Op; 29] = [
+    pub const ALL: [Op; 32] = [
         Op::Get,
         Op::MGet,
         Op::Put,
@@ -68,6 +71,9 @@ impl Op {
         Op::ShardMap,
         Op::ShardStatus,
         Op::ShardMoveLeader,
+        Op::ShardOpenReplica,
+        Op::ShardCloseReplica,
+        Op::ShardMoveReplica,
     ];
 
     pub fn name(self) -> &'static str {
@@ -98,6 +104,9 @@ impl Op {
             Op::ShardMap => "shard_map",
             Op::ShardStatus => "shard_status",
             Op::ShardMoveLeader => "shard_move_leader",
+            Op::ShardOpenReplica => "shard_open_replica",
+            Op::ShardCloseReplica => "shard_close_replica",
+            Op::ShardMoveReplica => "shard_move_replica",
             Op::Digests => "digests",
             Op::Transaction => "transaction",
             Op::Ttl => "ttl",
