@@ -77,11 +77,12 @@ impl MoveError {
         let code = match self {
             MoveError::SameNode(_) | MoveError::AlreadyMember { .. } => ErrorCode::InvalidRequest,
             MoveError::NotMember { .. } => ErrorCode::NotFound,
-            MoveError::UnknownAddress(_) | MoveError::TargetUnreachable { .. } => {
-                ErrorCode::Unavailable
-            }
+            // Not `Unavailable`: a client would retry the move elsewhere.
+            MoveError::UnknownAddress(_)
+            | MoveError::TargetUnreachable { .. }
+            | MoveError::Membership { .. }
+            | MoveError::SourceKept { .. } => ErrorCode::Internal,
             MoveError::CatchUpTimeout { .. } => ErrorCode::Timeout,
-            MoveError::Membership { .. } | MoveError::SourceKept { .. } => ErrorCode::Internal,
         };
         ErrorReply::new(code, self.to_string())
     }
@@ -105,8 +106,11 @@ impl Move<'_> {
         if from == self.replica.node_id() {
             return self.lead_elsewhere(from).await;
         }
-        let target = self.open_target(to).await.map_err(|e| e.reply())?;
-        if let Err(e) = self.add_and_promote(to, target).await {
+        let added = match self.open_target(to).await {
+            Ok(target) => self.add_and_promote(to, target).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = added {
             self.undo_learner(to).await;
             return Err(e.reply());
         }
@@ -123,15 +127,15 @@ impl Move<'_> {
         if from == to {
             return Err(MoveError::SameNode(from));
         }
-        if voters.contains(&to) {
-            return Err(MoveError::AlreadyMember {
-                node: to,
-                shard: self.shard,
-            });
-        }
         if !voters.contains(&from) {
             return Err(MoveError::NotMember {
                 node: from,
+                shard: self.shard,
+            });
+        }
+        if voters.contains(&to) {
+            return Err(MoveError::AlreadyMember {
+                node: to,
                 shard: self.shard,
             });
         }
@@ -222,11 +226,14 @@ impl Move<'_> {
     }
 
     /// A learner that did not become a voter is removed again, and its
-    /// node asked to close the replica (both best effort: the error that
-    /// stopped the move is the one reported).
+    /// node asked to close the replica it may have opened (both best
+    /// effort: the error that stopped the move is the one reported).
     async fn undo_learner(&self, to: u64) {
         let raft = &self.replica.raft;
-        if !self.voters().contains(&to) {
+        let metrics = self.replica.metrics();
+        let membership = metrics.membership_config.membership();
+        let learner = membership.learner_ids().any(|id| id == to);
+        if learner {
             let change = ChangeMembers::RemoveNodes(BTreeSet::from([to]));
             if let Err(e) = raft.change_membership(change, false).await {
                 tracing::warn!(shard = self.shard.0, to, "removing the learner again: {e}");
