@@ -288,7 +288,7 @@ impl Handler {
                     return Err(not_across_shards("scan"));
                 }
                 let range = scan_range(&start_key, end_key.as_deref(), limit);
-                read::scan(&replica, range, consistency, max_frame_bytes).await
+                read::scan(replica, range, consistency, max_frame_bytes).await
             }
             // Opening a replica names a shard not hosted here (yet).
             Request::Sharded {
@@ -331,13 +331,13 @@ impl Handler {
                     peer_addr,
                     client_addr,
                 };
-                admin::add_member(&replica, id, addr, learner).await
+                admin::add_member(replica, id, addr, learner).await
             }
-            Request::PromoteMember { id } => admin::promote_member(&replica, id).await,
-            Request::RemoveMember { id } => admin::remove_member(&replica, id).await,
-            Request::MoveLeader { to } => admin::move_leader(&replica, to).await,
+            Request::PromoteMember { id } => admin::promote_member(replica, id).await,
+            Request::RemoveMember { id } => admin::remove_member(replica, id).await,
+            Request::MoveLeader { to } => admin::move_leader(replica, to).await,
             Request::SnapshotRead { offset, max_bytes } => {
-                admin::snapshot_read(&replica, offset, max_bytes).await
+                admin::snapshot_read(replica, offset, max_bytes).await
             }
             // Every shard's traffic and log: a node is cut off or slowed whole.
             Request::InjectFault(fault) => {
