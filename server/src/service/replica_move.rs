@@ -203,18 +203,10 @@ impl Move<'_> {
             .metrics()
             .cluster_committed
             .map_or(0, |l| l.index);
-        raft.wait(Some(CATCH_UP_TIMEOUT))
-            .metrics(
-                |m| {
-                    m.replication
-                        .as_ref()
-                        .and_then(|r| r.get(&to).cloned().flatten())
-                        .is_some_and(|matched| matched.index >= commit)
-                },
-                "the learner caught up",
-            )
+        self.replicated(to, commit, CATCH_UP_TIMEOUT)
             .await
-            .map_err(|_| MoveError::CatchUpTimeout {
+            .then_some(())
+            .ok_or(MoveError::CatchUpTimeout {
                 node: to,
                 shard: self.shard,
                 timeout: CATCH_UP_TIMEOUT,
@@ -257,19 +249,7 @@ impl Move<'_> {
             .await
             .map_err(|e| self.membership("demoting the source", e))?;
         let index = demoted.log_id.index;
-        let learnt = raft
-            .wait(Some(DEMOTION_TIMEOUT))
-            .metrics(
-                |m| {
-                    m.replication
-                        .as_ref()
-                        .and_then(|r| r.get(&from).cloned().flatten())
-                        .is_some_and(|matched| matched.index >= index)
-                },
-                "the source learnt its demotion",
-            )
-            .await;
-        if learnt.is_err() {
+        if !self.replicated(from, index, DEMOTION_TIMEOUT).await {
             tracing::warn!(
                 shard = self.shard.0,
                 from,
@@ -294,6 +274,25 @@ impl Move<'_> {
             shard: self.shard,
             reason,
         })
+    }
+
+    /// Whether `node`'s log matched this leader's up to `index` within
+    /// `timeout` (the leader's replication metrics).
+    async fn replicated(&self, node: u64, index: u64, timeout: Duration) -> bool {
+        self.replica
+            .raft
+            .wait(Some(timeout))
+            .metrics(
+                |m| {
+                    m.replication
+                        .as_ref()
+                        .and_then(|r| r.get(&node).cloned().flatten())
+                        .is_some_and(|matched| matched.index >= index)
+                },
+                "replicated to the node",
+            )
+            .await
+            .is_ok()
     }
 
     fn membership(&self, step: &'static str, e: impl std::fmt::Display) -> MoveError {
