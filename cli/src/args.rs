@@ -197,6 +197,10 @@ pub enum ShardCommand {
     List,
     /// Transfers shard SHARD's leadership to node NODE (one of its members).
     MoveLeader { shard: u32, node: u64 },
+    /// Moves shard SHARD's replica from node FROM to node TO (not a member
+    /// yet): TO is added as a learner, catches up, is promoted, FROM is
+    /// removed and drops its replica.
+    MoveReplica { shard: u32, from: u64, to: u64 },
 }
 
 #[derive(Debug, Subcommand)]

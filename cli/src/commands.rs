@@ -203,6 +203,24 @@ async fn shard(client: &Client, command: ShardCommand) -> Result<Outcome> {
                 ]),
             ))
         }
+        ShardCommand::MoveReplica { shard, from, to } => {
+            let members = shards::move_replica(client, &state, ShardId(shard), (from, to)).await?;
+            let voters: Vec<u64> = members.iter().filter(|m| m.voter).map(|m| m.id).collect();
+            Ok(message(
+                format!(
+                    "Shard {shard}'s replica moved from node {from} to node {to}: members {voters:?}"
+                ),
+                Json::obj([
+                    ("shard", Json::U64(u64::from(shard))),
+                    ("from", Json::U64(from)),
+                    ("to", Json::U64(to)),
+                    (
+                        "members",
+                        Json::Arr(voters.into_iter().map(Json::U64).collect()),
+                    ),
+                ]),
+            ))
+        }
     }
 }
 

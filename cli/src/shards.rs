@@ -1,12 +1,13 @@
-//! `shard list`, `shard move-leader` and `rebalance` (docs/sharding.md,
+//! `shard list`, `shard move-leader`, `shard move-replica` and `rebalance` (docs/sharding.md,
 //! section 8): the shard map from any node, each shard's leader as the
 //! shards' own replicas report it (`Request::ShardStatus` of every node in
 //! the map), and leader moves sent to the shard's current leader.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use rdkv_client::Client;
+use rdkv_client::{Client, ClientOptions, MemberInfo};
 use rdkv_proto::shard::{
     LeaderMove, ShardId, ShardLeadership, ShardMap, leader_bound, leader_moves,
 };
@@ -124,6 +125,44 @@ pub async fn move_leader(
         .move_shard_leader_at(addr, shard, to)
         .await
         .with_context(|| format!("moving shard {shard}'s leadership from {leader} to {to} failed"))
+}
+
+/// Longest a replica move may take: the new replica catches up first (a
+/// snapshot of a full region, at worst).
+const MOVE_REPLICA_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Moves `shard`'s replica `from` -> `to`, asking the shard's leader (its
+/// redirects followed: a leader that is `from` hands its leadership on
+/// first). Says on stderr what it does, since it takes a while.
+pub async fn move_replica(
+    client: &Client,
+    state: &ShardsState,
+    shard: ShardId,
+    (from, to): (u64, u64),
+) -> Result<Vec<MemberInfo>> {
+    let info = state
+        .map
+        .shard(shard)
+        .with_context(|| format!("shard {shard} is not in the map"))?;
+    if state.map.node(to).is_none() {
+        bail!("node {to} is not in the map");
+    }
+    eprintln!(
+        "moving shard {shard}'s replica from node {from} to node {to} \
+         (members {:?}; learner, catch up, promote, remove)...",
+        info.members
+    );
+    let options = ClientOptions {
+        request_timeout: client.options().request_timeout.max(MOVE_REPLICA_TIMEOUT),
+        ..client.options().clone()
+    };
+    let mover = Client::new(&client.endpoints(), options).context("a client for the move")?;
+    mover
+        .move_shard_replica(shard, from, to)
+        .await
+        .with_context(|| {
+            format!("moving shard {shard}'s replica from node {from} to node {to} failed")
+        })
 }
 
 /// `shard list`: one row per shard.

@@ -8,7 +8,8 @@ use bytes::Bytes;
 use rdkv_proto::shard::{ShardId, ShardMap};
 use rdkv_proto::wire::{
     Consistency, ExpireCondition, Expiry, Fault, Health, KeyExpiry, MemberInfo, NodeStatus, Op,
-    Request, Response, SetCondition, ShardStatus, StateDigestAt, Update, UpdateOutcome, Versioned,
+    Request, Response, SetCondition, ShardRequest, ShardStatus, StateDigestAt, Update,
+    UpdateOutcome, Versioned,
 };
 use tokio::io::AsyncWrite;
 
@@ -458,6 +459,25 @@ impl Client {
             .call_to(endpoint, Request::ShardMoveLeader { shard, to })
             .await?;
         Ok(())
+    }
+
+    /// Moves shard `shard`'s replica from node `from` to node `to`
+    /// (`ShardRequest::MoveReplica`, sent to the shard's leader, following
+    /// its redirects): `to` added as a learner, caught up, promoted, `from`
+    /// removed and its replica closed. Returns the shard's new members.
+    /// It takes as long as the new replica needs to catch up: give the
+    /// client a request timeout to match.
+    pub async fn move_shard_replica(
+        &self,
+        shard: ShardId,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<MemberInfo>> {
+        self.call(Request::Sharded {
+            shard,
+            request: ShardRequest::MoveReplica { from, to },
+        })
+        .await
     }
 
     /// Health of one node, asked directly.

@@ -239,7 +239,7 @@ async fn shard_node(
                         })
                     }
                     (Request::Sharded { request, .. }, _) => {
-                        kv.lock().unwrap().apply(request.to_request())
+                        kv.lock().unwrap().apply(request.to_request().unwrap())
                     }
                     (_, Some(slot)) => Response::WrongShard(WrongShard {
                         map_version: map.version(),

@@ -83,6 +83,19 @@ fn any_request() -> impl Strategy<Value = Request> {
             shard: ShardId(shard),
             request: ShardRequest::Clear,
         }),
+        (any::<u32>(), any::<bool>()).prop_map(|(shard, open)| Request::Sharded {
+            shard: ShardId(shard),
+            request: match open {
+                true => ShardRequest::OpenReplica,
+                false => ShardRequest::CloseReplica,
+            },
+        }),
+        (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(shard, from, to)| {
+            Request::Sharded {
+                shard: ShardId(shard),
+                request: ShardRequest::MoveReplica { from, to },
+            }
+        }),
         Just(Request::ShardStatus),
         (any::<u32>(), any::<u64>()).prop_map(|(shard, to)| Request::ShardMoveLeader {
             shard: ShardId(shard),

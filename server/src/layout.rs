@@ -1,8 +1,11 @@
 //! The data directory's layout (docs/sharding.md, section 3): a single
 //! group's files at the top, as always, or one directory per shard under
 //! `shards/` with a `SHARDS` marker naming the shard count, fixed at
-//! bootstrap.
+//! bootstrap. A multi-shard directory also records which shards this node
+//! hosts (`HOSTED`): the placed ones at first, then as replicas are moved
+//! onto and off the node (docs/sharding.md, section 8).
 
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -16,6 +19,14 @@ pub const SHARDS_MARKER: &str = "SHARDS";
 pub const META_DIR_NAME: &str = "meta";
 /// The Raft log's directory name, in a data directory or a shard's.
 pub const RAFT_LOG_DIR_NAME: &str = "raft-log";
+/// The shards this node hosts, one id a line: written (atomically) after a
+/// replica's directories exist and before its directories are removed.
+pub const HOSTED_FILE: &str = "HOSTED";
+/// Where the shard directories are, in a multi-shard data directory.
+const SHARDS_DIR_NAME: &str = "shards";
+/// A shard directory being removed is renamed to this prefix first, so
+/// that a crash never leaves half a shard under its own name.
+const REMOVING_PREFIX: &str = "removing-";
 
 /// Why a data directory cannot be opened with the shard count asked for.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +44,10 @@ pub enum LayoutError {
     },
     #[error("{path} does not hold a shard count between 2 and {MAX_SHARDS}: {content:?}")]
     BadMarker { path: PathBuf, content: String },
+    #[error("{path} does not hold a list of shard ids: {content:?}")]
+    BadHosted { path: PathBuf, content: String },
+    #[error("a single group's data directory hosts shard 0 only")]
+    SingleGroup,
     #[error("{what} {path}: {source}")]
     Io {
         what: &'static str,
@@ -110,7 +125,7 @@ impl Layout {
         match self {
             Layout::Single => data_dir.to_owned(),
             Layout::Sharded { .. } if shard == ShardId::META => data_dir.join(META_DIR_NAME),
-            Layout::Sharded { .. } => data_dir.join("shards").join(shard.0.to_string()),
+            Layout::Sharded { .. } => data_dir.join(SHARDS_DIR_NAME).join(shard.0.to_string()),
         }
     }
 
@@ -123,20 +138,150 @@ impl Layout {
     }
 }
 
+impl Layout {
+    /// The shards this node hosts as recorded in `HOSTED`; `None`: nothing
+    /// recorded yet (a new directory: the placed shards are hosted), or a
+    /// single group.
+    pub fn recorded_hosted(
+        &self,
+        data_dir: &Path,
+    ) -> Result<Option<BTreeSet<ShardId>>, LayoutError> {
+        if *self == Layout::Single {
+            return Ok(None);
+        }
+        let path = data_dir.join(HOSTED_FILE);
+        let content = match std::fs::read_to_string(&path) {
+            Ok(content) => content,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => {
+                return Err(LayoutError::Io {
+                    what: "reading",
+                    path,
+                    source,
+                });
+            }
+        };
+        let hosted = content
+            .lines()
+            .map(|line| line.trim().parse().ok().filter(|&id| id < self.count()))
+            .collect::<Option<BTreeSet<u32>>>()
+            .ok_or(LayoutError::BadHosted { path, content })?;
+        Ok(Some(hosted.into_iter().map(ShardId).collect()))
+    }
+
+    /// Records `hosted` as the shards this node hosts, atomically.
+    pub fn record_hosted(
+        &self,
+        data_dir: &Path,
+        hosted: &BTreeSet<ShardId>,
+    ) -> Result<(), LayoutError> {
+        if *self == Layout::Single {
+            return Err(LayoutError::SingleGroup);
+        }
+        let content: String = hosted
+            .iter()
+            .map(|shard| format!("{}\n", shard.0))
+            .collect();
+        let path = data_dir.join(HOSTED_FILE);
+        write_atomically(data_dir, HOSTED_FILE, &content).map_err(|source| LayoutError::Io {
+            what: "writing",
+            path,
+            source,
+        })
+    }
+
+    /// Removes `shard`'s directory: renamed aside (one atomic step, synced)
+    /// and then deleted, so that a crash leaves either the whole directory
+    /// or a leftover [`remove_strays`](Self::remove_strays) deletes.
+    pub fn remove_shard_dir(&self, data_dir: &Path, shard: ShardId) -> Result<(), LayoutError> {
+        if *self == Layout::Single {
+            return Err(LayoutError::SingleGroup);
+        }
+        let dir = self.shard_dir(data_dir, shard);
+        let aside = data_dir
+            .join(SHARDS_DIR_NAME)
+            .join(format!("{REMOVING_PREFIX}{}", shard.0));
+        let io = |what, path: &Path| {
+            let path = path.to_owned();
+            move |source| LayoutError::Io { what, path, source }
+        };
+        if dir.exists() {
+            durability::rename(&dir, &aside).map_err(io("renaming", &dir))?;
+            durability::sync_dir_at(&data_dir.join(SHARDS_DIR_NAME))
+                .map_err(io("syncing", &dir))?;
+        }
+        match std::fs::remove_dir_all(&aside) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io("removing", &aside)(e)),
+        }
+    }
+
+    /// Deletes what is under `shards/` but not a directory of a shard in
+    /// `hosted`: a replica opened but never recorded (a crash before its
+    /// `HOSTED` entry), one recorded as removed, or a removal's leftover.
+    /// Returns the shards whose directories were removed.
+    pub fn remove_strays(
+        &self,
+        data_dir: &Path,
+        hosted: &BTreeSet<ShardId>,
+    ) -> Result<Vec<ShardId>, LayoutError> {
+        let root = data_dir.join(SHARDS_DIR_NAME);
+        let entries = match std::fs::read_dir(&root) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => {
+                return Err(LayoutError::Io {
+                    what: "listing",
+                    path: root,
+                    source,
+                });
+            }
+        };
+        let mut removed = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let stray = match name.parse::<u32>() {
+                Ok(id) if hosted.contains(&ShardId(id)) => continue,
+                Ok(id) => ShardId(id),
+                Err(_) => match name.strip_prefix(REMOVING_PREFIX).map(str::parse::<u32>) {
+                    Some(Ok(id)) => ShardId(id),
+                    _ => continue,
+                },
+            };
+            self.remove_shard_dir(data_dir, stray)?;
+            removed.push(stray);
+        }
+        Ok(removed)
+    }
+
+    fn count(&self) -> u32 {
+        match self {
+            Layout::Single => 1,
+            Layout::Sharded { count } => *count,
+        }
+    }
+}
+
 fn parse_marker(content: &str) -> Option<u32> {
     let count: u32 = content.trim().parse().ok()?;
     (2..=MAX_SHARDS as u32).contains(&count).then_some(count)
 }
 
-/// Writes the marker as a temporary file, synced, renamed into place and
-/// the directory synced: a crash leaves either no marker or the whole one.
 fn write_marker(dir: &Path, count: u32) -> std::io::Result<()> {
+    write_atomically(dir, SHARDS_MARKER, &format!("{count}\n"))
+}
+
+/// Writes `dir/name` as a temporary file, synced, renamed into place and
+/// the directory synced: a crash leaves either the old file or the whole
+/// new one.
+fn write_atomically(dir: &Path, name: &str, content: &str) -> std::io::Result<()> {
     durability::create_dir_all(dir)?;
-    let temp = dir.join(format!("{SHARDS_MARKER}.tmp"));
+    let temp = dir.join(format!("{name}.tmp"));
     let mut file = std::fs::File::create(&temp)?;
-    writeln!(file, "{count}")?;
+    file.write_all(content.as_bytes())?;
     durability::sync_all(&file)?;
-    durability::rename(&temp, &dir.join(SHARDS_MARKER))?;
+    durability::rename(&temp, &dir.join(name))?;
     durability::sync_dir_at(dir)
 }
 
@@ -222,6 +367,41 @@ mod tests {
         );
         assert!(!single.path().join(SHARDS_MARKER).exists());
         assert_eq!(Layout::open(single.path(), 1).unwrap(), Layout::Single);
+    }
+
+    #[test]
+    fn the_hosted_shards_are_recorded_and_strays_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::open(dir.path(), 4).unwrap();
+        assert_eq!(layout.recorded_hosted(dir.path()).unwrap(), None);
+        for shard in [0, 1, 3] {
+            std::fs::create_dir_all(layout.log_dir(dir.path(), ShardId(shard))).unwrap();
+        }
+        // A removal cut short by a crash: renamed aside, not yet deleted.
+        std::fs::create_dir_all(dir.path().join("shards/removing-2/raft-log")).unwrap();
+        let hosted = BTreeSet::from([ShardId(0), ShardId(3)]);
+        layout.record_hosted(dir.path(), &hosted).unwrap();
+        assert_eq!(
+            layout.recorded_hosted(dir.path()).unwrap(),
+            Some(hosted.clone())
+        );
+        let mut removed = layout.remove_strays(dir.path(), &hosted).unwrap();
+        removed.sort();
+        assert_eq!(removed, [ShardId(1), ShardId(2)]);
+        let mut left: Vec<String> = std::fs::read_dir(dir.path().join("shards"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["0", "3"]);
+        layout.remove_shard_dir(dir.path(), ShardId(3)).unwrap();
+        assert!(!layout.shard_dir(dir.path(), ShardId(3)).exists());
+        // Ids beyond the count are a damaged file.
+        std::fs::write(dir.path().join(HOSTED_FILE), "0\n9\n").unwrap();
+        assert!(matches!(
+            layout.recorded_hosted(dir.path()),
+            Err(LayoutError::BadHosted { .. })
+        ));
     }
 
     #[test]

@@ -33,6 +33,7 @@ mod expiry;
 mod framed;
 #[cfg(any(feature = "rdma", feature = "ofi"))]
 mod grant_upkeep;
+pub mod hosting;
 pub mod http;
 mod join;
 pub mod layout;

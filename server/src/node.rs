@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use crate::Raft;
 use crate::accept::TcpFront;
 use crate::config::Config;
+use crate::hosting::{Hosting, HostingParts};
 use crate::layout::Layout;
 use crate::meta::Meta;
 use crate::peer::{PeerContext, PeerNetwork, PeerShards, SNAPSHOT_CHUNK_BYTES, serve_peers};
@@ -276,7 +277,7 @@ fn protocol_limits(region: &RegionConfig) -> Result<Limits> {
 
 /// What this node's own clients of other members (RESP forwarding,
 /// `--join`) start from: the token and TLS.
-fn own_client_options(config: &Config, tls: &NodeTls) -> rdkv_client::ClientOptions {
+pub(crate) fn own_client_options(config: &Config, tls: &NodeTls) -> rdkv_client::ClientOptions {
     rdkv_client::ClientOptions {
         token: config.token.clone(),
         tls: tls.own_client.clone(),
@@ -285,14 +286,14 @@ fn own_client_options(config: &Config, tls: &NodeTls) -> rdkv_client::ClientOpti
 }
 
 /// A shard's log and region, opened where `layout` keeps them.
-struct Stores {
+pub(crate) struct Stores {
     shard: ShardId,
     log: LogStore,
     sm: RegionStateMachine,
 }
 
 impl Stores {
-    fn open(
+    pub(crate) fn open(
         config: &Config,
         layout: &Layout,
         shard: ShardId,
@@ -332,7 +333,7 @@ impl Stores {
 
 /// Starts Raft on a shard's stores; `tag`: the shard its peer frames name
 /// (`None`: a single group's untagged connections).
-async fn start_raft(
+pub(crate) async fn start_raft(
     config: &Config,
     stores: Stores,
     tag: Option<ShardId>,
@@ -391,34 +392,91 @@ fn placed_map(config: &Config) -> Result<Option<ShardMap>> {
     Ok(Some(map))
 }
 
-/// The shards placed on this node: shard 0 for a single group; in a
-/// multi-shard cluster the data shards `placed` puts here, then the
-/// metadata group (every node runs it).
-fn hosted_shards(config: &Config, placed: Option<&ShardMap>) -> Vec<ShardId> {
+/// The shards this node hosts and whether its data directory is new (no
+/// `HOSTED` yet): a single group hosts shard 0; a multi-shard node the
+/// shards `HOSTED` records (replicas moved since placement included), or
+/// on its first start the placed ones. Directories of shards it does not
+/// host are removed (`Layout::remove_strays`).
+fn hosted_shards(
+    config: &Config,
+    layout: &Layout,
+    placed: Option<&ShardMap>,
+) -> Result<(Vec<ShardId>, bool)> {
     let Some(map) = placed else {
-        return vec![ShardId(0)];
+        return Ok((vec![ShardId(0)], true));
     };
-    let mut hosted: Vec<ShardId> = map
-        .shards()
-        .iter()
-        .filter(|shard| shard.members.contains(&config.id))
-        .map(|shard| shard.id)
-        .collect();
-    if !hosted.is_empty() {
-        hosted.push(ShardId::META);
+    let recorded = layout
+        .recorded_hosted(&config.data_dir)
+        .context("reading the hosted shards")?;
+    match recorded {
+        None => Ok((placed_here(map, config.id), true)),
+        Some(hosted) => {
+            for stray in layout.remove_strays(&config.data_dir, &hosted)? {
+                tracing::info!(
+                    shard = stray.0,
+                    "removed the files of a shard not hosted here"
+                );
+            }
+            Ok((hosted.into_iter().collect(), false))
+        }
     }
-    hosted
 }
 
-/// The shards this node started, and the placed map of a multi-shard
-/// cluster (what its groups are initialized with).
+fn placed_here(map: &ShardMap, id: u64) -> Vec<ShardId> {
+    map.shards()
+        .iter()
+        .filter(|shard| shard.members.contains(&id))
+        .map(|shard| shard.id)
+        .collect()
+}
+
+/// Drops the replicas that were opened for a move but never joined their
+/// shard (a crash before the leader added them: nothing in them, and not
+/// placed here); `HOSTED` is rewritten without them.
+fn drop_unjoined(
+    config: &Config,
+    layout: &Layout,
+    map: &ShardMap,
+    stores: Vec<Stores>,
+) -> Result<Vec<Stores>> {
+    let placed = placed_here(map, config.id);
+    let (kept, unjoined): (Vec<Stores>, Vec<Stores>) = stores
+        .into_iter()
+        .partition(|s| s.shard == ShardId::META || s.has_state() || placed.contains(&s.shard));
+    if unjoined.is_empty() {
+        return Ok(kept);
+    }
+    // The metadata group is not a hosted data shard: `HOSTED` never names it.
+    let hosted = kept
+        .iter()
+        .map(|s| s.shard)
+        .filter(|&shard| shard != ShardId::META)
+        .collect();
+    layout.record_hosted(&config.data_dir, &hosted)?;
+    for stores in unjoined {
+        let shard = stores.shard;
+        drop(stores);
+        layout.remove_shard_dir(&config.data_dir, shard)?;
+        tracing::info!(
+            shard = shard.0,
+            "dropped a replica that never joined its shard"
+        );
+    }
+    Ok(kept)
+}
+
+/// The shards this node started, the placed map of a multi-shard cluster
+/// (what its groups are initialized with), and whether the data directory
+/// is new.
 struct Started {
     shards: Shards,
     placed: Option<ShardMap>,
+    fresh: bool,
 }
 
-/// Opens and starts the replicas of the shards placed on this node (shard
-/// 0 alone for a single group; with the metadata group's otherwise).
+/// Opens and starts the replicas of the shards this node hosts (shard 0
+/// alone for a single group; with the metadata group's otherwise, which
+/// every node of a multi-shard cluster runs).
 async fn start_shards(
     config: &Config,
     layout: &Layout,
@@ -427,7 +485,10 @@ async fn start_shards(
 ) -> Result<Started> {
     let started = std::time::Instant::now();
     let placed = placed_map(config)?;
-    let hosted = hosted_shards(config, placed.as_ref());
+    let (mut hosted, fresh) = hosted_shards(config, layout, placed.as_ref())?;
+    if placed.is_some() && !hosted.is_empty() {
+        hosted.push(ShardId::META);
+    }
     if hosted.is_empty() {
         bail!(
             "--shards {} --replicas {} places no shard on node {}: \
@@ -447,6 +508,10 @@ async fn start_shards(
             Stores::open(config, layout, shard, region)
         })
         .collect::<Result<Vec<_>>>()?;
+    let stores = match &placed {
+        Some(map) if !fresh => drop_unjoined(config, layout, map, stores)?,
+        _ => stores,
+    };
     // A previous incarnation may have led and published a lease (at most
     // one minimum election timeout long) into a region clients still map.
     // Nothing this incarnation commits may become visible before that
@@ -490,7 +555,11 @@ async fn start_shards(
             .map(Shards::single)
             .context("shard 0 was not started")?,
     };
-    Ok(Started { shards, placed })
+    Ok(Started {
+        shards,
+        placed,
+        fresh,
+    })
 }
 
 /// The metadata group's part on this node, serving the map its replica
@@ -510,6 +579,11 @@ struct Fixed {
     quota_bytes: u64,
     lock: File,
     tls: Arc<NodeTls>,
+    layout: Layout,
+    /// Each shard replica's region (`--region-mib`).
+    region: RegionConfig,
+    /// The data directory records no hosted shards yet (a first start).
+    fresh: bool,
 }
 
 impl Node {
@@ -524,12 +598,19 @@ impl Node {
         let limits = protocol_limits(&region)?;
         let quota_bytes = quota_bytes(&config, &region)?;
         let layout = Layout::open(&config.data_dir, config.shards)?;
-        let Started { shards, placed } = start_shards(&config, &layout, region, &tls).await?;
+        let Started {
+            shards,
+            placed,
+            fresh,
+        } = start_shards(&config, &layout, region.clone(), &tls).await?;
         let fixed = Fixed {
             limits,
             quota_bytes,
             lock,
             tls,
+            layout,
+            region,
+            fresh,
         };
         match Self::serve(config, (shards.clone(), placed), fixed, listeners).await {
             Ok(node) => Ok(node),
@@ -554,6 +635,9 @@ impl Node {
             quota_bytes,
             lock,
             tls,
+            layout,
+            region,
+            fresh,
         } = fixed;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let mut tasks = Tasks::default();
@@ -566,22 +650,34 @@ impl Node {
         tasks.push(tokio::spawn(
             Arc::clone(&tls).reload_on_change(shutdown_rx.clone()),
         ));
-        let peer_shards = PeerShards::new(
-            shards.is_sharded(),
-            shards
-                .all()
-                .map(|(id, r)| (id, r.raft.clone(), Arc::clone(&r.peers))),
-        )
-        .context("a node without shards")?;
+        let peer_shards = PeerShards::new(shards.clone());
         tasks.push(tokio::spawn(serve_peers(
             TcpFront::new(listeners.peer, tls.peer_server.clone()),
             peer_shards,
             shutdown_rx.clone(),
         )));
         let client_addr = config.listen.to_string();
-        if !config.initial_cluster.is_empty() {
+        if !config.initial_cluster.is_empty() && fresh {
             bootstrap(&shards, placed.as_ref(), &config, &client_addr).await?;
         }
+        if fresh && shards.is_sharded() {
+            // After the bootstrap: a restart before this forms the same
+            // groups again (initializing is idempotent), one after it never
+            // re-initializes a shard moved away or onto this node.
+            let hosted = shards.iter().map(|(shard, _)| shard).collect();
+            layout.record_hosted(&config.data_dir, &hosted)?;
+        }
+        let hosting = shards.is_sharded().then(|| {
+            Arc::new(Hosting::new(HostingParts {
+                config: config.clone(),
+                layout,
+                region,
+                tls: Arc::clone(&tls),
+                quota_bytes,
+                shards: shards.clone(),
+                shutdown: shutdown_rx.clone(),
+            }))
+        });
         let (rdma, ofi) = one_sided_transports(&config, &replica, &shutdown_rx, &mut tasks);
         let settings = HandlerSettings {
             limits,
@@ -590,6 +686,7 @@ impl Node {
             fault_injection: config.fault_injection,
             max_client_connections: config.max_client_connections,
             max_in_flight_bytes: u64::from(config.max_in_flight_mib) * 1024 * 1024,
+            hosting,
         };
         let handler = Arc::new(Handler::new(shards.clone(), settings, rdma, ofi));
         tasks.push(tokio::spawn(crate::telemetry::raft_events::watch_raft(
@@ -603,7 +700,9 @@ impl Node {
             .front
             .spawn(&config, &tls, &handler, &shutdown_rx, &mut tasks)?;
         for (_, replica) in shards.iter() {
-            spawn_leader_tasks(replica, &config, quota_bytes, &shutdown_rx, &mut tasks);
+            for task in spawn_leader_tasks(&replica, &config, quota_bytes, &shutdown_rx) {
+                tasks.push(task);
+            }
         }
         if let (Some(meta), Some(placed)) = (shards.meta(), placed) {
             let own = NodeInfo {
@@ -668,8 +767,8 @@ impl Node {
     }
 
     /// The Raft of the replica serving requests that name no shard.
-    pub fn raft(&self) -> &Raft {
-        &self.shards.primary().raft
+    pub fn raft(&self) -> Raft {
+        self.shards.primary().raft
     }
 }
 
@@ -687,32 +786,33 @@ fn bind_unix(path: &std::path::Path) -> Result<tokio::net::UnixListener> {
 
 /// The leader's own tasks of one shard replica: publishing its lease, the
 /// cluster settings, the active expire cycle.
-fn spawn_leader_tasks(
+pub(crate) fn spawn_leader_tasks(
     replica: &Replica,
     config: &Config,
     quota_bytes: u64,
     shutdown_rx: &watch::Receiver<bool>,
-    tasks: &mut Tasks,
-) {
+) -> [tokio::task::JoinHandle<()>; 3] {
     let raft = &replica.raft;
-    tasks.push(tokio::spawn(crate::lease::publish_leadership(
-        raft.clone(),
-        replica.sm.clone(),
-        config.heartbeat_ms,
-        shutdown_rx.clone(),
-    )));
-    tasks.push(tokio::spawn(crate::settings::propose_while_leading(
-        raft.clone(),
-        replica.sm.clone(),
-        quota_bytes,
-        shutdown_rx.clone(),
-    )));
-    tasks.push(tokio::spawn(crate::expiry::expire_while_leading(
-        raft.clone(),
-        replica.sm.clone(),
-        Duration::from_millis(config.expire_cycle_ms),
-        shutdown_rx.clone(),
-    )));
+    [
+        tokio::spawn(crate::lease::publish_leadership(
+            raft.clone(),
+            replica.sm.clone(),
+            config.heartbeat_ms,
+            shutdown_rx.clone(),
+        )),
+        tokio::spawn(crate::settings::propose_while_leading(
+            raft.clone(),
+            replica.sm.clone(),
+            quota_bytes,
+            shutdown_rx.clone(),
+        )),
+        tokio::spawn(crate::expiry::expire_while_leading(
+            raft.clone(),
+            replica.sm.clone(),
+            Duration::from_millis(config.expire_cycle_ms),
+            shutdown_rx.clone(),
+        )),
+    ]
 }
 
 /// Forms the groups of `--initial-cluster`: a single group on every

@@ -10,7 +10,9 @@
 //! with that map's version.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use arc_swap::ArcSwap;
 
 use rdkv_proto::shard::{FIRST_SLOT, LAST_SLOT, ShardId, ShardInfo, ShardMap, key_slot};
 use rdkv_proto::wire::{ErrorCode, ErrorReply, WrongShard};
@@ -64,36 +66,82 @@ pub fn not_across_shards(what: &str) -> ErrorReply {
     )
 }
 
+/// What [`Shards`] holds at one moment: replaced whole when a replica is
+/// opened or closed, so that a reader sees one consistent set.
 #[derive(Debug, Clone)]
-pub struct Shards {
-    /// Serves the requests that name no shard: shard 0, or the lowest
-    /// shard hosted here.
+struct Registry {
+    /// Serves the requests that name no shard: the lowest shard hosted
+    /// (shard 0 in a single group).
     primary: Replica,
     /// Every data shard replica of this node, `primary` among them.
-    replicas: Arc<BTreeMap<ShardId, Replica>>,
+    replicas: BTreeMap<ShardId, Replica>,
+}
+
+/// This node's shard replicas. Cheap to clone and to read (one atomic load
+/// of the current registry); opening or closing a replica installs a new
+/// registry ([`Shards::insert`], [`Shards::remove`]).
+#[derive(Debug, Clone)]
+pub struct Shards {
+    current: Arc<ArcSwap<Registry>>,
+    /// Serializes the changes (readers never take it).
+    changes: Arc<Mutex<()>>,
     /// The metadata group of a multi-shard cluster, and the map it
     /// applied; `None`: a single group.
     meta: Option<Meta>,
 }
 
 impl Shards {
-    /// Today's node: one group, shard 0.
-    pub fn single(replica: Replica) -> Shards {
+    fn of(registry: Registry, meta: Option<Meta>) -> Shards {
         Shards {
-            primary: replica.clone(),
-            replicas: Arc::new(BTreeMap::from([(ShardId(0), replica)])),
-            meta: None,
+            current: Arc::new(ArcSwap::from_pointee(registry)),
+            changes: Arc::new(Mutex::new(())),
+            meta,
         }
     }
 
-    /// A multi-shard node: `replicas` of the shards placed here, and its
-    /// replica of the metadata group; `None` when there are no replicas.
+    /// Today's node: one group, shard 0.
+    pub fn single(replica: Replica) -> Shards {
+        let registry = Registry {
+            primary: replica.clone(),
+            replicas: BTreeMap::from([(ShardId(0), replica)]),
+        };
+        Shards::of(registry, None)
+    }
+
+    /// A multi-shard node: `replicas` of the shards it hosts (placed here,
+    /// or moved here since), and its replica of the metadata group; `None`
+    /// when there are no replicas.
     pub fn sharded(meta: Meta, replicas: BTreeMap<ShardId, Replica>) -> Option<Shards> {
         let primary = replicas.values().next()?.clone();
-        Some(Shards {
-            primary,
-            replicas: Arc::new(replicas),
-            meta: Some(meta),
+        Some(Shards::of(Registry { primary, replicas }, Some(meta)))
+    }
+
+    /// Replaces the registry with `change` of it, one change at a time.
+    fn change<T>(&self, change: impl FnOnce(&mut Registry) -> T) -> T {
+        let _turn = self.changes.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut next = Registry::clone(&self.current.load());
+        let out = change(&mut next);
+        if let Some(lowest) = next.replicas.values().next() {
+            next.primary = lowest.clone();
+        }
+        self.current.store(Arc::new(next));
+        out
+    }
+
+    /// Hosts `replica` as shard `shard`'s from now on (an opened replica).
+    pub fn insert(&self, shard: ShardId, replica: Replica) {
+        self.change(|registry| registry.replicas.insert(shard, replica));
+    }
+
+    /// Stops hosting `shard` (its replica is being closed): its requests
+    /// are answered `WrongShard` from now on. The last replica of a node
+    /// is never removed (the node's own requests need one).
+    pub fn remove(&self, shard: ShardId) -> Option<Replica> {
+        self.change(|registry| {
+            if registry.replicas.len() <= 1 {
+                return None;
+            }
+            registry.replicas.remove(&shard)
         })
     }
 
@@ -114,23 +162,41 @@ impl Shards {
 
     /// The replica of requests that name no shard (admin, status): shard 0,
     /// or the lowest shard hosted here.
-    pub fn primary(&self) -> &Replica {
-        &self.primary
+    pub fn primary(&self) -> Replica {
+        self.current.load().primary.clone()
     }
 
-    pub fn get(&self, shard: ShardId) -> Option<&Replica> {
-        self.replicas.get(&shard)
+    pub fn get(&self, shard: ShardId) -> Option<Replica> {
+        self.current.load().replicas.get(&shard).cloned()
     }
 
-    /// The data shard replicas (not the metadata group's).
-    pub fn iter(&self) -> impl Iterator<Item = (ShardId, &Replica)> {
-        self.replicas.iter().map(|(id, r)| (*id, r))
+    /// This node's replica of `shard`, the metadata group's included (what
+    /// a peer frame naming `shard` goes to).
+    pub fn any(&self, shard: ShardId) -> Option<Replica> {
+        match &self.meta {
+            Some(meta) if shard == ShardId::META => Some(meta.replica().clone()),
+            _ => self.get(shard),
+        }
+    }
+
+    /// The data shard replicas hosted now (not the metadata group's).
+    pub fn iter(&self) -> impl Iterator<Item = (ShardId, Replica)> + use<> {
+        let registry = self.current.load_full();
+        let replicas: Vec<_> = registry
+            .replicas
+            .iter()
+            .map(|(id, r)| (*id, r.clone()))
+            .collect();
+        replicas.into_iter()
     }
 
     /// Every replica of this node, the metadata group's last
     /// (`ShardId::META`): what stops, faults and peers reach.
-    pub fn all(&self) -> impl Iterator<Item = (ShardId, &Replica)> {
-        let meta = self.meta.iter().map(|meta| (ShardId::META, meta.replica()));
+    pub fn all(&self) -> impl Iterator<Item = (ShardId, Replica)> + use<> {
+        let meta = self
+            .meta
+            .as_ref()
+            .map(|meta| (ShardId::META, meta.replica().clone()));
         self.iter().chain(meta)
     }
 
@@ -147,26 +213,24 @@ impl Shards {
     }
 
     /// The replica serving `key`.
-    pub fn for_key(&self, key: &[u8]) -> Result<&Replica, NotHere> {
+    pub fn for_key(&self, key: &[u8]) -> Result<Replica, NotHere> {
         let Some(map) = self.map() else {
             return Ok(self.primary());
         };
         let slot = key_slot(key);
         let shard = map.shard_of_slot(slot);
-        self.replicas
-            .get(&shard)
-            .ok_or(NotHere::WrongShard(WrongShard {
-                map_version: map.version(),
-                slot,
-                shard,
-            }))
+        self.get(shard).ok_or(NotHere::WrongShard(WrongShard {
+            map_version: map.version(),
+            slot,
+            shard,
+        }))
     }
 
     /// The replica of `shard`, named by a `Request::Sharded`: not hosted
     /// here (or not in this node's map), `WrongShard` with the shard's
     /// first slot. A single group hosts shard 0 only.
-    pub fn hosted(&self, shard: ShardId) -> Result<&Replica, NotHere> {
-        if let Some(replica) = self.replicas.get(&shard) {
+    pub fn hosted(&self, shard: ShardId) -> Result<Replica, NotHere> {
+        if let Some(replica) = self.get(shard) {
             return Ok(replica);
         }
         // A single group's map is version 1 (docs/sharding.md, section 2).
@@ -190,7 +254,7 @@ impl Shards {
     pub fn for_keys<'k>(
         &self,
         keys: impl IntoIterator<Item = &'k [u8]>,
-    ) -> Result<&Replica, NotHere> {
+    ) -> Result<Replica, NotHere> {
         let Some(map) = self.map() else {
             return Ok(self.primary());
         };
@@ -214,11 +278,12 @@ impl Shards {
         let Some(map) = self.map() else {
             return self.primary().shard_map(own_resp_addr);
         };
+        let registry = self.current.load();
         let shards = map
             .shards()
             .iter()
             .map(|shard| ShardInfo {
-                leader: self.leader_of(shard),
+                leader: registry.leader_of(shard),
                 ..shard.clone()
             })
             .collect();
@@ -231,8 +296,24 @@ impl Shards {
         .map_err(|e| ErrorReply::new(ErrorCode::Internal, format!("this node's shard map: {e}")))
     }
 
+    /// Node `id`'s client address: from the map's node directory, else as
+    /// any of this node's replicas learned it from a peer hello.
+    pub fn client_addr_of(&self, id: u64) -> Option<String> {
+        self.map()
+            .and_then(|map| map.node(id).and_then(|node| node.client_addr.clone()))
+            .or_else(|| {
+                self.current
+                    .load()
+                    .replicas
+                    .values()
+                    .find_map(|replica| replica.peers.client_addr_of(id))
+            })
+    }
+}
+
+impl Registry {
     /// A hosted shard's leader as its Raft knows it (when it is a member);
-    /// the placed hint for the others.
+    /// the map's hint for the others.
     fn leader_of(&self, shard: &ShardInfo) -> Option<u64> {
         match self.replicas.get(&shard.id) {
             Some(replica) => replica

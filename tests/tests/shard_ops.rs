@@ -5,16 +5,23 @@
 //! ceil(6 / 3) + 1 = 3 led shards, also after `rdkvctl shard move-leader`
 //! moved every leader to node 1, and moves nothing when run again; a
 //! SIGKILLed node leaves every shard writable and loses no acknowledged
-//! write.
+//! write. With `--shards 3 --replicas 2`, `rdkvctl shard move-replica`
+//! moves a replica while a client writes to its shard, loses no
+//! acknowledged write, and the moved replica survives a restart.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context, Result, bail, ensure};
 use rdkv_proto::shard::{ShardId, ShardMap};
-use rdkv_proto::wire::Role;
+use rdkv_proto::wire::{
+    Consistency, ErrorCode, MemberInfo, Request, Response, Role, ShardRequest, ShardStatus,
+};
 use rdkv_tests::prometheus::{http_get, parse};
-use rdkv_tests::shard_view::keys_per_shard;
+use rdkv_tests::shard_view::{agreed_leaders, keys_per_shard};
 use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, check, eventually, rdkvctl_ok};
 
 const SHARDS: usize = 6;
@@ -226,6 +233,211 @@ async fn rebalance_spreads_leaders_and_a_killed_node_leaves_every_shard_writable
                 "{key} reads {got:?} after the kill"
             );
         }
+        Ok(())
+    })
+    .await
+}
+
+/// Keys of `shard` only, `count` of them, named `{prefix}-{i}`.
+fn keys_of_shard(map: &ShardMap, shard: ShardId, prefix: &str, count: usize) -> Vec<String> {
+    (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .filter(|key| map.shard_of_key(key.as_bytes()) == shard)
+        .take(count)
+        .collect()
+}
+
+/// Node `id`'s replica of `shard`, if it hosts one.
+async fn status_of_shard(
+    cluster: &Cluster,
+    id: u64,
+    shard: ShardId,
+) -> Result<Option<ShardStatus>> {
+    let client = cluster.client(Intent::Via(&[id]))?;
+    let statuses = client
+        .shard_statuses_of(&cluster.node(id)?.endpoint())
+        .await?;
+    Ok(statuses.into_iter().find(|s| s.shard == shard))
+}
+
+/// Every one of `keys` read from node `id`'s own replica (follower reads
+/// sent to it alone), with its own value.
+async fn all_on(cluster: &Cluster, id: u64, keys: &[String]) -> Result<()> {
+    let client = cluster.client(Intent::Via(&[id]))?;
+    let endpoint = cluster.node(id)?.endpoint();
+    for key in keys {
+        let request = Request::Get {
+            key: key.clone().into(),
+            consistency: Consistency::Follower {
+                max_lag_entries: u64::MAX,
+            },
+        };
+        match client.send_to(&endpoint, request).await? {
+            Response::Value(Some(v)) if v.value[..] == *key.as_bytes() => {}
+            other => bail!("{key} on node {id}: {other:?}"),
+        }
+    }
+    Ok(())
+}
+
+/// A client writing keys of `shard` until told to stop; the keys
+/// acknowledged.
+fn spawn_writer(
+    client: rdkv_client::Client,
+    keys: Vec<String>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<String>> {
+    tokio::spawn(async move {
+        let mut acknowledged = Vec::new();
+        for key in keys {
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            match client.put(key.clone(), key.clone()).await {
+                Ok(_) => acknowledged.push(key),
+                Err(e) => println!("write {key}: {e}"),
+            }
+        }
+        acknowledged
+    })
+}
+
+/// The code of the error reply a failed move got.
+fn refusal_code(result: rdkv_client::Result<Vec<MemberInfo>>) -> Result<ErrorCode> {
+    match result {
+        Err(rdkv_client::Error::Server(reply)) => Ok(reply.code),
+        other => bail!("the move was answered {other:?}"),
+    }
+}
+
+/// Shard 0's replica moves from node 1 (leading it) to node 3 while a
+/// client writes keys of shard 0; the writes acknowledged.
+async fn move_while_writing(cluster: &Cluster, shard: ShardId) -> Result<Vec<String>> {
+    let client = cluster.client(Intent::Any)?;
+    client.ping().await?;
+    let map = client
+        .shard_map()
+        .context("no map after the first request")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = spawn_writer(
+        client,
+        keys_of_shard(&map, shard, "moving", 100_000),
+        Arc::clone(&stop),
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let moved = ctl(
+        cluster,
+        &["shard", "move-replica", "0", "1", "3", "-w", "json"],
+    )
+    .await;
+    // The client keeps writing after the move.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let acknowledged = writer.await?;
+    let moved = moved?;
+    println!("move-replica: {moved}");
+    let moved: serde_json::Value = serde_json::from_str(&moved)?;
+    ensure!(moved["members"] == serde_json::json!([2, 3]), "{moved}");
+    println!("{} writes acknowledged around the move", acknowledged.len());
+    ensure!(acknowledged.len() > 10, "the writer got {acknowledged:?}");
+    Ok(acknowledged)
+}
+
+/// After the move: node 3 hosts shard 0 with voters {2, 3}; node 1 no
+/// longer (no status row, `WrongShard`, no directory).
+async fn moved_off_node_1(cluster: &Cluster, shard: ShardId) -> Result<()> {
+    let status = status_of_shard(cluster, 3, shard)
+        .await?
+        .context("node 3 hosts no shard 0")?;
+    // Voters and learners: no learner is left over.
+    ensure!(
+        status.members == [2, 3],
+        "shard 0's members: {:?}",
+        status.members
+    );
+    ensure!(
+        status_of_shard(cluster, 1, shard).await?.is_none(),
+        "node 1 still hosts shard 0"
+    );
+    let clear = Request::Sharded {
+        shard,
+        request: ShardRequest::Clear,
+    };
+    let answer = cluster
+        .client(Intent::Via(&[1]))?
+        .send_to(&cluster.node(1)?.endpoint(), clear)
+        .await?;
+    ensure!(
+        matches!(answer, Response::WrongShard(_)),
+        "node 1 answered {answer:?}"
+    );
+    let dir = cluster.node(1)?.data_dir.join("shards/0");
+    ensure!(!dir.exists(), "{} is still there", dir.display());
+    Ok(())
+}
+
+/// Refused moves (to a member, from a non-member, to a node that cannot
+/// be reached) leave shard 0's voters {2, 3}.
+async fn refused_moves_keep_the_members(cluster: &mut Cluster, shard: ShardId) -> Result<()> {
+    let mover = cluster.client(Intent::Via(&[2, 3]))?;
+    let code = refusal_code(mover.move_shard_replica(shard, 2, 3).await)?;
+    ensure!(code == ErrorCode::InvalidRequest, "to a member: {code:?}");
+    let code = refusal_code(mover.move_shard_replica(shard, 1, 4).await)?;
+    ensure!(code == ErrorCode::NotFound, "from a non-member: {code:?}");
+    cluster.node_mut(1)?.kill();
+    let code = refusal_code(mover.move_shard_replica(shard, 2, 1).await)?;
+    ensure!(code == ErrorCode::Internal, "to a dead node: {code:?}");
+    let status = status_of_shard(cluster, 3, shard)
+        .await?
+        .context("node 3 hosts no shard 0")?;
+    ensure!(
+        status.members == [2, 3],
+        "after the refusals: {:?}",
+        status.members
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_moves_while_a_client_writes_and_stays_moved_over_a_restart() -> Result<()> {
+    // Placement: shard 0 on nodes {1, 2} (1 its first leader), 1 on {2, 3},
+    // 2 on {3, 1}.
+    let flags = ["--shards", "3", "--replicas", "2", "--region-mib", "8"];
+    let mut cluster = Cluster::start_with(NODES, &flags)?;
+    let shard = ShardId(0);
+    check(&mut cluster, Duration::from_secs(150), async |cluster| {
+        eventually(LEADER_TIMEOUT, "a leader per shard", async || {
+            agreed_leaders(cluster, &[1, 2, 3]).await
+        })
+        .await?;
+        let acknowledged = move_while_writing(cluster, shard).await?;
+        moved_off_node_1(cluster, shard).await?;
+        let client = cluster.client(Intent::Any)?;
+        for key in &acknowledged {
+            let got = client.get(key.clone()).await?;
+            ensure!(
+                got.is_some_and(|v| v.value[..] == *key.as_bytes()),
+                "{key} lost"
+            );
+        }
+        eventually(LEADER_TIMEOUT, "every write on node 3", async || {
+            all_on(cluster, 3, &acknowledged).await
+        })
+        .await?;
+        refused_moves_keep_the_members(cluster, shard).await?;
+        // Node 3 still hosts the moved replica after a restart.
+        cluster.node_mut(3)?.kill();
+        cluster.restart(3)?;
+        eventually(
+            LEADER_TIMEOUT,
+            "every write on node 3 after its restart",
+            async || all_on(cluster, 3, &acknowledged).await,
+        )
+        .await?;
+        ensure!(
+            status_of_shard(cluster, 3, shard).await?.is_some(),
+            "node 3 lost shard 0 over its restart"
+        );
         Ok(())
     })
     .await

@@ -262,7 +262,8 @@ impl Router {
             };
             let then = match next_step(outcome, &facts) {
                 Step::Remap { at_least } => {
-                    self.remap(at_least, map_version, &addr, &mut call, &mut attempt)
+                    let versions = (at_least, map_version);
+                    self.remap(versions, target.shard, &addr, &mut call, &mut attempt)
                         .await
                 }
                 step => self.follow(step, &addr, (route, &target), &mut call),
@@ -296,8 +297,8 @@ impl Router {
     /// it is a failed attempt, retried after a back-off.
     async fn remap(
         &self,
-        at_least: u64,
-        sent_under: u64,
+        (at_least, sent_under): (u64, u64),
+        shard: ShardId,
         addr: &str,
         call: &mut Call,
         attempt: &mut u32,
@@ -309,6 +310,10 @@ impl Router {
                 Then::Next { wait: false }
             }
             Ok(()) => {
+                // No newer map: the node no longer serves the shard (its
+                // replica moved away; the map changes later), so its
+                // other members are tried, whose redirects name the leader.
+                self.state().not_serving(addr, shard);
                 call.last_err = Some(Error::StaleShardMap {
                     needed: at_least,
                     held: self.shards.version(),

@@ -64,8 +64,12 @@ pub(crate) fn route_of(request: &Request) -> (Route, Idempotence) {
         | Request::InjectFault(_)
         | Request::RdmaConnect { .. } => (Route::Leader, Idempotence::Write),
         // A shard's scan or clear goes where the unsharded one would, in
-        // that shard.
-        Request::Sharded { request, .. } => route_of(&request.to_request()),
+        // that shard; its placement operations are its leader's (opening
+        // and closing a replica are sent to one node, not routed).
+        Request::Sharded { request, .. } => match request.to_request() {
+            Some(request) => route_of(&request),
+            None => (Route::Leader, Idempotence::Write),
+        },
     }
 }
 
@@ -111,6 +115,10 @@ pub(crate) struct RouteState {
     /// Nodes that recently failed to answer within a call's budget, and
     /// since when: tried last until `SUSPECT_FOR` has passed.
     suspects: HashMap<String, Instant>,
+    /// Per shard, nodes that answered `WrongShard` for it with no newer
+    /// map to give (a replica moved away while the map stays): passed over
+    /// for that shard until a new map is installed.
+    strays: HashMap<ShardId, Vec<String>>,
 }
 
 impl RouteState {
@@ -120,6 +128,7 @@ impl RouteState {
             leaders: HashMap::new(),
             current: None,
             suspects: HashMap::new(),
+            strays: HashMap::new(),
         }
     }
 
@@ -128,9 +137,36 @@ impl RouteState {
         self.leaders.get(&shard)
     }
 
-    /// Forgets every shard's leader: a new map's hints are fresher.
+    /// Forgets every shard's leader: a new map's hints are fresher (and
+    /// its members too).
     pub(crate) fn forget_leaders(&mut self) {
         self.leaders.clear();
+        self.strays.clear();
+    }
+
+    /// `addr` does not serve `shard` though the map says it does (its
+    /// replica moved away): try the shard's other members.
+    pub(crate) fn not_serving(&mut self, addr: &str, shard: ShardId) {
+        if self
+            .leaders
+            .get(&shard)
+            .is_some_and(|leader| leader == addr)
+        {
+            self.leaders.remove(&shard);
+        }
+        if self.current.as_deref() == Some(addr) {
+            self.current = None;
+        }
+        let strays = self.strays.entry(shard).or_default();
+        if !strays.iter().any(|s| s == addr) {
+            strays.push(addr.to_owned());
+        }
+    }
+
+    fn is_stray(&self, addr: &str, shard: ShardId) -> bool {
+        self.strays
+            .get(&shard)
+            .is_some_and(|strays| strays.iter().any(|s| s == addr))
     }
 
     /// The node to try for `route` to `target` on the `cursor`-th fallback.
@@ -144,7 +180,7 @@ impl RouteState {
         // suspect (or none left): plain rotation.
         (0..n)
             .filter_map(|k| candidates.get((cursor + k) % n))
-            .find(|addr| !self.is_suspect(addr))
+            .find(|addr| !self.is_suspect(addr) && !self.is_stray(addr, target.shard))
             .or_else(|| candidates.get(cursor % n))
             .cloned()
             .unwrap_or_default()
@@ -164,15 +200,18 @@ impl RouteState {
     fn preferred<'a>(&'a self, route: Route, target: &'a Target) -> Option<&'a String> {
         match route {
             Route::AnySpread => None,
-            Route::Leader | Route::AnyPreferLeader => self
-                .leaders
-                .get(&target.shard)
-                .or(target.hint.as_ref().filter(|hint| !self.is_suspect(hint)))
-                .or_else(|| {
-                    self.current
-                        .as_ref()
-                        .filter(|c| target.members.is_empty() || target.members.contains(c))
-                }),
+            Route::Leader | Route::AnyPreferLeader => {
+                self.leaders
+                    .get(&target.shard)
+                    .or(target.hint.as_ref().filter(|hint| {
+                        !self.is_suspect(hint) && !self.is_stray(hint, target.shard)
+                    }))
+                    .or_else(|| {
+                        self.current
+                            .as_ref()
+                            .filter(|c| target.members.is_empty() || target.members.contains(c))
+                    })
+            }
         }
     }
 
@@ -248,6 +287,30 @@ mod tests {
         assert_eq!(state.pick(Route::Leader, 0, &whole()), "b");
         assert_eq!(state.pick(Route::AnyPreferLeader, 2, &whole()), "b");
         assert_eq!(state.pick(Route::AnySpread, 2, &whole()), "c");
+    }
+
+    #[test]
+    fn a_node_not_serving_a_shard_is_passed_over_for_its_other_members() {
+        let mut state = state();
+        let shard = Target {
+            shard: ShardId(2),
+            hint: Some("a".into()),
+            members: vec!["a".into(), "b".into()],
+        };
+        state.learn_leader("a", ShardId(2));
+        assert_eq!(state.pick(Route::Leader, 0, &shard), "a");
+        state.not_serving("a", ShardId(2));
+        assert_eq!(state.pick(Route::Leader, 0, &shard), "b");
+        assert_eq!(state.pick(Route::Leader, 1, &shard), "b");
+        // Other shards still go to it.
+        let other = Target {
+            shard: ShardId(1),
+            ..shard.clone()
+        };
+        assert_eq!(state.pick(Route::Leader, 0, &other), "a");
+        // A new map's members are trusted again.
+        state.forget_leaders();
+        assert_eq!(state.pick(Route::Leader, 0, &shard), "a");
     }
 
     #[test]

@@ -170,7 +170,10 @@ impl Request {
                 limits.check_key(start_key)?;
                 end_key.as_ref().map_or(Ok(()), |key| limits.check_key(key))
             }
-            Self::Sharded { request, .. } => request.to_request().validate(limits),
+            // A shard's placement operations carry no key or value.
+            Self::Sharded { request, .. } => request
+                .to_request()
+                .map_or(Ok(()), |request| request.validate(limits)),
             // Admin requests carry no keys or values; the server checks their
             // arguments against the cluster state.
             Self::Ping

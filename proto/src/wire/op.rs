@@ -35,11 +35,14 @@ pub enum Op {
     ShardStatus,
     ShardMoveLeader,
     PublishShardMap,
+    ShardOpenReplica,
+    ShardCloseReplica,
+    ShardMoveReplica,
 }
 
 impl Op {
     /// Every op, in a fixed order (indexes of per-op tables).
-    pub const ALL: [Op; 30] = [
+    pub const ALL: [Op; 33] = [
         Op::Get,
         Op::MGet,
         Op::Put,
@@ -70,6 +73,9 @@ impl Op {
         Op::ShardStatus,
         Op::ShardMoveLeader,
         Op::PublishShardMap,
+        Op::ShardOpenReplica,
+        Op::ShardCloseReplica,
+        Op::ShardMoveReplica,
     ];
 
     pub fn name(self) -> &'static str {
@@ -101,6 +107,9 @@ impl Op {
             Op::ShardStatus => "shard_status",
             Op::ShardMoveLeader => "shard_move_leader",
             Op::PublishShardMap => "publish_shard_map",
+            Op::ShardOpenReplica => "shard_open_replica",
+            Op::ShardCloseReplica => "shard_close_replica",
+            Op::ShardMoveReplica => "shard_move_replica",
             Op::Digests => "digests",
             Op::Transaction => "transaction",
             Op::Ttl => "ttl",

@@ -26,6 +26,22 @@ pub enum ShardRequest {
     /// [`Request::Clear`] of the shard's keys only, one entry in its log;
     /// answered with [`Response::Cleared`](super::Response::Cleared).
     Clear,
+    /// Sent by the shard's leader to a node about to be added as a learner:
+    /// open a new, empty replica of the shard (its directories, region and
+    /// Raft) and accept its peer frames. Answered with
+    /// [`Response::Members`](super::Response::Members) naming the node
+    /// (its peer and client addresses); a replica already open is kept.
+    OpenReplica,
+    /// Sent to a node removed from the shard: close its replica and remove
+    /// its files. Refused while the node is a voter of the shard in its own
+    /// view; answered [`Response::Done`](super::Response::Done).
+    CloseReplica,
+    /// Moves the shard's replica from node `from` to node `to`, run by the
+    /// shard's leader: `to` opens a replica and is added as a learner,
+    /// catches up, is promoted, and `from` is removed and closes its
+    /// replica. Answered with the new
+    /// [`Response::Members`](super::Response::Members).
+    MoveReplica { from: u64, to: u64 },
 }
 
 impl ShardRequest {
@@ -34,13 +50,17 @@ impl ShardRequest {
         match self {
             ShardRequest::Scan { .. } => Op::Scan,
             ShardRequest::Clear => Op::Clear,
+            ShardRequest::OpenReplica => Op::ShardOpenReplica,
+            ShardRequest::CloseReplica => Op::ShardCloseReplica,
+            ShardRequest::MoveReplica { .. } => Op::ShardMoveReplica,
         }
     }
 
-    /// The request this one is, served by one shard's replica: its
-    /// limits, kind and route are that request's.
-    pub fn to_request(&self) -> Request {
-        match self {
+    /// The unsharded request this one is, served by one shard's replica:
+    /// its limits, kind and route are that request's. `None`: a shard's
+    /// own operation (replica placement), which has no unsharded form.
+    pub fn to_request(&self) -> Option<Request> {
+        let request = match self {
             ShardRequest::Scan {
                 start_key,
                 end_key,
@@ -53,6 +73,10 @@ impl ShardRequest {
                 consistency: *consistency,
             },
             ShardRequest::Clear => Request::Clear,
-        }
+            ShardRequest::OpenReplica
+            | ShardRequest::CloseReplica
+            | ShardRequest::MoveReplica { .. } => return None,
+        };
+        Some(request)
     }
 }

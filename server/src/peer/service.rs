@@ -1,7 +1,6 @@
 //! The receiving side: accepts peer connections, checks who they are, and
 //! hands their RPCs to the local Raft.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,45 +26,37 @@ use super::{
 use crate::Raft;
 use crate::accept::{TcpFront, accept_until};
 use crate::framed::{FrameReader, FrameWriter};
+use crate::shards::Shards;
 use crate::telemetry::{RateLimitedLog, RequestStats};
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const HANDSHAKE_MAX_FRAME_BYTES: u32 = 64 * 1024;
 
 /// The shard replicas a node's peer port serves: each shard's Raft and its
-/// peer context (docs/sharding.md, section 3).
+/// peer context (docs/sharding.md, section 3), as hosted now: a replica
+/// opened later is served from then on, one closed no longer.
 #[derive(Debug, Clone)]
 pub struct PeerShards {
-    /// Never empty (checked by [`PeerShards::new`]).
-    shards: Arc<BTreeMap<ShardId, (Raft, Arc<PeerContext>)>>,
-    /// A multi-shard node: its peers speak hello version 3 (tagged frames).
-    sharded: bool,
+    shards: Shards,
 }
 
 impl PeerShards {
-    /// `None` when `shards` is empty.
-    pub fn new(
-        sharded: bool,
-        shards: impl IntoIterator<Item = (ShardId, Raft, Arc<PeerContext>)>,
-    ) -> Option<PeerShards> {
-        let shards: BTreeMap<_, _> = shards
-            .into_iter()
-            .map(|(id, raft, ctx)| (id, (raft, ctx)))
-            .collect();
-        (!shards.is_empty()).then(|| PeerShards {
-            shards: Arc::new(shards),
-            sharded,
-        })
+    pub fn new(shards: Shards) -> PeerShards {
+        PeerShards { shards }
     }
 
     /// Who this node is (id, token, client address): the same in every
     /// shard's context.
-    fn own(&self) -> Option<&Arc<PeerContext>> {
-        self.shards.values().next().map(|(_, ctx)| ctx)
+    fn own(&self) -> Arc<PeerContext> {
+        Arc::clone(&self.shards.primary().peers)
     }
 
-    fn contexts(&self) -> impl Iterator<Item = &Arc<PeerContext>> {
-        self.shards.values().map(|(_, ctx)| ctx)
+    fn contexts(&self) -> impl Iterator<Item = Arc<PeerContext>> + use<> {
+        self.shards.all().map(|(_, replica)| replica.peers)
+    }
+
+    fn sharded(&self) -> bool {
+        self.shards.is_sharded()
     }
 }
 
@@ -85,9 +76,7 @@ fn refusal(hello: &PeerHello, shards: &PeerShards) -> Option<String> {
     if hello.magic != PEER_MAGIC || !versions.contains(&hello.version) {
         return Some("not an rdkv peer of this protocol version".into());
     }
-    let Some(own) = shards.own() else {
-        return Some("this node hosts no shard".into());
-    };
+    let own = shards.own();
     if let Some(expected) = &own.token {
         let presented = hello.token.as_deref().unwrap_or("");
         if !tokens_match(expected.as_bytes(), presented.as_bytes()) {
@@ -95,7 +84,7 @@ fn refusal(hello: &PeerHello, shards: &PeerShards) -> Option<String> {
         }
     }
     let tagged = hello.version >= PEER_PROTOCOL_VERSION_SHARDS;
-    match (tagged, shards.sharded) {
+    match (tagged, shards.sharded()) {
         (true, true) => None,
         (true, false) => Some("this node serves a single group (peer versions 1-2)".into()),
         (false, true) => Some("this node serves several shards (peer version 3)".into()),
@@ -108,9 +97,10 @@ fn refusal(hello: &PeerHello, shards: &PeerShards) -> Option<String> {
 /// (any peer while this replica is in no cluster yet, about to be added or
 /// initialized) of the same cluster.
 fn admit(hello: &PeerHello, shard: ShardId, shards: &PeerShards) -> Result<Bound, String> {
-    let Some((raft, ctx)) = shards.shards.get(&shard) else {
+    let Some(replica) = shards.shards.any(shard) else {
         return Err(format!("this node does not host shard {}", shard.0));
     };
+    let (raft, ctx) = (&replica.raft, &replica.peers);
     let metrics = raft.metrics().borrow_watched().clone();
     let membership = metrics.membership_config.membership();
     let uninitialized = membership.nodes().next().is_none();
@@ -294,7 +284,7 @@ async fn handshake(
         .context("peer handshake timed out")??
         .context("peer closed before its handshake")?;
     let hello = PeerHello::decode(&frame.payload).context("decoding the peer handshake")?;
-    let own = Arc::clone(shards.own().context("a node without shards")?);
+    let own = shards.own();
     if let Some(message) = refusal(&hello, shards) {
         RequestStats::auth_failure("peer");
         PEER_REFUSAL_LOG.warn(format_args!(

@@ -267,7 +267,7 @@ impl RespServer {
         }
         let replica = self.handler.replica();
         match self.consistency {
-            Consistency::Lease => lease::serves_lease_reads(replica),
+            Consistency::Lease => lease::serves_lease_reads(&replica),
             Consistency::Linearizable => {
                 replica.raft.is_leader() && matches!(replica.reads.confirm().await, Ok(Ok(())))
             }
@@ -303,7 +303,7 @@ impl RespServer {
         limits.check_batch(keys.len()).ok()?;
         keys.iter().try_for_each(|key| limits.check_key(key)).ok()?;
         let replica = self.handler.replica();
-        let values = read::local_values(replica, keys, limits.max_frame_bytes).ok()?;
+        let values = read::local_values(&replica, keys, limits.max_frame_bytes).ok()?;
         Some(values.into_iter().map(|v| v.map(|v| v.value)).collect())
     }
 

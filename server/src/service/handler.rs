@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use rdkv_proto::shard::ShardId;
 use rdkv_proto::wire::{
     ErrorCode, ErrorReply, Limits, Request, Response, ShardRequest, TxnOp, Update,
 };
@@ -11,7 +12,8 @@ use rdkv_storage::raft::{Command, NodeAddr};
 use rdkv_storage::state_machine::ScanRange;
 
 use super::admission::{Admission, within_quota};
-use super::{Reply, admin, read, write};
+use super::{Reply, admin, read, replica_move, write};
+use crate::hosting::Hosting;
 use crate::ofi::OfiState;
 use crate::order::Finish;
 use crate::rdma::RdmaState;
@@ -46,6 +48,8 @@ pub struct HandlerSettings {
     pub max_client_connections: u32,
     /// Bytes of large requests held at once, across connections.
     pub max_in_flight_bytes: u64,
+    /// Opens and closes shard replicas (a multi-shard node's moves).
+    pub hosting: Option<Arc<Hosting>>,
 }
 
 /// The replica a request's keys route to, or the early answer: nothing is
@@ -129,6 +133,7 @@ pub struct Handler {
     rdma: Arc<RdmaState>,
     ofi: Arc<OfiState>,
     admission: Admission,
+    hosting: Option<Arc<Hosting>>,
 }
 
 /// The `mem` transport's server side: an in-process `MemChannel` calls the
@@ -162,12 +167,13 @@ impl Handler {
                 settings.max_client_connections,
                 settings.max_in_flight_bytes,
             ),
+            hosting: settings.hosting,
         }
     }
 
     /// The replica of requests that name no shard (shard 0 in a single
     /// group).
-    pub fn replica(&self) -> &Replica {
+    pub fn replica(&self) -> Replica {
         self.shards.primary()
     }
 
@@ -254,11 +260,11 @@ impl Handler {
             Request::Ping => Ok(Response::Pong),
             Request::Get { key, consistency } => {
                 let replica = routed!(self.shards.for_key(&key));
-                read::get(replica, &key, consistency).await
+                read::get(&replica, &key, consistency).await
             }
             Request::MGet { keys, consistency } => {
                 let replica = routed!(self.shards.for_keys(keys.iter().map(|k| &k[..])));
-                read::mget(replica, &keys, consistency, max_frame_bytes).await
+                read::mget(&replica, &keys, consistency, max_frame_bytes).await
             }
             // Every write is a command for the log.
             other => match Command::try_from(other) {
@@ -269,7 +275,7 @@ impl Handler {
     }
 
     async fn dispatch_rest(&self, request: Request) -> Reply {
-        let replica = self.shards.primary();
+        let replica = &self.shards.primary();
         let max_frame_bytes = self.limits.max_frame_bytes;
         match request {
             Request::Ping => Ok(Response::Pong),
@@ -285,13 +291,18 @@ impl Handler {
                 let range = scan_range(&start_key, end_key.as_deref(), limit);
                 read::scan(replica, range, consistency, max_frame_bytes).await
             }
+            // Opening a replica names a shard not hosted here (yet).
+            Request::Sharded {
+                shard,
+                request: ShardRequest::OpenReplica,
+            } => replica_move::open_replica(self.hosting.as_deref(), shard).await,
             Request::Sharded { shard, request } => {
                 let replica = routed!(self.shards.hosted(shard));
-                self.serve_sharded(replica, request).await
+                self.serve_sharded(shard, &replica, request).await
             }
             Request::Ttl { key, consistency } => {
                 let replica = routed!(self.shards.for_key(&key));
-                read::ttl(replica, &key, consistency).await
+                read::ttl(&replica, &key, consistency).await
             }
             Request::Status => Ok(Response::Status(Box::new(self.status()))),
             Request::Health => Ok(Response::Health(self.health())),
@@ -309,7 +320,7 @@ impl Handler {
                         format!("shard {shard} has no replica on this node"),
                     )
                 })?;
-                admin::move_leader(replica, to).await
+                admin::move_leader(&replica, to).await
             }
             Request::AddMember {
                 id,
@@ -332,7 +343,7 @@ impl Handler {
             // Every shard's traffic and log: a node is cut off or slowed whole.
             Request::InjectFault(fault) => {
                 for (_, replica) in self.shards.all() {
-                    admin::inject_fault(replica, self.fault_injection, fault.clone())?;
+                    admin::inject_fault(&replica, self.fault_injection, fault.clone())?;
                 }
                 Ok(Response::Done)
             }
@@ -375,7 +386,12 @@ impl Handler {
 
     /// A keyless request of one shard's `replica` (docs/sharding.md,
     /// section 4): what it would be on a single group, on that replica.
-    async fn serve_sharded(&self, replica: &Replica, request: ShardRequest) -> Reply {
+    async fn serve_sharded(
+        &self,
+        shard: ShardId,
+        replica: &Replica,
+        request: ShardRequest,
+    ) -> Reply {
         match request {
             ShardRequest::Scan {
                 start_key,
@@ -387,6 +403,26 @@ impl Handler {
                 read::scan(replica, range, consistency, self.limits.max_frame_bytes).await
             }
             ShardRequest::Clear => self.write_to(replica, Command::Clear, None).await,
+            // Served before the shard is looked up (it is not hosted yet),
+            // and alike when it is.
+            ShardRequest::OpenReplica => {
+                replica_move::open_replica(self.hosting.as_deref(), shard).await
+            }
+            ShardRequest::CloseReplica => {
+                replica_move::close_replica(self.hosting.as_deref(), shard).await
+            }
+            ShardRequest::MoveReplica { from, to } => {
+                let Some(hosting) = self.hosting.as_deref() else {
+                    return Err(replica_move::single_group());
+                };
+                let run = replica_move::Move {
+                    shards: &self.shards,
+                    hosting,
+                    replica,
+                    shard,
+                };
+                run.run(from, to).await
+            }
         }
     }
 
@@ -398,7 +434,7 @@ impl Handler {
             None if self.shards.is_sharded() => return Err(not_across_shards("a keyless write")),
             None => self.shards.primary(),
         };
-        self.write_to(replica, command, placed).await
+        self.write_to(&replica, command, placed).await
     }
 
     /// `command` through the log of `replica`, on its leader, if the quota

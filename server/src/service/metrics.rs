@@ -189,7 +189,7 @@ impl Handler {
         let mut leading = Vec::new();
         for (shard, replica) in self.shards().iter() {
             let shard = shard.0.to_string();
-            let status = self.status_of(replica);
+            let status = self.status_of(&replica);
             raft_gauges(&shard, &status, &replica.log.stats());
             region_gauges(&shard, &replica.sm.region_stats());
             set_for(

@@ -25,6 +25,7 @@ mod metrics;
 pub mod proposals;
 pub(crate) mod read;
 pub mod read_rounds;
+mod replica_move;
 mod status;
 pub(crate) mod write;
 

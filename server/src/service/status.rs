@@ -62,13 +62,13 @@ impl Handler {
     pub fn shard_statuses(&self) -> Vec<ShardStatus> {
         self.shards()
             .iter()
-            .map(|(shard, replica)| shard_status(shard, replica))
+            .map(|(shard, replica)| shard_status(shard, &replica))
             .collect()
     }
 
     /// The status of the primary replica (docs/sharding.md, section 3).
     pub fn status(&self) -> NodeStatus {
-        self.status_of(self.replica())
+        self.status_of(&self.replica())
     }
 
     /// The status of this node as `replica`'s Raft group sees it.
