@@ -14,7 +14,7 @@ use anyhow::{Context, Result, ensure};
 use rdkv_proto::shard::{ShardId, ShardMap};
 use rdkv_proto::wire::Role;
 use rdkv_tests::prometheus::{http_get, parse};
-use rdkv_tests::shard_view::keys_per_shard;
+use rdkv_tests::shard_view::{agreed_map, keys_per_shard, node_ids};
 use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, check, eventually, rdkvctl_ok};
 
 const SHARDS: usize = 6;
@@ -128,6 +128,15 @@ async fn rebalance_spreads_leaders_and_a_killed_node_leaves_every_shard_writable
         eventually(LEADER_TIMEOUT, "a leader per shard", async || {
             led_per_node(cluster).await
         })
+        .await?;
+        // The moves go to nodes by the map's node directory, which each
+        // node fills in with its own addresses once the metadata group runs.
+        let ids = node_ids(cluster);
+        eventually(
+            LEADER_TIMEOUT,
+            "every node's addresses in the map",
+            async || agreed_map(cluster, &ids).await,
+        )
         .await?;
         observed_per_shard(cluster).await?;
         let listed = ctl(cluster, &["shard", "list", "-w", "table"]).await?;
