@@ -180,6 +180,15 @@ async fn redis_clients_work_against_several_shards() -> Result<()> {
             Ok(())
         })
         .await?;
+        // RESP forwards over, and CLUSTER views list, the nodes the map
+        // names with their addresses: wait until each published its own.
+        let ids: Vec<u64> = cluster.nodes.keys().copied().collect();
+        eventually(
+            LEADER_TIMEOUT,
+            "every node's addresses in the map",
+            async || rdkv_tests::shard_view::agreed_map(cluster, &ids).await,
+        )
+        .await?;
         let addrs: Vec<String> = cluster
             .nodes
             .values()

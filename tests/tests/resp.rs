@@ -532,7 +532,7 @@ async fn info_shards_everywhere(addrs: &[SocketAddr], keys: u64, replicas: u64) 
 /// it does not host.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyspace_commands_span_every_shard() -> Result<()> {
-    use rdkv_tests::shard_view::{agreed_leaders, keys_per_shard, map_of, node_ids};
+    use rdkv_tests::shard_view::{agreed_leaders, agreed_map, keys_per_shard, node_ids};
 
     let flags = ["--shards", "3", "--replicas", "2", "--region-mib", "16"];
     let mut cluster = Cluster::start_with(3, &flags)?;
@@ -544,7 +544,14 @@ async fn keyspace_commands_span_every_shard() -> Result<()> {
             async || agreed_leaders(cluster, &ids).await.map(drop),
         )
         .await?;
-        let map = map_of(cluster, ids[0]).await?;
+        // RESP forwards over every node the map names with its address:
+        // wait until each node has published its own.
+        let map = rdkv_tests::eventually(
+            rdkv_tests::LEADER_TIMEOUT,
+            "every node's addresses in the map",
+            async || agreed_map(cluster, &ids).await,
+        )
+        .await?;
         let keys: Vec<String> = keys_per_shard(&map, 20, |i| format!("span-{i}"))
             .into_iter()
             .map(|(_, key)| key)

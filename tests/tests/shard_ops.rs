@@ -21,7 +21,7 @@ use rdkv_proto::wire::{
     Consistency, ErrorCode, MemberInfo, Request, Response, Role, ShardRequest, ShardStatus,
 };
 use rdkv_tests::prometheus::{http_get, parse};
-use rdkv_tests::shard_view::{agreed_leaders, keys_per_shard};
+use rdkv_tests::shard_view::{agreed_leaders, agreed_map, keys_per_shard, node_ids};
 use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, check, eventually, rdkvctl_ok};
 
 const SHARDS: usize = 6;
@@ -169,6 +169,15 @@ async fn rebalance_spreads_leaders_and_a_killed_node_leaves_every_shard_writable
         eventually(LEADER_TIMEOUT, "a leader per shard", async || {
             led_per_node(cluster).await
         })
+        .await?;
+        // The moves go to nodes by the map's node directory, which each
+        // node fills in with its own addresses once the metadata group runs.
+        let ids = node_ids(cluster);
+        eventually(
+            LEADER_TIMEOUT,
+            "every node's addresses in the map",
+            async || agreed_map(cluster, &ids).await,
+        )
         .await?;
         observed_per_shard(cluster).await?;
         let listed = ctl(cluster, &["shard", "list", "-w", "table"]).await?;

@@ -547,7 +547,7 @@ pub fn info(session: &mut Session<'_>, args: &[Bytes]) -> Reply {
 fn shards_section(server: &RespServer) -> String {
     let mut text = String::from("\r\n# Shards\r\n");
     for (shard, replica) in server.handler.shards().iter() {
-        let status = shard_status(shard, replica);
+        let status = shard_status(shard, &replica);
         text.push_str(&format!(
             "shard{}:role={},raft_role={:?},term={},leader_id={},members={},commit_index={},applied_index={},keys={},expires={}\r\n",
             status.shard.0,
