@@ -11,6 +11,7 @@ use std::time::Duration;
 use rdkv_fabric::ofi::client::{BOUNCE_BYTES, OfiSession, descriptor_of};
 use rdkv_fabric::ofi::server::OfiServer;
 use rdkv_fabric::{Fabric, FabricError, ReadOp, RegionMemory};
+use rdkv_proto::shard::ShardId;
 
 const PROVIDER: &str = "tcp;ofi_rxm";
 
@@ -48,7 +49,7 @@ fn a_granted_region_reads_by_fi_read_single_batched_and_past_the_bounce_buffer()
     };
     let len = 3 * BOUNCE_BYTES;
     let memory = patterned(len);
-    let grant = server.grant(&memory, 3, 11).unwrap();
+    let grant = server.grant(&memory, 3, ShardId(0), 11).unwrap();
     assert_eq!(grant.provider, PROVIDER);
     let session = OfiSession::open(grant.clone(), Some("127.0.0.1")).unwrap();
     let region = session.fabric().open(&descriptor_of(&grant)).unwrap();
@@ -92,7 +93,7 @@ fn a_wrong_key_a_stale_epoch_and_a_retired_registration_cannot_read() {
         return;
     };
     let memory = patterned(1 << 20);
-    let grant = server.grant(&memory, 1, 4).unwrap();
+    let grant = server.grant(&memory, 1, ShardId(0), 4).unwrap();
     let descriptor = descriptor_of(&grant);
 
     // A forged grant with another key reaches the provider, which refuses it
@@ -133,7 +134,7 @@ fn a_wrong_key_a_stale_epoch_and_a_retired_registration_cannot_read() {
     // A new region epoch retires the old registration; after the grace
     // period (zero here) its key no longer reads.
     let next = patterned(1 << 20);
-    let new_grant = server.grant(&next, 1, 5).unwrap();
+    let new_grant = server.grant(&next, 1, ShardId(0), 5).unwrap();
     assert_ne!(new_grant.key, grant.key);
     assert_eq!(server.registrations(), 2);
     server.sweep();

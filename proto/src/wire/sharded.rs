@@ -26,6 +26,12 @@ pub enum ShardRequest {
     /// [`Request::Clear`] of the shard's keys only, one entry in its log;
     /// answered with [`Response::Cleared`](super::Response::Cleared).
     Clear,
+    /// [`Request::RdmaRegion`] of the shard's region: its grant, or
+    /// `WrongShard` from a node that does not host it (docs/sharding.md,
+    /// section 5, "One-sided reads").
+    RdmaRegion,
+    /// [`Request::OfiRegion`] of the shard's region, the same way.
+    OfiRegion,
 }
 
 impl ShardRequest {
@@ -34,6 +40,8 @@ impl ShardRequest {
         match self {
             ShardRequest::Scan { .. } => Op::Scan,
             ShardRequest::Clear => Op::Clear,
+            ShardRequest::RdmaRegion => Op::RdmaRegion,
+            ShardRequest::OfiRegion => Op::OfiRegion,
         }
     }
 
@@ -53,6 +61,8 @@ impl ShardRequest {
                 consistency: *consistency,
             },
             ShardRequest::Clear => Request::Clear,
+            ShardRequest::RdmaRegion => Request::RdmaRegion,
+            ShardRequest::OfiRegion => Request::OfiRegion,
         }
     }
 }
