@@ -29,13 +29,13 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use rdkv_proto::region::{HEADER_USED_BYTES, HeaderError, RegionLayout};
+use rdkv_proto::shard::ShardId;
 use rdkv_proto::wire::{
     ClientHello, ErrorCode, Frame, FrameDecoder, FrameKind, MAX_SHM_GRANT_BYTES,
     MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, SHARDED_PROTOCOL_VERSION, SHM_GRANT_PREFIX_BYTES,
     ShmAttach, ShmGrant, WireError, WrongShard, decode_payload, encoded_frame, negotiate,
     tokens_match,
 };
-use rdkv_proto::shard::ShardId;
 use rustix::fs::SealFlags;
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
@@ -246,7 +246,13 @@ where
             (grant, Some(fd))
         }
         Err(refusal) => {
-            tracing::warn!(?peer_uid, ?peer_pid, client_name, ?refusal, "shm: attach refused");
+            tracing::warn!(
+                ?peer_uid,
+                ?peer_pid,
+                client_name,
+                ?refusal,
+                "shm: attach refused"
+            );
             (refusal, None)
         }
     };
@@ -288,7 +294,9 @@ where
     F: Fn(Option<ShardId>) -> Result<Arc<RegionMemory>, ShmGrant>,
 {
     let asked = match frame.kind {
-        FrameKind::ShmAttach => decode_payload::<ShmAttach>(frame).map(|a| (a.hello, Some(a.shard))),
+        FrameKind::ShmAttach => {
+            decode_payload::<ShmAttach>(frame).map(|a| (a.hello, Some(a.shard)))
+        }
         _ => frame
             .expect_kind(FrameKind::ClientHello)
             .and_then(|()| decode_payload::<ClientHello>(frame))

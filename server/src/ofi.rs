@@ -114,8 +114,7 @@ impl OfiState {
     ) {
         #[cfg(feature = "ofi")]
         if let Some(server) = self.server.clone() {
-            crate::grant_upkeep::run_every_second("ofi", server, regions, node_id, shutdown)
-                .await;
+            crate::grant_upkeep::run_every_second("ofi", server, regions, node_id, shutdown).await;
         }
     }
 }

@@ -171,8 +171,7 @@ impl RdmaState {
     ) {
         #[cfg(feature = "rdma")]
         if let Some(server) = self.server.clone() {
-            crate::grant_upkeep::run_every_second("rdma", server, regions, node_id, shutdown)
-                .await;
+            crate::grant_upkeep::run_every_second("rdma", server, regions, node_id, shutdown).await;
         }
     }
 }

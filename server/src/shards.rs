@@ -11,8 +11,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use rdkv_proto::shard::{FIRST_SLOT, LAST_SLOT, NodeInfo, ShardId, ShardInfo, ShardMap, key_slot};
 use rdkv_fabric::RegionMemory;
+use rdkv_proto::shard::{FIRST_SLOT, LAST_SLOT, NodeInfo, ShardId, ShardInfo, ShardMap, key_slot};
 use rdkv_proto::wire::{ErrorCode, ErrorReply, ShmGrant, WrongShard};
 
 use crate::replica::Replica;

@@ -465,7 +465,10 @@ async fn a_shard_node_grants_the_regions_of_the_shards_it_hosts_only() {
         assert!(started.elapsed() < Duration::from_secs(10), "never applied");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(&reader.get(&ours).unwrap().unwrap().value[..], b"shard zero");
+    assert_eq!(
+        &reader.get(&ours).unwrap().unwrap().value[..],
+        b"shard zero"
+    );
     match attach_shm_shard(socket, None, "test", Some(ShardId(1))).await {
         Err(ShmError::WrongShard(got)) => assert_eq!(got, wrong),
         other => panic!("{other:?}"),

@@ -362,7 +362,12 @@ impl Handler {
 
     /// A keyless request of one shard's `replica` (docs/sharding.md,
     /// section 4): what it would be on a single group, on that replica.
-    async fn serve_sharded(&self, replica: &Replica, shard: ShardId, request: ShardRequest) -> Reply {
+    async fn serve_sharded(
+        &self,
+        replica: &Replica,
+        shard: ShardId,
+        request: ShardRequest,
+    ) -> Reply {
         match request {
             ShardRequest::Scan {
                 start_key,
