@@ -460,9 +460,8 @@ pub async fn request_shm_grant(
     stream: &mut UnixStream,
     hello: &ClientHello,
 ) -> Result<ReceivedGrant, ShmError> {
-    let frame = encoded_frame(FrameKind::ClientHello, 0, hello, SHM_MAX_HELLO_BYTES)
-        .map_err(ShmError::Encode)?;
-    exchange(stream, &frame).await
+    let frame = encoded_frame(FrameKind::ClientHello, 0, hello, SHM_MAX_HELLO_BYTES);
+    exchange(stream, frame).await
 }
 
 /// [`request_shm_grant`] of one shard's region (a `ShmAttach` frame).
@@ -470,14 +469,17 @@ pub async fn request_shard_grant(
     stream: &mut UnixStream,
     attach: &ShmAttach,
 ) -> Result<ReceivedGrant, ShmError> {
-    let frame = encoded_frame(FrameKind::ShmAttach, 0, attach, SHM_MAX_HELLO_BYTES)
-        .map_err(ShmError::Encode)?;
-    exchange(stream, &frame).await
+    let frame = encoded_frame(FrameKind::ShmAttach, 0, attach, SHM_MAX_HELLO_BYTES);
+    exchange(stream, frame).await
 }
 
-/// Sends the request `frame` and reads the single grant message with its fd.
-async fn exchange(stream: &mut UnixStream, frame: &[u8]) -> Result<ReceivedGrant, ShmError> {
-    stream.write_all(frame).await?;
+/// Sends the request `frame` (once it encoded) and reads the single grant
+/// message with its fd.
+async fn exchange(
+    stream: &mut UnixStream,
+    frame: Result<BytesMut, WireError>,
+) -> Result<ReceivedGrant, ShmError> {
+    stream.write_all(&frame.map_err(ShmError::Encode)?).await?;
 
     let mut buf = vec![0u8; SHM_GRANT_PREFIX_BYTES + MAX_SHM_GRANT_BYTES as usize];
     let mut have = 0;

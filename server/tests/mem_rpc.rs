@@ -263,27 +263,7 @@ async fn a_write_cut_off_by_raft_stopping_has_an_unknown_outcome() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shard_node_serves_its_shard_and_answers_wrong_shard_for_another() {
     let dir = tempfile::tempdir().unwrap();
-    let peers = [free_port(), free_port()];
-    let initial = format!("1=127.0.0.1:{},2=127.0.0.1:{}", peers[0], peers[1]);
-    let peer_listen = format!("127.0.0.1:{}", peers[0]);
-    let args = |shards: &str| {
-        let mut args = node_args(
-            dir.path(),
-            [
-                "--id",
-                "1",
-                "--peer-listen",
-                &peer_listen,
-                "--initial-cluster",
-                &initial,
-                "--resp-listen",
-                "off",
-            ],
-        );
-        args.shards = Some(shards.parse().unwrap());
-        args.replicas = Some(1);
-        Config::resolve(args).unwrap()
-    };
+    let args = shard_node_args(dir.path());
     let node = Node::start(args("2")).await.unwrap();
     let channel = MemChannel::new(Arc::clone(&node.handler) as Arc<dyn rdkv_fabric::RpcHandler>);
     let deadline = || Instant::now() + Duration::from_secs(10);
@@ -371,6 +351,32 @@ async fn a_shard_node_serves_its_shard_and_answers_wrong_shard_for_another() {
     node.stop().await.unwrap();
 }
 
+/// Node 1 of a 2-node cluster of `--replicas 1` in `dir`: its config for a
+/// shard count (the same ports each time, so that it can restart).
+fn shard_node_args(dir: &Path) -> impl Fn(&str) -> Config + '_ {
+    let peers = [free_port(), free_port()];
+    let initial = format!("1=127.0.0.1:{},2=127.0.0.1:{}", peers[0], peers[1]);
+    let peer_listen = format!("127.0.0.1:{}", peers[0]);
+    move |shards: &str| {
+        let mut args = node_args(
+            dir,
+            [
+                "--id",
+                "1",
+                "--peer-listen",
+                &peer_listen,
+                "--initial-cluster",
+                &initial,
+                "--resp-listen",
+                "off",
+            ],
+        );
+        args.shards = Some(shards.parse().unwrap());
+        args.replicas = Some(1);
+        Config::resolve(args).unwrap()
+    }
+}
+
 /// One node of a 2-shard cluster hosting shard 0 only (docs/sharding.md,
 /// section 5): a grant request naming shard 1 (verbs, libfabric, shm) is
 /// answered `WrongShard`; one naming shard 0 reaches its grant (the shm
@@ -383,25 +389,7 @@ async fn a_shard_node_grants_the_regions_of_the_shards_it_hosts_only() {
     use rdkv_proto::wire::{ShardRequest, WrongShard};
 
     let dir = tempfile::tempdir().unwrap();
-    let peers = [free_port(), free_port()];
-    let initial = format!("1=127.0.0.1:{},2=127.0.0.1:{}", peers[0], peers[1]);
-    let peer_listen = format!("127.0.0.1:{}", peers[0]);
-    let mut args = node_args(
-        dir.path(),
-        [
-            "--id",
-            "1",
-            "--peer-listen",
-            &peer_listen,
-            "--initial-cluster",
-            &initial,
-            "--resp-listen",
-            "off",
-        ],
-    );
-    args.shards = Some(2);
-    args.replicas = Some(1);
-    let node = Node::start(Config::resolve(args).unwrap()).await.unwrap();
+    let node = Node::start(shard_node_args(dir.path())("2")).await.unwrap();
     let channel = MemChannel::new(Arc::clone(&node.handler) as Arc<dyn rdkv_fabric::RpcHandler>);
     let deadline = || Instant::now() + Duration::from_secs(10);
     let map = node.handler.shards().placed_map().unwrap().clone();

@@ -61,6 +61,26 @@ fn read_all(
     Ok(CountingAllocator::allocations_on_this_thread() - before)
 }
 
+/// Reads every numbered key and one never written as one batch, each
+/// value into its own buffer, and checks them.
+fn read_batch(handle: &mut ReadHandle) -> Result<()> {
+    let keys: Vec<String> = (0..KEYS + 1).map(numbered::key).collect();
+    let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    let mut storage = vec![[0u8; 64]; keys.len()];
+    let mut bufs: Vec<&mut [u8]> = storage.iter_mut().map(|b| &mut b[..]).collect();
+    let mut out = vec![None; keys.len()];
+    handle.get_many_into(&keys, &mut bufs, &mut out, Consistency::Lease)?;
+    for i in 0..KEYS {
+        let got = out[i].ok_or_else(|| anyhow::anyhow!("key {i} absent"))?;
+        ensure!(
+            bufs[i][..got.len] == *numbered::value(i).as_bytes(),
+            "key {i}"
+        );
+    }
+    ensure!(out[KEYS].is_none(), "a key never written");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_into_fills_the_callers_buffer_and_allocates_nothing() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
@@ -105,20 +125,7 @@ async fn get_into_fills_the_callers_buffer_and_allocates_nothing() -> Result<()>
         ensure!(linearizable == Err(GetIntoError::NotServed(NotServed::Consistency)));
 
         // A batch: every value into its own buffer.
-        let keys: Vec<String> = (0..KEYS + 1).map(numbered::key).collect();
-        let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-        let mut storage = vec![[0u8; 64]; keys.len()];
-        let mut bufs: Vec<&mut [u8]> = storage.iter_mut().map(|b| &mut b[..]).collect();
-        let mut out = vec![None; keys.len()];
-        handle.get_many_into(&keys, &mut bufs, &mut out, Consistency::Lease)?;
-        for i in 0..KEYS {
-            let got = out[i].ok_or_else(|| anyhow::anyhow!("key {i} absent"))?;
-            ensure!(
-                bufs[i][..got.len] == *numbered::value(i).as_bytes(),
-                "key {i}"
-            );
-        }
-        ensure!(out[KEYS].is_none(), "a key never written");
+        read_batch(&mut handle)?;
         let stats = client.one_sided_stats().await;
         // 21 rounds of every key and a missing one, and the batch.
         let asked = 22 * (KEYS as u64 + 1);
@@ -164,20 +171,7 @@ async fn get_into_reads_each_keys_shard_and_allocates_nothing() -> Result<()> {
             "GETs reached the servers"
         );
 
-        let keys: Vec<String> = (0..KEYS + 1).map(numbered::key).collect();
-        let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-        let mut storage = vec![[0u8; 64]; keys.len()];
-        let mut bufs: Vec<&mut [u8]> = storage.iter_mut().map(|b| &mut b[..]).collect();
-        let mut out = vec![None; keys.len()];
-        handle.get_many_into(&keys, &mut bufs, &mut out, Consistency::Lease)?;
-        for i in 0..KEYS {
-            let got = out[i].ok_or_else(|| anyhow::anyhow!("key {i} absent"))?;
-            ensure!(
-                bufs[i][..got.len] == *numbered::value(i).as_bytes(),
-                "key {i}"
-            );
-        }
-        ensure!(out[KEYS].is_none(), "a key never written");
+        read_batch(&mut handle)?;
         Ok(())
     })
     .await
