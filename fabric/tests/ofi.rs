@@ -153,3 +153,32 @@ fn a_wrong_key_a_stale_epoch_and_a_retired_registration_cannot_read() {
     region.read(64, &mut buf).unwrap();
     assert_eq!(buf.to_vec(), expected(64, 16));
 }
+
+/// A node hosting several shards keeps a current registration per shard:
+/// granting shard 1's region does not retire shard 0's (the sweep keeps
+/// both), and a new epoch of shard 0 retires shard 0's old one only.
+#[test]
+fn each_shard_keeps_its_own_current_registration() {
+    let Some(server) = server(Duration::ZERO) else {
+        return;
+    };
+    let (zero, one) = (patterned(1 << 20), patterned(1 << 20));
+    let grant0 = server.grant(&zero, 1, ShardId(0), 4).unwrap();
+    let grant1 = server.grant(&one, 1, ShardId(1), 4).unwrap();
+    assert_ne!(grant0.key, grant1.key);
+    // Asked again, each shard's grant is its current one.
+    assert_eq!(
+        server.grant(&zero, 1, ShardId(0), 4).unwrap().key,
+        grant0.key
+    );
+    server.sweep();
+    assert_eq!(server.registrations(), 2, "a shard retired another's");
+    let rebuilt = patterned(1 << 20);
+    server.grant(&rebuilt, 1, ShardId(0), 5).unwrap();
+    server.sweep();
+    assert_eq!(server.registrations(), 2, "shard 0's old one only is gone");
+    assert_eq!(
+        server.grant(&one, 1, ShardId(1), 4).unwrap().key,
+        grant1.key
+    );
+}
