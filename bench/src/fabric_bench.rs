@@ -271,7 +271,7 @@ fn ofi_region(owner: RegionMemory) -> Result<Arc<dyn RemoteRegion>, FabricBenchE
     let server = OfiServer::open(Some(&provider), Some("127.0.0.1"), Duration::from_secs(1))
         .map_err(|e| fail(e.to_string()))?;
     let grant = server
-        .grant(&Arc::new(owner), 1, 1)
+        .grant(&Arc::new(owner), 1, rdkv_proto::shard::ShardId(0), 1)
         .map_err(|e| fail(e.to_string()))?;
     let session =
         OfiSession::open(grant.clone(), Some("127.0.0.1")).map_err(|e| fail(e.to_string()))?;

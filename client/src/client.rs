@@ -122,11 +122,6 @@ impl Client {
     /// with the retries and redirects described on [`Client`]. An error reply
     /// comes back as [`Error::Server`]. The typed methods below wrap it.
     pub async fn send(&self, request: Request) -> Result<Response> {
-        // The one-sided view holds one region: under a map of several
-        // shards it may not hold the key's shard (docs/sharding.md, 5).
-        if self.router.is_sharded() {
-            return self.checked_routed(request).await;
-        }
         let one_sided = match &request {
             Request::Get { key, consistency } => self
                 .one_sided
@@ -175,9 +170,12 @@ impl Client {
     /// large, and inlined into `send` it made every one-sided GET's future
     /// as large (moved on every poll set-up), about 0.1 us a GET.
     async fn routed(&self, request: Request) -> Result<Response> {
+        let shard = self.router.log_of(&request);
         let response = Box::pin(self.router.send(request)).await?;
-        if let Some(index) = response.applied_at_least() {
-            self.one_sided.saw_applied(index);
+        if let Some(index) = response.applied_at_least()
+            && let Some(shard) = shard
+        {
+            self.one_sided.saw_applied(shard, index);
         }
         Ok(response)
     }

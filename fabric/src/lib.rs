@@ -48,7 +48,8 @@ pub use reader::{
 pub use rpc::{CallError, ConnectError, Connection, MemChannel, RpcChannel, RpcHandler};
 pub use shm::{
     ReceivedGrant, SHM_ATTACH_TIMEOUT, SHM_HANDSHAKE_TIMEOUT, SHM_MAX_CONCURRENT_HANDSHAKES,
-    SHM_MAX_HELLO_BYTES, ShmAttachment, ShmError, attach_shm, request_shm_grant, serve_shm,
+    SHM_MAX_HELLO_BYTES, ShmAttachment, ShmError, attach_shm, attach_shm_shard, no_region_yet,
+    request_shard_grant, request_shm_grant, serve_shm,
 };
 pub use striped::Striped;
 pub use transport::{

@@ -3,7 +3,10 @@
 //!
 //! 1. The client connects to the server's Unix socket and sends one
 //!    [`ClientHello`] frame (the native framing, at most
-//!    [`SHM_MAX_HELLO_BYTES`]).
+//!    [`SHM_MAX_HELLO_BYTES`]): the node's primary region (a single
+//!    group's); or one [`ShmAttach`] frame naming a shard (protocol version
+//!    3): that shard's region, or [`ShmGrant::WrongShard`] from a node that
+//!    does not host it (docs/sharding.md, section 5).
 //! 2. The server negotiates the version and checks the token in constant time.
 //!    It answers with exactly one message `[u32 LE len][postcard(ShmGrant)]`
 //!    and closes. A [`ShmGrant::Granted`] goes out in the same `sendmsg` as a
@@ -26,10 +29,12 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use rdkv_proto::region::{HEADER_USED_BYTES, HeaderError, RegionLayout};
+use rdkv_proto::shard::ShardId;
 use rdkv_proto::wire::{
     ClientHello, ErrorCode, Frame, FrameDecoder, FrameKind, MAX_SHM_GRANT_BYTES,
-    MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, SHM_GRANT_PREFIX_BYTES, ShmGrant, WireError,
-    decode_payload, encoded_frame, negotiate, tokens_match,
+    MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, SHARDED_PROTOCOL_VERSION, SHM_GRANT_PREFIX_BYTES,
+    ShmAttach, ShmGrant, WireError, WrongShard, decode_payload, encoded_frame, negotiate,
+    tokens_match,
 };
 use rustix::fs::SealFlags;
 use rustix::net::{
@@ -71,6 +76,8 @@ pub enum ShmError {
     Encode(#[source] WireError),
     #[error("the server refused the attach ({code:?}): {message}")]
     Refused { code: ErrorCode, message: String },
+    #[error("the node does not host shard {}", .0.shard)]
+    WrongShard(WrongShard),
     #[error("the server closed the connection before a complete grant")]
     Closed,
     #[error("grant of {len_bytes} bytes exceeds the {max_bytes}-byte limit")]
@@ -121,13 +128,23 @@ struct ShmContext<F> {
     current_region: F,
 }
 
+/// The refusal of an attach when there is no region to hand out yet.
+pub fn no_region_yet() -> ShmGrant {
+    ShmGrant::Refused {
+        code: ErrorCode::Unavailable,
+        message: "no region is being served yet".to_owned(),
+    }
+}
+
 /// Serves attach requests on `listener` until `shutdown` becomes `true` (or
 /// its sender is dropped); handshakes still in progress are then aborted.
 ///
 /// `token: None` accepts every well-formed hello (the socket's file
 /// permissions are then the only gate). `current_region` is asked on every
-/// attach, so a rebuilt region is handed out from then on; `None` (no region
-/// yet) is refused with `Unavailable`.
+/// attach (with the shard it names, `None` for a plain hello), so a rebuilt
+/// region is handed out from then on; its `Err` is the refusal sent instead
+/// (no region yet: [`no_region_yet`]; a shard not hosted:
+/// [`ShmGrant::WrongShard`]).
 pub async fn serve_shm<F>(
     listener: UnixListener,
     token: Option<String>,
@@ -135,7 +152,7 @@ pub async fn serve_shm<F>(
     current_region: F,
     mut shutdown: watch::Receiver<bool>,
 ) where
-    F: Fn() -> Option<Arc<RegionMemory>> + Send + Sync + 'static,
+    F: Fn(Option<ShardId>) -> Result<Arc<RegionMemory>, ShmGrant> + Send + Sync + 'static,
 {
     let ctx = Arc::new(ShmContext {
         token,
@@ -193,7 +210,7 @@ enum HandshakeError {
 
 async fn handle_connection<F>(mut stream: UnixStream, ctx: &ShmContext<F>)
 where
-    F: Fn() -> Option<Arc<RegionMemory>>,
+    F: Fn(Option<ShardId>) -> Result<Arc<RegionMemory>, ShmGrant>,
 {
     let peer = stream.peer_cred().ok();
     let peer_uid = peer.map(|c| c.uid());
@@ -219,7 +236,7 @@ async fn handshake<F>(
     peer_pid: Option<i32>,
 ) -> Result<(), HandshakeError>
 where
-    F: Fn() -> Option<Arc<RegionMemory>>,
+    F: Fn(Option<ShardId>) -> Result<Arc<RegionMemory>, ShmGrant>,
 {
     let frame = read_hello_frame(stream).await?;
     let (client_name, decision) = decide(ctx, &frame);
@@ -228,16 +245,15 @@ where
             tracing::debug!(?peer_uid, ?peer_pid, client_name, "shm: region granted");
             (grant, Some(fd))
         }
-        Err((code, message)) => {
+        Err(refusal) => {
             tracing::warn!(
                 ?peer_uid,
                 ?peer_pid,
                 client_name,
-                ?code,
-                reason = message,
+                ?refusal,
                 "shm: attach refused"
             );
-            (ShmGrant::Refused { code, message }, None)
+            (refusal, None)
         }
     };
     let bytes = grant.encode().ok_or(HandshakeError::Encode)?;
@@ -259,65 +275,81 @@ async fn read_hello_frame(stream: &mut UnixStream) -> Result<Frame, HandshakeErr
     }
 }
 
-type Refusal = (ErrorCode, String);
+/// A refusal as sent: `Refused` or `WrongShard`.
+type Refusal = ShmGrant;
 
-/// The client's name (for logs) and either the grant with its fd or a refusal.
-fn decide<F>(ctx: &ShmContext<F>, frame: &Frame) -> (String, Result<(ShmGrant, OwnedFd), Refusal>)
-where
-    F: Fn() -> Option<Arc<RegionMemory>>,
-{
-    if let Err(error) = frame.expect_kind(FrameKind::ClientHello) {
-        return (
-            String::new(),
-            Err((ErrorCode::from(&error), error.to_string())),
-        );
-    }
-    let hello: ClientHello = match decode_payload(frame) {
-        Ok(hello) => hello,
-        Err(error) => {
-            return (
-                String::new(),
-                Err((ErrorCode::from(&error), error.to_string())),
-            );
-        }
-    };
-    let name = hello.client_name.chars().take(128).collect::<String>();
-    (name, grant_for(ctx, &hello))
+fn refused(code: ErrorCode, message: String) -> Refusal {
+    ShmGrant::Refused { code, message }
 }
 
-fn grant_for<F>(ctx: &ShmContext<F>, hello: &ClientHello) -> Result<(ShmGrant, OwnedFd), Refusal>
+fn wire_refusal(error: &WireError) -> Refusal {
+    refused(ErrorCode::from(error), error.to_string())
+}
+
+/// The client's name (for logs) and either the grant with its fd or a
+/// refusal. A `ClientHello` asks for the primary region; a `ShmAttach` for
+/// the shard it names, and only over a version that has shards.
+fn decide<F>(ctx: &ShmContext<F>, frame: &Frame) -> (String, Result<(ShmGrant, OwnedFd), Refusal>)
 where
-    F: Fn() -> Option<Arc<RegionMemory>>,
+    F: Fn(Option<ShardId>) -> Result<Arc<RegionMemory>, ShmGrant>,
 {
-    negotiate(hello, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION)
-        .map_err(|error| (ErrorCode::from(&error), error.to_string()))?;
+    let asked = match frame.kind {
+        FrameKind::ShmAttach => {
+            decode_payload::<ShmAttach>(frame).map(|a| (a.hello, Some(a.shard)))
+        }
+        _ => frame
+            .expect_kind(FrameKind::ClientHello)
+            .and_then(|()| decode_payload::<ClientHello>(frame))
+            .map(|hello| (hello, None)),
+    };
+    let (hello, shard) = match asked {
+        Ok(asked) => asked,
+        Err(error) => return (String::new(), Err(wire_refusal(&error))),
+    };
+    let name = hello.client_name.chars().take(128).collect::<String>();
+    (name, grant_for(ctx, &hello, shard))
+}
+
+fn grant_for<F>(
+    ctx: &ShmContext<F>,
+    hello: &ClientHello,
+    shard: Option<ShardId>,
+) -> Result<(ShmGrant, OwnedFd), Refusal>
+where
+    F: Fn(Option<ShardId>) -> Result<Arc<RegionMemory>, ShmGrant>,
+{
+    let version = negotiate(hello, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION)
+        .map_err(|error| wire_refusal(&error))?;
+    if shard.is_some() && version < SHARDED_PROTOCOL_VERSION {
+        return Err(refused(
+            ErrorCode::InvalidRequest,
+            format!("an attach naming a shard needs protocol version {SHARDED_PROTOCOL_VERSION}"),
+        ));
+    }
     if let Some(expected) = &ctx.token {
         let presented = hello.token.as_deref().unwrap_or("");
         // Both checks always run, so a missing token costs the same as a wrong one.
         let matched = tokens_match(expected.as_bytes(), presented.as_bytes());
         if !(matched && hello.token.is_some()) {
-            return Err((
+            return Err(refused(
                 ErrorCode::Unauthenticated,
                 "missing or wrong cluster token".to_owned(),
             ));
         }
     }
-    let memory = (ctx.current_region)().ok_or((
-        ErrorCode::Unavailable,
-        "no region is being served yet".to_owned(),
-    ))?;
+    let memory = (ctx.current_region)(shard)?;
+    let unavailable = |what: &str, error: &dyn std::fmt::Display| {
+        refused(ErrorCode::Unavailable, format!("{what}: {error}"))
+    };
     let mut header = [0u8; HEADER_USED_BYTES];
     memory
         .read_bytes(0, &mut header)
-        .map_err(|error| (ErrorCode::Unavailable, format!("region header: {error}")))?;
-    let layout = RegionLayout::decode(&header)
-        .map_err(|error| (ErrorCode::Unavailable, format!("region header: {error}")))?;
-    let fd = memory.read_only_fd().map_err(|error| {
-        (
-            ErrorCode::Unavailable,
-            format!("region cannot be shared: {error}"),
-        )
-    })?;
+        .map_err(|error| unavailable("region header", &error))?;
+    let layout =
+        RegionLayout::decode(&header).map_err(|error| unavailable("region header", &error))?;
+    let fd = memory
+        .read_only_fd()
+        .map_err(|error| unavailable("region cannot be shared", &error))?;
     let grant = ShmGrant::Granted {
         node_id: ctx.node_id,
         region_epoch: layout.region_epoch,
@@ -428,9 +460,26 @@ pub async fn request_shm_grant(
     stream: &mut UnixStream,
     hello: &ClientHello,
 ) -> Result<ReceivedGrant, ShmError> {
-    let frame = encoded_frame(FrameKind::ClientHello, 0, hello, SHM_MAX_HELLO_BYTES)
-        .map_err(ShmError::Encode)?;
-    stream.write_all(&frame).await?;
+    let frame = encoded_frame(FrameKind::ClientHello, 0, hello, SHM_MAX_HELLO_BYTES);
+    exchange(stream, frame).await
+}
+
+/// [`request_shm_grant`] of one shard's region (a `ShmAttach` frame).
+pub async fn request_shard_grant(
+    stream: &mut UnixStream,
+    attach: &ShmAttach,
+) -> Result<ReceivedGrant, ShmError> {
+    let frame = encoded_frame(FrameKind::ShmAttach, 0, attach, SHM_MAX_HELLO_BYTES);
+    exchange(stream, frame).await
+}
+
+/// Sends the request `frame` (once it encoded) and reads the single grant
+/// message with its fd.
+async fn exchange(
+    stream: &mut UnixStream,
+    frame: Result<BytesMut, WireError>,
+) -> Result<ReceivedGrant, ShmError> {
+    stream.write_all(&frame.map_err(ShmError::Encode)?).await?;
 
     let mut buf = vec![0u8; SHM_GRANT_PREFIX_BYTES + MAX_SHM_GRANT_BYTES as usize];
     let mut have = 0;
@@ -486,7 +535,20 @@ pub async fn attach_shm(
     token: Option<&str>,
     client_name: &str,
 ) -> Result<ShmAttachment, ShmError> {
-    tokio::time::timeout(SHM_ATTACH_TIMEOUT, attach_inner(path, token, client_name))
+    attach_shm_shard(path, token, client_name, None).await
+}
+
+/// [`attach_shm`] of the region of `shard` (`None`: the node's primary,
+/// a plain hello as before shards); a node that does not host the shard
+/// answers [`ShmError::WrongShard`].
+pub async fn attach_shm_shard(
+    path: &Path,
+    token: Option<&str>,
+    client_name: &str,
+    shard: Option<ShardId>,
+) -> Result<ShmAttachment, ShmError> {
+    let attach = attach_inner(path, token, client_name, shard);
+    tokio::time::timeout(SHM_ATTACH_TIMEOUT, attach)
         .await
         .map_err(|_| ShmError::Timeout(SHM_ATTACH_TIMEOUT))?
 }
@@ -495,6 +557,7 @@ async fn attach_inner(
     path: &Path,
     token: Option<&str>,
     client_name: &str,
+    shard: Option<ShardId>,
 ) -> Result<ShmAttachment, ShmError> {
     let mut stream = UnixStream::connect(path)
         .await
@@ -503,7 +566,10 @@ async fn attach_inner(
             source,
         })?;
     let hello = ClientHello::new(client_name, token.map(str::to_owned));
-    let received = request_shm_grant(&mut stream, &hello).await?;
+    let received = match shard {
+        None => request_shm_grant(&mut stream, &hello).await?,
+        Some(shard) => request_shard_grant(&mut stream, &ShmAttach { hello, shard }).await?,
+    };
     drop(stream);
     let (node_id, region_epoch, region_bytes) = match received.grant {
         ShmGrant::Granted {
@@ -512,6 +578,7 @@ async fn attach_inner(
             region_bytes,
         } => (node_id, region_epoch, region_bytes),
         ShmGrant::Refused { code, message } => return Err(ShmError::Refused { code, message }),
+        ShmGrant::WrongShard(wrong) => return Err(ShmError::WrongShard(wrong)),
     };
     let fd = received.fd.ok_or(ShmError::MissingFd)?;
     map_granted(fd, node_id, region_epoch, region_bytes)

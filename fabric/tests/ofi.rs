@@ -11,6 +11,7 @@ use std::time::Duration;
 use rdkv_fabric::ofi::client::{BOUNCE_BYTES, OfiSession, descriptor_of};
 use rdkv_fabric::ofi::server::OfiServer;
 use rdkv_fabric::{Fabric, FabricError, ReadOp, RegionMemory};
+use rdkv_proto::shard::ShardId;
 
 const PROVIDER: &str = "tcp;ofi_rxm";
 
@@ -48,7 +49,7 @@ fn a_granted_region_reads_by_fi_read_single_batched_and_past_the_bounce_buffer()
     };
     let len = 3 * BOUNCE_BYTES;
     let memory = patterned(len);
-    let grant = server.grant(&memory, 3, 11).unwrap();
+    let grant = server.grant(&memory, 3, ShardId(0), 11).unwrap();
     assert_eq!(grant.provider, PROVIDER);
     let session = OfiSession::open(grant.clone(), Some("127.0.0.1")).unwrap();
     let region = session.fabric().open(&descriptor_of(&grant)).unwrap();
@@ -92,7 +93,7 @@ fn a_wrong_key_a_stale_epoch_and_a_retired_registration_cannot_read() {
         return;
     };
     let memory = patterned(1 << 20);
-    let grant = server.grant(&memory, 1, 4).unwrap();
+    let grant = server.grant(&memory, 1, ShardId(0), 4).unwrap();
     let descriptor = descriptor_of(&grant);
 
     // A forged grant with another key reaches the provider, which refuses it
@@ -133,7 +134,7 @@ fn a_wrong_key_a_stale_epoch_and_a_retired_registration_cannot_read() {
     // A new region epoch retires the old registration; after the grace
     // period (zero here) its key no longer reads.
     let next = patterned(1 << 20);
-    let new_grant = server.grant(&next, 1, 5).unwrap();
+    let new_grant = server.grant(&next, 1, ShardId(0), 5).unwrap();
     assert_ne!(new_grant.key, grant.key);
     assert_eq!(server.registrations(), 2);
     server.sweep();
@@ -151,4 +152,33 @@ fn a_wrong_key_a_stale_epoch_and_a_retired_registration_cannot_read() {
     let region = fresh.fabric().open(&descriptor_of(&new_grant)).unwrap();
     region.read(64, &mut buf).unwrap();
     assert_eq!(buf.to_vec(), expected(64, 16));
+}
+
+/// A node hosting several shards keeps a current registration per shard:
+/// granting shard 1's region does not retire shard 0's (the sweep keeps
+/// both), and a new epoch of shard 0 retires shard 0's old one only.
+#[test]
+fn each_shard_keeps_its_own_current_registration() {
+    let Some(server) = server(Duration::ZERO) else {
+        return;
+    };
+    let (zero, one) = (patterned(1 << 20), patterned(1 << 20));
+    let grant0 = server.grant(&zero, 1, ShardId(0), 4).unwrap();
+    let grant1 = server.grant(&one, 1, ShardId(1), 4).unwrap();
+    assert_ne!(grant0.key, grant1.key);
+    // Asked again, each shard's grant is its current one.
+    assert_eq!(
+        server.grant(&zero, 1, ShardId(0), 4).unwrap().key,
+        grant0.key
+    );
+    server.sweep();
+    assert_eq!(server.registrations(), 2, "a shard retired another's");
+    let rebuilt = patterned(1 << 20);
+    server.grant(&rebuilt, 1, ShardId(0), 5).unwrap();
+    server.sweep();
+    assert_eq!(server.registrations(), 2, "shard 0's old one only is gone");
+    assert_eq!(
+        server.grant(&one, 1, ShardId(1), 4).unwrap().key,
+        grant1.key
+    );
 }

@@ -68,7 +68,7 @@ fn start(token: Option<&str>, region: Option<Arc<RegionMemory>>) -> Server {
         listener,
         token.map(str::to_owned),
         NODE_ID,
-        move || region.clone(),
+        move |_| region.clone().ok_or_else(rdkv_fabric::no_region_yet),
         shutdown,
     ));
     Server {

@@ -174,7 +174,7 @@ fn body_shorter_than_kind_and_request_id_is_rejected() {
 
 #[test]
 fn unknown_kind_is_rejected_as_soon_as_the_kind_byte_arrives() {
-    for kind in [0u8, 5, 0x7F, 0xFF] {
+    for kind in [0u8, 6, 0x7F, 0xFF] {
         let mut buf = BytesMut::new();
         buf.put_u32_le(100);
         buf.put_u8(kind);
@@ -183,7 +183,7 @@ fn unknown_kind_is_rejected_as_soon_as_the_kind_byte_arrives() {
             Err(WireError::UnknownFrameKind(kind))
         );
     }
-    for kind in 1..=4u8 {
+    for kind in 1..=5u8 {
         let mut buf = raw_frame(9, kind, 42, &[]);
         let frame = FrameDecoder::default().decode(&mut buf).unwrap().unwrap();
         assert_eq!(frame.kind.as_u8(), kind);

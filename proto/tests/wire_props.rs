@@ -96,6 +96,14 @@ fn any_request() -> impl Strategy<Value = Request> {
                 request: ShardRequest::MoveReplica { from, to },
             }
         }),
+        any::<u32>().prop_map(|shard| Request::Sharded {
+            shard: ShardId(shard),
+            request: ShardRequest::RdmaRegion,
+        }),
+        any::<u32>().prop_map(|shard| Request::Sharded {
+            shard: ShardId(shard),
+            request: ShardRequest::OfiRegion,
+        }),
         Just(Request::ShardStatus),
         (any::<u32>(), any::<u64>()).prop_map(|(shard, to)| Request::ShardMoveLeader {
             shard: ShardId(shard),

@@ -204,12 +204,12 @@ impl FrontEnds {
         )));
         if let Some(path) = &config.shm_socket {
             let listener = bind_unix(path)?;
-            let sm = handler.replica().sm.clone();
+            let shards = handler.shards().clone();
             tasks.push(tokio::spawn(rdkv_fabric::serve_shm(
                 listener,
                 config.token.clone(),
                 config.id,
-                move || Some(sm.region_memory()),
+                move |shard| shards.shm_region(shard),
                 shutdown.clone(),
             )));
         }
@@ -625,7 +625,7 @@ impl Node {
     }
 
     async fn serve(
-        mut config: Config,
+        config: Config,
         (shards, placed): (Shards, Option<ShardMap>),
         fixed: Fixed,
         listeners: Listeners,
@@ -643,10 +643,6 @@ impl Node {
         let mut tasks = Tasks::default();
         let replica = shards.primary().clone();
         let raft = replica.raft.clone();
-        if shards.is_sharded() && config.shm_socket.take().is_some() {
-            // The attach request names no shard (docs/sharding.md, section 11).
-            tracing::info!("shm one-sided reads are off on a multi-shard node");
-        }
         tasks.push(tokio::spawn(
             Arc::clone(&tls).reload_on_change(shutdown_rx.clone()),
         ));
@@ -678,7 +674,7 @@ impl Node {
                 shutdown: shutdown_rx.clone(),
             }))
         });
-        let (rdma, ofi) = one_sided_transports(&config, &replica, &shutdown_rx, &mut tasks);
+        let (rdma, ofi) = one_sided_transports(&config, &shards, &shutdown_rx, &mut tasks);
         let settings = HandlerSettings {
             limits,
             quota_bytes,
@@ -939,7 +935,7 @@ async fn initialize(
 /// with its reason logged, and its region registrations kept current.
 fn one_sided_transports(
     config: &Config,
-    replica: &Replica,
+    shards: &Shards,
     shutdown_rx: &tokio::sync::watch::Receiver<bool>,
     tasks: &mut Tasks,
 ) -> (Arc<crate::rdma::RdmaState>, Arc<crate::ofi::OfiState>) {
@@ -952,13 +948,15 @@ fn one_sided_transports(
         config.listen.ip(),
         config.grace_period_ms,
     ));
-    let (sm, id, stop) = (replica.sm.clone(), config.id, shutdown_rx.clone());
+    // Every hosted shard's region (a single group: shard 0's).
+    let regions: Vec<_> = shards.iter().map(|(id, r)| (id, r.sm.clone())).collect();
+    let (id, stop) = (config.id, shutdown_rx.clone());
     tasks.push(tokio::spawn(Arc::clone(&rdma).maintain(
-        sm.clone(),
+        regions.clone(),
         id,
         stop.clone(),
     )));
-    tasks.push(tokio::spawn(Arc::clone(&ofi).maintain(sm, id, stop)));
+    tasks.push(tokio::spawn(Arc::clone(&ofi).maintain(regions, id, stop)));
     (rdma, ofi)
 }
 

@@ -12,6 +12,7 @@ use std::sync::Arc;
 #[cfg(feature = "ofi")]
 use std::time::Duration;
 
+use rdkv_proto::shard::ShardId;
 use rdkv_proto::wire::{ErrorCode, ErrorReply, OfiRegionGrant};
 use rdkv_storage::state_machine::RegionStateMachine;
 
@@ -79,17 +80,19 @@ impl OfiState {
         &self.status
     }
 
-    /// The current region's grant (registering it on first use).
+    /// The grant of shard `shard`'s current region, `sm`'s (registering it
+    /// on first use).
     #[cfg_attr(not(feature = "ofi"), allow(unused_variables))]
     pub fn region_grant(
         &self,
         sm: &RegionStateMachine,
         node_id: u64,
+        shard: ShardId,
     ) -> Result<OfiRegionGrant, ErrorReply> {
         #[cfg(feature = "ofi")]
         if let Some(server) = &self.server {
             return server
-                .grant(&sm.region_memory(), node_id, sm.region_epoch())
+                .grant(&sm.region_memory(), node_id, shard, sm.region_epoch())
                 .map_err(|e| ErrorReply::new(ErrorCode::Internal, format!("ofi region: {e}")));
         }
         let reason = self.status.strip_prefix("off: ").unwrap_or(&self.status);
@@ -99,26 +102,32 @@ impl OfiState {
         ))
     }
 
-    /// Keeps the current region registered (a new epoch after a snapshot
-    /// install) and closes retired registrations after their grace period.
+    /// Keeps every hosted shard's current region registered (a new epoch
+    /// after a snapshot install) and closes retired registrations after
+    /// their grace period.
     #[cfg_attr(not(feature = "ofi"), allow(unused_variables))]
     pub async fn maintain(
         self: Arc<Self>,
-        sm: RegionStateMachine,
+        regions: Vec<(ShardId, RegionStateMachine)>,
         node_id: u64,
         shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
         #[cfg(feature = "ofi")]
         if let Some(server) = self.server.clone() {
-            crate::grant_upkeep::run_every_second("ofi", server, sm, node_id, shutdown).await;
+            crate::grant_upkeep::run_every_second("ofi", server, regions, node_id, shutdown).await;
         }
     }
 }
 
 #[cfg(feature = "ofi")]
 impl crate::grant_upkeep::Grants for rdkv_fabric::ofi::server::OfiServer {
-    fn keep_current(&self, sm: &RegionStateMachine, node_id: u64) -> Result<(), String> {
-        self.grant(&sm.region_memory(), node_id, sm.region_epoch())
+    fn keep_current(
+        &self,
+        sm: &RegionStateMachine,
+        node_id: u64,
+        shard: ShardId,
+    ) -> Result<(), String> {
+        self.grant(&sm.region_memory(), node_id, shard, sm.region_epoch())
             .map(|_grant| ())
             .map_err(|e| e.to_string())
     }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 #[cfg(feature = "rdma")]
 use std::time::Duration;
 
+use rdkv_proto::shard::ShardId;
 use rdkv_proto::wire::{ErrorCode, ErrorReply, QpEndpoint, RdmaRegionGrant};
 use rdkv_storage::state_machine::RegionStateMachine;
 
@@ -102,23 +103,27 @@ impl RdmaState {
         self.status.strip_prefix("off: ").unwrap_or(&self.status)
     }
 
-    /// The current region's grant (registering it on first use).
+    /// The grant of shard `shard`'s current region, `sm`'s (registering it
+    /// on first use).
     #[cfg_attr(not(feature = "rdma"), allow(unused_variables))]
     pub fn region_grant(
         &self,
         sm: &RegionStateMachine,
         node_id: u64,
+        shard: ShardId,
     ) -> Result<RdmaRegionGrant, ErrorReply> {
         #[cfg(feature = "rdma")]
         if let Some(server) = &self.server {
+            let memory = sm.region_memory();
             return server
-                .grant(&sm.region_memory(), node_id, sm.region_epoch())
+                .grant(region_ref(&memory, sm, node_id, shard))
                 .map_err(|e| ErrorReply::new(ErrorCode::Internal, format!("rdma region: {e}")));
         }
         Err(off(self.reason_off()))
     }
 
-    /// A queue pair towards `client`, serving its requests with `handler`.
+    /// A queue pair towards `client`, serving its requests with `handler`,
+    /// and the grant of `sm`'s region (a single group's shard 0).
     #[cfg_attr(not(feature = "rdma"), allow(unused_variables))]
     pub fn connect(
         &self,
@@ -132,11 +137,7 @@ impl RdmaState {
         #[cfg(feature = "rdma")]
         if let Some(server) = &self.server {
             let memory = sm.region_memory();
-            let region = rdkv_fabric::rdma::verbs::server::RegionRef {
-                memory: &memory,
-                node_id,
-                epoch: sm.region_epoch(),
-            };
+            let region = region_ref(&memory, sm, node_id, ShardId(0));
             let (endpoint, grant, connection) = server
                 .accept(
                     client.endpoint,
@@ -158,26 +159,49 @@ impl RdmaState {
         Err(off(self.reason_off()))
     }
 
-    /// Keeps the current region registered (a new epoch after a snapshot
-    /// install) and deregisters retired ones after their grace period.
+    /// Keeps every hosted shard's current region registered (a new epoch
+    /// after a snapshot install) and deregisters retired ones after their
+    /// grace period.
     #[cfg_attr(not(feature = "rdma"), allow(unused_variables))]
     pub async fn maintain(
         self: Arc<Self>,
-        sm: RegionStateMachine,
+        regions: Vec<(ShardId, RegionStateMachine)>,
         node_id: u64,
         shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
         #[cfg(feature = "rdma")]
         if let Some(server) = self.server.clone() {
-            crate::grant_upkeep::run_every_second("rdma", server, sm, node_id, shutdown).await;
+            crate::grant_upkeep::run_every_second("rdma", server, regions, node_id, shutdown).await;
         }
+    }
+}
+
+/// Shard `shard`'s region, `sm`'s, as the verbs server registers it.
+#[cfg(feature = "rdma")]
+fn region_ref<'a>(
+    memory: &'a Arc<rdkv_fabric::RegionMemory>,
+    sm: &RegionStateMachine,
+    node_id: u64,
+    shard: ShardId,
+) -> rdkv_fabric::rdma::verbs::server::RegionRef<'a> {
+    rdkv_fabric::rdma::verbs::server::RegionRef {
+        memory,
+        node_id,
+        shard,
+        epoch: sm.region_epoch(),
     }
 }
 
 #[cfg(feature = "rdma")]
 impl crate::grant_upkeep::Grants for rdkv_fabric::rdma::verbs::RdmaServer {
-    fn keep_current(&self, sm: &RegionStateMachine, node_id: u64) -> Result<(), String> {
-        self.grant(&sm.region_memory(), node_id, sm.region_epoch())
+    fn keep_current(
+        &self,
+        sm: &RegionStateMachine,
+        node_id: u64,
+        shard: ShardId,
+    ) -> Result<(), String> {
+        let memory = sm.region_memory();
+        self.grant(region_ref(&memory, sm, node_id, shard))
             .map(|_grant| ())
             .map_err(|e| e.to_string())
     }

@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
-
+use rdkv_fabric::RegionMemory;
 use rdkv_proto::shard::{FIRST_SLOT, LAST_SLOT, ShardId, ShardInfo, ShardMap, key_slot};
-use rdkv_proto::wire::{ErrorCode, ErrorReply, WrongShard};
+use rdkv_proto::wire::{ErrorCode, ErrorReply, ShmGrant, WrongShard};
 
 use crate::meta::Meta;
 use crate::replica::Replica;
@@ -247,6 +247,33 @@ impl Shards {
             slot: slot.unwrap_or(FIRST_SLOT),
             shard,
         }))
+    }
+
+    /// The region an shm attach asks for (docs/sharding.md, section 5):
+    /// the named shard's, `WrongShard` for one not hosted here; a plain
+    /// attach (`None`) gets the single group's region, and is refused on a
+    /// multi-shard node (it names no shard: its reader would take another
+    /// shard's keys for absent).
+    pub fn shm_region(&self, shard: Option<ShardId>) -> Result<Arc<RegionMemory>, ShmGrant> {
+        let replica = match shard {
+            Some(shard) => self.hosted(shard).map_err(|refusal| match refusal {
+                NotHere::WrongShard(wrong) => ShmGrant::WrongShard(wrong),
+                cross => ShmGrant::Refused {
+                    code: ErrorCode::InvalidRequest,
+                    message: cross.to_error().message,
+                },
+            })?,
+            None if self.is_sharded() => {
+                return Err(ShmGrant::Refused {
+                    code: ErrorCode::InvalidRequest,
+                    message: "this node hosts several shards: an attach must name its \
+                              shard (protocol version 3)"
+                        .to_owned(),
+                });
+            }
+            None => self.primary(),
+        };
+        Ok(replica.sm.region_memory())
     }
 
     /// The replica serving every one of `keys` (all in one shard); no keys:

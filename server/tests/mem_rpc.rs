@@ -263,27 +263,7 @@ async fn a_write_cut_off_by_raft_stopping_has_an_unknown_outcome() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shard_node_serves_its_shard_and_answers_wrong_shard_for_another() {
     let dir = tempfile::tempdir().unwrap();
-    let peers = [free_port(), free_port()];
-    let initial = format!("1=127.0.0.1:{},2=127.0.0.1:{}", peers[0], peers[1]);
-    let peer_listen = format!("127.0.0.1:{}", peers[0]);
-    let args = |shards: &str| {
-        let mut args = node_args(
-            dir.path(),
-            [
-                "--id",
-                "1",
-                "--peer-listen",
-                &peer_listen,
-                "--initial-cluster",
-                &initial,
-                "--resp-listen",
-                "off",
-            ],
-        );
-        args.shards = Some(shards.parse().unwrap());
-        args.replicas = Some(1);
-        Config::resolve(args).unwrap()
-    };
+    let args = shard_node_args(dir.path());
     let node = Node::start(args("2")).await.unwrap();
     let channel = MemChannel::new(Arc::clone(&node.handler) as Arc<dyn rdkv_fabric::RpcHandler>);
     let deadline = || Instant::now() + Duration::from_secs(10);
@@ -367,6 +347,131 @@ async fn a_shard_node_serves_its_shard_and_answers_wrong_shard_for_another() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
+    }
+    node.stop().await.unwrap();
+}
+
+/// Node 1 of a 2-node cluster of `--replicas 1` in `dir`: its config for a
+/// shard count (the same ports each time, so that it can restart).
+fn shard_node_args(dir: &Path) -> impl Fn(&str) -> Config + '_ {
+    let peers = [free_port(), free_port()];
+    let initial = format!("1=127.0.0.1:{},2=127.0.0.1:{}", peers[0], peers[1]);
+    let peer_listen = format!("127.0.0.1:{}", peers[0]);
+    move |shards: &str| {
+        let mut args = node_args(
+            dir,
+            [
+                "--id",
+                "1",
+                "--peer-listen",
+                &peer_listen,
+                "--initial-cluster",
+                &initial,
+                "--resp-listen",
+                "off",
+            ],
+        );
+        args.shards = Some(shards.parse().unwrap());
+        args.replicas = Some(1);
+        Config::resolve(args).unwrap()
+    }
+}
+
+/// One node of a 2-shard cluster hosting shard 0 only (docs/sharding.md,
+/// section 5): a grant request naming shard 1 (verbs, libfabric, shm) is
+/// answered `WrongShard`; one naming shard 0 reaches its grant (the shm
+/// attach maps shard 0's region, which holds the key written to it); an
+/// unnamed one (versions 1-2, a plain shm hello) is refused, never given
+/// the primary's region: its reader would take shard 1's keys for absent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_node_grants_the_regions_of_the_shards_it_hosts_only() {
+    use rdkv_fabric::{MonotonicClock, ReaderOptions, RegionReader, ShmError, attach_shm_shard};
+    use rdkv_proto::wire::{ShardRequest, WrongShard};
+
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(shard_node_args(dir.path())("2")).await.unwrap();
+    let channel = MemChannel::new(Arc::clone(&node.handler) as Arc<dyn rdkv_fabric::RpcHandler>);
+    let deadline = || Instant::now() + Duration::from_secs(10);
+    let map = node.handler.shards().map().unwrap();
+    let ours = (0..)
+        .map(|i| Bytes::from(format!("key-{i}")))
+        .find(|k| map.shard_of_key(k) == ShardId(0))
+        .unwrap();
+    let put = Request::Put {
+        key: ours.clone(),
+        value: Bytes::from_static(b"shard zero"),
+    };
+    put_once_leading(&channel, &put).await;
+
+    let wrong = WrongShard {
+        map_version: 1,
+        slot: map.ranges_of(ShardId(1)).next().unwrap().first,
+        shard: ShardId(1),
+    };
+    for request in [ShardRequest::RdmaRegion, ShardRequest::OfiRegion] {
+        let named = |shard| Request::Sharded {
+            shard: ShardId(shard),
+            request: request.clone(),
+        };
+        // The version is the metadata group's, which rises as the node
+        // publishes its addresses: any will do.
+        let answer = channel.call_boxed(&named(1), deadline()).await.unwrap();
+        assert!(
+            matches!(&answer, Response::WrongShard(w)
+                if w.shard == wrong.shard && w.slot == wrong.slot && w.map_version >= 1),
+            "{request:?}: {answer:?}"
+        );
+        // Shard 0 is hosted: the answer is its transport's (off in this
+        // build), not a shard refusal.
+        let answer = channel.call_boxed(&named(0), deadline()).await.unwrap();
+        assert!(
+            matches!(&answer, Response::Error(e) if e.message.contains("is off on this node")),
+            "{request:?}: {answer:?}"
+        );
+        let unnamed = request.to_request().unwrap();
+        let answer = channel.call_boxed(&unnamed, deadline()).await.unwrap();
+        assert!(
+            matches!(&answer, Response::Error(e) if e.code == ErrorCode::InvalidRequest
+                && e.message.contains("must name its shard")),
+            "{unnamed:?}: {answer:?}"
+        );
+    }
+
+    let socket = node.handler.endpoints().shm_socket.clone().unwrap();
+    let socket = Path::new(&socket);
+    let attached = attach_shm_shard(socket, None, "test", Some(ShardId(0)))
+        .await
+        .unwrap();
+    let shard0 = &node.handler.shards().get(ShardId(0)).unwrap().sm;
+    assert_eq!(attached.region_epoch, shard0.region_epoch());
+    let reader = RegionReader::attach(
+        attached.memory,
+        Arc::new(MonotonicClock::new()),
+        ReaderOptions {
+            max_attempts: ReaderOptions::DEFAULT_MAX_ATTEMPTS,
+            abandon_after_us: None,
+            expiry_margin_ms: 0,
+        },
+    )
+    .unwrap();
+    let started = Instant::now();
+    while reader.get(&ours).unwrap().is_none() {
+        assert!(started.elapsed() < Duration::from_secs(10), "never applied");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        &reader.get(&ours).unwrap().unwrap().value[..],
+        b"shard zero"
+    );
+    match attach_shm_shard(socket, None, "test", Some(ShardId(1))).await {
+        Err(ShmError::WrongShard(got)) => assert_eq!(got, wrong),
+        other => panic!("{other:?}"),
+    }
+    match attach_shm_shard(socket, None, "test", None).await {
+        Err(ShmError::Refused { code, message }) => {
+            assert_eq!(code, ErrorCode::InvalidRequest, "{message}");
+        }
+        other => panic!("{other:?}"),
     }
     node.stop().await.unwrap();
 }

@@ -61,6 +61,26 @@ fn read_all(
     Ok(CountingAllocator::allocations_on_this_thread() - before)
 }
 
+/// Reads every numbered key and one never written as one batch, each
+/// value into its own buffer, and checks them.
+fn read_batch(handle: &mut ReadHandle) -> Result<()> {
+    let keys: Vec<String> = (0..KEYS + 1).map(numbered::key).collect();
+    let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+    let mut storage = vec![[0u8; 64]; keys.len()];
+    let mut bufs: Vec<&mut [u8]> = storage.iter_mut().map(|b| &mut b[..]).collect();
+    let mut out = vec![None; keys.len()];
+    handle.get_many_into(&keys, &mut bufs, &mut out, Consistency::Lease)?;
+    for i in 0..KEYS {
+        let got = out[i].ok_or_else(|| anyhow::anyhow!("key {i} absent"))?;
+        ensure!(
+            bufs[i][..got.len] == *numbered::value(i).as_bytes(),
+            "key {i}"
+        );
+    }
+    ensure!(out[KEYS].is_none(), "a key never written");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_into_fills_the_callers_buffer_and_allocates_nothing() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
@@ -105,24 +125,53 @@ async fn get_into_fills_the_callers_buffer_and_allocates_nothing() -> Result<()>
         ensure!(linearizable == Err(GetIntoError::NotServed(NotServed::Consistency)));
 
         // A batch: every value into its own buffer.
-        let keys: Vec<String> = (0..KEYS + 1).map(numbered::key).collect();
-        let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
-        let mut storage = vec![[0u8; 64]; keys.len()];
-        let mut bufs: Vec<&mut [u8]> = storage.iter_mut().map(|b| &mut b[..]).collect();
-        let mut out = vec![None; keys.len()];
-        handle.get_many_into(&keys, &mut bufs, &mut out, Consistency::Lease)?;
-        for i in 0..KEYS {
-            let got = out[i].ok_or_else(|| anyhow::anyhow!("key {i} absent"))?;
-            ensure!(
-                bufs[i][..got.len] == *numbered::value(i).as_bytes(),
-                "key {i}"
-            );
-        }
-        ensure!(out[KEYS].is_none(), "a key never written");
+        read_batch(&mut handle)?;
         let stats = client.one_sided_stats().await;
         // 21 rounds of every key and a missing one, and the batch.
         let asked = 22 * (KEYS as u64 + 1);
         ensure!(stats.served >= asked, "{stats:?}");
+        Ok(())
+    })
+    .await
+}
+
+/// The same under a map of several shards (docs/sharding.md, section 5):
+/// each key read from its own shard's region (the handle's view holds a
+/// group of readers per shard and a slot table), still without a heap
+/// allocation per `get_into`; a batch of keys of every shard is read shard
+/// by shard into the caller's buffers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_into_reads_each_keys_shard_and_allocates_nothing() -> Result<()> {
+    let mut cluster = Cluster::start_with(3, &["--shards", "3", "--replicas", "3"])?;
+    check_with_leader(&mut cluster, 90, async |cluster, _| {
+        let client = cluster.client(Intent::Any)?;
+        numbered::put_all(&client, KEYS).await?;
+        ensure!(
+            client.shard_map().is_some_and(|m| m.shards().len() == 3),
+            "the client has no map of 3 shards"
+        );
+        let mut handle = client.read_handle();
+        let mut buf = vec![0u8; 4096];
+        let pairs = pairs();
+        // Served once every shard's leader region is attached and leased;
+        // this also warms what is made once per thread.
+        eventually(Duration::from_secs(20), "every shard read", async || {
+            handle.refresh().await;
+            read_all(&mut handle, &pairs, &mut buf, 1)
+        })
+        .await?;
+        let before = cluster.served_gets().await?;
+        let allocations = read_all(&mut handle, &pairs, &mut buf, 20)?;
+        ensure!(
+            allocations == 0,
+            "{allocations} allocations in 2020 get_into calls"
+        );
+        ensure!(
+            cluster.served_gets().await? == before,
+            "GETs reached the servers"
+        );
+
+        read_batch(&mut handle)?;
         Ok(())
     })
     .await

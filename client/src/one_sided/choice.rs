@@ -12,7 +12,7 @@ use rdkv_proto::wire::Consistency;
 
 use super::OneSided;
 use super::handle::NotServed;
-use super::view::ReadView;
+use super::view::{GroupView, ReadView};
 
 /// Which clock a lease is judged on, and now on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,22 +88,29 @@ pub(super) struct Choice<'v> {
 
 impl OneSided {
     /// The region that may serve a read at `consistency`, before it is read.
+    /// The region of `group` (the key's shard) that may serve a read at
+    /// `consistency`, before it is read.
     pub(super) fn choose<'v>(
         &self,
-        view: &'v ReadView,
+        view: &ReadView,
+        group: &'v GroupView,
         consistency: Consistency,
     ) -> Result<Choice<'v>, NotServed> {
         match consistency {
             Consistency::Linearizable => Err(NotServed::Consistency),
-            Consistency::Lease => self.choose_leader(view),
+            Consistency::Lease => self.choose_leader(view, group),
             Consistency::Follower { max_lag_entries } => {
-                self.choose_follower(view, max_lag_entries)
+                self.choose_follower(group, max_lag_entries)
             }
         }
     }
 
-    fn choose_leader<'v>(&self, view: &'v ReadView) -> Result<Choice<'v>, NotServed> {
-        let Some(reader) = view.leader_reader() else {
+    fn choose_leader<'v>(
+        &self,
+        view: &ReadView,
+        group: &'v GroupView,
+    ) -> Result<Choice<'v>, NotServed> {
+        let Some(reader) = group.leader_reader() else {
             self.views.want_refresh();
             return Err(NotServed::NoRegion);
         };
@@ -115,7 +122,7 @@ impl OneSided {
         // catches up with what this client saw, the server answers. (A
         // lapsed lease is told apart, with a clock reading of its own: that
         // region may be a dead incarnation's, to be replaced by a refresh.)
-        if !not_behind(&header, self.seen()) {
+        if !not_behind(&header, self.seen(group.shard)) {
             let now = lease_clock(view, reader, view.now());
             if !lease_holds(&header, now, self.max_clock_drift_us) {
                 return Err(self.lease_refused());
@@ -131,32 +138,32 @@ impl OneSided {
 
     fn choose_follower<'v>(
         &self,
-        view: &'v ReadView,
+        group: &'v GroupView,
         max_lag_entries: u64,
     ) -> Result<Choice<'v>, NotServed> {
         // The leader's published applied index is the reference only while
         // its lease holds (confirmed after the read): a leader cut off from
         // its quorum (which may not know it has been replaced) publishes a
         // stale one.
-        let leader = view
+        let leader = group
             .leader_reader()
             .and_then(|r| Some((r, r.dynamic_header().ok()?)))
             .filter(|(_, h)| h.state == RegionState::Serving && h.lease_deadline_unix_us.is_some());
         let leader_applied = leader.map(|(_, h)| h.applied_index);
-        let seen = self.seen();
+        let seen = self.seen(group.shard);
         let fits = |r: &RegionReader| {
             r.dynamic_header().is_ok_and(|h| {
                 within_lag(&h, leader_applied, max_lag_entries) && not_behind(&h, seen)
             })
         };
         // Counted, then the k-th taken: no list of candidates is built.
-        let candidates = view.readers.iter().filter(|r| fits(r)).count();
+        let candidates = group.readers.iter().filter(|r| fits(r)).count();
         if candidates == 0 {
             self.counters.add(|c| &c.lag_refusals, 1);
             return Err(NotServed::Lag);
         }
         let pick = self.spread.local().fetch_add(1, Ordering::Relaxed) % candidates;
-        let reader = view
+        let reader = group
             .readers
             .iter()
             .filter(|r| fits(r))

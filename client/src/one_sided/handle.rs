@@ -12,7 +12,7 @@ use rdkv_proto::wire::Consistency;
 use thiserror::Error;
 
 use super::OneSided;
-use super::view::ReadView;
+use super::view::{GroupView, ReadView};
 use crate::options::Transport;
 
 /// Why a read was not served one-sided; the server can answer it instead
@@ -61,6 +61,7 @@ impl OneSided {
     pub(super) fn serve<T>(
         &self,
         view: &ReadView,
+        group: Option<&GroupView>,
         consistency: Consistency,
         since: &mut ReadTime,
         keys: u64,
@@ -69,7 +70,12 @@ impl OneSided {
         if self.transport == Transport::Tcp {
             return Err(NotServed::Consistency.into());
         }
-        let choice = match self.choose(view, consistency) {
+        let Some(group) = group else {
+            // No view yet, or one of a map without the key's shard.
+            self.views.want_refresh();
+            return Err(NotServed::NoRegion.into());
+        };
+        let choice = match self.choose(view, group, consistency) {
             Ok(choice) => choice,
             Err(not_served) => {
                 // A refused read is the server's (slow) anyway: it reads the
@@ -88,7 +94,7 @@ impl OneSided {
         self.note_age(view, time);
         self.confirm(view, &choice, time)?;
         self.counters.add(|c| &c.served, keys);
-        self.read_from(choice.reader);
+        self.read_from(group.shard, choice.reader);
         Ok(value)
     }
 
@@ -201,13 +207,23 @@ impl ReadHandle {
             |reader: &RegionReader, since: ReadTime, now: &mut dyn FnMut() -> ReadTime| {
                 reader.get_into(key, buf, since, now)
             };
-        self.one_sided
-            .serve(&self.view, consistency, &mut self.since, 1, &mut read)
+        let group = self.view.group_of(key);
+        self.one_sided.serve(
+            &self.view,
+            group,
+            consistency,
+            &mut self.since,
+            1,
+            &mut read,
+        )
     }
 
     /// Reads `keys` at `consistency`, each value into its buffer
     /// (`bufs[i]`, the answer in `out[i]`): two batches of reads (two
-    /// doorbells on RDMA), one clock reading for the batch.
+    /// doorbells on RDMA) per shard the keys are in, one clock reading per
+    /// shard's batch. Keys of several shards are read shard by shard (each
+    /// batch from its own shard's region); an error ends the call, the
+    /// answers of shards read before it kept.
     pub fn get_many_into(
         &mut self,
         keys: &[&[u8]],
@@ -216,12 +232,75 @@ impl ReadHandle {
         consistency: Consistency,
     ) -> Result<(), GetIntoError> {
         self.fresh_view();
-        let mut read =
-            |reader: &RegionReader, since: ReadTime, now: &mut dyn FnMut() -> ReadTime| {
-                Ok(((), reader.get_many_into(keys, bufs, out, since, now)?))
+        let (one_sided, view, since) = (&self.one_sided, &self.view, &mut self.since);
+        if let Some(group) = view.one_group_of(keys.iter().copied()) {
+            return read_batch(
+                one_sided,
+                view,
+                since,
+                group,
+                (keys, bufs, out),
+                consistency,
+            );
+        }
+        let groups: Vec<Option<&GroupView>> = keys.iter().map(|key| view.group_of(key)).collect();
+        for (first, group) in groups.iter().enumerate() {
+            if groups[..first].iter().any(|g| same_group(*g, *group)) {
+                continue;
+            }
+            let Some(group) = *group else {
+                one_sided.views.want_refresh();
+                return Err(NotServed::NoRegion.into());
             };
-        let count = keys.len() as u64;
-        self.one_sided
-            .serve(&self.view, consistency, &mut self.since, count, &mut read)
+            let picked: Vec<usize> = (first..keys.len())
+                .filter(|&i| same_group(groups[i], Some(group)))
+                .collect();
+            let part_keys: Vec<&[u8]> = picked.iter().map(|&i| keys[i]).collect();
+            let mut part_bufs: Vec<&mut [u8]> = picked
+                .iter()
+                .map(|&i| std::mem::take(&mut bufs[i]))
+                .collect();
+            let mut part_out = vec![None; picked.len()];
+            let part = (&part_keys[..], &mut part_bufs[..], &mut part_out[..]);
+            let read = read_batch(one_sided, view, since, group, part, consistency);
+            for ((&i, buf), got) in picked.iter().zip(part_bufs).zip(part_out) {
+                bufs[i] = buf;
+                out[i] = got;
+            }
+            read?;
+        }
+        Ok(())
+    }
+}
+
+/// Keys, their buffers and their answers, index for index.
+type Batch<'b, 'k, 'v> = (
+    &'b [&'k [u8]],
+    &'b mut [&'v mut [u8]],
+    &'b mut [Option<GotInto>],
+);
+
+/// One batch of keys, all of `group`'s shard, read from `view`.
+fn read_batch(
+    one_sided: &OneSided,
+    view: &ReadView,
+    since: &mut ReadTime,
+    group: &GroupView,
+    (keys, bufs, out): Batch<'_, '_, '_>,
+    consistency: Consistency,
+) -> Result<(), GetIntoError> {
+    let mut read = |reader: &RegionReader, since: ReadTime, now: &mut dyn FnMut() -> ReadTime| {
+        Ok(((), reader.get_many_into(keys, bufs, out, since, now)?))
+    };
+    let count = keys.len() as u64;
+    one_sided.serve(view, Some(group), consistency, since, count, &mut read)
+}
+
+/// Whether two keys' groups are the same one (both absent counts too).
+fn same_group(a: Option<&GroupView>, b: Option<&GroupView>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => std::ptr::eq(a, b),
+        (None, None) => true,
+        _ => false,
     }
 }

@@ -45,6 +45,7 @@ use bytes::Bytes;
 use rdkv_fabric::{
     Clock, IndexCache, MonotonicClock, ReadError, ReadStats, ReadTime, RegionReader, Striped,
 };
+use rdkv_proto::shard::ShardId;
 use rdkv_proto::wire::{Consistency, Versioned};
 
 pub use handle::{GetIntoError, NotServed, ReadHandle};
@@ -52,7 +53,12 @@ pub use handle::{GetIntoError, NotServed, ReadHandle};
 use crate::options::Transport;
 use crate::routing::Router;
 use topology::Topology;
-use view::{ReadView, Views};
+use view::{GroupView, ReadView, Views};
+
+/// Shards with a word of their own in `OneSided::seen_applied` (the map's
+/// bound): ids beyond share one, which can only refuse a read (`Behind`),
+/// never serve one behind.
+const SEEN_SHARDS: usize = rdkv_proto::shard::MAX_SHARDS;
 
 /// What the one-sided path did, for metrics and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -97,9 +103,11 @@ pub(crate) struct OneSided {
     clock: Arc<dyn Clock>,
     /// Where the next follower read starts among the candidate replicas.
     spread: Striped<AtomicUsize>,
-    /// The highest log index this client has seen applied (see the module
-    /// comment): no region behind it serves this client a read.
-    seen_applied: AtomicU64,
+    /// Per shard (its id modulo [`SEEN_SHARDS`]), the highest log index of
+    /// its log this client has seen applied (see the module comment): no
+    /// region of the shard behind it serves this client a read. Shards'
+    /// logs are numbered apart, so each has its own.
+    seen_applied: Box<[AtomicU64]>,
     max_clock_drift_us: u64,
     use_cache: bool,
     transport: Transport,
@@ -148,7 +156,7 @@ impl OneSided {
             counters: Striped::default(),
             clock: Arc::new(MonotonicClock::new()),
             spread: Striped::default(),
-            seen_applied: AtomicU64::new(0),
+            seen_applied: (0..SEEN_SHARDS).map(|_| AtomicU64::new(0)).collect(),
             transport,
             default_consistency,
             refresher_started: AtomicBool::new(false),
@@ -185,12 +193,13 @@ impl OneSided {
             return None;
         }
         let view = self.view_for_read().await;
+        let group = view.group_of(key);
         if self.use_cache {
             let mut read =
                 |reader: &RegionReader, _: ReadTime, now: &mut dyn FnMut() -> ReadTime| {
                     Ok((reader.get_cached(key, &self.cache)?, now()))
                 };
-            return self.serve_async(&view, consistency, 1, &mut read);
+            return self.serve_async(&view, group, consistency, 1, &mut read);
         }
         SCRATCH.with_borrow_mut(|scratch| {
             // Twice at most: a value longer than the buffer says how long it is.
@@ -199,7 +208,7 @@ impl OneSided {
                     |reader: &RegionReader, since: ReadTime, now: &mut dyn FnMut() -> ReadTime| {
                         reader.get_into(key, scratch, since, now)
                     };
-                match self.serve_with_since(&view, consistency, 1, &mut read) {
+                match self.serve_with_since(&view, group, consistency, 1, &mut read) {
                     Ok(got) => {
                         return Some(got.map(|got| Versioned {
                             value: Bytes::copy_from_slice(&scratch[..got.len]),
@@ -225,6 +234,9 @@ impl OneSided {
             return None;
         }
         let view = self.view_for_read().await;
+        // One shard's keys (a client under a map of several splits an MGet
+        // by shard before it comes here); keys of several go to the server.
+        let group = view.one_group_of(keys.iter().map(|key| &key[..]))?;
         let mut read = |reader: &RegionReader, _: ReadTime, now: &mut dyn FnMut() -> ReadTime| {
             let values = if keys.len() > 1 && !self.use_cache {
                 // Its reads go out in two batches.
@@ -236,30 +248,39 @@ impl OneSided {
             };
             Ok((values, now()))
         };
-        self.serve_async(&view, consistency, keys.len() as u64, &mut read)
+        self.serve_async(
+            &view,
+            Some(group),
+            consistency,
+            keys.len() as u64,
+            &mut read,
+        )
     }
 
     /// `serve` for the async path: `None` for anything not served.
     fn serve_async<T>(
         &self,
         view: &ReadView,
+        group: Option<&GroupView>,
         consistency: Consistency,
         keys: u64,
         read: handle::RegionRead<'_, T>,
     ) -> Option<T> {
-        self.serve_with_since(view, consistency, keys, read).ok()
+        self.serve_with_since(view, group, consistency, keys, read)
+            .ok()
     }
 
     /// `serve` with this thread's last clock reading.
     fn serve_with_since<T>(
         &self,
         view: &ReadView,
+        group: Option<&GroupView>,
         consistency: Consistency,
         keys: u64,
         read: handle::RegionRead<'_, T>,
     ) -> Result<T, GetIntoError> {
         let mut since = SINCE.get();
-        let served = self.serve(view, consistency, &mut since, keys, read);
+        let served = self.serve(view, group, consistency, &mut since, keys, read);
         SINCE.set(since);
         served
     }
@@ -317,25 +338,35 @@ impl OneSided {
         });
     }
 
-    /// The highest log index this client has seen applied.
-    fn seen(&self) -> u64 {
-        self.seen_applied.load(Ordering::Acquire)
+    /// `shard`'s word of `seen_applied`.
+    fn seen_word(&self, shard: ShardId) -> Option<&AtomicU64> {
+        let index = usize::try_from(shard.0).unwrap_or(usize::MAX) % SEEN_SHARDS;
+        self.seen_applied.get(index)
     }
 
-    /// Notes that some replica had applied `index` (a response showed it).
-    /// A load first: the shared word is written only when it moves.
-    pub(crate) fn saw_applied(&self, index: u64) {
-        if index > self.seen_applied.load(Ordering::Acquire) {
-            self.seen_applied.fetch_max(index, Ordering::AcqRel);
+    /// The highest index of `shard`'s log this client has seen applied.
+    fn seen(&self, shard: ShardId) -> u64 {
+        self.seen_word(shard)
+            .map_or(0, |seen| seen.load(Ordering::Acquire))
+    }
+
+    /// Notes that some replica of `shard` had applied `index` (a response
+    /// showed it). A load first: the shared word is written only when it
+    /// moves.
+    pub(crate) fn saw_applied(&self, shard: ShardId, index: u64) {
+        if let Some(seen) = self.seen_word(shard)
+            && index > seen.load(Ordering::Acquire)
+        {
+            seen.fetch_max(index, Ordering::AcqRel);
         }
     }
 
-    /// After a read from `reader`: the state it returned is at most the
-    /// region's applied index now (read after the value: a region moving on
-    /// mid-read is covered too).
-    fn read_from(&self, reader: &RegionReader) {
+    /// After a read from `reader`, of `shard`: the state it returned is at
+    /// most the region's applied index now (read after the value: a region
+    /// moving on mid-read is covered too).
+    fn read_from(&self, shard: ShardId, reader: &RegionReader) {
         if let Ok(applied) = reader.applied_index() {
-            self.saw_applied(applied);
+            self.saw_applied(shard, applied);
         }
     }
 

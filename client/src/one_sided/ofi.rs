@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use rdkv_fabric::ofi::client::{OfiSession, descriptor_of};
 use rdkv_fabric::{Clock, RegionReader};
-use rdkv_proto::wire::{Request, Response};
+use rdkv_proto::wire::{Request, Response, ShardRequest};
 
-use super::topology::remote_reader;
+use super::topology::{RegionAt, remote_reader};
 use crate::routing::Router;
 
 #[derive(Debug)]
@@ -20,16 +20,19 @@ pub(super) struct Attached {
     _session: Arc<OfiSession>,
 }
 
-/// Asks `addr` for its grant and opens a session reading it; `None` (with
-/// a debug line saying why) when the node or this host cannot.
+/// Asks the node of `at` for the grant of its region (naming the shard
+/// under a map of several) and opens a session reading it; `None` (with a
+/// debug line saying why) when the node or this host cannot.
 pub(super) async fn attach(
     router: &Router,
-    addr: &str,
+    at: RegionAt<'_>,
     clock: &Arc<dyn Clock>,
 ) -> Option<Attached> {
+    let addr = at.addr;
+    let request = at.grant_request(Request::OfiRegion, ShardRequest::OfiRegion);
     let deadline = tokio::time::timeout(
         router.options().connect_timeout,
-        router.send_to(addr, Request::OfiRegion),
+        router.send_to(addr, request),
     );
     let grant = match deadline.await {
         Ok(Ok(Response::OfiRegion(grant))) => grant,

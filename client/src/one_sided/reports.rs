@@ -28,9 +28,9 @@ impl OneSided {
     /// Deltas since the last report, per node address: each node's region
     /// reads, and the refusals for the leader.
     fn take_reports(&self, topology: &mut Topology) -> Vec<(String, ReadReport)> {
-        let leader = topology.leader;
         let mut reports = Vec::new();
-        for (id, node) in &mut topology.nodes {
+        for ((shard, id), node) in &mut topology.nodes {
+            let leader = topology.leaders.get(shard).copied();
             let mut delta = std::mem::take(&mut node.unreported);
             if let Some(reader) = &node.reader {
                 let now = reader.stats();
@@ -38,6 +38,7 @@ impl OneSided {
                 node.reported = now;
             }
             let mut report = ReadReport::from(delta);
+            // The refusals go once, to the first leader met.
             if Some(*id) == leader {
                 let lease = self.counters.sum(|c| &c.lease_refusals);
                 let lag = self.counters.sum(|c| &c.lag_refusals);

@@ -1,17 +1,21 @@
-//! What the one-sided path knows of the cluster: the members, the leader and
-//! a region reader per node it could attach to (over `rdma` or `shm`),
-//! re-learned from the nodes' status when a read finds its view older than
-//! `view::VIEW_TTL` (or its leader's lease gone); each refresh publishes a
-//! new `ReadView` for the reads.
+//! What the one-sided path knows of the cluster: per shard (a single group:
+//! shard 0), the members, the leader and a region reader per (node, shard)
+//! it could attach to (over `rdma`, `ofi` or `shm`), re-learned from the
+//! nodes' status when a read finds its view older than `view::VIEW_TTL`
+//! (or its leader's lease gone); each refresh publishes a new `ReadView`
+//! for the reads. Under a map of several shards the client attaches every
+//! shard's region on every node that hosts it, each grant naming its shard
+//! (docs/sharding.md, section 5); a single group asks as before sharding.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkv_fabric::{ReadError, ReadStats, ReaderOptions, RegionReader, attach_shm};
+use rdkv_fabric::{ReadError, ReadStats, ReaderOptions, RegionReader, attach_shm_shard};
 use rdkv_proto::region::RegionState;
-use rdkv_proto::wire::{MemberInfo, NodeStatus, Op, Request};
+use rdkv_proto::shard::{ShardId, ShardMap};
+use rdkv_proto::wire::{NodeStatus, Op, Request, Role, ShardStatus};
 
 use super::OneSided;
 use super::view::ReadView;
@@ -55,22 +59,62 @@ pub(super) struct Node {
 }
 
 impl Node {
-    /// Whether the node's reader reads its current region: serving, and of
-    /// the epoch the node's `status` names (a restarted or snapshot-rebuilt
-    /// node has a new one).
-    fn reads_current_region(&self, status: Option<&NodeStatus>) -> bool {
+    /// Whether the reader reads its current region: serving, and of
+    /// `epoch` when the node's status names it (a restarted or
+    /// snapshot-rebuilt node has a new one).
+    fn reads_current_region(&self, epoch: Option<u64>) -> bool {
         self.reader.as_ref().is_some_and(|r| {
             r.dynamic_header()
                 .is_ok_and(|h| h.state == RegionState::Serving)
-                && status.is_none_or(|s| s.region_epoch == r.layout().region_epoch)
+                && epoch.is_none_or(|epoch| epoch == r.layout().region_epoch)
         })
     }
 }
 
+/// Where a region is: its shard (`None`: a single group's, asked for
+/// without naming one), its node and that node's client address.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RegionAt<'a> {
+    pub(super) shard: Option<ShardId>,
+    pub(super) id: u64,
+    pub(super) addr: &'a str,
+}
+
+impl RegionAt<'_> {
+    fn key(&self) -> RegionKey {
+        (self.shard.unwrap_or(ShardId(0)), self.id)
+    }
+
+    /// The grant request of this region: `unnamed` for a single group's,
+    /// else `named` inside `Request::Sharded`.
+    #[cfg(feature = "ofi")]
+    pub(super) fn grant_request(
+        &self,
+        unnamed: Request,
+        named: rdkv_proto::wire::ShardRequest,
+    ) -> Request {
+        match self.shard {
+            None => unnamed,
+            Some(shard) => Request::Sharded {
+                shard,
+                request: named,
+            },
+        }
+    }
+}
+
+/// A region's place: (shard, node id).
+pub(super) type RegionKey = (ShardId, u64);
+
 #[derive(Debug, Default)]
 pub(super) struct Topology {
-    pub(super) leader: Option<u64>,
-    pub(super) nodes: BTreeMap<u64, Node>,
+    /// Each shard's leader (a single group: shard 0's).
+    pub(super) leaders: BTreeMap<ShardId, u64>,
+    /// A region per (shard, node).
+    pub(super) nodes: BTreeMap<RegionKey, Node>,
+    /// The map of several shards the regions were attached under; `None`:
+    /// a single group, every key shard 0's.
+    pub(super) map: Option<Arc<ShardMap>>,
     /// Readers of regions replaced since, kept for their statistics.
     pub(super) retired_stats: ReadStats,
     /// Refusal counters when last reported (to the leader).
@@ -83,11 +127,21 @@ impl Topology {
         self.nodes.values().filter_map(|n| n.reader.as_ref())
     }
 
-    /// Drops node `id`'s reader (and session), keeping its counts; returns
-    /// the retired RDMA session's channel, which the caller takes out of
-    /// the pool.
-    fn retire_reader(&mut self, id: u64) -> Retired {
-        let node = self.nodes.entry(id).or_default();
+    /// The shards a view has a group for: the map's, or shard 0.
+    pub(super) fn shards(&self) -> impl Iterator<Item = ShardId> + '_ {
+        let mapped = self
+            .map
+            .iter()
+            .flat_map(|map| map.shards().iter().map(|s| s.id));
+        let single = self.map.is_none().then_some(ShardId(0));
+        mapped.chain(single)
+    }
+
+    /// Drops the reader (and session) of the region at `key`, keeping its
+    /// counts; returns the retired RDMA session's channel, which the
+    /// caller takes out of the pool.
+    fn retire_reader(&mut self, key: RegionKey) -> Retired {
+        let node = self.nodes.entry(key).or_default();
         #[cfg(feature = "rdma")]
         let retired = node.rdma.take().map(|attached| attached.channel());
         #[cfg(not(feature = "rdma"))]
@@ -105,15 +159,18 @@ impl Topology {
         retired
     }
 
-    /// Keeps the nodes of `members` only, with their current addresses.
-    fn keep_members(&mut self, members: &[MemberInfo]) {
-        for member in members {
-            if let Some(node) = self.nodes.get_mut(&member.id) {
-                node.client_addr.clone_from(&member.client_addr);
-            }
+    /// Keeps the regions of `wanted` only (their counts join the retired).
+    fn keep_only(&mut self, wanted: &[RegionKey]) {
+        let gone: Vec<RegionKey> = self
+            .nodes
+            .keys()
+            .filter(|key| !wanted.contains(key))
+            .copied()
+            .collect();
+        for key in gone {
+            self.retire_reader(key);
+            self.nodes.remove(&key);
         }
-        self.nodes
-            .retain(|id, _| members.iter().any(|m| m.id == *id));
     }
 }
 
@@ -151,24 +208,41 @@ pub(super) fn remote_reader(
 }
 
 impl OneSided {
-    /// Learns members, leader and sockets, and attaches to the regions of
-    /// the nodes this client can read one-sided.
+    /// Learns members, leaders and sockets, and attaches to the regions
+    /// this client can read one-sided.
     /// Then publishes the new view (also when the status could not be
     /// had: the old readers, fresh for another TTL, rather than a refresh
     /// per read).
     pub(super) async fn refresh(&self, topology: &mut Topology) {
         self.views.refresh_starts();
-        self.refresh_topology(topology).await;
+        // Whether the cluster has several shards decides how regions are
+        // asked for: known before the first attach (once per client).
+        self.router.learn_map().await;
+        match self.router.shard_map().filter(|_| self.router.is_sharded()) {
+            Some(map) => self.refresh_shards(topology, map).await,
+            None => self.refresh_group(topology).await,
+        }
+        self.report_in_background(topology);
         self.views.publish(ReadView::of(topology));
     }
 
-    async fn refresh_topology(&self, topology: &mut Topology) {
+    /// A single group: the members from one node's status, each member's
+    /// region asked for as before sharding.
+    async fn refresh_group(&self, topology: &mut Topology) {
         let status = tokio::time::timeout(STATUS_TIMEOUT, self.router.send(Request::Status)).await;
         let Ok(Ok(status)) = status.map(|r| r.and_then(|s| answer::<NodeStatus>(Op::Status, s)))
         else {
             return;
         };
-        topology.leader = status.leader_id;
+        if topology.map.take().is_some() {
+            // A map of several shards before: its regions are not a group's.
+            topology.keep_only(&[]);
+        }
+        topology.leaders.clear();
+        topology
+            .leaders
+            .extend(status.leader_id.map(|id| (ShardId(0), id)));
+        let mut wanted = Vec::new();
         for member in &status.members {
             // Each member's own view: its sockets and its region's epoch.
             let member_status = if member.id == status.id {
@@ -176,10 +250,59 @@ impl OneSided {
             } else {
                 self.status_of(&member.client_addr).await
             };
-            self.refresh_member(topology, member, member_status).await;
+            let at = RegionAt {
+                shard: None,
+                id: member.id,
+                addr: &member.client_addr,
+            };
+            wanted.push(at.key());
+            let epoch = member_status.as_ref().map(|s| s.region_epoch);
+            self.refresh_member(topology, at, member_status.as_ref(), epoch)
+                .await;
         }
-        topology.keep_members(&status.members);
-        self.report_in_background(topology);
+        topology.keep_only(&wanted);
+    }
+
+    /// A map of several shards: every node of the map asked for its status
+    /// (sockets) and its replicas' (leaders), and every shard's region on
+    /// every member attached, the grant naming the shard.
+    async fn refresh_shards(&self, topology: &mut Topology, map: Arc<ShardMap>) {
+        if topology.map.is_none() {
+            // A single group's regions (asked for unnamed) are not shard 0's.
+            topology.keep_only(&[]);
+        }
+        topology.leaders = map
+            .shards()
+            .iter()
+            .filter_map(|s| Some((s.id, s.leader?)))
+            .collect();
+        topology.map = Some(Arc::clone(&map));
+        let mut wanted = Vec::new();
+        for node in map.nodes() {
+            let Some(addr) = node.client_addr.as_deref() else {
+                continue;
+            };
+            let status = self.status_of(addr).await;
+            for replica in self.shard_statuses_of(addr).await {
+                if replica.role == Role::Leader {
+                    topology.leaders.insert(replica.shard, node.id);
+                }
+            }
+            let hosted = map.shards().iter().filter(|s| s.members.contains(&node.id));
+            for shard in hosted {
+                let at = RegionAt {
+                    shard: Some(shard.id),
+                    id: node.id,
+                    addr,
+                };
+                wanted.push(at.key());
+                // A shard's region epoch is not in the node's status: a
+                // retired region is replaced by its state word.
+                self.refresh_member(topology, at, status.as_ref(), None)
+                    .await;
+            }
+        }
+        topology.keep_only(&wanted);
     }
 
     async fn status_of(&self, addr: &str) -> Option<NodeStatus> {
@@ -191,59 +314,59 @@ impl OneSided {
         answer(Op::Status, response).ok()
     }
 
-    /// Re-attaches to `member`'s region unless its reader is current or an
-    /// attach failed recently.
+    /// The node's shard replicas (their roles); none if it cannot say.
+    async fn shard_statuses_of(&self, addr: &str) -> Vec<ShardStatus> {
+        let asked = self.router.send_to(addr, Request::ShardStatus);
+        match tokio::time::timeout(STATUS_TIMEOUT, asked).await {
+            Ok(Ok(response)) => answer(Op::ShardStatus, response).unwrap_or_default(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Re-attaches to the region `at` unless its reader is current (serving,
+    /// and of `epoch` when known) or an attach failed recently.
     async fn refresh_member(
         &self,
         topology: &mut Topology,
-        member: &MemberInfo,
-        status: Option<NodeStatus>,
+        at: RegionAt<'_>,
+        status: Option<&NodeStatus>,
+        epoch: Option<u64>,
     ) {
         let now = Instant::now();
-        let node = topology.nodes.entry(member.id).or_default();
-        if node.reads_current_region(status.as_ref())
-            || node.retry_attach_at.is_some_and(|at| at > now)
-        {
+        let node = topology.nodes.entry(at.key()).or_default();
+        node.client_addr = at.addr.to_owned();
+        if node.reads_current_region(epoch) || node.retry_attach_at.is_some_and(|at| at > now) {
             return;
         }
-        if let Some(channel) = topology.retire_reader(member.id) {
-            self.router
-                .pool()
-                .forget_channel(&member.client_addr, &channel)
-                .await;
+        if let Some(channel) = topology.retire_reader(at.key()) {
+            self.router.pool().forget_channel(at.addr, &channel).await;
         }
+        // Verbs sessions carry no shard yet: a single group's only.
         #[cfg(feature = "rdma")]
-        if self.attach_rdma(topology, member, now).await {
+        if at.shard.is_none() && self.attach_rdma(topology, at, now).await {
             return;
         }
         #[cfg(feature = "ofi")]
-        if self
-            .attach_ofi(topology, member, status.as_ref(), now)
-            .await
-        {
+        if self.attach_ofi(topology, at, status, now).await {
             return;
         }
-        let reader = self.attach_local(member, status).await;
-        let node = topology.nodes.entry(member.id).or_default();
+        let reader = self.attach_local(at, status).await;
+        let node = topology.nodes.entry(at.key()).or_default();
         node.retry_attach_at = reader.is_none().then_some(now + ATTACH_BACKOFF);
         node.reader = reader;
     }
 
-    /// Sets up an RDMA session with `member` (unless RDMA failed with it
-    /// recently); its channel then carries this client's requests to it.
+    /// Sets up an RDMA session with the node of `at` (unless RDMA failed
+    /// with it recently); its channel then carries this client's requests
+    /// to it.
     #[cfg(feature = "rdma")]
-    async fn attach_rdma(
-        &self,
-        topology: &mut Topology,
-        member: &MemberInfo,
-        now: Instant,
-    ) -> bool {
-        let node = topology.nodes.entry(member.id).or_default();
+    async fn attach_rdma(&self, topology: &mut Topology, at: RegionAt<'_>, now: Instant) -> bool {
+        let node = topology.nodes.entry(at.key()).or_default();
         let transport = self.router.options().transport;
         if !transport.allows_rdma() || node.retry_rdma_at.is_some_and(|at| at > now) {
             return false;
         }
-        let addr = &member.client_addr;
+        let addr = at.addr;
         let Some(attached) = self.rdma.attach(&self.router, addr, &self.clock).await else {
             node.retry_rdma_at = Some(now + RDMA_BACKOFF);
             return false;
@@ -259,18 +382,18 @@ impl OneSided {
         true
     }
 
-    /// Reads `member`'s region over libfabric (unless that failed with it
+    /// Reads the region `at` over libfabric (unless that failed with it
     /// recently, or `Auto` would take libfabric's software tcp provider
     /// over a region this host can map).
     #[cfg(feature = "ofi")]
     async fn attach_ofi(
         &self,
         topology: &mut Topology,
-        member: &MemberInfo,
+        at: RegionAt<'_>,
         status: Option<&NodeStatus>,
         now: Instant,
     ) -> bool {
-        let node = topology.nodes.entry(member.id).or_default();
+        let node = topology.nodes.entry(at.key()).or_default();
         let transport = self.router.options().transport;
         if !transport.allows_ofi() || node.retry_ofi_at.is_some_and(|at| at > now) {
             return false;
@@ -282,9 +405,7 @@ impl OneSided {
         if transport == crate::Transport::Auto && software_only && mappable {
             return false;
         }
-        let Some(attached) =
-            super::ofi::attach(&self.router, &member.client_addr, &self.clock).await
-        else {
+        let Some(attached) = super::ofi::attach(&self.router, at, &self.clock).await else {
             node.retry_ofi_at = Some(now + OFI_BACKOFF);
             return false;
         };
@@ -295,27 +416,27 @@ impl OneSided {
         true
     }
 
-    /// Maps `member`'s region if it is on this host (its shm socket exists),
-    /// and then talks to it over its Unix socket too (writes and control
-    /// skip TCP).
+    /// Maps the region `at` if its node is on this host (its shm socket
+    /// exists), and then talks to that node over its Unix socket too
+    /// (writes and control skip TCP).
     async fn attach_local(
         &self,
-        member: &MemberInfo,
-        status: Option<NodeStatus>,
+        at: RegionAt<'_>,
+        status: Option<&NodeStatus>,
     ) -> Option<RegionReader> {
         let (socket, rpc_socket) = status
-            .map(|s| (s.shm_socket, s.rpc_socket))
+            .map(|s| (s.shm_socket.clone(), s.rpc_socket.clone()))
             .unwrap_or_default();
         let shm_allowed = self.router.options().transport.allows_shm();
         let reader = match socket.filter(|p| shm_allowed && Path::new(p).exists()) {
-            Some(path) => self.attach_shm(Path::new(&path)).await,
+            Some(path) => self.attach_shm(Path::new(&path), at.shard).await,
             None => None,
         };
         if let Some(rpc) = rpc_socket.filter(|p| reader.is_some() && Path::new(p).exists())
             && let Err(e) = self
                 .router
                 .pool()
-                .use_unix_socket(&member.client_addr, Path::new(&rpc))
+                .use_unix_socket(at.addr, Path::new(&rpc))
                 .await
         {
             tracing::debug!(rpc, "unix socket unusable, staying on tcp: {e}");
@@ -323,9 +444,10 @@ impl OneSided {
         reader
     }
 
-    async fn attach_shm(&self, path: &Path) -> Option<RegionReader> {
+    async fn attach_shm(&self, path: &Path, shard: Option<ShardId>) -> Option<RegionReader> {
         let options = self.router.options();
-        let attachment = attach_shm(path, options.token.as_deref(), &options.client_name)
+        let token = options.token.as_deref();
+        let attachment = attach_shm_shard(path, token, &options.client_name, shard)
             .await
             .map_err(|e| tracing::debug!(path = %path.display(), "no shm attachment: {e}"))
             .ok()?;

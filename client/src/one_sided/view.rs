@@ -10,20 +10,41 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use rdkv_fabric::clock::{boottime_now_us, unix_now_us};
 use rdkv_fabric::{ReadTime, RegionReader};
+use rdkv_proto::shard::{SLOT_COUNT, ShardId, ShardMap, key_slot};
 
 use super::topology::Topology;
 
 /// A refresh is wanted once a view is this old (the topology's TTL).
 pub(super) const VIEW_TTL: Duration = Duration::from_secs(1);
 
-/// The readers of the regions this client can read one-sided, the leader
-/// among them, and the clock the reads of this view use.
-#[derive(Debug, Default)]
-pub(crate) struct ReadView {
+/// The readers of one shard's regions (a single group: shard 0's), and
+/// which of them is its leader's.
+#[derive(Debug)]
+pub(crate) struct GroupView {
+    pub(super) shard: ShardId,
     /// One reader per attached member region.
     pub(super) readers: Vec<RegionReader>,
-    /// Which of `readers` is the leader's, if the leader's region is attached.
+    /// Which of `readers` is the leader's, if its region is attached.
     pub(super) leader: Option<usize>,
+}
+
+impl GroupView {
+    pub(super) fn leader_reader(&self) -> Option<&RegionReader> {
+        self.readers.get(self.leader?)
+    }
+}
+
+/// The readers of the regions this client can read one-sided, by shard,
+/// and the clock the reads of this view use.
+#[derive(Debug, Default)]
+pub(crate) struct ReadView {
+    /// One per shard of the map the view was built under (a single group:
+    /// one, shard 0).
+    pub(super) groups: Vec<GroupView>,
+    /// Under a map of several shards: for each hash slot, the index in
+    /// `groups` of the shard owning it (a key's group is one table load
+    /// after its CRC16). `None`: every key is `groups[0]`'s.
+    slot_groups: Option<Box<[u16]>>,
     /// On the boottime clock: after this a refresh is wanted.
     pub(super) fresh_until_us: u64,
     /// Wall clock minus boottime (µs) when the view was built: a GET reads
@@ -39,28 +60,41 @@ impl ReadView {
     /// A view of `topology` as refreshed now.
     pub(super) fn of(topology: &Topology) -> ReadView {
         let boot_us = boottime_now_us();
-        let mut readers = Vec::new();
-        let mut leader = None;
-        for (id, node) in &topology.nodes {
-            if let Some(reader) = &node.reader {
-                if Some(*id) == topology.leader {
-                    leader = Some(readers.len());
-                }
-                readers.push(reader.clone());
-            }
-        }
+        let groups: Vec<GroupView> = topology
+            .shards()
+            .map(|shard| group_of(topology, shard))
+            .collect();
+        let slot_groups = topology.map.as_deref().map(|map| slot_table(map, &groups));
         let ttl_us = u64::try_from(VIEW_TTL.as_micros()).unwrap_or(u64::MAX);
         ReadView {
-            readers,
-            leader,
+            groups,
+            slot_groups,
             fresh_until_us: boot_us.saturating_add(ttl_us),
             wall_minus_boot_us: unix_now_us().saturating_sub(boot_us),
             built: true,
         }
     }
 
-    pub(super) fn leader_reader(&self) -> Option<&RegionReader> {
-        self.readers.get(self.leader?)
+    /// The group of the shard owning `key` (`None`: no view yet, or a map
+    /// without that shard).
+    pub(super) fn group_of(&self, key: &[u8]) -> Option<&GroupView> {
+        let index = match &self.slot_groups {
+            None => 0,
+            Some(table) => usize::from(*table.get(usize::from(key_slot(key).get()))?),
+        };
+        self.groups.get(index)
+    }
+
+    /// The group of `keys` if they are all of one shard (`None`: keys of
+    /// several, or none).
+    pub(super) fn one_group_of<'k>(
+        &self,
+        keys: impl IntoIterator<Item = &'k [u8]>,
+    ) -> Option<&GroupView> {
+        let mut keys = keys.into_iter();
+        let group = self.group_of(keys.next()?)?;
+        keys.all(|key| self.group_of(key).is_some_and(|g| std::ptr::eq(g, group)))
+            .then_some(group)
     }
 
     /// The one clock reading of a GET: boottime, with the wall clock
@@ -77,6 +111,44 @@ impl ReadView {
     pub(super) fn unix_us(&self, time: ReadTime) -> u64 {
         time.monotonic_us.saturating_add(self.wall_minus_boot_us)
     }
+}
+
+/// Shard `shard`'s readers in `topology`, its leader's marked.
+fn group_of(topology: &Topology, shard: ShardId) -> GroupView {
+    let mut readers = Vec::new();
+    let mut leader = None;
+    let led_by = topology.leaders.get(&shard).copied();
+    for ((_, id), node) in topology.nodes.range((shard, 0)..=(shard, u64::MAX)) {
+        if let Some(reader) = &node.reader {
+            if Some(*id) == led_by {
+                leader = Some(readers.len());
+            }
+            readers.push(reader.clone());
+        }
+    }
+    GroupView {
+        shard,
+        readers,
+        leader,
+    }
+}
+
+/// For each slot of `map`, the index in `groups` of its shard's group
+/// (`u16::MAX`, which no group has, if `groups` lacks it).
+fn slot_table(map: &ShardMap, groups: &[GroupView]) -> Box<[u16]> {
+    let mut table = vec![u16::MAX; usize::from(SLOT_COUNT)];
+    for range in map.ranges() {
+        let index = groups
+            .iter()
+            .position(|g| g.shard == range.shard)
+            .and_then(|i| u16::try_from(i).ok())
+            .unwrap_or(u16::MAX);
+        let slots = usize::from(range.first.get())..=usize::from(range.last.get());
+        if let Some(part) = table.get_mut(slots) {
+            part.fill(index);
+        }
+    }
+    table.into_boxed_slice()
 }
 
 /// The current view and the wish for a new one.

@@ -104,6 +104,20 @@ impl Router {
         self.shards.is_sharded()
     }
 
+    /// The shard whose log an answer to `request` speaks of (its applied
+    /// index): a single group's, shard 0; under a map of several, the
+    /// shard it names or its key's; `None` for a keyless request there
+    /// (it goes to whichever node; its index is of no known log).
+    pub(crate) fn log_of(&self, request: &Request) -> Option<ShardId> {
+        match self.shards.map() {
+            Some(map) if map.shards().len() > 1 => match request {
+                Request::Sharded { shard, .. } => Some(*shard),
+                _ => first_key(request).map(|key| map.shard_of_key(key)),
+            },
+            _ => Some(ShardId(0)),
+        }
+    }
+
     /// Where `request` goes under the map held: its key's shard, that
     /// shard's leader hint and members. Unsharded: the whole cluster.
     fn target(&self, request: &Request) -> Target {

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use rdkv_proto::shard::ShardId;
 use rdkv_proto::wire::OfiRegionGrant;
 
 use super::endpoint::{Endpoint, Progress, Registration, SharedEndpoint, lock};
@@ -44,6 +45,8 @@ const WAIT_AT_MOST: Duration = Duration::from_millis(50);
 #[derive(Debug)]
 struct RegionRegistration {
     node_id: u64,
+    /// The shard whose region it is: each shard has its own current one.
+    shard: ShardId,
     epoch: u64,
     memory: Arc<RegionMemory>,
     registration: Registration,
@@ -125,26 +128,32 @@ impl OfiServer {
         self.regions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The grant of the current region, registering it for remote reads on
-    /// first use; every other registration starts its grace period.
+    /// The grant of `shard`'s current region, registering it for remote
+    /// reads on first use; the shard's other registrations start their
+    /// grace period (a node hosting several shards has one current region
+    /// per shard).
     pub fn grant(
         &self,
         memory: &Arc<RegionMemory>,
         node_id: u64,
+        shard: ShardId,
         epoch: u64,
     ) -> Result<OfiRegionGrant, OfiError> {
         let now = Instant::now();
         let mut regions = self.regions();
-        for r in regions.iter_mut() {
+        for r in regions.iter_mut().filter(|r| r.shard == shard) {
             let current = r.epoch == epoch && Arc::ptr_eq(&r.memory, memory);
             if !current && r.retired_at.is_none() {
                 r.retired_at = Some(now);
             }
         }
-        let index = match regions.iter().position(|r| r.retired_at.is_none()) {
+        let current = regions
+            .iter()
+            .position(|r| r.shard == shard && r.retired_at.is_none());
+        let index = match current {
             Some(index) => index,
             None => {
-                regions.push(self.register(memory, node_id, epoch)?);
+                regions.push(self.register(memory, node_id, shard, epoch)?);
                 regions.len() - 1
             }
         };
@@ -164,6 +173,7 @@ impl OfiServer {
         &self,
         memory: &Arc<RegionMemory>,
         node_id: u64,
+        shard: ShardId,
         epoch: u64,
     ) -> Result<RegionRegistration, OfiError> {
         let (virtual_addresses, requested_key) = {
@@ -192,6 +202,7 @@ impl OfiServer {
             )?
         };
         tracing::info!(
+            %shard,
             epoch,
             bytes = memory.len_bytes(),
             provider = %self.provider,
@@ -199,6 +210,7 @@ impl OfiServer {
         );
         Ok(RegionRegistration {
             node_id,
+            shard,
             epoch,
             memory: Arc::clone(memory),
             registration,

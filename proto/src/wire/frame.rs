@@ -31,6 +31,9 @@ pub enum FrameKind {
     ServerHello = 2,
     Request = 3,
     Response = 4,
+    /// The `shm` attach of a named shard's region (`ShmAttach`, protocol
+    /// version 3); a plain attach is a `ClientHello`.
+    ShmAttach = 5,
 }
 
 impl FrameKind {
@@ -48,6 +51,7 @@ impl TryFrom<u8> for FrameKind {
             2 => Ok(Self::ServerHello),
             3 => Ok(Self::Request),
             4 => Ok(Self::Response),
+            5 => Ok(Self::ShmAttach),
             other => Err(WireError::UnknownFrameKind(other)),
         }
     }

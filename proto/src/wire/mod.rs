@@ -56,4 +56,4 @@ pub use rdma::{
     RDMA_MTU_BYTES, RdmaRegionGrant, RdmaWireError,
 };
 pub use sharded::ShardRequest;
-pub use shm::{MAX_SHM_GRANT_BYTES, SHM_GRANT_PREFIX_BYTES, ShmGrant};
+pub use shm::{MAX_SHM_GRANT_BYTES, SHM_GRANT_PREFIX_BYTES, ShmAttach, ShmGrant};

@@ -42,6 +42,12 @@ pub enum ShardRequest {
     /// replica. Answered with the new
     /// [`Response::Members`](super::Response::Members).
     MoveReplica { from: u64, to: u64 },
+    /// [`Request::RdmaRegion`] of the shard's region: its grant, or
+    /// `WrongShard` from a node that does not host it (docs/sharding.md,
+    /// section 5, "One-sided reads").
+    RdmaRegion,
+    /// [`Request::OfiRegion`] of the shard's region, the same way.
+    OfiRegion,
 }
 
 impl ShardRequest {
@@ -53,6 +59,8 @@ impl ShardRequest {
             ShardRequest::OpenReplica => Op::ShardOpenReplica,
             ShardRequest::CloseReplica => Op::ShardCloseReplica,
             ShardRequest::MoveReplica { .. } => Op::ShardMoveReplica,
+            ShardRequest::RdmaRegion => Op::RdmaRegion,
+            ShardRequest::OfiRegion => Op::OfiRegion,
         }
     }
 
@@ -73,6 +81,8 @@ impl ShardRequest {
                 consistency: *consistency,
             },
             ShardRequest::Clear => Request::Clear,
+            ShardRequest::RdmaRegion => Request::RdmaRegion,
+            ShardRequest::OfiRegion => Request::OfiRegion,
             ShardRequest::OpenReplica
             | ShardRequest::CloseReplica
             | ShardRequest::MoveReplica { .. } => return None,

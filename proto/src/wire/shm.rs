@@ -1,7 +1,9 @@
 //! The `shm` transport's attach reply.
 //!
 //! A same-host client connects to the server's Unix socket and sends one
-//! [`ClientHello`](super::ClientHello) frame. The server answers with exactly one
+//! [`ClientHello`](super::ClientHello) frame (the node's primary region: a
+//! single group's), or one [`ShmAttach`] frame naming a shard (protocol
+//! version 3, docs/sharding.md, section 5). The server answers with exactly one
 //! message, `[u32 LE len][postcard(ShmGrant)]`, and closes. A
 //! [`ShmGrant::Granted`] travels in the same `sendmsg` as a read-only fd of the
 //! region's memfd (SCM_RIGHTS); a [`ShmGrant::Refused`] never carries an fd.
@@ -13,7 +15,9 @@ use serde::{Deserialize, Serialize};
 
 use super::error::WireError;
 use super::frame::decode_exact;
-use super::message::ErrorCode;
+use super::handshake::ClientHello;
+use super::message::{ErrorCode, WrongShard};
+use crate::shard::ShardId;
 
 /// Largest grant body a client accepts (the length prefix not counted). A
 /// grant is a few dozen bytes; the cap keeps a hostile server from making the
@@ -34,6 +38,18 @@ pub enum ShmGrant {
     },
     /// No fd is attached. Branch on `code`; `message` is for humans.
     Refused { code: ErrorCode, message: String },
+    /// No fd is attached: the node does not host the shard a [`ShmAttach`]
+    /// named (only ever sent in answer to one).
+    WrongShard(WrongShard),
+}
+
+/// The attach of one shard's region (frame kind
+/// [`FrameKind::ShmAttach`](super::FrameKind::ShmAttach)): the hello, whose
+/// versions must include 3, and the shard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShmAttach {
+    pub hello: ClientHello,
+    pub shard: ShardId,
 }
 
 impl ShmGrant {
@@ -72,6 +88,11 @@ mod tests {
                 code: ErrorCode::Unauthenticated,
                 message: "bad token".into(),
             },
+            ShmGrant::WrongShard(WrongShard {
+                map_version: 1,
+                slot: crate::shard::Slot::new(5461).unwrap(),
+                shard: ShardId(2),
+            }),
         ] {
             let bytes = grant.encode().unwrap();
             let len = u32::from_le_bytes(bytes[..4].try_into().unwrap()) as usize;

@@ -181,16 +181,18 @@ impl Handler {
         &self.shards
     }
 
-    /// Why this node grants no one-sided access to its region: a
-    /// multi-shard node holds a region per shard and a grant request names
-    /// none (docs/sharding.md, section 5), so a reader given one region
-    /// would take another shard's keys for absent.
+    /// Why this node refuses a one-sided grant request that names no
+    /// shard (`RdmaRegion`, `OfiRegion`, `RdmaConnect`, a plain shm attach):
+    /// a multi-shard node holds a region per shard, and a reader given one
+    /// for a request that named none would take another shard's keys for
+    /// absent (docs/sharding.md, section 5). Such a node grants a region
+    /// only to a request naming its shard (`Request::Sharded`).
     pub fn one_sided_refusal(&self) -> Option<ErrorReply> {
         self.shards.is_sharded().then(|| {
             ErrorReply::new(
                 ErrorCode::InvalidRequest,
-                "one-sided reads of a multi-shard node are not served yet \
-                 (the grant request names no shard)",
+                "this node hosts several shards: a one-sided grant must name its \
+                 shard (protocol version 3)",
             )
         })
     }
@@ -364,18 +366,10 @@ impl Handler {
                 ErrorCode::InvalidRequest,
                 "rdma sessions are opened on a native client connection",
             )),
-            Request::RdmaRegion | Request::OfiRegion if self.shards.is_sharded() => Err(self
-                .one_sided_refusal()
-                .unwrap_or_else(|| not_across_shards("a grant"))),
-            Request::RdmaRegion => self
-                .rdma
-                .region_grant(&replica.sm, replica.node_id())
-                .map(Response::RdmaRegion),
-            // Over the authenticated connection only, like every request.
-            Request::OfiRegion => self
-                .ofi
-                .region_grant(&replica.sm, replica.node_id())
-                .map(Response::OfiRegion),
+            // Unnamed: the one group's region (shard 0), refused on a
+            // multi-shard node.
+            Request::RdmaRegion => self.unnamed_grant(false),
+            Request::OfiRegion => self.unnamed_grant(true),
             // GET and MGET are served by `dispatch`, writes by `write`.
             other => Err(ErrorReply::new(
                 ErrorCode::InvalidRequest,
@@ -423,6 +417,34 @@ impl Handler {
                 };
                 run.run(from, to).await
             }
+            ShardRequest::RdmaRegion => self.grant(replica, shard, false),
+            ShardRequest::OfiRegion => self.grant(replica, shard, true),
+        }
+    }
+
+    /// A grant request naming no shard: the single group's region,
+    /// refused on a multi-shard node.
+    fn unnamed_grant(&self, ofi: bool) -> Reply {
+        match self.one_sided_refusal() {
+            Some(refusal) => Err(refusal),
+            None => self.grant(&self.shards.primary(), ShardId(0), ofi),
+        }
+    }
+
+    /// The grant of `replica`'s region, shard `shard`'s, over libfabric
+    /// (`ofi`) or verbs; sent over the authenticated connection only, like
+    /// every answer.
+    fn grant(&self, replica: &Replica, shard: ShardId, ofi: bool) -> Reply {
+        let (sm, node_id) = (&replica.sm, replica.node_id());
+        match ofi {
+            true => self
+                .ofi
+                .region_grant(sm, node_id, shard)
+                .map(Response::OfiRegion),
+            false => self
+                .rdma
+                .region_grant(sm, node_id, shard)
+                .map(Response::RdmaRegion),
         }
     }
 

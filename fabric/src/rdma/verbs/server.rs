@@ -1,8 +1,9 @@
 //! What a node holds: the devices it serves through (each client
 //! connection goes through the device holding its control connection's
 //! local address, opened on first use), on each its region registered for
-//! remote READs (one registration per device and region epoch: an rkey is
-//! valid on its own device only), and a queue pair per client connection.
+//! remote READs (one registration per device, shard and region epoch: an
+//! rkey is valid on its own device only; a node hosting several shards has
+//! a current region per shard), and a queue pair per client connection.
 //!
 //! Region retirement: a region is replaced when a snapshot is installed (new
 //! epoch) and retired when the node stops. The old registration is kept for
@@ -15,6 +16,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use rdkv_proto::shard::ShardId;
 use rdkv_proto::wire::{QpEndpoint, RdmaRegionGrant};
 use sideway::ibverbs::AccessFlags;
 use tokio::task::JoinHandle;
@@ -31,6 +33,8 @@ use crate::rpc::RpcHandler;
 #[derive(Debug)]
 struct RegionRegistration {
     node_id: u64,
+    /// The shard whose region it is: each shard has its own current one.
+    shard: ShardId,
     epoch: u64,
     registered: Registered,
     /// When it stopped being the current region.
@@ -65,6 +69,8 @@ impl Health for ServerDevice {
 pub struct RegionRef<'a> {
     pub memory: &'a Arc<RegionMemory>,
     pub node_id: u64,
+    /// Whose region: only this shard's other registrations are retired.
+    pub shard: ShardId,
     pub epoch: u64,
 }
 
@@ -94,18 +100,19 @@ impl ServerDevice {
         self.regions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The grant of the current region on this device, registering it
-    /// with remote-read access on first use; every other registration
-    /// starts its grace period.
+    /// The grant of the shard's current region on this device, registering
+    /// it with remote-read access on first use; the shard's other
+    /// registrations start their grace period.
     fn grant(&self, region: RegionRef<'_>) -> Result<RdmaRegionGrant, RdmaError> {
         let RegionRef {
             memory,
             node_id,
+            shard,
             epoch,
         } = region;
         let now = Instant::now();
         let mut regions = self.regions();
-        for r in regions.iter_mut() {
+        for r in regions.iter_mut().filter(|r| r.shard == shard) {
             let current = r.epoch == epoch && Arc::ptr_eq(&r.registered.memory, memory);
             if !current && r.retired_at.is_none() {
                 r.retired_at = Some(now);
@@ -113,7 +120,7 @@ impl ServerDevice {
         }
         let existing = regions
             .iter()
-            .find(|r| r.retired_at.is_none())
+            .find(|r| r.shard == shard && r.retired_at.is_none())
             .map(|r| (r.registered.addr(), r.registered.rkey()));
         let (addr, rkey) = match existing {
             Some(found) => found,
@@ -131,6 +138,7 @@ impl ServerDevice {
                 );
                 regions.push(RegionRegistration {
                     node_id,
+                    shard,
                     epoch,
                     registered,
                     retired_at: None,
@@ -187,19 +195,10 @@ impl RdmaServer {
         self.description.clone()
     }
 
-    /// Keeps the current region registered on every opened device and
-    /// returns its grant on the default route's device (`RdmaRegion`).
-    pub fn grant(
-        &self,
-        memory: &Arc<RegionMemory>,
-        node_id: u64,
-        epoch: u64,
-    ) -> Result<RdmaRegionGrant, RdmaError> {
-        let region = RegionRef {
-            memory,
-            node_id,
-            epoch,
-        };
+    /// Keeps `region` registered as its shard's current one on every
+    /// opened device and returns its grant on the default route's device
+    /// (`RdmaRegion`).
+    pub fn grant(&self, region: RegionRef<'_>) -> Result<RdmaRegionGrant, RdmaError> {
         for device in self.devices.opened() {
             device.grant(region)?;
         }
