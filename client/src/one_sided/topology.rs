@@ -218,6 +218,7 @@ impl OneSided {
         // Whether the cluster has several shards decides how regions are
         // asked for: known before the first attach (once per client).
         self.router.learn_map().await;
+        self.router.complete_map().await;
         match self.router.shard_map().filter(|_| self.router.is_sharded()) {
             Some(map) => self.refresh_shards(topology, map).await,
             None => self.refresh_group(topology).await,

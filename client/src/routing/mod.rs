@@ -190,6 +190,22 @@ impl Router {
         }
     }
 
+    /// Asks for the newest map when the one held names a node without a
+    /// client address: a new cluster's metadata group publishes the nodes'
+    /// addresses in the versions after the first, and a reader needs every
+    /// node's address to attach its regions.
+    pub(crate) async fn complete_map(&self) {
+        let Some(map) = self.shard_map() else {
+            return;
+        };
+        if map.nodes().iter().all(|node| node.client_addr.is_some()) {
+            return;
+        }
+        if let Ok(Response::ShardMap(newer)) = self.send(Request::ShardMap).await {
+            self.shards.install(*newer);
+        }
+    }
+
     /// Sends `request` where its kind may be served ([`route_of`]).
     pub(crate) async fn send(&self, request: Request) -> Result<Response> {
         let moves_leader = matches!(request, Request::MoveLeader { .. });
