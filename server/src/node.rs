@@ -465,6 +465,28 @@ fn drop_unjoined(
     Ok(kept)
 }
 
+/// A new data directory's groups: bootstrapped (with `--initial-cluster`),
+/// then, on a multi-shard node, `HOSTED` recorded. After the bootstrap: a
+/// restart before this forms the same groups again (initializing is
+/// idempotent), one after it never re-initializes a shard moved away from
+/// or onto this node.
+async fn form_groups(
+    shards: &Shards,
+    placed: Option<&ShardMap>,
+    config: &Config,
+    layout: &Layout,
+    client_addr: &str,
+) -> Result<()> {
+    if !config.initial_cluster.is_empty() {
+        bootstrap(shards, placed, config, client_addr).await?;
+    }
+    if shards.is_sharded() {
+        let hosted = shards.iter().map(|(shard, _)| shard).collect();
+        layout.record_hosted(&config.data_dir, &hosted)?;
+    }
+    Ok(())
+}
+
 /// The shards this node started, the placed map of a multi-shard cluster
 /// (what its groups are initialized with), and whether the data directory
 /// is new.
@@ -653,15 +675,8 @@ impl Node {
             shutdown_rx.clone(),
         )));
         let client_addr = config.listen.to_string();
-        if !config.initial_cluster.is_empty() && fresh {
-            bootstrap(&shards, placed.as_ref(), &config, &client_addr).await?;
-        }
-        if fresh && shards.is_sharded() {
-            // After the bootstrap: a restart before this forms the same
-            // groups again (initializing is idempotent), one after it never
-            // re-initializes a shard moved away or onto this node.
-            let hosted = shards.iter().map(|(shard, _)| shard).collect();
-            layout.record_hosted(&config.data_dir, &hosted)?;
+        if fresh {
+            form_groups(&shards, placed.as_ref(), &config, &layout, &client_addr).await?;
         }
         let hosting = shards.is_sharded().then(|| {
             Arc::new(Hosting::new(HostingParts {
