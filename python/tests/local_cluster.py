@@ -121,6 +121,20 @@ class Pki:
         return context
 
 
+# How many times `start` chooses ports before giving up on taken ones.
+PORT_ATTEMPTS = 3
+# What an rdkv-server that could not bind a listener says (io::Error's text).
+ADDRESS_IN_USE = "Address already in use"
+
+
+class NodeExited(RuntimeError):
+    """A node's process ended while the cluster started or ran."""
+
+    def __init__(self, message: str, port_taken: bool):
+        super().__init__(message)
+        self.port_taken = port_taken
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -193,6 +207,20 @@ class LocalCluster:
         return [node.client for node in self.members]
 
     def start(self, timeout: float = 30.0) -> "LocalCluster":
+        """Starts the nodes; again on new ports (and a new directory) when a
+        port chosen free was taken before a node bound it: `free_port`
+        releases the port it found, and another process (an outgoing
+        connection's ephemeral port, say) may take it first."""
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                return self._start_once(timeout)
+            except NodeExited as exited:
+                if attempt + 1 == PORT_ATTEMPTS or not exited.port_taken:
+                    raise
+                self.members = []
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> "LocalCluster":
         binary = server_binary()
         self._dir = Path(tempfile.mkdtemp(prefix="rdkv-py-"))
         if self.tls:
@@ -260,8 +288,10 @@ class LocalCluster:
     def _check_alive(self) -> None:
         for node in self.members:
             if node.process is not None and node.process.poll() is not None:
-                raise RuntimeError(
-                    f"rdkv-server {node.id} exited ({node.process.returncode}):\n{self.logs()}"
+                log = node.log_path.read_text(errors="replace")
+                raise NodeExited(
+                    f"rdkv-server {node.id} exited ({node.process.returncode}):\n{self.logs()}",
+                    port_taken=ADDRESS_IN_USE in log,
                 )
 
     def client(self, **options) -> rdkv.Client:
@@ -282,7 +312,11 @@ class LocalCluster:
                 text = node.log_path.read_text(errors="replace")
             except OSError:
                 text = "(no log)"
-            parts.append(f"--- node {node.id} ---\n{text[-4000:]}")
+            # The error a node exited with comes before its backtrace, which
+            # may be longer than the tail shown.
+            found = re.search(r"(?m)^Error: ", text)
+            error = f"{text[found.start():found.start() + 1500]}\n...\n" if found else ""
+            parts.append(f"--- node {node.id} ---\n{error}{text[-4000:]}")
         return "\n".join(parts)
 
     def kill(self) -> None:
