@@ -27,11 +27,7 @@ impl ShardsState {
     /// Asks any node for the map, then every node of the map for the
     /// shards it hosts; nodes that do not answer are skipped.
     pub async fn gather(client: &Client) -> Result<ShardsState> {
-        let map = match client.send(Request::ShardMap).await {
-            Ok(Response::ShardMap(map)) => *map,
-            Ok(other) => bail!("the shard map request was answered {other:?}"),
-            Err(e) => return Err(e).context("reading the shard map failed"),
-        };
+        let map = fetch_map(client).await?;
         let mut statuses = Vec::new();
         for node in map.nodes() {
             let Some(addr) = &node.client_addr else {
@@ -74,6 +70,15 @@ impl ShardsState {
 
     fn client_addr(&self, node: u64) -> Option<&str> {
         self.map.node(node).and_then(|n| n.client_addr.as_deref())
+    }
+}
+
+/// The shard map, as any node answers it.
+pub async fn fetch_map(client: &Client) -> Result<ShardMap> {
+    match client.send(Request::ShardMap).await {
+        Ok(Response::ShardMap(map)) => Ok(*map),
+        Ok(other) => bail!("the shard map request was answered {other:?}"),
+        Err(e) => Err(e).context("reading the shard map failed"),
     }
 }
 

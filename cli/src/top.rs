@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use rdkv_client::{Client, NodeStatus, OpStats, Role};
-use rdkv_proto::wire::{Request, Response, ShardStatus};
+use rdkv_proto::wire::ShardStatus;
 
 use crate::output::Table;
-use crate::top_shards;
 use crate::views::{fill_percent, role_name};
+use crate::{shards, top_shards};
 
 /// What `top` shows for one member in one refresh.
 #[derive(Debug, Clone, PartialEq)]
@@ -202,7 +202,7 @@ struct Answer {
 /// multi-shard cluster the map's nodes (the members `Members` lists are the
 /// primary shard's only), else the group's members.
 async fn targets(client: &Client) -> Result<(Vec<(u64, String)>, bool)> {
-    if let Ok(Response::ShardMap(map)) = client.send(Request::ShardMap).await
+    if let Ok(map) = shards::fetch_map(client).await
         && map.shards().len() > 1
     {
         let nodes = map
