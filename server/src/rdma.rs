@@ -50,6 +50,15 @@ pub struct RdmaClientEndpoint {
     pub local_ip: Option<std::net::IpAddr>,
 }
 
+/// The region a queue pair's grant names: `shard`'s replica's, on node
+/// `node_id`.
+#[derive(Debug, Clone, Copy)]
+pub struct RdmaTarget<'a> {
+    pub sm: &'a RegionStateMachine,
+    pub node_id: u64,
+    pub shard: ShardId,
+}
+
 impl RdmaState {
     /// Opens the device (`device`: a name, or `None` for the first with an
     /// active port; `Some("off")` disables RDMA) and logs the outcome.
@@ -123,21 +132,20 @@ impl RdmaState {
     }
 
     /// A queue pair towards `client`, serving its requests with `handler`,
-    /// and the grant of `sm`'s region (a single group's shard 0).
+    /// and the grant of `target`'s region.
     #[cfg_attr(not(feature = "rdma"), allow(unused_variables))]
     pub fn connect(
         &self,
         client: RdmaClientEndpoint,
         handler: Arc<dyn rdkv_fabric::RpcHandler>,
-        sm: &RegionStateMachine,
-        node_id: u64,
+        target: RdmaTarget<'_>,
         max_frame_bytes: u32,
         max_in_flight: u32,
     ) -> Result<(QpEndpoint, RdmaRegionGrant, RdmaConnectionGuard), ErrorReply> {
         #[cfg(feature = "rdma")]
         if let Some(server) = &self.server {
-            let memory = sm.region_memory();
-            let region = region_ref(&memory, sm, node_id, ShardId(0));
+            let memory = target.sm.region_memory();
+            let region = region_ref(&memory, target.sm, target.node_id, target.shard);
             let (endpoint, grant, connection) = server
                 .accept(
                     client.endpoint,

@@ -215,8 +215,9 @@ async fn ask_over_tcp(addr: &str, version: u16, request: &Request) -> Response {
             .unwrap();
         assert!(read > 0, "closed after {frames:?}");
     }
-    let Ok(ServerHello::Accepted(info)) = decode_payload::<ServerHello>(&frames[0]) else {
-        panic!("not accepted: {:?}", frames[0]);
+    let info = match decode_payload::<ServerHello>(&frames[0]) {
+        Ok(ServerHello::Accepted(info) | ServerHello::AcceptedSharded { info, .. }) => info,
+        other => panic!("not accepted: {other:?}"),
     };
     assert_eq!(info.version, version);
     assert_eq!(frames[1].kind, FrameKind::Response);
@@ -380,7 +381,8 @@ fn shard_node_args(dir: &Path) -> impl Fn(&str) -> Config + '_ {
 /// One node of a 2-shard cluster hosting shard 0 only (docs/sharding.md,
 /// section 5): a grant request naming shard 1 (verbs, libfabric, shm) is
 /// answered `WrongShard`; one naming shard 0 reaches its grant (the shm
-/// attach maps shard 0's region, which holds the key written to it); an
+/// attach maps shard 0's region, which holds the key written to it), and
+/// so does a verbs session request naming it over TCP; an
 /// unnamed one (versions 1-2, a plain shm hello) is refused, never given
 /// the primary's region: its reader would take shard 1's keys for absent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -436,6 +438,43 @@ async fn a_shard_node_grants_the_regions_of_the_shards_it_hosts_only() {
             "{unnamed:?}: {answer:?}"
         );
     }
+
+    // A verbs session is opened on the client's connection (the handler
+    // alone cannot): the same three answers over TCP.
+    let endpoint = rdkv_proto::wire::QpEndpoint {
+        qp_num: 0x12,
+        psn: 0x34,
+        lid: 0,
+        gid: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1],
+        gid_index: 0,
+        port: 1,
+        mtu_bytes: 1024,
+        recv_credits: 16,
+        recv_buffer_bytes: 64 * 1024,
+        max_rd_atomic: 1,
+        max_dest_rd_atomic: 1,
+    };
+    let connect = |shard| Request::Sharded {
+        shard: ShardId(shard),
+        request: ShardRequest::RdmaConnect { endpoint },
+    };
+    let addr = node.handler.endpoints().client.clone();
+    let answer = ask_over_tcp(&addr, PROTOCOL_VERSION, &connect(1)).await;
+    assert!(
+        matches!(&answer, Response::WrongShard(w) if (w.shard, w.slot) == (wrong.shard, wrong.slot)),
+        "{answer:?}"
+    );
+    let answer = ask_over_tcp(&addr, PROTOCOL_VERSION, &connect(0)).await;
+    assert!(
+        matches!(&answer, Response::Error(e) if e.message.contains("is off on this node")),
+        "{answer:?}"
+    );
+    let unnamed = Request::RdmaConnect { endpoint };
+    let answer = ask_over_tcp(&addr, PROTOCOL_VERSION, &unnamed).await;
+    assert!(
+        matches!(&answer, Response::Error(e) if e.message.contains("must name its shard")),
+        "{answer:?}"
+    );
 
     let socket = node.handler.endpoints().shm_socket.clone().unwrap();
     let socket = Path::new(&socket);

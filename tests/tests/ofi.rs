@@ -25,9 +25,10 @@ use rdkv_fabric::ofi::endpoint;
 use rdkv_proto::wire::OfiRegionGrant;
 use rdkv_tests::ofi::{NODE_ARGS, PROVIDER, grant_of, ofi_on, options};
 use rdkv_tests::over::Over;
+use rdkv_tests::shard_view::{agreed_leaders, agreed_map, node_ids};
 use rdkv_tests::skip::{require_real_partitions, this_test};
 use rdkv_tests::{
-    Cluster, Intent, LEADER_TIMEOUT, check_with_leader, client_options,
+    Cluster, Intent, LEADER_TIMEOUT, check, check_with_leader, client_options,
     ensure_linearizable_refused, eventually, numbered,
 };
 
@@ -93,6 +94,77 @@ async fn gets_by_fi_read_from_another_network_namespace_cost_the_servers_no_rpc(
     check_with_leader(&mut cluster, 120, async |cluster, _| {
         println!("nodes on {kind}");
         gets_by_fi_read_cost_the_servers_no_rpc(cluster).await
+    })
+    .await
+}
+
+/// A cluster of six shards over ofi (`--shards 6 --replicas 3`): the client
+/// asks each node for a grant naming each shard and reads every key of
+/// every shard by `fi_read`, at Lease (the shard's leader's region) and at
+/// Follower, and an MGet spanning the shards; not one GET reaches a server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_shard_of_a_sharded_cluster_is_read_by_fi_read() -> Result<()> {
+    const KEYS: usize = 300;
+    let flags: Vec<&str> = NODE_ARGS
+        .iter()
+        .copied()
+        .chain(["--shards", "6", "--replicas", "3"])
+        .collect();
+    let mut cluster = Cluster::start_with(3, &flags)?;
+    check(&mut cluster, Duration::from_secs(240), async |cluster| {
+        let ids = node_ids(cluster);
+        let map = eventually(
+            LEADER_TIMEOUT,
+            "every node's address in every map",
+            async || agreed_map(cluster, &ids).await,
+        )
+        .await?;
+        ensure!(map.shards().len() == 6, "{map:?}");
+        if !ofi_on(cluster).await? {
+            return Ok(());
+        }
+        eventually(LEADER_TIMEOUT, "a leader in every shard", async || {
+            let led = agreed_leaders(cluster, &ids).await?;
+            ensure!(led.len() == 6, "{led:?}");
+            Ok(())
+        })
+        .await?;
+        numbered::put_all(&cluster.client(Intent::Any)?, KEYS).await?;
+        let client = cluster.client_with(Intent::Any, options(Transport::Ofi))?;
+        // Warm up: the client learns the map and opens a session per region.
+        eventually(LEADER_TIMEOUT, "a first read over ofi", async || {
+            ensure!(client.get(numbered::key(0)).await?.is_some());
+            Ok(())
+        })
+        .await?;
+        let before = cluster.served_gets().await?;
+        let stats_before = client.one_sided_stats().await;
+        numbered::get_all(&client, KEYS, 1).await?;
+        for i in 0..KEYS {
+            let got = client
+                .get_with(Bytes::from(numbered::key(i)), FOLLOWER)
+                .await?;
+            ensure!(
+                got.is_some_and(|v| v.value == numbered::value(i)),
+                "follower read of key {i}"
+            );
+        }
+        let values = client.mget((0..KEYS).map(numbered::key)).await?;
+        numbered::check_all(&values, "mget over ofi across shards")?;
+        let shards_read: std::collections::BTreeSet<_> = (0..KEYS)
+            .map(|i| map.shard_of_key(numbered::key(i).as_bytes()))
+            .collect();
+        ensure!(
+            shards_read.len() == 6,
+            "keys of shards {shards_read:?} only"
+        );
+        ensure!(
+            cluster.served_gets().await? == before,
+            "GETs reached the servers"
+        );
+        let served = client.one_sided_stats().await.served - stats_before.served;
+        ensure!(served == 3 * KEYS as u64, "{served} GETs one-sided");
+        Ok(())
     })
     .await
 }

@@ -15,9 +15,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
 use rdkv_client::{ClientOptions, Transport};
+use rdkv_tests::shard_view::{agreed_map, node_ids};
 use rdkv_tests::skip::{skip, skip_without_hardware, this_test};
 use rdkv_tests::stress_value::{check, encode};
-use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, client_options, numbered};
+use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, client_options, eventually, numbered};
 
 /// The device named by `RDKV_RDMA_DEVICE`, or `None` after saying (visibly,
 /// past the harness's capture) why the test is skipped. A device named for
@@ -182,6 +183,43 @@ async fn rdma_gets_cost_the_servers_no_rpc() -> Result<()> {
         ensure!(stats.reads.cache_hits > 0, "{stats:?}");
         // Linearizable reads are never one-sided.
         rdkv_tests::ensure_linearizable_refused(&client).await
+    })
+    .await
+}
+
+/// A cluster of six shards (`--shards 6 --replicas 3`): the client opens a
+/// session per (node, shard), each granted that shard's region, and reads
+/// every key of every shard by RDMA READs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdma_gets_of_every_shard_cost_the_servers_no_rpc() -> Result<()> {
+    const KEYS: usize = 300;
+    let flags = ["--shards", "6", "--replicas", "3"];
+    with_rdma_cluster(3, &flags, async |cluster, device| {
+        let ids = node_ids(cluster);
+        eventually(
+            LEADER_TIMEOUT,
+            "every node's address in every map",
+            async || agreed_map(cluster, &ids).await,
+        )
+        .await?;
+        numbered::put_all(&cluster.client(Intent::Any)?, KEYS).await?;
+        let client = cluster.client_with(Intent::Any, rdma_options(device))?;
+        eventually(LEADER_TIMEOUT, "a first read over rdma", async || {
+            ensure!(client.get(numbered::key(0)).await?.is_some());
+            Ok(())
+        })
+        .await?;
+        let before = cluster.served_gets().await?;
+        numbered::get_all(&client, KEYS, 2).await?;
+        let values = client.mget((0..KEYS).map(numbered::key)).await?;
+        numbered::check_all(&values, "mget across shards")?;
+        ensure!(
+            cluster.served_gets().await? == before,
+            "GETs reached the servers"
+        );
+        let stats = client.one_sided_stats().await;
+        ensure!(stats.served >= 3 * KEYS as u64, "{stats:?}");
+        Ok(())
     })
     .await
 }

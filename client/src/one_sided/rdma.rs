@@ -1,6 +1,8 @@
-//! Attaching to a node over RDMA: a dedicated control connection, the
-//! queue-pair exchange (`Request::RdmaConnect`), then a `RegionReader`
-//! over the session's RDMA fabric.
+//! Attaching to a region over RDMA: a dedicated control connection to its
+//! node, the queue-pair exchange (`Request::RdmaConnect`, inside
+//! `Request::Sharded` under a map of several shards: a session per (node,
+//! shard), its grant that shard's region on the device of its queue pair),
+//! then a `RegionReader` over the session's RDMA fabric.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -10,9 +12,9 @@ use rdkv_fabric::rdma::verbs::read::descriptor_of;
 use rdkv_fabric::rdma::verbs::{RdmaClient, RdmaSession};
 use rdkv_fabric::rpc::{Connection, RpcChannel};
 use rdkv_fabric::{Clock, RegionReader};
-use rdkv_proto::wire::{Request, Response};
+use rdkv_proto::wire::{Request, Response, ShardRequest};
 
-use super::topology::remote_reader;
+use super::topology::{RegionAt, remote_reader};
 use crate::routing::Router;
 
 /// The client's device, opened on first use; a failure is remembered
@@ -71,9 +73,10 @@ impl Device {
     pub(super) async fn attach(
         &self,
         router: &Router,
-        addr: &str,
+        at: RegionAt<'_>,
         clock: &Arc<dyn Clock>,
     ) -> Option<Attached> {
+        let addr = at.addr;
         let device = self.get(router)?;
         let control = router
             .pool()
@@ -86,9 +89,11 @@ impl Device {
             .map_err(|e| tracing::debug!(addr, "no rdma queue pair: {e}"))
             .ok()?;
         let deadline = tokio::time::Instant::now() + router.options().connect_timeout;
-        let request = Request::RdmaConnect {
-            endpoint: pending.endpoint(),
-        };
+        let endpoint = pending.endpoint();
+        let request = at.grant_request(
+            Request::RdmaConnect { endpoint },
+            ShardRequest::RdmaConnect { endpoint },
+        );
         let (endpoint, region) = match control.call(&request, deadline).await {
             Ok(Response::RdmaConnected { endpoint, region }) => (endpoint, region),
             Ok(other) => {

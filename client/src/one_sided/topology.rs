@@ -87,7 +87,7 @@ impl RegionAt<'_> {
 
     /// The grant request of this region: `unnamed` for a single group's,
     /// else `named` inside `Request::Sharded`.
-    #[cfg(feature = "ofi")]
+    #[cfg(any(feature = "rdma", feature = "ofi"))]
     pub(super) fn grant_request(
         &self,
         unnamed: Request,
@@ -342,9 +342,8 @@ impl OneSided {
         if let Some(channel) = topology.retire_reader(at.key()) {
             self.router.pool().forget_channel(at.addr, &channel).await;
         }
-        // Verbs sessions carry no shard yet: a single group's only.
         #[cfg(feature = "rdma")]
-        if at.shard.is_none() && self.attach_rdma(topology, at, now).await {
+        if self.attach_rdma(topology, at, now).await {
             return;
         }
         #[cfg(feature = "ofi")]
@@ -357,9 +356,11 @@ impl OneSided {
         node.reader = reader;
     }
 
-    /// Sets up an RDMA session with the node of `at` (unless RDMA failed
+    /// Sets up an RDMA session reading the region `at` (unless RDMA failed
     /// with it recently); its channel then carries this client's requests
-    /// to it.
+    /// to the node (under a map of several shards each of the node's
+    /// sessions in turn: the newest is used, and a retired one's requests
+    /// go back to TCP until the next refresh).
     #[cfg(feature = "rdma")]
     async fn attach_rdma(&self, topology: &mut Topology, at: RegionAt<'_>, now: Instant) -> bool {
         let node = topology.nodes.entry(at.key()).or_default();
@@ -368,7 +369,7 @@ impl OneSided {
             return false;
         }
         let addr = at.addr;
-        let Some(attached) = self.rdma.attach(&self.router, addr, &self.clock).await else {
+        let Some(attached) = self.rdma.attach(&self.router, at, &self.clock).await else {
             node.retry_rdma_at = Some(now + RDMA_BACKOFF);
             return false;
         };

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::message::{Consistency, Request};
 use super::op::Op;
+use super::rdma::QpEndpoint;
 
 /// What [`Request::Sharded`] asks of its shard. Append-only, like every
 /// wire enum.
@@ -48,6 +49,11 @@ pub enum ShardRequest {
     RdmaRegion,
     /// [`Request::OfiRegion`] of the shard's region, the same way.
     OfiRegion,
+    /// [`Request::RdmaConnect`] towards the shard's region: a queue pair
+    /// whose grant is that shard's, or `WrongShard`. A client opens one per
+    /// (node, shard) it reads: a verbs session is bound to the device of
+    /// its connection, and so is the grant (docs/sharding.md, section 5).
+    RdmaConnect { endpoint: QpEndpoint },
 }
 
 impl ShardRequest {
@@ -61,6 +67,7 @@ impl ShardRequest {
             ShardRequest::MoveReplica { .. } => Op::ShardMoveReplica,
             ShardRequest::RdmaRegion => Op::RdmaRegion,
             ShardRequest::OfiRegion => Op::OfiRegion,
+            ShardRequest::RdmaConnect { .. } => Op::RdmaConnect,
         }
     }
 
@@ -83,6 +90,9 @@ impl ShardRequest {
             ShardRequest::Clear => Request::Clear,
             ShardRequest::RdmaRegion => Request::RdmaRegion,
             ShardRequest::OfiRegion => Request::OfiRegion,
+            ShardRequest::RdmaConnect { endpoint } => Request::RdmaConnect {
+                endpoint: *endpoint,
+            },
             ShardRequest::OpenReplica
             | ShardRequest::CloseReplica
             | ShardRequest::MoveReplica { .. } => return None,

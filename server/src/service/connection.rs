@@ -22,9 +22,10 @@ use std::sync::Arc;
 use anyhow::{Result, bail};
 use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
+use rdkv_proto::shard::ShardId;
 use rdkv_proto::wire::{
-    ErrorCode, ErrorReply, Frame, FrameKind, KeyUse, Limits, Request, Response, WireError,
-    decode_payload,
+    ErrorCode, ErrorReply, Frame, FrameKind, KeyUse, Limits, Request, Response, ShardRequest,
+    WireError, decode_payload,
 };
 use rdkv_tls::Stream;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -35,6 +36,7 @@ use super::{Handler, MAX_IN_FLIGHT};
 use crate::accept::{TcpFront, accept_until};
 use crate::framed::{FrameReader, FrameWriter, FramedError};
 use crate::order::{Finish, KeyOrder, Waits, completion};
+use crate::shards::NotHere;
 use crate::telemetry::Via;
 
 pub async fn serve_clients(
@@ -243,8 +245,12 @@ impl<'a, W: AsyncWrite + Unpin> Connection<'a, W> {
                     Response::Error(needs_version("request", request.min_version(), version))
                 }
                 Ok(Request::RdmaConnect { endpoint }) => {
-                    rdma_connect(handler, endpoint, &handler.limits(), rdma_sessions)
+                    rdma_connect(handler, None, endpoint, rdma_sessions)
                 }
+                Ok(Request::Sharded {
+                    shard,
+                    request: ShardRequest::RdmaConnect { endpoint },
+                }) => rdma_connect(handler, Some(shard), endpoint, rdma_sessions),
                 Ok(request) => handler.handle_placed(request, via, turn.place).await,
             };
             turn.waits.finish().await;
@@ -288,17 +294,27 @@ struct RdmaSessions {
     open: std::sync::Mutex<Vec<crate::rdma::RdmaConnectionGuard>>,
 }
 
-/// Opens a queue pair for this (authenticated) connection: the region's
-/// rkey is handed out here only.
+/// Opens a queue pair for this (authenticated) connection towards the
+/// region of `shard` (`None`: a single group's, refused on a multi-shard
+/// node; a shard not hosted here: `WrongShard`): the region's rkey is
+/// handed out here only.
 fn rdma_connect(
     handler: &Arc<Handler>,
+    shard: Option<ShardId>,
     endpoint: rdkv_proto::wire::QpEndpoint,
-    limits: &Limits,
     sessions: &RdmaSessions,
 ) -> Response {
-    if let Some(refusal) = handler.one_sided_refusal() {
-        return Response::Error(refusal);
-    }
+    let (replica, shard) = match shard {
+        None => match handler.one_sided_refusal() {
+            Some(refusal) => return Response::Error(refusal),
+            None => (handler.replica(), ShardId(0)),
+        },
+        Some(shard) => match handler.shards().hosted(shard) {
+            Ok(replica) => (replica, shard),
+            Err(NotHere::WrongShard(wrong)) => return Response::WrongShard(wrong),
+            Err(cross) => return Response::Error(cross.to_error()),
+        },
+    };
     let local_ip = sessions.local_ip;
     let mut sessions = sessions.open.lock().unwrap_or_else(|p| p.into_inner());
     if sessions.len() >= crate::rdma::MAX_RDMA_SESSIONS_PER_CONNECTION {
@@ -311,13 +327,17 @@ fn rdma_connect(
         ));
     }
     let rpc_handler: Arc<dyn rdkv_fabric::RpcHandler> = Arc::clone(handler) as _;
-    let replica = handler.replica();
     let client = crate::rdma::RdmaClientEndpoint { endpoint, local_ip };
+    let target = crate::rdma::RdmaTarget {
+        sm: &replica.sm,
+        node_id: replica.node_id(),
+        shard,
+    };
+    let limits = handler.limits();
     match handler.rdma().connect(
         client,
         rpc_handler,
-        &replica.sm,
-        replica.node_id(),
+        target,
         limits.max_frame_bytes,
         MAX_IN_FLIGHT,
     ) {

@@ -65,6 +65,17 @@ macro_rules! routed {
     };
 }
 
+/// The answer to an rdma session request that reached the handler: it
+/// needs the client connection it belongs to (its queue pair lives as long
+/// as that connection), so `connection` serves it, on native connections
+/// only.
+fn rdma_connect_elsewhere() -> ErrorReply {
+    ErrorReply::new(
+        ErrorCode::InvalidRequest,
+        "rdma sessions are opened on a native client connection",
+    )
+}
+
 /// The keys a client's write touches; `None`: it names none (`Clear`, the
 /// leader's own commands).
 fn command_keys(command: &Command) -> Option<Vec<&[u8]>> {
@@ -360,12 +371,7 @@ impl Handler {
                 crate::telemetry::scrape::client_reads(&report);
                 Ok(Response::Done)
             }
-            // Needs the client connection it belongs to (its queue pair lives
-            // as long as that connection): handled in `connection`.
-            Request::RdmaConnect { .. } => Err(ErrorReply::new(
-                ErrorCode::InvalidRequest,
-                "rdma sessions are opened on a native client connection",
-            )),
+            Request::RdmaConnect { .. } => Err(rdma_connect_elsewhere()),
             // Unnamed: the one group's region (shard 0), refused on a
             // multi-shard node.
             Request::RdmaRegion => self.unnamed_grant(false),
@@ -419,6 +425,7 @@ impl Handler {
             }
             ShardRequest::RdmaRegion => self.grant(replica, shard, false),
             ShardRequest::OfiRegion => self.grant(replica, shard, true),
+            ShardRequest::RdmaConnect { .. } => Err(rdma_connect_elsewhere()),
         }
     }
 
