@@ -1,26 +1,42 @@
 //! The fault suite (`rdkv_tests::nemesis`: the same clients, operations and
-//! checks as `nemesis.rs`) against a sharded cluster: 3 nodes, 6 Raft
-//! groups of 3 replicas each, leaders spread over the nodes. The nemesis
-//! strikes a whole node, the one leading the most shards: it partitions,
-//! pauses or kills it, slows its disk, or restarts every node. A fault
-//! takes effect when every shard the node led has a new leader among the
-//! others; before the next one, every shard has a leader again. The history
-//! of keys spread over all six shards must stay linearizable per key.
+//! checks as `nemesis.rs`) against sharded clusters, the clients' lease and
+//! follower reads served one-sided from every shard's mapped regions where
+//! they can be (the client's `ReadView` per shard).
 //!
-//! Not here yet: a replica move (`shard move-replica` is not built) and
-//! one-sided reads (the client does not map a sharded cluster's regions).
+//! Node faults: 3 nodes, 6 Raft groups of 3 replicas each, leaders spread
+//! over the nodes. The nemesis strikes a whole node, the one leading the
+//! most shards: it partitions, pauses or kills it, slows its disk, or
+//! restarts every node. A fault takes effect when every shard the node led
+//! has a new leader among the others; before the next one, every shard has
+//! a leader again.
+//!
+//! Replica moves: 4 nodes, 6 shards of 3 replicas, so that every shard has
+//! a node to move to. The nemesis moves a shard's replica to that node with
+//! `rdkvctl shard move-replica` and, after a while, back: the leader's
+//! replica (the leader hands its leadership on first), or a follower's
+//! with the shard's third member killed during the move and the new member
+//! killed right after it (its replica, opened for the move, comes back
+//! from its own disk).
+//!
+//! Either way the history of keys spread over all six shards must stay
+//! linearizable per key, with no acknowledged write lost.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use rdkv_proto::shard::ShardId;
 use rdkv_tests::nemesis::{Expect, load_secs, report, run_scenario, slow_disk};
-use rdkv_tests::shard_view::{agreed_leaders, map_of, node_ids};
-use rdkv_tests::{Cluster, check, eventually};
+use rdkv_tests::shard_view::{agreed_map, every_shard_led, map_of, node_ids};
+use rdkv_tests::{Cluster, Intent, check, eventually, rdkvctl_ok};
 
 const LEADER_TIMEOUT: Duration = Duration::from_secs(30);
 const SHARDS: usize = 6;
+/// One test of this file at a time: each runs a cluster of fault-injected
+/// nodes and its clients, and two on a 2-core machine would starve each
+/// other's heartbeats.
+static ONE_CLUSTER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const FLAGS: [&str; 10] = [
     "--shards",
     "6",
@@ -68,16 +84,7 @@ impl Scenario {
 /// Waits until every shard has a leader among `ids` that its members there
 /// agree on; returns the leaders.
 async fn leaders_among(cluster: &Cluster, ids: &[u64]) -> Result<BTreeMap<ShardId, u64>> {
-    eventually(
-        LEADER_TIMEOUT,
-        &format!("a leader of every shard among {ids:?}"),
-        async || {
-            let leaders = agreed_leaders(cluster, ids).await?;
-            ensure!(leaders.len() == SHARDS, "leaders {leaders:?}");
-            Ok(leaders)
-        },
-    )
-    .await
+    every_shard_led(cluster, ids, SHARDS, LEADER_TIMEOUT).await
 }
 
 /// The node leading the most shards (the lowest id among equals).
@@ -138,6 +145,7 @@ async fn inject(cluster: &mut Cluster, scenario: Scenario, hold: Duration) -> Re
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_histories_stay_linearizable_under_node_faults() -> Result<()> {
+    let _alone = ONE_CLUSTER_AT_A_TIME.lock().await;
     let mut cluster = Cluster::start_faulty(3, &FLAGS)?;
     rdkv_tests::skip::require_real_partitions(
         &cluster,
@@ -152,10 +160,204 @@ async fn sharded_histories_stay_linearizable_under_node_faults() -> Result<()> {
         let mut rows = Vec::new();
         for (round, scenario) in Scenario::ALL.into_iter().enumerate() {
             let expect = Expect {
-                one_sided_reads: false,
+                one_sided_reads: true,
                 shard_map: Some(shard_map.clone()),
             };
             let nemesis = async |cluster: &mut Cluster, hold| inject(cluster, scenario, hold).await;
+            rows.push(run_scenario(cluster, scenario.name(), round, expect, nemesis).await?);
+        }
+        report(&rows)
+    })
+    .await
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Move {
+    /// The shard leader's replica moves out and back.
+    LeadersReplica,
+    /// A follower's replica moves out, the shard's third member killed
+    /// during the move and the new member killed right after it; then back.
+    FollowersReplicaWithKills,
+}
+
+impl Move {
+    const ALL: [Move; 2] = [Move::LeadersReplica, Move::FollowersReplicaWithKills];
+
+    fn name(self) -> &'static str {
+        match self {
+            Move::LeadersReplica => "6 shards on 4 nodes: move the leader's replica out and back",
+            Move::FollowersReplicaWithKills => {
+                "6 shards on 4 nodes: move a follower's replica out (a member killed during \
+                 the move, the new one after it) and back"
+            }
+        }
+    }
+}
+
+/// `shard`'s members as every node of `ids` serves them in the same map
+/// (with every node's addresses: the moves find the target by them).
+async fn members_of(cluster: &Cluster, ids: &[u64], shard: ShardId) -> Result<Vec<u64>> {
+    let map = eventually(LEADER_TIMEOUT, "one map on every node", async || {
+        agreed_map(cluster, ids).await
+    })
+    .await?;
+    let mut members = map
+        .shard(shard)
+        .with_context(|| format!("shard {shard} is not in the map"))?
+        .members
+        .clone();
+    members.sort_unstable();
+    Ok(members)
+}
+
+/// `rdkvctl shard move-replica SHARD FROM TO` through `endpoints`; fails
+/// unless it answers the members `expected` (sorted).
+async fn move_replica(
+    endpoints: String,
+    shard: ShardId,
+    (from, to): (u64, u64),
+    expected: Vec<u64>,
+) -> Result<()> {
+    let (shard, from_arg, to_arg) = (shard.0.to_string(), from.to_string(), to.to_string());
+    let args = [
+        "--endpoints",
+        &endpoints,
+        "--timeout",
+        "15s",
+        "shard",
+        "move-replica",
+        &shard,
+        &from_arg,
+        &to_arg,
+        "-w",
+        "json",
+    ];
+    let started = std::time::Instant::now();
+    let out = rdkvctl_ok(&args, &[]).await?;
+    let took = started.elapsed();
+    let answer: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let mut members: Vec<u64> = answer["members"]
+        .as_array()
+        .with_context(|| format!("no members in {answer}"))?
+        .iter()
+        .filter_map(serde_json::Value::as_u64)
+        .collect();
+    members.sort_unstable();
+    ensure!(
+        members == expected,
+        "shard {shard} moved {from} -> {to}: members {members:?}, expected {expected:?}"
+    );
+    println!("moved shard {shard}'s replica {from} -> {to} in {took:?}: members {members:?}");
+    Ok(())
+}
+
+/// Waits until node `id` hosts a replica of `shard` (a move's target has
+/// opened it), asking every 20 ms.
+async fn hosts(cluster: &Cluster, id: u64, shard: ShardId) -> Result<()> {
+    let client = cluster.client(Intent::Via(&[id]))?;
+    let endpoint = cluster.node(id)?.endpoint();
+    eventually(LEADER_TIMEOUT, "the target hosting the shard", async || {
+        let statuses = client.shard_statuses_of(&endpoint).await?;
+        ensure!(statuses.iter().any(|s| s.shard == shard), "{statuses:?}");
+        Ok(())
+    })
+    .await
+}
+
+/// Moves a replica of `shard` to the node outside it, holds `hold`, moves
+/// it back; every shard has a leader before each move and at the end.
+async fn move_out_and_back(
+    cluster: &mut Cluster,
+    scenario: Move,
+    shard: ShardId,
+    hold: Duration,
+) -> Result<()> {
+    let all = node_ids(cluster);
+    let endpoints = cluster.endpoints(Intent::Any)?.join(",");
+    let leader = leaders_among(cluster, &all).await?[&shard];
+    let members = members_of(cluster, &all, shard).await?;
+    let to = *all
+        .iter()
+        .find(|id| !members.contains(id))
+        .context("no node outside the shard")?;
+    let from = match scenario {
+        Move::LeadersReplica => leader,
+        Move::FollowersReplicaWithKills => *members
+            .iter()
+            .find(|&&id| id != leader)
+            .context("no follower")?,
+    };
+    let mut moved: Vec<u64> = members
+        .iter()
+        .map(|&id| if id == from { to } else { id })
+        .collect();
+    moved.sort_unstable();
+    let out = move_replica(endpoints.clone(), shard, (from, to), moved);
+    match scenario {
+        Move::LeadersReplica => out.await?,
+        Move::FollowersReplicaWithKills => {
+            // Neither the leader nor the source: the move goes on with the
+            // other two members and the target.
+            let bystander = *members
+                .iter()
+                .find(|&&id| id != leader && id != from)
+                .context("no third member")?;
+            let done = AtomicBool::new(false);
+            let out = async {
+                let out = out.await;
+                done.store(true, Ordering::Relaxed);
+                out
+            };
+            let kill = async {
+                hosts(cluster, to, shard).await?;
+                cluster.node_mut(bystander)?.kill();
+                anyhow::Ok(done.load(Ordering::Relaxed))
+            };
+            let (out, killed) = tokio::join!(out, kill);
+            let after = killed.context("killing a member during the move")?;
+            out?;
+            let when = if after { "after" } else { "during" };
+            println!("node {bystander} killed {when} the move, node {to} right after it");
+            cluster.restart(bystander)?;
+            cluster.node_mut(to)?.kill();
+            cluster.restart(to)?;
+        }
+    }
+    leaders_among(cluster, &all).await?;
+    tokio::time::sleep(hold).await;
+    move_replica(endpoints, shard, (to, from), members).await?;
+    leaders_among(cluster, &all).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_histories_stay_linearizable_while_replicas_move() -> Result<()> {
+    let _alone = ONE_CLUSTER_AT_A_TIME.lock().await;
+    let mut cluster = Cluster::start_faulty(4, &FLAGS)?;
+    let limit = Duration::from_secs(90 + 30 * load_secs());
+    check(&mut cluster, limit, async |cluster| {
+        let all = node_ids(cluster);
+        let leaders = leaders_among(cluster, &all).await?;
+        println!("leaders at the start: {leaders:?}");
+        let shard_map = eventually(
+            LEADER_TIMEOUT,
+            "every node's addresses in the map",
+            async || agreed_map(cluster, &all).await,
+        )
+        .await?;
+        let mut rows = Vec::new();
+        let mut moves = 0;
+        for (round, scenario) in Move::ALL.into_iter().enumerate() {
+            let expect = Expect {
+                one_sided_reads: true,
+                shard_map: Some(shard_map.clone()),
+            };
+            let nemesis = async |cluster: &mut Cluster, hold| {
+                // Shards in turn, the two scenarios starting apart.
+                let shard = ShardId(u32::try_from((3 * round + moves) % SHARDS)?);
+                moves += 1;
+                move_out_and_back(cluster, scenario, shard, hold).await
+            };
             rows.push(run_scenario(cluster, scenario.name(), round, expect, nemesis).await?);
         }
         report(&rows)
