@@ -434,7 +434,7 @@ async fn sharded_histories_stay_linearizable_while_replicas_move() -> Result<()>
                 shard_map: Some(shard_map.clone()),
             };
             let nemesis = async |cluster: &mut Cluster, hold| {
-                // Shards in turn, the two scenarios starting apart.
+                // Shards in turn, each scenario from a shard three on.
                 let shard = ShardId(u32::try_from((3 * round + moves) % SHARDS)?);
                 moves += 1;
                 move_out_and_back(cluster, scenario, shard, hold).await
