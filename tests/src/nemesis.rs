@@ -30,6 +30,7 @@ use crate::linearizability::{
     check_follower_reads_within, check_history,
 };
 use crate::prometheus::http_get;
+use crate::shard_view::every_shard_led;
 use crate::stress_value::splitmix64;
 use crate::{Cluster, Intent, LEADER_TIMEOUT, client_options};
 
@@ -85,7 +86,8 @@ async fn slow_fsyncs(cluster: &Cluster, id: u64) -> Result<f64> {
 #[derive(Debug, Clone)]
 pub struct Expect {
     /// Reads served one-sided (from mapped regions) by the clients that
-    /// may: false where the client cannot map regions yet (a sharded map).
+    /// may: false where none can be (no region mapped, e.g. a cluster
+    /// whose nodes have no shm socket).
     pub one_sided_reads: bool,
     /// The cluster's shard map when it runs several Raft groups: versions
     /// are log indexes of a key's own shard, so the follower-read bound is
@@ -157,7 +159,16 @@ pub async fn run_scenario(
         one_sided += client.one_sided_stats().await.served;
     }
     cluster.heal().await?;
-    cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    match &expect.shard_map {
+        None => {
+            cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+        }
+        // Nodes need not host the same shards (several shards of fewer
+        // replicas than nodes): each shard's members must agree.
+        Some(map) => {
+            every_shard_led(cluster, &members, map.shards().len(), LEADER_TIMEOUT).await?;
+        }
+    }
     final_reads(cluster, &load.recorder, &members, &prefix).await?;
     let history = load.recorder.history();
     let judged = Judged::of(history, expect.shard_map.as_ref()).await?;

@@ -3,8 +3,9 @@
 //! report it from their own Raft groups.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Result, bail, ensure};
 use rdkv_proto::shard::{ShardId, ShardMap};
 use rdkv_proto::wire::{Request, Response};
 
@@ -152,4 +153,25 @@ pub async fn publish_map(
         "no node published map version {}: {refusals:?}",
         map.version()
     )
+}
+
+/// Waits up to `timeout` until `shards` shards each have a leader among
+/// `ids` that their members there agree on ([`agreed_leaders`]); returns
+/// the leaders.
+pub async fn every_shard_led(
+    cluster: &Cluster,
+    ids: &[u64],
+    shards: usize,
+    timeout: Duration,
+) -> Result<BTreeMap<ShardId, u64>> {
+    crate::eventually(
+        timeout,
+        &format!("a leader of every shard among {ids:?}"),
+        async || {
+            let leaders = agreed_leaders(cluster, ids).await?;
+            ensure!(leaders.len() == shards, "leaders {leaders:?}");
+            Ok(leaders)
+        },
+    )
+    .await
 }

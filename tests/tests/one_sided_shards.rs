@@ -1,12 +1,17 @@
 //! One-sided reads of a multi-shard cluster (docs/sharding.md, section 5,
 //! "One-sided reads"; issue 20): 3 `rdkv-server` processes, `--shards 6
-//! --replicas 3`, shm on one host. Keys written through the native client
-//! are read back by a client per node with one-sided reads required
-//! (`Transport::Shm`: a GET not served from a mapped region fails with
-//! `OneSidedUnavailable` instead of going to the server), at lease and at
-//! follower consistency, and every node's region of every shard, attached
-//! by a grant naming the shard, holds every key of that shard.
+//! --replicas 3`, shm on one host. 100,000 keys are written through every
+//! path, a third each: native single `put`s and native `mput`s (split per
+//! shard by the client), and RESP SETs pipelined through every node's RESP
+//! port (two thirds of them reach a node that does not lead the key's
+//! shard, which forwards them). Then every node's region of every shard,
+//! attached by a grant naming the shard, holds every key of that shard,
+//! and a client per node with one-sided reads required (`Transport::Shm`:
+//! a GET not served from a mapped region fails with `OneSidedUnavailable`
+//! instead of going to the server) reads every key back, at lease and at
+//! follower consistency.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,14 +21,22 @@ use futures::{StreamExt, TryStreamExt};
 use rdkv_client::{Client, Consistency, Error, Transport};
 use rdkv_fabric::{MonotonicClock, ReaderOptions, RegionReader, attach_shm_shard};
 use rdkv_proto::shard::{ShardId, ShardMap};
-use rdkv_tests::shard_view::{agreed_leaders, map_of, node_ids};
+use rdkv_tests::shard_view::{agreed_leaders, agreed_map, map_of, node_ids};
 use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, check, eventually};
 
-/// Keys written and read back (issue 20's count).
+/// Keys written and read back (issue 20's count), a third through each
+/// path: native single puts, native `mput`s, RESP SETs.
 const KEYS: usize = 100_000;
+const BY_PUT: std::ops::Range<usize> = 0..KEYS / 3;
+const BY_MPUT: std::ops::Range<usize> = KEYS / 3..2 * KEYS / 3;
+const BY_RESP: std::ops::Range<usize> = 2 * KEYS / 3..KEYS;
 /// Keys per `mput` (split by shard by the client) and `mput`s in flight.
 const BATCH: usize = 1_000;
 const IN_FLIGHT: usize = 4;
+/// Single puts in flight.
+const PUTS_IN_FLIGHT: usize = 64;
+/// SETs per RESP pipeline.
+const PIPELINE: usize = 500;
 const FLAGS: [&str; 6] = ["--shards", "6", "--replicas", "3", "--region-mib", "16"];
 
 fn key(i: usize) -> String {
@@ -34,11 +47,27 @@ fn value(i: usize) -> String {
     format!("value-{i}")
 }
 
-/// Writes every key through one client, `BATCH` keys per `mput`.
-async fn write_all(client: &Client) -> Result<()> {
-    futures::stream::iter((0..KEYS).step_by(BATCH))
+/// Writes the keys of [`BY_PUT`], one `put` each, routed by the client to
+/// their shard's leader.
+async fn put_each(client: &Client) -> Result<()> {
+    futures::stream::iter(BY_PUT)
+        .map(|i| async move {
+            client
+                .put(key(i), value(i))
+                .await
+                .with_context(|| format!("put {}", key(i)))
+        })
+        .buffer_unordered(PUTS_IN_FLIGHT)
+        .try_collect::<Vec<u64>>()
+        .await?;
+    Ok(())
+}
+
+/// Writes the keys of [`BY_MPUT`], `BATCH` keys per `mput`.
+async fn mput_all(client: &Client) -> Result<()> {
+    futures::stream::iter(BY_MPUT.step_by(BATCH))
         .map(|start| async move {
-            let pairs: Vec<(String, String)> = (start..(start + BATCH).min(KEYS))
+            let pairs: Vec<(String, String)> = (start..(start + BATCH).min(BY_MPUT.end))
                 .map(|i| (key(i), value(i)))
                 .collect();
             client
@@ -49,6 +78,59 @@ async fn write_all(client: &Client) -> Result<()> {
         .buffer_unordered(IN_FLIGHT)
         .try_collect::<Vec<u64>>()
         .await?;
+    Ok(())
+}
+
+/// Writes the keys of [`BY_RESP`] with SETs pipelined through every
+/// node's RESP port, key i through node `ids[i % ids.len()]`, all nodes at
+/// once: a node that does not lead a key's shard forwards its SET. Returns
+/// how many SETs went to a node not leading their key's shard (by
+/// `leaders`).
+async fn set_through_every_node(
+    cluster: &Cluster,
+    ids: &[u64],
+    map: &ShardMap,
+    leaders: &BTreeMap<ShardId, u64>,
+) -> Result<usize> {
+    let mut forwarded = 0;
+    let mut writers = Vec::new();
+    for (n, &id) in ids.iter().enumerate() {
+        let keys: Vec<usize> = BY_RESP.filter(|i| i % ids.len() == n).collect();
+        forwarded += keys
+            .iter()
+            .filter(|&&i| leaders.get(&map.shard_of_key(key(i).as_bytes())) != Some(&id))
+            .count();
+        let addr = cluster.node(id)?.resp_addr;
+        writers.push(tokio::task::spawn_blocking(move || {
+            set_pipelined(addr, &keys)
+        }));
+    }
+    for writer in writers {
+        writer.await??;
+    }
+    Ok(forwarded)
+}
+
+/// SETs of `keys` through the RESP port at `addr`, [`PIPELINE`] a round
+/// trip; every reply must be OK.
+fn set_pipelined(addr: std::net::SocketAddr, keys: &[usize]) -> Result<()> {
+    let client = redis::Client::open(format!("redis://{addr}/"))?;
+    let mut con = client.get_connection_with_timeout(Duration::from_secs(10))?;
+    con.set_read_timeout(Some(Duration::from_secs(30)))?;
+    for chunk in keys.chunks(PIPELINE) {
+        let mut pipe = redis::pipe();
+        for &i in chunk {
+            pipe.cmd("SET").arg(key(i)).arg(value(i));
+        }
+        let replies: Vec<String> = pipe
+            .query(&mut con)
+            .with_context(|| format!("SETs from {} through {addr}", key(chunk[0])))?;
+        ensure!(
+            replies.len() == chunk.len() && replies.iter().all(|r| r == "OK"),
+            "SETs from {} through {addr}: {replies:?}",
+            key(chunk[0])
+        );
+    }
     Ok(())
 }
 
@@ -137,20 +219,48 @@ async fn every_key_of_six_shards_is_read_one_sided_through_every_node() -> Resul
     let mut cluster = Cluster::start_with(3, &FLAGS)?;
     check(&mut cluster, Duration::from_secs(240), async |cluster| {
         let ids = node_ids(cluster);
-        eventually(LEADER_TIMEOUT, "a leader in every shard", async || {
+        let leaders = eventually(LEADER_TIMEOUT, "a leader in every shard", async || {
             let led = agreed_leaders(cluster, &ids).await?;
             ensure!(led.len() == 6, "{led:?}");
             Ok(led)
         })
         .await?;
         let map = map_of(cluster, 1).await?;
+        let client = cluster.client(Intent::Any)?;
         let started = Instant::now();
-        write_all(&cluster.client(Intent::Any)?).await?;
-        eprintln!("{KEYS} keys written in {:?}", started.elapsed());
+        put_each(&client).await?;
+        eprintln!(
+            "{} keys put one by one in {:?}",
+            BY_PUT.len(),
+            started.elapsed()
+        );
+        let started = Instant::now();
+        mput_all(&client).await?;
+        eprintln!("{} keys by mput in {:?}", BY_MPUT.len(), started.elapsed());
+        // RESP forwarding needs every node's address in the map.
+        eventually(
+            LEADER_TIMEOUT,
+            "every node's addresses in the map",
+            async || agreed_map(cluster, &ids).await,
+        )
+        .await?;
+        let started = Instant::now();
+        let forwarded = set_through_every_node(cluster, &ids, &map, &leaders).await?;
+        eprintln!(
+            "{} keys by RESP SET in {:?}, {forwarded} through a node not leading their shard",
+            BY_RESP.len(),
+            started.elapsed()
+        );
+        ensure!(forwarded > 0, "no SET was forwarded");
 
         for &id in &ids {
             let started = Instant::now();
-            every_region_holds_its_keys(cluster, id, &map).await?;
+            // A write is acknowledged once two of its shard's three
+            // replicas have it: the third may apply the last ones later.
+            eventually(LEADER_TIMEOUT, "every key in every region", async || {
+                every_region_holds_its_keys(cluster, id, &map).await
+            })
+            .await?;
             eprintln!("node {id}: 6 regions checked in {:?}", started.elapsed());
         }
         let follower = Consistency::Follower {

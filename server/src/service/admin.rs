@@ -108,6 +108,20 @@ pub async fn move_leader(replica: &Replica, to: u64) -> Reply {
     if to == replica.node_id() {
         return Ok(Response::Done);
     }
+    transfer_leadership(replica, to, move |leader| leader == to).await?;
+    Ok(Response::Done)
+}
+
+/// Hands this leader's leadership to voter `to` (its lease suspended
+/// first) and waits until this node knows a leader that `taken` accepts;
+/// returns that leader. `move_leader` accepts `to` only; a move of the
+/// leader's own replica any other voter, since the transfer's election may
+/// be won by another one than `to` (seen with slow disks).
+pub async fn transfer_leadership(
+    replica: &Replica,
+    to: u64,
+    taken: impl Fn(u64) -> bool + Send + Sync,
+) -> Result<u64, ErrorReply> {
     tracing::info!(to, "transferring leadership");
     lease::suspend_for_transfer(replica)?;
     replica
@@ -116,10 +130,10 @@ pub async fn move_leader(replica: &Replica, to: u64) -> Reply {
         .transfer_leader(to)
         .await
         .map_err(|e| ErrorReply::new(ErrorCode::Unavailable, e.to_string()))?;
-    replica
+    let metrics = replica
         .raft
         .wait(Some(MOVE_LEADER_TIMEOUT))
-        .metrics(|m| m.current_leader == Some(to), "leadership moved")
+        .metrics(|m| m.current_leader.is_some_and(&taken), "leadership moved")
         .await
         .map_err(|e| {
             ErrorReply::new(
@@ -127,7 +141,7 @@ pub async fn move_leader(replica: &Replica, to: u64) -> Reply {
                 format!("node {to} did not take over: {e}"),
             )
         })?;
-    Ok(Response::Done)
+    Ok(metrics.current_leader.unwrap_or(to))
 }
 
 /// Longest the first piece of a backup waits for a fresh snapshot.

@@ -1,15 +1,17 @@
 //! `ShardRequest::MoveReplica`, run by the shard's leader (docs/sharding.md,
-//! section 8): the target opens an empty replica and is added as a
-//! learner, catches up, is promoted; the source is demoted to a learner
-//! (so that it learns it is no voter), removed, and closes its replica;
-//! the new members are published. Every failure leaves the shard a valid
-//! membership: before the promotion a learner that did not make it is
-//! removed again, after it the shard has one voter more than asked.
+//! section 8), once a quorum has acknowledged it (openraft changes the
+//! membership only under a valid lease): the target opens an empty replica
+//! and is added as a learner, catches up, is promoted; the source is
+//! demoted to a learner (so that it learns it is no voter), removed, and
+//! closes its replica; the new members are published. Every failure leaves
+//! the shard a valid membership: before the promotion a learner that did
+//! not make it is removed again, after it the shard has one voter more
+//! than asked.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use openraft::ChangeMembers;
+use openraft::{ChangeMembers, ServerState};
 use rdkv_proto::shard::ShardId;
 use rdkv_proto::wire::{ErrorCode, ErrorReply, Request, Response, ShardRequest};
 use rdkv_storage::raft::NodeAddr;
@@ -17,6 +19,7 @@ use rdkv_storage::raft::NodeAddr;
 use super::Reply;
 use super::admin;
 use crate::hosting::Hosting;
+use crate::lease;
 use crate::meta::edit::propose_map_change;
 use crate::replica::Replica;
 use crate::shards::Shards;
@@ -29,6 +32,9 @@ const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
 const DEMOTION_TIMEOUT: Duration = Duration::from_secs(5);
 /// Opening or closing a replica on another node.
 const REMOTE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the leader waits for a quorum's acknowledgement before it
+/// changes the membership (several election timeouts).
+const ACKNOWLEDGED_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a move did not happen (or did not finish).
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +47,11 @@ pub enum MoveError {
     NotMember { node: u64, shard: ShardId },
     #[error("no client address is known for node {0}")]
     UnknownAddress(u64),
+    #[error(
+        "shard {shard}'s leader was not acknowledged by a quorum within {timeout:?} \
+         (nothing was changed)"
+    )]
+    NotAcknowledged { shard: ShardId, timeout: Duration },
     #[error("node {node} could not open a replica of shard {shard}: {reason}")]
     TargetUnreachable {
         node: u64,
@@ -84,6 +95,8 @@ impl MoveError {
             | MoveError::Membership { .. }
             | MoveError::SourceKept { .. } => ErrorCode::Internal,
             MoveError::CatchUpTimeout { .. } => ErrorCode::Timeout,
+            // Before any step: the move may be sent again, anywhere.
+            MoveError::NotAcknowledged { .. } => ErrorCode::Unavailable,
         };
         ErrorReply::new(code, self.to_string())
     }
@@ -107,6 +120,7 @@ impl Move<'_> {
         if from == self.replica.node_id() {
             return self.lead_elsewhere(from).await;
         }
+        self.acknowledged().await?;
         let added = match self.open_target(to).await {
             Ok(target) => self.add_and_promote(to, target).await,
             Err(e) => Err(e),
@@ -121,6 +135,38 @@ impl Move<'_> {
         tracing::info!(shard = self.shard.0, from, to, version, "moved a replica");
         self.close_source(from).await.map_err(|e| e.reply())?;
         Ok(Response::Members(self.replica.members()))
+    }
+
+    /// Waits until a quorum has acknowledged this leader recently (within
+    /// half of openraft's leader lease, the maximum election timeout):
+    /// openraft refuses membership changes without a valid lease, answering
+    /// "forward to no one". A leader just elected has none until its first
+    /// entry or heartbeat is acknowledged, and the move of a leader's own
+    /// replica is resent to a leader just elected: the one the source
+    /// handed its leadership to ([`Move::lead_elsewhere`]). With slow
+    /// followers' disks the move came there before any acknowledgement and
+    /// failed. Fails `NotLeader` if this node stops leading meanwhile.
+    async fn acknowledged(&self) -> Result<(), ErrorReply> {
+        let raft = &self.replica.raft;
+        let fresh = Duration::from_millis(raft.config().election_timeout_max) / 2;
+        let waited = raft
+            .wait(Some(ACKNOWLEDGED_TIMEOUT))
+            .metrics(
+                |m| {
+                    m.state != ServerState::Leader
+                        || lease::quorum_ack_age(m).is_some_and(|age| age < fresh)
+                },
+                "acknowledged by a quorum",
+            )
+            .await;
+        self.replica.require_leader()?;
+        waited.map(|_| ()).map_err(|_| {
+            MoveError::NotAcknowledged {
+                shard: self.shard,
+                timeout: ACKNOWLEDGED_TIMEOUT,
+            }
+            .reply()
+        })
     }
 
     fn check(&self, from: u64, to: u64) -> Result<(), MoveError> {
@@ -152,7 +198,8 @@ impl Move<'_> {
             .collect()
     }
 
-    /// The source leads: hand the leadership to another voter.
+    /// The source leads: hand the leadership to another voter (the lowest),
+    /// and name whichever other voter won the election.
     async fn lead_elsewhere(&self, from: u64) -> Reply {
         let Some(next) = self.voters().into_iter().find(|&id| id != from) else {
             return Err(MoveError::Membership {
@@ -162,8 +209,16 @@ impl Move<'_> {
             }
             .reply());
         };
-        admin::move_leader(self.replica, next).await?;
-        Err(self.replica.not_leader(Some(next), None))
+        let leader = admin::transfer_leadership(self.replica, next, |l| l != from).await?;
+        if leader != next {
+            tracing::info!(
+                shard = self.shard.0,
+                next,
+                leader,
+                "another voter won the transfer"
+            );
+        }
+        Err(self.replica.not_leader(Some(leader), None))
     }
 
     /// Asks node `to` to open a replica of the shard; its addresses.
