@@ -126,13 +126,20 @@ pub enum Command {
     Check,
     /// Transfers leadership to member ID.
     MoveLeader { id: u64 },
-    /// The shards of a multi-shard cluster: list, move-leader.
+    /// The shards of a multi-shard cluster: list, move-leader, move-replica.
     #[command(subcommand)]
     Shard(ShardCommand),
-    /// Moves shard leaderships so that no node leads more than
+    /// Moves shard replicas so that every node (one hosting none
+    /// included) hosts floor or ceil of (replicas / nodes), one move at a
+    /// time, then shard leaderships so that no node leads more than
     /// ceil(shards / nodes) where the shards' members allow it; prints the
-    /// moves and each node's count. Running it again moves nothing.
-    Rebalance,
+    /// moves and each node's counts. Running it again moves nothing.
+    Rebalance {
+        /// Print the plan (replica moves, then leader moves) without moving
+        /// anything.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Snapshots of a node's state.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),

@@ -12,6 +12,7 @@ use crate::args::{
 };
 use crate::check::CheckView;
 use crate::output::{Json, Message, View};
+use crate::rebalance;
 use crate::shards::{self, ShardListView, ShardsState};
 use crate::views::{
     DelView, GetView, HealthRow, HealthView, MembersView, PutView, ScanView, StatusRow, StatusView,
@@ -160,7 +161,9 @@ pub async fn run(client: &Client, command: Command) -> Result<Outcome> {
             ))
         }
         Command::Shard(command) => shard(client, command).await,
-        Command::Rebalance => Ok(Outcome::ok(shards::rebalance(client).await?)),
+        Command::Rebalance { dry_run } => {
+            Ok(Outcome::ok(rebalance::rebalance(client, dry_run).await?))
+        }
         Command::Top { .. } => bail!("top runs on its own (see main)"),
         Command::Snapshot(SnapshotCommand::Status { .. } | SnapshotCommand::Restore { .. }) => {
             bail!("snapshot status and restore run locally (see run_local)")

@@ -14,6 +14,7 @@ mod backup;
 mod check;
 mod commands;
 mod output;
+mod rebalance;
 mod shards;
 mod top;
 mod top_shards;

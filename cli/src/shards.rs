@@ -1,16 +1,16 @@
-//! `shard list`, `shard move-leader`, `shard move-replica` and `rebalance` (docs/sharding.md,
-//! section 8): the shard map from any node, each shard's leader as the
-//! shards' own replicas report it (`Request::ShardStatus` of every node in
-//! the map), and leader moves sent to the shard's current leader.
+//! `shard list`, `shard move-leader` and `shard move-replica`
+//! (docs/sharding.md, section 8), and the state `rebalance` plans from:
+//! the shard map from any node, each shard's leader as the shards' own
+//! replicas report it (`Request::ShardStatus` of every node in the map),
+//! leader moves sent to the shard's current leader, replica moves routed
+//! to it.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use rdkv_client::{Client, ClientOptions, MemberInfo};
-use rdkv_proto::shard::{
-    LeaderMove, ShardId, ShardLeadership, ShardMap, leader_bound, leader_moves,
-};
+use rdkv_proto::shard::{ShardId, ShardLeadership, ShardMap};
 use rdkv_proto::wire::{Request, Response, Role, ShardStatus};
 
 use crate::output::{Json, Table, View, lines};
@@ -64,7 +64,7 @@ impl ShardsState {
             .collect()
     }
 
-    fn node_ids(&self) -> Vec<u64> {
+    pub fn node_ids(&self) -> Vec<u64> {
         self.map.nodes().iter().map(|n| n.id).collect()
     }
 
@@ -247,89 +247,4 @@ impl View for ShardListView {
             ),
         ])
     }
-}
-
-/// `rebalance`: the moves made, and each node's led count after them.
-pub struct RebalanceView {
-    pub bound: usize,
-    pub moves: Vec<LeaderMove>,
-    /// Node -> shards it leads after the moves.
-    pub spread: BTreeMap<u64, usize>,
-}
-
-impl View for RebalanceView {
-    fn simple(&self) -> String {
-        let moves = self
-            .moves
-            .iter()
-            .map(|m| format!("moved shard {} leader {} -> {}", m.shard, m.from, m.to));
-        let spread = self
-            .spread
-            .iter()
-            .map(|(node, led)| format!("node {node} leads {led}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let summary = match self.moves.is_empty() {
-            true => format!("balanced (at most {} per node): {spread}", self.bound),
-            false => format!("at most {} per node: {spread}", self.bound),
-        };
-        lines(moves.chain(std::iter::once(summary)))
-    }
-
-    fn json(&self) -> Json {
-        Json::obj([
-            ("bound", Json::U64(self.bound as u64)),
-            (
-                "moves",
-                Json::Arr(
-                    self.moves
-                        .iter()
-                        .map(|m| {
-                            Json::obj([
-                                ("shard", Json::U64(u64::from(m.shard.0))),
-                                ("from", Json::U64(m.from)),
-                                ("to", Json::U64(m.to)),
-                            ])
-                        })
-                        .collect(),
-                ),
-            ),
-            (
-                "leaders_per_node",
-                Json::obj(
-                    self.spread
-                        .iter()
-                        .map(|(node, led)| (node.to_string(), Json::U64(*led as u64))),
-                ),
-            ),
-        ])
-    }
-}
-
-/// Plans the leader moves from the cluster's state and carries them out
-/// one at a time; run again, it finds nothing to move.
-pub async fn rebalance(client: &Client) -> Result<RebalanceView> {
-    let state = ShardsState::gather(client).await?;
-    let nodes = state.node_ids();
-    let shards = state.leaderships();
-    let moves = leader_moves(&shards, &nodes);
-    for m in &moves {
-        move_leader(client, &state, m.shard, m.to).await?;
-    }
-    let mut spread: BTreeMap<u64, usize> = nodes.iter().map(|&n| (n, 0)).collect();
-    let mut leaders: BTreeMap<ShardId, u64> = shards
-        .iter()
-        .filter_map(|s| s.leader.map(|l| (s.shard, l)))
-        .collect();
-    for m in &moves {
-        leaders.insert(m.shard, m.to);
-    }
-    for leader in leaders.values() {
-        *spread.entry(*leader).or_default() += 1;
-    }
-    Ok(RebalanceView {
-        bound: leader_bound(shards.len(), nodes.len()),
-        moves,
-        spread,
-    })
 }

@@ -451,3 +451,185 @@ async fn a_replica_moves_while_a_client_writes_and_stays_moved_over_a_restart() 
     })
     .await
 }
+
+/// Node -> (replicas it hosts, shards it leads), from every node's own
+/// `ShardStatus`: a moved replica's source no longer lists it.
+async fn hosted_and_led(cluster: &Cluster) -> Result<BTreeMap<u64, (usize, usize)>> {
+    let mut per_node = BTreeMap::new();
+    for (&id, node) in &cluster.nodes {
+        let client = cluster.client(Intent::Via(&[id]))?;
+        let statuses = client.shard_statuses_of(&node.endpoint()).await?;
+        let led = statuses.iter().filter(|s| s.role == Role::Leader).count();
+        per_node.insert(id, (statuses.len(), led));
+    }
+    Ok(per_node)
+}
+
+/// The replicas each node hosts, in node order.
+async fn hosted(cluster: &Cluster) -> Result<Vec<usize>> {
+    let per_node = hosted_and_led(cluster).await?;
+    Ok(per_node.values().map(|&(hosted, _)| hosted).collect())
+}
+
+/// `rdkvctl rebalance` with `args`, as json.
+async fn rebalance_json(cluster: &Cluster, args: &[&str]) -> Result<serde_json::Value> {
+    let mut full = vec!["rebalance", "-w", "json"];
+    full.extend_from_slice(args);
+    let printed = ctl(cluster, &full).await?;
+    println!("rebalance {args:?}: {printed}");
+    Ok(serde_json::from_str(&printed)?)
+}
+
+/// The json's `replicas_per_node` with each of nodes 1 to 3 at `each`.
+fn every_node_hosts(json: &serde_json::Value, each: u64) -> bool {
+    json["replicas_per_node"] == serde_json::json!({ "1": each, "2": each, "3": each })
+}
+
+/// Shard 0's replica moved 1 -> 3: node 1 hosts 1 replica, node 3 hosts 3.
+/// A dry run then plans one replica move to 2 per node and moves
+/// nothing; its json.
+async fn skewed_and_planned(cluster: &Cluster) -> Result<serde_json::Value> {
+    ctl(cluster, &["shard", "move-replica", "0", "1", "3"]).await?;
+    let skewed = hosted(cluster).await?;
+    ensure!(skewed == [1, 2, 3], "replicas after the skew: {skewed:?}");
+    let planned = rebalance_json(cluster, &["--dry-run"]).await?;
+    ensure!(planned["dry_run"] == true, "{planned}");
+    let planned_moves = planned["replica_moves"].as_array().map_or(0, Vec::len);
+    ensure!(planned_moves == 1, "the dry run planned {planned}");
+    ensure!(
+        every_node_hosts(&planned, 2),
+        "the dry run planned {planned}"
+    );
+    let still = hosted(cluster).await?;
+    ensure!(still == [1, 2, 3], "the dry run moved: {still:?}");
+    Ok(planned)
+}
+
+/// `rdkvctl rebalance` while a client writes keys of every shard; its
+/// json and the writes acknowledged.
+async fn rebalance_while_writing(cluster: &Cluster) -> Result<(serde_json::Value, Vec<String>)> {
+    let client = cluster.client(Intent::Any)?;
+    client.ping().await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let keys = (0..100_000).map(|i| format!("rebalancing-{i}")).collect();
+    let writer = spawn_writer(client, keys, Arc::clone(&stop));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rebalanced = rebalance_json(cluster, &[]).await;
+    // The client keeps writing after the rebalance.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let acknowledged = writer.await?;
+    let rebalanced = rebalanced?;
+    println!(
+        "{} writes acknowledged around the rebalance",
+        acknowledged.len()
+    );
+    ensure!(acknowledged.len() > 10, "the writer got {acknowledged:?}");
+    Ok((rebalanced, acknowledged))
+}
+
+/// What the rebalance reported: 2 replicas per node, every node leading
+/// at most ceil(3 / 3) = 1 shard.
+fn reported_balanced(rebalanced: &serde_json::Value) -> Result<()> {
+    ensure!(every_node_hosts(rebalanced, 2), "{rebalanced}");
+    let bound = rebalanced["bound"].as_u64().context("no bound")?;
+    ensure!(bound == 1, "{rebalanced}");
+    let reported = rebalanced["leaders_per_node"]
+        .as_object()
+        .context("no leaders_per_node")?;
+    ensure!(
+        reported.len() == 3
+            && reported
+                .values()
+                .all(|led| led.as_u64().is_some_and(|l| l <= bound)),
+        "{rebalanced}"
+    );
+    Ok(())
+}
+
+/// What the nodes say after the rebalance: each hosts 2 replicas and
+/// leads within the bound of ceil(3 / 3) + 1 (a leadership may
+/// change on its own meanwhile), and every node's map gives each node 2.
+async fn observed_balanced(cluster: &Cluster) -> Result<()> {
+    let per_node = eventually(LEADER_TIMEOUT, "a leader per shard", async || {
+        let per_node = hosted_and_led(cluster).await?;
+        let leaders: usize = per_node.values().map(|&(_, led)| led).sum();
+        ensure!(leaders == 3, "{per_node:?}");
+        Ok(per_node)
+    })
+    .await?;
+    println!("hosted and led after the rebalance: {per_node:?}");
+    ensure!(
+        per_node
+            .values()
+            .all(|&(replicas, led)| replicas == 2 && led <= 2),
+        "after the rebalance: {per_node:?}"
+    );
+    let ids = node_ids(cluster);
+    let map = eventually(LEADER_TIMEOUT, "one map on every node", async || {
+        agreed_map(cluster, &ids).await
+    })
+    .await?;
+    for &id in &ids {
+        let count = map
+            .shards()
+            .iter()
+            .filter(|s| s.members.contains(&id))
+            .count();
+        ensure!(
+            count == 2,
+            "the map gives node {id} {count} replicas: {map:?}"
+        );
+    }
+    Ok(())
+}
+
+/// 3 nodes, `--shards 3 --replicas 2`: 6 replicas, 2 per node. Skewed by
+/// `shard move-replica` to 1 on node 1 and 3 on node 3; a dry run plans
+/// one replica move and moves nothing; `rdkvctl rebalance`, while a
+/// client writes keys of every shard, makes that move, brings every node
+/// back to 2 replicas (each node's own replicas and every node's map say
+/// so) and the leaders to the bound; every acknowledged write reads back;
+/// a second rebalance moves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rebalance_evens_replicas_while_a_client_writes() -> Result<()> {
+    let flags = ["--shards", "3", "--replicas", "2", "--region-mib", "8"];
+    let mut cluster = Cluster::start_with(NODES, &flags)?;
+    check(&mut cluster, Duration::from_secs(180), async |cluster| {
+        eventually(LEADER_TIMEOUT, "a leader per shard", async || {
+            agreed_leaders(cluster, &[1, 2, 3]).await
+        })
+        .await?;
+        let ids = node_ids(cluster);
+        eventually(
+            LEADER_TIMEOUT,
+            "every node's addresses in the map",
+            async || agreed_map(cluster, &ids).await,
+        )
+        .await?;
+        let planned = skewed_and_planned(cluster).await?;
+        let (rebalanced, acknowledged) = rebalance_while_writing(cluster).await?;
+        ensure!(
+            rebalanced["replica_moves"] == planned["replica_moves"],
+            "moved other than planned: {rebalanced} (planned {planned})"
+        );
+        reported_balanced(&rebalanced)?;
+        observed_balanced(cluster).await?;
+        let reader = cluster.client(Intent::Any)?;
+        for key in &acknowledged {
+            let got = reader.get(key.clone()).await?;
+            ensure!(
+                got.is_some_and(|v| v.value[..] == *key.as_bytes()),
+                "{key} lost"
+            );
+        }
+        let again = rebalance_json(cluster, &[]).await?;
+        let none = serde_json::json!([]);
+        ensure!(
+            again["replica_moves"] == none && again["moves"] == none,
+            "a second rebalance moved: {again}"
+        );
+        Ok(())
+    })
+    .await
+}

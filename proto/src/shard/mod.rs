@@ -4,6 +4,7 @@
 
 pub mod map;
 pub mod rebalance;
+pub mod replica_rebalance;
 pub mod slot;
 
 pub use map::{
@@ -11,4 +12,7 @@ pub use map::{
     SINGLE_GROUP_VERSION, ShardId, ShardInfo, ShardMap, ShardMapError, SlotRange,
 };
 pub use rebalance::{LeaderMove, ShardLeadership, leader_bound, leader_moves};
+pub use replica_rebalance::{
+    ReplicaMove, after_replica_moves, replica_bounds, replica_moves, replicas_per_node,
+};
 pub use slot::{FIRST_SLOT, LAST_SLOT, SLOT_COUNT, Slot, crc16_xmodem, hashed_part, key_slot};
