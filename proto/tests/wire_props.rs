@@ -110,6 +110,18 @@ fn any_request() -> impl Strategy<Value = Request> {
             to
         }),
         any_shard_map().prop_map(|map| Request::PublishShardMap { map }),
+        (
+            any::<u64>(),
+            ".{0,40}",
+            ".{0,40}",
+            proptest::option::of(".{0,40}")
+        )
+            .prop_map(|(id, peer_addr, client_addr, resp_addr)| Request::AddNode {
+                id,
+                peer_addr,
+                client_addr,
+                resp_addr,
+            }),
     ]
 }
 

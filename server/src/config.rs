@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use rdkv_proto::shard::MAX_SHARDS;
+use rdkv_proto::shard::{MAX_MEMBERS, MAX_SHARDS};
 use rdkv_proto::wire::{Consistency, DEFAULT_MAX_VALUE_BYTES};
 use rdkv_tls::ServerTlsFiles;
 use serde::Deserialize;
@@ -82,13 +82,19 @@ pub struct Args {
     /// Raft groups (shards) the key space is split into at bootstrap
     /// (docs/sharding.md); more than 1 needs --initial-cluster, and every
     /// node gets the same. Fixed for the data directory's life. Default 1.
+    /// With --join: taken from the cluster joined, and checked against it
+    /// when given.
     #[arg(long, env = "RDKV_SHARDS")]
     pub shards: Option<u32>,
     /// With --shards: how many nodes hold each shard (1 to the node
-    /// count). Default: every node of --initial-cluster.
+    /// count). Default: every node of --initial-cluster. Not used with
+    /// --join (a joining node is placed no shard).
     #[arg(long, env = "RDKV_REPLICAS")]
     pub replicas: Option<usize>,
-    /// Client address of any member: this fresh node asks to be added.
+    /// Client address of any member: this fresh node asks to be added
+    /// (to a single group as a voter; to a multi-shard cluster as a node
+    /// hosting no shard until replicas are moved onto it). Keep it on
+    /// restarts: a node that joined does not join again.
     #[arg(long, env = "RDKV_JOIN")]
     pub join: Option<String>,
     /// Builds this node's data directory (absent or empty) from the backup
@@ -320,8 +326,12 @@ pub struct Config {
     pub rpc_socket: Option<PathBuf>,
     /// id -> peer address; empty when joining.
     pub initial_cluster: BTreeMap<u64, String>,
-    /// Shards at bootstrap (1: today's single group on every node).
+    /// Shards at bootstrap (1: today's single group on every node). A
+    /// joining node's is settled at its start (`join::settle_shards`): the
+    /// cluster's, which `--shards` must match when given.
     pub shards: u32,
+    /// Whether `--shards` (or `RDKV_SHARDS`, `shards` in the file) was given.
+    pub shards_given: bool,
     /// Nodes per shard (the member count when `shards` is 1).
     pub replicas: usize,
     pub join: Option<String>,
@@ -441,7 +451,9 @@ fn initial_members(
 
 /// `--shards` and `--replicas`: one group on every member by default; more
 /// groups only at a bootstrap that names its members, each on 1 to all of
-/// them.
+/// them. A joining node (no members) takes the cluster's shards (checked
+/// against `--shards` at its start) and no part in the placement
+/// (`--replicas` is accepted and not used).
 fn shard_counts(
     shards: Option<u32>,
     replicas: Option<usize>,
@@ -449,6 +461,15 @@ fn shard_counts(
     members: usize,
 ) -> Result<(u32, usize)> {
     let shards = within("shards", shards.unwrap_or(1), 1..=MAX_SHARDS as u32)?;
+    if !explicit_members && members == 0 {
+        // Joining: `--replicas` was the bootstrap's placement, which the
+        // node takes no part in (it hosts no shard until replicas are moved
+        // onto it); accepted, so that every node may get the same flags.
+        if let Some(replicas) = replicas {
+            within("replicas", replicas, 1..=MAX_MEMBERS)?;
+        }
+        return Ok((shards, 0));
+    }
     if shards == 1 {
         if replicas.is_some_and(|r| r != members) {
             bail!("--replicas needs --shards above 1: a single group is on every member");
@@ -665,6 +686,7 @@ impl Config {
             resp_cluster_mode,
             initial_cluster,
             shards,
+            shards_given: args.shards.or(file.shards).is_some(),
             replicas,
             join,
             restore: args.restore,
@@ -761,6 +783,21 @@ mod tests {
             let flags = [&three[..], &["--shards", "3", "--replicas", bad]].concat();
             refused(&flags, "--replicas must be between 1 and 3");
         }
+        // A joining node takes the cluster's count (checked at its start
+        // when given) and no placement.
+        let join = ["--join", "127.0.0.1:1"];
+        let config = Config::resolve(args(&join)).unwrap();
+        assert_eq!((config.shards, config.shards_given), (1, false));
+        let config = Config::resolve(args(&[&join[..], &["--shards", "6"]].concat())).unwrap();
+        assert_eq!((config.shards, config.shards_given), (6, true));
+        // The cluster's flags may be given to every node: --replicas too.
+        let flags = [&join[..], &["--shards", "3", "--replicas", "2"]].concat();
+        let config = Config::resolve(args(&flags)).unwrap();
+        assert_eq!((config.shards, config.replicas), (3, 0));
+        refused(
+            &[&join[..], &["--replicas", "0"]].concat(),
+            "--replicas must be between",
+        );
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rdkv.toml");
         std::fs::write(

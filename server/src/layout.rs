@@ -3,13 +3,15 @@
 //! `shards/` with a `SHARDS` marker naming the shard count, fixed at
 //! bootstrap. A multi-shard directory also records which shards this node
 //! hosts (`HOSTED`): the placed ones at first, then as replicas are moved
-//! onto and off the node (docs/sharding.md, section 8).
+//! onto and off the node (docs/sharding.md, section 8); and, for a node
+//! added with `--join`, that it joined (`JOINED`: the map the join was
+//! answered with).
 
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use rdkv_proto::shard::{MAX_SHARDS, ShardId};
+use rdkv_proto::shard::{MAX_SHARDS, ShardId, ShardMap};
 use rdkv_storage::durability;
 use rdkv_storage::state_machine::SNAPSHOTS_DIR_NAME;
 
@@ -22,6 +24,10 @@ pub const RAFT_LOG_DIR_NAME: &str = "raft-log";
 /// The shards this node hosts, one id a line: written (atomically) after a
 /// replica's directories exist and before its directories are removed.
 pub const HOSTED_FILE: &str = "HOSTED";
+/// Written once a node started with `--join` joined a multi-shard cluster:
+/// the map (JSON) that listed it. A restart neither joins again nor needs a
+/// placement, and serves this map until its metadata replica applies one.
+pub const JOINED_FILE: &str = "JOINED";
 /// Where the shard directories are, in a multi-shard data directory.
 const SHARDS_DIR_NAME: &str = "shards";
 /// A shard directory being removed is renamed to this prefix first, so
@@ -48,6 +54,8 @@ pub enum LayoutError {
     BadHosted { path: PathBuf, content: String },
     #[error("a single group's data directory hosts shard 0 only")]
     SingleGroup,
+    #[error("{path} does not hold the shard map of a join: {reason}")]
+    BadJoined { path: PathBuf, reason: String },
     #[error("{what} {path}: {source}")]
     Io {
         what: &'static str,
@@ -67,6 +75,29 @@ pub enum Layout {
 }
 
 impl Layout {
+    /// The shard count `dir` was made with, without changing anything:
+    /// its marker's, 1 for a single group's data (a Raft log at the top),
+    /// `None` for a new directory.
+    pub fn recorded_count(dir: &Path) -> Result<Option<u32>, LayoutError> {
+        let marker = dir.join(SHARDS_MARKER);
+        match std::fs::read_to_string(&marker) {
+            Ok(content) => parse_marker(&content)
+                .map(Some)
+                .ok_or(LayoutError::BadMarker {
+                    path: marker,
+                    content,
+                }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Ok(dir.join(RAFT_LOG_DIR_NAME).exists().then_some(1))
+            }
+            Err(source) => Err(LayoutError::Io {
+                what: "reading",
+                path: marker,
+                source,
+            }),
+        }
+    }
+
     /// The layout of `dir` opened with `--shards asked`: a directory with a
     /// marker must have been made with the same count; one without a
     /// marker is a single group's (opened as today, and refused for
@@ -255,6 +286,48 @@ impl Layout {
         Ok(removed)
     }
 
+    /// The map a join was answered with, if this node joined
+    /// (`JOINED_FILE`).
+    pub fn recorded_joined(data_dir: &Path) -> Result<Option<ShardMap>, LayoutError> {
+        let path = data_dir.join(JOINED_FILE);
+        let content = match std::fs::read_to_string(&path) {
+            Ok(content) => content,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => {
+                return Err(LayoutError::Io {
+                    what: "reading",
+                    path,
+                    source,
+                });
+            }
+        };
+        serde_json::from_str(&content)
+            .map(Some)
+            .map_err(|e| LayoutError::BadJoined {
+                path,
+                reason: e.to_string(),
+            })
+    }
+
+    /// Records that this node joined, answered with `map`, atomically.
+    pub fn record_joined(&self, data_dir: &Path, map: &ShardMap) -> Result<(), LayoutError> {
+        if *self == Layout::Single {
+            return Err(LayoutError::SingleGroup);
+        }
+        let path = data_dir.join(JOINED_FILE);
+        let content = serde_json::to_string_pretty(map).map_err(|e| LayoutError::BadJoined {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        write_atomically(data_dir, JOINED_FILE, &(content + "\n")).map_err(|source| {
+            LayoutError::Io {
+                what: "writing",
+                path,
+                source,
+            }
+        })
+    }
+
     fn count(&self) -> u32 {
         match self {
             Layout::Single => 1,
@@ -402,6 +475,47 @@ mod tests {
             layout.recorded_hosted(dir.path()),
             Err(LayoutError::BadHosted { .. })
         ));
+    }
+
+    #[test]
+    fn a_join_is_recorded_with_its_map_and_the_count_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(Layout::recorded_count(dir.path()).unwrap(), None);
+        assert_eq!(Layout::recorded_joined(dir.path()).unwrap(), None);
+        let layout = Layout::open(dir.path(), 3).unwrap();
+        assert_eq!(Layout::recorded_count(dir.path()).unwrap(), Some(3));
+        let nodes = [1, 2, 3]
+            .map(|id| rdkv_proto::shard::NodeInfo {
+                id,
+                client_addr: Some(format!("127.0.0.{id}:7379")),
+                resp_addr: None,
+            })
+            .to_vec();
+        let map = crate::placement::initial(nodes, 3, 2).unwrap();
+        layout.record_joined(dir.path(), &map).unwrap();
+        assert_eq!(Layout::recorded_joined(dir.path()).unwrap(), Some(map));
+        std::fs::write(dir.path().join(JOINED_FILE), "{}").unwrap();
+        assert!(matches!(
+            Layout::recorded_joined(dir.path()),
+            Err(LayoutError::BadJoined { .. })
+        ));
+        let single = tempfile::tempdir().unwrap();
+        std::fs::create_dir(single.path().join(RAFT_LOG_DIR_NAME)).unwrap();
+        assert_eq!(Layout::recorded_count(single.path()).unwrap(), Some(1));
+        assert!(
+            Layout::Single
+                .record_joined(single.path(), &placed_map())
+                .is_err()
+        );
+    }
+
+    fn placed_map() -> ShardMap {
+        let nodes = vec![rdkv_proto::shard::NodeInfo {
+            id: 1,
+            client_addr: None,
+            resp_addr: None,
+        }];
+        crate::placement::initial(nodes, 2, 1).unwrap()
     }
 
     #[test]

@@ -370,6 +370,52 @@ pub(crate) async fn start_raft(
     })
 }
 
+/// Where a node's shard map comes from before its metadata replica
+/// applies one.
+#[derive(Debug)]
+enum Origin {
+    /// A single group: no map (it is computed from the membership).
+    Single,
+    /// `--initial-cluster`: the placed map, version 1 (`placed_map`), which
+    /// the metadata group's first leader publishes.
+    Placed(ShardMap),
+    /// `--join` of a multi-shard cluster: the cluster's map (the seed's, or
+    /// the one `JOINED` records) and whether the join is done.
+    Joined {
+        seed: String,
+        map: ShardMap,
+        joined: bool,
+    },
+}
+
+impl Origin {
+    fn of(config: &Config, joining: crate::join::Joining) -> Result<Origin> {
+        Ok(match joining {
+            crate::join::Joining::Sharded { seed, map, joined } => {
+                Origin::Joined { seed, map, joined }
+            }
+            _ => placed_map(config)?.map_or(Origin::Single, Origin::Placed),
+        })
+    }
+
+    /// The map served until the metadata replica applies one; `None`: a
+    /// single group.
+    fn map(&self) -> Option<&ShardMap> {
+        match self {
+            Origin::Single => None,
+            Origin::Placed(map) | Origin::Joined { map, .. } => Some(map),
+        }
+    }
+
+    /// The placed map of a node of `--initial-cluster`.
+    fn placed(&self) -> Option<&ShardMap> {
+        match self {
+            Origin::Placed(map) => Some(map),
+            _ => None,
+        }
+    }
+}
+
 /// The placed map of a multi-shard cluster (`placement::initial` of
 /// `--initial-cluster`, the same on every node, byte for byte: no node's
 /// addresses yet, each node publishes its own as a later version); `None`
@@ -395,21 +441,27 @@ fn placed_map(config: &Config) -> Result<Option<ShardMap>> {
 /// The shards this node hosts and whether its data directory is new (no
 /// `HOSTED` yet): a single group hosts shard 0; a multi-shard node the
 /// shards `HOSTED` records (replicas moved since placement included), or
-/// on its first start the placed ones. Directories of shards it does not
-/// host are removed (`Layout::remove_strays`).
+/// on its first start the placed ones (none for a node that joins).
+/// Directories of shards it does not host are removed
+/// (`Layout::remove_strays`).
 fn hosted_shards(
     config: &Config,
     layout: &Layout,
-    placed: Option<&ShardMap>,
+    origin: &Origin,
 ) -> Result<(Vec<ShardId>, bool)> {
-    let Some(map) = placed else {
+    if origin.map().is_none() {
         return Ok((vec![ShardId(0)], true));
-    };
+    }
     let recorded = layout
         .recorded_hosted(&config.data_dir)
         .context("reading the hosted shards")?;
     match recorded {
-        None => Ok((placed_here(map, config.id), true)),
+        None => Ok((
+            origin
+                .placed()
+                .map_or_else(Vec::new, |map| placed_here(map, config.id)),
+            true,
+        )),
         Some(hosted) => {
             for stray in layout.remove_strays(&config.data_dir, &hosted)? {
                 tracing::info!(
@@ -472,13 +524,13 @@ fn drop_unjoined(
 /// or onto this node.
 async fn form_groups(
     shards: &Shards,
-    placed: Option<&ShardMap>,
+    origin: &Origin,
     config: &Config,
     layout: &Layout,
     client_addr: &str,
 ) -> Result<()> {
     if !config.initial_cluster.is_empty() {
-        bootstrap(shards, placed, config, client_addr).await?;
+        bootstrap(shards, origin.placed(), config, client_addr).await?;
     }
     if shards.is_sharded() {
         let hosted = shards.iter().map(|(shard, _)| shard).collect();
@@ -487,12 +539,9 @@ async fn form_groups(
     Ok(())
 }
 
-/// The shards this node started, the placed map of a multi-shard cluster
-/// (what its groups are initialized with), and whether the data directory
-/// is new.
+/// The shards this node started, and whether the data directory is new.
 struct Started {
     shards: Shards,
-    placed: Option<ShardMap>,
     fresh: bool,
 }
 
@@ -504,14 +553,14 @@ async fn start_shards(
     layout: &Layout,
     region: RegionConfig,
     tls: &NodeTls,
+    origin: &Origin,
 ) -> Result<Started> {
     let started = std::time::Instant::now();
-    let placed = placed_map(config)?;
-    let (mut hosted, fresh) = hosted_shards(config, layout, placed.as_ref())?;
-    if placed.is_some() && !hosted.is_empty() {
-        hosted.push(ShardId::META);
-    }
-    if hosted.is_empty() {
+    let (mut hosted, fresh) = hosted_shards(config, layout, origin)?;
+    // A node that joins (or whose replicas all moved away) hosts no data
+    // shard: only one bootstrapped from `--initial-cluster` must be placed
+    // some.
+    if fresh && hosted.is_empty() && origin.placed().is_some() {
         bail!(
             "--shards {} --replicas {} places no shard on node {}: \
              raise --shards or --replicas",
@@ -519,6 +568,9 @@ async fn start_shards(
             config.replicas,
             config.id
         );
+    }
+    if origin.map().is_some() {
+        hosted.push(ShardId::META);
     }
     let stores = hosted
         .iter()
@@ -530,7 +582,7 @@ async fn start_shards(
             Stores::open(config, layout, shard, region)
         })
         .collect::<Result<Vec<_>>>()?;
-    let stores = match &placed {
+    let stores = match origin.map() {
         Some(map) if !fresh => drop_unjoined(config, layout, map, stores)?,
         _ => stores,
     };
@@ -547,7 +599,7 @@ async fn start_shards(
         let lease_out = started + Duration::from_millis(raft_config(config)?.election_timeout_min);
         tokio::time::sleep_until(lease_out.into()).await;
     }
-    let tagged = placed.is_some();
+    let tagged = origin.map().is_some();
     let mut replicas = BTreeMap::new();
     for stores in stores {
         let shard = stores.shard;
@@ -564,34 +616,35 @@ async fn start_shards(
             }
         }
     }
-    let shards = match &placed {
+    let shards = match origin.map() {
         Some(map) => {
             let meta = replicas
                 .remove(&ShardId::META)
                 .context("the metadata group was not started")?;
             let meta = meta_of(meta, map, own_client_options(config, tls));
-            Shards::sharded(meta, replicas).context("no shard placed here")?
+            Shards::sharded(meta, replicas)
         }
         None => replicas
             .remove(&ShardId(0))
             .map(Shards::single)
             .context("shard 0 was not started")?,
     };
-    Ok(Started {
-        shards,
-        placed,
-        fresh,
-    })
+    Ok(Started { shards, fresh })
 }
 
 /// The metadata group's part on this node, serving the map its replica
-/// applied before a restart, or else the placed one.
+/// applied before a restart, or else the one it starts from (placed, or
+/// the cluster's for a node that joins).
 fn meta_of(replica: Replica, placed: &ShardMap, forward: rdkv_client::ClientOptions) -> Meta {
     let applied = replica.sm.applied_shard_map().unwrap_or_else(|e| {
         tracing::warn!("reading the applied shard map: {e}");
         None
     });
-    Meta::new(replica, applied.unwrap_or_else(|| placed.clone()), forward)
+    let map = match applied {
+        Some(applied) if applied.version() >= placed.version() => applied,
+        _ => placed.clone(),
+    };
+    Meta::new(replica, map, forward)
 }
 
 /// What a node settles before it serves: its protocol limits, the quota it
@@ -609,22 +662,22 @@ struct Fixed {
 }
 
 impl Node {
-    pub async fn start(config: Config) -> Result<Node> {
+    pub async fn start(mut config: Config) -> Result<Node> {
         // Before anything records a metric.
         crate::telemetry::prometheus();
         // A bad certificate file stops the start before anything runs.
         let tls = Arc::new(NodeTls::load(&config).context("TLS settings")?);
         let lock = lock_data_dir(&config)?;
         let listeners = Listeners::bind(&config).await?;
+        let own = own_client_options(&config, &tls);
+        let joining = crate::join::settle_shards(&mut config, &own).await?;
+        let origin = Origin::of(&config, joining)?;
         let region = region_config(&config);
         let limits = protocol_limits(&region)?;
         let quota_bytes = quota_bytes(&config, &region)?;
         let layout = Layout::open(&config.data_dir, config.shards)?;
-        let Started {
-            shards,
-            placed,
-            fresh,
-        } = start_shards(&config, &layout, region.clone(), &tls).await?;
+        let Started { shards, fresh } =
+            start_shards(&config, &layout, region.clone(), &tls, &origin).await?;
         let fixed = Fixed {
             limits,
             quota_bytes,
@@ -634,7 +687,7 @@ impl Node {
             region,
             fresh,
         };
-        match Self::serve(config, (shards.clone(), placed), fixed, listeners).await {
+        match Self::serve(config, (shards.clone(), origin), fixed, listeners).await {
             Ok(node) => Ok(node),
             Err(e) => {
                 // Raft is running and owns the logs: stop it before giving up.
@@ -648,7 +701,7 @@ impl Node {
 
     async fn serve(
         config: Config,
-        (shards, placed): (Shards, Option<ShardMap>),
+        (shards, origin): (Shards, Origin),
         fixed: Fixed,
         listeners: Listeners,
     ) -> Result<Node> {
@@ -676,8 +729,14 @@ impl Node {
         )));
         let client_addr = config.listen.to_string();
         if fresh {
-            form_groups(&shards, placed.as_ref(), &config, &layout, &client_addr).await?;
+            form_groups(&shards, &origin, &config, &layout, &client_addr).await?;
         }
+        let own = NodeInfo {
+            id: config.id,
+            client_addr: Some(client_addr.clone()),
+            resp_addr: local_addr(listeners.front.resp.as_ref()),
+        };
+        join_sharded(&shards, &origin, &own, &config, &layout, &tls).await?;
         let hosting = shards.is_sharded().then(|| {
             Arc::new(Hosting::new(HostingParts {
                 config: config.clone(),
@@ -715,24 +774,12 @@ impl Node {
                 tasks.push(task);
             }
         }
-        if let (Some(meta), Some(placed)) = (shards.meta(), placed) {
-            let own = NodeInfo {
-                id: config.id,
-                client_addr: Some(client_addr.clone()),
-                resp_addr: handler.endpoints().resp.clone(),
-            };
+        if let Some(meta) = shards.meta() {
+            let placed = origin.placed().cloned();
             spawn_meta_tasks(meta, placed, own, &config, &shutdown_rx, &mut tasks)?;
         }
-        let initialized = raft.is_initialized().await.context("reading raft state")?;
-        if let Some(seed) = config.join.clone().filter(|_| !initialized) {
-            tasks.push(tokio::spawn(crate::join::join_cluster(
-                seed,
-                config.id,
-                config.peer_listen.to_string(),
-                client_addr,
-                own_client_options(&config, &tls),
-                shutdown_rx,
-            )));
+        if !shards.is_sharded() && !raft.is_initialized().await.context("reading raft state")? {
+            spawn_single_join(&config, &tls, client_addr, shutdown_rx, &mut tasks);
         }
         tracing::info!(
             id = config.id,
@@ -860,12 +907,72 @@ async fn bootstrap(
     Ok(())
 }
 
-/// The metadata group's tasks on this node: its leader's bootstrap and
-/// settings, the watch serving each applied map, and the publication of
+/// A single group's `--join`, if given (`join::join_cluster`), in the
+/// background until this node's Raft is initialized.
+fn spawn_single_join(
+    config: &Config,
+    tls: &NodeTls,
+    client_addr: String,
+    shutdown_rx: watch::Receiver<bool>,
+    tasks: &mut Tasks,
+) {
+    if let Some(seed) = config.join.clone() {
+        tasks.push(tokio::spawn(crate::join::join_cluster(
+            seed,
+            config.id,
+            config.peer_listen.to_string(),
+            client_addr,
+            own_client_options(config, tls),
+            shutdown_rx,
+        )));
+    }
+}
+
+/// Joins the multi-shard cluster of `origin` (`join::join_sharded`) unless
+/// `JOINED` records the join: a learner of its metadata group and a node
+/// of its map with `own` addresses. Then serves the map the join was
+/// answered with (until the replica applies a newer one) and records it
+/// in `JOINED`. Before clients are served: a refusal stops the start.
+async fn join_sharded(
+    shards: &Shards,
+    origin: &Origin,
+    own: &NodeInfo,
+    config: &Config,
+    layout: &Layout,
+    tls: &NodeTls,
+) -> Result<()> {
+    let (
+        Origin::Joined {
+            seed,
+            joined: false,
+            ..
+        },
+        Some(meta),
+    ) = (origin, shards.meta())
+    else {
+        return Ok(());
+    };
+    tracing::info!(%seed, "joining the multi-shard cluster");
+    let request = rdkv_proto::wire::Request::AddNode {
+        id: config.id,
+        peer_addr: config.peer_listen.to_string(),
+        client_addr: own.client_addr.clone().unwrap_or_default(),
+        resp_addr: own.resp_addr.clone(),
+    };
+    let map = crate::join::join_sharded(seed, request, &own_client_options(config, tls)).await?;
+    meta.install(map.clone());
+    layout
+        .record_joined(&config.data_dir, &map)
+        .context("recording the join")?;
+    Ok(())
+}
+
+/// The metadata group's tasks on this node: its leader's bootstrap (a
+/// node of `--initial-cluster`) and settings, the watch serving each applied map, and the publication of
 /// this node's addresses (`own`).
 fn spawn_meta_tasks(
     meta: &Meta,
-    placed: ShardMap,
+    placed: Option<ShardMap>,
     own: NodeInfo,
     config: &Config,
     shutdown_rx: &watch::Receiver<bool>,
@@ -883,15 +990,18 @@ fn spawn_meta_tasks(
         quota_bytes,
         shutdown_rx.clone(),
     )));
-    let bootstrap = tasks::Bootstrap {
-        placed,
-        nodes: config.initial_cluster.clone(),
-    };
-    tasks.push(tokio::spawn(tasks::lead(
-        meta.clone(),
-        bootstrap,
-        shutdown_rx.clone(),
-    )));
+    // A node that joined bootstraps nothing: the cluster it joined has.
+    if let Some(placed) = placed {
+        let bootstrap = tasks::Bootstrap {
+            placed,
+            nodes: config.initial_cluster.clone(),
+        };
+        tasks.push(tokio::spawn(tasks::lead(
+            meta.clone(),
+            bootstrap,
+            shutdown_rx.clone(),
+        )));
+    }
     tasks.push(tokio::spawn(tasks::follow_applied(
         meta.clone(),
         shutdown_rx.clone(),

@@ -71,7 +71,9 @@ pub fn not_across_shards(what: &str) -> ErrorReply {
 #[derive(Debug, Clone)]
 struct Registry {
     /// Serves the requests that name no shard: the lowest shard hosted
-    /// (shard 0 in a single group).
+    /// (shard 0 in a single group), or the metadata group's replica on a
+    /// node that hosts no data shard (one added with `--join`, or one
+    /// whose replicas all moved away).
     primary: Replica,
     /// Every data shard replica of this node, `primary` among them.
     replicas: BTreeMap<ShardId, Replica>,
@@ -109,11 +111,15 @@ impl Shards {
     }
 
     /// A multi-shard node: `replicas` of the shards it hosts (placed here,
-    /// or moved here since), and its replica of the metadata group; `None`
-    /// when there are no replicas.
-    pub fn sharded(meta: Meta, replicas: BTreeMap<ShardId, Replica>) -> Option<Shards> {
-        let primary = replicas.values().next()?.clone();
-        Some(Shards::of(Registry { primary, replicas }, Some(meta)))
+    /// or moved here since; none on a node that joined and was moved no
+    /// replica yet), and its replica of the metadata group.
+    pub fn sharded(meta: Meta, replicas: BTreeMap<ShardId, Replica>) -> Shards {
+        let primary = replicas
+            .values()
+            .next()
+            .unwrap_or_else(|| meta.replica())
+            .clone();
+        Shards::of(Registry { primary, replicas }, Some(meta))
     }
 
     /// Replaces the registry with `change` of it, one change at a time.
@@ -121,8 +127,10 @@ impl Shards {
         let _turn = self.changes.lock().unwrap_or_else(PoisonError::into_inner);
         let mut next = Registry::clone(&self.current.load());
         let out = change(&mut next);
-        if let Some(lowest) = next.replicas.values().next() {
-            next.primary = lowest.clone();
+        match (next.replicas.values().next(), &self.meta) {
+            (Some(lowest), _) => next.primary = lowest.clone(),
+            (None, Some(meta)) => next.primary = meta.replica().clone(),
+            (None, None) => {}
         }
         self.current.store(Arc::new(next));
         out
@@ -134,11 +142,13 @@ impl Shards {
     }
 
     /// Stops hosting `shard` (its replica is being closed): its requests
-    /// are answered `WrongShard` from now on. The last replica of a node
-    /// is never removed (the node's own requests need one).
+    /// are answered `WrongShard` from now on. A single group's one replica
+    /// is never removed (the node's own requests need one); a multi-shard
+    /// node's last data replica may be (its metadata replica serves them).
     pub fn remove(&self, shard: ShardId) -> Option<Replica> {
+        let sharded = self.is_sharded();
         self.change(|registry| {
-            if registry.replicas.len() <= 1 {
+            if registry.replicas.len() <= 1 && !sharded {
                 return None;
             }
             registry.replicas.remove(&shard)
@@ -161,7 +171,8 @@ impl Shards {
     }
 
     /// The replica of requests that name no shard (admin, status): shard 0,
-    /// or the lowest shard hosted here.
+    /// or the lowest shard hosted here, or the metadata group's when this
+    /// node hosts no data shard.
     pub fn primary(&self) -> Replica {
         self.current.load().primary.clone()
     }

@@ -36,6 +36,9 @@ pub struct Cluster {
     lab: Option<netns::Lab>,
     root: tempfile::TempDir,
     initial_cluster: String,
+    /// Nodes started with `--join`, and the seed each joined through: they
+    /// restart with `--join` again (a node that joined does not join twice).
+    joined: BTreeMap<u64, String>,
     extra_args: Vec<String>,
     /// The token and TLS of the harness's own clients (status, leader
     /// waits, `client`).
@@ -161,6 +164,7 @@ impl Cluster {
             lab,
             root,
             initial_cluster,
+            joined: BTreeMap::new(),
             extra_args,
             client_token: None,
             client_tls: None,
@@ -237,9 +241,13 @@ impl Cluster {
             .with_context(|| format!("injecting a fault into node {id}"))
     }
 
-    /// (Re)starts node `id` with the cluster's initial membership.
+    /// (Re)starts node `id` with the cluster's initial membership, or, for
+    /// a node that joined, with `--join` and its seed.
     pub fn restart(&mut self, id: u64) -> Result<()> {
-        let args = vec!["--initial-cluster".to_owned(), self.initial_cluster.clone()];
+        let args = match self.joined.get(&id) {
+            Some(seed) => vec!["--join".to_owned(), seed.clone()],
+            None => vec!["--initial-cluster".to_owned(), self.initial_cluster.clone()],
+        };
         self.node_mut(id)?.start(&args)
     }
 
@@ -250,6 +258,24 @@ impl Cluster {
 
     /// [`Cluster::join`] with extra environment for the new node's first start.
     pub fn join_with_env(&mut self, id: u64, seed: u64, env: &[(&str, &str)]) -> Result<()> {
+        let extra_args = self.extra_args.clone();
+        self.join_node(id, seed, extra_args, env)
+    }
+
+    /// [`Cluster::join`] with `extra_args` instead of the cluster's flags
+    /// (e.g. another `--shards`, for a refused join).
+    pub fn join_with_args(&mut self, id: u64, seed: u64, extra_args: &[&str]) -> Result<()> {
+        let extra_args = extra_args.iter().map(|a| (*a).to_owned()).collect();
+        self.join_node(id, seed, extra_args, &[])
+    }
+
+    fn join_node(
+        &mut self,
+        id: u64,
+        seed: u64,
+        extra_args: Vec<String>,
+        env: &[(&str, &str)],
+    ) -> Result<()> {
         let seed_addr = self.node(seed)?.endpoint();
         let mut node = match &mut self.lab {
             Some(lab) => {
@@ -258,13 +284,14 @@ impl Cluster {
             }
             None => NodeProc::on_loopback(id, self.root.path(), self.subnet()),
         };
-        node.extra_args = self.extra_args.clone();
+        node.extra_args = extra_args;
         node.env = env
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
-        node.start(&["--join".to_owned(), seed_addr])?;
+        node.start(&["--join".to_owned(), seed_addr.clone()])?;
         self.nodes.insert(id, node);
+        self.joined.insert(id, seed_addr);
         Ok(())
     }
 

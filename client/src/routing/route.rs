@@ -61,6 +61,7 @@ pub(crate) fn route_of(request: &Request) -> (Route, Idempotence) {
         | Request::MoveLeader { .. }
         | Request::ShardMoveLeader { .. }
         | Request::PublishShardMap { .. }
+        | Request::AddNode { .. }
         | Request::InjectFault(_)
         | Request::RdmaConnect { .. } => (Route::Leader, Idempotence::Write),
         // A shard's scan or clear goes where the unsharded one would, in

@@ -56,6 +56,7 @@ impl Request {
             | Request::ShardStatus
             | Request::ShardMoveLeader { .. }
             | Request::PublishShardMap { .. }
+            | Request::AddNode { .. }
             | Request::Digests => KeyUse::Nothing,
         }
     }

@@ -195,6 +195,7 @@ impl Request {
             | Self::ShardStatus
             | Self::ShardMoveLeader { .. }
             | Self::PublishShardMap { .. }
+            | Self::AddNode { .. }
             | Self::Digests => Ok(()),
         }
     }

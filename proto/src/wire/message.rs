@@ -187,6 +187,22 @@ pub enum Request {
     /// applied), `NotLeader` elsewhere, `InvalidRequest` for a stale version
     /// or on a single-group node. Protocol version 3.
     PublishShardMap { map: ShardMap },
+    /// A new node joins a multi-shard cluster (`rdkv-server --join`,
+    /// docs/sharding.md, section 8): the metadata group's leader adds node
+    /// `id` (its Raft traffic at `peer_addr`) as a learner of the group,
+    /// waits until it caught up with the group's log, and lists it with
+    /// `client_addr` and `resp_addr` in the next map version. Answered with
+    /// [`Response::ShardMap`] (a map listing the node); `NotLeader` naming
+    /// the group's leader elsewhere; `InvalidRequest` on a single-group
+    /// node and for an id the cluster already has under another peer
+    /// address (or names without having it in the group). Repeating it is
+    /// harmless. Protocol version 3; an older node answers `Malformed`.
+    AddNode {
+        id: u64,
+        peer_addr: String,
+        client_addr: String,
+        resp_addr: Option<String>,
+    },
 }
 
 /// One command of a [`Request::Transaction`]. Append-only.
@@ -517,7 +533,9 @@ impl Request {
     pub fn min_version(&self) -> u16 {
         match self {
             Request::ShardStatus | Request::ShardMoveLeader { .. } => SHARDS_PROTOCOL_VERSION,
-            Request::Sharded { .. } | Request::PublishShardMap { .. } => SHARDED_PROTOCOL_VERSION,
+            Request::Sharded { .. } | Request::PublishShardMap { .. } | Request::AddNode { .. } => {
+                SHARDED_PROTOCOL_VERSION
+            }
             _ => 1,
         }
     }

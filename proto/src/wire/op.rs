@@ -38,11 +38,12 @@ pub enum Op {
     ShardOpenReplica,
     ShardCloseReplica,
     ShardMoveReplica,
+    AddNode,
 }
 
 impl Op {
     /// Every op, in a fixed order (indexes of per-op tables).
-    pub const ALL: [Op; 33] = [
+    pub const ALL: [Op; 34] = [
         Op::Get,
         Op::MGet,
         Op::Put,
@@ -76,6 +77,7 @@ impl Op {
         Op::ShardOpenReplica,
         Op::ShardCloseReplica,
         Op::ShardMoveReplica,
+        Op::AddNode,
     ];
 
     pub fn name(self) -> &'static str {
@@ -110,6 +112,7 @@ impl Op {
             Op::ShardOpenReplica => "shard_open_replica",
             Op::ShardCloseReplica => "shard_close_replica",
             Op::ShardMoveReplica => "shard_move_replica",
+            Op::AddNode => "add_node",
             Op::Digests => "digests",
             Op::Transaction => "transaction",
             Op::Ttl => "ttl",
@@ -175,6 +178,7 @@ impl Request {
             Request::ShardStatus => Op::ShardStatus,
             Request::ShardMoveLeader { .. } => Op::ShardMoveLeader,
             Request::PublishShardMap { .. } => Op::PublishShardMap,
+            Request::AddNode { .. } => Op::AddNode,
         }
     }
 }

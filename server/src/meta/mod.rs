@@ -9,12 +9,15 @@
 //!   version is made (on the group's leader, forwarded there from any node).
 //! - [`tasks`]: the leader's bootstrap (version 1, learners), every node's
 //!   watch of its applied map and the publication of its own addresses.
+//! - [`join`]: `Request::AddNode` on the leader: a node started with
+//!   `--join` made a learner of the group and a node of the map.
 //!
 //! The group runs on the same machinery as a data shard (`Replica`: its
 //! log, snapshots and a small region holding the map as one record,
 //! `Command::PublishShardMap`), under `meta/` in the data directory.
 
 pub mod edit;
+pub mod join;
 pub mod tasks;
 
 use std::sync::Arc;

@@ -360,13 +360,9 @@ impl Handler {
                 }
                 Ok(Response::Done)
             }
-            Request::PublishShardMap { map } => match self.shards.meta() {
-                Some(meta) => crate::meta::edit::publish_here(meta, map).await,
-                None => Err(ErrorReply::new(
-                    ErrorCode::InvalidRequest,
-                    "a single-group node has no shard map to publish",
-                )),
-            },
+            request @ (Request::PublishShardMap { .. } | Request::AddNode { .. }) => {
+                self.meta_request(request).await
+            }
             Request::ReportReads(report) => {
                 crate::telemetry::scrape::client_reads(&report);
                 Ok(Response::Done)
@@ -380,6 +376,42 @@ impl Handler {
             other => Err(ErrorReply::new(
                 ErrorCode::InvalidRequest,
                 format!("{:?} is not served here", other.op()),
+            )),
+        }
+    }
+
+    /// A request of the metadata group (docs/sharding.md, section 2):
+    /// a new map version, a new node. A single-group node has none.
+    async fn meta_request(&self, request: Request) -> Reply {
+        let Some(meta) = self.shards.meta() else {
+            let what = match request {
+                Request::AddNode { .. } => {
+                    "a single-group node takes a new node as a member (`AddMember`, what \
+                     `--join` sends it)"
+                }
+                _ => "a single-group node has no shard map to publish",
+            };
+            return Err(ErrorReply::new(ErrorCode::InvalidRequest, what));
+        };
+        match request {
+            Request::PublishShardMap { map } => crate::meta::edit::publish_here(meta, map).await,
+            Request::AddNode {
+                id,
+                peer_addr,
+                client_addr,
+                resp_addr,
+            } => {
+                let node = crate::meta::join::NewNode {
+                    id,
+                    peer_addr,
+                    client_addr,
+                    resp_addr,
+                };
+                crate::meta::join::add_node(meta, node).await
+            }
+            other => Err(ErrorReply::new(
+                ErrorCode::Internal,
+                format!("{:?} is not a metadata group request", other.op()),
             )),
         }
     }
