@@ -182,3 +182,25 @@ fn each_shard_keeps_its_own_current_registration() {
         grant1.key
     );
 }
+
+/// A shard no longer hosted (its replica moved away) has its registration
+/// retired and, after the grace period, closed; the hosted one's stays.
+#[test]
+fn a_shard_no_longer_hosted_has_its_registration_released() {
+    let Some(server) = server(Duration::ZERO) else {
+        return;
+    };
+    let (zero, one) = (patterned(1 << 20), patterned(1 << 20));
+    let grant0 = server.grant(&zero, 1, ShardId(0), 4).unwrap();
+    server.grant(&one, 1, ShardId(1), 4).unwrap();
+    server.retire_unhosted(&[ShardId(0), ShardId(1)]);
+    server.sweep();
+    assert_eq!(server.registrations(), 2, "a hosted shard's was released");
+    server.retire_unhosted(&[ShardId(0)]);
+    server.sweep();
+    assert_eq!(server.registrations(), 1, "shard 1's is kept");
+    assert_eq!(
+        server.grant(&zero, 1, ShardId(0), 4).unwrap().key,
+        grant0.key
+    );
+}

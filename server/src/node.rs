@@ -1073,15 +1073,19 @@ fn one_sided_transports(
         config.listen.ip(),
         config.grace_period_ms,
     ));
-    // Every hosted shard's region (a single group: shard 0's).
-    let regions: Vec<_> = shards.iter().map(|(id, r)| (id, r.sm.clone())).collect();
+    // Every hosted shard's region (a single group: shard 0's), as hosted
+    // at each turn of the upkeep.
     let (id, stop) = (config.id, shutdown_rx.clone());
     tasks.push(tokio::spawn(Arc::clone(&rdma).maintain(
-        regions.clone(),
+        shards.clone(),
         id,
         stop.clone(),
     )));
-    tasks.push(tokio::spawn(Arc::clone(&ofi).maintain(regions, id, stop)));
+    tasks.push(tokio::spawn(Arc::clone(&ofi).maintain(
+        shards.clone(),
+        id,
+        stop,
+    )));
     (rdma, ofi)
 }
 

@@ -108,13 +108,13 @@ impl OfiState {
     #[cfg_attr(not(feature = "ofi"), allow(unused_variables))]
     pub async fn maintain(
         self: Arc<Self>,
-        regions: Vec<(ShardId, RegionStateMachine)>,
+        shards: crate::shards::Shards,
         node_id: u64,
         shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
         #[cfg(feature = "ofi")]
         if let Some(server) = self.server.clone() {
-            crate::grant_upkeep::run_every_second("ofi", server, regions, node_id, shutdown).await;
+            crate::grant_upkeep::run_every_second("ofi", server, shards, node_id, shutdown).await;
         }
     }
 }
@@ -130,6 +130,10 @@ impl crate::grant_upkeep::Grants for rdkv_fabric::ofi::server::OfiServer {
         self.grant(&sm.region_memory(), node_id, shard, sm.region_epoch())
             .map(|_grant| ())
             .map_err(|e| e.to_string())
+    }
+
+    fn retire_unhosted(&self, hosted: &[ShardId]) {
+        rdkv_fabric::ofi::server::OfiServer::retire_unhosted(self, hosted);
     }
 
     fn sweep(&self) {

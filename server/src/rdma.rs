@@ -173,13 +173,13 @@ impl RdmaState {
     #[cfg_attr(not(feature = "rdma"), allow(unused_variables))]
     pub async fn maintain(
         self: Arc<Self>,
-        regions: Vec<(ShardId, RegionStateMachine)>,
+        shards: crate::shards::Shards,
         node_id: u64,
         shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
         #[cfg(feature = "rdma")]
         if let Some(server) = self.server.clone() {
-            crate::grant_upkeep::run_every_second("rdma", server, regions, node_id, shutdown).await;
+            crate::grant_upkeep::run_every_second("rdma", server, shards, node_id, shutdown).await;
         }
     }
 }
@@ -212,6 +212,10 @@ impl crate::grant_upkeep::Grants for rdkv_fabric::rdma::verbs::RdmaServer {
         self.grant(region_ref(&memory, sm, node_id, shard))
             .map(|_grant| ())
             .map_err(|e| e.to_string())
+    }
+
+    fn retire_unhosted(&self, hosted: &[ShardId]) {
+        rdkv_fabric::rdma::verbs::RdmaServer::retire_unhosted(self, hosted);
     }
 
     fn sweep(&self) {

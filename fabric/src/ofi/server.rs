@@ -219,6 +219,16 @@ impl OfiServer {
         })
     }
 
+    /// Starts the grace period of the current registrations of shards not
+    /// in `hosted`: a replica moved away or closed releases its region
+    /// after the grace period, as an old epoch's does.
+    pub fn retire_unhosted(&self, hosted: &[ShardId]) {
+        let now = Instant::now();
+        let mut regions = self.regions();
+        let unhosted = regions.iter_mut().filter(|r| !hosted.contains(&r.shard));
+        unhosted.for_each(|r| r.retired_at = r.retired_at.or(Some(now)));
+    }
+
     /// Closes registrations retired longer than the grace period ago.
     pub fn sweep(&self) {
         let now = Instant::now();

@@ -155,6 +155,14 @@ impl ServerDevice {
         })
     }
 
+    /// Starts the grace period of the current registrations of shards not
+    /// in `hosted`.
+    fn retire_unhosted(&self, hosted: &[ShardId], now: Instant) {
+        let mut regions = self.regions();
+        let unhosted = regions.iter_mut().filter(|r| !hosted.contains(&r.shard));
+        unhosted.for_each(|r| r.retired_at = r.retired_at.or(Some(now)));
+    }
+
     /// Deregisters regions retired longer than `grace` ago.
     fn sweep(&self, grace: Duration) {
         let now = Instant::now();
@@ -205,6 +213,16 @@ impl RdmaServer {
         self.devices
             .context_for(None, ServerDevice::open)?
             .grant(region)
+    }
+
+    /// Starts the grace period of every device's current registrations of
+    /// shards not in `hosted`: a replica moved away or closed releases its
+    /// region after the grace period, as an old epoch's does.
+    pub fn retire_unhosted(&self, hosted: &[ShardId]) {
+        let now = Instant::now();
+        for device in self.devices.opened() {
+            device.retire_unhosted(hosted, now);
+        }
     }
 
     /// Deregisters regions retired longer than the grace period ago.
