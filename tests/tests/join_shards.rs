@@ -8,8 +8,10 @@
 //! then read through the client (following the map), from node 4 alone for
 //! the shards it hosts, and through RESP forwarding to and from node 4
 //! (leading a shard); again after node 4's SIGKILL and restart, which does
-//! not join again. A node started with a `--shards` the cluster does not
-//! have, or asking for an id the cluster has, is refused.
+//! not join again. The same growth by `rdkvctl rebalance`: a joined node
+//! of a 6-shard cluster is given its share of the replicas while a client
+//! writes. A node started with a `--shards` the cluster does not have, or
+//! asking for an id the cluster has, is refused.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -102,13 +104,19 @@ async fn all_through(client: &rdkv_client::Client, keys: &[String], when: &str) 
     Ok(())
 }
 
-/// Every one of `keys` (all of shards node `id` hosts) read from node
+/// Every one of `keys` of `shards` (hosted by node `id`) read from node
 /// `id`'s own replicas alone: follower reads sent to it, one shard's keys
 /// per request.
-async fn all_on(cluster: &Cluster, id: u64, map: &ShardMap, keys: &[String]) -> Result<()> {
+async fn all_on(
+    cluster: &Cluster,
+    id: u64,
+    map: &ShardMap,
+    shards: &[u32],
+    keys: &[String],
+) -> Result<()> {
     let client = cluster.client(Intent::Via(&[id]))?;
     let endpoint = cluster.node(id)?.endpoint();
-    for (shard, _) in MOVES {
+    for &shard in shards {
         let of_shard: Vec<&String> = keys
             .iter()
             .filter(|key| map.shard_of_key(key.as_bytes()) == ShardId(shard))
@@ -322,8 +330,9 @@ async fn a_joined_node_takes_replicas_while_clients_write_and_loses_nothing() ->
         .await?;
         let reader = cluster.client(Intent::Any)?;
         all_through(&reader, &keys, "after the moves").await?;
+        let moved = MOVES.map(|(shard, _)| shard);
         eventually(LEADER_TIMEOUT, "every write on node 4", async || {
-            all_on(cluster, NEW, &map, &keys).await
+            all_on(cluster, NEW, &map, &moved, &keys).await
         })
         .await?;
         resp_reaches_the_new_node(cluster, &map, &keys).await?;
@@ -335,7 +344,7 @@ async fn a_joined_node_takes_replicas_while_clients_write_and_loses_nothing() ->
         eventually(
             LEADER_TIMEOUT,
             "every write on node 4 after its restart",
-            async || all_on(cluster, NEW, &map, &keys).await,
+            async || all_on(cluster, NEW, &map, &moved, &keys).await,
         )
         .await?;
         let mut hosted_by_new = hosted(cluster, NEW).await?;
@@ -355,6 +364,108 @@ async fn a_joined_node_takes_replicas_while_clients_write_and_loses_nothing() ->
         );
         let reader = cluster.client(Intent::Via(&[NEW]))?;
         all_through(&reader, &keys, "after node 4's restart").await
+    })
+    .await
+}
+
+/// `rdkvctl rebalance` as json.
+async fn rebalance(cluster: &Cluster) -> Result<serde_json::Value> {
+    let printed = ctl(cluster, &["rebalance", "-w", "json"]).await?;
+    println!("rebalance: {printed}");
+    Ok(serde_json::from_str(&printed)?)
+}
+
+/// Growing by the operator's two commands: node 4 joins a cluster of six
+/// shards of three replicas (18 replicas, 6 per node) and `rdkvctl
+/// rebalance`, while a client writes, moves replicas onto it until every
+/// node hosts 4 or 5 and spreads the leaders; every acknowledged write is
+/// then read through the client and from node 4's replicas alone, and a
+/// second rebalance moves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joined_node_is_given_replicas_by_rebalance_while_clients_write() -> Result<()> {
+    let flags = ["--shards", "6", "--replicas", "3", "--region-mib", "8"];
+    let mut cluster = Cluster::start_with(3, &flags)?;
+    check(&mut cluster, Duration::from_secs(300), async |cluster| {
+        eventually(
+            LEADER_TIMEOUT,
+            "every node's addresses in the map",
+            async || agreed_map(cluster, &[1, 2, 3]).await,
+        )
+        .await?;
+        let writer_client = cluster.client(Intent::Any)?;
+        writer_client.ping().await?;
+        let acknowledged = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = spawn_writer(writer_client, Arc::clone(&acknowledged), Arc::clone(&stop));
+        writes_go_on(&acknowledged, 100, "before the join").await?;
+        cluster.join(NEW, 2)?;
+        joined_without_shards(cluster).await?;
+
+        let plan = rebalance(cluster).await?;
+        writes_go_on(&acknowledged, 100, "after the rebalance").await?;
+        stop.store(true, Ordering::Relaxed);
+        let failed = writer.await?;
+        let keys = acknowledged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        println!("{} writes acknowledged, {failed} failed", keys.len());
+
+        let per_node = &plan["replicas_per_node"];
+        for id in 1..=NEW {
+            let count = per_node[id.to_string()].as_u64().unwrap_or(0);
+            ensure!((4..=5).contains(&count), "node {id} hosts {count}: {plan}");
+        }
+        let moved_in = plan["replica_moves"]
+            .as_array()
+            .context("no replica moves")?;
+        ensure!(
+            moved_in.len() >= 4 && moved_in.iter().all(|m| m["to"] == NEW),
+            "replica moves: {plan}"
+        );
+        let mut on_new = hosted(cluster, NEW).await?;
+        on_new.sort_unstable();
+        ensure!(
+            on_new.len() as u64 == per_node[NEW.to_string()].as_u64().unwrap_or(0),
+            "node 4 hosts {on_new:?}: {plan}"
+        );
+        let map = eventually(
+            LEADER_TIMEOUT,
+            "every node's map naming node 4",
+            async || {
+                let map = agreed_map(cluster, &[1, 2, 3, NEW]).await?;
+                for &shard in &on_new {
+                    let members = &map.shard(ShardId(shard)).context("no shard")?.members;
+                    ensure!(members.contains(&NEW), "shard {shard}: {members:?}");
+                }
+                Ok(map)
+            },
+        )
+        .await?;
+        all_through(&cluster.client(Intent::Any)?, &keys, "after the rebalance").await?;
+        eventually(
+            LEADER_TIMEOUT,
+            "every write of its shards on node 4",
+            async || all_on(cluster, NEW, &map, &on_new, &keys).await,
+        )
+        .await?;
+        // The leaders within the bound, ceil(6 / 4) + 1.
+        let leaders = eventually(LEADER_TIMEOUT, "a leader per shard", async || {
+            let leaders = agreed_leaders(cluster, &[1, 2, 3, NEW]).await?;
+            ensure!(leaders.len() == 6, "{leaders:?}");
+            Ok(leaders)
+        })
+        .await?;
+        for id in 1..=NEW {
+            let led = leaders.values().filter(|&&l| l == id).count();
+            ensure!(led <= 3, "node {id} leads {led}: {leaders:?}");
+        }
+        let again = rebalance(cluster).await?;
+        ensure!(
+            again["replica_moves"].as_array().is_some_and(Vec::is_empty),
+            "a second rebalance moved replicas: {again}"
+        );
+        Ok(())
     })
     .await
 }
