@@ -7,6 +7,7 @@
 //! of node 2 (the map still names node 2). Node 1 restarted without it,
 //! the same move is run again: voters and every node's map name {1, 3},
 //! node 2 no longer hosts shard 0, and every key written before is read.
+//! Run once more, the move (done) answers the same members.
 
 use std::time::Duration;
 
@@ -143,6 +144,19 @@ async fn moved_to_node_3(cluster: &Cluster) -> Result<()> {
     Ok(())
 }
 
+/// The move sent again succeeds, answering shard 0's members {1, 3}.
+async fn moved_again(cluster: &Cluster, what: &str) -> Result<()> {
+    let out = ctl(cluster, &MOVE).await?;
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    ensure!(out.status.success(), "{what} failed: {}", text(&out.stderr));
+    let moved: serde_json::Value = serde_json::from_str(&text(&out.stdout))?;
+    ensure!(
+        moved["members"] == serde_json::json!([1, 3]),
+        "{what}: {moved}"
+    );
+    Ok(())
+}
+
 /// Interrupts the move at `failpoint`, runs it again, checks the result.
 async fn finished_by_running_it_again(failpoint: &str) -> Result<()> {
     let mut cluster = Cluster::start_with(3, &FLAGS)?;
@@ -162,15 +176,10 @@ async fn finished_by_running_it_again(failpoint: &str) -> Result<()> {
         let keys = write_keys(cluster).await?;
         lead_with_failpoint(cluster, failpoint).await?;
         interrupted(cluster, failpoint).await?;
-        let out = ctl(cluster, &MOVE).await?;
-        let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
-        ensure!(
-            out.status.success(),
-            "the move run again failed: {}",
-            text(&out.stderr)
-        );
-        let moved: serde_json::Value = serde_json::from_str(&text(&out.stdout))?;
-        ensure!(moved["members"] == serde_json::json!([1, 3]), "{moved}");
+        moved_again(cluster, "the move run again").await?;
+        moved_to_node_3(cluster).await?;
+        // Done: sent once more, the move answers the same members.
+        moved_again(cluster, "the move run once it was done").await?;
         moved_to_node_3(cluster).await?;
         let client = cluster.client(Intent::Any)?;
         for key in &keys {

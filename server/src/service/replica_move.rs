@@ -366,7 +366,9 @@ impl Move<'_> {
 
     async fn close_source(&self, from: u64) -> Result<(), MoveError> {
         match self.remote(from, ShardRequest::CloseReplica).await {
-            Ok(Response::Done) => Ok(()),
+            // `WrongShard`: it hosts no replica of the shard (closed by an
+            // earlier try of the move).
+            Ok(Response::Done | Response::WrongShard(_)) => Ok(()),
             Ok(other) => Err(format!("unexpected answer {other:?}")),
             Err(Remote::Unknown) => Err("no client address is known for it".to_owned()),
             Err(Remote::Failed(reason)) => Err(reason),
