@@ -9,6 +9,12 @@ use std::sync::OnceLock;
 pub const LOG_PURGE_AFTER_META: &str = "log-purge-after-meta";
 /// After an installed snapshot is persisted, before the region is swapped.
 pub const SNAPSHOT_INSTALL_AFTER_PERSIST: &str = "snapshot-install-after-persist";
+/// A replica move's leader, after the target was promoted, before the
+/// source is demoted (the shard has one voter more than its map names).
+pub const MOVE_AFTER_PROMOTION: &str = "move-after-promotion";
+/// A replica move's leader, after the source was removed, before the new
+/// members are published (the map still names the source).
+pub const MOVE_AFTER_REMOVAL: &str = "move-after-removal";
 /// Planted bug: the Raft log acknowledges appends without their fsync (see
 /// `LogStore::set_skip_append_fsync`), for the power-loss tests to catch.
 pub const LOG_SKIP_APPEND_FSYNC: &str = "log-skip-append-fsync";

@@ -22,6 +22,7 @@ mod connection;
 mod handler;
 mod handshake;
 mod metrics;
+mod move_state;
 pub mod proposals;
 pub(crate) mod read;
 pub mod read_rounds;

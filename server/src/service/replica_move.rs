@@ -6,7 +6,8 @@
 //! closes its replica; the new members are published. Every failure leaves
 //! the shard a valid membership: before the promotion a learner that did
 //! not make it is removed again, after it the shard has one voter more
-//! than asked.
+//! than asked. A move cut short (its leader killed) is finished by sending
+//! it again: `move_state` says from which step.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -14,10 +15,12 @@ use std::time::Duration;
 use openraft::{ChangeMembers, ServerState};
 use rdkv_proto::shard::ShardId;
 use rdkv_proto::wire::{ErrorCode, ErrorReply, Request, Response, ShardRequest};
+use rdkv_storage::failpoint;
 use rdkv_storage::raft::NodeAddr;
 
 use super::Reply;
 use super::admin;
+use super::move_state::{MoveState, Refusal, classify};
 use crate::hosting::Hosting;
 use crate::lease;
 use crate::meta::edit::propose_map_change;
@@ -114,25 +117,53 @@ impl Move<'_> {
     /// Moves the replica from `from` to `to`; answers the new members. When
     /// this node is `from`, it hands its leadership to another voter first
     /// and answers `NotLeader` naming it: the client resends the move there.
+    /// A move a leader's death cut short is resumed where it stopped
+    /// ([`classify`]); one already done closes the source if it is still
+    /// open and answers the members.
     pub async fn run(&self, from: u64, to: u64) -> Reply {
         self.replica.require_leader()?;
-        self.check(from, to).map_err(|e| e.reply())?;
+        let state = self.state(from, to).map_err(|e| e.reply())?;
+        if state == MoveState::Done {
+            return self.already_done(from).await;
+        }
         if from == self.replica.node_id() {
             return self.lead_elsewhere(from).await;
         }
         self.acknowledged().await?;
+        if state == MoveState::Fresh {
+            self.add_target(to).await.map_err(|e| e.reply())?;
+            failpoint::hit(failpoint::MOVE_AFTER_PROMOTION);
+        } else {
+            tracing::info!(shard = self.shard.0, from, to, ?state, "resuming a move");
+        }
+        self.remove_source(from).await.map_err(|e| e.reply())?;
+        failpoint::hit(failpoint::MOVE_AFTER_REMOVAL);
+        let voters: Vec<u64> = self.voters().into_iter().collect();
+        let version = publish_members(self.shards, self.shard, voters).await?;
+        tracing::info!(shard = self.shard.0, from, to, version, "moved a replica");
+        self.close_source(from).await.map_err(|e| e.reply())?;
+        Ok(Response::Members(self.replica.members()))
+    }
+
+    /// Opens the target's replica, adds it as a learner, promotes it once
+    /// caught up; a learner that did not make it is removed again.
+    async fn add_target(&self, to: u64) -> Result<(), MoveError> {
         let added = match self.open_target(to).await {
             Ok(target) => self.add_and_promote(to, target).await,
             Err(e) => Err(e),
         };
-        if let Err(e) = added {
+        if added.is_err() {
             self.undo_learner(to).await;
-            return Err(e.reply());
         }
-        self.remove_source(from).await.map_err(|e| e.reply())?;
-        let voters: Vec<u64> = self.voters().into_iter().collect();
-        let version = publish_members(self.shards, self.shard, voters).await?;
-        tracing::info!(shard = self.shard.0, from, to, version, "moved a replica");
+        added
+    }
+
+    /// The move was done already (by an earlier try whose answer was
+    /// lost, or whose close failed): the source is asked again to close
+    /// its replica (done already if it hosts none), as the move's last
+    /// step would; a source out of reach is reported, as there.
+    async fn already_done(&self, from: u64) -> Reply {
+        tracing::info!(shard = self.shard.0, from, "the move was done already");
         self.close_source(from).await.map_err(|e| e.reply())?;
         Ok(Response::Members(self.replica.members()))
     }
@@ -169,24 +200,28 @@ impl Move<'_> {
         })
     }
 
-    fn check(&self, from: u64, to: u64) -> Result<(), MoveError> {
-        let voters = self.voters();
-        if from == to {
-            return Err(MoveError::SameNode(from));
-        }
-        if !voters.contains(&from) {
-            return Err(MoveError::NotMember {
-                node: from,
-                shard: self.shard,
-            });
-        }
-        if voters.contains(&to) {
-            return Err(MoveError::AlreadyMember {
+    /// How far the move got, from the shard's voters and the members this
+    /// node's map names; the refusals of a move that cannot be (resumed).
+    fn state(&self, from: u64, to: u64) -> Result<MoveState, MoveError> {
+        let named: BTreeSet<u64> = self
+            .shards
+            .map()
+            .and_then(|map| {
+                map.shard(self.shard)
+                    .map(|s| s.members.iter().copied().collect())
+            })
+            .unwrap_or_default();
+        classify(&self.voters(), &named, from, to).map_err(|refusal| match refusal {
+            Refusal::SameNode => MoveError::SameNode(from),
+            Refusal::AlreadyMember => MoveError::AlreadyMember {
                 node: to,
                 shard: self.shard,
-            });
-        }
-        Ok(())
+            },
+            Refusal::NotMember => MoveError::NotMember {
+                node: from,
+                shard: self.shard,
+            },
+        })
     }
 
     fn voters(&self) -> BTreeSet<u64> {
@@ -297,30 +332,43 @@ impl Move<'_> {
     }
 
     /// Demotes `from` to a learner, gives it a moment to learn that, then
-    /// removes it.
+    /// removes it. Resumable: a source already demoted is only removed, one
+    /// already removed is left alone.
     async fn remove_source(&self, from: u64) -> Result<(), MoveError> {
         let raft = &self.replica.raft;
-        let demoted = raft
-            .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([from])), true)
-            .await
-            .map_err(|e| self.membership("demoting the source", e))?;
-        let index = demoted.log_id.index;
-        if !self.replicated(from, index, DEMOTION_TIMEOUT).await {
-            tracing::warn!(
-                shard = self.shard.0,
-                from,
-                "the source did not learn its demotion"
-            );
+        if self.voters().contains(&from) {
+            let demoted = raft
+                .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([from])), true)
+                .await
+                .map_err(|e| self.membership("demoting the source", e))?;
+            let index = demoted.log_id.index;
+            if !self.replicated(from, index, DEMOTION_TIMEOUT).await {
+                tracing::warn!(
+                    shard = self.shard.0,
+                    from,
+                    "the source did not learn its demotion"
+                );
+            }
         }
-        raft.change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([from])), false)
-            .await
-            .map_err(|e| self.membership("removing the source", e))?;
+        let metrics = self.replica.metrics();
+        let learner = metrics
+            .membership_config
+            .membership()
+            .learner_ids()
+            .any(|id| id == from);
+        if learner {
+            raft.change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([from])), false)
+                .await
+                .map_err(|e| self.membership("removing the source", e))?;
+        }
         Ok(())
     }
 
     async fn close_source(&self, from: u64) -> Result<(), MoveError> {
         match self.remote(from, ShardRequest::CloseReplica).await {
-            Ok(Response::Done) => Ok(()),
+            // `WrongShard`: it hosts no replica of the shard (closed by an
+            // earlier try of the move).
+            Ok(Response::Done | Response::WrongShard(_)) => Ok(()),
             Ok(other) => Err(format!("unexpected answer {other:?}")),
             Err(Remote::Unknown) => Err("no client address is known for it".to_owned()),
             Err(Remote::Failed(reason)) => Err(reason),
