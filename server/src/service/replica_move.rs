@@ -78,7 +78,7 @@ pub enum MoveError {
     },
     #[error(
         "shard {shard} moved, but node {node} did not close its replica: {reason} \
-         (it is no member; it drops the replica when asked again or at restart)"
+         (it is no member; send the same move again to close it)"
     )]
     SourceKept {
         node: u64,
