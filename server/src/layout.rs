@@ -74,6 +74,19 @@ pub enum Layout {
     Sharded { count: u32 },
 }
 
+/// The content of the record at `path`; `None` when there is none.
+fn read_if_present(path: &Path) -> Result<Option<String>, LayoutError> {
+    match std::fs::read_to_string(path) {
+        Ok(content) => Ok(Some(content)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(LayoutError::Io {
+            what: "reading",
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
 impl Layout {
     /// The shard count `dir` was made with, without changing anything:
     /// its marker's, 1 for a single group's data (a Raft log at the top),
@@ -181,16 +194,8 @@ impl Layout {
             return Ok(None);
         }
         let path = data_dir.join(HOSTED_FILE);
-        let content = match std::fs::read_to_string(&path) {
-            Ok(content) => content,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => {
-                return Err(LayoutError::Io {
-                    what: "reading",
-                    path,
-                    source,
-                });
-            }
+        let Some(content) = read_if_present(&path)? else {
+            return Ok(None);
         };
         let hosted = content
             .lines()
@@ -290,16 +295,8 @@ impl Layout {
     /// (`JOINED_FILE`).
     pub fn recorded_joined(data_dir: &Path) -> Result<Option<ShardMap>, LayoutError> {
         let path = data_dir.join(JOINED_FILE);
-        let content = match std::fs::read_to_string(&path) {
-            Ok(content) => content,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => {
-                return Err(LayoutError::Io {
-                    what: "reading",
-                    path,
-                    source,
-                });
-            }
+        let Some(content) = read_if_present(&path)? else {
+            return Ok(None);
         };
         serde_json::from_str(&content)
             .map(Some)

@@ -159,6 +159,33 @@ async fn status_json(cluster: &Cluster, id: u64) -> Result<serde_json::Value> {
     Ok(serde_json::from_str(&body)?)
 }
 
+/// A client writing (see `spawn_writer`) once every node's addresses are
+/// in the map, and node 4 joined while it writes (`joined_without_shards`
+/// checked): the writer's record, its stop flag and its task.
+async fn join_while_writing(
+    cluster: &mut Cluster,
+) -> Result<(
+    Arc<Mutex<Vec<String>>>,
+    Arc<AtomicBool>,
+    tokio::task::JoinHandle<usize>,
+)> {
+    eventually(
+        LEADER_TIMEOUT,
+        "every node's addresses in the map",
+        async || agreed_map(cluster, &[1, 2, 3]).await,
+    )
+    .await?;
+    let writer_client = cluster.client(Intent::Any)?;
+    writer_client.ping().await?;
+    let acknowledged = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = spawn_writer(writer_client, Arc::clone(&acknowledged), Arc::clone(&stop));
+    writes_go_on(&acknowledged, 100, "before the join").await?;
+    cluster.join(NEW, 2)?;
+    joined_without_shards(cluster).await?;
+    Ok((acknowledged, stop, writer))
+}
+
 /// Node 4 right after its join: no shard hosted, a learner of the
 /// metadata group, in every node's map with its addresses.
 async fn joined_without_shards(cluster: &Cluster) -> Result<ShardMap> {
@@ -280,22 +307,7 @@ async fn a_joined_node_takes_replicas_while_clients_write_and_loses_nothing() ->
             agreed_leaders(cluster, &[1, 2, 3]).await
         })
         .await?;
-        eventually(
-            LEADER_TIMEOUT,
-            "every node's addresses in the map",
-            async || agreed_map(cluster, &[1, 2, 3]).await,
-        )
-        .await?;
-
-        let writer_client = cluster.client(Intent::Any)?;
-        writer_client.ping().await?;
-        let acknowledged = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let writer = spawn_writer(writer_client, Arc::clone(&acknowledged), Arc::clone(&stop));
-        writes_go_on(&acknowledged, 100, "before the join").await?;
-
-        cluster.join(NEW, 2)?;
-        joined_without_shards(cluster).await?;
+        let (acknowledged, stop, writer) = join_while_writing(cluster).await?;
         writes_go_on(&acknowledged, 100, "after the join").await?;
         for (shard, from) in MOVES {
             move_onto_new(cluster, shard, from).await?;
@@ -386,20 +398,7 @@ async fn a_joined_node_is_given_replicas_by_rebalance_while_clients_write() -> R
     let flags = ["--shards", "6", "--replicas", "3", "--region-mib", "8"];
     let mut cluster = Cluster::start_with(3, &flags)?;
     check(&mut cluster, Duration::from_secs(300), async |cluster| {
-        eventually(
-            LEADER_TIMEOUT,
-            "every node's addresses in the map",
-            async || agreed_map(cluster, &[1, 2, 3]).await,
-        )
-        .await?;
-        let writer_client = cluster.client(Intent::Any)?;
-        writer_client.ping().await?;
-        let acknowledged = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let writer = spawn_writer(writer_client, Arc::clone(&acknowledged), Arc::clone(&stop));
-        writes_go_on(&acknowledged, 100, "before the join").await?;
-        cluster.join(NEW, 2)?;
-        joined_without_shards(cluster).await?;
+        let (acknowledged, stop, writer) = join_while_writing(cluster).await?;
 
         let plan = rebalance(cluster).await?;
         writes_go_on(&acknowledged, 100, "after the rebalance").await?;
