@@ -186,6 +186,22 @@ async fn join_while_writing(
     Ok((acknowledged, stop, writer))
 }
 
+/// Stops the writer of `join_while_writing`; the keys it had acknowledged.
+async fn stop_writing(
+    acknowledged: &Mutex<Vec<String>>,
+    stop: &AtomicBool,
+    writer: tokio::task::JoinHandle<usize>,
+) -> Result<Vec<String>> {
+    stop.store(true, Ordering::Relaxed);
+    let failed = writer.await?;
+    let keys = acknowledged
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    println!("{} writes acknowledged, {failed} failed", keys.len());
+    Ok(keys)
+}
+
 /// Node 4 right after its join: no shard hosted, a learner of the
 /// metadata group, in every node's map with its addresses.
 async fn joined_without_shards(cluster: &Cluster) -> Result<ShardMap> {
@@ -313,13 +329,7 @@ async fn a_joined_node_takes_replicas_while_clients_write_and_loses_nothing() ->
             move_onto_new(cluster, shard, from).await?;
             writes_go_on(&acknowledged, 100, &format!("after moving shard {shard}")).await?;
         }
-        stop.store(true, Ordering::Relaxed);
-        let failed = writer.await?;
-        let keys = acknowledged
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        println!("{} writes acknowledged, {failed} failed", keys.len());
+        let keys = stop_writing(&acknowledged, &stop, writer).await?;
 
         let mut hosted_by_new = hosted(cluster, NEW).await?;
         hosted_by_new.sort_unstable();
@@ -402,13 +412,7 @@ async fn a_joined_node_is_given_replicas_by_rebalance_while_clients_write() -> R
 
         let plan = rebalance(cluster).await?;
         writes_go_on(&acknowledged, 100, "after the rebalance").await?;
-        stop.store(true, Ordering::Relaxed);
-        let failed = writer.await?;
-        let keys = acknowledged
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        println!("{} writes acknowledged, {failed} failed", keys.len());
+        let keys = stop_writing(&acknowledged, &stop, writer).await?;
 
         let per_node = &plan["replicas_per_node"];
         for id in 1..=NEW {
