@@ -29,6 +29,7 @@ pub(crate) struct Counters {
     pub entries_flushed: AtomicU64,
     pub flush_rounds: AtomicU64,
     pub max_batch: AtomicU64,
+    pub bytes_zeroed_ahead: AtomicU64,
     /// Failpoint (tests only): every segment fsync first sleeps this long.
     pub fsync_delay_us: AtomicU64,
     /// Planted bug (power-loss tests only): group commits complete their

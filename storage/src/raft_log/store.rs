@@ -24,6 +24,9 @@ use crate::record::RECORD_HEADER_BYTES;
 use crate::{durability, failpoint};
 
 pub const DEFAULT_SEGMENT_SIZE: u64 = 64 * 1024 * 1024;
+/// How far ahead of the records an active segment's preallocation is
+/// overwritten with zeros (`LogStore::zero_ahead`).
+pub const ZERO_AHEAD_BYTES: u64 = 1024 * 1024;
 pub const DEFAULT_MAX_RECORD_SIZE: u32 = 64 * 1024 * 1024;
 pub const DEFAULT_CACHE_BYTES: usize = 16 * 1024 * 1024;
 
@@ -80,6 +83,8 @@ pub struct LogStats {
     pub flush_rounds: u64,
     /// The most append callbacks completed by one fsync.
     pub max_batch: u64,
+    /// Zeros written over preallocated space ahead of the records.
+    pub bytes_zeroed_ahead: u64,
     pub bytes_on_disk: u64,
     pub segments: u64,
     /// First and last index present (after purge), `None` when empty.
@@ -110,6 +115,10 @@ struct Segment {
     /// of an active segment is preallocated). Changed under the state lock;
     /// shared with the flusher, which syncs, and journals, that much.
     written: Arc<AtomicU64>,
+    /// End of the zeros written ahead of the records (`zero_ahead`): past
+    /// `written`, the bytes up to here are zeros written to the file, not
+    /// preallocated ones. Under the state lock.
+    zeroed_to: u64,
 }
 
 impl Segment {
@@ -117,6 +126,7 @@ impl Segment {
         Segment {
             file: Arc::new(file),
             written: Arc::new(AtomicU64::new(len)),
+            zeroed_to: len,
         }
     }
 
@@ -516,6 +526,7 @@ impl Shared {
             .write_all_at(bytes, offset)
             .map_err(|e| LogError::io(self.segment_path(segment), e))?;
         active.set_len(offset + bytes.len() as u64);
+        self.zero_ahead(segment, active)?;
         let budget = self.options.cache_bytes;
         for (entry, len) in pending.drain(..) {
             let loc = Loc {
@@ -527,6 +538,37 @@ impl Shared {
             offset += RECORD_HEADER + u64::from(len);
             inner.push(loc, Some(entry), budget);
         }
+        Ok(())
+    }
+
+    /// Writes zeros over the next `ZERO_AHEAD_BYTES` of the preallocation
+    /// once the records come within half of that of the zeros written
+    /// before. Why: `fallocate` leaves unwritten extents, and ext4 converts
+    /// the ones a record lands in with a journal commit inside that
+    /// record's `fdatasync`; zeros written ahead are converted by one group
+    /// commit per chunk instead of one per few records (three processes
+    /// fsyncing 1,100-byte appends on this machine's disk: p50 98-154 µs
+    /// into written zeros, 138-199 µs into `fallocate`d space). The zeros
+    /// end at the preallocation's end, so the file's size never changes
+    /// and recovery's rule (past the last record, zeros) still holds.
+    fn zero_ahead(&self, segment: u64, active: &mut Segment) -> Result<(), LogError> {
+        let written = active.len();
+        if !self.options.preallocate || active.zeroed_to >= written + ZERO_AHEAD_BYTES / 2 {
+            return Ok(());
+        }
+        let from = active.zeroed_to.max(written);
+        let to = (from + ZERO_AHEAD_BYTES).min(self.options.segment_size);
+        if to > from {
+            let zeros = vec![0u8; (to - from) as usize];
+            active
+                .file
+                .write_all_at(&zeros, from)
+                .map_err(|e| LogError::io(self.segment_path(segment), e))?;
+            self.counters
+                .bytes_zeroed_ahead
+                .fetch_add(to - from, Ordering::Relaxed);
+        }
+        active.zeroed_to = to.max(written);
         Ok(())
     }
 
@@ -601,6 +643,8 @@ impl Shared {
                 .set_len(loc.offset)
                 .map_err(|e| LogError::io(&path, e))?;
             segment.set_len(loc.offset);
+            // Preallocated again past the cut, not written: zeroed anew.
+            segment.zeroed_to = loc.offset;
             let file = segment.file.clone();
             self.preallocate(&file, &path)?;
             self.sync_segment(&file, loc.segment, loc.offset)?;
@@ -765,6 +809,7 @@ impl Shared {
             entries_flushed: c.entries_flushed.load(Ordering::Relaxed),
             flush_rounds: c.flush_rounds.load(Ordering::Relaxed),
             max_batch: c.max_batch.load(Ordering::Relaxed),
+            bytes_zeroed_ahead: c.bytes_zeroed_ahead.load(Ordering::Relaxed),
             ..LogStats::default()
         };
         if let Ok(inner) = self.lock() {
