@@ -21,7 +21,7 @@ start3() { # $1: server binary, $2: data root, $3: RESP (on|off)
   done
   sleep 3
 }
-leader() { for i in 1 2 3; do curl -s 127.0.0.1$i:17381/metrics | grep -q '^rdkv_raft_is_leader 1' && echo $i; done; }
+leader() { for i in 1 2 3; do curl -s 127.0.0.1$i:17381/metrics | grep -qE '^rdkv_raft_is_leader(\{[^}]*\})? 1' && echo $i; done; }
 rate() { tr '\r' '\n' | grep 'requests per second' | tail -1; }
 
 echo "== one write at a time (NEW) $(uptime)"
@@ -30,7 +30,7 @@ start3 "$NEW/rdkv-server" /tmp/issue15-w1 off
   --transport tcp -P $W/workloada -p recordcount=1000 -p readproportion=0 -p updateproportion=1 \
   --threads 1 --concurrency 1 --duration-secs 10 --no-progress 2>&1 | grep -E "^\[UPDATE\]"
 for i in 1 2 3; do echo "node $i"; curl -s 127.0.0.1$i:17381/metrics \
-  | grep -E "is_leader 1|stage_latency.*0.5\"|fsync_duration_seconds_(sum|count)"; done
+  | grep -E "is_leader(\{[^}]*\})? 1|stage_latency.*0.5\"|fsync_duration_seconds_(sum|count)"; done
 
 redis-server --port 16390 --save "" --appendonly no --daemonize yes > /dev/null
 rm -rf /tmp/issue15-aof && mkdir -p /tmp/issue15-aof

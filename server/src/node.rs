@@ -27,7 +27,7 @@ use crate::layout::Layout;
 use crate::meta::Meta;
 use crate::peer::{PeerContext, PeerNetwork, PeerShards, SNAPSHOT_CHUNK_BYTES, serve_peers};
 use crate::placement;
-use crate::replica::Replica;
+use crate::replica::{Replica, ReplicaParts};
 use crate::service::proposals::Proposals;
 use crate::service::read_rounds::ReadRounds;
 use crate::service::{Endpoints, Handler, HandlerSettings, serve_clients, serve_unix_clients};
@@ -360,14 +360,14 @@ pub(crate) async fn start_raft(
     )
     .await
     .with_context(|| format!("starting shard {}'s raft", shard.0))?;
-    Ok(Replica {
+    Ok(Replica::new(ReplicaParts {
         reads: ReadRounds::start(raft.clone()),
         proposals: Proposals::start(raft.clone(), shard),
         raft,
         sm,
         log,
         peers,
-    })
+    }))
 }
 
 /// Where a node's shard map comes from before its metadata replica
@@ -826,7 +826,7 @@ impl Node {
 
     /// The Raft of the replica serving requests that name no shard.
     pub fn raft(&self) -> Raft {
-        self.shards.primary().raft
+        self.shards.primary().raft.clone()
     }
 }
 

@@ -18,10 +18,17 @@ use crate::peer::PeerContext;
 use crate::service::proposals::Proposals;
 use crate::service::read_rounds::ReadRounds;
 
-/// Raft and the stores it runs on, started. Cheap to clone: every part is
-/// a handle.
+/// Raft and the stores it runs on, started. Cheap to clone: one shared
+/// handle to its parts. (It was the parts themselves, each a handle: a
+/// clone took about ten reference counts, and every request clones the
+/// replica it is routed to; a RESP GET profile had 5% of the leader's CPU
+/// in those clones and drops.)
 #[derive(Debug, Clone)]
-pub struct Replica {
+pub struct Replica(Arc<ReplicaParts>);
+
+/// What a [`Replica`] is made of.
+#[derive(Debug)]
+pub struct ReplicaParts {
     pub raft: Raft,
     pub sm: RegionStateMachine,
     pub log: LogStore,
@@ -32,7 +39,19 @@ pub struct Replica {
     pub proposals: Proposals,
 }
 
+impl std::ops::Deref for Replica {
+    type Target = ReplicaParts;
+
+    fn deref(&self) -> &ReplicaParts {
+        &self.0
+    }
+}
+
 impl Replica {
+    pub fn new(parts: ReplicaParts) -> Replica {
+        Replica(Arc::new(parts))
+    }
+
     pub fn node_id(&self) -> u64 {
         self.peers.node_id
     }

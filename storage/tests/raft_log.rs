@@ -779,10 +779,15 @@ fn extent_flags(path: &Path, offset: u64) -> Option<String> {
         let fields: Vec<&str> = line.split(':').collect();
         let range = fields.get(1)?;
         let (first, last) = range.split_once("..")?;
-        let (first, last) = (first.trim().parse::<u64>().ok()?, last.trim().parse::<u64>().ok()?);
-        (first..=last)
-            .contains(&block)
-            .then(|| fields.last().map_or(String::new(), |f| f.trim().to_string()))
+        let (first, last) = (
+            first.trim().parse::<u64>().ok()?,
+            last.trim().parse::<u64>().ok()?,
+        );
+        (first..=last).contains(&block).then(|| {
+            fields
+                .last()
+                .map_or(String::new(), |f| f.trim().to_string())
+        })
     })
 }
 
@@ -809,11 +814,18 @@ async fn zeros_are_written_ahead_of_the_records_and_never_over_them() {
         "zeroed {} for {end} bytes of records",
         stats.bytes_zeroed_ahead
     );
-    assert_eq!(file_len(&seg), options.segment_size, "the size is the preallocation's");
+    assert_eq!(
+        file_len(&seg),
+        options.segment_size,
+        "the size is the preallocation's"
+    );
     // Past the last record the file holds written zeros, not unwritten
     // extents (ext4 and XFS report those; other filesystems skip this).
     match extent_flags(&seg, end + 4096) {
-        Some(flags) => assert!(!flags.contains("unwritten"), "extent past the records: {flags}"),
+        Some(flags) => assert!(
+            !flags.contains("unwritten"),
+            "extent past the records: {flags}"
+        ),
         None => eprintln!("filefrag is missing: extent check skipped"),
     }
     // Records are intact after a cut in the middle and more appends.

@@ -52,7 +52,9 @@ impl PeerShards {
     }
 
     fn contexts(&self) -> impl Iterator<Item = Arc<PeerContext>> + use<> {
-        self.shards.all().map(|(_, replica)| replica.peers)
+        self.shards
+            .all()
+            .map(|(_, replica)| Arc::clone(&replica.peers))
     }
 
     fn sharded(&self) -> bool {
