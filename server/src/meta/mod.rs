@@ -19,6 +19,7 @@
 pub mod edit;
 pub mod join;
 pub mod tasks;
+pub mod voters;
 
 use std::sync::Arc;
 
