@@ -87,10 +87,13 @@ async fn bootstrap_step(meta: &Meta, bootstrap: &Bootstrap) -> bool {
     let replica = meta.replica();
     let metrics = replica.metrics();
     let membership = metrics.membership_config.membership();
+    // A node of `--initial-cluster` that left the map was removed
+    // (`remove`): not added back.
+    let map = meta.map();
     let missing = bootstrap
         .nodes
         .iter()
-        .find(|(id, _)| membership.get_node(id).is_none());
+        .find(|(id, _)| membership.get_node(id).is_none() && map.node(**id).is_some());
     let Some((&id, peer_addr)) = missing else {
         return true;
     };
@@ -143,7 +146,7 @@ pub async fn keep_voters(meta: Meta, mut shutdown: watch::Receiver<bool>) {
 }
 
 /// What `voters::decide` takes, from the leader's metrics and its map.
-fn group_view(
+pub(super) fn group_view(
     metrics: &RaftMetrics<TypeConfig>,
     map: &ShardMap,
     leading_for: Duration,
@@ -214,14 +217,23 @@ async fn change_voters(meta: &Meta, metrics: &RaftMetrics<TypeConfig>, change: V
 }
 
 /// Publishes this node's addresses (`own`) in the map's node directory
-/// whenever the map served lacks them or holds others; runs until shutdown.
+/// whenever the map served holds others or none; runs until shutdown. A
+/// map that does not list this node at all is one it was removed from
+/// (every node is listed from its start: placed, or by its join): the
+/// node does not add itself back.
 pub async fn publish_own_addresses(meta: Meta, own: NodeInfo, mut shutdown: watch::Receiver<bool>) {
     let mut maps = meta.subscribe();
     loop {
-        let listed = meta.map().node(own.id) == Some(&own);
+        let done = meta.map().node(own.id).is_none_or(|listed| *listed == own);
         let has_leader = meta.replica().metrics().current_leader.is_some();
-        if !listed && has_leader {
-            let edit = |parts: &mut super::MapEdit| *parts.node_mut(own.id) = own.clone();
+        if !done && has_leader {
+            // Only an entry the map has (a try re-run on a newer map
+            // from which the node was removed adds nothing).
+            let edit = |parts: &mut super::MapEdit| {
+                if let Some(listed) = parts.nodes.iter_mut().find(|n| n.id == own.id) {
+                    *listed = own.clone();
+                }
+            };
             match propose_map_change(&meta, edit).await {
                 Ok(version) => {
                     tracing::info!(version, "published this node's addresses in the shard map");
@@ -230,8 +242,8 @@ pub async fn publish_own_addresses(meta: Meta, own: NodeInfo, mut shutdown: watc
             }
         }
         tokio::select! {
-            changed = maps.changed(), if listed => if changed.is_err() { return },
-            _ = tokio::time::sleep(RETRY_AFTER), if !listed => {}
+            changed = maps.changed(), if done => if changed.is_err() { return },
+            _ = tokio::time::sleep(RETRY_AFTER), if !done => {}
             _ = shutdown.changed() => return,
         }
     }

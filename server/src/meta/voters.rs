@@ -141,6 +141,12 @@ pub fn decide(view: &GroupView) -> Option<VoterChange> {
     (promoted > 0).then(|| VoterChange::Promote(candidates[..promoted].iter().copied().collect()))
 }
 
+/// The learner to promote in place of a voter that leaves the cluster
+/// (`remove`): the first learner fit to vote, if any.
+pub fn replacement(view: &GroupView) -> Option<NodeId> {
+    view.candidates().first().copied()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,6 +265,17 @@ mod tests {
         let mut changing = view(&[1, 2, 3], &[4, 5]);
         changing.settled = false;
         assert_eq!(decide(&changing), None);
+    }
+
+    #[test]
+    fn a_leaving_voter_is_replaced_by_a_learner_fit_to_vote() {
+        let mut leaving = view(&[1, 2, 3], &[4, 5]);
+        // Node 3 leaves (out of the map); node 4 is behind.
+        leaving.map_nodes.remove(&3);
+        leaving.matched.insert(4, 0);
+        assert_eq!(replacement(&leaving), Some(5));
+        leaving.silent_for.insert(5, SILENT);
+        assert_eq!(replacement(&leaving), None);
     }
 
     #[test]
