@@ -63,7 +63,7 @@ pub enum VoterChange {
 /// The number of voters for `live` live nodes: the largest odd number not
 /// above it, at most [`MAX_VOTERS`] (at least one).
 pub fn target(live: usize) -> usize {
-    let odd = if live % 2 == 0 {
+    let odd = if live.is_multiple_of(2) {
         live.saturating_sub(1)
     } else {
         live
