@@ -129,6 +129,9 @@ pub enum Command {
     /// The shards of a multi-shard cluster: list, move-leader, move-replica.
     #[command(subcommand)]
     Shard(ShardCommand),
+    /// The nodes of a multi-shard cluster: remove.
+    #[command(subcommand)]
+    Node(NodeCommand),
     /// Moves shard replicas so that every node (one hosting none
     /// included) hosts floor or ceil of (replicas / nodes), one move at a
     /// time, then shard leaderships so that no node leads more than
@@ -208,6 +211,17 @@ pub enum ShardCommand {
     /// yet): TO is added as a learner, catches up, is promoted, FROM is
     /// removed and drops its replica.
     MoveReplica { shard: u32, from: u64, to: u64 },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NodeCommand {
+    /// Removes node ID from a multi-shard cluster for good: from the shard
+    /// map and the metadata group (a voter is replaced by a learner when
+    /// one is caught up). Refused while the map names it a member of any
+    /// shard: move those replicas away first (`shard move-replica SHARD ID
+    /// TO`). Running it again finishes a removal cut short and changes
+    /// nothing after one. Stop the removed node's process afterwards.
+    Remove { id: u64 },
 }
 
 #[derive(Debug, Subcommand)]

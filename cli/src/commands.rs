@@ -8,7 +8,8 @@ use rdkv_client::{Client, ClientOptions, ClientTlsFiles};
 use rdkv_proto::shard::ShardId;
 
 use crate::args::{
-    Command, EndpointCommand, Global, MemberCommand, ShardCommand, SnapshotCommand, arg_bytes,
+    Command, EndpointCommand, Global, MemberCommand, NodeCommand, ShardCommand, SnapshotCommand,
+    arg_bytes,
 };
 use crate::check::CheckView;
 use crate::output::{Json, Message, View};
@@ -161,6 +162,10 @@ pub async fn run(client: &Client, command: Command) -> Result<Outcome> {
             ))
         }
         Command::Shard(command) => shard(client, command).await,
+        Command::Node(NodeCommand::Remove { id }) => {
+            let (text, json) = crate::nodes::remove(client, id).await?;
+            Ok(message(text, json))
+        }
         Command::Rebalance { dry_run } => {
             Ok(Outcome::ok(rebalance::rebalance(client, dry_run).await?))
         }

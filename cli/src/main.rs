@@ -13,6 +13,7 @@ mod args;
 mod backup;
 mod check;
 mod commands;
+mod nodes;
 mod output;
 mod rebalance;
 mod shards;

@@ -122,6 +122,7 @@ fn any_request() -> impl Strategy<Value = Request> {
                 client_addr,
                 resp_addr,
             }),
+        any::<u64>().prop_map(|id| Request::RemoveNode { id }),
     ]
 }
 

@@ -119,6 +119,10 @@ struct StatusView {
 struct MetaView {
     #[serde(flatten)]
     status: ShardStatus,
+    /// The group's voters and learners as this replica knows them (its
+    /// leader keeps the voters, `meta::voters`).
+    voters: Vec<u64>,
+    learners: Vec<u64>,
     applied_map_version: u64,
     served_map_version: u64,
 }
@@ -164,11 +168,7 @@ fn status_json(handler: &Handler) -> String {
                 status,
             })
             .collect(),
-        meta: handler.shards().meta().map(|meta| MetaView {
-            status: crate::service::shard_status(rdkv_proto::shard::ShardId::META, meta.replica()),
-            applied_map_version: meta.applied_version(),
-            served_map_version: meta.map().version(),
-        }),
+        meta: handler.shards().meta().map(meta_view),
     };
     match serde_json::to_string(&view) {
         Ok(mut json) => {
@@ -176,6 +176,18 @@ fn status_json(handler: &Handler) -> String {
             json
         }
         Err(e) => format!("{{\"error\":\"{}\"}}\n", json_escape(&e.to_string())),
+    }
+}
+
+fn meta_view(meta: &crate::meta::Meta) -> MetaView {
+    let metrics = meta.replica().metrics();
+    let membership = metrics.membership_config.membership();
+    MetaView {
+        status: crate::service::shard_status(rdkv_proto::shard::ShardId::META, meta.replica()),
+        voters: membership.voter_ids().collect(),
+        learners: membership.learner_ids().collect(),
+        applied_map_version: meta.applied_version(),
+        served_map_version: meta.map().version(),
     }
 }
 

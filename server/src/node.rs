@@ -968,8 +968,9 @@ async fn join_sharded(
 }
 
 /// The metadata group's tasks on this node: its leader's bootstrap (a
-/// node of `--initial-cluster`) and settings, the watch serving each applied map, and the publication of
-/// this node's addresses (`own`).
+/// node of `--initial-cluster`), settings and voter upkeep, the watch
+/// serving each applied map, and the publication of this node's addresses
+/// (`own`).
 fn spawn_meta_tasks(
     meta: &Meta,
     placed: Option<ShardMap>,
@@ -1002,6 +1003,10 @@ fn spawn_meta_tasks(
             shutdown_rx.clone(),
         )));
     }
+    tasks.push(tokio::spawn(tasks::keep_voters(
+        meta.clone(),
+        shutdown_rx.clone(),
+    )));
     tasks.push(tokio::spawn(tasks::follow_applied(
         meta.clone(),
         shutdown_rx.clone(),

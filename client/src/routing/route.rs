@@ -62,6 +62,7 @@ pub(crate) fn route_of(request: &Request) -> (Route, Idempotence) {
         | Request::ShardMoveLeader { .. }
         | Request::PublishShardMap { .. }
         | Request::AddNode { .. }
+        | Request::RemoveNode { .. }
         | Request::InjectFault(_)
         | Request::RdmaConnect { .. } => (Route::Leader, Idempotence::Write),
         // A shard's scan or clear goes where the unsharded one would, in

@@ -57,6 +57,7 @@ impl Request {
             | Request::ShardMoveLeader { .. }
             | Request::PublishShardMap { .. }
             | Request::AddNode { .. }
+            | Request::RemoveNode { .. }
             | Request::Digests => KeyUse::Nothing,
         }
     }

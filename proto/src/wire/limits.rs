@@ -196,6 +196,7 @@ impl Request {
             | Self::ShardMoveLeader { .. }
             | Self::PublishShardMap { .. }
             | Self::AddNode { .. }
+            | Self::RemoveNode { .. }
             | Self::Digests => Ok(()),
         }
     }

@@ -203,6 +203,18 @@ pub enum Request {
         client_addr: String,
         resp_addr: Option<String>,
     },
+    /// Node `id` leaves a multi-shard cluster for good (`rdkvctl node
+    /// remove`, docs/sharding.md, section 8, "Removing a node"): the
+    /// metadata group's leader removes it from the map (a new version) and
+    /// from the group (a voter demoted first). Answered with
+    /// [`Response::ShardMap`] (the map without it; the same for a node
+    /// the cluster does not have, so a repeat finishes a removal cut
+    /// short); `NotLeader` naming the group's leader elsewhere (the leader
+    /// itself hands its leadership on first); `InvalidRequest` while the
+    /// map names the node a member of any shard (the message names them)
+    /// and on a single-group node. Protocol version 3; an older node
+    /// answers `Malformed`.
+    RemoveNode { id: u64 },
 }
 
 /// One command of a [`Request::Transaction`]. Append-only.
@@ -533,9 +545,10 @@ impl Request {
     pub fn min_version(&self) -> u16 {
         match self {
             Request::ShardStatus | Request::ShardMoveLeader { .. } => SHARDS_PROTOCOL_VERSION,
-            Request::Sharded { .. } | Request::PublishShardMap { .. } | Request::AddNode { .. } => {
-                SHARDED_PROTOCOL_VERSION
-            }
+            Request::Sharded { .. }
+            | Request::PublishShardMap { .. }
+            | Request::AddNode { .. }
+            | Request::RemoveNode { .. } => SHARDED_PROTOCOL_VERSION,
             _ => 1,
         }
     }

@@ -39,11 +39,12 @@ pub enum Op {
     ShardCloseReplica,
     ShardMoveReplica,
     AddNode,
+    RemoveNode,
 }
 
 impl Op {
     /// Every op, in a fixed order (indexes of per-op tables).
-    pub const ALL: [Op; 34] = [
+    pub const ALL: [Op; 35] = [
         Op::Get,
         Op::MGet,
         Op::Put,
@@ -78,6 +79,7 @@ impl Op {
         Op::ShardCloseReplica,
         Op::ShardMoveReplica,
         Op::AddNode,
+        Op::RemoveNode,
     ];
 
     pub fn name(self) -> &'static str {
@@ -113,6 +115,7 @@ impl Op {
             Op::ShardCloseReplica => "shard_close_replica",
             Op::ShardMoveReplica => "shard_move_replica",
             Op::AddNode => "add_node",
+            Op::RemoveNode => "remove_node",
             Op::Digests => "digests",
             Op::Transaction => "transaction",
             Op::Ttl => "ttl",
@@ -179,6 +182,7 @@ impl Request {
             Request::ShardMoveLeader { .. } => Op::ShardMoveLeader,
             Request::PublishShardMap { .. } => Op::PublishShardMap,
             Request::AddNode { .. } => Op::AddNode,
+            Request::RemoveNode { .. } => Op::RemoveNode,
         }
     }
 }

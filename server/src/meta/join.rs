@@ -133,7 +133,7 @@ async fn caught_up(meta: &Meta, node: u64) -> Result<(), ErrorReply> {
 /// `NotLeader` naming the group's leader by the client address the map
 /// gives it (the membership's may be unknown for a node of
 /// `--initial-cluster`, which is initialized without the others').
-fn require_leader(meta: &Meta) -> Result<(), ErrorReply> {
+pub(super) fn require_leader(meta: &Meta) -> Result<(), ErrorReply> {
     let replica = meta.replica();
     if replica.raft.is_leader() {
         return Ok(());
@@ -153,6 +153,6 @@ fn require_leader(meta: &Meta) -> Result<(), ErrorReply> {
     Err(ErrorReply::not_leader(hint))
 }
 
-fn refusal(message: String) -> ErrorReply {
+pub(super) fn refusal(message: String) -> ErrorReply {
     ErrorReply::new(ErrorCode::InvalidRequest, message)
 }

@@ -11,6 +11,10 @@
 //!   watch of its applied map and the publication of its own addresses.
 //! - [`join`]: `Request::AddNode` on the leader: a node started with
 //!   `--join` made a learner of the group and a node of the map.
+//! - [`remove`]: `Request::RemoveNode` on the leader: a node hosting no
+//!   replica leaves the map and the group.
+//! - [`voters`]: which voters the group keeps (a pure decision its
+//!   leader's upkeep, `tasks::keep_voters`, carries out).
 //!
 //! The group runs on the same machinery as a data shard (`Replica`: its
 //! log, snapshots and a small region holding the map as one record,
@@ -18,7 +22,9 @@
 
 pub mod edit;
 pub mod join;
+pub mod remove;
 pub mod tasks;
+pub mod voters;
 
 use std::sync::Arc;
 

@@ -360,9 +360,9 @@ impl Handler {
                 }
                 Ok(Response::Done)
             }
-            request @ (Request::PublishShardMap { .. } | Request::AddNode { .. }) => {
-                self.meta_request(request).await
-            }
+            request @ (Request::PublishShardMap { .. }
+            | Request::AddNode { .. }
+            | Request::RemoveNode { .. }) => self.meta_request(request).await,
             Request::ReportReads(report) => {
                 crate::telemetry::scrape::client_reads(&report);
                 Ok(Response::Done)
@@ -381,13 +381,18 @@ impl Handler {
     }
 
     /// A request of the metadata group (docs/sharding.md, section 2):
-    /// a new map version, a new node. A single-group node has none.
+    /// a new map version, a new node, a node leaving. A single-group node
+    /// has none.
     async fn meta_request(&self, request: Request) -> Reply {
         let Some(meta) = self.shards.meta() else {
             let what = match request {
                 Request::AddNode { .. } => {
                     "a single-group node takes a new node as a member (`AddMember`, what \
                      `--join` sends it)"
+                }
+                Request::RemoveNode { .. } => {
+                    "a single-group node removes a member with `RemoveMember` (`rdkvctl \
+                     member remove`)"
                 }
                 _ => "a single-group node has no shard map to publish",
             };
@@ -409,6 +414,7 @@ impl Handler {
                 };
                 crate::meta::join::add_node(meta, node).await
             }
+            Request::RemoveNode { id } => crate::meta::remove::remove_node(meta, id).await,
             other => Err(ErrorReply::new(
                 ErrorCode::Internal,
                 format!("{:?} is not a metadata group request", other.op()),

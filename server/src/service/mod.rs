@@ -16,7 +16,7 @@
 //! - `status`: `endpoint status` and `endpoint health`.
 //! - `metrics`: the `/metrics` page, state read at scrape time.
 
-mod admin;
+pub(crate) mod admin;
 mod admission;
 mod connection;
 mod handler;
