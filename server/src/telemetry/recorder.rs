@@ -182,6 +182,10 @@ fn describe_events() {
         "From sending an AppendEntries to a follower to its answer (the follower's fsync included), by shard and follower."
     );
     describe_gauge!("rdkv_in_flight_requests", "Requests being served now.");
+    describe_gauge!(
+        "rdkv_peer_links",
+        "Peer connections this node has open to another node (multi-shard clusters: shared by every shard), by purpose (raft, snapshot) and peer."
+    );
 }
 
 /// The state read at scrape time (by the service layer).
