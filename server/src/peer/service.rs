@@ -61,6 +61,13 @@ impl PeerShards {
         self.shards.is_sharded()
     }
 
+    /// Whether `ctx` is the context of the replica of `shard` hosted now.
+    fn hosts(&self, shard: ShardId, ctx: &Arc<PeerContext>) -> bool {
+        self.shards
+            .any(shard)
+            .is_some_and(|replica| Arc::ptr_eq(&replica.peers, ctx))
+    }
+
     /// A multi-shard node's cluster identity: its metadata group's.
     fn identity(&self) -> Option<ClusterId> {
         self.shards.any(ShardId::META)?.peers.cluster_id()
@@ -247,8 +254,12 @@ async fn handle(stream: Stream, shards: PeerShards) -> Result<()> {
         let bound = admit(&hello, shard, &shards).inspect_err(|message| {
             PEER_REFUSAL_LOG.warn(format_args!("refused a frame of node {from}: {message}"));
         })?;
-        let worker: BoxFuture<'static, ()> =
-            Box::pin(serve_shard(bound, queue, Answers::Queued(answers)));
+        let worker: BoxFuture<'static, ()> = Box::pin(serve_shard(
+            bound,
+            shards.clone(),
+            queue,
+            Answers::Queued(answers),
+        ));
         Ok(worker)
     };
     demux::serve(reader, writer, &mut start, || own.is_isolated_from(from)).await
@@ -294,9 +305,17 @@ async fn serve_single(
 }
 
 /// One shard's worker on a shared connection: serves the requests its
-/// queue brings in order (appends pipelined), until the queue closes or
-/// the connection's writer ends.
-async fn serve_shard(mut bound: Bound, mut queue: mpsc::Receiver<Incoming>, mut out: Answers) {
+/// queue brings in order (appends pipelined), until the queue closes, the
+/// connection's writer ends, or the replica it serves is no longer the
+/// one hosted (closed, or closed and opened again by replica moves: its
+/// Raft is stopped). Then the connection ends with it, and the sender's
+/// next connection admits the shard's current replica.
+async fn serve_shard(
+    mut bound: Bound,
+    shards: PeerShards,
+    mut queue: mpsc::Receiver<Incoming>,
+    mut out: Answers,
+) {
     let served: Result<()> = async {
         loop {
             let waiting = bound.appends.has_waiting();
@@ -314,6 +333,9 @@ async fn serve_shard(mut bound: Bound, mut queue: mpsc::Receiver<Incoming>, mut 
                 }
                 Next::Frame(None) => return Ok(()),
                 Next::Frame(Some(incoming)) => {
+                    if !shards.hosts(bound.shard, &bound.ctx) {
+                        bail!("shard {}'s replica here was replaced", bound.shard.0);
+                    }
                     serve_frame(&mut out, &mut bound, incoming.request_id, incoming.request)
                         .await?;
                 }
