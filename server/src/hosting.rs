@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use crate::config::Config;
 use crate::layout::{Layout, LayoutError};
 use crate::node::{Stores, spawn_leader_tasks, start_raft};
+use crate::peer::PeerLinks;
 use crate::replica::Replica;
 use crate::shards::Shards;
 use crate::tls::NodeTls;
@@ -53,6 +54,9 @@ pub struct Hosting {
     /// The node's per-shard region (`--region-mib`), as at start.
     region: RegionConfig,
     tls: Arc<NodeTls>,
+    /// The node's shared peer connections, which a new replica's Raft
+    /// sends through.
+    links: Arc<PeerLinks>,
     quota_bytes: u64,
     shards: Shards,
     shutdown: watch::Receiver<bool>,
@@ -67,6 +71,7 @@ pub struct HostingParts {
     pub layout: Layout,
     pub region: RegionConfig,
     pub tls: Arc<NodeTls>,
+    pub links: Arc<PeerLinks>,
     pub quota_bytes: u64,
     pub shards: Shards,
     pub shutdown: watch::Receiver<bool>,
@@ -79,6 +84,7 @@ impl Hosting {
             layout: parts.layout,
             region: parts.region,
             tls: parts.tls,
+            links: parts.links,
             quota_bytes: parts.quota_bytes,
             shards: parts.shards,
             shutdown: parts.shutdown,
@@ -127,7 +133,7 @@ impl Hosting {
         };
         let stores =
             Stores::open(&self.config, &self.layout, shard, self.region.clone()).map_err(open)?;
-        let replica = start_raft(&self.config, stores, Some(shard), &self.tls)
+        let replica = start_raft(&self.config, stores, Some(shard), &self.tls, &self.links)
             .await
             .map_err(open)?;
         let mut hosted = self.hosted();

@@ -25,7 +25,9 @@ use crate::config::Config;
 use crate::hosting::{Hosting, HostingParts};
 use crate::layout::Layout;
 use crate::meta::Meta;
-use crate::peer::{PeerContext, PeerNetwork, PeerShards, SNAPSHOT_CHUNK_BYTES, serve_peers};
+use crate::peer::{
+    PeerContext, PeerLinks, PeerNetwork, PeerShards, SNAPSHOT_CHUNK_BYTES, serve_peers,
+};
 use crate::placement;
 use crate::replica::{Replica, ReplicaParts};
 use crate::service::proposals::Proposals;
@@ -338,8 +340,12 @@ pub(crate) async fn start_raft(
     stores: Stores,
     tag: Option<ShardId>,
     tls: &NodeTls,
+    links: &Arc<PeerLinks>,
 ) -> Result<Replica> {
     let Stores { shard, log, sm } = stores;
+    if tag == Some(ShardId::META) {
+        links.set_identity(sm.clone());
+    }
     // A snapshot holds at most the region's live pairs plus framing.
     let max_snapshot_bytes = config.region_bytes * 2 + SNAPSHOT_CHUNK_BYTES as u64;
     let peers = Arc::new(PeerContext::new(
@@ -354,7 +360,7 @@ pub(crate) async fn start_raft(
     let raft = Raft::new(
         config.id,
         Arc::new(raft_config(config)?),
-        PeerNetwork::new(Arc::clone(&peers)),
+        PeerNetwork::new(Arc::clone(&peers), Arc::clone(links)),
         log.clone(),
         sm.clone(),
     )
@@ -553,6 +559,7 @@ async fn start_shards(
     layout: &Layout,
     region: RegionConfig,
     tls: &NodeTls,
+    links: &Arc<PeerLinks>,
     origin: &Origin,
 ) -> Result<Started> {
     let started = std::time::Instant::now();
@@ -603,7 +610,7 @@ async fn start_shards(
     let mut replicas = BTreeMap::new();
     for stores in stores {
         let shard = stores.shard;
-        match start_raft(config, stores, tagged.then_some(shard), tls).await {
+        match start_raft(config, stores, tagged.then_some(shard), tls, links).await {
             Ok(replica) => {
                 replicas.insert(shard, replica);
             }
@@ -654,6 +661,8 @@ struct Fixed {
     quota_bytes: u64,
     lock: File,
     tls: Arc<NodeTls>,
+    /// The node's shared peer connections (multi-shard clusters).
+    links: Arc<PeerLinks>,
     layout: Layout,
     /// Each shard replica's region (`--region-mib`).
     region: RegionConfig,
@@ -676,13 +685,15 @@ impl Node {
         let limits = protocol_limits(&region)?;
         let quota_bytes = quota_bytes(&config, &region)?;
         let layout = Layout::open(&config.data_dir, config.shards)?;
+        let links = Arc::new(PeerLinks::new());
         let Started { shards, fresh } =
-            start_shards(&config, &layout, region.clone(), &tls, &origin).await?;
+            start_shards(&config, &layout, region.clone(), &tls, &links, &origin).await?;
         let fixed = Fixed {
             limits,
             quota_bytes,
             lock,
             tls,
+            links,
             layout,
             region,
             fresh,
@@ -710,6 +721,7 @@ impl Node {
             quota_bytes,
             lock,
             tls,
+            links,
             layout,
             region,
             fresh,
@@ -743,6 +755,7 @@ impl Node {
                 layout,
                 region,
                 tls: Arc::clone(&tls),
+                links: Arc::clone(&links),
                 quota_bytes,
                 shards: shards.clone(),
                 shutdown: shutdown_rx.clone(),

@@ -183,3 +183,101 @@ async fn a_scan_covers_every_shard_in_key_order_and_a_clear_empties_them_all() -
     })
     .await
 }
+
+/// Docs/sharding.md, section 3: between two nodes, one Raft connection
+/// carries every shard's frames (and one more carries snapshots), not a
+/// connection per shard. Six shards on three nodes, each hosting all six
+/// (and the metadata group): after writes to every shard, each node has at
+/// most two peer connections from each other node (counted among the
+/// sockets of this machine, and by each sender's `rdkv_peer_links`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_connections_are_shared_between_shards() -> Result<()> {
+    let flags = ["--shards", "6", "--replicas", "3", "--region-mib", "16"];
+    let mut cluster = Cluster::start_with(3, &flags)?;
+    check(&mut cluster, Duration::from_secs(90), async |cluster| {
+        let led = eventually(LEADER_TIMEOUT, "a leader in every shard", async || {
+            leaders(cluster).await
+        })
+        .await?;
+        ensure!(led.len() == 6, "{led:?}");
+        let map = map_of(cluster, 1).await?;
+        let client = cluster.client(Intent::Any)?;
+        for (shard, key) in keys_per_shard(&map, 2, |i| format!("key-{i}")) {
+            client
+                .put(key.clone(), "v")
+                .await
+                .map_err(|e| anyhow::anyhow!("writing {key} (shard {}): {e}", shard.0))?;
+        }
+        let ids = node_ids(cluster);
+        let others = ids.len() - 1;
+        eventually(
+            LEADER_TIMEOUT,
+            "two peer connections per node pair",
+            async || {
+                for &id in &ids {
+                    let peer_addr = cluster.node(id)?.peer_addr;
+                    let accepted = established_to(peer_addr)?;
+                    ensure!(
+                        accepted <= 2 * others,
+                        "node {id} has {accepted} peer connections from {others} nodes"
+                    );
+                    let links = peer_links(cluster, id).await?;
+                    for (peer, open) in &links {
+                        ensure!(*open <= 2.0, "node {id} has {open} links to node {peer}");
+                    }
+                    // A leader replicates to both of its followers.
+                    if led.values().any(|&leader| leader == id) {
+                        ensure!(links.len() == others, "leader {id}'s links: {links:?}");
+                    }
+                }
+                Ok(())
+            },
+        )
+        .await
+    })
+    .await
+}
+
+/// ESTABLISHED TCP connections whose local end is `addr` (the accepted
+/// side of connections to it), from this machine's `/proc/net/tcp`.
+fn established_to(addr: std::net::SocketAddr) -> Result<usize> {
+    let std::net::SocketAddr::V4(addr) = addr else {
+        anyhow::bail!("{addr} is not IPv4");
+    };
+    let table = std::fs::read_to_string("/proc/net/tcp")?;
+    let mut count = 0;
+    for line in table.lines().skip(1) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (Some(local), Some(state)) = (fields.get(1), fields.get(3)) else {
+            continue;
+        };
+        let Some((ip, port)) = local.split_once(':') else {
+            continue;
+        };
+        // The address as the kernel's u32 in host order, the port in hex.
+        let ip = std::net::Ipv4Addr::from(u32::from_str_radix(ip, 16)?.to_le_bytes());
+        let port = u16::from_str_radix(port, 16)?;
+        if *state == "01" && ip == *addr.ip() && port == addr.port() {
+            count += 1;
+        }
+    }
+    Ok(count)
+}
+
+/// Node `id`'s open peer links by peer (`rdkv_peer_links`, both purposes).
+async fn peer_links(cluster: &Cluster, id: u64) -> Result<BTreeMap<String, f64>> {
+    let addr = cluster.node(id)?.http_addr;
+    let (_, text) =
+        tokio::task::spawn_blocking(move || rdkv_tests::prometheus::http_get(addr, "/metrics"))
+            .await??;
+    let metrics = rdkv_tests::prometheus::parse(&text)?;
+    let mut links = BTreeMap::new();
+    for peer in 1..=3u64 {
+        let peer = peer.to_string();
+        let open = metrics.sum("rdkv_peer_links", &[("peer", &peer)]);
+        if open > 0.0 {
+            links.insert(peer, open);
+        }
+    }
+    Ok(links)
+}

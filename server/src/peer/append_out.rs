@@ -10,6 +10,10 @@
 //! ends. Only a stream that ends with nothing in flight gives its
 //! connection back for the next call: answers still on their way would
 //! otherwise be read as the answers to later requests.
+//!
+//! A shard of a multi-shard cluster sends through its link to the target
+//! instead (shared by every shard, `link`): each append waits for its own
+//! answer there, and the stream takes them oldest first.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -24,6 +28,7 @@ use rdkv_storage::raft::rpc::{
 };
 use tokio::time::Instant;
 
+use super::link::{Pending, Purpose};
 use super::network::{
     Conn, PeerConn, decode_response, network, remote, send_request, unexpected, unreachable,
 };
@@ -41,12 +46,21 @@ struct Sent {
     prev: Option<LogId>,
     last: Option<LogId>,
     at: Instant,
+    /// Its answer, when sent on a link.
+    pending: Option<Pending>,
+}
+
+/// Where the appends go: the target's own connection (a single group;
+/// taken back by the peer when the stream ends cleanly), or the shard's
+/// link.
+enum Pipe {
+    Own(Option<Conn>),
+    Link,
 }
 
 struct Outbound<'s, S> {
     peer: &'s mut PeerConn,
-    /// Taken back by the peer when the stream ends cleanly.
-    conn: Option<Conn>,
+    pipe: Pipe,
     input: S,
     input_done: bool,
     in_flight: VecDeque<Sent>,
@@ -68,7 +82,10 @@ where
     S: futures::Stream<Item = AppendEntriesRequest> + Send + Unpin + 'static,
 {
     Box::pin(async move {
-        let conn = peer.open().await?;
+        let pipe = match peer.link(Purpose::Raft).await? {
+            Some(_) => Pipe::Link,
+            None => Pipe::Own(Some(peer.open().await?)),
+        };
         let round_trip = metrics::histogram!(
             "rdkv_peer_append_round_trip_seconds",
             "shard" => peer.ctx.shard.unwrap_or(ShardId(0)).to_string(),
@@ -76,7 +93,7 @@ where
         );
         let outbound = Outbound {
             peer,
-            conn: Some(conn),
+            pipe,
             input,
             input_done: false,
             in_flight: VecDeque::new(),
@@ -118,22 +135,14 @@ where
             };
             let deadline = oldest.at + self.timeout;
             let may_send = !self.input_done && self.in_flight.len() < MAX_APPENDS_IN_FLIGHT;
-            let Some((reader, _)) = self.conn.as_mut() else {
-                return self.fail(network("the connection is gone".into()));
-            };
+            let target = self.peer.target;
             tokio::select! {
                 biased;
-                frame = reader.next() => {
-                    let frame = match frame {
-                        Ok(Some(frame)) => frame,
-                        Ok(None) => return self.fail(network(format!(
-                            "node {} closed the connection", self.peer.target
-                        ))),
-                        Err(e) => return self.fail(network(format!(
-                            "receive from node {}: {e}", self.peer.target
-                        ))),
+                frame = oldest_answer(&mut self.pipe, &mut self.in_flight, target) => {
+                    return match frame {
+                        Ok(frame) => Some(self.answer(&frame)),
+                        Err(e) => self.fail(e),
                     };
-                    return Some(self.answer(&frame));
                 }
                 rpc = self.input.next(), if may_send => match rpc {
                     Some(rpc) => {
@@ -160,21 +169,34 @@ where
                 "node {target} is cut off by fault injection"
             )));
         }
-        let request_id = self.peer.next_request_id();
-        let shard = self.peer.shard();
         let prev = rpc.prev_log_id;
         let last = rpc.entries.last().map(|entry| entry.log_id).or(prev);
-        let Some((_, writer)) = self.conn.as_mut() else {
-            return Err(network("the connection is gone".into()));
+        let request = PeerRequest::Append(rpc);
+        let (request_id, pending) = match &mut self.pipe {
+            Pipe::Own(conn) => {
+                let request_id = self.peer.next_request_id();
+                let Some((_, writer)) = conn.as_mut() else {
+                    return Err(network("the connection is gone".into()));
+                };
+                send_request(self.peer.shard(), writer, request_id, &request)
+                    .await
+                    .map_err(|e| network(format!("send to node {target}: {e}")))?;
+                (request_id, None)
+            }
+            Pipe::Link => {
+                let Some((shard, link)) = self.peer.link(Purpose::Raft).await? else {
+                    return Err(network("the link is gone".into()));
+                };
+                let pending = link.send(&self.peer.ctx, shard, &request).await?;
+                (pending.request_id, Some(pending))
+            }
         };
-        send_request(shard, writer, request_id, &PeerRequest::Append(rpc))
-            .await
-            .map_err(|e| network(format!("send to node {target}: {e}")))?;
         self.in_flight.push_back(Sent {
             request_id,
             prev,
             last,
             at: Instant::now(),
+            pending,
         });
         Ok(())
     }
@@ -215,8 +237,35 @@ where
     /// and goes back to the peer for its next call.
     fn end_cleanly(&mut self) -> Option<Answer> {
         self.finished = true;
-        self.peer.conn = self.conn.take();
+        if let Pipe::Own(conn) = &mut self.pipe {
+            self.peer.conn = conn.take();
+        }
         None
+    }
+}
+
+/// The next answer on `pipe`: the oldest append's (an answer that is not
+/// the oldest's is refused by `Outbound::answer`).
+async fn oldest_answer(
+    pipe: &mut Pipe,
+    in_flight: &mut VecDeque<Sent>,
+    target: u64,
+) -> Result<Frame, RpcError> {
+    match pipe {
+        Pipe::Own(conn) => {
+            let Some((reader, _)) = conn.as_mut() else {
+                return Err(network("the connection is gone".into()));
+            };
+            match reader.next().await {
+                Ok(Some(frame)) => Ok(frame),
+                Ok(None) => Err(network(format!("node {target} closed the connection"))),
+                Err(e) => Err(network(format!("receive from node {target}: {e}"))),
+            }
+        }
+        Pipe::Link => match in_flight.front_mut().and_then(|sent| sent.pending.as_mut()) {
+            Some(pending) => pending.answer(target).await,
+            None => Err(network("an append without its answer".into())),
+        },
     }
 }
 

@@ -6,6 +6,8 @@
 
 mod append_in;
 mod append_out;
+mod demux;
+mod link;
 mod network;
 mod service;
 
@@ -27,6 +29,7 @@ use rdkv_storage::state_machine::RegionStateMachine;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+pub use link::PeerLinks;
 pub use network::PeerNetwork;
 pub use service::{PeerShards, serve_peers};
 

@@ -22,9 +22,11 @@ use rdkv_tls::{ReadHalf, Stream, WriteHalf};
 use tokio::net::TcpStream;
 
 use super::append_out;
+use super::link::{PeerLink, PeerLinks, Purpose};
 use super::{
     PEER_MAX_FRAME_BYTES, PEER_PROTOCOL_VERSION, PEER_PROTOCOL_VERSION_SHARDS, PeerContext,
     PeerHello, PeerHelloReply, PeerRequest, PeerResponse, SNAPSHOT_CHUNK_BYTES, SnapshotPiece,
+    WireHello,
 };
 use crate::framed::{FrameReader, FrameWriter};
 
@@ -37,11 +39,15 @@ const SNAPSHOT_CHUNK_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone)]
 pub struct PeerNetwork {
     ctx: Arc<PeerContext>,
+    /// The node's shared connections, used by a shard of a multi-shard
+    /// cluster (`ctx.shard` set); a single group keeps a connection per
+    /// target of its own (docs/sharding.md, section 3).
+    links: Arc<PeerLinks>,
 }
 
 impl PeerNetwork {
-    pub fn new(ctx: Arc<PeerContext>) -> Self {
-        PeerNetwork { ctx }
+    pub fn new(ctx: Arc<PeerContext>, links: Arc<PeerLinks>) -> Self {
+        PeerNetwork { ctx, links }
     }
 }
 
@@ -49,7 +55,13 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
     type Network = PeerConn;
 
     async fn new_client(&mut self, target: u64, node: &NodeAddr) -> PeerConn {
+        let links = self.ctx.shard.map(|shard| Links {
+            shard,
+            raft: self.links.get(target, &node.peer_addr, Purpose::Raft),
+            snapshot: self.links.get(target, &node.peer_addr, Purpose::Snapshot),
+        });
         PeerConn {
+            links,
             ctx: Arc::clone(&self.ctx),
             target,
             addr: node.peer_addr.clone(),
@@ -73,6 +85,17 @@ pub struct PeerConn {
     /// stream holds it, or after a failure).
     pub(super) conn: Option<Conn>,
     next_request_id: u64,
+    /// A shard's links to the target (multi-shard clusters): its calls
+    /// and appends go through them instead of `conn`.
+    pub(super) links: Option<Links>,
+}
+
+/// A shard's links to one target, and the shard its frames name.
+#[derive(Debug)]
+pub(super) struct Links {
+    pub(super) shard: ShardId,
+    pub(super) raft: Arc<PeerLink>,
+    snapshot: Arc<PeerLink>,
 }
 
 pub(super) fn unreachable(message: String) -> RpcError {
@@ -83,86 +106,74 @@ pub(super) fn network(message: String) -> RpcError {
     RpcError::Network(NetworkError::from_string(message))
 }
 
-impl PeerConn {
-    /// Mutual TLS over `tcp` when peers use it.
-    async fn secure(&self, tcp: TcpStream) -> RpcResult<Stream> {
-        let Some(tls) = self.ctx.tls() else {
-            return Ok(Stream::Tcp(tcp));
-        };
-        tokio::time::timeout(CONNECT_TIMEOUT, tls.connect(tcp, &self.addr))
-            .await
-            .map_err(|_| {
-                unreachable(format!(
-                    "TLS with node {} at {}: timed out",
-                    self.target, self.addr
-                ))
-            })?
-            .map_err(|e| {
-                unreachable(format!(
-                    "TLS with node {} at {}: {e}",
-                    self.target, self.addr
-                ))
-            })
-    }
+/// Mutual TLS over `tcp` when peers use it.
+async fn secure(ctx: &PeerContext, target: u64, addr: &str, tcp: TcpStream) -> RpcResult<Stream> {
+    let Some(tls) = ctx.tls() else {
+        return Ok(Stream::Tcp(tcp));
+    };
+    tokio::time::timeout(CONNECT_TIMEOUT, tls.connect(tcp, addr))
+        .await
+        .map_err(|_| unreachable(format!("TLS with node {target} at {addr}: timed out")))?
+        .map_err(|e| unreachable(format!("TLS with node {target} at {addr}: {e}")))
+}
 
-    async fn connect(&mut self) -> RpcResult<Conn> {
-        let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&self.addr))
+/// A connection to node `target` at `addr`, opened with `hello` and
+/// accepted by that node.
+pub(super) async fn connect(
+    ctx: &PeerContext,
+    target: u64,
+    addr: &str,
+    hello: WireHello,
+) -> RpcResult<Conn> {
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+        .await
+        .map_err(|_| unreachable(format!("connect to node {target} at {addr}: timed out")))?
+        .map_err(|e| unreachable(format!("connect to node {target} at {addr}: {e}")))?;
+    let _ = stream.set_nodelay(true);
+    let stream = secure(ctx, target, addr, stream).await?;
+    let (read, write) = stream.into_split();
+    let mut reader = FrameReader::new(read, PEER_MAX_FRAME_BYTES);
+    let mut writer = FrameWriter::new(write, PEER_MAX_FRAME_BYTES);
+    let handshake = async {
+        writer
+            .send(FrameKind::ClientHello, 0, &hello)
             .await
-            .map_err(|_| {
-                unreachable(format!(
-                    "connect to node {} at {}: timed out",
-                    self.target, self.addr
-                ))
-            })?
-            .map_err(|e| {
-                unreachable(format!(
-                    "connect to node {} at {}: {e}",
-                    self.target, self.addr
-                ))
-            })?;
-        let _ = stream.set_nodelay(true);
-        let stream = self.secure(stream).await?;
-        let (read, write) = stream.into_split();
-        let mut reader = FrameReader::new(read, PEER_MAX_FRAME_BYTES);
-        let mut writer = FrameWriter::new(write, PEER_MAX_FRAME_BYTES);
-        let hello = PeerHello::of(&self.ctx).into_wire();
-        let handshake = async {
-            writer
-                .send(FrameKind::ClientHello, 0, &hello)
-                .await
-                .map_err(|e| network(format!("handshake with node {}: {e}", self.target)))?;
-            let frame = reader
-                .next()
-                .await
-                .map_err(|e| network(format!("handshake with node {}: {e}", self.target)))?
-                .ok_or_else(|| network(format!("node {} closed during handshake", self.target)))?;
-            decode_payload::<PeerHelloReply>(&frame)
-                .map_err(|e| network(format!("handshake with node {}: {e}", self.target)))
-        };
-        match tokio::time::timeout(CONNECT_TIMEOUT, handshake).await {
-            Err(_) => Err(unreachable(format!(
-                "handshake with node {}: timed out",
-                self.target
-            ))),
-            Ok(Err(e)) => Err(e),
-            Ok(Ok(PeerHelloReply::Rejected { message })) => Err(unreachable(format!(
-                "node {} refused this node: {message}",
-                self.target
-            ))),
-            Ok(Ok(PeerHelloReply::Accepted {
-                node_id,
-                client_addr,
-            })) => {
-                if node_id != self.target {
-                    return Err(unreachable(format!(
-                        "{} is node {node_id}, not node {}",
-                        self.addr, self.target
-                    )));
-                }
-                self.ctx.learn_client_addr(node_id, client_addr);
-                Ok((reader, writer))
+            .map_err(|e| network(format!("handshake with node {target}: {e}")))?;
+        let frame = reader
+            .next()
+            .await
+            .map_err(|e| network(format!("handshake with node {target}: {e}")))?
+            .ok_or_else(|| network(format!("node {target} closed during handshake")))?;
+        decode_payload::<PeerHelloReply>(&frame)
+            .map_err(|e| network(format!("handshake with node {target}: {e}")))
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, handshake).await {
+        Err(_) => Err(unreachable(format!(
+            "handshake with node {target}: timed out"
+        ))),
+        Ok(Err(e)) => Err(e),
+        Ok(Ok(PeerHelloReply::Rejected { message })) => Err(unreachable(format!(
+            "node {target} refused this node: {message}"
+        ))),
+        Ok(Ok(PeerHelloReply::Accepted {
+            node_id,
+            client_addr,
+        })) => {
+            if node_id != target {
+                return Err(unreachable(format!(
+                    "{addr} is node {node_id}, not node {target}"
+                )));
             }
+            ctx.learn_client_addr(node_id, client_addr);
+            Ok((reader, writer))
         }
+    }
+}
+
+impl PeerConn {
+    async fn connect(&mut self) -> RpcResult<Conn> {
+        let hello = PeerHello::of(&self.ctx).into_wire();
+        connect(&self.ctx, self.target, &self.addr, hello).await
     }
 
     /// The shard this connection's frames are tagged with (`None`: untagged).
@@ -197,9 +208,57 @@ impl PeerConn {
         }
     }
 
-    /// One request, one response; any failure drops the connection so the
-    /// next call starts clean.
-    async fn call(&mut self, request: &PeerRequest, timeout: Duration) -> RpcResult<PeerResponse> {
+    /// The link of `purpose` of a shard of a multi-shard cluster, unless
+    /// fault injection cut this node off from the target (which drops the
+    /// link's connection, as it drops a single group's).
+    pub(super) async fn link(&self, purpose: Purpose) -> RpcResult<Option<(ShardId, &PeerLink)>> {
+        let Some(links) = &self.links else {
+            return Ok(None);
+        };
+        let link = match purpose {
+            Purpose::Raft => &links.raft,
+            Purpose::Snapshot => &links.snapshot,
+        };
+        if self.cut_off() {
+            link.drop_connection().await;
+            return Err(unreachable(format!(
+                "node {} is cut off by fault injection",
+                self.target
+            )));
+        }
+        Ok(Some((links.shard, link)))
+    }
+
+    /// One request, one response, on the link of `purpose` (a multi-shard
+    /// cluster) or on the target's own connection.
+    async fn call(
+        &mut self,
+        purpose: Purpose,
+        request: &PeerRequest,
+        timeout: Duration,
+    ) -> RpcResult<PeerResponse> {
+        let Some((shard, link)) = self.link(purpose).await? else {
+            return self.call_alone(request, timeout).await;
+        };
+        let target = self.target;
+        let exchange = async {
+            let mut pending = link.send(&self.ctx, shard, request).await?;
+            let frame = pending.answer(target).await?;
+            decode_response(Some(shard), &frame)
+                .map_err(|e| network(format!("decode from node {target}: {e}")))
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .map_err(|_| network(format!("node {target} did not answer within {timeout:?}")))?
+    }
+
+    /// One request, one response on the target's own connection; any
+    /// failure drops the connection so the next call starts clean.
+    async fn call_alone(
+        &mut self,
+        request: &PeerRequest,
+        timeout: Duration,
+    ) -> RpcResult<PeerResponse> {
         let (mut reader, mut writer) = self.open().await?;
         let request_id = self.next_request_id();
         let target = self.target;
@@ -287,7 +346,10 @@ pub(super) fn remote<T>(target: u64, result: Result<T, RaftError>) -> RpcResult<
 /// function: the variants are patterns).
 macro_rules! raft_call {
     ($conn:ident, $request:ident($rpc:expr), $timeout:expr, $answer:ident) => {
-        match $conn.call(&PeerRequest::$request($rpc), $timeout).await? {
+        match $conn
+            .call(Purpose::Raft, &PeerRequest::$request($rpc), $timeout)
+            .await?
+        {
             PeerResponse::$answer(result) => remote($conn.target, result),
             other => Err(unexpected($conn.target, other)),
         }
@@ -366,7 +428,10 @@ impl RaftNetworkV2<TypeConfig> for PeerConn {
                     offset,
                     data,
                 });
-                match self.call(&chunk, SNAPSHOT_CHUNK_TIMEOUT).await? {
+                match self
+                    .call(Purpose::Snapshot, &chunk, SNAPSHOT_CHUNK_TIMEOUT)
+                    .await?
+                {
                     PeerResponse::SnapshotChunk(Ok(Some(done))) => return Ok(done),
                     PeerResponse::SnapshotChunk(Ok(None)) if end < total_bytes => offset = end,
                     PeerResponse::SnapshotChunk(Ok(None)) => {

@@ -4,24 +4,26 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
+use futures::future::BoxFuture;
 use openraft::async_runtime::WatchReceiver;
 use openraft::errors::RaftError;
 use openraft::raft::AppendEntriesResponse;
 use rdkv_proto::shard::ShardId;
-use rdkv_proto::wire::{Frame, FrameKind, tokens_match};
+use rdkv_proto::wire::{FrameKind, tokens_match};
 use rdkv_storage::cluster_id::ClusterId;
 use rdkv_storage::raft::SnapshotMeta;
 use rdkv_storage::state_machine::snapshot_store::NewSnapshot;
 use rdkv_storage::state_machine::{RegionStateMachine, Snapshot};
 use rdkv_tls::Stream;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use super::append_in::Inbound;
+use super::demux::{self, Incoming, Outgoing};
 use super::{
     PEER_MAGIC, PEER_MAX_FRAME_BYTES, PEER_PROTOCOL_VERSION_NO_IDENTITY,
     PEER_PROTOCOL_VERSION_SHARDS, PeerContext, PeerHello, PeerHelloReply, PeerRequest,
-    PeerResponse, SnapshotPiece, decode_for_shard,
+    PeerResponse, SnapshotPiece,
 };
 use crate::Raft;
 use crate::accept::{TcpFront, accept_until};
@@ -60,6 +62,18 @@ impl PeerShards {
     fn sharded(&self) -> bool {
         self.shards.is_sharded()
     }
+
+    /// Whether `ctx` is the context of the replica of `shard` hosted now.
+    fn hosts(&self, shard: ShardId, ctx: &Arc<PeerContext>) -> bool {
+        self.shards
+            .any(shard)
+            .is_some_and(|replica| Arc::ptr_eq(&replica.peers, ctx))
+    }
+
+    /// A multi-shard node's cluster identity: its metadata group's.
+    fn identity(&self) -> Option<ClusterId> {
+        self.shards.any(ShardId::META)?.peers.cluster_id()
+    }
 }
 
 pub async fn serve_peers(listener: TcpFront, shards: PeerShards, shutdown: watch::Receiver<bool>) {
@@ -70,9 +84,9 @@ pub async fn serve_peers(listener: TcpFront, shards: PeerShards, shutdown: watch
 }
 
 /// Why a peer is refused at its hello, if it is: a wrong token or protocol,
-/// or (hellos 1-2, which carry shard 0 only) not a member of shard 0 or of
-/// another cluster. A version-3 peer's membership is checked per shard,
-/// when its frames name one ([`admit`]).
+/// another cluster, or (hellos 1-2, which carry shard 0 only) not a member
+/// of shard 0. A version-3 peer's membership is checked per shard, when its
+/// frames name one ([`admit`]).
 fn refusal(hello: &PeerHello, shards: &PeerShards) -> Option<String> {
     let versions = PEER_PROTOCOL_VERSION_NO_IDENTITY..=PEER_PROTOCOL_VERSION_SHARDS;
     if hello.magic != PEER_MAGIC || !versions.contains(&hello.version) {
@@ -87,7 +101,9 @@ fn refusal(hello: &PeerHello, shards: &PeerShards) -> Option<String> {
     }
     let tagged = hello.version >= PEER_PROTOCOL_VERSION_SHARDS;
     match (tagged, shards.sharded()) {
-        (true, true) => None,
+        // A shared connection carries every shard: its identity is the
+        // node's (the metadata group's), checked once here.
+        (true, true) => other_cluster(hello.cluster_id, shards.identity()),
         (true, false) => Some("this node serves a single group (peer versions 1-2)".into()),
         (false, true) => Some("this node serves several shards (peer version 3)".into()),
         (false, false) => admit(hello, ShardId(0), shards).err(),
@@ -113,7 +129,9 @@ fn admit(hello: &PeerHello, shard: ShardId, shards: &PeerShards) -> Result<Bound
             hello.from_id, shard.0
         ));
     }
-    if let Some(message) = other_cluster(hello.cluster_id, ctx.cluster_id()) {
+    // A shared connection's identity was checked at its hello.
+    let tagged = hello.version >= PEER_PROTOCOL_VERSION_SHARDS;
+    if let Some(message) = other_cluster(hello.cluster_id, ctx.cluster_id()).filter(|_| !tagged) {
         return Err(message);
     }
     Ok(Bound {
@@ -152,10 +170,12 @@ struct Bound {
     incoming: IncomingSnapshot,
 }
 
-/// Where a connection's answers go, tagged with their shard on version 3.
-struct Answers {
-    writer: FrameWriter<rdkv_tls::WriteHalf>,
-    tagged: bool,
+/// Where a connection's answers go: straight to its writer (a single
+/// group's connection: untagged, shard 0), or to the writer task of a
+/// shared connection, which tags them with their shard (`demux`).
+enum Answers {
+    Direct(FrameWriter<rdkv_tls::WriteHalf>),
+    Queued(mpsc::Sender<Outgoing>),
 }
 
 impl Answers {
@@ -163,16 +183,25 @@ impl Answers {
         &mut self,
         shard: ShardId,
         request_id: u64,
-        response: &PeerResponse,
+        response: PeerResponse,
     ) -> Result<()> {
-        if self.tagged {
-            self.writer
-                .send(FrameKind::Response, request_id, &(shard, response))
-                .await?;
-        } else {
-            self.writer
-                .send(FrameKind::Response, request_id, response)
-                .await?;
+        match self {
+            Answers::Direct(writer) => {
+                writer
+                    .send(FrameKind::Response, request_id, &response)
+                    .await?;
+            }
+            Answers::Queued(answers) => {
+                let answer = Outgoing {
+                    shard,
+                    request_id,
+                    response,
+                };
+                answers
+                    .send(answer)
+                    .await
+                    .map_err(|_| anyhow!("the peer connection's writer ended"))?;
+            }
         }
         Ok(())
     }
@@ -184,9 +213,9 @@ impl Answers {
         &mut self,
         (shard, ctx): (ShardId, &PeerContext),
         request_id: u64,
-        response: &PeerResponse,
+        response: PeerResponse,
     ) -> Result<()> {
-        if let PeerResponse::Append(Ok(r)) = response
+        if let PeerResponse::Append(Ok(r)) = &response
             && !matches!(r, AppendEntriesResponse::HigherVote(_))
         {
             ctx.leader_contact();
@@ -197,17 +226,17 @@ impl Answers {
     /// Answers every append `bound` still has waiting, in order.
     async fn drain(&mut self, bound: &mut Bound) -> Result<()> {
         while let Some((request_id, response)) = bound.appends.next_answer().await {
-            self.answer((bound.shard, &bound.ctx), request_id, &response)
+            self.answer((bound.shard, &bound.ctx), request_id, response)
                 .await?;
         }
         Ok(())
     }
 }
 
-/// What a connection does next.
-enum Next {
+/// What a connection (or a shard's worker) does next.
+enum Next<F> {
     Answer(u64, PeerResponse),
-    Frame(Option<Frame>),
+    Frame(Option<F>),
 }
 
 async fn handle(stream: Stream, shards: PeerShards) -> Result<()> {
@@ -217,59 +246,107 @@ async fn handle(stream: Stream, shards: PeerShards) -> Result<()> {
     let mut writer = FrameWriter::new(write, PEER_MAX_FRAME_BYTES);
     let (hello, own) = handshake(&mut reader, &mut writer, &shards).await?;
     reader.set_max_frame_bytes(PEER_MAX_FRAME_BYTES);
-
-    let tagged = hello.version >= PEER_PROTOCOL_VERSION_SHARDS;
-    let mut out = Answers { writer, tagged };
-    // Hellos 1-2 carry shard 0 only, admitted with the hello.
-    let mut bound = match tagged {
-        true => None,
-        false => Some(admit(&hello, ShardId(0), &shards).map_err(anyhow::Error::msg)?),
+    let from = hello.from_id;
+    if hello.version < PEER_PROTOCOL_VERSION_SHARDS {
+        // Hellos 1-2 carry shard 0 only, admitted with the hello.
+        let bound = admit(&hello, ShardId(0), &shards).map_err(anyhow::Error::msg)?;
+        return serve_single(reader, Answers::Direct(writer), bound, &own, from).await;
+    }
+    let mut start = |shard: ShardId, queue, answers| {
+        let bound = admit(&hello, shard, &shards).inspect_err(|message| {
+            PEER_REFUSAL_LOG.warn(format_args!("refused a frame of node {from}: {message}"));
+        })?;
+        let worker: BoxFuture<'static, ()> = Box::pin(serve_shard(
+            bound,
+            shards.clone(),
+            queue,
+            Answers::Queued(answers),
+        ));
+        Ok(worker)
     };
+    demux::serve(reader, writer, &mut start, || own.is_isolated_from(from)).await
+}
+
+/// A single group's connection (hellos 1-2): one task reads, serves and
+/// answers, with no hand-over on the way (issue 15's one-write latency).
+async fn serve_single(
+    mut reader: FrameReader<rdkv_tls::ReadHalf>,
+    mut out: Answers,
+    mut bound: Bound,
+    own: &PeerContext,
+    from: u64,
+) -> Result<()> {
     loop {
         // Answers to pipelined appends go out as they complete; the next
         // request is read meanwhile.
-        let waiting = bound.as_ref().is_some_and(|b| b.appends.has_waiting());
+        let waiting = bound.appends.has_waiting();
         let next = tokio::select! {
             biased;
-            Some((request_id, response)) = next_answer(&mut bound), if waiting => {
+            Some((request_id, response)) = bound.appends.next_answer(), if waiting => {
                 Next::Answer(request_id, response)
             }
             frame = reader.next() => Next::Frame(frame?),
         };
         let frame = match next {
             Next::Answer(request_id, response) => {
-                if let Some(b) = &bound {
-                    out.answer((b.shard, &b.ctx), request_id, &response).await?;
-                }
+                out.answer((bound.shard, &bound.ctx), request_id, response)
+                    .await?;
                 continue;
             }
             Next::Frame(None) => return Ok(()),
             Next::Frame(Some(frame)) => frame,
         };
-        if own.is_isolated_from(hello.from_id) {
+        if own.is_isolated_from(from) {
             // As if the network lost it: no answer, and the sender's
             // connection goes away.
-            bail!("node {} is cut off by fault injection", hello.from_id);
+            bail!("node {from} is cut off by fault injection");
         }
-        let current = bound.as_ref().map_or(ShardId(0), |b| b.shard);
-        let (shard, decoded) = match decode_for_shard::<PeerRequest>(hello.version, &frame) {
-            Ok((shard, request)) => (shard, Ok(request)),
-            Err(e) => (current, Err(e)),
-        };
-        if bound.as_ref().is_none_or(|b| b.shard != shard) {
-            rebind(
-                &mut out,
-                &mut bound,
-                &hello,
-                shard,
-                &shards,
-                frame.request_id,
-            )
-            .await?;
+        let decoded = rdkv_proto::wire::decode_payload::<PeerRequest>(&frame);
+        serve_frame(&mut out, &mut bound, frame.request_id, decoded).await?;
+    }
+}
+
+/// One shard's worker on a shared connection: serves the requests its
+/// queue brings in order (appends pipelined), until the queue closes, the
+/// connection's writer ends, or the replica it serves is no longer the
+/// one hosted (closed, or closed and opened again by replica moves: its
+/// Raft is stopped). Then the connection ends with it, and the sender's
+/// next connection admits the shard's current replica.
+async fn serve_shard(
+    mut bound: Bound,
+    shards: PeerShards,
+    mut queue: mpsc::Receiver<Incoming>,
+    mut out: Answers,
+) {
+    let served: Result<()> = async {
+        loop {
+            let waiting = bound.appends.has_waiting();
+            let next = tokio::select! {
+                biased;
+                Some((request_id, response)) = bound.appends.next_answer(), if waiting => {
+                    Next::Answer(request_id, response)
+                }
+                incoming = queue.recv() => Next::Frame(incoming),
+            };
+            match next {
+                Next::Answer(request_id, response) => {
+                    out.answer((bound.shard, &bound.ctx), request_id, response)
+                        .await?;
+                }
+                Next::Frame(None) => return Ok(()),
+                Next::Frame(Some(incoming)) => {
+                    if !shards.hosts(bound.shard, &bound.ctx) {
+                        bail!("shard {}'s replica here was replaced", bound.shard.0);
+                    }
+                    serve_frame(&mut out, &mut bound, incoming.request_id, incoming.request)
+                        .await?;
+                }
+            }
         }
-        if let Some(b) = bound.as_mut() {
-            serve_frame(&mut out, b, frame.request_id, decoded).await?;
-        }
+    }
+    .await;
+    if let Err(e) = served {
+        tracing::debug!(shard = bound.shard.0, "serving peer requests: {e:#}");
     }
 }
 
@@ -310,36 +387,6 @@ async fn handshake(
     Ok((hello, own))
 }
 
-/// A frame for another shard than the bound one: the appends before it
-/// are answered first (answers keep request order), then the connection
-/// serves that shard if this node hosts it and the peer is a member of it;
-/// otherwise the frame is refused and nothing is bound.
-async fn rebind(
-    out: &mut Answers,
-    bound: &mut Option<Bound>,
-    hello: &PeerHello,
-    shard: ShardId,
-    shards: &PeerShards,
-    request_id: u64,
-) -> Result<()> {
-    if let Some(old) = bound.as_mut() {
-        out.drain(old).await?;
-    }
-    match admit(hello, shard, shards) {
-        Ok(new) => *bound = Some(new),
-        Err(message) => {
-            *bound = None;
-            PEER_REFUSAL_LOG.warn(format_args!(
-                "refused a frame of node {}: {message}",
-                hello.from_id
-            ));
-            out.send(shard, request_id, &PeerResponse::Failed(message))
-                .await?;
-        }
-    }
-    Ok(())
-}
-
 /// Serves one decoded request of the bound shard: appends are pipelined,
 /// anything else is answered in request order after them.
 async fn serve_frame(
@@ -356,8 +403,7 @@ async fn serve_frame(
             // that only our own answering drains).
             while b.appends.is_full() {
                 if let Some((answered_id, response)) = b.appends.next_answer().await {
-                    out.answer((b.shard, &b.ctx), answered_id, &response)
-                        .await?;
+                    out.answer((b.shard, &b.ctx), answered_id, response).await?;
                 }
             }
             b.appends.submit(request_id, rpc).await;
@@ -370,15 +416,10 @@ async fn serve_frame(
                 Err(e) => PeerResponse::Failed(format!("undecodable request: {e}")),
                 Ok(request) => dispatch(request, &b.raft, &b.ctx, &mut b.incoming).await,
             };
-            out.answer((b.shard, &b.ctx), request_id, &response).await?;
+            out.answer((b.shard, &b.ctx), request_id, response).await?;
         }
     }
     Ok(())
-}
-
-/// The oldest waiting append's answer of the bound shard.
-async fn next_answer(bound: &mut Option<Bound>) -> Option<(u64, PeerResponse)> {
-    bound.as_mut()?.appends.next_answer().await
 }
 
 async fn dispatch(

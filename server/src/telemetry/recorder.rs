@@ -81,6 +81,7 @@ fn register_zeroes() {
 fn describe() {
     describe_events();
     describe_state();
+    describe_peers();
 }
 
 /// What is recorded where it happens.
@@ -182,6 +183,14 @@ fn describe_events() {
         "From sending an AppendEntries to a follower to its answer (the follower's fsync included), by shard and follower."
     );
     describe_gauge!("rdkv_in_flight_requests", "Requests being served now.");
+}
+
+/// The peer network's own state.
+fn describe_peers() {
+    describe_gauge!(
+        "rdkv_peer_links",
+        "Peer connections this node has open to another node (multi-shard clusters: shared by every shard), by purpose (raft, snapshot) and peer."
+    );
 }
 
 /// The state read at scrape time (by the service layer).
