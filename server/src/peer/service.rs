@@ -233,10 +233,27 @@ impl Answers {
     }
 }
 
-/// What a connection (or a shard's worker) does next.
-enum Next<F> {
-    Answer(u64, PeerResponse),
-    Frame(Option<F>),
+/// Waits for what `incoming` brings (the next frame of a connection, or of
+/// a shard's queue), answering meanwhile, and first, the appends of
+/// `bound` as they complete: a connection and a shard's worker both serve
+/// pipelined appends so.
+async fn answer_until<F>(
+    out: &mut Answers,
+    bound: &mut Bound,
+    incoming: impl Future<Output = F>,
+) -> Result<F> {
+    tokio::pin!(incoming);
+    loop {
+        let waiting = bound.appends.has_waiting();
+        tokio::select! {
+            biased;
+            Some((request_id, response)) = bound.appends.next_answer(), if waiting => {
+                out.answer((bound.shard, &bound.ctx), request_id, response)
+                    .await?;
+            }
+            item = &mut incoming => return Ok(item),
+        }
+    }
 }
 
 async fn handle(stream: Stream, shards: PeerShards) -> Result<()> {
@@ -277,24 +294,8 @@ async fn serve_single(
     from: u64,
 ) -> Result<()> {
     loop {
-        // Answers to pipelined appends go out as they complete; the next
-        // request is read meanwhile.
-        let waiting = bound.appends.has_waiting();
-        let next = tokio::select! {
-            biased;
-            Some((request_id, response)) = bound.appends.next_answer(), if waiting => {
-                Next::Answer(request_id, response)
-            }
-            frame = reader.next() => Next::Frame(frame?),
-        };
-        let frame = match next {
-            Next::Answer(request_id, response) => {
-                out.answer((bound.shard, &bound.ctx), request_id, response)
-                    .await?;
-                continue;
-            }
-            Next::Frame(None) => return Ok(()),
-            Next::Frame(Some(frame)) => frame,
+        let Some(frame) = answer_until(&mut out, &mut bound, reader.next()).await?? else {
+            return Ok(());
         };
         if own.is_isolated_from(from) {
             // As if the network lost it: no answer, and the sender's
@@ -320,28 +321,13 @@ async fn serve_shard(
 ) {
     let served: Result<()> = async {
         loop {
-            let waiting = bound.appends.has_waiting();
-            let next = tokio::select! {
-                biased;
-                Some((request_id, response)) = bound.appends.next_answer(), if waiting => {
-                    Next::Answer(request_id, response)
-                }
-                incoming = queue.recv() => Next::Frame(incoming),
+            let Some(incoming) = answer_until(&mut out, &mut bound, queue.recv()).await? else {
+                return Ok(());
             };
-            match next {
-                Next::Answer(request_id, response) => {
-                    out.answer((bound.shard, &bound.ctx), request_id, response)
-                        .await?;
-                }
-                Next::Frame(None) => return Ok(()),
-                Next::Frame(Some(incoming)) => {
-                    if !shards.hosts(bound.shard, &bound.ctx) {
-                        bail!("shard {}'s replica here was replaced", bound.shard.0);
-                    }
-                    serve_frame(&mut out, &mut bound, incoming.request_id, incoming.request)
-                        .await?;
-                }
+            if !shards.hosts(bound.shard, &bound.ctx) {
+                bail!("shard {}'s replica here was replaced", bound.shard.0);
             }
+            serve_frame(&mut out, &mut bound, incoming.request_id, incoming.request).await?;
         }
     }
     .await;
