@@ -202,12 +202,14 @@ pub async fn publish_here(meta: &Meta, map: ShardMap) -> Reply {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use rdkv_proto::shard::ShardId;
 
     use super::*;
 
-    fn placed() -> ShardMap {
+    /// Nodes 1-3 with no addresses, 3 shards of 2 replicas as placed at
+    /// bootstrap: shard 0 on {1, 2}, 1 on {2, 3}, 2 on {3, 1}.
+    pub(in crate::meta) fn placed() -> ShardMap {
         let nodes = [1, 2, 3]
             .map(|id| NodeInfo {
                 id,

@@ -187,21 +187,12 @@ async fn leave_group(meta: &Meta, id: NodeId) -> Result<(), ErrorReply> {
 
 #[cfg(test)]
 mod tests {
-    use rdkv_proto::shard::NodeInfo;
-
     use super::*;
 
     #[test]
     fn the_shards_a_node_hosts_are_named() {
-        let nodes = [1, 2, 3]
-            .map(|id| NodeInfo {
-                id,
-                client_addr: None,
-                resp_addr: None,
-            })
-            .to_vec();
         // Placed: shard 0 on {1, 2}, 1 on {2, 3}, 2 on {3, 1}.
-        let map = crate::placement::initial(nodes, 3, 2).unwrap();
+        let map = crate::meta::edit::tests::placed();
         assert_eq!(hosted_shards(&map, 3), "1, 2");
         assert_eq!(hosted_shards(&map, 1), "0, 2");
         assert_eq!(hosted_shards(&map, 9), "");
