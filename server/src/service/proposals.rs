@@ -60,14 +60,7 @@ async fn run(
     batch_sizes: metrics::Histogram,
 ) {
     let mut batch = Vec::new();
-    while let Some(first) = queued.recv().await {
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match queued.try_recv() {
-                Ok(next) => batch.push(next),
-                Err(_) => break,
-            }
-        }
+    while next_batch(&mut queued, &mut batch).await {
         batch_sizes.record(batch.len() as f64);
         if batch.len() == 1 {
             if let Some((command, outcome)) = batch.pop() {
@@ -81,6 +74,36 @@ async fn run(
         // stopped, its write's fate unknown.
         if let Ok(results) = raft.client_write_many(commands).await {
             tokio::spawn(hand_on(results, outcomes));
+        }
+    }
+}
+
+/// Waits for a proposal and fills `batch` with it and what is queued with
+/// it, up to [`MAX_BATCH`]; `false` once every handle is dropped.
+async fn next_batch<T>(queued: &mut mpsc::UnboundedReceiver<T>, batch: &mut Vec<T>) -> bool {
+    let Some(first) = queued.recv().await else {
+        return false;
+    };
+    batch.push(first);
+    take_queued(queued, batch);
+    if batch.len() == 1 {
+        // The first proposal woke this task at once, often while the
+        // connections woken with its own (by the same poll of the sockets)
+        // wait to run: let them queue theirs first (a yield defers this
+        // task behind every ready one). With no other task ready it
+        // returns at once.
+        tokio::task::yield_now().await;
+        take_queued(queued, batch);
+    }
+    true
+}
+
+/// Moves what is queued now into `batch`, up to [`MAX_BATCH`].
+fn take_queued<T>(queued: &mut mpsc::UnboundedReceiver<T>, batch: &mut Vec<T>) {
+    while batch.len() < MAX_BATCH {
+        match queued.try_recv() {
+            Ok(next) => batch.push(next),
+            Err(_) => break,
         }
     }
 }
@@ -100,5 +123,41 @@ where
             data: written.response,
             membership: None,
         }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Proposals sent by tasks that are ready together (connections woken
+    /// by one poll of their sockets) leave as one batch, though the first
+    /// send wakes the proposing task at once.
+    #[test]
+    fn proposals_of_tasks_ready_together_leave_as_one_batch() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .expect("a runtime");
+        let batch_len = runtime.block_on(async {
+            tokio::spawn(async {
+                let (queue, mut queued) = mpsc::unbounded_channel();
+                let batcher = tokio::spawn(async move {
+                    let mut batch = Vec::new();
+                    next_batch(&mut queued, &mut batch).await;
+                    batch.len()
+                });
+                // The batcher waits on the queue before the senders run.
+                tokio::task::yield_now().await;
+                for i in 0..8 {
+                    let queue = queue.clone();
+                    tokio::spawn(async move { queue.send(i) });
+                }
+                batcher.await.expect("the batcher")
+            })
+            .await
+            .expect("the test task")
+        });
+        assert_eq!(batch_len, 8);
     }
 }
