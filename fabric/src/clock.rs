@@ -56,6 +56,7 @@ impl Clock for ManualClock {
 /// suspend, never stepped (NTP slews it at most). Every process on the host
 /// reads the same clock, so a lease deadline on it means the same instant to
 /// a leader and to a client on its host, whatever happens to the wall clock.
+#[inline]
 pub fn boottime_now_us() -> u64 {
     let now = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
     let secs = u64::try_from(now.tv_sec).unwrap_or(0);

@@ -166,6 +166,7 @@ impl RegionMemory {
     }
 
     /// The word at `offset`, or an error if unaligned or out of bounds.
+    #[inline]
     fn word(&self, offset: u64) -> Result<&AtomicU64, MemoryError> {
         self.words(offset, WORD)?
             .first()
@@ -177,6 +178,7 @@ impl RegionMemory {
 
     /// The words covering `len_bytes` from `offset` (rounded up to whole
     /// words), checked once for alignment and bounds.
+    #[inline(always)]
     fn words(&self, offset: u64, len_bytes: usize) -> Result<&[AtomicU64], MemoryError> {
         let count = len_bytes.div_ceil(WORD);
         let in_bounds = usize::try_from(offset).ok().filter(|&o| {
@@ -213,6 +215,7 @@ impl RegionMemory {
     }
 
     /// Loads consecutive words, each with `order`.
+    #[inline(always)]
     pub fn read_words(
         &self,
         offset: u64,
@@ -230,6 +233,7 @@ impl RegionMemory {
     /// result may mix two writes if the writer reuses the memory meanwhile;
     /// callers validate it (CRC) before use. Reads whole words, so the range is
     /// rounded up to 8 bytes (still inside the mapping).
+    #[inline]
     pub fn read_bytes(&self, offset: u64, dst: &mut [u8]) -> Result<(), MemoryError> {
         let words = self.words(offset, dst.len())?;
         let mut chunks = dst.chunks_exact_mut(WORD);
@@ -250,6 +254,7 @@ impl RegionMemory {
     /// the words covering the range are loaded (relaxed) and the bytes of
     /// the range taken out of them (a value starts right after its key,
     /// rarely on a word boundary).
+    #[inline]
     pub fn read_bytes_unaligned(&self, offset: u64, dst: &mut [u8]) -> Result<(), MemoryError> {
         let skip = (offset % WORD as u64) as usize;
         if skip == 0 {
@@ -279,6 +284,7 @@ impl RegionMemory {
     /// Asks the CPU to start loading `[offset, offset + len_bytes)` into its
     /// caches (a block, once its slot named it, while the slot is checked):
     /// a hint only, ignored outside the mapping and off x86_64.
+    #[inline]
     pub fn prefetch(&self, offset: u64, len_bytes: u64) {
         #[cfg(target_arch = "x86_64")]
         {

@@ -129,11 +129,13 @@ impl From<ReadStats> for ReadReport {
 impl ReadCounters {
     /// Adds one to a counter of this thread's stripe (a plain load and
     /// store on a stripe the thread owns: [`Striped::add`]).
+    #[inline]
     fn bump(&self, counter: fn(&CounterSet) -> &AtomicU64) {
         self.stripes.add(counter, 1);
     }
 
     /// Counts one read that ended with an answer: a hit or a miss.
+    #[inline]
     pub fn finished(&self, hit: bool) {
         if hit {
             self.bump(|set| &set.hits);

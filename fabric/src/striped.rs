@@ -100,11 +100,18 @@ thread_local! {
 }
 
 /// This thread's stripe index, claimed on first use.
+#[inline]
 fn thread_stripe() -> usize {
     let stripe = STRIPE.get();
     if stripe != UNCLAIMED {
         return stripe;
     }
+    claim_stripe()
+}
+
+/// The thread's first bump: its claim.
+#[cold]
+fn claim_stripe() -> usize {
     // During thread teardown the claim is gone: share.
     let claimed = CLAIM.try_with(|claim| claim.0).unwrap_or(SHARED);
     STRIPE.set(claimed);
@@ -121,6 +128,7 @@ impl<T> Striped<T> {
     /// Adds `n` to one counter of this thread's stripe: a load and a store
     /// on a stripe this thread owns (no other thread writes it; readers
     /// see each word whole), a `fetch_add` on the shared one.
+    #[inline]
     pub fn add(&self, counter: impl Fn(&T) -> &AtomicU64, n: u64) {
         let index = thread_stripe().min(SHARED);
         let word = counter(&self.stripes[index].0);

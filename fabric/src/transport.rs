@@ -132,6 +132,13 @@ pub trait RemoteRegion: Send + Sync + Debug {
     /// may start loading it into its caches). Transports without such a
     /// notion ignore it.
     fn prefetch(&self, _offset: u64, _len_bytes: u64) {}
+
+    /// This region as a mapping, if it is one ([`MappedRegion`]): a reader
+    /// then calls it directly (the GET's reads inlined, not dispatched
+    /// through the trait object). Other transports are not.
+    fn mapped(self: Arc<Self>) -> Option<Arc<MappedRegion>> {
+        None
+    }
 }
 
 /// Words [`RemoteRegion::read_words`] reads at once by default (a
@@ -140,6 +147,7 @@ pub const WORDS_PER_READ: usize = 8;
 const WORD_BYTES: usize = 8;
 
 /// Checks a read against a region's length before any byte moves.
+#[inline]
 pub fn check_range(
     remote: &RegionDescriptor,
     offset: u64,
@@ -176,9 +184,17 @@ pub struct MappedRegion {
 impl MappedRegion {
     /// Any offset, like a NIC READ: the memory is copied a word at a time,
     /// so an unaligned read copies the enclosing words and trims them.
+    #[inline]
     fn copy(&self, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
         Ok(self.memory.read_bytes_unaligned(offset, buf)?)
     }
+}
+
+/// A read through a handle of a region deregistered since.
+#[cold]
+#[inline(never)]
+fn deregistered() -> FabricError {
+    FabricError::PeerGone("the region was deregistered".into())
 }
 
 impl RemoteRegion for MappedRegion {
@@ -186,21 +202,24 @@ impl RemoteRegion for MappedRegion {
         self.descriptor
     }
 
+    #[inline]
     fn on_this_host(&self) -> bool {
         true
     }
 
+    #[inline]
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
         if !self.live.load(Ordering::Relaxed) {
-            return Err(FabricError::PeerGone("the region was deregistered".into()));
+            return Err(deregistered());
         }
         check_range(&self.descriptor, offset, buf.len() as u64)?;
         self.copy(offset, buf)
     }
 
+    #[inline]
     fn read_batch(&self, reads: &mut [ReadOp<'_>]) -> Result<(), FabricError> {
         if !self.live.load(Ordering::Relaxed) {
-            return Err(FabricError::PeerGone("the region was deregistered".into()));
+            return Err(deregistered());
         }
         for op in reads.iter() {
             check_range(&self.descriptor, op.offset, op.buf.len() as u64)?;
@@ -210,9 +229,10 @@ impl RemoteRegion for MappedRegion {
             .try_for_each(|op| self.copy(op.offset, op.buf))
     }
 
+    #[inline(always)]
     fn read_words(&self, offset: u64, words: &mut [u64]) -> Result<(), FabricError> {
         if !self.live.load(Ordering::Relaxed) {
-            return Err(FabricError::PeerGone("the region was deregistered".into()));
+            return Err(deregistered());
         }
         check_range(&self.descriptor, offset, (words.len() * WORD_BYTES) as u64)?;
         self.memory.read_words(offset, words, Ordering::Relaxed)?;
@@ -224,8 +244,13 @@ impl RemoteRegion for MappedRegion {
         Ok(())
     }
 
+    #[inline]
     fn prefetch(&self, offset: u64, len_bytes: u64) {
         self.memory.prefetch(offset, len_bytes);
+    }
+
+    fn mapped(self: Arc<Self>) -> Option<Arc<MappedRegion>> {
+        Some(self)
     }
 }
 

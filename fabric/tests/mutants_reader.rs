@@ -1059,3 +1059,209 @@ fn a_buffer_too_small_is_not_counted_as_a_read() {
     // One GET answered: the client reports these counts as its reads.
     assert_eq!(reader.stats(), stats(1, 1, 0));
 }
+
+/// A GET's clock for `get_into` that notes, at each reading, how many reads
+/// the region had served: reading `i` (from 1) reads as `base_us + i *
+/// step_us`.
+struct NotingClock<'h> {
+    hooked: &'h HookedReader,
+    base_us: u64,
+    step_us: u64,
+    /// Reads served when each reading was taken.
+    taken: Vec<usize>,
+}
+
+impl<'h> NotingClock<'h> {
+    fn new(hooked: &'h HookedReader) -> NotingClock<'h> {
+        NotingClock::stepping(hooked, 0, 1)
+    }
+
+    fn stepping(hooked: &'h HookedReader, base_us: u64, step_us: u64) -> NotingClock<'h> {
+        NotingClock {
+            hooked,
+            base_us,
+            step_us,
+            taken: Vec::new(),
+        }
+    }
+
+    fn now(&mut self) -> ReadTime {
+        self.taken.push(self.hooked.reads());
+        ReadTime {
+            monotonic_us: self.base_us + self.taken.len() as u64 * self.step_us,
+            unix_ms: 1,
+        }
+    }
+
+    /// Reads served when the reading that reads as `time` was taken.
+    fn reads_at(&self, time: ReadTime) -> usize {
+        let index = (time.monotonic_us - self.base_us) / self.step_us;
+        self.taken[index as usize - 1]
+    }
+}
+
+const SINCE_START: ReadTime = ReadTime {
+    monotonic_us: 0,
+    unix_ms: 1,
+};
+
+/// `key` by `get_into` through `hooked`, its clock noted by `clock`.
+fn get_into_noted(
+    hooked: &HookedReader,
+    clock: &mut NotingClock<'_>,
+    key: &[u8],
+    buf: &mut [u8],
+) -> (Option<GotInto>, ReadTime) {
+    hooked
+        .reader
+        .get_into(key, buf, SINCE_START, || clock.now())
+        .expect("get_into")
+}
+
+#[test]
+fn get_into_reads_the_clock_once_after_the_last_copy() {
+    let mut region = Region::new();
+    region.put(KEY, b"value-1", 3);
+    let hooked = region.default_hooked_reader();
+    let mut buf = [0u8; 16];
+    let mut clock = NotingClock::new(&hooked);
+    let (got, time) = get_into_noted(&hooked, &mut clock, KEY, &mut buf);
+    assert_eq!(got, Some(GotInto { len: 7, version: 3 }));
+    // Neighbourhood, then the block's head and value (one split read).
+    assert_eq!(hooked.reads(), 3);
+    // One reading, taken after every read, and it is the one returned.
+    assert_eq!(clock.taken, vec![3]);
+    assert_eq!(clock.reads_at(time), 3);
+
+    // An absent key: one reading, after the neighbourhood read.
+    let mut clock = NotingClock::new(&hooked);
+    let (got, time) = get_into_noted(&hooked, &mut clock, OTHER, &mut buf);
+    assert_eq!(got, None);
+    assert_eq!(clock.taken, vec![4]);
+    assert_eq!(clock.reads_at(time), 4);
+}
+
+#[test]
+fn after_a_collision_get_into_answers_with_a_reading_after_the_last_copy() {
+    let mut region = Region::new();
+    // Slot 0: another key's block under KEY's fingerprint; slot 1: KEY.
+    region.collide(0);
+    region.put_at(KEY, 1, b"mine", 5);
+    let hooked = region.default_hooked_reader();
+    let mut buf = [0u8; 16];
+    let mut clock = NotingClock::new(&hooked);
+    let (got, time) = get_into_noted(&hooked, &mut clock, KEY, &mut buf);
+    assert_eq!(got, Some(GotInto { len: 4, version: 5 }));
+    assert_eq!(&buf[..4], b"mine");
+    // Neighbourhood, the foreign block (split), its slot again, KEY's block
+    // (split): the answer's reading is after all of them.
+    assert_eq!(hooked.reads(), 6);
+    assert_eq!(clock.reads_at(time), 6);
+    assert_eq!(clock.taken.last(), Some(&6));
+
+    // A foreign value longer than the buffer: its split read leaves it
+    // unread and its block is read whole (a copy more) before KEY's.
+    let mut short = [0u8; 4];
+    let mut clock = NotingClock::new(&hooked);
+    let (got, time) = get_into_noted(&hooked, &mut clock, KEY, &mut short);
+    assert_eq!(got, Some(GotInto { len: 4, version: 5 }));
+    assert_eq!(hooked.reads(), 6 + 7);
+    assert_eq!(clock.reads_at(time), 6 + 7);
+}
+
+#[test]
+fn a_block_read_whole_answers_with_a_reading_after_its_copy() {
+    // A key longer than the split read's head buffer: its block is read
+    // whole.
+    let layout = RegionLayout::plan(LayoutParams {
+        region_bytes: REGION_BYTES,
+        bucket_count: 16,
+        neighbourhood_buckets: 2,
+        region_epoch: 1,
+        node_id: 1,
+        hash_seed: HashSeed(5, 6),
+        max_key_bytes: 2048,
+        max_value_bytes: 512,
+        grace_period_us: GRACE_US,
+    })
+    .expect("a valid geometry");
+    let mut region = Region::sized(REGION_BYTES as usize, layout);
+    let long_key = vec![b'k'; 1500];
+    region.put(&long_key, b"long", 2);
+    let hooked = region.default_hooked_reader();
+    let mut buf = [0u8; 16];
+    let mut clock = NotingClock::new(&hooked);
+    let (got, time) = get_into_noted(&hooked, &mut clock, &long_key, &mut buf);
+    assert_eq!(got, Some(GotInto { len: 4, version: 2 }));
+    assert_eq!(&buf[..4], b"long");
+    // Neighbourhood, the whole block.
+    assert_eq!(hooked.reads(), 2);
+    assert_eq!(clock.taken, vec![2]);
+    assert_eq!(clock.reads_at(time), 2);
+}
+
+#[test]
+fn a_slow_get_into_answers_with_the_reading_after_its_last_attempt() {
+    let mut region = Region::new();
+    region.put(KEY, b"v", 1);
+    let hooked = region.hooked_reader(SteppingClock::stepping(0), reader_options(3, Some(100)));
+    let mut buf = [0u8; 16];
+    // First reading 1000 µs after `since`: slow, tried again; the second,
+    // 50 µs after the first, answers.
+    let mut clock = NotingClock::stepping(&hooked, 950, 50);
+    let (got, time) = get_into_noted(&hooked, &mut clock, KEY, &mut buf);
+    assert_eq!(got, Some(GotInto { len: 1, version: 1 }));
+    assert_eq!(hooked.reader.stats().retries_slow, 1);
+    // One reading per attempt, each after that attempt's reads.
+    assert_eq!(clock.taken, vec![3, 6]);
+    assert_eq!(time.monotonic_us, 1050);
+    assert_eq!(clock.reads_at(time), 6);
+}
+
+#[test]
+fn get_many_into_answers_with_a_reading_after_its_last_copy() {
+    let mut region = Region::new();
+    region.put(KEY, b"one", 1);
+    region.put(OTHER, b"two", 2);
+    let hooked = region.default_hooked_reader();
+    let (mut a, mut b) = ([0u8; 8], [0u8; 8]);
+    let mut bufs: [&mut [u8]; 2] = [&mut a, &mut b];
+    let mut out = [None; 2];
+    let mut clock = NotingClock::new(&hooked);
+    let time = hooked
+        .reader
+        .get_many_into(&[KEY, OTHER], &mut bufs, &mut out, SINCE_START, || {
+            clock.now()
+        })
+        .expect("get_many_into");
+    assert_eq!(
+        out,
+        [
+            Some(GotInto { len: 3, version: 1 }),
+            Some(GotInto { len: 3, version: 2 })
+        ]
+    );
+    // Two neighbourhoods, two heads and two values: one reading after all.
+    assert_eq!(hooked.reads(), 6);
+    assert_eq!(clock.taken, vec![6]);
+    assert_eq!(clock.reads_at(time), 6);
+
+    // KEY's neighbourhood with a collision: KEY is read again alone, and
+    // the batch's reading is the one after that read.
+    let mut region = Region::new();
+    region.collide(0);
+    region.put_at(KEY, 1, b"mine", 5);
+    region.put(OTHER, b"two", 2);
+    let hooked = region.default_hooked_reader();
+    let mut clock = NotingClock::new(&hooked);
+    let time = hooked
+        .reader
+        .get_many_into(&[OTHER, KEY], &mut bufs, &mut out, SINCE_START, || {
+            clock.now()
+        })
+        .expect("get_many_into");
+    assert_eq!(out[1], Some(GotInto { len: 4, version: 5 }));
+    let reads = hooked.reads();
+    assert_eq!(clock.reads_at(time), reads);
+    assert_eq!(clock.taken.last(), Some(&reads));
+}

@@ -28,6 +28,7 @@ pub(super) enum LeaseClock {
 /// serves and its lease runs at least `max_clock_drift_us` beyond now on
 /// that clock (the bound on how far two hosts' wall clocks may differ; on
 /// one host, the margin for the read that follows the check).
+#[inline]
 pub(super) fn lease_holds(
     header: &DynamicHeader,
     now: LeaseClock,
@@ -61,11 +62,13 @@ pub(super) fn within_lag(
 /// log index this client has seen applied anywhere: reading a replica behind
 /// it could return a state older than one the client already read (or
 /// wrote), so its reads would go back in time.
+#[inline]
 pub(super) fn not_behind(header: &DynamicHeader, seen: u64) -> bool {
     header.applied_index >= seen
 }
 
 /// `time` on the clock that judges a lease of `reader`'s region.
+#[inline]
 fn lease_clock(view: &ReadView, reader: &RegionReader, time: ReadTime) -> LeaseClock {
     if reader.on_this_host() {
         LeaseClock::Boottime(time.monotonic_us)
@@ -90,6 +93,7 @@ impl OneSided {
     /// The region that may serve a read at `consistency`, before it is read.
     /// The region of `group` (the key's shard) that may serve a read at
     /// `consistency`, before it is read.
+    #[inline(always)]
     pub(super) fn choose<'v>(
         &self,
         view: &ReadView,
@@ -105,29 +109,23 @@ impl OneSided {
         }
     }
 
+    #[inline(always)]
     fn choose_leader<'v>(
         &self,
         view: &ReadView,
         group: &'v GroupView,
     ) -> Result<Choice<'v>, NotServed> {
         let Some(reader) = group.leader_reader() else {
-            self.views.want_refresh();
-            return Err(NotServed::NoRegion);
+            return Err(self.no_leader_region());
         };
         let header = reader.dynamic_header().map_err(|_| NotServed::Unreadable)?;
         if header.state != RegionState::Serving {
             return Err(self.lease_refused());
         }
         // A leader applies what it committed a moment later: until it
-        // catches up with what this client saw, the server answers. (A
-        // lapsed lease is told apart, with a clock reading of its own: that
-        // region may be a dead incarnation's, to be replaced by a refresh.)
+        // catches up with what this client saw, the server answers.
         if !not_behind(&header, self.seen(group.shard)) {
-            let now = lease_clock(view, reader, view.now());
-            if !lease_holds(&header, now, self.max_clock_drift_us) {
-                return Err(self.lease_refused());
-            }
-            return Err(NotServed::Behind);
+            return Err(self.leader_behind(view, reader, header));
         }
         Ok(Choice {
             reader,
@@ -136,6 +134,33 @@ impl OneSided {
         })
     }
 
+    #[cold]
+    #[inline(never)]
+    fn no_leader_region(&self) -> NotServed {
+        self.views.want_refresh();
+        NotServed::NoRegion
+    }
+
+    /// The leader's region has not applied what this client saw: `Behind`,
+    /// unless its lease lapsed (told apart with a clock reading of its
+    /// own: that region may be a dead incarnation's, to be replaced by a
+    /// refresh).
+    #[cold]
+    #[inline(never)]
+    fn leader_behind(
+        &self,
+        view: &ReadView,
+        reader: &RegionReader,
+        header: DynamicHeader,
+    ) -> NotServed {
+        let now = lease_clock(view, reader, view.now());
+        if !lease_holds(&header, now, self.max_clock_drift_us) {
+            return self.lease_refused();
+        }
+        NotServed::Behind
+    }
+
+    #[inline(never)]
     fn choose_follower<'v>(
         &self,
         group: &'v GroupView,
@@ -180,6 +205,7 @@ impl OneSided {
 
     /// After the read: whether the lease the choice relied on held at the
     /// read's clock reading `time`.
+    #[inline(always)]
     pub(super) fn confirm(
         &self,
         view: &ReadView,
@@ -195,11 +221,19 @@ impl OneSided {
         } else if choice.leased_read {
             Err(self.lease_refused())
         } else {
-            self.counters.add(|c| &c.lag_refusals, 1);
-            Err(NotServed::Lag)
+            Err(self.lag_refused())
         }
     }
 
+    #[cold]
+    #[inline(never)]
+    fn lag_refused(&self) -> NotServed {
+        self.counters.add(|c| &c.lag_refusals, 1);
+        NotServed::Lag
+    }
+
+    #[cold]
+    #[inline(never)]
     fn lease_refused(&self) -> NotServed {
         self.counters.add(|c| &c.lease_refusals, 1);
         // The leader may have changed: look again.

@@ -46,18 +46,27 @@ pub enum GetIntoError {
 }
 
 /// A read through the chosen region: given the reader, the time before
-/// the read began and the GET's clock, the answer and the clock's reading.
-pub(super) type RegionRead<'r, T> = &'r mut dyn FnMut(
-    &RegionReader,
-    ReadTime,
-    &mut dyn FnMut() -> ReadTime,
-) -> Result<(T, ReadTime), ReadError>;
+/// the read began and the view whose clock (`ReadView::now`) the GET
+/// reads, the answer and the clock's reading. Generic, not a trait
+/// object: the read is inlined into `serve`.
+pub(super) trait RegionRead<T>:
+    FnOnce(&RegionReader, ReadTime, &ReadView) -> Result<(T, ReadTime), ReadError>
+{
+}
+
+impl<T, F> RegionRead<T> for F where
+    F: FnOnce(&RegionReader, ReadTime, &ReadView) -> Result<(T, ReadTime), ReadError>
+{
+}
 
 impl OneSided {
     /// One read at `consistency` from `view`: the region chosen, `read`
     /// run on it, and the choice confirmed at the read's one clock reading
     /// (returned through `since`, the reading before it). `keys` is how many
-    /// GETs it serves (an MGet's keys).
+    /// GETs it serves (an MGet's keys). Inlined whole into each caller:
+    /// what a GET does is then one function (no struct returned through
+    /// memory between its steps).
+    #[inline(always)]
     pub(super) fn serve<T>(
         &self,
         view: &ReadView,
@@ -65,28 +74,19 @@ impl OneSided {
         consistency: Consistency,
         since: &mut ReadTime,
         keys: u64,
-        read: RegionRead<'_, T>,
+        read: impl RegionRead<T>,
     ) -> Result<T, GetIntoError> {
         if self.transport == Transport::Tcp {
             return Err(NotServed::Consistency.into());
         }
         let Some(group) = group else {
-            // No view yet, or one of a map without the key's shard.
-            self.views.want_refresh();
-            return Err(NotServed::NoRegion.into());
+            return Err(self.no_group().into());
         };
         let choice = match self.choose(view, group, consistency) {
             Ok(choice) => choice,
-            Err(not_served) => {
-                // A refused read is the server's (slow) anyway: it reads the
-                // clock so that a view that keeps refusing (a region behind,
-                // of a dead incarnation) still ages into a refresh.
-                self.note_age(view, view.now());
-                return Err(not_served.into());
-            }
+            Err(not_served) => return Err(self.refused(view, not_served).into()),
         };
-        let mut now = || view.now();
-        let (value, time) = match read(choice.reader, *since, &mut now) {
+        let (value, time) = match read(choice.reader, *since, view) {
             Ok(read) => read,
             Err(error) => return Err(self.read_failed(error)),
         };
@@ -98,13 +98,34 @@ impl OneSided {
         Ok(value)
     }
 
+    /// No view yet, or one of a map without the key's shard.
+    #[cold]
+    #[inline(never)]
+    fn no_group(&self) -> NotServed {
+        self.views.want_refresh();
+        NotServed::NoRegion
+    }
+
+    /// A refused read is the server's (slow) anyway: it reads the clock so
+    /// that a view that keeps refusing (a region behind, of a dead
+    /// incarnation) still ages into a refresh.
+    #[cold]
+    #[inline(never)]
+    fn refused(&self, view: &ReadView, not_served: NotServed) -> NotServed {
+        self.note_age(view, view.now());
+        not_served
+    }
+
     /// Asks for a refresh once `view` is older than its TTL at `time`.
+    #[inline]
     fn note_age(&self, view: &ReadView, time: ReadTime) {
         if time.monotonic_us > view.fresh_until_us {
             self.views.want_refresh();
         }
     }
 
+    #[cold]
+    #[inline(never)]
     fn read_failed(&self, error: ReadError) -> GetIntoError {
         match error {
             ReadError::BufferTooSmall { needed, len } => {
@@ -175,6 +196,7 @@ impl ReadHandle {
     }
 
     /// The current view: the handle's own unless a refresh published another.
+    #[inline]
     fn fresh_view(&mut self) {
         let generation = self.one_sided.views.generation();
         if generation != self.generation {
@@ -203,19 +225,12 @@ impl ReadHandle {
         consistency: Consistency,
     ) -> Result<Option<GotInto>, GetIntoError> {
         self.fresh_view();
-        let mut read =
-            |reader: &RegionReader, since: ReadTime, now: &mut dyn FnMut() -> ReadTime| {
-                reader.get_into(key, buf, since, now)
-            };
+        let read = |reader: &RegionReader, since: ReadTime, view: &ReadView| {
+            reader.get_into(key, buf, since, || view.now())
+        };
         let group = self.view.group_of(key);
-        self.one_sided.serve(
-            &self.view,
-            group,
-            consistency,
-            &mut self.since,
-            1,
-            &mut read,
-        )
+        self.one_sided
+            .serve(&self.view, group, consistency, &mut self.since, 1, read)
     }
 
     /// Reads `keys` at `consistency`, each value into its buffer
@@ -289,11 +304,14 @@ fn read_batch(
     (keys, bufs, out): Batch<'_, '_, '_>,
     consistency: Consistency,
 ) -> Result<(), GetIntoError> {
-    let mut read = |reader: &RegionReader, since: ReadTime, now: &mut dyn FnMut() -> ReadTime| {
-        Ok(((), reader.get_many_into(keys, bufs, out, since, now)?))
+    let read = |reader: &RegionReader, since: ReadTime, view: &ReadView| {
+        Ok((
+            (),
+            reader.get_many_into(keys, bufs, out, since, || view.now())?,
+        ))
     };
     let count = keys.len() as u64;
-    one_sided.serve(view, Some(group), consistency, since, count, &mut read)
+    one_sided.serve(view, Some(group), consistency, since, count, read)
 }
 
 /// Whether two keys' groups are the same one (both absent counts too).

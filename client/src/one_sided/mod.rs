@@ -195,20 +195,18 @@ impl OneSided {
         let view = self.view_for_read().await;
         let group = view.group_of(key);
         if self.use_cache {
-            let mut read =
-                |reader: &RegionReader, _: ReadTime, now: &mut dyn FnMut() -> ReadTime| {
-                    Ok((reader.get_cached(key, &self.cache)?, now()))
-                };
-            return self.serve_async(&view, group, consistency, 1, &mut read);
+            let read = |reader: &RegionReader, _: ReadTime, view: &ReadView| {
+                Ok((reader.get_cached(key, &self.cache)?, view.now()))
+            };
+            return self.serve_async(&view, group, consistency, 1, read);
         }
         SCRATCH.with_borrow_mut(|scratch| {
             // Twice at most: a value longer than the buffer says how long it is.
             for _ in 0..2 {
-                let mut read =
-                    |reader: &RegionReader, since: ReadTime, now: &mut dyn FnMut() -> ReadTime| {
-                        reader.get_into(key, scratch, since, now)
-                    };
-                match self.serve_with_since(&view, group, consistency, 1, &mut read) {
+                let read = |reader: &RegionReader, since: ReadTime, view: &ReadView| {
+                    reader.get_into(key, scratch, since, || view.now())
+                };
+                match self.serve_with_since(&view, group, consistency, 1, read) {
                     Ok(got) => {
                         return Some(got.map(|got| Versioned {
                             value: Bytes::copy_from_slice(&scratch[..got.len]),
@@ -237,7 +235,7 @@ impl OneSided {
         // One shard's keys (a client under a map of several splits an MGet
         // by shard before it comes here); keys of several go to the server.
         let group = view.one_group_of(keys.iter().map(|key| &key[..]))?;
-        let mut read = |reader: &RegionReader, _: ReadTime, now: &mut dyn FnMut() -> ReadTime| {
+        let read = |reader: &RegionReader, _: ReadTime, view: &ReadView| {
             let values = if keys.len() > 1 && !self.use_cache {
                 // Its reads go out in two batches.
                 reader.get_many(keys)?
@@ -246,15 +244,9 @@ impl OneSided {
                     .map(|key| self.read_one(reader, key))
                     .collect::<Result<_, _>>()?
             };
-            Ok((values, now()))
+            Ok((values, view.now()))
         };
-        self.serve_async(
-            &view,
-            Some(group),
-            consistency,
-            keys.len() as u64,
-            &mut read,
-        )
+        self.serve_async(&view, Some(group), consistency, keys.len() as u64, read)
     }
 
     /// `serve` for the async path: `None` for anything not served.
@@ -264,20 +256,22 @@ impl OneSided {
         group: Option<&GroupView>,
         consistency: Consistency,
         keys: u64,
-        read: handle::RegionRead<'_, T>,
+        read: impl handle::RegionRead<T>,
     ) -> Option<T> {
         self.serve_with_since(view, group, consistency, keys, read)
             .ok()
     }
 
-    /// `serve` with this thread's last clock reading.
+    /// `serve` with this thread's last clock reading. Not inlined: the
+    /// async paths' futures (and their polls) stay small.
+    #[inline(never)]
     fn serve_with_since<T>(
         &self,
         view: &ReadView,
         group: Option<&GroupView>,
         consistency: Consistency,
         keys: u64,
-        read: handle::RegionRead<'_, T>,
+        read: impl handle::RegionRead<T>,
     ) -> Result<T, GetIntoError> {
         let mut since = SINCE.get();
         let served = self.serve(view, group, consistency, &mut since, keys, read);
@@ -339,12 +333,14 @@ impl OneSided {
     }
 
     /// `shard`'s word of `seen_applied`.
+    #[inline]
     fn seen_word(&self, shard: ShardId) -> Option<&AtomicU64> {
         let index = usize::try_from(shard.0).unwrap_or(usize::MAX) % SEEN_SHARDS;
         self.seen_applied.get(index)
     }
 
     /// The highest index of `shard`'s log this client has seen applied.
+    #[inline]
     fn seen(&self, shard: ShardId) -> u64 {
         self.seen_word(shard)
             .map_or(0, |seen| seen.load(Ordering::Acquire))
@@ -353,6 +349,7 @@ impl OneSided {
     /// Notes that some replica of `shard` had applied `index` (a response
     /// showed it). A load first: the shared word is written only when it
     /// moves.
+    #[inline]
     pub(crate) fn saw_applied(&self, shard: ShardId, index: u64) {
         if let Some(seen) = self.seen_word(shard)
             && index > seen.load(Ordering::Acquire)
@@ -364,6 +361,7 @@ impl OneSided {
     /// After a read from `reader`, of `shard`: the state it returned is at
     /// most the region's applied index now (read after the value: a region
     /// moving on mid-read is covered too).
+    #[inline]
     fn read_from(&self, shard: ShardId, reader: &RegionReader) {
         if let Ok(applied) = reader.applied_index() {
             self.saw_applied(shard, applied);

@@ -77,6 +77,7 @@ impl ReadView {
 
     /// The group of the shard owning `key` (`None`: no view yet, or a map
     /// without that shard).
+    #[inline]
     pub(super) fn group_of(&self, key: &[u8]) -> Option<&GroupView> {
         let index = match &self.slot_groups {
             None => 0,
@@ -99,6 +100,7 @@ impl ReadView {
 
     /// The one clock reading of a GET: boottime, with the wall clock
     /// derived from it.
+    #[inline]
     pub(super) fn now(&self) -> ReadTime {
         let boot_us = boottime_now_us();
         ReadTime {
@@ -108,6 +110,7 @@ impl ReadView {
     }
 
     /// `time` (a reading of [`ReadView::now`]) on the wall clock, in µs.
+    #[inline]
     pub(super) fn unix_us(&self, time: ReadTime) -> u64 {
         time.monotonic_us.saturating_add(self.wall_minus_boot_us)
     }
@@ -187,6 +190,7 @@ impl Views {
         (self.current.load_full(), generation)
     }
 
+    #[inline]
     pub(super) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }

@@ -11,7 +11,7 @@ use rdkv_proto::region::{
     examine_block_split,
 };
 
-use super::{AttemptError, CachedLocation, Found, ReadProblem, RegionReader};
+use super::{AttemptError, CachedLocation, Found, ReadProblem, ReadTime, RegionReader};
 
 /// Keys up to this length are copied into a buffer on the stack: a GET of
 /// such a key does not allocate. (The default `max_key_bytes`.)
@@ -104,12 +104,21 @@ pub(crate) struct ValueInto {
 
 /// The block's header and key copied into a stack buffer and its value
 /// straight into the caller's buffer, in one split read (one doorbell on
-/// RDMA); no allocation. The abandon bound is the caller's to check.
-pub(crate) struct IntoBuffer<'b> {
+/// RDMA); no allocation. The GET's clock is read right after the copy,
+/// before the block is judged (the judging, CRC included, reads nothing
+/// more: the reading is after every byte the answer rests on, and the
+/// clock's ordering waits for the copy's loads only, not for the CRC);
+/// the abandon bound is the caller's to check with it.
+pub(crate) struct IntoBuffer<'b, C> {
     pub(crate) buf: &'b mut [u8],
+    pub(crate) now: C,
+    /// The reading after the copy of the block that matched: the attempt
+    /// returned right after it, so it is the GET's reading. `None` after
+    /// any other verdict (the caller reads the clock after the attempt).
+    pub(crate) matched_at: Option<ReadTime>,
 }
 
-impl IntoBuffer<'_> {
+impl<C: FnMut() -> ReadTime> IntoBuffer<'_, C> {
     /// The split read with a head buffer of `N` bytes (header + key).
     fn land_split<const N: usize>(
         &mut self,
@@ -127,16 +136,20 @@ impl IntoBuffer<'_> {
         reader.region.read_split(offset, head, tail)?;
         // As after a whole copy: validation sees the bytes the slot published.
         fence(Ordering::Acquire);
+        let time = (self.now)();
         match examine_block_split(&reader.layout, key, head, tail) {
             SplitVerdict::Match {
                 value_len,
                 version,
                 deadline,
-            } => Ok(Landed::Match(ValueInto {
-                len: value_len,
-                version,
-                deadline,
-            })),
+            } => {
+                self.matched_at = Some(time);
+                Ok(Landed::Match(ValueInto {
+                    len: value_len,
+                    version,
+                    deadline,
+                }))
+            }
             SplitVerdict::OtherKey => Ok(Landed::OtherKey),
             SplitVerdict::Torn(error) => Err(torn(error)),
             SplitVerdict::Unread => self.land_whole(reader, key, offset, len),
@@ -154,11 +167,13 @@ impl IntoBuffer<'_> {
         len: u64,
     ) -> Result<Landed<ValueInto>, AttemptError> {
         let block = read_whole(reader, offset, len)?;
+        let time = (self.now)();
         match examine_block(&reader.layout, key, &block) {
             BlockVerdict::Match(found) => {
                 if let Some(out) = self.buf.get_mut(..found.value.len()) {
                     out.copy_from_slice(found.value);
                 }
+                self.matched_at = Some(time);
                 Ok(Landed::Match(ValueInto {
                     len: found.value.len(),
                     version: found.version,
@@ -171,7 +186,7 @@ impl IntoBuffer<'_> {
     }
 }
 
-impl Landing for IntoBuffer<'_> {
+impl<C: FnMut() -> ReadTime> Landing for IntoBuffer<'_, C> {
     type Found = ValueInto;
 
     fn land(
@@ -181,6 +196,7 @@ impl Landing for IntoBuffer<'_> {
         offset: u64,
         len: u64,
     ) -> Result<Landed<ValueInto>, AttemptError> {
+        self.matched_at = None;
         // The whole block starts loading while its header is read and checked.
         reader.region.prefetch(offset, len);
         if BLOCK_HEADER_BYTES as u64 + key.len() as u64 > len {

@@ -8,9 +8,9 @@ use std::sync::atomic::{Ordering, fence};
 
 use rdkv_proto::region::{
     BlockError, BlockVerdict, ChainWalk, DYNAMIC_WORDS, DeadlineUnixMs, DynamicHeader,
-    DynamicWords, HEADER_USED_BYTES, HeaderError, MAX_NEIGHBOURHOOD_BYTES,
-    MAX_OVERFLOW_TABLE_BYTES, NO_DEADLINE, NeighbourhoodWords, RegionLayout, SLOT_BYTES, SlotError,
-    TableWords, ValueShape, dynamic_word, examine_block, expired_within, neighbourhood_slots,
+    DynamicWords, HEADER_USED_BYTES, HeaderError, MAX_OVERFLOW_TABLE_BYTES, NO_DEADLINE,
+    RegionLayout, SLOT_BYTES, SlotError, TableWords, ValueShape, dynamic_word, examine_block,
+    expired_within, neighbourhood_slots,
 };
 use rdkv_proto::wire::Versioned;
 use thiserror::Error;
@@ -23,10 +23,12 @@ use crate::transport::{Fabric, FabricError, MappedFabric, RegionDescriptor, Remo
 mod batch;
 mod index_cache;
 mod landing;
+mod region;
 
 pub use index_cache::{CachedLocation, IndexCache};
 pub use landing::INLINE_KEY_BYTES;
 use landing::{IntoBuffer, Landed, Landing, ValueInto, WholeBlock};
+use region::Region;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReaderOptions {
@@ -159,7 +161,7 @@ impl From<FabricError> for AttemptError {
 
 #[derive(Debug, Clone)]
 pub struct RegionReader {
-    region: Arc<dyn RemoteRegion>,
+    region: Region,
     layout: RegionLayout,
     options: ReaderOptions,
     clock: Arc<dyn Clock>,
@@ -216,7 +218,7 @@ impl RegionReader {
             });
         }
         Ok(RegionReader {
-            region,
+            region: Region::new(region),
             layout,
             options,
             clock,
@@ -229,12 +231,14 @@ impl RegionReader {
     }
 
     /// Whether the region is on this host (see [`RemoteRegion::on_this_host`]).
+    #[inline]
     pub fn on_this_host(&self) -> bool {
         self.region.on_this_host()
     }
 
     /// The dynamic header words (term, applied index, lease, state) without
     /// re-validating the static part: the per-GET check of a lease read.
+    #[inline(always)]
     pub fn dynamic_header(&self) -> Result<DynamicHeader, ReadError> {
         // The dynamic words only (the static part was validated on attach
         // and is not looked at here), loaded as words: on a mapping, six
@@ -247,6 +251,7 @@ impl RegionReader {
 
     /// The applied index word alone (one word load on a mapping): what a
     /// client notes after a read from this region.
+    #[inline(always)]
     pub fn applied_index(&self) -> Result<u64, ReadError> {
         let mut word = [0u64];
         self.region
@@ -257,7 +262,7 @@ impl RegionReader {
     /// Re-validates the header (a remote client does this on its header
     /// refresh); an error means the cached geometry must not be used.
     pub fn check_header(&self) -> Result<DynamicHeader, ReadError> {
-        let layout = read_layout(self.region.as_ref())?;
+        let layout = read_layout(self.region.as_dyn())?;
         if layout != self.layout {
             return Err(ReadError::EpochChanged {
                 attached: self.layout.region_epoch,
@@ -281,6 +286,7 @@ impl RegionReader {
 
     /// The time from `started_us` to `now_us` when it exceeds the abandon
     /// bound.
+    #[inline]
     fn abandon_bound_between(&self, started_us: u64, now_us: u64) -> Option<u64> {
         let limit_us = self.options.abandon_after_us?;
         let elapsed_us = now_us.saturating_sub(started_us);
@@ -311,6 +317,7 @@ impl RegionReader {
     }
 
     /// [`RegionReader::serves`] at a given wall-clock time.
+    #[inline]
     fn serves_at(&self, deadline: DeadlineUnixMs, now_unix_ms: u64) -> bool {
         !expired_within(deadline, now_unix_ms, self.options.expiry_margin_ms)
     }
@@ -336,6 +343,8 @@ impl RegionReader {
     }
 
     /// Counts a failed attempt before the next.
+    #[cold]
+    #[inline(never)]
     fn retrying(&self, problem: ReadProblem) -> ReadProblem {
         let cause = problem.cause();
         self.counters.retry(cause);
@@ -348,6 +357,8 @@ impl RegionReader {
         problem
     }
 
+    #[cold]
+    #[inline(never)]
     fn gave_up(&self, last: Option<ReadProblem>) -> ReadError {
         self.counters.exhausted();
         ReadError::Exhausted {
@@ -359,14 +370,18 @@ impl RegionReader {
     /// [`RegionReader::get`] without allocating: the value is copied
     /// straight into `buf` (which holds it if `Ok(Some)`; anything else
     /// leaves its contents unspecified), checked by the same rules. The
-    /// GET's clock is read through `now` once, after the copy, and that
-    /// reading decides the abandon bound against `since` (a reading taken
-    /// before this call began: a handle passes its previous GET's) and
-    /// expiry; returned for the caller's own checks (a lease). Only when
-    /// `since` is older than the abandon bound allows is the attempt made
-    /// again and the clock read again. Keys longer than
+    /// GET's clock is read through `now` once, after the copy (a key found:
+    /// right after its block's copy, before the block is validated, which
+    /// reads nothing more; absent: after the attempt), and that reading
+    /// decides the abandon bound against `since` (a reading taken before
+    /// this call began: a handle passes its previous GET's) and expiry;
+    /// returned for the caller's own checks (a lease). Only when `since`
+    /// is older than the abandon bound allows is the attempt made again and
+    /// the clock read again; a fingerprint collision or a block read whole
+    /// after its split read reads it once more too. Keys longer than
     /// [`INLINE_KEY_BYTES`], fingerprint collisions and values
     /// longer than `buf` read their block whole (that allocates).
+    #[inline(always)]
     pub fn get_into(
         &self,
         key: &[u8],
@@ -377,8 +392,19 @@ impl RegionReader {
         let mut since_us = since.monotonic_us;
         let mut last = None;
         for _ in 0..self.options.max_attempts {
-            let attempt = self.attempt(key, &mut IntoBuffer { buf: &mut *buf });
-            let time = now();
+            let mut landing = IntoBuffer {
+                buf: &mut *buf,
+                now: &mut now,
+                matched_at: None,
+            };
+            let attempt = self.attempt(key, &mut landing);
+            let time = match (&attempt, landing.matched_at) {
+                // The matching block's copy was the attempt's last read:
+                // the reading taken right after it is the GET's.
+                (Ok(Some(_)), Some(time)) => time,
+                // Anything else (absent, a retry) reads it after the attempt.
+                _ => now(),
+            };
             // Judged first: a copy that may have overlapped a block's reuse
             // is slow, whatever its validation said (as `get` judges it).
             let slow = self.abandon_bound_between(since_us, time.monotonic_us);
@@ -398,6 +424,7 @@ impl RegionReader {
     }
 
     /// A validated answer of `get_into` at `time`: absent if expired.
+    #[inline]
     fn answer_into(
         &self,
         found: Option<ValueInto>,
@@ -433,13 +460,10 @@ impl RegionReader {
         }
         let hash = self.layout.key_hash(key);
         let (start, len) = self.layout.neighbourhood_range(hash);
-        let mut slot_bytes = [0u8; MAX_NEIGHBOURHOOD_BYTES];
-        let slot_bytes = &mut slot_bytes[..len as usize];
-        self.region.read(start, slot_bytes)?;
+        let words = self.region.read_neighbourhood(start, len)?;
         // With the loads of the copy before it, an acquire fence makes them
         // acquire loads: a block published by a slot seen here is seen whole.
         fence(Ordering::Acquire);
-        let words = NeighbourhoodWords::decode(slot_bytes);
         let probe = Probe {
             key,
             fingerprint: hash.fingerprint,

@@ -488,6 +488,7 @@ impl DynamicHeader {
     /// The same rules over the dynamic words already loaded (each one
     /// aligned word, read whole): a reader on the per-GET path loads them
     /// directly instead of copying bytes to decode.
+    #[inline]
     pub fn from_words(words: &DynamicWords) -> DynamicHeader {
         // Offsets are the constants of `dynamic_word`: the index is in
         // range (asserted above).

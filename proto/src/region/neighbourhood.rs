@@ -29,6 +29,7 @@ pub struct SlotWords<const N: usize> {
 impl<const N: usize> SlotWords<N> {
     /// Decodes every whole word of `bytes`, up to `N` (a validated layout
     /// or link never asks for more).
+    #[inline]
     pub fn decode(bytes: &[u8]) -> SlotWords<N> {
         let mut words = [0u64; N];
         let mut len = 0;
@@ -44,6 +45,22 @@ impl<const N: usize> SlotWords<N> {
         SlotWords { words, len }
     }
 
+    /// The words of `len_bytes` (whole words, at most `N`), loaded by
+    /// `load` into the slice it is given, already in this host's order: a
+    /// reader of a mapping loads them from the region directly, without
+    /// a byte copy to [`SlotWords::decode`].
+    #[inline]
+    pub fn fill<E>(
+        len_bytes: usize,
+        load: impl FnOnce(&mut [u64]) -> Result<(), E>,
+    ) -> Result<SlotWords<N>, E> {
+        let mut words = [0u64; N];
+        let len = len_bytes / SLOT_BYTES as usize;
+        load(&mut words[..len])?;
+        Ok(SlotWords { words, len })
+    }
+
+    #[inline]
     pub fn as_slice(&self) -> &[u64] {
         &self.words[..self.len]
     }
@@ -62,5 +79,18 @@ mod tests {
         assert_eq!(words.as_slice().len(), MAX_NEIGHBOURHOOD_SLOTS);
         assert_eq!(words.as_slice()[..2], [1, 0x80 << 56]);
         assert_eq!(NeighbourhoodWords::decode(&bytes[..20]).as_slice().len(), 2);
+    }
+
+    #[test]
+    fn filled_words_are_the_decoded_ones() {
+        let bytes: Vec<u8> = (0..128u8).collect();
+        let decoded = NeighbourhoodWords::decode(&bytes);
+        let filled = NeighbourhoodWords::fill(bytes.len(), |words| {
+            for (word, le) in words.iter_mut().zip(bytes.chunks_exact(8)) {
+                *word = u64::from_le_bytes(le.try_into().unwrap());
+            }
+            Ok::<(), ()>(())
+        });
+        assert_eq!(filled.unwrap().as_slice(), decoded.as_slice());
     }
 }
