@@ -96,6 +96,10 @@ impl Default for RunOptions {
 /// every target).
 const CLAIM_BATCH: u64 = 64;
 
+/// Operations a task runs before it lets the thread's other tasks run: an
+/// operation answered without waiting (a one-sided read) never yields.
+const YIELD_EVERY: usize = 64;
+
 /// A task's claimed share of the operations to measure, taken
 /// [`CLAIM_BATCH`] at a time.
 #[derive(Debug, Default)]
@@ -519,6 +523,8 @@ async fn run_task<D: Driver>(
     let mut claims = Claims::default();
     // Completions not yet added to the shared count (for the progress bar).
     let mut unreported = 0u64;
+    // Operations since this task last let the others run.
+    let mut since_yield = 0usize;
     // Warm-up operations are recorded here and dropped.
     let warmup = RefCell::new(Measurements::default());
     loop {
@@ -560,14 +566,19 @@ async fn run_task<D: Driver>(
             shared.completed.fetch_add(unreported, Ordering::Relaxed);
             unreported = 0;
         }
-        // An operation answered without waiting (a one-sided read) never
-        // yields: without this, the other tasks of the thread would run
-        // the whole phase before a task whose operation waited (a read
-        // that fell back to a round trip) is polled again, and that
-        // operation's latency would be the phase's length. Tokio's budget
-        // yields once every so many operations (128), so it costs next to
-        // nothing per operation.
-        tokio::task::consume_budget().await;
+        // Without a turn given up now and then, the other tasks of the
+        // thread would run the whole phase before a task whose operation
+        // waited (a read that fell back to a round trip) is polled again,
+        // and that operation's latency would be the phase's length. Not
+        // tokio's `consume_budget`: the budget the running tasks spend is
+        // the one a waiting task's channel needs to take its answer, and
+        // `join_all` polls the tasks in the same order each time, so a
+        // waiter behind them would still starve.
+        since_yield += 1;
+        if since_yield == YIELD_EVERY {
+            since_yield = 0;
+            tokio::task::yield_now().await;
+        }
     }
     shared.completed.fetch_add(unreported, Ordering::Relaxed);
     // The end of the last operation (the loop only checked the count since).
@@ -824,26 +835,35 @@ mod tests {
     use crate::properties::Properties;
     use bytes::Bytes;
 
-    /// Reads answered at once, except the run's first, which waits once
-    /// (as a read that falls back to a round trip does) and notes how
-    /// many reads the other tasks completed meanwhile.
-    struct OnePending {
+    /// Reads answered at once, except the first `waits` of the phase (one
+    /// per task, as when every task's first one-sided read falls back to
+    /// the server before the topology is known): each waits for an answer
+    /// another task sends (a connection's), and notes how many reads the
+    /// other tasks completed meanwhile.
+    struct FirstReadsWait {
         reads_done: AtomicU64,
-        pending_left: AtomicBool,
-        others_during: Mutex<Option<u64>>,
+        waits_left: AtomicU64,
+        others_during: Mutex<Vec<u64>>,
     }
 
-    impl Driver for &OnePending {
+    impl Driver for &FirstReadsWait {
         fn supports_scan(&self) -> bool {
             false
         }
 
         async fn read(&self, _key: &str) -> Result<Option<Bytes>, DriverError> {
-            if self.pending_left.swap(false, Ordering::Relaxed) {
+            let waits =
+                self.waits_left
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                        left.checked_sub(1)
+                    });
+            if waits.is_ok() {
                 let before = self.reads_done.load(Ordering::Relaxed);
-                tokio::task::yield_now().await;
+                let (answer, answered) = tokio::sync::oneshot::channel();
+                tokio::spawn(async move { answer.send(()) });
+                answered.await.unwrap();
                 let during = self.reads_done.load(Ordering::Relaxed) - before;
-                *self.others_during.lock().unwrap() = Some(during);
+                self.others_during.lock().unwrap().push(during);
             }
             self.reads_done.fetch_add(1, Ordering::Relaxed);
             Ok(None)
@@ -862,14 +882,14 @@ mod tests {
         }
     }
 
-    impl<'d> DriverFactory for &'d OnePending {
-        type Driver = &'d OnePending;
+    impl<'d> DriverFactory for &'d FirstReadsWait {
+        type Driver = &'d FirstReadsWait;
 
         fn label(&self) -> String {
-            "one-pending".into()
+            "first-reads-wait".into()
         }
 
-        async fn connect(&self) -> Result<&'d OnePending, DriverError> {
+        async fn connect(&self) -> Result<&'d FirstReadsWait, DriverError> {
             Ok(*self)
         }
     }
@@ -880,24 +900,33 @@ mod tests {
     /// and the waiting operation's latency would be the phase's length.
     #[test]
     fn a_waiting_operation_is_not_starved_by_tasks_that_never_wait() {
+        const TASKS: usize = 16;
         let mut p = Properties::new();
         p.set("readproportion", "1");
         p.set("updateproportion", "0");
         p.set("recordcount", "1000");
         p.set("operationcount", "100000");
         let workload = Arc::new(Workload::from_properties(&p).unwrap());
-        let driver = OnePending {
+        let driver = FirstReadsWait {
             reads_done: AtomicU64::new(0),
-            pending_left: AtomicBool::new(true),
-            others_during: Mutex::new(None),
+            waits_left: AtomicU64::new(TASKS as u64),
+            others_during: Mutex::new(Vec::new()),
         };
         let options = RunOptions {
-            concurrency: 16,
+            concurrency: TASKS,
             ..RunOptions::default()
         };
         let result = run_phase(Phase::Run, &workload, &&driver, &options).unwrap();
         assert_eq!(result.operations, 100_000);
-        let during = driver.others_during.lock().unwrap().expect("a read waited");
-        assert!(during < 1_000, "{during} reads ran while one waited");
+        let during = driver.others_during.into_inner().unwrap();
+        assert_eq!(during.len(), TASKS);
+        // Each of the other tasks may run a turn (YIELD_EVERY operations)
+        // before a waiting one is polled again.
+        let bound = (TASKS * YIELD_EVERY) as u64;
+        let most = during.iter().copied().max().unwrap_or(0);
+        assert!(
+            most <= bound,
+            "{most} reads ran while one waited: {during:?}"
+        );
     }
 }
