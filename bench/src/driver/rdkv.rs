@@ -136,10 +136,13 @@ impl DriverFactory for RdkvFactory {
         // A first read learns the topology and attaches the regions (on
         // shm, mapping every node's region: about half a second here),
         // which an application pays once per client: before the phase's
-        // clock starts, not inside its first operations.
-        client
+        // clock starts, not inside its first operations. Its answer does
+        // not matter: a one-sided-only client is refused until the
+        // leader's first lease (the topology is learned all the same),
+        // and the ping above already proved the cluster answers.
+        let _ = client
             .get_with(Bytes::from_static(WARM_UP_KEY), self.consistency)
-            .await?;
+            .await;
         let handle = RefCell::new((client.read_handle(), Vec::new()));
         Ok(RdkvDriver {
             client,
