@@ -566,23 +566,28 @@ async fn run_task<D: Driver>(
             shared.completed.fetch_add(unreported, Ordering::Relaxed);
             unreported = 0;
         }
-        // Without a turn given up now and then, the other tasks of the
-        // thread would run the whole phase before a task whose operation
-        // waited (a read that fell back to a round trip) is polled again,
-        // and that operation's latency would be the phase's length. Not
-        // tokio's `consume_budget`: the budget the running tasks spend is
-        // the one a waiting task's channel needs to take its answer, and
-        // `join_all` polls the tasks in the same order each time, so a
-        // waiter behind them would still starve.
-        since_yield += 1;
-        if since_yield == YIELD_EVERY {
-            since_yield = 0;
-            tokio::task::yield_now().await;
-        }
+        take_turn(&mut since_yield).await;
     }
     shared.completed.fetch_add(unreported, Ordering::Relaxed);
     // The end of the last operation (the loop only checked the count since).
     Instant::now()
+}
+
+/// Every [`YIELD_EVERY`] operations of a task (counted in `since_yield`),
+/// lets the thread's other tasks run. Without it, the other tasks would
+/// run the whole phase before a task whose operation waited (a read that
+/// fell back to a round trip) is polled again, and that operation's
+/// latency would be the phase's length: an operation answered without
+/// waiting (a one-sided read) never yields. Not tokio's `consume_budget`:
+/// the budget the running tasks spend is the one a waiting task's channel
+/// needs to take its answer, and `join_all` polls the tasks in the same
+/// order each time, so a waiter behind them would still starve.
+async fn take_turn(since_yield: &mut usize) {
+    *since_yield += 1;
+    if *since_yield == YIELD_EVERY {
+        *since_yield = 0;
+        tokio::task::yield_now().await;
+    }
 }
 
 /// A thread's operations as a user with `--concurrency` of them in flight

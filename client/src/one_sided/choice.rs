@@ -116,7 +116,7 @@ impl OneSided {
         group: &'v GroupView,
     ) -> Result<Choice<'v>, NotServed> {
         let Some(reader) = group.leader_reader() else {
-            return Err(self.no_leader_region());
+            return Err(self.no_region());
         };
         let header = reader.dynamic_header().map_err(|_| NotServed::Unreadable)?;
         if header.state != RegionState::Serving {
@@ -134,9 +134,11 @@ impl OneSided {
         })
     }
 
+    /// No region to read (no view yet, a map without the key's shard, a
+    /// group without a leader's region): a refresh may find one.
     #[cold]
     #[inline(never)]
-    fn no_leader_region(&self) -> NotServed {
+    pub(super) fn no_region(&self) -> NotServed {
         self.views.want_refresh();
         NotServed::NoRegion
     }

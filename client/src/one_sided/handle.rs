@@ -80,7 +80,8 @@ impl OneSided {
             return Err(NotServed::Consistency.into());
         }
         let Some(group) = group else {
-            return Err(self.no_group().into());
+            // No view yet, or one of a map without the key's shard.
+            return Err(self.no_region().into());
         };
         let choice = match self.choose(view, group, consistency) {
             Ok(choice) => choice,
@@ -96,14 +97,6 @@ impl OneSided {
         self.counters.add(|c| &c.served, keys);
         self.read_from(group.shard, choice.reader);
         Ok(value)
-    }
-
-    /// No view yet, or one of a map without the key's shard.
-    #[cold]
-    #[inline(never)]
-    fn no_group(&self) -> NotServed {
-        self.views.want_refresh();
-        NotServed::NoRegion
     }
 
     /// A refused read is the server's (slow) anyway: it reads the clock so

@@ -108,7 +108,14 @@ pub(crate) struct ValueInto {
 /// before the block is judged (the judging, CRC included, reads nothing
 /// more: the reading is after every byte the answer rests on, and the
 /// clock's ordering waits for the copy's loads only, not for the CRC);
-/// the abandon bound is the caller's to check with it.
+/// the abandon bound is the caller's to check with it. What puts the
+/// reading after the loads is the clock itself, not the fence (an acquire
+/// fence orders memory accesses, and on x86 compiles to nothing): the
+/// vDSO's `clock_gettime` reads the counter ordered (`lfence; rdtsc` or
+/// `rdtscp` on x86, `isb` before the counter on arm64), so it waits for
+/// every earlier load. A clock read from a raw, unordered counter would
+/// break that. Each candidate block landed takes a reading (a collision's
+/// or a torn block's is discarded); the matching one's is the GET's.
 pub(crate) struct IntoBuffer<'b, C> {
     pub(crate) buf: &'b mut [u8],
     pub(crate) now: C,

@@ -107,3 +107,47 @@ impl Region {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::RegionMemory;
+    use crate::transport::{Fabric, MappedFabric, RegionDescriptor};
+
+    /// Any region that is not a mapping: it forwards to one.
+    #[derive(Debug)]
+    struct Wrapped(Arc<dyn RemoteRegion>);
+
+    impl RemoteRegion for Wrapped {
+        fn descriptor(&self) -> RegionDescriptor {
+            self.0.descriptor()
+        }
+
+        fn on_this_host(&self) -> bool {
+            self.0.on_this_host()
+        }
+
+        fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
+            self.0.read(offset, buf)
+        }
+    }
+
+    /// A mapping is called directly; anything else (RDMA, libfabric, a
+    /// test's wrapper) through its trait object; both read the same bytes.
+    #[test]
+    fn a_mapping_is_called_directly_and_any_other_region_through_its_trait() {
+        let fabric = MappedFabric::new();
+        let memory = Arc::new(RegionMemory::anonymous(4096).unwrap());
+        let word = 0x0102_0304_0506_0708u64;
+        memory.write_bytes(64, &word.to_le_bytes()).unwrap();
+        let remote = fabric.register(memory, 1, 7);
+        let mapped = Region::new(fabric.open(&remote).unwrap());
+        assert!(matches!(mapped, Region::Mapped(_)));
+        let wrapped = Region::new(Arc::new(Wrapped(fabric.open(&remote).unwrap())));
+        assert!(matches!(wrapped, Region::Remote(_)));
+        for region in [&mapped, &wrapped] {
+            let words = region.read_neighbourhood(64, 8).unwrap();
+            assert_eq!(words.as_slice(), [word]);
+        }
+    }
+}

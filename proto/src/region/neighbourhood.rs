@@ -14,10 +14,12 @@ const _: () =
     assert!(MAX_NEIGHBOURHOOD_SLOTS as u64 * SLOT_BYTES == MAX_NEIGHBOURHOOD_BYTES as u64);
 
 /// The slot words of one neighbourhood, decoded from the little-endian bytes
-/// a reader copied, in a fixed buffer (no allocation on the GET path).
+/// a reader copied or loaded as words from a mapping, in a fixed buffer (no
+/// allocation on the GET path).
 pub type NeighbourhoodWords = SlotWords<MAX_NEIGHBOURHOOD_SLOTS>;
 
-/// Up to `N` slot words decoded from bytes a reader copied: a neighbourhood
+/// Up to `N` slot words, decoded from bytes a reader copied or loaded as
+/// words: a neighbourhood
 /// ([`NeighbourhoodWords`]) or an overflow table
 /// ([`TableWords`](crate::region::TableWords)).
 #[derive(Debug, Clone, Copy)]
@@ -45,17 +47,18 @@ impl<const N: usize> SlotWords<N> {
         SlotWords { words, len }
     }
 
-    /// The words of `len_bytes` (whole words, at most `N`), loaded by
-    /// `load` into the slice it is given, already in this host's order: a
-    /// reader of a mapping loads them from the region directly, without
-    /// a byte copy to [`SlotWords::decode`].
+    /// The words of `len_bytes` (whole words, up to `N`, as `decode`: a
+    /// validated layout never asks for more), loaded by `load` into the
+    /// slice it is given, already in this host's order: a reader of a
+    /// mapping loads them from the region directly, without a byte copy
+    /// to [`SlotWords::decode`].
     #[inline]
     pub fn fill<E>(
         len_bytes: usize,
         load: impl FnOnce(&mut [u64]) -> Result<(), E>,
     ) -> Result<SlotWords<N>, E> {
         let mut words = [0u64; N];
-        let len = len_bytes / SLOT_BYTES as usize;
+        let len = (len_bytes / SLOT_BYTES as usize).min(N);
         load(&mut words[..len])?;
         Ok(SlotWords { words, len })
     }

@@ -90,8 +90,11 @@ async fn next_batch<T>(queued: &mut mpsc::UnboundedReceiver<T>, batch: &mut Vec<
         // The first proposal woke this task at once, often while the
         // connections woken with its own (by the same poll of the sockets)
         // wait to run: let them queue theirs first (a yield defers this
-        // task behind every ready one). With no other task ready it
-        // returns at once.
+        // task behind every ready one). The deferred wake comes once the
+        // worker has run what was ready or at its next poll of the I/O
+        // driver, so a lone write pays that turn: one write at a time
+        // measured no worse through the noise (docs/benchmarks.md, tenth
+        // round).
         tokio::task::yield_now().await;
         take_queued(queued, batch);
     }
