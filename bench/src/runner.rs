@@ -96,10 +96,6 @@ impl Default for RunOptions {
 /// every target).
 const CLAIM_BATCH: u64 = 64;
 
-/// Operations a task runs before it lets the thread's other tasks run: an
-/// operation answered without waiting (a one-sided read) never yields.
-const YIELD_EVERY: usize = 64;
-
 /// A task's claimed share of the operations to measure, taken
 /// [`CLAIM_BATCH`] at a time.
 #[derive(Debug, Default)]
@@ -523,8 +519,6 @@ async fn run_task<D: Driver>(
     let mut claims = Claims::default();
     // Completions not yet added to the shared count (for the progress bar).
     let mut unreported = 0u64;
-    // Operations since this task last let the others run.
-    let mut since_yield = 0usize;
     // Warm-up operations are recorded here and dropped.
     let warmup = RefCell::new(Measurements::default());
     loop {
@@ -565,29 +559,18 @@ async fn run_task<D: Driver>(
         if unreported == CLAIM_BATCH {
             shared.completed.fetch_add(unreported, Ordering::Relaxed);
             unreported = 0;
+            // A task's turn ends with each report: an operation answered
+            // without waiting (a one-sided read) never yields, and a task
+            // whose operation waited (a read that fell back to the server)
+            // would be polled again only after the others used up the
+            // phase. Not tokio's `consume_budget`: the running tasks spend
+            // the budget the waiter's channel needs to take its answer.
+            tokio::task::yield_now().await;
         }
-        take_turn(&mut since_yield).await;
     }
     shared.completed.fetch_add(unreported, Ordering::Relaxed);
     // The end of the last operation (the loop only checked the count since).
     Instant::now()
-}
-
-/// Every [`YIELD_EVERY`] operations of a task (counted in `since_yield`),
-/// lets the thread's other tasks run. Without it, the other tasks would
-/// run the whole phase before a task whose operation waited (a read that
-/// fell back to a round trip) is polled again, and that operation's
-/// latency would be the phase's length: an operation answered without
-/// waiting (a one-sided read) never yields. Not tokio's `consume_budget`:
-/// the budget the running tasks spend is the one a waiting task's channel
-/// needs to take its answer, and `join_all` polls the tasks in the same
-/// order each time, so a waiter behind them would still starve.
-async fn take_turn(since_yield: &mut usize) {
-    *since_yield += 1;
-    if *since_yield == YIELD_EVERY {
-        *since_yield = 0;
-        tokio::task::yield_now().await;
-    }
 }
 
 /// A thread's operations as a user with `--concurrency` of them in flight
@@ -925,9 +908,9 @@ mod tests {
         assert_eq!(result.operations, 100_000);
         let during = driver.others_during.into_inner().unwrap();
         assert_eq!(during.len(), TASKS);
-        // Each of the other tasks may run a turn (YIELD_EVERY operations)
+        // Each of the other tasks may run a turn (CLAIM_BATCH operations)
         // before a waiting one is polled again.
-        let bound = (TASKS * YIELD_EVERY) as u64;
+        let bound = TASKS as u64 * CLAIM_BATCH;
         let most = during.iter().copied().max().unwrap_or(0);
         assert!(
             most <= bound,

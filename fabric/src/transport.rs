@@ -188,6 +188,17 @@ impl MappedRegion {
     fn copy(&self, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
         Ok(self.memory.read_bytes_unaligned(offset, buf)?)
     }
+
+    /// `PeerGone` once the region is deregistered: every read checks it
+    /// before any byte moves.
+    #[inline]
+    fn check_live(&self) -> Result<(), FabricError> {
+        if self.live.load(Ordering::Relaxed) {
+            Ok(())
+        } else {
+            Err(deregistered())
+        }
+    }
 }
 
 /// A read through a handle of a region deregistered since.
@@ -209,18 +220,14 @@ impl RemoteRegion for MappedRegion {
 
     #[inline]
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
-        if !self.live.load(Ordering::Relaxed) {
-            return Err(deregistered());
-        }
+        self.check_live()?;
         check_range(&self.descriptor, offset, buf.len() as u64)?;
         self.copy(offset, buf)
     }
 
     #[inline]
     fn read_batch(&self, reads: &mut [ReadOp<'_>]) -> Result<(), FabricError> {
-        if !self.live.load(Ordering::Relaxed) {
-            return Err(deregistered());
-        }
+        self.check_live()?;
         for op in reads.iter() {
             check_range(&self.descriptor, op.offset, op.buf.len() as u64)?;
         }
@@ -231,9 +238,7 @@ impl RemoteRegion for MappedRegion {
 
     #[inline(always)]
     fn read_words(&self, offset: u64, words: &mut [u64]) -> Result<(), FabricError> {
-        if !self.live.load(Ordering::Relaxed) {
-            return Err(deregistered());
-        }
+        self.check_live()?;
         check_range(&self.descriptor, offset, (words.len() * WORD_BYTES) as u64)?;
         self.memory.read_words(offset, words, Ordering::Relaxed)?;
         // The memory holds each word's bytes in this host's order; the
