@@ -776,9 +776,6 @@ impl Node {
             raft.clone(),
             shutdown_rx.clone(),
         )));
-        tasks.push(tokio::spawn(crate::telemetry::recorder::upkeep(
-            shutdown_rx.clone(),
-        )));
         listeners
             .front
             .spawn(&config, &tls, &handler, &shutdown_rx, &mut tasks)?;

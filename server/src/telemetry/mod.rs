@@ -5,8 +5,9 @@
 //!
 //! - **Events** are recorded where they happen, through the `metrics`
 //!   facade (requests, errors, latencies, fsyncs, snapshots, client read
-//!   reports): counters and histograms in the node's Prometheus recorder
-//!   ([`recorder`]).
+//!   reports): counters in the node's Prometheus recorder ([`recorder`]),
+//!   histograms in fixed buckets of atomic counts ([`histograms`]), so
+//!   recording one never allocates.
 //! - **State** (Raft indexes, region fill, log size, per-follower lag, open
 //!   connections) is read when `/metrics` is scraped, by the service layer
 //!   (`service::metrics`), so it is never stale and a node that stops
@@ -17,6 +18,7 @@
 //! scraper adds `instance`). Nodes embedded several to a process (tests)
 //! share it.
 
+pub mod histograms;
 mod log_limit;
 pub mod raft_events;
 pub mod recorder;

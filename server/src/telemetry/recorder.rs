@@ -1,49 +1,81 @@
-//! The process's Prometheus recorder, installed on first use.
+//! The process's recorder, installed on first use: counters and gauges in
+//! the Prometheus exporter's recorder, histograms in the node's own
+//! fixed-bucket ones ([`histograms`](super::histograms)), rendered together.
 
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
 
-use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics::{
+    Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit, counter,
+    describe_counter, describe_gauge, describe_histogram,
+};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
-/// Latency buckets, 10 µs to 10 s: a one-sided miss on a busy node and a
-/// stalled fsync both land in a real bucket.
-const SECONDS_BUCKETS: [f64; 19] = [
-    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
-    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
-const ENTRIES_BUCKETS: [f64; 12] = [
-    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
-];
-/// Histogram samples are buffered until drained; drain at least this often
-/// even when nobody scrapes, so memory stays bounded.
-pub const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+use super::histograms::Histograms;
+
+/// The process's metrics, rendered in the Prometheus text format.
+#[derive(Debug)]
+pub struct MetricsHandle {
+    prometheus: PrometheusHandle,
+    histograms: Arc<Histograms>,
+}
+
+impl MetricsHandle {
+    pub fn render(&self) -> String {
+        let mut out = self.prometheus.render();
+        self.histograms.render(&mut out);
+        out
+    }
+}
+
+/// Counters and gauges to the exporter, histograms to [`Histograms`].
+struct NodeRecorder {
+    prometheus: PrometheusRecorder,
+    histograms: Arc<Histograms>,
+}
+
+impl Recorder for NodeRecorder {
+    fn describe_counter(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.prometheus.describe_counter(key, unit, description);
+    }
+
+    fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.prometheus.describe_gauge(key, unit, description);
+    }
+
+    fn describe_histogram(&self, key: KeyName, _unit: Option<Unit>, description: SharedString) {
+        self.histograms.describe(key.as_str(), &description);
+    }
+
+    fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> Counter {
+        self.prometheus.register_counter(key, metadata)
+    }
+
+    fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
+        self.prometheus.register_gauge(key, metadata)
+    }
+
+    fn register_histogram(&self, key: &Key, _metadata: &Metadata<'_>) -> Histogram {
+        Histogram::from_arc(self.histograms.series(key))
+    }
+}
 
 /// The handle that renders this process's metrics. The first call installs
 /// the recorder as the global one; if another recorder is already installed
 /// (a test harness), metrics recorded through the facade go there and this
 /// handle renders only what is described.
-pub fn prometheus() -> &'static PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+pub fn prometheus() -> &'static MetricsHandle {
+    static HANDLE: OnceLock<MetricsHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
-        let builder = PrometheusBuilder::new()
-            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)
-            .and_then(|b| {
-                b.set_buckets_for_metric(
-                    Matcher::Full("rdkv_raft_log_entries_per_fsync".into()),
-                    &ENTRIES_BUCKETS,
-                )
-            })
-            .and_then(|b| {
-                b.set_buckets_for_metric(
-                    Matcher::Full("rdkv_write_batch_commands".into()),
-                    &ENTRIES_BUCKETS,
-                )
-            });
-        // Only an empty bucket list fails, and ours are constants.
-        let builder = builder.unwrap_or_else(|_| PrometheusBuilder::new());
-        let recorder = builder.build_recorder();
-        let handle = recorder.handle();
+        let prometheus = PrometheusBuilder::new().build_recorder();
+        let histograms = Arc::new(Histograms::default());
+        let handle = MetricsHandle {
+            prometheus: prometheus.handle(),
+            histograms: histograms.clone(),
+        };
+        let recorder = NodeRecorder {
+            prometheus,
+            histograms,
+        };
         if metrics::set_global_recorder(recorder).is_err() {
             tracing::warn!("a metrics recorder was already installed; /metrics shows only part");
         }
@@ -301,16 +333,4 @@ fn describe_state_bytes() {
         Unit::Bytes,
         "Bytes returned to the allocator after their grace period (current region)."
     );
-}
-
-/// Drains buffered histogram samples every [`UPKEEP_INTERVAL`] until shutdown.
-pub async fn upkeep(mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    let handle = prometheus();
-    let mut tick = tokio::time::interval(UPKEEP_INTERVAL);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => handle.run_upkeep(),
-            _ = shutdown.changed() => return,
-        }
-    }
 }
