@@ -44,7 +44,7 @@ measure() {
     local perf=""
     if [[ -n ${PERF_DIR:-} && -n ${LEADER_PID:-} ]]; then
         # PERF_DIR: also profile the leader (perf record, DWARF call graphs).
-        perf record -e cpu-clock -F 299 --call-graph dwarf,16384 -p "$LEADER_PID" \
+        perf record -e cpu-clock -F ${PERF_HZ:-299} --call-graph dwarf,16384 -p "$LEADER_PID" \
             -o "$PERF_DIR/${label// /_}.data" >/dev/null 2>&1 &
         perf=$!
         sleep 0.5
