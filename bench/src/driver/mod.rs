@@ -43,6 +43,16 @@ pub trait Driver {
     /// The record stored under `key`, if any.
     async fn read(&self, key: &str) -> Result<Option<Bytes>, DriverError>;
 
+    /// The record stored under `key` passed to `each` once it is known,
+    /// borrowed from the driver's buffer where it has one (`None`:
+    /// absent). By default [`Driver::read`]'s answer.
+    async fn read_with(&self, key: &str, each: &mut dyn FnMut(ReadResult<'_>)) {
+        match self.read(key).await {
+            Ok(record) => each(Ok(record.as_deref())),
+            Err(error) => each(Err(error)),
+        }
+    }
+
     /// Whether [`Driver::read_batch`] serves several reads at once (the
     /// runner then issues a thread's in-flight reads together).
     fn batches_reads(&self) -> bool {
@@ -51,13 +61,10 @@ pub trait Driver {
 
     /// The records of `keys`, each passed to `each(i, record)` as it is
     /// known (borrowed from the driver's buffers; `None`: absent). By
-    /// default one [`Driver::read`] after another.
+    /// default one [`Driver::read_with`] after another.
     async fn read_batch(&self, keys: &[&str], each: &mut dyn FnMut(usize, ReadResult<'_>)) {
         for (i, key) in keys.iter().enumerate() {
-            match self.read(key).await {
-                Ok(record) => each(i, Ok(record.as_deref())),
-                Err(error) => each(i, Err(error)),
-            }
+            self.read_with(key, &mut |record| each(i, record)).await;
         }
     }
 

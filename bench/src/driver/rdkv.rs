@@ -192,13 +192,14 @@ impl RdkvDriver {
 }
 
 impl RdkvDriver {
-    /// A READ by the read handle, if it serves it (`None`: ask the client).
-    fn read_one_sided(&self, key: &[u8]) -> Option<Option<Bytes>> {
+    /// A READ by the read handle, its record passed to `found` from the
+    /// handle's buffer, if the handle serves it (`None`: ask the client).
+    fn read_one_sided<R>(&self, key: &[u8], found: impl FnOnce(Option<&[u8]>) -> R) -> Option<R> {
         let mut handle = self.handle.borrow_mut();
         let (handle, buf) = &mut *handle;
         for _ in 0..2 {
             match handle.get_into_with(key, buf, self.consistency) {
-                Ok(got) => return Some(got.map(|g| Bytes::copy_from_slice(&buf[..g.len]))),
+                Ok(got) => return Some(found(got.map(|g| &buf[..g.len]))),
                 Err(GetIntoError::BufferTooSmall { needed, .. }) => buf.resize(needed, 0),
                 Err(GetIntoError::NotServed(_)) => return None,
             }
@@ -208,6 +209,14 @@ impl RdkvDriver {
 }
 
 impl RdkvDriver {
+    async fn read_by_rpc(&self, key: &str) -> Result<Option<Bytes>, DriverError> {
+        let got = self
+            .client
+            .get_with(Bytes::copy_from_slice(key.as_bytes()), self.consistency)
+            .await?;
+        Ok(got.map(|v| v.value))
+    }
+
     /// A batch of READs by the read handle (`get_many_into`: the
     /// neighbourhoods in one round, the blocks in a second, one clock
     /// reading), each record passed to `each` from its buffer, not copied
@@ -266,22 +275,32 @@ impl Driver for RdkvDriver {
         }
         // Not served one-sided: one read after another, as the default.
         for (i, key) in keys.iter().enumerate() {
-            match self.read(key).await {
-                Ok(record) => each(i, Ok(record.as_deref())),
-                Err(error) => each(i, Err(error)),
-            }
+            self.read_with(key, &mut |record| each(i, record)).await;
         }
     }
 
     async fn read(&self, key: &str) -> Result<Option<Bytes>, DriverError> {
-        if let Some(value) = self.read_one_sided(key.as_bytes()) {
+        if let Some(value) = self.read_one_sided(key.as_bytes(), |v| v.map(Bytes::copy_from_slice))
+        {
             return Ok(value);
         }
-        let got = self
-            .client
-            .get_with(Bytes::copy_from_slice(key.as_bytes()), self.consistency)
-            .await?;
-        Ok(got.map(|v| v.value))
+        self.read_by_rpc(key).await
+    }
+
+    /// The record straight from the read handle's buffer, not copied out
+    /// (as a `get_into` user reads it); by RPC when the handle does not
+    /// serve it.
+    async fn read_with(&self, key: &str, each: &mut dyn FnMut(ReadResult<'_>)) {
+        if self
+            .read_one_sided(key.as_bytes(), |v| each(Ok(v)))
+            .is_some()
+        {
+            return;
+        }
+        match self.read_by_rpc(key).await {
+            Ok(record) => each(Ok(record.as_deref())),
+            Err(error) => each(Err(error)),
+        }
     }
 
     async fn update(&self, key: &str, record: Bytes) -> Result<(), DriverError> {
