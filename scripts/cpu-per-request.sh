@@ -12,7 +12,9 @@
 #     get:    redis-benchmark -t get -c 50 -P 16 -n $GET_N (lease reads)
 #     update: rdkv-bench ycsb update-only, 2 threads x 128 in flight, $UPDATE_N ops
 #     redis:  the same SET (appendfsync always) and GET (no persistence) at redis-server
-# Each measurement runs $ROUNDS times (default 2).
+# Each measurement runs $ROUNDS times (default 2). PERF_DIR=DIR also
+# records a perf profile of the leader per measurement into DIR, at
+# PERF_HZ samples a second (default 299).
 set -euo pipefail
 
 BIN=${1:-target/release}
@@ -44,7 +46,7 @@ measure() {
     local perf=""
     if [[ -n ${PERF_DIR:-} && -n ${LEADER_PID:-} ]]; then
         # PERF_DIR: also profile the leader (perf record, DWARF call graphs).
-        perf record -e cpu-clock -F ${PERF_HZ:-299} --call-graph dwarf,16384 -p "$LEADER_PID" \
+        perf record -e cpu-clock -F "${PERF_HZ:-299}" --call-graph dwarf,16384 -p "$LEADER_PID" \
             -o "$PERF_DIR/${label// /_}.data" >/dev/null 2>&1 &
         perf=$!
         sleep 0.5

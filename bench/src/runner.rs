@@ -718,14 +718,19 @@ async fn timed_read<D: Driver>(
 ) {
     let start = Instant::now();
     // The read ends when its record is known; the check is not timed.
-    let mut answer = (start, Status::Error);
+    let mut answer = None;
     driver
         .read_with(key, &mut |result| {
             let end = Instant::now();
-            answer = (end, read_status(key, field, result, measurements));
+            answer = Some((end, read_status(key, field, result, measurements)));
         })
         .await;
-    let (end, status) = answer;
+    let (end, status) = answer.unwrap_or_else(|| {
+        measurements
+            .borrow_mut()
+            .note_error(|| format!("READ {key}: the driver gave no answer"));
+        (Instant::now(), Status::Error)
+    });
     measurements
         .borrow_mut()
         .measure("READ", status, intended, start, end);
@@ -829,6 +834,24 @@ mod tests {
     use crate::properties::Properties;
     use bytes::Bytes;
 
+    /// The writes and scans of a test driver that only reads: all answered
+    /// at once, nothing stored.
+    macro_rules! writes_do_nothing {
+        () => {
+            async fn update(&self, _key: &str, _record: Bytes) -> Result<(), DriverError> {
+                Ok(())
+            }
+
+            async fn insert(&self, _key: &str, _record: Bytes) -> Result<(), DriverError> {
+                Ok(())
+            }
+
+            async fn scan(&self, _start: &str, _count: usize) -> Result<Vec<Bytes>, DriverError> {
+                Ok(Vec::new())
+            }
+        };
+    }
+
     /// Reads answered at once, except the first `waits` of the phase (one
     /// per task, as when every task's first one-sided read falls back to
     /// the server before the topology is known): each waits for an answer
@@ -863,17 +886,7 @@ mod tests {
             Ok(None)
         }
 
-        async fn update(&self, _key: &str, _record: Bytes) -> Result<(), DriverError> {
-            Ok(())
-        }
-
-        async fn insert(&self, _key: &str, _record: Bytes) -> Result<(), DriverError> {
-            Ok(())
-        }
-
-        async fn scan(&self, _start_key: &str, _count: usize) -> Result<Vec<Bytes>, DriverError> {
-            Ok(Vec::new())
-        }
+        writes_do_nothing!();
     }
 
     impl<'d> DriverFactory for &'d FirstReadsWait {
@@ -923,15 +936,10 @@ mod tests {
             "{most} reads ran while one waited: {during:?}"
         );
     }
-}
-
-#[cfg(test)]
-mod read_tests {
-    use super::*;
-    use bytes::Bytes;
 
     /// Hands its records over borrowed (`read_with`); its `read` fails, so
-    /// a READ that went through it would be an error.
+    /// a READ that went through it would be an error. For `silent` it
+    /// breaks the contract and gives no answer.
     struct Borrowed {
         good: Bytes,
     }
@@ -949,26 +957,17 @@ mod read_tests {
             match key {
                 "good" => each(Ok(Some(&self.good))),
                 "bad" => each(Ok(Some(b"\xff\xff not a record"))),
+                "silent" => {}
                 _ => each(Ok(None)),
             }
         }
 
-        async fn update(&self, _key: &str, _record: Bytes) -> Result<(), DriverError> {
-            Ok(())
-        }
-
-        async fn insert(&self, _key: &str, _record: Bytes) -> Result<(), DriverError> {
-            Ok(())
-        }
-
-        async fn scan(&self, _start_key: &str, _count: usize) -> Result<Vec<Bytes>, DriverError> {
-            Ok(Vec::new())
-        }
+        writes_do_nothing!();
     }
 
     /// A single READ is judged on the record its driver hands over borrowed
     /// (a whole record checked, a damaged one an error, an absent key not
-    /// found), as a batch's reads are.
+    /// found), as a batch's reads are; no answer at all is an error.
     #[test]
     fn a_single_read_judges_the_record_handed_over() {
         let driver = Borrowed {
@@ -993,6 +992,8 @@ mod read_tests {
         let bad = errors_after("bad");
         assert_eq!(bad.len(), 1);
         assert!(bad[0].contains("READ bad: bad record"), "{bad:?}");
+        let silent = errors_after("silent");
+        assert!(silent[0].contains("gave no answer"), "{silent:?}");
 
         let measurements = RefCell::new(Measurements::default());
         let good = record::encode([("field0", &b"value"[..])]);

@@ -45,7 +45,8 @@ pub trait Driver {
 
     /// The record stored under `key` passed to `each` once it is known,
     /// borrowed from the driver's buffer where it has one (`None`:
-    /// absent). By default [`Driver::read`]'s answer.
+    /// absent); `each` is called exactly once. By default
+    /// [`Driver::read`]'s answer.
     async fn read_with(&self, key: &str, each: &mut dyn FnMut(ReadResult<'_>)) {
         match self.read(key).await {
             Ok(record) => each(Ok(record.as_deref())),

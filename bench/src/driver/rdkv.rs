@@ -167,8 +167,10 @@ pub struct RdkvDriver {
     consistency: Consistency,
     /// This thread's one-sided read handle and its value buffer: a READ is
     /// `get_into` (the synchronous path, as an application that reads into
-    /// its own buffers uses it), the value then copied out as the `Bytes`
-    /// every driver returns; what it does not serve goes to `get_with`.
+    /// its own buffers uses it), the record handed to the runner from this
+    /// buffer (`read_with`; copied out only by `read`); what it does not
+    /// serve goes to `get_with`. Borrowed while the runner's callback runs,
+    /// which must not call back into the driver.
     handle: RefCell<(ReadHandle, Vec<u8>)>,
     /// With batched reads: a buffer per read in flight and the answers.
     batch: Option<RefCell<BatchBuffers>>,

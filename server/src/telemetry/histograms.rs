@@ -1,6 +1,7 @@
 //! The node's histograms: fixed buckets of atomic counts, so recording a
-//! sample is a bucket search and two atomic adds, with no allocation and no
-//! clock reading, and a histogram's memory is fixed when it is registered.
+//! sample is a bucket search, an atomic add and a compare-and-swap on the
+//! sum, with no allocation and no clock reading, and a histogram's memory
+//! is fixed when it is registered.
 //!
 //! Why not the Prometheus exporter's own: it keeps every sample (value and
 //! a clock reading) in a list of freshly allocated blocks until its upkeep
@@ -10,10 +11,12 @@
 //! (docs/benchmarks.md, issue 15, eleventh round).
 //!
 //! [`Histograms`] is the registry the node's recorder hands histogram
-//! handles out of, and renders them in the Prometheus text format at scrape
-//! time, cumulative buckets ending in `+Inf` (equal to `_count`), `_sum`.
+//! handles out of (a lookup by the facade's `Key`, which allocates nothing
+//! once the series exists), and renders them in the Prometheus text format
+//! at scrape time, cumulative buckets ending in `+Inf` (equal to `_count`),
+//! `_sum`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,18 +25,19 @@ use metrics::{HistogramFn, Key};
 
 /// Latency buckets, 10 µs to 10 s: a one-sided miss on a busy node and a
 /// stalled fsync both land in a real bucket.
-pub const SECONDS_BUCKETS: [f64; 19] = [
+const SECONDS_BUCKETS: [f64; 19] = [
     0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
     0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 /// Count buckets (entries per fsync, commands per batch, ...), 1 to 4,096.
-pub const COUNT_BUCKETS: [f64; 12] = [
+const COUNT_BUCKETS: [f64; 12] = [
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0,
 ];
 
 /// The bucket bounds of a histogram by its name: durations are named
-/// `*_seconds`; every other histogram counts things.
-pub fn buckets_for(name: &str) -> &'static [f64] {
+/// `*_seconds`; every other histogram of the node counts things (entries,
+/// commands). A histogram of another kind (bytes) needs its own row here.
+fn buckets_for(name: &str) -> &'static [f64] {
     if name.ends_with("_seconds") {
         &SECONDS_BUCKETS
     } else {
@@ -41,9 +45,9 @@ pub fn buckets_for(name: &str) -> &'static [f64] {
     }
 }
 
-/// One histogram series: how many samples fell at or below each bound (not
-/// cumulative: each sample adds to one bucket; the last counts those above
-/// every bound) and their sum.
+/// One histogram series: how many samples fell in each bucket (above the
+/// previous bound, at or below this one; the last counts those above every
+/// bound) and their sum.
 #[derive(Debug)]
 pub struct BucketHistogram {
     bounds: &'static [f64],
@@ -54,7 +58,7 @@ pub struct BucketHistogram {
 }
 
 impl BucketHistogram {
-    pub fn new(bounds: &'static [f64]) -> BucketHistogram {
+    fn new(bounds: &'static [f64]) -> BucketHistogram {
         BucketHistogram {
             bounds,
             counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
@@ -135,8 +139,8 @@ impl HistogramFn for BucketHistogram {
     }
 }
 
-/// Every histogram of the process, by name then rendered labels, and the
-/// help text of each name.
+/// Every histogram of the process by its key, and the help text of each
+/// name.
 #[derive(Debug, Default)]
 pub struct Histograms {
     inner: Mutex<Registry>,
@@ -144,7 +148,7 @@ pub struct Histograms {
 
 #[derive(Debug, Default)]
 struct Registry {
-    series: BTreeMap<String, BTreeMap<String, Arc<BucketHistogram>>>,
+    series: HashMap<Key, Arc<BucketHistogram>>,
     help: HashMap<String, String>,
 }
 
@@ -156,42 +160,65 @@ impl Histograms {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The series of `key`, registered on first use with its name's buckets.
+    /// The series of `key` (the same for the same labels in any order, as
+    /// the facade's `Key` compares them), registered on first use with its
+    /// name's buckets. Call sites that record often keep the handle.
     pub fn series(&self, key: &Key) -> Arc<BucketHistogram> {
-        let name = key.name();
-        let labels = render_labels(key);
         let mut registry = self.lock();
-        let by_labels = registry.series.entry(name.to_owned()).or_default();
-        by_labels
-            .entry(labels)
-            .or_insert_with(|| Arc::new(BucketHistogram::new(buckets_for(name))))
-            .clone()
+        if let Some(series) = registry.series.get(key) {
+            return series.clone();
+        }
+        let series = Arc::new(BucketHistogram::new(buckets_for(key.name())));
+        registry.series.insert(key.clone(), series.clone());
+        series
     }
 
+    /// The help text of `name`; the first description given is kept.
     pub fn describe(&self, name: &str, help: &str) {
-        self.lock().help.insert(name.to_owned(), help.to_owned());
+        self.lock()
+            .help
+            .entry(name.to_owned())
+            .or_insert_with(|| help.to_owned());
     }
 
     /// Appends every histogram family to `out`: help, type, then each
-    /// series.
+    /// series, families and series in name and label order. The series
+    /// are copied out first, so a scrape does not hold up recording.
     pub fn render(&self, out: &mut String) {
-        let registry = self.lock();
-        for (name, by_labels) in &registry.series {
-            if let Some(help) = registry.help.get(name) {
-                let _ = writeln!(out, "# HELP {name} {}", escape_help(help));
+        let (keys, help) = {
+            let registry = self.lock();
+            let keys: Vec<(Key, Arc<BucketHistogram>)> = registry
+                .series
+                .iter()
+                .map(|(key, series)| (key.clone(), series.clone()))
+                .collect();
+            (keys, registry.help.clone())
+        };
+        let mut rows: Vec<(&str, String, &BucketHistogram)> = keys
+            .iter()
+            .map(|(key, series)| (key.name(), render_labels(key), &**series))
+            .collect();
+        rows.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        let mut family = None;
+        for (name, labels, series) in rows {
+            if family != Some(name) {
+                family = Some(name);
+                if let Some(help) = help.get(name) {
+                    let _ = writeln!(out, "# HELP {name} {}", escape_help(help));
+                }
+                let _ = writeln!(out, "# TYPE {name} histogram");
             }
-            let _ = writeln!(out, "# TYPE {name} histogram");
-            for (labels, series) in by_labels {
-                series.render(name, labels, out);
-            }
+            series.render(name, &labels, out);
         }
     }
 }
 
-/// `a="1",b="2"` in the key's label order, values escaped.
+/// `a="1",b="2"` in label name order, values escaped.
 fn render_labels(key: &Key) -> String {
+    let mut labels: Vec<&metrics::Label> = key.labels().collect();
+    labels.sort_by(|a, b| a.key().cmp(b.key()));
     let mut out = String::new();
-    for (i, label) in key.labels().enumerate() {
+    for (i, label) in labels.into_iter().enumerate() {
         if i > 0 {
             out.push(',');
         }
@@ -267,12 +294,20 @@ mod tests {
         histograms
             .series(&key("rdkv_x_seconds", &[("op", "get")]))
             .record(0.003);
+        // Labels in another order are the same series, rendered in name order.
+        histograms
+            .series(&key("rdkv_n", &[("b", "2"), ("a", "1")]))
+            .record(1.0);
+        histograms
+            .series(&key("rdkv_n", &[("a", "1"), ("b", "2")]))
+            .record(1.0);
         let mut out = String::new();
         histograms.render(&mut out);
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines[0], "# TYPE rdkv_n histogram");
         assert!(lines.contains(&"rdkv_n_bucket{le=\"2\"} 1"));
         assert!(lines.contains(&"rdkv_n_count 1"));
+        assert!(lines.contains(&"rdkv_n_count{a=\"1\",b=\"2\"} 2"));
         assert!(lines.contains(&"# HELP rdkv_x_seconds How long \\\\ x took.\\nReally."));
         assert!(lines.contains(&"rdkv_x_seconds_bucket{op=\"get\",le=\"0.0025\"} 0"));
         assert!(lines.contains(&"rdkv_x_seconds_bucket{op=\"get\",le=\"0.005\"} 3"));

@@ -42,6 +42,8 @@ impl Recorder for NodeRecorder {
         self.prometheus.describe_gauge(key, unit, description);
     }
 
+    // The unit is not shown: every histogram's name already ends in it, as
+    // the exporter showed them (its unit suffix off).
     fn describe_histogram(&self, key: KeyName, _unit: Option<Unit>, description: SharedString) {
         self.histograms.describe(key.as_str(), &description);
     }
@@ -61,8 +63,8 @@ impl Recorder for NodeRecorder {
 
 /// The handle that renders this process's metrics. The first call installs
 /// the recorder as the global one; if another recorder is already installed
-/// (a test harness), metrics recorded through the facade go there and this
-/// handle renders only what is described.
+/// (a test harness), metrics recorded and described through the facade go
+/// there and this handle renders nothing of them.
 pub fn prometheus() -> &'static MetricsHandle {
     static HANDLE: OnceLock<MetricsHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
