@@ -140,6 +140,13 @@ pub struct Args {
     /// (tests use it to exercise them).
     #[arg(long, env = "RDKV_BYTES_PER_SLOT")]
     pub bytes_per_slot: Option<u64>,
+    /// Threads that run the node's connections, Raft and replication (the
+    /// async runtime's workers), 1 to 1024. Default: one per CPU (or
+    /// `TOKIO_WORKER_THREADS`). Where several nodes and their clients share
+    /// a host's cores, fewer per node keep threads from queuing for the
+    /// same core (docs/benchmarks.md, issue 15's eleventh round).
+    #[arg(long, env = "RDKV_WORKER_THREADS")]
+    pub worker_threads: Option<u32>,
     /// Client connections (TCP and Unix socket together) served at once;
     /// more are refused at the handshake with `Unavailable`. Default 1024.
     #[arg(long, env = "RDKV_MAX_CLIENT_CONNECTIONS")]
@@ -286,6 +293,7 @@ struct FileConfig {
     quota_bytes: Option<u64>,
     max_value_bytes: Option<u32>,
     bytes_per_slot: Option<u64>,
+    worker_threads: Option<u32>,
     max_client_connections: Option<u32>,
     max_in_flight_mib: Option<u32>,
     grace_period_ms: Option<u64>,
@@ -353,6 +361,8 @@ pub struct Config {
     pub expire_cycle_ms: u64,
     pub log_format: LogFormat,
     pub fault_injection: bool,
+    /// `None`: the runtime's default (one per CPU).
+    pub worker_threads: Option<usize>,
     pub max_client_connections: u32,
     pub max_in_flight_mib: u32,
     /// `None`: the first device with an active port; `Some("off")`: no RDMA.
@@ -541,6 +551,14 @@ fn parse_log_format(text: Option<&str>) -> Result<LogFormat> {
     }
 }
 
+/// The node's id: 1 unless given, never 0.
+fn node_id(given: Option<u64>) -> Result<u64> {
+    match given.unwrap_or(1) {
+        0 => bail!("--id must be >= 1"),
+        id => Ok(id),
+    }
+}
+
 /// The numeric settings, each from the flag, else the file, else its
 /// default; the sizes, counts and periods with a range are checked against it.
 struct NumericSettings {
@@ -548,6 +566,7 @@ struct NumericSettings {
     quota_bytes: Option<u64>,
     max_value_bytes: u32,
     bytes_per_slot: u64,
+    worker_threads: Option<usize>,
     max_client_connections: u32,
     max_in_flight_mib: u32,
     grace_period_ms: u64,
@@ -578,6 +597,10 @@ impl NumericSettings {
             bytes_per_slot.unwrap_or(DEFAULT_BYTES_PER_SLOT),
             MIN_BYTES_PER_SLOT..=1024 * 1024 * 1024,
         )?;
+        let worker_threads = args.worker_threads.or(file.worker_threads);
+        let worker_threads = worker_threads
+            .map(|n| within("worker-threads", n, 1..=1024).map(|n| n as usize))
+            .transpose()?;
         let connections = args.max_client_connections.or(file.max_client_connections);
         let max_client_connections = within(
             "max-client-connections",
@@ -603,6 +626,7 @@ impl NumericSettings {
             quota_bytes,
             max_value_bytes,
             bytes_per_slot,
+            worker_threads,
             max_client_connections,
             max_in_flight_mib,
             grace_period_ms,
@@ -621,10 +645,7 @@ impl Config {
             None => FileConfig::default(),
         };
         let tls = std::mem::take(&mut args.tls).or_file(&mut file);
-        let id = args.id.or(file.id).unwrap_or(1);
-        if id == 0 {
-            bail!("--id must be >= 1");
-        }
+        let id = node_id(args.id.or(file.id))?;
         let numbers = NumericSettings::resolve(&args, &file)?;
         let (resp_read_consistency, resp_cluster_mode) = resp_rules(&args, &file)?;
         let listen = address("listen", args.listen.or(file.listen), DEFAULT_LISTEN)?;
@@ -703,6 +724,7 @@ impl Config {
             expire_cycle_ms: numbers.expire_cycle_ms,
             log_format,
             fault_injection: args.fault_injection,
+            worker_threads: numbers.worker_threads,
             max_client_connections: numbers.max_client_connections,
             max_in_flight_mib: numbers.max_in_flight_mib,
             rdma_device: args
@@ -738,6 +760,8 @@ mod tests {
         assert_eq!(config.initial_cluster[&1], DEFAULT_PEER_LISTEN);
         assert_eq!(config.data_dir, PathBuf::from("rdkv-data"));
         assert_eq!(config.rdma_device, None);
+        let error = Config::resolve(args(&["--id", "0"])).unwrap_err();
+        assert!(error.to_string().contains("--id"), "{error}");
         let config = Config::resolve(args(&["--rdma-device", "rxe0"])).unwrap();
         assert_eq!(config.rdma_device.as_deref(), Some("rxe0"));
     }
@@ -935,6 +959,29 @@ mod tests {
             let argv = ["rdkv-server", "--quota-bytes", unparsable];
             assert!(Args::try_parse_from(argv).is_err(), "{unparsable}");
         }
+    }
+
+    #[test]
+    fn worker_threads_come_from_the_flag_or_the_file_within_their_range() {
+        assert_eq!(Config::resolve(args(&[])).unwrap().worker_threads, None);
+        let config = Config::resolve(args(&["--worker-threads", "1"])).unwrap();
+        assert_eq!(config.worker_threads, Some(1));
+        for bad in ["0", "1025"] {
+            let error = Config::resolve(args(&["--worker-threads", bad])).unwrap_err();
+            assert!(error.to_string().contains("--worker-threads"), "{error}");
+        }
+        for unparsable in ["-1", "two", "4294967296"] {
+            let argv = ["rdkv-server", "--worker-threads", unparsable];
+            assert!(Args::try_parse_from(argv).is_err(), "{unparsable}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rdkv.toml");
+        std::fs::write(&path, "worker_threads = 3\n").unwrap();
+        let p = path.to_str().unwrap();
+        let config = Config::resolve(args(&["--config", p])).unwrap();
+        assert_eq!(config.worker_threads, Some(3));
+        let config = Config::resolve(args(&["--config", p, "--worker-threads", "2"])).unwrap();
+        assert_eq!(config.worker_threads, Some(2));
     }
 
     #[test]

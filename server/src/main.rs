@@ -43,11 +43,17 @@ fn main() -> Result<()> {
     let config = Config::resolve(Args::parse())?;
     init_logging(config.log_format);
     rdkv_server::restore::restore_before_start(&config)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = config.worker_threads {
+        runtime.worker_threads(threads);
+    }
+    let runtime = runtime
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async {
+        let workers = tokio::runtime::Handle::current().metrics().num_workers();
+        tracing::info!(workers, "runtime started");
         let node = Node::start(config).await?;
         let signal = wait_for_signal().await?;
         tracing::info!("{signal} received: shutting down");

@@ -92,3 +92,19 @@ async fn a_replica_read_fails_where_that_replica_lacks_the_key() -> Result<()> {
     })
     .await
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_runs_the_worker_threads_it_is_given() -> Result<()> {
+    for threads in [1, 3] {
+        let cluster = Cluster::start_with(1, &["--worker-threads", &threads.to_string()])?;
+        let client = cluster.client(Intent::Any)?;
+        client.put("k", "v").await?;
+        // The runtime's own count, logged once it runs.
+        let log = cluster.node(1)?.log();
+        ensure!(
+            log.contains(&format!("runtime started workers={threads}\n")),
+            "no runtime with {threads} workers in the log:\n{log}"
+        );
+    }
+    Ok(())
+}
