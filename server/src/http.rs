@@ -123,6 +123,9 @@ struct MetaView {
     /// leader keeps the voters, `meta::voters`).
     voters: Vec<u64>,
     learners: Vec<u64>,
+    /// A membership change is under way: the voters are two configurations
+    /// (joint consensus), each of which must keep its quorum.
+    joint: bool,
     applied_map_version: u64,
     served_map_version: u64,
 }
@@ -186,6 +189,7 @@ fn meta_view(meta: &crate::meta::Meta) -> MetaView {
         status: crate::service::shard_status(rdkv_proto::shard::ShardId::META, meta.replica()),
         voters: membership.voter_ids().collect(),
         learners: membership.learner_ids().collect(),
+        joint: membership.get_joint_config().len() > 1,
         applied_map_version: meta.applied_version(),
         served_map_version: meta.map().version(),
     }

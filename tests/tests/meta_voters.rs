@@ -22,17 +22,57 @@ const FLAGS: [&str; 6] = ["--shards", "3", "--replicas", "2", "--region-mib", "8
 
 /// The metadata group's voters and learners in node `id`'s `/status`.
 async fn meta_members(cluster: &Cluster, id: u64) -> Result<(BTreeSet<u64>, BTreeSet<u64>)> {
-    let addr = cluster.node(id)?.http_addr;
-    let (code, body) = tokio::task::spawn_blocking(move || http_get(addr, "/status")).await??;
-    ensure!(code == 200, "/status of node {id}: {code}");
-    let status: serde_json::Value = serde_json::from_str(&body)?;
+    let meta = meta_status(cluster, id).await?;
     let ids = |field: &str| -> BTreeSet<u64> {
-        status["meta"][field]
+        meta[field]
             .as_array()
             .map(|ids| ids.iter().filter_map(serde_json::Value::as_u64).collect())
             .unwrap_or_default()
     };
     Ok((ids("voters"), ids("learners")))
+}
+
+/// The `meta` part of node `id`'s `/status`.
+async fn meta_status(cluster: &Cluster, id: u64) -> Result<serde_json::Value> {
+    let addr = cluster.node(id)?.http_addr;
+    let (code, body) = tokio::task::spawn_blocking(move || http_get(addr, "/status")).await??;
+    ensure!(code == 200, "/status of node {id}: {code}");
+    let mut status: serde_json::Value = serde_json::from_str(&body)?;
+    Ok(status["meta"].take())
+}
+
+/// Whether node `id` sees the metadata group mid-change (joint).
+async fn meta_joint(cluster: &Cluster, id: u64) -> Result<bool> {
+    let meta = meta_status(cluster, id).await?;
+    meta["joint"].as_bool().context("no meta.joint")
+}
+
+/// The metadata group's last log index and commit index at node `id`.
+async fn meta_indexes(cluster: &Cluster, id: u64) -> Result<(u64, u64)> {
+    let meta = meta_status(cluster, id).await?;
+    let index = |field: &str| meta[field].as_u64().context(field.to_owned());
+    Ok((index("last_log_index")?, index("commit_index")?))
+}
+
+/// Waits until each of `survivors` has committed every metadata entry any
+/// of `all` had logged when called (the membership change among them).
+async fn survivors_committed(cluster: &Cluster, all: &[u64], survivors: &[u64]) -> Result<()> {
+    let mut logged = 0;
+    for &id in all {
+        logged = logged.max(meta_indexes(cluster, id).await?.0);
+    }
+    eventually(
+        LEADER_TIMEOUT,
+        &format!("nodes {survivors:?} committed index {logged}"),
+        async || {
+            for &id in survivors {
+                let (_, committed) = meta_indexes(cluster, id).await?;
+                ensure!(committed >= logged, "node {id} committed {committed}");
+            }
+            Ok(())
+        },
+    )
+    .await
 }
 
 /// Waits until every one of `asked` shows `voters` (and `learners`) as the
@@ -55,6 +95,7 @@ async fn members_are(
             for &id in asked {
                 let seen = meta_members(cluster, id).await?;
                 ensure!(seen == want, "node {id} shows {seen:?}");
+                ensure!(!meta_joint(cluster, id).await?, "node {id} is mid-change");
             }
             Ok(())
         },
@@ -86,6 +127,11 @@ async fn the_metadata_group_grows_to_five_voters_and_replaces_dead_ones() -> Res
         let five = [1, 2, 3, 4, 5];
         members_are(cluster, &five, &five, &[], Duration::from_secs(40)).await?;
 
+        // The five voters are seen before their configuration is committed:
+        // killing two of the first three before the survivors know it is
+        // committed would leave them in the joint configuration, whose old
+        // half (1, 2, 3) has no quorum without 1 and 2.
+        survivors_committed(cluster, &five, &[3, 4, 5]).await?;
         // Two voters of five die: the other three still commit.
         cluster.node_mut(1)?.kill();
         cluster.node_mut(2)?.kill();
