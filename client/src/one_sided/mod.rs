@@ -29,6 +29,7 @@
 
 mod choice;
 mod handle;
+mod leaders;
 #[cfg(feature = "ofi")]
 mod ofi;
 #[cfg(feature = "rdma")]

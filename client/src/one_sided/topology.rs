@@ -18,6 +18,7 @@ use rdkv_proto::shard::{ShardId, ShardMap};
 use rdkv_proto::wire::{NodeStatus, Op, Request, Role, ShardStatus};
 
 use super::OneSided;
+use super::leaders::LeaderClaims;
 use super::view::ReadView;
 use crate::outcome::answer;
 
@@ -239,10 +240,8 @@ impl OneSided {
             // A map of several shards before: its regions are not a group's.
             topology.keep_only(&[]);
         }
-        topology.leaders.clear();
-        topology
-            .leaders
-            .extend(status.leader_id.map(|id| (ShardId(0), id)));
+        let mut claims = LeaderClaims::default();
+        claims.note(ShardId(0), status.term, status.leader_id);
         let mut wanted = Vec::new();
         for member in &status.members {
             // Each member's own view: its sockets and its region's epoch.
@@ -257,10 +256,14 @@ impl OneSided {
                 addr: &member.client_addr,
             };
             wanted.push(at.key());
+            if let Some(member) = &member_status {
+                claims.note(ShardId(0), member.term, member.leader_id);
+            }
             let epoch = member_status.as_ref().map(|s| s.region_epoch);
             self.refresh_member(topology, at, member_status.as_ref(), epoch)
                 .await;
         }
+        topology.leaders = claims.leaders();
         topology.keep_only(&wanted);
     }
 
@@ -272,11 +275,11 @@ impl OneSided {
             // A single group's regions (asked for unnamed) are not shard 0's.
             topology.keep_only(&[]);
         }
-        topology.leaders = map
-            .shards()
-            .iter()
-            .filter_map(|s| Some((s.id, s.leader?)))
-            .collect();
+        // The map's hints carry no term: any replica's claim outranks them.
+        let mut claims = LeaderClaims::default();
+        for shard in map.shards() {
+            claims.note(shard.id, 0, shard.leader);
+        }
         topology.map = Some(Arc::clone(&map));
         let mut wanted = Vec::new();
         for node in map.nodes() {
@@ -285,9 +288,11 @@ impl OneSided {
             };
             let status = self.status_of(addr).await;
             for replica in self.shard_statuses_of(addr).await {
-                if replica.role == Role::Leader {
-                    topology.leaders.insert(replica.shard, node.id);
-                }
+                let leader = match replica.role {
+                    Role::Leader => Some(node.id),
+                    _ => replica.leader_id,
+                };
+                claims.note(replica.shard, replica.term, leader);
             }
             let hosted = map.shards().iter().filter(|s| s.members.contains(&node.id));
             for shard in hosted {
@@ -303,6 +308,7 @@ impl OneSided {
                     .await;
             }
         }
+        topology.leaders = claims.leaders();
         topology.keep_only(&wanted);
     }
 
