@@ -142,3 +142,59 @@ async fn a_slow_disk_slows_writes_but_loses_none() -> Result<()> {
     })
     .await
 }
+
+/// A leader whose follower is down dials it at a paced rate: a failed dial
+/// waits at least 10 ms before the next (`peer::redial`). openraft opens
+/// a new replication stream as soon as one fails to open, and without the
+/// pacing the leader dialed the dead node tens of thousands of times a
+/// second, logging a warning each time (21,877 in 2 s, seen before the
+/// fix). Sleeps never end early, so over a window of `w` ms each of the
+/// leader's two dialers of a peer (openraft's replication stream and its
+/// heartbeats, each with a connection of its own) fails at most
+/// `w / 10 + 1` times: a bound, not a timing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_paces_its_dials_to_a_follower_that_is_down() -> Result<()> {
+    const WARNING: &str = "ReplicationCore recv RPCError";
+    let mut cluster = Cluster::start(3)?;
+    check_with_leader(&mut cluster, 60, async |cluster, leader| {
+        let down = (1..=3).find(|&id| id != leader).context("no follower")?;
+        let client = client_of(cluster, &[leader])?;
+        client.put("before", "1").await?;
+        cluster.node_mut(down)?.kill();
+        client.put("after", "1").await?;
+        let peer = down.to_string();
+        let labels = [("peer", peer.as_str())];
+        let window_start = std::time::Instant::now();
+        let warnings_before = cluster.node(leader)?.log().matches(WARNING).count();
+        let dials_before = scrape(cluster, leader)
+            .await?
+            .sum("rdkv_peer_dial_failures_total", &labels);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let dials = scrape(cluster, leader)
+            .await?
+            .sum("rdkv_peer_dial_failures_total", &labels)
+            - dials_before;
+        let warnings = cluster.node(leader)?.log().matches(WARNING).count() - warnings_before;
+        let window_ms = window_start.elapsed().as_millis();
+        let allowed = 2 * (window_ms / 10 + 1);
+        println!("in {window_ms} ms: {dials} failed dials to node {down}, {warnings} warnings");
+        ensure!(
+            warnings as u128 <= allowed,
+            "{warnings} replication warnings in {window_ms} ms (at most {allowed} allowed)"
+        );
+        ensure!(dials > 0.0, "no failed dial to node {down} counted");
+        ensure!(
+            dials as u128 <= allowed,
+            "{dials} failed dials in {window_ms} ms (at most {allowed} allowed)"
+        );
+        Ok(())
+    })
+    .await
+}
+
+async fn scrape(cluster: &Cluster, id: u64) -> Result<rdkv_tests::prometheus::Exposition> {
+    let addr = cluster.node(id)?.http_addr;
+    let (status, body) = tokio::task::spawn_blocking(move || http_get(addr, "/metrics")).await??;
+    ensure!(status == 200, "/metrics of node {id} answered {status}");
+    rdkv_tests::prometheus::parse(&body)
+}

@@ -26,6 +26,7 @@ use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 
 use super::network::{connect, network, send_request};
+use super::redial::Redial;
 use super::{PeerContext, PeerHello, PeerRequest};
 use crate::framed::{FrameReader, FrameWriter};
 
@@ -105,7 +106,14 @@ pub struct PeerLink {
     purpose: Purpose,
     /// The open connection; its lock is held while connecting, so that
     /// shards asking at once share one new connection.
-    live: tokio::sync::Mutex<Option<Arc<Live>>>,
+    slot: tokio::sync::Mutex<Slot>,
+}
+
+/// A link's connection, and the pacing of its dials.
+#[derive(Debug, Default)]
+struct Slot {
+    live: Option<Arc<Live>>,
+    redial: Redial,
 }
 
 impl PeerLink {
@@ -115,7 +123,7 @@ impl PeerLink {
             target,
             addr: addr.to_owned(),
             purpose,
-            live: tokio::sync::Mutex::new(None),
+            slot: tokio::sync::Mutex::new(Slot::default()),
         }
     }
 
@@ -147,21 +155,22 @@ impl PeerLink {
     /// Drops the connection (fault injection cut this node off): waiting
     /// requests fail, the next one connects anew.
     pub(super) async fn drop_connection(&self) {
-        if let Some(live) = self.live.lock().await.take() {
+        if let Some(live) = self.slot.lock().await.live.take() {
             live.close();
         }
     }
 
-    /// The open connection, or a new one.
+    /// The open connection, or a new one dialed in its turn ([`Redial`]).
     async fn live(&self, ctx: &PeerContext) -> Result<Arc<Live>, RpcError> {
-        let mut slot = self.live.lock().await;
-        if let Some(live) = slot.as_ref().filter(|live| !live.waiters.is_closed()) {
+        let mut slot = self.slot.lock().await;
+        if let Some(live) = slot.live.as_ref().filter(|live| !live.waiters.is_closed()) {
             return Ok(Arc::clone(live));
         }
-        *slot = None;
+        slot.live = None;
         let mut hello = PeerHello::of(ctx);
         hello.cluster_id = self.identity();
-        let (reader, writer) = connect(ctx, self.target, &self.addr, hello.into_wire()).await?;
+        let dial = connect(ctx, self.target, &self.addr, hello.into_wire());
+        let (reader, writer) = slot.redial.dial(ctx.shard, self.target, dial).await?;
         let waiters = Arc::new(Waiters::default());
         let reader = tokio::spawn(read_answers(reader, Arc::clone(&waiters))).abort_handle();
         let live = Arc::new(Live {
@@ -171,7 +180,7 @@ impl PeerLink {
             reader,
             _counted: Opened::count(&self.shared, self.target, self.purpose),
         });
-        *slot = Some(Arc::clone(&live));
+        slot.live = Some(Arc::clone(&live));
         Ok(live)
     }
 

@@ -9,6 +9,7 @@ mod append_out;
 mod demux;
 mod link;
 mod network;
+mod redial;
 mod service;
 
 use std::collections::{BTreeSet, HashMap};

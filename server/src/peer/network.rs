@@ -23,6 +23,7 @@ use tokio::net::TcpStream;
 
 use super::append_out;
 use super::link::{PeerLink, PeerLinks, Purpose};
+use super::redial::Redial;
 use super::{
     PEER_MAX_FRAME_BYTES, PEER_PROTOCOL_VERSION, PEER_PROTOCOL_VERSION_SHARDS, PeerContext,
     PeerHello, PeerHelloReply, PeerRequest, PeerResponse, SNAPSHOT_CHUNK_BYTES, SnapshotPiece,
@@ -66,6 +67,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             target,
             addr: node.peer_addr.clone(),
             conn: None,
+            redial: Redial::default(),
             next_request_id: 1,
         }
     }
@@ -84,6 +86,8 @@ pub struct PeerConn {
     /// The open connection between calls (none while a call or an append
     /// stream holds it, or after a failure).
     pub(super) conn: Option<Conn>,
+    /// Paces the dials to the target after failures.
+    redial: Redial,
     next_request_id: u64,
     /// A shard's links to the target (multi-shard clusters): its calls
     /// and appends go through them instead of `conn`.
@@ -171,11 +175,6 @@ pub(super) async fn connect(
 }
 
 impl PeerConn {
-    async fn connect(&mut self) -> RpcResult<Conn> {
-        let hello = PeerHello::of(&self.ctx).into_wire();
-        connect(&self.ctx, self.target, &self.addr, hello).await
-    }
-
     /// The shard this connection's frames are tagged with (`None`: untagged).
     pub(super) fn shard(&self) -> Option<ShardId> {
         self.ctx.shard
@@ -194,18 +193,25 @@ impl PeerConn {
 
     /// The connection for a call or a stream: the open one, or a new one.
     /// Whoever takes it gives it back only when nothing is left unread.
+    /// A new one is dialed in its turn ([`Redial`]); fault injection's cut
+    /// counts as a failed dial.
     pub(super) async fn open(&mut self) -> RpcResult<Conn> {
         if self.cut_off() {
             self.conn = None;
-            return Err(unreachable(format!(
-                "node {} is cut off by fault injection",
-                self.target
-            )));
+        } else if let Some(conn) = self.conn.take() {
+            return Ok(conn);
         }
-        match self.conn.take() {
-            Some(conn) => Ok(conn),
-            None => self.connect().await,
-        }
+        let hello = PeerHello::of(&self.ctx).into_wire();
+        let (ctx, target, addr) = (&self.ctx, self.target, self.addr.as_str());
+        let dial = async {
+            if ctx.is_isolated_from(target) {
+                return Err(unreachable(format!(
+                    "node {target} is cut off by fault injection"
+                )));
+            }
+            connect(ctx, target, addr, hello).await
+        };
+        self.redial.dial(ctx.shard, target, dial).await
     }
 
     /// The link of `purpose` of a shard of a multi-shard cluster, unless

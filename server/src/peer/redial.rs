@@ -1,0 +1,113 @@
+//! Paces the dials to one peer: after a failed dial the next waits, 10 ms
+//! at first and twice as long after each further failure, up to 100 ms
+//! (the default heartbeat), and a success forgets the failures.
+//!
+//! openraft 0.10.0-alpha.37 backs off a replication stream only when the
+//! stream itself reports errors. When `stream_append` fails before the
+//! stream exists (the peer refuses the connection, a partition leaves no
+//! route) the leader opens the next stream at once: without this pacing
+//! a leader with a follower down dialed it tens of thousands of times a
+//! second, a core spent and as many warnings logged. A peer that comes
+//! back is dialed again within [`MAX_WAIT`].
+
+use std::future::Future;
+use std::time::Duration;
+
+use rdkv_proto::shard::ShardId;
+use tokio::time::Instant;
+
+/// The wait after the first failure of a run.
+pub const FIRST_WAIT: Duration = Duration::from_millis(10);
+/// The longest wait between two dials.
+pub const MAX_WAIT: Duration = Duration::from_millis(100);
+
+/// The failures of the dials to one peer since its last success.
+#[derive(Debug, Default)]
+pub(super) struct Redial {
+    failures: u32,
+    not_before: Option<Instant>,
+}
+
+impl Redial {
+    /// Runs `dial` once its turn has come; a failure is counted in
+    /// `rdkv_peer_dial_failures_total` and delays the next dial.
+    pub(super) async fn dial<T, E>(
+        &mut self,
+        shard: Option<ShardId>,
+        target: u64,
+        dial: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        if let Some(at) = self.not_before {
+            tokio::time::sleep_until(at).await;
+        }
+        let dialed = dial.await;
+        match &dialed {
+            Ok(_) => *self = Redial::default(),
+            Err(_) => {
+                self.failures = self.failures.saturating_add(1);
+                self.not_before = Some(Instant::now() + self.wait());
+                metrics::counter!(
+                    "rdkv_peer_dial_failures_total",
+                    "shard" => shard.unwrap_or(ShardId(0)).to_string(),
+                    "peer" => target.to_string()
+                )
+                .increment(1);
+            }
+        }
+        dialed
+    }
+
+    /// The wait before the next dial, after `failures` in a row.
+    fn wait(&self) -> Duration {
+        let doublings = self.failures.saturating_sub(1).min(16);
+        FIRST_WAIT.saturating_mul(1 << doublings).min(MAX_WAIT)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn fail(redial: &mut Redial) {
+        let failed: Result<(), ()> = redial.dial(None, 2, async { Err(()) }).await;
+        assert!(failed.is_err());
+    }
+
+    #[test]
+    fn the_wait_doubles_from_the_first_up_to_the_most() {
+        let waits: Vec<u64> = (1..=7)
+            .map(|failures| {
+                let redial = Redial {
+                    failures,
+                    not_before: None,
+                };
+                u64::try_from(redial.wait().as_millis()).unwrap_or(u64::MAX)
+            })
+            .collect();
+        assert_eq!(waits, [10, 20, 40, 80, 100, 100, 100]);
+        let many = Redial {
+            failures: u32::MAX,
+            not_before: None,
+        };
+        assert_eq!(many.wait(), MAX_WAIT);
+    }
+
+    /// Sleeps never end early, so the waits are checked as lower bounds.
+    #[tokio::test]
+    async fn a_dial_after_a_failure_waits_its_turn_and_a_success_forgets() {
+        let mut redial = Redial::default();
+        fail(&mut redial).await;
+        let start = Instant::now();
+        fail(&mut redial).await;
+        assert!(start.elapsed() >= FIRST_WAIT);
+        let start = Instant::now();
+        let ok: Result<u8, ()> = redial.dial(None, 2, async { Ok(7) }).await;
+        assert_eq!(ok, Ok(7));
+        assert!(
+            start.elapsed() >= FIRST_WAIT * 2,
+            "20 ms after two failures"
+        );
+        assert_eq!(redial.failures, 0);
+        assert_eq!(redial.not_before, None, "a success forgot the failures");
+    }
+}
