@@ -348,15 +348,18 @@ pub(crate) async fn start_raft(
     }
     // A snapshot holds at most the region's live pairs plus framing.
     let max_snapshot_bytes = config.region_bytes * 2 + SNAPSHOT_CHUNK_BYTES as u64;
-    let peers = Arc::new(PeerContext::new(
-        config.id,
-        tag,
-        config.listen.to_string(),
-        config.token.clone(),
-        sm.clone(),
-        max_snapshot_bytes,
-        tls.peer_client.clone(),
-    ));
+    let peers = Arc::new(
+        PeerContext::new(
+            config.id,
+            tag,
+            config.listen.to_string(),
+            config.token.clone(),
+            sm.clone(),
+            max_snapshot_bytes,
+            tls.peer_client.clone(),
+        )
+        .with_heartbeat(Duration::from_millis(config.heartbeat_ms)),
+    );
     let raft = Raft::new(
         config.id,
         Arc::new(raft_config(config)?),

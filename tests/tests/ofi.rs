@@ -326,18 +326,28 @@ async fn a_partition_mid_reads_fails_over_to_rpc_without_a_wrong_value() -> Resu
         let old = 1;
         let writer = cluster.client(Intent::Any)?;
         if leader != old {
-            writer.move_leader(old).await?;
+            // Another node may win the transfer's election: asked again.
+            eventually(LEADER_TIMEOUT, "node 1 leads", async || {
+                writer.move_leader(old).await?;
+                ensure!(cluster.status_of(old).await?.leader_id == Some(old));
+                Ok(())
+            })
+            .await?;
         }
         let majority: Vec<u64> = (1..=3).filter(|&id| id != old).collect();
         numbered::put_all(&writer, KEYS).await?;
         writer.put("moved", "old").await?;
         let client = cluster.client_with(Intent::Any, options(Transport::Auto))?;
         let reading = Reading::default();
-        read_all_checked(&client, KEYS, &reading.answered).await?;
-        ensure!(
-            client.one_sided_stats().await.served >= 2 * KEYS as u64,
-            "not reading over ofi"
-        );
+        // Until node 1's lease is in its region header, lease reads go by RPC.
+        eventually(LEADER_TIMEOUT, "reads over ofi", async || {
+            let before = client.one_sided_stats().await.served;
+            read_all_checked(&client, KEYS, &reading.answered).await?;
+            let served = client.one_sided_stats().await.served - before;
+            ensure!(served >= 2 * KEYS as u64, "{served} reads over ofi");
+            Ok(())
+        })
+        .await?;
         let gets_before = cluster.served_gets().await?;
         let task = tokio::spawn(reading.clone().run(client.clone(), KEYS));
         tokio::time::sleep(Duration::from_millis(500)).await;

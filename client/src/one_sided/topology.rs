@@ -241,7 +241,7 @@ impl OneSided {
             topology.keep_only(&[]);
         }
         let mut claims = LeaderClaims::default();
-        claims.note(ShardId(0), status.term, status.leader_id);
+        claims.note(ShardId(0), Some(status.term), status.leader_id);
         let mut wanted = Vec::new();
         for member in &status.members {
             // Each member's own view: its sockets and its region's epoch.
@@ -257,7 +257,7 @@ impl OneSided {
             };
             wanted.push(at.key());
             if let Some(member) = &member_status {
-                claims.note(ShardId(0), member.term, member.leader_id);
+                claims.note(ShardId(0), Some(member.term), member.leader_id);
             }
             let epoch = member_status.as_ref().map(|s| s.region_epoch);
             self.refresh_member(topology, at, member_status.as_ref(), epoch)
@@ -278,7 +278,7 @@ impl OneSided {
         // The map's hints carry no term: any replica's claim outranks them.
         let mut claims = LeaderClaims::default();
         for shard in map.shards() {
-            claims.note(shard.id, 0, shard.leader);
+            claims.note(shard.id, None, shard.leader);
         }
         topology.map = Some(Arc::clone(&map));
         let mut wanted = Vec::new();
@@ -292,7 +292,7 @@ impl OneSided {
                     Role::Leader => Some(node.id),
                     _ => replica.leader_id,
                 };
-                claims.note(replica.shard, replica.term, leader);
+                claims.note(replica.shard, Some(replica.term), leader);
             }
             let hosted = map.shards().iter().filter(|s| s.members.contains(&node.id));
             for shard in hosted {

@@ -13,6 +13,7 @@
 //! leaves the stream unusable, so that closes the connection too.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -25,8 +26,8 @@ use rdkv_tls::{ReadHalf, WriteHalf};
 use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 
-use super::network::{connect, network, send_request};
-use super::redial::Redial;
+use super::network::{connect, network, send_request, unreachable};
+use super::redial::{DialPeer, Redial};
 use super::{PeerContext, PeerHello, PeerRequest};
 use crate::framed::{FrameReader, FrameWriter};
 
@@ -104,8 +105,9 @@ pub struct PeerLink {
     target: u64,
     addr: String,
     purpose: Purpose,
-    /// The open connection; its lock is held while connecting, so that
-    /// shards asking at once share one new connection.
+    /// The open connection; its lock is held while connecting (and while
+    /// waiting for a dial's turn), so that shards asking at once share one
+    /// new connection and one pacing.
     slot: tokio::sync::Mutex<Slot>,
 }
 
@@ -152,12 +154,22 @@ impl PeerLink {
         Ok(pending)
     }
 
-    /// Drops the connection (fault injection cut this node off): waiting
-    /// requests fail, the next one connects anew.
-    pub(super) async fn drop_connection(&self) {
-        if let Some(live) = self.slot.lock().await.live.take() {
+    /// Fault injection cut this node off from the target: the connection
+    /// is dropped (waiting requests fail, the next one connects anew) and
+    /// the refusal counts as a failed dial, paced as one.
+    pub(super) async fn refuse_cut(&self, peer: DialPeer) -> RpcError {
+        let mut slot = self.slot.lock().await;
+        if let Some(live) = slot.live.take() {
             live.close();
         }
+        let target = self.target;
+        let refused = async {
+            Err::<Infallible, _>(unreachable(format!(
+                "node {target} is cut off by fault injection"
+            )))
+        };
+        let Err(refusal) = slot.redial.dial(peer, refused).await;
+        refusal
     }
 
     /// The open connection, or a new one dialed in its turn ([`Redial`]).
@@ -170,7 +182,7 @@ impl PeerLink {
         let mut hello = PeerHello::of(ctx);
         hello.cluster_id = self.identity();
         let dial = connect(ctx, self.target, &self.addr, hello.into_wire());
-        let (reader, writer) = slot.redial.dial(ctx.shard, self.target, dial).await?;
+        let (reader, writer) = slot.redial.dial(ctx.dial_peer(self.target), dial).await?;
         let waiters = Arc::new(Waiters::default());
         let reader = tokio::spawn(read_answers(reader, Arc::clone(&waiters))).abort_handle();
         let live = Arc::new(Live {

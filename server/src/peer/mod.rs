@@ -215,6 +215,9 @@ pub struct PeerContext {
     /// When a leader's AppendEntries (heartbeats included) was last
     /// accepted: how fresh this follower's view of the commit index is.
     last_leader_contact: Mutex<Option<std::time::Instant>>,
+    /// The longest wait between two dials to a peer that cannot be reached
+    /// (`redial`).
+    max_dial_wait: std::time::Duration,
 }
 
 impl PeerContext {
@@ -275,6 +278,24 @@ impl PeerContext {
             client_addrs: Mutex::new(HashMap::new()),
             isolated_from: Mutex::new(BTreeSet::new()),
             last_leader_contact: Mutex::new(None),
+            max_dial_wait: redial::MAX_WAIT,
+        }
+    }
+
+    /// Dials to a peer that cannot be reached wait at most `heartbeat`
+    /// (never more than `redial::MAX_WAIT`).
+    #[must_use]
+    pub fn with_heartbeat(mut self, heartbeat: std::time::Duration) -> Self {
+        self.max_dial_wait = heartbeat.min(redial::MAX_WAIT);
+        self
+    }
+
+    /// The dials to `target` as `redial` paces them.
+    fn dial_peer(&self, target: u64) -> redial::DialPeer {
+        redial::DialPeer {
+            shard: self.shard,
+            target,
+            max_wait: self.max_dial_wait,
         }
     }
 

@@ -211,7 +211,7 @@ impl PeerConn {
             }
             connect(ctx, target, addr, hello).await
         };
-        self.redial.dial(ctx.shard, target, dial).await
+        self.redial.dial(ctx.dial_peer(target), dial).await
     }
 
     /// The link of `purpose` of a shard of a multi-shard cluster, unless
@@ -226,11 +226,7 @@ impl PeerConn {
             Purpose::Snapshot => &links.snapshot,
         };
         if self.cut_off() {
-            link.drop_connection().await;
-            return Err(unreachable(format!(
-                "node {} is cut off by fault injection",
-                self.target
-            )));
+            return Err(link.refuse_cut(self.ctx.dial_peer(self.target)).await);
         }
         Ok(Some((links.shard, link)))
     }

@@ -1,14 +1,16 @@
 //! Paces the dials to one peer: after a failed dial the next waits, 10 ms
-//! at first and twice as long after each further failure, up to 100 ms
-//! (the default heartbeat), and a success forgets the failures.
+//! at first and twice as long after each further failure, up to the
+//! heartbeat interval or 100 ms, whichever is less, and a success forgets
+//! the failures. Capped at the heartbeat, a follower that comes back hears
+//! from its leader about as soon as it would have without the pacing,
+//! before its election timeout (five heartbeats) runs out.
 //!
 //! openraft 0.10.0-alpha.37 backs off a replication stream only when the
 //! stream itself reports errors. When `stream_append` fails before the
 //! stream exists (the peer refuses the connection, a partition leaves no
 //! route) the leader opens the next stream at once: without this pacing
 //! a leader with a follower down dialed it tens of thousands of times a
-//! second, a core spent and as many warnings logged. A peer that comes
-//! back is dialed again within [`MAX_WAIT`].
+//! second, a core spent and as many warnings logged.
 
 use std::future::Future;
 use std::time::Duration;
@@ -18,8 +20,19 @@ use tokio::time::Instant;
 
 /// The wait after the first failure of a run.
 pub const FIRST_WAIT: Duration = Duration::from_millis(10);
-/// The longest wait between two dials.
+/// The longest wait between two dials (less under a shorter heartbeat).
 pub const MAX_WAIT: Duration = Duration::from_millis(100);
+
+/// Who is dialed, for the pacing and its metric.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct DialPeer {
+    /// The shard whose connection dials (a multi-shard node's link is
+    /// shared: the shard that happened to dial it).
+    pub(super) shard: Option<ShardId>,
+    pub(super) target: u64,
+    /// The longest wait between two dials: [`MAX_WAIT`] or the heartbeat.
+    pub(super) max_wait: Duration,
+}
 
 /// The failures of the dials to one peer since its last success.
 #[derive(Debug, Default)]
@@ -33,8 +46,7 @@ impl Redial {
     /// `rdkv_peer_dial_failures_total` and delays the next dial.
     pub(super) async fn dial<T, E>(
         &mut self,
-        shard: Option<ShardId>,
-        target: u64,
+        peer: DialPeer,
         dial: impl Future<Output = Result<T, E>>,
     ) -> Result<T, E> {
         if let Some(at) = self.not_before {
@@ -45,11 +57,11 @@ impl Redial {
             Ok(_) => *self = Redial::default(),
             Err(_) => {
                 self.failures = self.failures.saturating_add(1);
-                self.not_before = Some(Instant::now() + self.wait());
+                self.not_before = Some(Instant::now() + self.wait(peer.max_wait));
                 metrics::counter!(
                     "rdkv_peer_dial_failures_total",
-                    "shard" => shard.unwrap_or(ShardId(0)).to_string(),
-                    "peer" => target.to_string()
+                    "shard" => peer.shard.unwrap_or(ShardId(0)).to_string(),
+                    "peer" => peer.target.to_string()
                 )
                 .increment(1);
             }
@@ -58,9 +70,9 @@ impl Redial {
     }
 
     /// The wait before the next dial, after `failures` in a row.
-    fn wait(&self) -> Duration {
+    fn wait(&self, max_wait: Duration) -> Duration {
         let doublings = self.failures.saturating_sub(1).min(16);
-        FIRST_WAIT.saturating_mul(1 << doublings).min(MAX_WAIT)
+        FIRST_WAIT.saturating_mul(1 << doublings).min(max_wait)
     }
 }
 
@@ -68,8 +80,14 @@ impl Redial {
 mod tests {
     use super::*;
 
+    const PEER: DialPeer = DialPeer {
+        shard: None,
+        target: 2,
+        max_wait: MAX_WAIT,
+    };
+
     async fn fail(redial: &mut Redial) {
-        let failed: Result<(), ()> = redial.dial(None, 2, async { Err(()) }).await;
+        let failed: Result<(), ()> = redial.dial(PEER, async { Err(()) }).await;
         assert!(failed.is_err());
     }
 
@@ -81,7 +99,7 @@ mod tests {
                     failures,
                     not_before: None,
                 };
-                u64::try_from(redial.wait().as_millis()).unwrap_or(u64::MAX)
+                u64::try_from(redial.wait(MAX_WAIT).as_millis()).unwrap_or(u64::MAX)
             })
             .collect();
         assert_eq!(waits, [10, 20, 40, 80, 100, 100, 100]);
@@ -89,7 +107,9 @@ mod tests {
             failures: u32::MAX,
             not_before: None,
         };
-        assert_eq!(many.wait(), MAX_WAIT);
+        assert_eq!(many.wait(MAX_WAIT), MAX_WAIT);
+        let short_heartbeat = Duration::from_millis(30);
+        assert_eq!(many.wait(short_heartbeat), short_heartbeat);
     }
 
     /// Sleeps never end early, so the waits are checked as lower bounds.
@@ -101,7 +121,7 @@ mod tests {
         fail(&mut redial).await;
         assert!(start.elapsed() >= FIRST_WAIT);
         let start = Instant::now();
-        let ok: Result<u8, ()> = redial.dial(None, 2, async { Ok(7) }).await;
+        let ok: Result<u8, ()> = redial.dial(PEER, async { Ok(7) }).await;
         assert_eq!(ok, Ok(7));
         assert!(
             start.elapsed() >= FIRST_WAIT * 2,
