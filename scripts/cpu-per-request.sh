@@ -12,6 +12,9 @@
 #     get:    redis-benchmark -t get -c 50 -P 16 -n $GET_N (lease reads)
 #     update: rdkv-bench ycsb update-only, 2 threads x 128 in flight, $UPDATE_N ops
 #     redis:  the same SET (appendfsync always) and GET (no persistence) at redis-server
+#     down:   a follower killed and one SET written, then each node's CPU
+#             over 5 s with no requests (the "per request" figure is the
+#             whole 5 s); last, as the follower stays down
 # Each measurement runs $ROUNDS times (default 2). PERF_DIR=DIR also
 # records a perf profile of the leader per measurement into DIR, at
 # PERF_HZ samples a second (default 299).
@@ -122,6 +125,23 @@ run_rdkv() {
                 measure "update-only 2x128" "$UPDATE_N" "${ycsb[@]}" --phase run -p operationcount="$UPDATE_N"
             done
             ;;
+        down)
+            local i
+            for i in "${!NAMES[@]}"; do
+                if [[ ${NAMES[i]} != leader ]]; then
+                    kill -9 "${MEASURED[i]}"
+                    unset 'MEASURED[i]' 'NAMES[i]'
+                    MEASURED=("${MEASURED[@]}") NAMES=("${NAMES[@]}")
+                    break
+                fi
+            done
+            # A write after the kill leaves the leader an entry to send it.
+            redis-cli -h "127.0.0.1$LEADER" -p 16380 set after-the-kill 1 >/dev/null
+            sleep 1
+            for r in $(seq "$ROUNDS"); do
+                measure "a follower down, 5 s idle" 1 sleep 5
+            done
+            ;;
         esac
     done
 }
@@ -149,7 +169,7 @@ run_redis() {
 if [[ " ${WHAT[*]} " == *" redis "* ]]; then
     run_redis
 fi
-if [[ " ${WHAT[*]} " =~ \ (set|get|update)\  ]]; then
+if [[ " ${WHAT[*]} " =~ \ (set|get|update|down)\  ]]; then
     start_rdkv
     run_rdkv
 fi
