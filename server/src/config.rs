@@ -863,26 +863,6 @@ mod tests {
     }
 
     #[test]
-    fn bytes_per_slot_comes_from_the_flag_or_the_file_within_its_range() {
-        assert_eq!(Config::resolve(args(&[])).unwrap().bytes_per_slot, 128);
-        let config = Config::resolve(args(&["--bytes-per-slot", "65536"])).unwrap();
-        assert_eq!(config.bytes_per_slot, 65536);
-        for bad in ["15", "0", "1073741825"] {
-            let error = Config::resolve(args(&["--bytes-per-slot", bad])).unwrap_err();
-            assert!(error.to_string().contains("--bytes-per-slot"), "{error}");
-        }
-        assert!(Config::resolve(args(&["--bytes-per-slot", "16"])).is_ok());
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("rdkv.toml");
-        std::fs::write(&path, "bytes_per_slot = 4096\n").unwrap();
-        let p = path.to_str().unwrap();
-        let config = Config::resolve(args(&["--config", p])).unwrap();
-        assert_eq!(config.bytes_per_slot, 4096);
-        let config = Config::resolve(args(&["--config", p, "--bytes-per-slot", "256"])).unwrap();
-        assert_eq!(config.bytes_per_slot, 256);
-    }
-
-    #[test]
     fn file_settings_apply_and_flags_win() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rdkv.toml");
@@ -961,50 +941,94 @@ mod tests {
         }
     }
 
-    #[test]
-    fn worker_threads_come_from_the_flag_or_the_file_within_their_range() {
-        assert_eq!(Config::resolve(args(&[])).unwrap().worker_threads, None);
-        let config = Config::resolve(args(&["--worker-threads", "1"])).unwrap();
-        assert_eq!(config.worker_threads, Some(1));
-        for bad in ["0", "1025"] {
-            let error = Config::resolve(args(&["--worker-threads", bad])).unwrap_err();
-            assert!(error.to_string().contains("--worker-threads"), "{error}");
-        }
-        for unparsable in ["-1", "two", "4294967296"] {
-            let argv = ["rdkv-server", "--worker-threads", unparsable];
-            assert!(Args::try_parse_from(argv).is_err(), "{unparsable}");
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("rdkv.toml");
-        std::fs::write(&path, "worker_threads = 3\n").unwrap();
-        let p = path.to_str().unwrap();
-        let config = Config::resolve(args(&["--config", p])).unwrap();
-        assert_eq!(config.worker_threads, Some(3));
-        let config = Config::resolve(args(&["--config", p, "--worker-threads", "2"])).unwrap();
-        assert_eq!(config.worker_threads, Some(2));
+    /// A numeric setting taken from its flag or the file, the flag winning,
+    /// and refused outside its range or unparsable.
+    struct Bounded {
+        flag: &'static str,
+        /// Its key in the TOML file.
+        key: &'static str,
+        value: fn(&Config) -> Option<u64>,
+        default: Option<u64>,
+        /// Two accepted values: one given as the flag, one in the file.
+        accepted: [u64; 2],
+        /// Parsed, then refused by the range check (naming the flag).
+        out_of_range: &'static [&'static str],
+        /// Refused by the parser.
+        unparsable: &'static [&'static str],
     }
 
+    const BOUNDED: [Bounded; 3] = [
+        Bounded {
+            flag: "--bytes-per-slot",
+            key: "bytes_per_slot",
+            value: |c| Some(c.bytes_per_slot),
+            default: Some(128),
+            accepted: [65536, 16],
+            out_of_range: &["15", "0", "1073741825"],
+            unparsable: &["-1", "lots"],
+        },
+        Bounded {
+            flag: "--worker-threads",
+            key: "worker_threads",
+            value: |c| c.worker_threads.and_then(|n| u64::try_from(n).ok()),
+            default: None,
+            accepted: [1, 3],
+            out_of_range: &["0", "1025"],
+            unparsable: &["-1", "two", "4294967296"],
+        },
+        Bounded {
+            flag: "--max-value-bytes",
+            key: "max_value_bytes",
+            value: |c| Some(u64::from(c.max_value_bytes)),
+            default: Some(DEFAULT_MAX_VALUE_BYTES as u64),
+            accepted: [4 * 1024 * 1024, 2 * 1024 * 1024],
+            out_of_range: &["0", "67108865"],
+            unparsable: &["-1", "4MiB", "4294967296"],
+        },
+    ];
+
     #[test]
-    fn max_value_bytes_comes_from_the_flag_or_the_file_within_its_range() {
-        let config = Config::resolve(args(&[])).unwrap();
-        assert_eq!(config.max_value_bytes, DEFAULT_MAX_VALUE_BYTES);
-        let config = Config::resolve(args(&["--max-value-bytes", "4194304"])).unwrap();
-        assert_eq!(config.max_value_bytes, 4 * 1024 * 1024);
-        for bad in ["0", "67108865"] {
-            let error = Config::resolve(args(&["--max-value-bytes", bad])).unwrap_err();
-            assert!(error.to_string().contains("--max-value-bytes"), "{error}");
+    fn bounded_settings_come_from_the_flag_or_the_file_within_their_range() {
+        for setting in &BOUNDED {
+            check_bounded(setting);
         }
-        for unparsable in ["-1", "4MiB", "4294967296"] {
-            let argv = ["rdkv-server", "--max-value-bytes", unparsable];
-            assert!(Args::try_parse_from(argv).is_err(), "{unparsable}");
+    }
+
+    fn check_bounded(setting: &Bounded) {
+        let Bounded {
+            flag, key, value, ..
+        } = *setting;
+        let [as_flag, in_file] = setting.accepted.map(|v| v.to_string());
+        assert_eq!(
+            value(&Config::resolve(args(&[])).unwrap()),
+            setting.default,
+            "{flag}"
+        );
+        let config = Config::resolve(args(&[flag, &as_flag])).unwrap();
+        assert_eq!(value(&config), Some(setting.accepted[0]), "{flag}");
+        for bad in setting.out_of_range {
+            let error = Config::resolve(args(&[flag, bad])).unwrap_err();
+            assert!(error.to_string().contains(flag), "{flag} {bad}: {error}");
+        }
+        for unparsable in setting.unparsable {
+            let argv = ["rdkv-server", flag, unparsable];
+            assert!(Args::try_parse_from(argv).is_err(), "{flag} {unparsable}");
         }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rdkv.toml");
-        std::fs::write(&path, "max_value_bytes = 2097152\n").unwrap();
+        std::fs::write(&path, format!("{key} = {in_file}\n")).unwrap();
         let p = path.to_str().unwrap();
         let config = Config::resolve(args(&["--config", p])).unwrap();
-        assert_eq!(config.max_value_bytes, 2 * 1024 * 1024);
-        let config = Config::resolve(args(&["--config", p, "--max-value-bytes", "100"])).unwrap();
-        assert_eq!(config.max_value_bytes, 100);
+        assert_eq!(
+            value(&config),
+            Some(setting.accepted[1]),
+            "{key} in the file"
+        );
+        let config = Config::resolve(args(&["--config", p, flag, &as_flag])).unwrap();
+        assert_eq!(
+            value(&config),
+            Some(setting.accepted[0]),
+            "{flag} over the file"
+        );
     }
 }
