@@ -382,6 +382,16 @@ impl Cluster {
         self.replica(id)?.status().await
     }
 
+    /// Node `id`'s `/metrics`, parsed (refused unless valid exposition text).
+    pub async fn metrics_of(&self, id: u64) -> Result<crate::prometheus::Exposition> {
+        let addr = self.node(id)?.http_addr;
+        let get = move || crate::prometheus::http_get(addr, "/metrics");
+        let (status, body) = tokio::task::spawn_blocking(get).await??;
+        ensure!(status == 200, "/metrics of node {id} answered {status}");
+        crate::prometheus::parse(&body)
+            .with_context(|| format!("node {id}'s /metrics is not valid exposition text"))
+    }
+
     /// GET and MGET requests the nodes have answered by RPC, all together:
     /// a one-sided read adds nothing to it.
     pub async fn served_gets(&self) -> Result<u64> {

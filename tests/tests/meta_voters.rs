@@ -20,16 +20,15 @@ use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, check, eventually};
 
 const FLAGS: [&str; 6] = ["--shards", "3", "--replicas", "2", "--region-mib", "8"];
 
-/// The metadata group's voters and learners in node `id`'s `/status`.
-async fn meta_members(cluster: &Cluster, id: u64) -> Result<(BTreeSet<u64>, BTreeSet<u64>)> {
-    let meta = meta_status(cluster, id).await?;
+/// The metadata group's voters and learners in a node's `meta` status.
+fn meta_members(meta: &serde_json::Value) -> (BTreeSet<u64>, BTreeSet<u64>) {
     let ids = |field: &str| -> BTreeSet<u64> {
         meta[field]
             .as_array()
             .map(|ids| ids.iter().filter_map(serde_json::Value::as_u64).collect())
             .unwrap_or_default()
     };
-    Ok((ids("voters"), ids("learners")))
+    (ids("voters"), ids("learners"))
 }
 
 /// The `meta` part of node `id`'s `/status`.
@@ -41,9 +40,8 @@ async fn meta_status(cluster: &Cluster, id: u64) -> Result<serde_json::Value> {
     Ok(status["meta"].take())
 }
 
-/// Whether node `id` sees the metadata group mid-change (joint).
-async fn meta_joint(cluster: &Cluster, id: u64) -> Result<bool> {
-    let meta = meta_status(cluster, id).await?;
+/// Whether a node's `meta` status shows the group mid-change (joint).
+fn meta_joint(meta: &serde_json::Value) -> Result<bool> {
     meta["joint"].as_bool().context("no meta.joint")
 }
 
@@ -93,9 +91,11 @@ async fn members_are(
         &format!("voters {voters:?}, learners {learners:?} on nodes {asked:?}"),
         async || {
             for &id in asked {
-                let seen = meta_members(cluster, id).await?;
+                // Members and joint from one reading, so both hold at once.
+                let meta = meta_status(cluster, id).await?;
+                let seen = meta_members(&meta);
                 ensure!(seen == want, "node {id} shows {seen:?}");
-                ensure!(!meta_joint(cluster, id).await?, "node {id} is mid-change");
+                ensure!(!meta_joint(&meta)?, "node {id} is mid-change");
             }
             Ok(())
         },

@@ -8,18 +8,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use rdkv_client::{Client, ClientOptions, Consistency, Transport};
-use rdkv_tests::prometheus::{Exposition, http_get, parse};
+use rdkv_tests::prometheus::{Exposition, http_get};
 use rdkv_tests::{Cluster, Intent, binary, check_with_leader, client_options, eventually};
 
 /// The labels of a single group's Raft and region gauges.
 const SHARD_0: &[(&str, &str)] = &[("shard", "0")];
-
-async fn scrape(cluster: &Cluster, id: u64) -> Result<Exposition> {
-    let addr = cluster.node(id)?.http_addr;
-    let (status, body) = tokio::task::spawn_blocking(move || http_get(addr, "/metrics")).await??;
-    ensure!(status == 200, "/metrics of node {id} answered {status}");
-    parse(&body).with_context(|| format!("node {id}'s /metrics is not valid exposition text"))
-}
 
 async fn health(cluster: &Cluster, id: u64) -> Result<(u16, String)> {
     let addr = cluster.node(id)?.http_addr;
@@ -65,8 +58,8 @@ async fn metrics_count_every_operation_and_report_follower_lag() -> Result<()> {
         )
         .await?;
 
-        let before = scrape(cluster, leader).await?;
-        let before_follower = scrape(cluster, follower).await?;
+        let before = cluster.metrics_of(leader).await?;
+        let before_follower = cluster.metrics_of(follower).await?;
         const PUTS: u64 = 40;
         const GETS: u64 = 25;
         const DELETES: u64 = 10;
@@ -105,8 +98,8 @@ async fn metrics_count_every_operation_and_report_follower_lag() -> Result<()> {
                 )
                 .await?;
         }
-        let after = scrape(cluster, leader).await?;
-        let after_follower = scrape(cluster, follower).await?;
+        let after = cluster.metrics_of(leader).await?;
+        let after_follower = cluster.metrics_of(follower).await?;
 
         let tcp_op = |op: &'static str| [("op", op), ("transport", "tcp")];
         for (op, n) in [
@@ -239,7 +232,8 @@ async fn metrics_count_every_operation_and_report_follower_lag() -> Result<()> {
                 tcp.put(format!("lag{i}"), "v").await?;
             }
             let label = follower.to_string();
-            let lag = scrape(cluster, leader)
+            let lag = cluster
+                .metrics_of(leader)
                 .await?
                 .get(
                     "rdkv_raft_replication_lag_entries",
@@ -255,7 +249,7 @@ async fn metrics_count_every_operation_and_report_follower_lag() -> Result<()> {
 
         // One-sided reads never reach the server; the client reports them.
         let shm = client(cluster, leader, Transport::Shm)?;
-        let before = scrape(cluster, leader).await?;
+        let before = cluster.metrics_of(leader).await?;
         const ONE_SIDED: u64 = 30;
         for i in 0..ONE_SIDED {
             shm.get(format!("k{i}")).await?;
@@ -268,7 +262,7 @@ async fn metrics_count_every_operation_and_report_follower_lag() -> Result<()> {
             Duration::from_secs(5),
             "every one-sided read reported",
             async || {
-                let after = scrape(cluster, leader).await?;
+                let after = cluster.metrics_of(leader).await?;
                 let reported = moved(&before, &after, "rdkv_one_sided_reads_total", &client_reads);
                 let gets = moved(&before, &after, "rdkv_requests_total", &tcp_op("get"));
                 ensure!(gets == 0.0, "one-sided GETs reached the server: {gets}");

@@ -15,7 +15,6 @@ use anyhow::{Context, Result, ensure};
 use bytes::Bytes;
 use rdkv_client::{Client, ClientOptions, Consistency, Transport};
 use rdkv_fabric::IndexCache;
-use rdkv_tests::prometheus::{http_get, parse};
 use rdkv_tests::{
     Cluster, Intent, LEADER_TIMEOUT, SNAPSHOT_OFTEN, check_with_leader, client_options, eventually,
     numbered,
@@ -144,11 +143,9 @@ async fn check_shm_client(cluster: &Cluster) -> Result<()> {
 
 /// Node `id`'s overflow tables, from its `/metrics`.
 async fn overflow_tables(cluster: &Cluster, id: u64) -> Result<f64> {
-    let addr = cluster.node(id)?.http_addr;
-    let (status, body) = tokio::task::spawn_blocking(move || http_get(addr, "/metrics")).await??;
-    ensure!(status == 200, "/metrics of node {id} answered {status}");
-    let metrics = parse(&body).with_context(|| format!("node {id}'s /metrics"))?;
-    metrics
+    cluster
+        .metrics_of(id)
+        .await?
         .get("rdkv_region_overflow_tables", &[("shard", "0")])
         .with_context(|| format!("node {id} reports no rdkv_region_overflow_tables"))
 }

@@ -111,13 +111,7 @@ async fn a_slow_disk_slows_writes_but_loses_none() -> Result<()> {
             client.put(key.clone(), "v").await?;
             acknowledged.push(key);
         }
-        let log = tokio::task::spawn_blocking({
-            let addr = cluster.node(leader)?.http_addr;
-            move || http_get(addr, "/metrics")
-        })
-        .await??
-        .1;
-        let parsed = rdkv_tests::prometheus::parse(&log)?;
+        let parsed = cluster.metrics_of(leader).await?;
         let slow = parsed.sum(
             "rdkv_raft_log_fsync_duration_seconds_bucket",
             &[("le", "0.025")],
@@ -212,13 +206,13 @@ async fn paced_dials(
     let mut before = Vec::new();
     for &id in survivors {
         let warnings = cluster.node(id)?.log().matches(WARNING).count();
-        before.push((warnings, scrape(cluster, id).await?.sum(DIALS, &labels)));
+        before.push((warnings, cluster.metrics_of(id).await?.sum(DIALS, &labels)));
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut after = Vec::new();
     for &id in survivors {
         let warnings = cluster.node(id)?.log().matches(WARNING).count();
-        after.push((warnings, scrape(cluster, id).await?.sum(DIALS, &labels)));
+        after.push((warnings, cluster.metrics_of(id).await?.sum(DIALS, &labels)));
     }
     let window_ms = window_start.elapsed().as_millis();
     let allowed = dialers * (window_ms / 50 + 4);
@@ -239,11 +233,4 @@ async fn paced_dials(
         total += dials;
     }
     Ok(total)
-}
-
-async fn scrape(cluster: &Cluster, id: u64) -> Result<rdkv_tests::prometheus::Exposition> {
-    let addr = cluster.node(id)?.http_addr;
-    let (status, body) = tokio::task::spawn_blocking(move || http_get(addr, "/metrics")).await??;
-    ensure!(status == 200, "/metrics of node {id} answered {status}");
-    rdkv_tests::prometheus::parse(&body)
 }

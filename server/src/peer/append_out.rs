@@ -30,7 +30,7 @@ use tokio::time::Instant;
 
 use super::link::{Pending, Purpose};
 use super::network::{
-    Conn, PeerConn, decode_response, network, remote, send_request, unexpected, unreachable,
+    Conn, PeerConn, cut_off_error, decode_response, network, remote, send_request, unexpected,
 };
 use super::{PeerRequest, PeerResponse};
 
@@ -165,9 +165,7 @@ where
     async fn send(&mut self, rpc: AppendEntriesRequest) -> Result<(), RpcError> {
         let target = self.peer.target;
         if self.peer.cut_off() {
-            return Err(unreachable(format!(
-                "node {target} is cut off by fault injection"
-            )));
+            return Err(cut_off_error(target));
         }
         let prev = rpc.prev_log_id;
         let last = rpc.entries.last().map(|entry| entry.log_id).or(prev);

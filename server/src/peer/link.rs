@@ -26,7 +26,7 @@ use rdkv_tls::{ReadHalf, WriteHalf};
 use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 
-use super::network::{connect, network, send_request, unreachable};
+use super::network::{connect, cut_off_error, network, send_request};
 use super::redial::{DialPeer, Redial};
 use super::{PeerContext, PeerHello, PeerRequest};
 use crate::framed::{FrameReader, FrameWriter};
@@ -162,12 +162,7 @@ impl PeerLink {
         if let Some(live) = slot.live.take() {
             live.close();
         }
-        let target = self.target;
-        let refused = async {
-            Err::<Infallible, _>(unreachable(format!(
-                "node {target} is cut off by fault injection"
-            )))
-        };
+        let refused = async { Err::<Infallible, _>(cut_off_error(self.target)) };
         let Err(refusal) = slot.redial.dial(peer, refused).await;
         refusal
     }

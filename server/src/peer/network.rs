@@ -106,6 +106,11 @@ pub(super) fn unreachable(message: String) -> RpcError {
     RpcError::Unreachable(Unreachable::from_string(message))
 }
 
+/// What a call to `target` gets while fault injection cuts it off.
+pub(super) fn cut_off_error(target: u64) -> RpcError {
+    unreachable(format!("node {target} is cut off by fault injection"))
+}
+
 pub(super) fn network(message: String) -> RpcError {
     RpcError::Network(NetworkError::from_string(message))
 }
@@ -205,9 +210,7 @@ impl PeerConn {
         let (ctx, target, addr) = (&self.ctx, self.target, self.addr.as_str());
         let dial = async {
             if ctx.is_isolated_from(target) {
-                return Err(unreachable(format!(
-                    "node {target} is cut off by fault injection"
-                )));
+                return Err(cut_off_error(target));
             }
             connect(ctx, target, addr, hello).await
         };
