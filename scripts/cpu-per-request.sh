@@ -17,7 +17,8 @@
 #             whole 5 s); last, as the follower stays down
 # Each measurement runs $ROUNDS times (default 2). PERF_DIR=DIR also
 # records a perf profile of the leader per measurement into DIR, at
-# PERF_HZ samples a second (default 299).
+# PERF_HZ samples a second (default 299); PERF_ROLE=follower profiles the
+# first follower instead.
 set -euo pipefail
 
 BIN=${1:-target/release}
@@ -47,9 +48,9 @@ measure() {
     shift 2
     local before=() after=() i
     local perf=""
-    if [[ -n ${PERF_DIR:-} && -n ${LEADER_PID:-} ]]; then
-        # PERF_DIR: also profile the leader (perf record, DWARF call graphs).
-        perf record -e cpu-clock -F "${PERF_HZ:-299}" --call-graph dwarf,16384 -p "$LEADER_PID" \
+    if [[ -n ${PERF_DIR:-} && -n ${PERF_PID:-} ]]; then
+        # PERF_DIR: also profile one node (perf record, DWARF call graphs).
+        perf record -e cpu-clock -F "${PERF_HZ:-299}" --call-graph dwarf,16384 -p "$PERF_PID" \
             -o "$PERF_DIR/${label// /_}.data" >/dev/null 2>&1 &
         perf=$!
         sleep 0.5
@@ -92,9 +93,10 @@ start_rdkv() {
         MEASURED+=("${PIDS[first + i - 1]}")
         if [[ $i == "$LEADER" ]]; then
             NAMES+=("leader")
-            LEADER_PID=${PIDS[first + i - 1]}
+            [[ ${PERF_ROLE:-leader} == leader ]] && PERF_PID=${PIDS[first + i - 1]}
         else
             NAMES+=("follower$i")
+            [[ ${PERF_ROLE:-leader} == follower && -z ${PERF_PID:-} ]] && PERF_PID=${PIDS[first + i - 1]}
         fi
     done
     echo "leader: node $LEADER; $(uptime)"

@@ -29,10 +29,24 @@ pub enum RecordError {
 /// Appends one framed record to `out`. Payloads are bounded by their writers
 /// (entries and snapshot pairs are limited far below 4 GiB).
 pub fn encode_record(payload: &[u8], out: &mut Vec<u8>) {
-    debug_assert!(u32::try_from(payload.len()).is_ok());
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    let start = out.len();
+    out.extend_from_slice(&[0; RECORD_HEADER_BYTES]);
     out.extend_from_slice(payload);
+    seal_record(&mut out[start..]);
+}
+
+/// Fills in the header of `record`, a header's worth of bytes followed by
+/// the payload, from that payload. Why: a writer can reserve the header,
+/// encode the payload straight after it and seal it, with no buffer of its
+/// own for the payload (the Raft log's appends).
+pub fn seal_record(record: &mut [u8]) {
+    let Some((header, payload)) = record.split_first_chunk_mut::<RECORD_HEADER_BYTES>() else {
+        debug_assert!(false, "a record shorter than its header");
+        return;
+    };
+    debug_assert!(u32::try_from(payload.len()).is_ok());
+    header[..4].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    header[4..].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
 }
 
 /// Decodes the record at the start of `bytes`: its payload and the total

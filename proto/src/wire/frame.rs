@@ -175,12 +175,7 @@ pub fn encode_frame<T: Serialize + ?Sized>(
     dst.put_u8(kind.as_u8());
     dst.put_u64_le(request_id);
     let budget_bytes = u64::from(max_frame_bytes.saturating_sub(MIN_BODY_BYTES));
-    let flavor = BoundedFlavor {
-        dst,
-        budget_bytes,
-        seen_bytes: 0,
-    };
-    let payload_bytes = match postcard::serialize_with_flavor(msg, flavor) {
+    let payload_bytes = match serialize_bounded(msg, budget_bytes, dst) {
         Ok(n) => n,
         Err(e) => {
             dst.truncate(start);
@@ -239,22 +234,41 @@ pub fn decode_exact<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
     }
 }
 
+/// Appends `msg`'s postcard encoding to `dst`, storing at most
+/// `budget_bytes` of it and only counting the rest, and returns its whole
+/// length. Why: a message over its limit costs no memory, and one that fits
+/// is written once, where it will stay (a frame, a log record), with no
+/// buffer of its own. A length over the budget means `dst` holds a
+/// truncated encoding the caller must discard.
+pub fn serialize_bounded<T: Serialize + ?Sized, B: BufMut>(
+    msg: &T,
+    budget_bytes: u64,
+    dst: &mut B,
+) -> postcard::Result<u64> {
+    let flavor = BoundedFlavor {
+        dst,
+        budget_bytes,
+        seen_bytes: 0,
+    };
+    postcard::serialize_with_flavor(msg, flavor)
+}
+
 /// Writes up to `budget_bytes` into `dst` and only counts the rest.
 #[derive(Debug)]
-struct BoundedFlavor<'a> {
-    dst: &'a mut BytesMut,
+struct BoundedFlavor<'a, B> {
+    dst: &'a mut B,
     budget_bytes: u64,
     seen_bytes: u64,
 }
 
-impl postcard::ser_flavors::Flavor for BoundedFlavor<'_> {
+impl<B: BufMut> postcard::ser_flavors::Flavor for BoundedFlavor<'_, B> {
     type Output = u64;
 
     fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
         let len = u64::try_from(data.len()).unwrap_or(u64::MAX);
         self.seen_bytes = self.seen_bytes.saturating_add(len);
         if self.seen_bytes <= self.budget_bytes {
-            self.dst.extend_from_slice(data);
+            self.dst.put_slice(data);
         }
         Ok(())
     }

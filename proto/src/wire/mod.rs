@@ -33,7 +33,7 @@ pub use batch::HARD_MAX_BATCH_ENTRIES;
 pub use error::{LimitError, LimitsConfigError, WireError};
 pub use frame::{
     DEFAULT_MAX_FRAME_BYTES, FRAME_HEADER_BYTES, Frame, FrameDecoder, FrameKind, MIN_BODY_BYTES,
-    decode_exact, decode_payload, encode_frame, encoded_frame,
+    decode_exact, decode_payload, encode_frame, encoded_frame, serialize_bounded,
 };
 pub use handshake::{
     ClientHello, HANDSHAKE_MAGIC, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, SHARDED_PROTOCOL_VERSION,

@@ -32,9 +32,11 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::error::LogError;
+use rdkv_proto::wire::serialize_bounded;
+
 use crate::durability;
 use crate::raft::{Entry, LogId, Vote};
-use crate::record::{RECORD_HEADER_BYTES, decode_record, encode_record};
+use crate::record::{RECORD_HEADER_BYTES, decode_record, encode_record, seal_record};
 
 pub const SEGMENT_MAGIC: [u8; 8] = *b"RDKVLOG\0";
 pub const SEGMENT_FORMAT_VERSION: u32 = 1;
@@ -88,19 +90,33 @@ pub fn check_segment_header(h: &[u8; SEGMENT_HEADER_BYTES as usize]) -> Result<(
 }
 
 /// Appends the framed record of `entry` to `out`; returns the payload size.
-/// The size is checked against `max_payload` before anything is appended.
+/// The payload is encoded in place, after its reserved header; one over
+/// `max_payload` is only counted, and on any error `out` is left as it was.
 pub fn encode_entry(entry: &Entry, max_payload: u32, out: &mut Vec<u8>) -> Result<u32, LogError> {
-    let payload = postcard::to_allocvec(entry)?;
-    let len = u32::try_from(payload.len())
-        .ok()
-        .filter(|len| *len <= max_payload)
-        .ok_or(LogError::RecordTooLarge {
-            index: entry.log_id.index,
-            size: payload.len() as u64,
-            max: max_payload,
-        })?;
-    encode_record(&payload, out);
-    Ok(len)
+    let start = out.len();
+    out.extend_from_slice(&[0; RECORD_HEADER_BYTES]);
+    let encoded = serialize_bounded(entry, u64::from(max_payload), out);
+    let len = match encoded {
+        Ok(size) => u32::try_from(size)
+            .ok()
+            .filter(|len| *len <= max_payload)
+            .ok_or(LogError::RecordTooLarge {
+                index: entry.log_id.index,
+                size,
+                max: max_payload,
+            }),
+        Err(e) => Err(LogError::Encode(e)),
+    };
+    match len {
+        Ok(len) => {
+            seal_record(&mut out[start..]);
+            Ok(len)
+        }
+        Err(e) => {
+            out.truncate(start);
+            Err(e)
+        }
+    }
 }
 
 /// Reads and checks the record of `expected` at `offset` (a location taken
@@ -323,7 +339,58 @@ fn write_small_file<T: Serialize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::raft::{Command, TypeConfig};
+    use bytes::Bytes;
+    use openraft::entry::RaftEntry;
     use std::fs;
+
+    fn put_entry(index: u64, value_len: usize) -> Entry {
+        let command = Command::Put {
+            key: Bytes::from_static(b"key"),
+            value: Bytes::from(vec![7u8; value_len]),
+        };
+        Entry::new_normal(
+            openraft::testing::log_id::<TypeConfig>(2, 1, index),
+            command,
+        )
+    }
+
+    #[test]
+    fn an_entry_is_appended_as_the_record_of_its_postcard_encoding() {
+        let entry = put_entry(5, 1000);
+        let payload = postcard::to_allocvec(&entry).unwrap();
+        let mut want = b"before".to_vec();
+        encode_record(&payload, &mut want);
+        let mut out = b"before".to_vec();
+        let len = encode_entry(&entry, u32::MAX, &mut out).unwrap();
+        assert_eq!(len as usize, payload.len());
+        assert_eq!(out, want);
+        let (decoded, used) = decode_record(&out[6..], u64::MAX).unwrap();
+        assert_eq!((decoded, used), (&payload[..], out.len() - 6));
+    }
+
+    #[test]
+    fn an_entry_over_the_limit_is_refused_and_leaves_the_buffer_as_it_was() {
+        let entry = put_entry(9, 4096);
+        let size = postcard::to_allocvec(&entry).unwrap().len() as u64;
+        for max in [0, 100, size as u32 - 1] {
+            let mut out = b"kept".to_vec();
+            match encode_entry(&entry, max, &mut out) {
+                Err(LogError::RecordTooLarge {
+                    index: 9,
+                    size: got,
+                    max: got_max,
+                }) => assert_eq!((got, got_max), (size, max)),
+                other => panic!("limit {max}: {other:?}"),
+            }
+            assert_eq!(out, b"kept", "limit {max}");
+        }
+        let mut out = Vec::new();
+        assert_eq!(
+            encode_entry(&entry, size as u32, &mut out).unwrap() as u64,
+            size
+        );
+    }
 
     #[test]
     fn segment_names_round_trip() {
