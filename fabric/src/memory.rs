@@ -312,9 +312,19 @@ impl RegionMemory {
     pub fn write_bytes(&self, offset: u64, src: &[u8]) -> Result<(), MemoryError> {
         self.check_writable()?;
         let words = self.words(offset, src.len())?;
-        for (chunk, word) in src.chunks(WORD).zip(words) {
+        let mut chunks = src.chunks_exact(WORD);
+        let mut words = words.iter();
+        // Whole words as fixed-size loads (no memcpy call per word, as in
+        // `read_bytes`), then the zero-padded tail.
+        for (chunk, word) in (&mut chunks).zip(&mut words) {
             let mut bytes = [0u8; WORD];
-            bytes[..chunk.len()].copy_from_slice(chunk);
+            bytes.copy_from_slice(chunk);
+            word.store(u64::from_ne_bytes(bytes), Ordering::Relaxed);
+        }
+        let tail = chunks.remainder();
+        if let Some(word) = words.next() {
+            let mut bytes = [0u8; WORD];
+            bytes[..tail.len()].copy_from_slice(tail);
             word.store(u64::from_ne_bytes(bytes), Ordering::Relaxed);
         }
         Ok(())
@@ -452,6 +462,23 @@ mod tests {
         let fd = owner.read_only_fd().unwrap();
         let flags = rustix::io::fcntl_getfd(&fd).unwrap();
         assert!(flags.contains(rustix::io::FdFlags::CLOEXEC), "{flags:?}");
+    }
+
+    #[test]
+    fn a_write_of_any_length_pads_its_last_word_with_zeros_and_nothing_more() {
+        let m = RegionMemory::anonymous(4096).unwrap();
+        let src: Vec<u8> = (1..=40).collect();
+        for len in 0..=src.len() {
+            m.write_bytes(0, &[0xAA; 64]).unwrap();
+            m.write_bytes(8, &src[..len]).unwrap();
+            let mut got = [0u8; 64];
+            m.read_bytes(0, &mut got).unwrap();
+            let padded_end = 8 + len.div_ceil(WORD) * WORD;
+            let mut want = [0xAAu8; 64];
+            want[8..padded_end].fill(0);
+            want[8..8 + len].copy_from_slice(&src[..len]);
+            assert_eq!(got, want, "len {len}");
+        }
     }
 
     #[test]
