@@ -40,6 +40,16 @@ pub const DEFAULT_CACHE_BYTES: usize = 16 * 1024 * 1024;
 
 const RECORD_HEADER: u64 = RECORD_HEADER_BYTES as u64;
 
+/// What a cached entry of `record_len` encoded bytes counts against
+/// `cache_bytes`: its encoding and the cache's slot for it. Why the slot:
+/// with small records (a RESP SET's is about 60 bytes) the 120-byte slots
+/// were most of the cache's memory, and uncounted, a 16 MiB budget held
+/// about 280,000 entries in some 50 MB.
+fn cache_charge(record_len: u32) -> u32 {
+    let slot = std::mem::size_of::<(Entry, u32)>() as u32;
+    record_len.saturating_add(slot)
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogOptions {
     /// A segment is closed (fsynced) and a new one started once the next
@@ -49,8 +59,9 @@ pub struct LogOptions {
     /// The largest encoded entry accepted by `append`, and the largest record
     /// length believed when reading (a larger length is corruption).
     pub max_record_size: u32,
-    /// Recent entries kept decoded in memory (by encoded size) so that
-    /// replication of the log tail does not read the files. 0 disables.
+    /// Recent entries kept decoded in memory so that replication of the
+    /// log tail does not read the files, bounded by their encoded size plus
+    /// the cache's own slot for each (`cache_charge`). 0 disables.
     pub cache_bytes: usize,
     /// The active segment is preallocated to `segment_size` (its tail of
     /// zeros is cut when the log rolls past it or closes), so that a group
@@ -164,8 +175,10 @@ struct Inner {
     first_index: u64,
     meta: Meta,
     vote: Option<Vote>,
-    /// A suffix of the log: the entries `next_index - cache.len() ..`.
+    /// A suffix of the log: the entries `next_index - cache.len() ..`,
+    /// each with what it is charged (`cache_charge`).
     cache: VecDeque<(Entry, u32)>,
+    /// The sum of the cached entries' charges, within `cache_bytes`.
     cached_bytes: usize,
     /// Bumped whenever bytes of a segment may be rewritten (truncate_after),
     /// so a read done without the lock can tell that it must be redone.
@@ -227,7 +240,9 @@ impl Inner {
         }
     }
 
-    fn push(&mut self, loc: Loc, entry: Option<Entry>, cache_budget: usize) {
+    /// Appends `loc`, and `entry` to the cache at a charge of
+    /// `charge_bytes` against `cache_budget`.
+    fn push(&mut self, loc: Loc, entry: Option<Entry>, charge_bytes: u32, cache_budget: usize) {
         if self.locs.is_empty() {
             self.first_index = loc.log_id.index;
             self.clear_cache();
@@ -235,8 +250,8 @@ impl Inner {
         self.locs.push_back(loc);
         match entry {
             Some(entry) if cache_budget > 0 => {
-                self.cache.push_back((entry, loc.len));
-                self.cached_bytes += loc.len as usize;
+                self.cache.push_back((entry, charge_bytes));
+                self.cached_bytes += charge_bytes as usize;
                 while self.cached_bytes > cache_budget {
                     let Some((_, len)) = self.cache.pop_front() else {
                         break;
@@ -553,7 +568,7 @@ impl Shared {
                 len,
             };
             offset += RECORD_HEADER + u64::from(len);
-            inner.push(loc, Some(entry), budget);
+            inner.push(loc, Some(entry), cache_charge(len), budget);
         }
         Ok(())
     }
@@ -894,7 +909,7 @@ fn recover(
                         offset: record.offset,
                         len: record.len,
                     };
-                    inner.push(loc, None, 0);
+                    inner.push(loc, None, 0, 0);
                 }
                 inner.segments.insert(first, segment);
             }
@@ -1113,13 +1128,19 @@ mod tests {
         Inner::new(Meta::default(), None)
     }
 
-    /// Appends entry `index` as a cacheable record of `len` bytes.
+    /// Appends entry `index`, charged its record length `len` (the cache's
+    /// rules are the same whatever the charge).
     fn push(inner: &mut Inner, index: u64, len: u32, budget: usize) {
-        inner.push(loc(index, len), Some(Entry::new_blank(lid(index))), budget);
+        inner.push(
+            loc(index, len),
+            Some(Entry::new_blank(lid(index))),
+            len,
+            budget,
+        );
     }
 
     fn push_uncacheable(inner: &mut Inner, index: u64, len: u32, budget: usize) {
-        inner.push(loc(index, len), None, budget);
+        inner.push(loc(index, len), None, len, budget);
     }
 
     /// Asserts every rule of the cache, given that exactly the newest
@@ -1414,6 +1435,23 @@ mod tests {
     fn ids(entries: &[Entry]) -> Vec<(u64, u64)> {
         let id = |e: &Entry| (e.log_id.index, e.log_id.leader_id.term);
         entries.iter().map(id).collect()
+    }
+
+    #[test]
+    fn an_appended_entry_is_charged_its_record_and_its_cache_slot() {
+        let dir = tempfile::tempdir().unwrap();
+        let record_len = postcard::to_allocvec(&blank(1, 1)).unwrap().len() as u32;
+        let charge = cache_charge(record_len) as usize;
+        assert!(charge > record_len as usize + 100, "the slot is counted");
+        let options = LogOptions {
+            cache_bytes: 10 * charge,
+            ..LogOptions::default()
+        };
+        let store = LogStore::open(dir.path(), options).unwrap();
+        append_blank(&store.shared, 1, 1..31);
+        let inner = store.shared.lock().unwrap();
+        assert_eq!(inner.cache.len(), 10, "ten entries' charges fit the budget");
+        assert_eq!(inner.cached_bytes, 10 * charge);
     }
 
     #[test]
