@@ -299,6 +299,19 @@ impl Inner {
         }
     }
 
+    /// The entries present in `[start, end)` if the cache holds them all,
+    /// cloned straight into the result: the common read (the tail, for
+    /// replication and apply) needs no plan of where each entry is.
+    fn cached_range(&self, start: u64, end: u64) -> Option<Vec<Entry>> {
+        let next = self.next_index();
+        let start = start.max(self.first_index).min(next);
+        let end = end.min(next).max(start);
+        let cache_start = self.next_index() - self.cache.len() as u64;
+        let from = usize::try_from(start.checked_sub(cache_start)?).ok()?;
+        let to = from + (end - start) as usize;
+        Some(self.cache.range(from..to).map(|(e, _)| e.clone()).collect())
+    }
+
     fn cached(&self, index: u64) -> Option<&Entry> {
         let cache_start = self.next_index() - self.cache.len() as u64;
         let i = index.checked_sub(cache_start)?;
@@ -775,11 +788,11 @@ impl Shared {
     ) -> Result<Vec<Entry>, LogError> {
         let (plan, generation) = {
             let inner = self.lock()?;
+            if let Some(entries) = inner.cached_range(start, end) {
+                return Ok(entries);
+            }
             (self.plan(&inner, start, end)?, inner.generation)
         };
-        if plan.iter().all(|p| matches!(p, Planned::Cached(_))) {
-            return self.fetch(plan);
-        }
         // Read the files without holding the lock, then check that no
         // truncation rewrote them meanwhile; if one did, read again under it.
         let result = self.fetch(plan);
@@ -1181,6 +1194,31 @@ mod tests {
         }
         assert_eq!(inner.first_index, 5);
         assert_cache(&inner, 30, 3);
+    }
+
+    #[test]
+    fn a_range_is_read_from_the_cache_only_if_it_holds_all_of_it() {
+        let mut inner = empty_log();
+        push_uncacheable(&mut inner, 5, 10, 30);
+        for index in 6..9 {
+            push(&mut inner, index, 10, 30);
+        }
+        let read = |start, end| {
+            let range: Option<Vec<Entry>> = inner.cached_range(start, end);
+            range.map(|entries| {
+                ids(&entries)
+                    .into_iter()
+                    .map(|(i, _)| i)
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(read(6, 9), Some(vec![6, 7, 8]));
+        assert_eq!(read(7, 100), Some(vec![7, 8]), "clamped to the log's end");
+        assert_eq!(read(8, 8), Some(vec![]));
+        assert_eq!(read(12, 20), Some(vec![]), "past the end: nothing");
+        assert_eq!(read(9, 3), Some(vec![]), "an empty range");
+        assert_eq!(read(5, 9), None, "entry 5 is not cached");
+        assert_eq!(read(0, 7), None, "from before the log, with 5");
     }
 
     #[test]
