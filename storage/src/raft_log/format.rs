@@ -28,12 +28,11 @@ use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use rdkv_proto::wire::serialize_bounded;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::error::LogError;
-use rdkv_proto::wire::serialize_bounded;
-
 use crate::durability;
 use crate::raft::{Entry, LogId, Vote};
 use crate::record::{RECORD_HEADER_BYTES, decode_record, encode_record, seal_record};
