@@ -89,6 +89,7 @@ start_rdkv() {
     [[ -n $LEADER ]] || { echo "no leader"; exit 1; }
     MEASURED=()
     NAMES=()
+    PERF_PID=""
     for i in 1 2 3; do
         MEASURED+=("${PIDS[first + i - 1]}")
         if [[ $i == "$LEADER" ]]; then
@@ -129,8 +130,9 @@ run_rdkv() {
             ;;
         down)
             local i
+            # The follower killed is never the one profiled (PERF_ROLE=follower).
             for i in "${!NAMES[@]}"; do
-                if [[ ${NAMES[i]} != leader ]]; then
+                if [[ ${NAMES[i]} != leader && ${MEASURED[i]} != "${PERF_PID:-}" ]]; then
                     kill -9 "${MEASURED[i]}"
                     unset 'MEASURED[i]' 'NAMES[i]'
                     MEASURED=("${MEASURED[@]}") NAMES=("${NAMES[@]}")

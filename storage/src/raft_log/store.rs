@@ -27,10 +27,11 @@ pub const DEFAULT_SEGMENT_SIZE: u64 = 64 * 1024 * 1024;
 /// How far ahead of the records an active segment's preallocation is
 /// overwritten with zeros (`LogStore::zero_ahead`).
 pub const ZERO_AHEAD_BYTES: u64 = 1024 * 1024;
-/// What `zero_ahead` writes. Why a static: its pages are never written, so
-/// they all map the kernel's one zero page; a fresh `vec![0; 1 MiB]` per
-/// chunk cost the allocator fresh pages the kernel cleared and the
-/// allocator zeroed again (4.8% of a follower's CPU under update-only load).
+/// What `zero_ahead` writes. Why a static: it exists once (1 MiB of the
+/// executable's read-only data) and is never written; a fresh
+/// `vec![0; 1 MiB]` per chunk cost the allocator fresh pages the kernel
+/// cleared and the allocator zeroed again (4.8% of a follower's CPU under
+/// update-only load).
 static ZEROS: [u8; ZERO_AHEAD_BYTES as usize] = [0; ZERO_AHEAD_BYTES as usize];
 /// The append buffer kept between appends is given back above this
 /// capacity, so one huge batch does not pin its memory.
@@ -1159,8 +1160,9 @@ mod tests {
     /// Asserts every rule of the cache, given that exactly the newest
     /// `cached` entries of the log are expected in it: it is a suffix of the
     /// log (`cached(i)` gives entry i for those and `None` for every other
-    /// index), `cached_bytes` is the sum of their record lengths, and that
-    /// sum is within the budget.
+    /// index), `cached_bytes` is the sum of their charges (here, with the
+    /// `push` helpers, their record lengths), and that sum is within the
+    /// budget.
     fn assert_cache(inner: &Inner, budget: usize, cached: usize) {
         assert!(
             cached <= inner.locs.len(),
