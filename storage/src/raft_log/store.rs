@@ -304,19 +304,27 @@ impl Inner {
     /// cloned straight into the result: the common read (the tail, for
     /// replication and apply) needs no plan of where each entry is.
     fn cached_range(&self, start: u64, end: u64) -> Option<Vec<Entry>> {
-        let next = self.next_index();
-        let start = start.max(self.first_index).min(next);
-        let end = end.min(next).max(start);
-        let cache_start = self.next_index() - self.cache.len() as u64;
-        let from = usize::try_from(start.checked_sub(cache_start)?).ok()?;
-        let to = from + (end - start) as usize;
+        let present = self.present(start, end);
+        let from = usize::try_from(present.start.checked_sub(self.cache_start())?).ok()?;
+        let to = from + (present.end - present.start) as usize;
         Some(self.cache.range(from..to).map(|(e, _)| e.clone()).collect())
     }
 
     fn cached(&self, index: u64) -> Option<&Entry> {
-        let cache_start = self.next_index() - self.cache.len() as u64;
-        let i = index.checked_sub(cache_start)?;
+        let i = index.checked_sub(self.cache_start())?;
         self.cache.get(i as usize).map(|(e, _)| e)
+    }
+
+    /// The index of the first cached entry (`next_index` when none is).
+    fn cache_start(&self) -> u64 {
+        self.next_index() - self.cache.len() as u64
+    }
+
+    /// The indexes of `[start, end)` the log holds (empty if none).
+    fn present(&self, start: u64, end: u64) -> std::ops::Range<u64> {
+        let next = self.next_index();
+        let start = start.max(self.first_index).min(next);
+        start..end.min(next).max(start)
     }
 }
 
@@ -807,10 +815,9 @@ impl Shared {
     }
 
     fn plan(&self, inner: &Inner, start: u64, end: u64) -> Result<Vec<Planned>, LogError> {
-        let start = start.max(inner.first_index);
-        let end = end.min(inner.next_index());
-        let mut plan = Vec::with_capacity(end.saturating_sub(start) as usize);
-        for index in start..end {
+        let present = inner.present(start, end);
+        let mut plan = Vec::with_capacity((present.end - present.start) as usize);
+        for index in present {
             if let Some(entry) = inner.cached(index) {
                 plan.push(Planned::Cached(entry.clone()));
                 continue;
