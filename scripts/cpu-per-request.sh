@@ -18,7 +18,10 @@
 # Each measurement runs $ROUNDS times (default 2). PERF_DIR=DIR also
 # records a perf profile of the leader per measurement into DIR, at
 # PERF_HZ samples a second (default 299); PERF_ROLE=follower profiles the
-# first follower instead.
+# first follower instead. SERVER_ARGS="..." adds flags to every rdkv-server.
+# SERVERS_ON=CPUS and CLIENT_ON=CPUS (taskset lists, e.g. 0 and 1) pin the
+# servers (rdkv's nodes and redis-server alike) and the load generators,
+# so that each side gets the same cores whichever store is measured.
 set -euo pipefail
 
 BIN=${1:-target/release}
@@ -30,6 +33,10 @@ GET_N=${GET_N:-2000000}
 UPDATE_N=${UPDATE_N:-100000}
 ROUNDS=${ROUNDS:-2}
 HZ=$(getconf CLK_TCK)
+SERVER_PIN=()
+CLIENT_PIN=()
+[[ -n ${SERVERS_ON:-} ]] && SERVER_PIN=(taskset -c "$SERVERS_ON")
+[[ -n ${CLIENT_ON:-} ]] && CLIENT_PIN=(taskset -c "$CLIENT_ON")
 DIR=$(mktemp -d /tmp/cpuper.XXXXXX)
 PIDS=()
 
@@ -71,9 +78,9 @@ start_rdkv() {
     local ic="1=127.0.0.11:17380,2=127.0.0.12:17380,3=127.0.0.13:17380" i
     local first=${#PIDS[@]}
     for i in 1 2 3; do
-        "$BIN/rdkv-server" --id "$i" --data-dir "$DIR/n$i" --listen "127.0.0.1$i:17379" \
+        "${SERVER_PIN[@]}" "$BIN/rdkv-server" --id "$i" --data-dir "$DIR/n$i" --listen "127.0.0.1$i:17379" \
             --peer-listen "127.0.0.1$i:17380" --http-listen off --resp-listen "127.0.0.1$i:16380" \
-            --resp-read-consistency lease --initial-cluster "$ic" >"$DIR/n$i.log" 2>&1 &
+            --resp-read-consistency lease --initial-cluster "$ic" ${SERVER_ARGS:-} >"$DIR/n$i.log" 2>&1 &
         PIDS+=($!)
     done
     LEADER=""
@@ -110,18 +117,18 @@ run_rdkv() {
         set)
             redis-benchmark -h "$host" -p 16380 -t set -c 256 -n 20000 -q >/dev/null
             for r in $(seq "$ROUNDS"); do
-                measure "SET -c 256" "$SET_N" redis-benchmark -h "$host" -p 16380 -t set -c 256 -n "$SET_N" -q
+                measure "SET -c 256" "$SET_N" "${CLIENT_PIN[@]}" redis-benchmark -h "$host" -p 16380 -t set -c 256 -n "$SET_N" -q
             done
             ;;
         get)
             redis-benchmark -h "$host" -p 16380 -t get -c 50 -P 16 -n 200000 -q >/dev/null
             for r in $(seq "$ROUNDS"); do
-                measure "GET -c 50 -P 16" "$GET_N" redis-benchmark -h "$host" -p 16380 -t get -c 50 -P 16 -n "$GET_N" -q
+                measure "GET -c 50 -P 16" "$GET_N" "${CLIENT_PIN[@]}" redis-benchmark -h "$host" -p 16380 -t get -c 50 -P 16 -n "$GET_N" -q
             done
             ;;
         update)
             local eps="127.0.0.11:17379,127.0.0.12:17379,127.0.0.13:17379"
-            local ycsb=("$BIN/rdkv-bench" ycsb --target rdkv-tcp --endpoints "$eps" -P bench/workloads/workloada
+            local ycsb=("${CLIENT_PIN[@]}" "$BIN/rdkv-bench" ycsb --target rdkv-tcp --endpoints "$eps" -P bench/workloads/workloada
                 -p recordcount=10000 -p readproportion=0 -p updateproportion=1 --threads 2 --concurrency 128 --no-progress)
             "${ycsb[@]}" --phase load >/dev/null
             for r in $(seq "$ROUNDS"); do
@@ -151,22 +158,22 @@ run_rdkv() {
 }
 
 run_redis() {
-    redis-server --port 16391 --save "" --appendonly yes --appendfsync always --dir "$DIR" >/dev/null 2>&1 &
+    "${SERVER_PIN[@]}" redis-server --port 16391 --save "" --appendonly yes --appendfsync always --dir "$DIR" >/dev/null 2>&1 &
     PIDS+=($!)
     local aof=$!
-    redis-server --port 16390 --save "" --appendonly no >/dev/null 2>&1 &
+    "${SERVER_PIN[@]}" redis-server --port 16390 --save "" --appendonly no >/dev/null 2>&1 &
     PIDS+=($!)
     local plain=$!
     sleep 0.5
     MEASURED=("$aof") NAMES=("redis-aof")
     redis-benchmark -p 16391 -t set -c 256 -n 20000 -q >/dev/null
     for r in $(seq "$ROUNDS"); do
-        measure "redis SET -c 256 (appendfsync always)" "$SET_N" redis-benchmark -p 16391 -t set -c 256 -n "$SET_N" -q
+        measure "redis SET -c 256 (appendfsync always)" "$SET_N" "${CLIENT_PIN[@]}" redis-benchmark -p 16391 -t set -c 256 -n "$SET_N" -q
     done
     MEASURED=("$plain") NAMES=("redis")
     redis-benchmark -p 16390 -t set -n 1000 -q >/dev/null
     for r in $(seq "$ROUNDS"); do
-        measure "redis GET -c 50 -P 16" "$GET_N" redis-benchmark -p 16390 -t get -c 50 -P 16 -n "$GET_N" -q
+        measure "redis GET -c 50 -P 16" "$GET_N" "${CLIENT_PIN[@]}" redis-benchmark -p 16390 -t get -c 50 -P 16 -n "$GET_N" -q
     done
 }
 

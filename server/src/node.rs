@@ -99,6 +99,14 @@ fn raft_config(config: &Config) -> Result<openraft::Config> {
         // and whether it caught up by snapshot or by log was luck.
         purge_batch_size: 1,
         install_snapshot_timeout: 60_000,
+        // After failed sends a replication stream waits one heartbeat
+        // before the next (a single anchor capped at itself: constant), as
+        // etcd's leader probes a follower once per heartbeat. openraft's
+        // default doubles the wait up to a second, so a follower that came
+        // back (or started a moment after the others) could go a second or
+        // more without entries. A dead follower costs a refused dial per
+        // heartbeat, which `peer::redial` paces as well.
+        backoff: format!("{heartbeat}ms ...{heartbeat}ms"),
         // Replicate entries as soon as they are written to the log (readable
         // at once from the page cache), so the leader's fsync overlaps the
         // followers' (Raft thesis 10.2.1): the leader's own append counts
@@ -1115,6 +1123,32 @@ mod tests {
         RegionConfig {
             max_value_bytes,
             ..RegionConfig::default()
+        }
+    }
+
+    fn config_of(flags: &[&str]) -> Config {
+        use clap::Parser;
+        let argv = std::iter::once("rdkv-server").chain(flags.iter().copied());
+        Config::resolve(crate::config::Args::parse_from(argv)).unwrap()
+    }
+
+    /// A follower that was unreachable (down, not yet started, cut off) is
+    /// sent entries again within one heartbeat of its return, as etcd's
+    /// leader probes it once per heartbeat: the replication stream's
+    /// waits after failed sends never grow past the heartbeat. (openraft's
+    /// default doubles them to a second: a node started a few seconds after
+    /// the others went up to a second, or more, without entries.)
+    #[test]
+    fn a_replication_stream_retries_an_unreachable_follower_every_heartbeat() {
+        for heartbeat_ms in ["100", "10", "250"] {
+            let config = config_of(&["--heartbeat-ms", heartbeat_ms]);
+            let raft = raft_config(&config).unwrap();
+            let heartbeat = Duration::from_millis(raft.heartbeat_interval);
+            let waits: Vec<Duration> = raft.build_backoff().take(12).collect();
+            assert!(
+                waits.iter().all(|&wait| wait == heartbeat),
+                "heartbeat {heartbeat:?}: waits {waits:?}"
+            );
         }
     }
 
