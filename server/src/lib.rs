@@ -30,6 +30,7 @@
 mod accept;
 pub mod config;
 mod expiry;
+mod formed;
 mod framed;
 #[cfg(any(feature = "rdma", feature = "ofi"))]
 mod grant_upkeep;

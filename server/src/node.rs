@@ -906,8 +906,13 @@ async fn bootstrap(
     client_addr: &str,
 ) -> Result<()> {
     let (Some(map), Some(meta)) = (placed, shards.meta()) else {
+        let primary = shards.primary();
+        if formed_by_peers(&primary, config).await? {
+            tracing::info!("the cluster is formed already (a peer has its log): joining it");
+            return Ok(());
+        }
         let members: Vec<u64> = config.initial_cluster.keys().copied().collect();
-        return initialize(&shards.primary().raft, config, client_addr, &members).await;
+        return initialize(&primary.raft, config, client_addr, &members).await;
     };
     for (shard, replica) in shards.iter() {
         let Some(info) = map.shard(shard) else {
@@ -1038,6 +1043,27 @@ fn spawn_meta_tasks(
         shutdown_rx.clone(),
     )));
     Ok(())
+}
+
+/// Whether a single group's other members formed it already, for a member
+/// whose data directory is new (`formed`): asked for up to an election
+/// timeout, the wait of a member's first start at most.
+async fn formed_by_peers(replica: &Replica, config: &Config) -> Result<bool> {
+    if replica
+        .raft
+        .is_initialized()
+        .await
+        .context("reading raft state")?
+    {
+        return Ok(false);
+    }
+    let wait = Duration::from_millis(raft_config(config)?.election_timeout_min);
+    let peers: Vec<(u64, String)> = config
+        .initial_cluster
+        .iter()
+        .map(|(id, addr)| (*id, addr.clone()))
+        .collect();
+    Ok(crate::formed::by_peers(&replica.peers, &peers, wait).await)
 }
 
 /// Initializes a group of `members` (ids of `--initial-cluster`) unless

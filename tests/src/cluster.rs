@@ -76,7 +76,24 @@ impl Cluster {
     pub fn start_each(
         n: u64,
         extra_args: &[&str],
+        prepare: impl FnMut(&mut NodeProc) -> Result<()>,
+    ) -> Result<Cluster> {
+        Cluster::start_on_loopback(n, extra_args, prepare, &[])
+    }
+
+    /// Like [`Cluster::start`], but the nodes in `late` are not started:
+    /// [`Cluster::restart`] starts one later, a member that comes up (with
+    /// an empty data directory and the same `--initial-cluster`) after the
+    /// others formed the cluster.
+    pub fn start_late(n: u64, late: &[u64]) -> Result<Cluster> {
+        Cluster::start_on_loopback(n, &[], |_| Ok(()), late)
+    }
+
+    fn start_on_loopback(
+        n: u64,
+        extra_args: &[&str],
         mut prepare: impl FnMut(&mut NodeProc) -> Result<()>,
+        late: &[u64],
     ) -> Result<Cluster> {
         static NEXT_SUBNET: AtomicU32 = AtomicU32::new(0);
         let subnet =
@@ -88,7 +105,7 @@ impl Cluster {
             prepare(&mut node)?;
             nodes.insert(id, node);
         }
-        Cluster::launch(nodes, None, root, extra_args, &mut |_, _| Ok(()))
+        Cluster::launch(nodes, None, root, extra_args, &mut |_, _| Ok(()), late)
     }
 
     /// Starts `n` nodes (on a subnet of their own, as [`Cluster::start`])
@@ -107,7 +124,7 @@ impl Cluster {
         let nodes = (1..=n)
             .map(|id| (id, NodeProc::on_loopback(id, root.path(), subnet)))
             .collect();
-        Cluster::launch(nodes, None, root, extra_args, &mut prepare)
+        Cluster::launch(nodes, None, root, extra_args, &mut prepare, &[])
     }
 
     /// A cluster for fault tests: nodes accept fault injection, and where
@@ -133,7 +150,7 @@ impl Cluster {
                 (id, node)
             })
             .collect();
-        Cluster::launch(nodes, Some(lab), root, &extra, &mut |_, _| Ok(()))
+        Cluster::launch(nodes, Some(lab), root, &extra, &mut |_, _| Ok(()), &[])
     }
 
     /// Starts `nodes` with `extra_args` (after their own) and an
@@ -145,6 +162,7 @@ impl Cluster {
         root: tempfile::TempDir,
         extra_args: &[&str],
         prepare: &mut dyn FnMut(&NodeProc, &str) -> Result<()>,
+        late: &[u64],
     ) -> Result<Cluster> {
         let extra_args: Vec<String> = extra_args.iter().map(|a| (*a).to_owned()).collect();
         for node in nodes.values_mut() {
@@ -169,7 +187,7 @@ impl Cluster {
             client_token: None,
             client_tls: None,
         };
-        for id in ids {
+        for id in ids.into_iter().filter(|id| !late.contains(id)) {
             cluster.restart(id)?;
         }
         Ok(cluster)

@@ -93,6 +93,38 @@ async fn a_replica_read_fails_where_that_replica_lacks_the_key() -> Result<()> {
     .await
 }
 
+/// A member whose first start comes after the others formed the cluster
+/// (an empty data directory, the same `--initial-cluster`) joins it as a
+/// follower: the leader and the term stay. It used to initialize a group of
+/// its own, and openraft campaigns right after that; in term 1 its vote
+/// outranked the lower-id leader's, which stepped down, and the cluster had
+/// no leader until an election timeout later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_started_late_joins_without_deposing_the_leader() -> Result<()> {
+    let mut cluster = Cluster::start_late(3, &[3])?;
+    let leader = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
+    let client = cluster.client(Intent::Via(&[1, 2]))?;
+    client.put("before-node-3", "v").await?;
+    let before = cluster.status_of(leader).await?;
+    cluster.restart(3)?;
+    cluster
+        .wait_applied(3, before.commit_index, LEADER_TIMEOUT)
+        .await?;
+    client.put("after-node-3", "v").await?;
+    for id in 1..=3 {
+        let status = cluster.status_of(id).await?;
+        ensure!(
+            status.term == before.term && status.leader_id == Some(leader),
+            "node {id} is in term {} under leader {:?}; before node 3 started: term {} under {leader}\n{}",
+            status.term,
+            status.leader_id,
+            before.term,
+            cluster.logs()
+        );
+    }
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_runs_the_worker_threads_it_is_given() -> Result<()> {
     for threads in [1, 3] {
