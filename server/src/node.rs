@@ -99,13 +99,14 @@ fn raft_config(config: &Config) -> Result<openraft::Config> {
         // and whether it caught up by snapshot or by log was luck.
         purge_batch_size: 1,
         install_snapshot_timeout: 60_000,
-        // After failed sends a replication stream waits one heartbeat
-        // before the next (a single anchor capped at itself: constant), as
-        // etcd's leader probes a follower once per heartbeat. openraft's
-        // default doubles the wait up to a second, so a follower that came
-        // back (or started a moment after the others) could go a second or
-        // more without entries. A dead follower costs a refused dial per
-        // heartbeat, which `peer::redial` paces as well.
+        // After failed requests a replication stream sleeps this long before
+        // each next one until one succeeds: one heartbeat (a single anchor
+        // capped at itself: constant), as etcd's leader probes a follower
+        // once per heartbeat. openraft's default doubles it from 200 ms to
+        // 1 s, which a follower back from down waited before its first
+        // entries. (While the follower refuses connections the dials are
+        // paced by `peer::redial`; snapshot sends after unreachable errors
+        // are paced by this wait too.)
         backoff: format!("{heartbeat}ms ...{heartbeat}ms"),
         // Replicate entries as soon as they are written to the log (readable
         // at once from the page cache), so the leader's fsync overlaps the
@@ -895,7 +896,8 @@ pub(crate) fn spawn_leader_tasks(
 }
 
 /// Forms the groups of `--initial-cluster`: a single group on every
-/// member (each initializes it alike); in a multi-shard cluster, each
+/// member (each initializes it alike, unless it starts after the group has
+/// a leader: then it waits to be replicated to); in a multi-shard cluster, each
 /// shard's first placed member initializes that shard with its members,
 /// and the first node the metadata group with its voters (its leader adds
 /// the other nodes as learners, `meta::tasks::lead`).
@@ -907,8 +909,10 @@ async fn bootstrap(
 ) -> Result<()> {
     let (Some(map), Some(meta)) = (placed, shards.meta()) else {
         let primary = shards.primary();
-        if formed_by_peers(&primary, config).await? {
-            tracing::info!("the cluster is formed already (a peer has its log): joining it");
+        if led_by_peers(&primary, config).await? {
+            tracing::info!(
+                "the cluster has a leader already: not initializing, waiting for it to replicate here"
+            );
             return Ok(());
         }
         let members: Vec<u64> = config.initial_cluster.keys().copied().collect();
@@ -1045,10 +1049,11 @@ fn spawn_meta_tasks(
     Ok(())
 }
 
-/// Whether a single group's other members formed it already, for a member
-/// whose data directory is new (`formed`): asked for up to an election
-/// timeout, the wait of a member's first start at most.
-async fn formed_by_peers(replica: &Replica, config: &Config) -> Result<bool> {
+/// Whether a single group has a leader already, asked of the other members
+/// by a member whose data directory is new (`formed::by_peers`). Asked for
+/// up to the longest election timeout, so that a restarting peer's wait
+/// for its old lease (the shortest one) ends within it.
+async fn led_by_peers(replica: &Replica, config: &Config) -> Result<bool> {
     if replica
         .raft
         .is_initialized()
@@ -1057,7 +1062,7 @@ async fn formed_by_peers(replica: &Replica, config: &Config) -> Result<bool> {
     {
         return Ok(false);
     }
-    let wait = Duration::from_millis(raft_config(config)?.election_timeout_min);
+    let wait = Duration::from_millis(raft_config(config)?.election_timeout_max);
     let peers: Vec<(u64, String)> = config
         .initial_cluster
         .iter()
@@ -1152,22 +1157,16 @@ mod tests {
         }
     }
 
-    fn config_of(flags: &[&str]) -> Config {
-        use clap::Parser;
-        let argv = std::iter::once("rdkv-server").chain(flags.iter().copied());
-        Config::resolve(crate::config::Args::parse_from(argv)).unwrap()
-    }
-
-    /// A follower that was unreachable (down, not yet started, cut off) is
-    /// sent entries again within one heartbeat of its return, as etcd's
-    /// leader probes it once per heartbeat: the replication stream's
-    /// waits after failed sends never grow past the heartbeat. (openraft's
-    /// default doubles them to a second: a node started a few seconds after
-    /// the others went up to a second, or more, without entries.)
+    /// The wait openraft's replication stream sleeps before its next
+    /// request after failed ones (`raft_config`'s `backoff`) is one
+    /// heartbeat, however many failed; openraft's default doubles it from
+    /// 200 ms to 1 s.
     #[test]
-    fn a_replication_stream_retries_an_unreachable_follower_every_heartbeat() {
+    fn the_replication_backoff_is_one_heartbeat() {
+        use clap::Parser;
         for heartbeat_ms in ["100", "10", "250"] {
-            let config = config_of(&["--heartbeat-ms", heartbeat_ms]);
+            let argv = ["rdkv-server", "--heartbeat-ms", heartbeat_ms];
+            let config = Config::resolve(crate::config::Args::parse_from(argv)).unwrap();
             let raft = raft_config(&config).unwrap();
             let heartbeat = Duration::from_millis(raft.heartbeat_interval);
             let waits: Vec<Duration> = raft.build_backoff().take(12).collect();

@@ -81,12 +81,12 @@ impl Cluster {
         Cluster::start_on_loopback(n, extra_args, prepare, &[])
     }
 
-    /// Like [`Cluster::start`], but the nodes in `late` are not started:
-    /// [`Cluster::restart`] starts one later, a member that comes up (with
-    /// an empty data directory and the same `--initial-cluster`) after the
-    /// others formed the cluster.
-    pub fn start_late(n: u64, late: &[u64]) -> Result<Cluster> {
-        Cluster::start_on_loopback(n, &[], |_| Ok(()), late)
+    /// Like [`Cluster::start_with`], but the nodes in `late` are not
+    /// started: [`Cluster::restart`] starts one later, a member that comes
+    /// up (with an empty data directory and the same `--initial-cluster`)
+    /// after the others formed the cluster.
+    pub fn start_late(n: u64, extra_args: &[&str], late: &[u64]) -> Result<Cluster> {
+        Cluster::start_on_loopback(n, extra_args, |_| Ok(()), late)
     }
 
     fn start_on_loopback(

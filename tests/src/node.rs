@@ -139,12 +139,13 @@ impl NodeProc {
             .arg("--http-listen")
             .arg(self.http_addr.to_string())
             .arg("--resp-listen")
-            .arg(self.resp_addr.to_string())
-            .args(["--heartbeat-ms", "50"]);
-        // The harness's region size unless the test sets its own (a flag
-        // given twice is refused).
-        if !self.extra_args.iter().any(|a| a == "--region-mib") {
-            command.args(["--region-mib", "64"]);
+            .arg(self.resp_addr.to_string());
+        // The harness's heartbeat and region size unless the test sets its
+        // own (a flag given twice is refused).
+        for (flag, value) in [("--heartbeat-ms", "50"), ("--region-mib", "64")] {
+            if !self.extra_args.iter().any(|a| a == flag) {
+                command.args([flag, value]);
+            }
         }
         command
     }
