@@ -107,7 +107,7 @@ async fn a_member_started_late_joins_without_deposing_the_leader() -> Result<()>
     // it needs the late member to campaign before the leader's first
     // heartbeat reaches it (which makes it a follower, and its
     // initialization refused): heartbeats every 500 ms make that the
-    // common case, where at 100 ms it was a race.
+    // common case, where at the harness's 50 ms the heartbeat usually won.
     for attempt in 1..=3 {
         let mut cluster = Cluster::start_late(3, &["--heartbeat-ms", "500"], &[3])?;
         let elected = cluster.wait_for_leader(LEADER_TIMEOUT).await?;
