@@ -12,6 +12,7 @@
 //! member initializes as before: there is no leader to depose, and its
 //! initialization lets it take part in the first election at once.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,14 +24,18 @@ use rdkv_storage::raft::{NodeAddr, Vote};
 
 use crate::peer::{PeerContext, PeerLinks, PeerNetwork};
 
-/// Whether any of `peers` (id, peer address; this node's own left out)
+/// Whether any of `peers` (peer address by id; this node's own left out)
 /// answers within `wait` that the group has a leader. A peer that is down,
 /// not serving yet, or as new as this node does not count.
-pub async fn by_peers(ctx: &Arc<PeerContext>, peers: &[(u64, String)], wait: Duration) -> bool {
+pub async fn by_peers(
+    ctx: &Arc<PeerContext>,
+    peers: &BTreeMap<u64, String>,
+    wait: Duration,
+) -> bool {
     let network = PeerNetwork::new(Arc::clone(ctx), Arc::new(PeerLinks::new()));
     let asks = peers
         .iter()
-        .filter(|(id, _)| *id != ctx.node_id)
+        .filter(|(id, _)| **id != ctx.node_id)
         .map(|(id, addr)| knows_a_leader(network.clone(), ctx.node_id, (*id, addr.clone()), wait));
     join_all(asks).await.into_iter().any(|led| led)
 }

@@ -909,28 +909,23 @@ async fn bootstrap(
 ) -> Result<()> {
     let (Some(map), Some(meta)) = (placed, shards.meta()) else {
         let primary = shards.primary();
-        if led_by_peers(&primary, config).await? {
-            tracing::info!(
-                "the cluster has a leader already: not initializing, waiting for it to replicate here"
-            );
-            return Ok(());
-        }
         let members: Vec<u64> = config.initial_cluster.keys().copied().collect();
-        return initialize(&primary.raft, config, client_addr, &members).await;
+        let ask_first = Some(&primary.peers);
+        return initialize(&primary.raft, config, client_addr, &members, ask_first).await;
     };
     for (shard, replica) in shards.iter() {
         let Some(info) = map.shard(shard) else {
             continue;
         };
         if info.members.first() == Some(&config.id) {
-            initialize(&replica.raft, config, client_addr, &info.members)
+            initialize(&replica.raft, config, client_addr, &info.members, None)
                 .await
                 .with_context(|| format!("shard {}", shard.0))?;
         }
     }
     let voters = crate::meta::voters(config.initial_cluster.keys().copied());
     if voters.first() == Some(&config.id) {
-        initialize(&meta.replica().raft, config, client_addr, &voters)
+        initialize(&meta.replica().raft, config, client_addr, &voters, None)
             .await
             .context("the metadata group")?;
     }
@@ -1049,40 +1044,33 @@ fn spawn_meta_tasks(
     Ok(())
 }
 
-/// Whether a single group has a leader already, asked of the other members
-/// by a member whose data directory is new (`formed::by_peers`). Asked for
-/// up to the longest election timeout, so that a restarting peer's wait
-/// for its old lease (the shortest one) ends within it.
-async fn led_by_peers(replica: &Replica, config: &Config) -> Result<bool> {
-    if replica
-        .raft
-        .is_initialized()
-        .await
-        .context("reading raft state")?
-    {
-        return Ok(false);
-    }
-    let wait = Duration::from_millis(raft_config(config)?.election_timeout_max);
-    let peers: Vec<(u64, String)> = config
-        .initial_cluster
-        .iter()
-        .map(|(id, addr)| (*id, addr.clone()))
-        .collect();
-    Ok(crate::formed::by_peers(&replica.peers, &peers, wait).await)
-}
-
 /// Initializes a group of `members` (ids of `--initial-cluster`) unless
 /// this replica already belongs to one (its data directory has state):
-/// restarts never re-initialize.
+/// restarts never re-initialize. A single group, which every member
+/// initializes, passes `ask_first`: the peers to ask first whether it has a
+/// leader already (`formed::by_peers`); if one says so, this member waits
+/// for the leader's entries instead. They are asked for up to the longest
+/// election timeout, so that a restarting peer's wait for its old lease
+/// (the shortest one) ends within it.
 async fn initialize(
     raft: &Raft,
     config: &Config,
     client_addr: &str,
     members: &[u64],
+    ask_first: Option<&Arc<PeerContext>>,
 ) -> Result<()> {
     if raft.is_initialized().await.context("reading raft state")? {
         tracing::info!("resuming the cluster recorded in the data directory");
         return Ok(());
+    }
+    if let Some(peers) = ask_first {
+        let wait = Duration::from_millis(raft_config(config)?.election_timeout_max);
+        if crate::formed::by_peers(peers, &config.initial_cluster, wait).await {
+            tracing::info!(
+                "the cluster has a leader already: not initializing, waiting for it to replicate here"
+            );
+            return Ok(());
+        }
     }
     let members: BTreeMap<u64, NodeAddr> = config
         .initial_cluster
