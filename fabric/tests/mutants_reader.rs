@@ -67,12 +67,20 @@ impl Clock for SteppingClock {
 
 type Hook = Box<dyn Fn(u64) + Send + Sync>;
 
+/// What a hooked region was asked, in order: a range prefetched or read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Prefetch { offset: u64, len: u64 },
+    Read { offset: u64, len: u64 },
+}
+
 /// A mapped region whose reads count themselves and run a hook (with the
 /// read's offset) after copying: a writer "between two reads".
 struct HookedFabric {
     inner: MappedFabric,
     reads: Arc<AtomicUsize>,
     hook: Arc<Mutex<Option<Hook>>>,
+    accesses: Arc<Mutex<Vec<Access>>>,
     /// Its regions say they are on another host (as RDMA ones do).
     elsewhere: bool,
 }
@@ -81,6 +89,7 @@ struct HookedRegion {
     inner: Arc<dyn RemoteRegion>,
     reads: Arc<AtomicUsize>,
     hook: Arc<Mutex<Option<Hook>>>,
+    accesses: Arc<Mutex<Vec<Access>>>,
     elsewhere: bool,
 }
 
@@ -102,6 +111,7 @@ impl Fabric for HookedFabric {
             inner: self.inner.open(remote)?,
             reads: Arc::clone(&self.reads),
             hook: Arc::clone(&self.hook),
+            accesses: Arc::clone(&self.accesses),
             elsewhere: self.elsewhere,
         }))
     }
@@ -119,10 +129,27 @@ impl RemoteRegion for HookedRegion {
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), FabricError> {
         self.inner.read(offset, buf)?;
         self.reads.fetch_add(1, Ordering::SeqCst);
+        self.log(Access::Read {
+            offset,
+            len: buf.len() as u64,
+        });
         if let Some(hook) = self.hook.lock().expect("hook lock").as_ref() {
             hook(offset);
         }
         Ok(())
+    }
+
+    fn prefetch(&self, offset: u64, len_bytes: u64) {
+        self.log(Access::Prefetch {
+            offset,
+            len: len_bytes,
+        });
+    }
+}
+
+impl HookedRegion {
+    fn log(&self, access: Access) {
+        self.accesses.lock().expect("access log").push(access);
     }
 }
 
@@ -313,6 +340,7 @@ impl Region {
             inner: MappedFabric::new(),
             reads: Arc::default(),
             hook: Arc::default(),
+            accesses: Arc::default(),
             elsewhere,
         });
         let remote = fabric.inner.register(Arc::clone(&self.memory), 1, 0);
@@ -337,6 +365,11 @@ struct HookedReader {
 impl HookedReader {
     fn reads(&self) -> usize {
         self.fabric.reads.load(Ordering::SeqCst)
+    }
+
+    /// What the region was asked since the reader attached, and forgets it.
+    fn take_accesses(&self) -> Vec<Access> {
+        std::mem::take(&mut *self.fabric.accesses.lock().expect("access log"))
     }
 
     fn set_hook(&self, hook: impl Fn(u64) + Send + Sync + 'static) {
@@ -1264,4 +1297,66 @@ fn get_many_into_answers_with_a_reading_after_its_last_copy() {
     let reads = hooked.reads();
     assert_eq!(clock.reads_at(time), reads);
     assert_eq!(clock.taken.last(), Some(&reads));
+}
+
+/// The accesses a batch of rounds should make: each round's ranges
+/// prefetched, all of them, before the round's first read (`rounds`: how
+/// many reads each round made, in order).
+fn prefetched_rounds(reads: &[Access], rounds: &[usize]) -> Vec<Access> {
+    let mut expected = Vec::new();
+    let mut rest = reads;
+    for &n in rounds {
+        let (round, after) = rest.split_at(n);
+        expected.extend(round.iter().map(|read| match *read {
+            Access::Read { offset, len } | Access::Prefetch { offset, len } => {
+                Access::Prefetch { offset, len }
+            }
+        }));
+        expected.extend_from_slice(round);
+        rest = after;
+    }
+    expected
+}
+
+#[test]
+fn a_batch_asks_for_every_range_of_a_round_before_it_copies_any() {
+    let mut region = Region::new();
+    region.put(KEY, b"one", 1);
+    region.put(OTHER, b"two", 2);
+    let hooked = region.default_hooked_reader();
+    hooked.take_accesses();
+    let reads_only = |accesses: &[Access]| -> Vec<Access> {
+        accesses
+            .iter()
+            .copied()
+            .filter(|a| matches!(a, Access::Read { .. }))
+            .collect()
+    };
+
+    // get_many_into: two neighbourhoods, then each block's head and value.
+    let (mut a, mut b) = ([0u8; 8], [0u8; 8]);
+    let mut bufs: [&mut [u8]; 2] = [&mut a, &mut b];
+    let mut out = [None; 2];
+    hooked
+        .reader
+        .get_many_into(&[KEY, OTHER], &mut bufs, &mut out, SINCE_START, || {
+            SINCE_START
+        })
+        .expect("get_many_into");
+    assert_eq!(out[0], Some(GotInto { len: 3, version: 1 }));
+    let accesses = hooked.take_accesses();
+    let reads = reads_only(&accesses);
+    assert_eq!(reads.len(), 6, "{accesses:?}");
+    assert_eq!(accesses, prefetched_rounds(&reads, &[2, 4]));
+
+    // get_many: two neighbourhoods, then the two blocks whole.
+    let many = hooked
+        .reader
+        .get_many(&[Bytes::from_static(KEY), Bytes::from_static(OTHER)])
+        .expect("get_many");
+    assert_eq!(many, vec![versioned(b"one", 1), versioned(b"two", 2)]);
+    let accesses = hooked.take_accesses();
+    let reads = reads_only(&accesses);
+    assert_eq!(reads.len(), 4, "{accesses:?}");
+    assert_eq!(accesses, prefetched_rounds(&reads, &[2, 2]));
 }
