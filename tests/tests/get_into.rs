@@ -61,24 +61,32 @@ fn read_all(
     Ok(CountingAllocator::allocations_on_this_thread() - before)
 }
 
-/// Reads every numbered key and one never written as one batch, each
-/// value into its own buffer, and checks them.
-fn read_batch(handle: &mut ReadHandle) -> Result<()> {
+/// Reads every numbered key and one never written as one batch (two of
+/// the reader's chunks), each value into its own buffer, `rounds` times,
+/// and checks them; returns how many allocations this thread made in the
+/// `get_many_into` calls.
+fn read_batch(handle: &mut ReadHandle, rounds: u64) -> Result<u64> {
     let keys: Vec<String> = (0..KEYS + 1).map(numbered::key).collect();
     let keys: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
     let mut storage = vec![[0u8; 64]; keys.len()];
     let mut bufs: Vec<&mut [u8]> = storage.iter_mut().map(|b| &mut b[..]).collect();
     let mut out = vec![None; keys.len()];
-    handle.get_many_into(&keys, &mut bufs, &mut out, Consistency::Lease)?;
-    for i in 0..KEYS {
-        let got = out[i].ok_or_else(|| anyhow::anyhow!("key {i} absent"))?;
-        ensure!(
-            bufs[i][..got.len] == *numbered::value(i).as_bytes(),
-            "key {i}"
-        );
+    let mut allocations = 0;
+    for round in 0..rounds {
+        out.fill(None);
+        let before = CountingAllocator::allocations_on_this_thread();
+        handle.get_many_into(&keys, &mut bufs, &mut out, Consistency::Lease)?;
+        allocations += CountingAllocator::allocations_on_this_thread() - before;
+        for i in 0..KEYS {
+            let got = out[i].ok_or_else(|| anyhow::anyhow!("round {round}: key {i} absent"))?;
+            ensure!(
+                bufs[i][..got.len] == *numbered::value(i).as_bytes(),
+                "round {round}: key {i}"
+            );
+        }
+        ensure!(out[KEYS].is_none(), "a key never written");
     }
-    ensure!(out[KEYS].is_none(), "a key never written");
-    Ok(())
+    Ok(allocations)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -124,11 +132,18 @@ async fn get_into_fills_the_callers_buffer_and_allocates_nothing() -> Result<()>
         );
         ensure!(linearizable == Err(GetIntoError::NotServed(NotServed::Consistency)));
 
-        // A batch: every value into its own buffer.
-        read_batch(&mut handle)?;
+        // A batch: every value into its own buffer; the first warms the
+        // thread's scratch, the next ten allocate nothing.
+        read_batch(&mut handle, 1)?;
+        let allocations = read_batch(&mut handle, 10)?;
+        ensure!(
+            allocations == 0,
+            "{allocations} allocations in 10 get_many_into calls of {} keys",
+            KEYS + 1
+        );
         let stats = client.one_sided_stats().await;
-        // 21 rounds of every key and a missing one, and the batch.
-        let asked = 22 * (KEYS as u64 + 1);
+        // 21 rounds of every key and a missing one, and 11 batches.
+        let asked = 32 * (KEYS as u64 + 1);
         ensure!(stats.served >= asked, "{stats:?}");
         Ok(())
     })
@@ -171,7 +186,7 @@ async fn get_into_reads_each_keys_shard_and_allocates_nothing() -> Result<()> {
             "GETs reached the servers"
         );
 
-        read_batch(&mut handle)?;
+        read_batch(&mut handle, 1)?;
         Ok(())
     })
     .await

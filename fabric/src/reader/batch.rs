@@ -2,6 +2,7 @@
 //! on RDMA): every key's neighbourhood, then every candidate block. A key
 //! whose first try does not settle cleanly is read again on its own.
 
+use std::cell::RefCell;
 use std::sync::atomic::{Ordering, fence};
 
 use bytes::Bytes;
@@ -26,18 +27,55 @@ enum Plan {
     Alone,
 }
 
+/// Keys read in one pair of rounds: a longer batch is read in chunks of
+/// this many, each with its own two rounds (two doorbells on RDMA) and
+/// clock reading, so that a round's reads fit on the stack.
+pub const BATCH_KEYS: usize = 64;
+/// The reads of one round: a chunk's blocks, each as head and value.
+const MAX_ROUND_READS: usize = 2 * BATCH_KEYS;
+
+/// What a chunk's rounds keep besides the caller's buffers: kept by the
+/// thread from call to call, so that `get_many_into` allocates nothing
+/// once they have grown to a chunk's size.
+#[derive(Default)]
+struct BatchScratch {
+    hashes: Vec<KeyHash>,
+    neighbourhoods: Vec<u8>,
+    plans: Vec<Plan>,
+    heads: Vec<u8>,
+    landed: Vec<Option<Landed>>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<BatchScratch> = RefCell::new(BatchScratch::default());
+}
+
 impl RegionReader {
-    /// Several keys with two batched rounds of reads. A key whose first try
-    /// does not settle cleanly (a fingerprint collision, a torn or
-    /// invalidated block, a slow round) is read again on its own with
-    /// [`RegionReader::get`]: same validation, same answers.
+    /// Several keys with two batched rounds of reads per [`BATCH_KEYS`]. A
+    /// key whose first try does not settle cleanly (a fingerprint
+    /// collision, a torn or invalidated block, a slow round) is read again
+    /// on its own with [`RegionReader::get`]: same validation, same answers.
     pub fn get_many(&self, keys: &[Bytes]) -> Result<Vec<Option<Versioned>>, ReadError> {
-        let started_us = self.clock.now_us();
-        let plans = self.plan_all(keys)?;
-        let blocks = self.read_planned_blocks(&plans)?;
-        let too_slow = self.past_abandon_bound(started_us).is_some();
         let mut values = Vec::with_capacity(keys.len());
-        for ((key, plan), block) in keys.iter().zip(&plans).zip(blocks) {
+        let mut scratch = BatchScratch::default();
+        for chunk in keys.chunks(BATCH_KEYS) {
+            self.get_many_chunk(chunk, &mut scratch, &mut values)?;
+        }
+        Ok(values)
+    }
+
+    /// One chunk of [`RegionReader::get_many`], its answers pushed to `values`.
+    fn get_many_chunk(
+        &self,
+        keys: &[Bytes],
+        scratch: &mut BatchScratch,
+        values: &mut Vec<Option<Versioned>>,
+    ) -> Result<(), ReadError> {
+        let started_us = self.clock.now_us();
+        self.plan_into(keys, scratch)?;
+        let blocks = self.read_planned_blocks(&scratch.plans)?;
+        let too_slow = self.past_abandon_bound(started_us).is_some();
+        for ((key, plan), block) in keys.iter().zip(&scratch.plans).zip(blocks) {
             let settled = if too_slow {
                 None
             } else {
@@ -51,23 +89,32 @@ impl RegionReader {
                 None => values.push(self.get(key)?),
             }
         }
-        Ok(values)
+        Ok(())
     }
 
-    /// Round one, and what it decided for each key.
-    fn plan_all<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Plan>, ReadError> {
-        let hashes: Vec<KeyHash> = keys
-            .iter()
-            .map(|k| self.layout.key_hash(k.as_ref()))
-            .collect();
-        let neighbourhoods = self.read_neighbourhoods(&hashes)?;
+    /// Round one of a chunk (at most [`BATCH_KEYS`] keys): what it decided
+    /// for each key, into `scratch.plans`.
+    fn plan_into<K: AsRef<[u8]>>(
+        &self,
+        keys: &[K],
+        scratch: &mut BatchScratch,
+    ) -> Result<(), ReadError> {
         let span = self.layout.neighbourhood_bytes() as usize;
-        Ok(keys
+        scratch.hashes.clear();
+        scratch
+            .hashes
+            .extend(keys.iter().map(|k| self.layout.key_hash(k.as_ref())));
+        scratch.neighbourhoods.clear();
+        scratch.neighbourhoods.resize(span * keys.len(), 0);
+        self.read_neighbourhoods(&scratch.hashes, &mut scratch.neighbourhoods)?;
+        scratch.plans.clear();
+        let planned = keys
             .iter()
-            .zip(&hashes)
-            .zip(neighbourhoods.chunks(span))
-            .map(|((key, hash), bytes)| self.plan(key.as_ref(), *hash, bytes))
-            .collect())
+            .zip(&scratch.hashes)
+            .zip(scratch.neighbourhoods.chunks(span))
+            .map(|((key, hash), bytes)| self.plan(key.as_ref(), *hash, bytes));
+        scratch.plans.extend(planned);
+        Ok(())
     }
 
     /// One round of a batch: every range is asked for (`prefetch`) before
@@ -86,22 +133,46 @@ impl RegionReader {
         Ok(())
     }
 
-    /// Round one: every key's neighbourhood, back to back in one buffer.
-    fn read_neighbourhoods(&self, hashes: &[KeyHash]) -> Result<Vec<u8>, ReadError> {
+    /// [`Self::read_round`] over the reads `ops` yields, gathered on the
+    /// stack: a chunk's round has at most [`MAX_ROUND_READS`].
+    fn read_round_of<'a>(
+        &self,
+        ops: impl IntoIterator<Item = ReadOp<'a>>,
+    ) -> Result<(), ReadError> {
+        let mut round: [ReadOp<'a>; MAX_ROUND_READS] = std::array::from_fn(|_| ReadOp {
+            offset: 0,
+            buf: &mut [],
+        });
+        let mut count = 0;
+        for op in ops {
+            assert!(
+                count < MAX_ROUND_READS,
+                "a round of more than a chunk's reads"
+            );
+            round[count] = op;
+            count += 1;
+        }
+        self.read_round(&mut round[..count])
+    }
+
+    /// Round one: every key's neighbourhood, back to back in
+    /// `neighbourhoods` (one span each).
+    fn read_neighbourhoods(
+        &self,
+        hashes: &[KeyHash],
+        neighbourhoods: &mut [u8],
+    ) -> Result<(), ReadError> {
         let span = self.layout.neighbourhood_bytes() as usize;
-        let mut neighbourhoods = vec![0u8; span * hashes.len()];
-        let mut ops: Vec<ReadOp<'_>> = neighbourhoods
+        let ops = neighbourhoods
             .chunks_mut(span)
             .zip(hashes)
             .map(|(buf, hash)| ReadOp {
                 offset: self.layout.neighbourhood_range(*hash).0,
                 buf,
-            })
-            .collect();
-        self.read_round(&mut ops)?;
-        drop(ops);
+            });
+        self.read_round_of(ops)?;
         fence(Ordering::Acquire);
-        Ok(neighbourhoods)
+        Ok(())
     }
 
     fn plan(&self, key: &[u8], hash: KeyHash, neighbourhood: &[u8]) -> Plan {
@@ -134,7 +205,7 @@ impl RegionReader {
                 _ => Vec::new(),
             })
             .collect();
-        let mut ops: Vec<ReadOp<'_>> = plans
+        let ops = plans
             .iter()
             .zip(blocks.iter_mut())
             .filter_map(|(plan, buf)| match plan {
@@ -143,10 +214,8 @@ impl RegionReader {
                     buf: buf.as_mut_slice(),
                 }),
                 _ => None,
-            })
-            .collect();
-        self.read_round(&mut ops)?;
-        drop(ops);
+            });
+        self.read_round_of(ops)?;
         fence(Ordering::Acquire);
         Ok(blocks)
     }
@@ -181,12 +250,14 @@ struct Landed {
 impl RegionReader {
     /// [`RegionReader::get_many`] with each value copied straight into its
     /// key's buffer (`bufs[i]` for `keys[i]`, the answer in `out[i]`), by
-    /// the rules of [`RegionReader::get_into`]: every neighbourhood in one
-    /// batch, every candidate block (header and key into scratch, value into
-    /// its buffer) in a second, so two doorbells on RDMA. The batch's clock
-    /// is read once, after the second round; a key that does not settle is
-    /// read again alone. A value longer than its buffer fails the whole
-    /// call with `BufferTooSmall`.
+    /// the rules of [`RegionReader::get_into`]: per chunk of [`BATCH_KEYS`],
+    /// every neighbourhood in one batch, every candidate block (header and
+    /// key into scratch, value into its buffer) in a second, so two
+    /// doorbells on RDMA, and one clock reading after the second round; a
+    /// key that does not settle is read again alone. A value longer than
+    /// its buffer fails the whole call with `BufferTooSmall`. Nothing is
+    /// allocated once the thread's scratch has grown to a chunk's size
+    /// (keys up to [`INLINE_KEY_BYTES`], no collision, values that fit).
     pub fn get_many_into(
         &self,
         keys: &[&[u8]],
@@ -197,18 +268,47 @@ impl RegionReader {
     ) -> Result<ReadTime, ReadError> {
         let n = keys.len().min(bufs.len()).min(out.len());
         let (keys, bufs, out) = (&keys[..n], &mut bufs[..n], &mut out[..n]);
-        let plans = self.plan_all(keys)?;
-        let (heads, landed) = self.read_split_blocks(keys, &plans, bufs)?;
+        SCRATCH.with(|cell| {
+            // Taken already only if `now` itself reads a batch on this
+            // thread: that read gets buffers of its own.
+            let mut own = BatchScratch::default();
+            let mut borrowed = cell.try_borrow_mut();
+            let scratch = match &mut borrowed {
+                Ok(scratch) => &mut **scratch,
+                Err(_) => &mut own,
+            };
+            let mut time = since;
+            let chunks = keys.chunks(BATCH_KEYS).zip(bufs.chunks_mut(BATCH_KEYS));
+            for ((keys, bufs), out) in chunks.zip(out.chunks_mut(BATCH_KEYS)) {
+                time = self.get_chunk_into(scratch, keys, bufs, out, time, &mut now)?;
+            }
+            Ok(time)
+        })
+    }
+
+    /// One chunk of [`RegionReader::get_many_into`], its attempt begun after
+    /// `since`; returns its clock reading.
+    fn get_chunk_into(
+        &self,
+        scratch: &mut BatchScratch,
+        keys: &[&[u8]],
+        bufs: &mut [&mut [u8]],
+        out: &mut [Option<GotInto>],
+        since: ReadTime,
+        mut now: impl FnMut() -> ReadTime,
+    ) -> Result<ReadTime, ReadError> {
+        self.plan_into(keys, scratch)?;
+        self.read_split_blocks(keys, bufs, scratch)?;
         let mut time = now();
         let too_slow = self
             .abandon_bound_between(since.monotonic_us, time.monotonic_us)
             .is_some();
-        for i in 0..n {
-            let settled = match (&plans[i], &landed[i]) {
+        for i in 0..keys.len() {
+            let settled = match (&scratch.plans[i], &scratch.landed[i]) {
                 (Plan::Absent, _) => Some(None),
                 (Plan::Block { .. }, Some(at)) if !too_slow => {
-                    let tail = &bufs[i][..at.tail_len];
-                    match examine_block_split(&self.layout, keys[i], &heads[at.head.clone()], tail)
+                    let head = &scratch.heads[at.head.clone()];
+                    match examine_block_split(&self.layout, keys[i], head, &bufs[i][..at.tail_len])
                     {
                         SplitVerdict::Match {
                             value_len,
@@ -236,17 +336,24 @@ impl RegionReader {
         Ok(time)
     }
 
-    /// Round two of `get_many_into`: each planned block's head into one
-    /// scratch buffer and its value into its key's buffer, one batch.
+    /// Round two of a chunk of `get_many_into`: each planned block's head
+    /// into `scratch.heads` and its value into its key's buffer, one batch;
+    /// where each landed in `scratch.landed`.
     fn read_split_blocks(
         &self,
         keys: &[&[u8]],
-        plans: &[Plan],
         bufs: &mut [&mut [u8]],
-    ) -> Result<(Vec<u8>, Vec<Option<Landed>>), ReadError> {
-        let mut landed: Vec<Option<Landed>> = Vec::with_capacity(keys.len());
+        scratch: &mut BatchScratch,
+    ) -> Result<(), ReadError> {
+        let BatchScratch {
+            plans,
+            heads,
+            landed,
+            ..
+        } = scratch;
+        landed.clear();
         let mut head_bytes = 0;
-        for ((key, plan), buf) in keys.iter().zip(plans).zip(bufs.iter()) {
+        for ((key, plan), buf) in keys.iter().zip(plans.iter()).zip(bufs.iter()) {
             let head_len = BLOCK_HEADER_BYTES + key.len();
             landed.push(match plan {
                 Plan::Block { len, .. }
@@ -260,27 +367,29 @@ impl RegionReader {
                 _ => None,
             });
         }
-        let mut heads = vec![0u8; head_bytes];
-        let mut ops: Vec<ReadOp<'_>> = Vec::with_capacity(2 * keys.len());
-        let mut rest: &mut [u8] = &mut heads;
-        for ((plan, at), buf) in plans.iter().zip(&landed).zip(bufs.iter_mut()) {
+        heads.clear();
+        heads.resize(head_bytes, 0);
+        let mut rest: &mut [u8] = heads;
+        let planned = plans.iter().zip(landed.iter()).zip(bufs.iter_mut());
+        let ops_iter = planned.filter_map(|((plan, at), buf)| {
             let (Plan::Block { offset, .. }, Some(at)) = (plan, at) else {
-                continue;
+                return None;
             };
             let (head, after) = std::mem::take(&mut rest).split_at_mut(at.head.len());
             rest = after;
-            ops.push(ReadOp {
-                offset: *offset,
-                buf: head,
-            });
-            ops.push(ReadOp {
-                offset: offset + at.head.len() as u64,
-                buf: &mut buf[..at.tail_len],
-            });
-        }
-        self.read_round(&mut ops)?;
-        drop(ops);
+            Some([
+                ReadOp {
+                    offset: *offset,
+                    buf: head,
+                },
+                ReadOp {
+                    offset: offset + at.head.len() as u64,
+                    buf: &mut buf[..at.tail_len],
+                },
+            ])
+        });
+        self.read_round_of(ops_iter.flatten())?;
         fence(Ordering::Acquire);
-        Ok((heads, landed))
+        Ok(())
     }
 }
