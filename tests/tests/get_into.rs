@@ -61,7 +61,7 @@ fn read_all(
     Ok(CountingAllocator::allocations_on_this_thread() - before)
 }
 
-/// Reads every numbered key and one never written as one batch (two of
+/// Reads every numbered key and one never written as one batch (seven of
 /// the reader's chunks), each value into its own buffer, `rounds` times,
 /// and checks them; returns how many allocations this thread made in the
 /// `get_many_into` calls.

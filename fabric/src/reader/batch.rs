@@ -29,8 +29,10 @@ enum Plan {
 
 /// Keys read in one pair of rounds: a longer batch is read in chunks of
 /// this many, each with its own two rounds (two doorbells on RDMA) and
-/// clock reading, so that a round's reads fit on the stack.
-pub const BATCH_KEYS: usize = 64;
+/// clock reading, so that a round's reads fit on the stack. Chunks of 64
+/// made batched YCSB-C reads over shm about 5% slower than 16 (filling a
+/// round's array of 128 reads cost more than it saved; docs/benchmarks.md).
+pub const BATCH_KEYS: usize = 16;
 /// The reads of one round: a chunk's blocks, each as head and value.
 const MAX_ROUND_READS: usize = 2 * BATCH_KEYS;
 
