@@ -349,6 +349,93 @@ fn a_suppressed_lease_is_not_republished_by_a_racing_publisher() {
     );
 }
 
+/// A snapshot build holds the state lock a round of pairs at a time, and
+/// applies wait for it without blocking a runtime thread. (It held the
+/// lock for its whole file: building a 115 MB region took 2 s, and every
+/// task that took the lock meanwhile blocked a runtime worker; the leader
+/// lost its lease, then its leadership.) The build is held after its first
+/// round: the lease's publication returns meanwhile; an apply waits for the
+/// build (its snapshot stays that of one index) while the apply's own
+/// current-thread runtime goes on running other tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_build_holds_the_state_lock_a_round_at_a_time() {
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let sm = populated(dir.path()).await;
+    let started_at = sm.applied_index();
+    let (writing_tx, writing_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    sm.hook_while_writing_snapshot(move || {
+        let _ = writing_tx.send(());
+        // Held until the test has looked, or long enough to tell.
+        let _ = go_rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
+    });
+    let builder = {
+        let mut sm = sm.clone();
+        tokio::spawn(async move { sm.build_snapshot().await })
+    };
+    let waiting = tokio::task::spawn_blocking(move || writing_rx.recv());
+    waiting.await.unwrap().unwrap();
+
+    let far_us = rdkv_fabric::clock::unix_now_us() + 60_000_000;
+    let lease = rdkv_proto::region::LeaseDeadline {
+        unix_us: far_us,
+        boottime_us: far_us,
+    };
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    {
+        let sm = sm.clone();
+        let done_tx = done_tx.clone();
+        std::thread::spawn(move || {
+            let published = sm.publish_leadership(1, Some(lease));
+            let _ = done_tx.send(format!("publish {}", published.is_ok()));
+        });
+    }
+    {
+        let mut sm = sm.clone();
+        let next = started_at + 1;
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let applying = tokio::spawn(async move {
+                    apply(&mut sm, vec![normal(next, put("late", "write"))]).await;
+                });
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let _ = done_tx.send("runtime ran".to_string());
+                applying.await.unwrap();
+                let _ = done_tx.send("applied".to_string());
+            });
+        });
+    }
+    let mut during = Vec::new();
+    while let Ok(what) = done_rx.recv_timeout(Duration::from_secs(2)) {
+        during.push(what);
+    }
+    drop(go_tx);
+    let snapshot = builder.await.unwrap().unwrap();
+    let after = done_rx.recv_timeout(Duration::from_secs(10));
+    during.sort();
+    assert_eq!(
+        during,
+        ["publish true", "runtime ran"],
+        "done while the build was held (neither waits for its state lock; the apply waits for the build)"
+    );
+    assert_eq!(after.as_deref(), Ok("applied"));
+    assert_eq!(
+        snapshot.meta.last_log_id.map(|l| l.index),
+        Some(started_at),
+        "the snapshot is of the index its build started at"
+    );
+    assert_eq!(
+        value_of(&sm, "late"),
+        Some(("write".into(), started_at + 1))
+    );
+}
+
 /// The first `SetHashSeed` applied fixes the seed (writes applied before it
 /// are placed anew with it), a later one changes nothing, and snapshots
 /// carry it to a restart and to another replica.

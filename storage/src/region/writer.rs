@@ -14,6 +14,7 @@
 //!   store after it is zeroed (and after the anchor's entry, if the anchor
 //!   becomes the link, is copied into it), and is never freed.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use std::sync::atomic::{Ordering, fence};
@@ -651,22 +652,46 @@ impl RegionWriter {
         &self,
         mut f: impl FnMut(BlockRef<'_>) -> Result<(), RegionError>,
     ) -> Result<(), RegionError> {
+        self.for_each_live_from(0, |pair| f(pair).map(|()| ControlFlow::Continue(())))?;
+        Ok(())
+    }
+
+    /// [`Self::for_each_live`] from bucket `from` on, in rounds: once `f`
+    /// answers `Break`, the walk ends with that bucket (and its overflow
+    /// chain) and returns the bucket to go on from; `None` when it reached
+    /// the last. A snapshot copies its pairs a round at a time, so that the
+    /// state lock is held for one round, not for the whole region.
+    pub fn for_each_live_from(
+        &self,
+        from: u64,
+        mut f: impl FnMut(BlockRef<'_>) -> Result<ControlFlow<()>, RegionError>,
+    ) -> Result<Option<u64>, RegionError> {
         let mut block = Vec::new();
         let mut table = [0u64; MAX_OVERFLOW_TABLE_SLOTS];
-        for bucket in 0..self.layout.bucket_count {
+        let stop = std::cell::Cell::new(false);
+        let mut each = |pair: BlockRef<'_>| {
+            if f(pair)?.is_break() {
+                stop.set(true);
+            }
+            Ok(())
+        };
+        for bucket in from..self.layout.bucket_count {
             let bucket_at = self.layout.index_offset + bucket * BUCKET_BYTES;
             let mut words = [0u64; SLOTS_PER_BUCKET];
             self.memory
                 .read_words(bucket_at, &mut words, Ordering::Relaxed)?;
-            self.each_entry(&words, &mut block, &mut f)?;
+            self.each_entry(&words, &mut block, &mut each)?;
             let mut walk = ChainWalk::from_neighbourhood(&words)?;
             while let Some(link) = walk.next_table() {
                 let (_, words) = self.read_table(link, &mut table)?;
-                self.each_entry(words, &mut block, &mut f)?;
+                self.each_entry(words, &mut block, &mut each)?;
                 walk.advance(words)?;
             }
+            if stop.get() {
+                return Ok(Some(bucket + 1).filter(|&next| next < self.layout.bucket_count));
+            }
         }
-        Ok(())
+        Ok(None)
     }
 
     /// `f` for the pair of every entry among `words`.

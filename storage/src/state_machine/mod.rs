@@ -16,6 +16,7 @@ pub mod snapshot;
 pub mod snapshot_store;
 
 use std::io;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -44,7 +45,7 @@ use digest::DigestHistory;
 use keyed::KeyedRegion;
 pub use keyed::{ScanPage, ScanRange};
 use load::{load_region, seed_of};
-use snapshot::{SnapshotError, SnapshotRegion, SnapshotWriter};
+use snapshot::{FrozenPairs, SnapshotError, SnapshotRegion, SnapshotWriter};
 use snapshot_store::{NewSnapshot, SnapshotFile};
 
 /// A snapshot is a file (see `snapshot_store`), never a buffer: it is as
@@ -149,6 +150,11 @@ struct Shared {
     clock: Arc<dyn Clock>,
     /// Serializes writing snapshot files and adopting them as current.
     persist_lock: tokio::sync::Mutex<()>,
+    /// Held by whatever changes the pairs (an apply batch, an install) and
+    /// by a snapshot build while it copies them out a round at a time:
+    /// those wait for one another here, asynchronously (no runtime thread
+    /// blocks), and the state lock is held for one round of a build only.
+    pairs_gate: Arc<tokio::sync::Mutex<()>>,
     /// No lease is published before this (unix µs): see `suppress_lease_until`.
     lease_suppressed_until_us: AtomicU64,
     /// The lease deadline last published in the region header, on the
@@ -156,9 +162,16 @@ struct Shared {
     published_lease_boottime_us: AtomicU64,
     /// Test hook: runs in `publish_leadership` before it takes the state lock.
     before_publish: std::sync::OnceLock<PublishHook>,
+    /// Test hook: runs in a snapshot build once its first round is written.
+    writing_snapshot: std::sync::OnceLock<PublishHook>,
 }
 
-/// A test's code to run at one point of `publish_leadership`.
+/// Pair bytes a snapshot build copies out per hold of the state lock (its
+/// buffer is reused from round to round: a build's memory stays bounded).
+const SNAPSHOT_ROUND_BYTES: usize = 2 * 1024 * 1024;
+
+/// A test's code to run at one point of `publish_leadership` or of a
+/// snapshot build.
 struct PublishHook(Box<dyn Fn() + Send + Sync>);
 
 impl std::fmt::Debug for PublishHook {
@@ -267,9 +280,11 @@ impl RegionStateMachine {
                 config,
                 clock,
                 persist_lock: tokio::sync::Mutex::new(()),
+                pairs_gate: Arc::default(),
                 lease_suppressed_until_us: AtomicU64::new(0),
                 published_lease_boottime_us: AtomicU64::new(0),
                 before_publish: std::sync::OnceLock::new(),
+                writing_snapshot: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -463,6 +478,17 @@ impl RegionStateMachine {
     #[doc(hidden)]
     pub fn hook_before_publish(&self, hook: impl Fn() + Send + Sync + 'static) {
         let _ = self.shared.before_publish.set(PublishHook(Box::new(hook)));
+    }
+
+    /// Test hook: `hook` runs in every later snapshot build once its first
+    /// round of pairs is written (to stage other work beside the build). Set once;
+    /// later calls are ignored.
+    #[doc(hidden)]
+    pub fn hook_while_writing_snapshot(&self, hook: impl Fn() + Send + Sync + 'static) {
+        let _ = self
+            .shared
+            .writing_snapshot
+            .set(PublishHook(Box::new(hook)));
     }
 
     /// Publishes the Raft term and the leader lease in the region header.
@@ -710,10 +736,16 @@ impl RegionStateMachine {
     }
 
     async fn build(&self) -> Result<Snapshot, StateMachineError> {
-        // The region is streamed into a file off the runtime's threads
-        // (applies wait for the state lock meanwhile, as before).
+        // The pairs are written into a file off the runtime's threads;
+        // applies and installs wait for the gate meanwhile.
+        let gate = Arc::clone(&self.shared.pairs_gate).lock_owned().await;
         let this = self.clone();
-        let (meta, file) = tokio::task::spawn_blocking(move || this.write_snapshot()).await??;
+        let (meta, file) = tokio::task::spawn_blocking(move || {
+            let written = this.write_snapshot();
+            drop(gate);
+            written
+        })
+        .await??;
         // Builds run beside applies and installs: adopt under the snapshot
         // lock, and never let an older snapshot replace a newer one (the
         // file not adopted is removed with its handle).
@@ -743,11 +775,13 @@ impl RegionStateMachine {
         })
     }
 
-    /// Streams the live pairs into a new file under the state lock (the
-    /// snapshot is of one applied index), then syncs it without the lock.
+    /// Writes the live pairs into a new file and syncs it. The caller holds
+    /// the pairs gate, so they are those of one applied index; they are
+    /// copied out a round of [`SNAPSHOT_ROUND_BYTES`] at a time under the
+    /// state lock, and each round is encoded and written without it.
     fn write_snapshot(&self) -> Result<(SnapshotMeta, SnapshotFile), StateMachineError> {
         let mut file = self.new_snapshot_file()?;
-        let meta = {
+        let (meta, region) = {
             let state = self.lock();
             let meta = SnapshotMeta {
                 last_log_id: state.last_applied,
@@ -759,23 +793,32 @@ impl RegionStateMachine {
                 clock_unix_ms: state.writer.clock_unix_ms(),
                 cluster_id: state.cluster_id,
             };
-            file.write_with(|out| {
-                let mut writer = SnapshotWriter::new(out, &meta, region)?;
-                let mut encode_error = None;
-                state.writer.for_each_live(|pair| {
-                    if let Err(e) = writer.pair(pair) {
-                        encode_error.get_or_insert(e);
-                    }
-                    Ok(())
-                })?;
-                if let Some(e) = encode_error {
-                    return Err(e.into());
-                }
-                writer.finish()?;
-                Ok::<_, StateMachineError>(())
-            })?;
-            meta
+            (meta, region)
         };
+        file.write_with(|out| {
+            let mut writer = SnapshotWriter::new(out, &meta, region)?;
+            let mut round = FrozenPairs::default();
+            let mut next = Some(0);
+            while let Some(from) = next {
+                round.clear();
+                next = self.lock().writer.for_each_live_from(from, |pair| {
+                    round.push(pair);
+                    Ok(if round.bytes() >= SNAPSHOT_ROUND_BYTES {
+                        ControlFlow::Break(())
+                    } else {
+                        ControlFlow::Continue(())
+                    })
+                })?;
+                round.for_each(|pair| writer.pair(pair))?;
+                if from == 0
+                    && let Some(hook) = self.shared.writing_snapshot.get()
+                {
+                    (hook.0)();
+                }
+            }
+            writer.finish()?;
+            Ok::<_, StateMachineError>(())
+        })?;
         Ok((meta, file.finish()?))
     }
 
@@ -819,6 +862,7 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
     {
         let started = std::time::Instant::now();
         let mut applied = 0u64;
+        let _gate = self.shared.pairs_gate.lock().await;
         while let Some((entry, responder)) = entries.try_next().await? {
             let result = self.apply_one(&entry).await?;
             self.record_applied(&entry)?;
@@ -848,6 +892,7 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
         meta: &SnapshotMeta,
         snapshot: SnapshotData,
     ) -> Result<(), io::Error> {
+        let _gate = self.shared.pairs_gate.lock().await;
         let epoch = self.lock().writer.layout().region_epoch + 1;
         let (this, file) = (self.clone(), snapshot.clone());
         let loaded = tokio::task::spawn_blocking(move || {
