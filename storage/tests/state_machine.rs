@@ -353,15 +353,32 @@ fn a_suppressed_lease_is_not_republished_by_a_racing_publisher() {
 /// applies wait for it without blocking a runtime thread. (It held the
 /// lock for its whole file: building a 115 MB region took 2 s, and every
 /// task that took the lock meanwhile blocked a runtime worker; the leader
-/// lost its lease, then its leadership.) The build is held after its first
-/// round: the lease's publication returns meanwhile; an apply waits for the
-/// build (its snapshot stays that of one index) while the apply's own
+/// lost its lease, then its leadership.) The build of about 3.5 MB (two
+/// rounds or more) is held after its first round: the lease's publication
+/// returns meanwhile; an apply waits for the build (its snapshot stays that
+/// of one index, checked by installing it elsewhere) while the apply's own
 /// current-thread runtime goes on running other tasks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_build_holds_the_state_lock_a_round_at_a_time() {
     use std::time::Duration;
+    // About 3.5 MB of pairs: a build of two rounds at least, held after
+    // the first.
+    const PAIRS: u64 = 3500;
+    let pair_value = |i: u64| {
+        let mut value = format!("{i:08}");
+        value.push_str(&"v".repeat(992));
+        value
+    };
     let dir = tempfile::tempdir().unwrap();
-    let sm = populated(dir.path()).await;
+    let mut sm = common::open_with(dir.path(), 16).unwrap();
+    let mut entries = vec![membership_ent::<TypeConfig>(
+        1,
+        1,
+        1,
+        vec![BTreeSet::from([1])],
+    )];
+    entries.extend((0..PAIRS).map(|i| normal(i + 2, put(&format!("k{i}"), &pair_value(i)))));
+    apply(&mut sm, entries).await;
     let started_at = sm.applied_index();
     let (writing_tx, writing_rx) = std::sync::mpsc::channel();
     let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
@@ -434,6 +451,21 @@ async fn a_snapshot_build_holds_the_state_lock_a_round_at_a_time() {
         value_of(&sm, "late"),
         Some(("write".into(), started_at + 1))
     );
+    // ...and holds that index's pairs, every one, and not the later write.
+    let other = tempfile::tempdir().unwrap();
+    let mut elsewhere = common::open_with(other.path(), 16).unwrap();
+    elsewhere
+        .install_snapshot(&snapshot.meta, snapshot.snapshot.clone())
+        .await
+        .unwrap();
+    assert_eq!(elsewhere.region_stats().live_keys, PAIRS);
+    assert_eq!(value_of(&elsewhere, "late"), None);
+    for i in [0, PAIRS / 2, PAIRS - 1] {
+        assert_eq!(
+            value_of(&elsewhere, &format!("k{i}")),
+            Some((pair_value(i), i + 2))
+        );
+    }
 }
 
 /// The first `SetHashSeed` applied fixes the seed (writes applied before it

@@ -1,7 +1,7 @@
 //! The synchronous one-sided read path, the core every one-sided GET runs:
 //! [`ReadHandle`] for a thread or task that reads into its own buffers
 //! (`get_into`, `get_many_into`: no lock, no allocation, one clock reading
-//! per GET or batch), and [`OneSided::serve`], which the handle and the
+//! per GET or per chunk of 16 keys of a batch), and [`OneSided::serve`], which the handle and the
 //! async `Client::get` share.
 
 use std::sync::Arc;
@@ -147,7 +147,7 @@ impl OneSided {
 /// nor it for a refresh (an old view is asked to be refreshed, in the
 /// background, and read meanwhile: every read is judged by the lease or
 /// the lag in the region's own header). One clock reading per GET (per
-/// batch), after the copy, judges the lease, the pair's deadline and the
+/// chunk of 16 keys of a batch), after the copy, judges the lease, the pair's deadline and the
 /// abandon bound (measured from this handle's previous reading).
 ///
 /// A read it does not serve ([`GetIntoError::NotServed`]) is for the
@@ -227,9 +227,9 @@ impl ReadHandle {
     }
 
     /// Reads `keys` at `consistency`, each value into its buffer
-    /// (`bufs[i]`, the answer in `out[i]`): two batches of reads (two
-    /// doorbells on RDMA) per shard the keys are in, one clock reading per
-    /// shard's batch. Keys of several shards are read shard by shard (each
+    /// (`bufs[i]`, the answer in `out[i]`): per shard the keys are in and
+    /// per chunk of `rdkv_fabric`'s `BATCH_KEYS` (16) of its keys, two
+    /// rounds of reads (two doorbells on RDMA) and one clock reading. Keys of several shards are read shard by shard (each
     /// batch from its own shard's region); an error ends the call, the
     /// answers of shards read before it kept.
     pub fn get_many_into(

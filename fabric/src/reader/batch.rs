@@ -269,23 +269,29 @@ impl RegionReader {
         mut now: impl FnMut() -> ReadTime,
     ) -> Result<ReadTime, ReadError> {
         let n = keys.len().min(bufs.len()).min(out.len());
+        if n == 0 {
+            return Ok(now());
+        }
         let (keys, bufs, out) = (&keys[..n], &mut bufs[..n], &mut out[..n]);
-        SCRATCH.with(|cell| {
-            // Taken already only if `now` itself reads a batch on this
-            // thread: that read gets buffers of its own.
-            let mut own = BatchScratch::default();
-            let mut borrowed = cell.try_borrow_mut();
-            let scratch = match &mut borrowed {
-                Ok(scratch) => &mut **scratch,
-                Err(_) => &mut own,
-            };
+        let mut read = |scratch: &mut BatchScratch| {
             let mut time = since;
             let chunks = keys.chunks(BATCH_KEYS).zip(bufs.chunks_mut(BATCH_KEYS));
             for ((keys, bufs), out) in chunks.zip(out.chunks_mut(BATCH_KEYS)) {
                 time = self.get_chunk_into(scratch, keys, bufs, out, time, &mut now)?;
             }
             Ok(time)
-        })
+        };
+        // The thread's scratch is taken already only if `now` itself reads
+        // a batch on this thread, and gone while the thread ends: such a
+        // read gets buffers of its own.
+        let shared = SCRATCH.try_with(|cell| match cell.try_borrow_mut() {
+            Ok(mut scratch) => Some(read(&mut scratch)),
+            Err(_) => None,
+        });
+        match shared {
+            Ok(Some(result)) => result,
+            _ => read(&mut BatchScratch::default()),
+        }
     }
 
     /// One chunk of [`RegionReader::get_many_into`], its attempt begun after

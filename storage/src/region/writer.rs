@@ -647,7 +647,8 @@ impl RegionWriter {
     /// (each bucket, then its overflow chain), validating each block (a
     /// corrupt one stops the scan with its error). Every entry is reached
     /// once: a table belongs to one chain, reached from its bucket's anchor.
-    /// Snapshots and region rebuilds are made with this.
+    /// Region rebuilds are made with this, snapshots with
+    /// [`Self::for_each_live_from`].
     pub fn for_each_live(
         &self,
         mut f: impl FnMut(BlockRef<'_>) -> Result<(), RegionError>,

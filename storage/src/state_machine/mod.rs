@@ -740,13 +740,8 @@ impl RegionStateMachine {
         // applies and installs wait for the gate meanwhile.
         let gate = Arc::clone(&self.shared.pairs_gate).lock_owned().await;
         let this = self.clone();
-        let (meta, file) = tokio::task::spawn_blocking(move || {
-            let written = this.write_snapshot();
-            drop(gate);
-            written
-        })
-        .await??;
-        // Builds run beside applies and installs: adopt under the snapshot
+        let (meta, file) = tokio::task::spawn_blocking(move || this.write_snapshot(gate)).await??;
+        // Adoption runs beside applies and installs: adopt under the snapshot
         // lock, and never let an older snapshot replace a newer one (the
         // file not adopted is removed with its handle).
         let _persisting = self.shared.persist_lock.lock().await;
@@ -775,11 +770,15 @@ impl RegionStateMachine {
         })
     }
 
-    /// Writes the live pairs into a new file and syncs it. The caller holds
-    /// the pairs gate, so they are those of one applied index; they are
-    /// copied out a round of [`SNAPSHOT_ROUND_BYTES`] at a time under the
-    /// state lock, and each round is encoded and written without it.
-    fn write_snapshot(&self) -> Result<(SnapshotMeta, SnapshotFile), StateMachineError> {
+    /// Writes the live pairs into a new file and syncs it. With the pairs
+    /// `gate` held they are those of one applied index; they are copied out
+    /// a round of [`SNAPSHOT_ROUND_BYTES`] at a time under the state lock,
+    /// and each round is encoded and written without it. The gate is let
+    /// go before the file is synced, which needs no pairs.
+    fn write_snapshot(
+        &self,
+        gate: tokio::sync::OwnedMutexGuard<()>,
+    ) -> Result<(SnapshotMeta, SnapshotFile), StateMachineError> {
         let mut file = self.new_snapshot_file()?;
         let (meta, region) = {
             let state = self.lock();
@@ -819,6 +818,7 @@ impl RegionStateMachine {
             writer.finish()?;
             Ok::<_, StateMachineError>(())
         })?;
+        drop(gate);
         Ok((meta, file.finish()?))
     }
 

@@ -175,9 +175,10 @@ impl FrozenPairs {
         });
     }
 
-    /// Key and value bytes held.
+    /// Memory held: the key and value bytes, and each pair's entry (so
+    /// that a round of tiny pairs is bounded too).
     pub fn bytes(&self) -> usize {
-        self.bytes.len()
+        self.bytes.len() + self.pairs.len() * std::mem::size_of::<FrozenPair>()
     }
 
     /// Empties it, keeping its buffers.
