@@ -349,20 +349,19 @@ fn a_suppressed_lease_is_not_republished_by_a_racing_publisher() {
     );
 }
 
-/// A snapshot build holds the state lock a round of pairs at a time, and
-/// applies wait for it without blocking a runtime thread. (It held the
-/// lock for its whole file: building a 115 MB region took 2 s, and every
-/// task that took the lock meanwhile blocked a runtime worker; the leader
-/// lost its lease, then its leadership.) The build of about 3.5 MB (two
-/// rounds or more) is held after its first round: the lease's publication
-/// returns meanwhile; an apply waits for the build (its snapshot stays that
-/// of one index, checked by installing it elsewhere) while the apply's own
-/// current-thread runtime goes on running other tasks.
+/// A snapshot build walks the region without the state lock, and applies
+/// wait for it without blocking a runtime thread. (It held the lock for its
+/// whole file: building a 115 MB region took 2 s, and every task that took
+/// the lock meanwhile blocked a runtime worker; the leader lost its lease,
+/// then its leadership.) A build of about 3.5 MB is held as it starts
+/// writing: the lease's publication returns meanwhile; an apply waits for
+/// the build (its snapshot stays that of one index, checked by installing
+/// it elsewhere) while the apply's own current-thread runtime goes on
+/// running other tasks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_snapshot_build_holds_the_state_lock_a_round_at_a_time() {
+async fn a_snapshot_build_leaves_the_state_lock_free_and_applies_wait_for_it() {
     use std::time::Duration;
-    // About 3.5 MB of pairs: a build of two rounds at least, held after
-    // the first.
+    // About 3.5 MB of pairs.
     const PAIRS: u64 = 3500;
     let pair_value = |i: u64| {
         let mut value = format!("{i:08}");

@@ -14,25 +14,25 @@
 //!   store after it is zeroed (and after the anchor's entry, if the anchor
 //!   becomes the link, is copied into it), and is never freed.
 
-use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use std::sync::atomic::{Ordering, fence};
 
 use rdkv_proto::region::{
-    ANCHOR_SLOT, BLOCK_HEADER_BYTES, BUCKET_BYTES, BlockHeader, BlockRef, CRC_WORD_OFFSET,
-    ChainWalk, DeadlineUnixMs, INVALIDATED_WORD, INVALIDATION_WORD_OFFSET, KeyHash, LeaseDeadline,
+    ANCHOR_SLOT, BLOCK_HEADER_BYTES, BlockHeader, BlockRef, CRC_WORD_OFFSET, ChainWalk,
+    DeadlineUnixMs, INVALIDATED_WORD, INVALIDATION_WORD_OFFSET, KeyHash, LeaseDeadline,
     MAX_NEIGHBOURHOOD_SLOTS, MAX_OVERFLOW_TABLE_SLOTS, MAX_OVERFLOW_TABLES, NO_DEADLINE,
-    OverflowLink, RegionLayout, RegionState, SLOT_BYTES, SLOTS_PER_BUCKET, SizeClass, Slot,
-    SlotWord, UNIT_BYTES, ValueShape, chain_capacity, dynamic_word, encode_block,
-    encoded_block_bytes, free_neighbourhood_slot, free_table_slot, may_hold_key,
-    neighbourhood_slots, overflow_table_units, revoked_crc_word,
+    OverflowLink, RegionLayout, RegionState, SLOT_BYTES, SizeClass, Slot, SlotWord, UNIT_BYTES,
+    ValueShape, chain_capacity, dynamic_word, encode_block, encoded_block_bytes,
+    free_neighbourhood_slot, free_table_slot, may_hold_key, neighbourhood_slots,
+    overflow_table_units, revoked_crc_word,
 };
 
 use crate::region::alloc::BlockAllocator;
 use crate::region::config::RegionConfig;
 use crate::region::error::RegionError;
 use crate::region::grace::{GraceQueue, RetiredBlock};
+use crate::region::live::LiveWalk;
 use crate::region::stats::RegionStats;
 use rdkv_fabric::Clock;
 use rdkv_fabric::RegionMemory;
@@ -428,10 +428,12 @@ impl RegionWriter {
         slot: Slot,
         block: &'a mut Vec<u8>,
     ) -> Result<BlockRef<'a>, RegionError> {
-        let (offset, len) = self.layout.block_range(slot)?;
-        block.resize(len as usize, 0);
-        self.memory.read_bytes(offset, block)?;
-        Ok(self.layout.validate_block(block)?)
+        self.live().read_block(slot, block)
+    }
+
+    /// This region's memory and layout, to walk its live pairs.
+    pub fn live(&self) -> LiveWalk<'_> {
+        LiveWalk::new(&self.memory, &self.layout)
     }
 
     /// The version of `key`, for compare-and-swap.
@@ -513,11 +515,7 @@ impl RegionWriter {
         link: OverflowLink,
         buf: &'b mut [u64; MAX_OVERFLOW_TABLE_SLOTS],
     ) -> Result<(u64, &'b [u64]), RegionError> {
-        let (table_at, len) = self.layout.table_range(link)?;
-        // A decoded link names at most the largest table: this fits `buf`.
-        let words = &mut buf[..(len / SLOT_BYTES) as usize];
-        self.memory.read_words(table_at, words, Ordering::Relaxed)?;
-        Ok((table_at, words))
+        self.live().read_table(link, buf)
     }
 
     /// Compares the key stored at `offset` (8-aligned) with `key`, a chunk at a
@@ -643,71 +641,14 @@ impl RegionWriter {
         debug_assert!(freed.is_ok(), "allocator bookkeeping broken: {freed:?}");
     }
 
-    /// Calls `f(pair)` for every live pair (expired or not), in index order
-    /// (each bucket, then its overflow chain), validating each block (a
-    /// corrupt one stops the scan with its error). Every entry is reached
-    /// once: a table belongs to one chain, reached from its bucket's anchor.
-    /// Region rebuilds are made with this, snapshots with
-    /// [`Self::for_each_live_from`].
+    /// Calls `f(pair)` for every live pair ([`LiveWalk::for_each`]).
+    /// Region rebuilds are made with this; snapshots walk the region's
+    /// memory with [`LiveWalk`] directly, without the writer.
     pub fn for_each_live(
         &self,
-        mut f: impl FnMut(BlockRef<'_>) -> Result<(), RegionError>,
+        f: impl FnMut(BlockRef<'_>) -> Result<(), RegionError>,
     ) -> Result<(), RegionError> {
-        self.for_each_live_from(0, |pair| f(pair).map(|()| ControlFlow::Continue(())))?;
-        Ok(())
-    }
-
-    /// [`Self::for_each_live`] from bucket `from` on, in rounds: once `f`
-    /// answers `Break`, the walk ends with that bucket (and its overflow
-    /// chain) and returns the bucket to go on from; `None` when it reached
-    /// the last. A snapshot copies its pairs a round at a time, so that the
-    /// state lock is held for one round, not for the whole region.
-    pub fn for_each_live_from(
-        &self,
-        from: u64,
-        mut f: impl FnMut(BlockRef<'_>) -> Result<ControlFlow<()>, RegionError>,
-    ) -> Result<Option<u64>, RegionError> {
-        let mut block = Vec::new();
-        let mut table = [0u64; MAX_OVERFLOW_TABLE_SLOTS];
-        let stop = std::cell::Cell::new(false);
-        let mut each = |pair: BlockRef<'_>| {
-            if f(pair)?.is_break() {
-                stop.set(true);
-            }
-            Ok(())
-        };
-        for bucket in from..self.layout.bucket_count {
-            let bucket_at = self.layout.index_offset + bucket * BUCKET_BYTES;
-            let mut words = [0u64; SLOTS_PER_BUCKET];
-            self.memory
-                .read_words(bucket_at, &mut words, Ordering::Relaxed)?;
-            self.each_entry(&words, &mut block, &mut each)?;
-            let mut walk = ChainWalk::from_neighbourhood(&words)?;
-            while let Some(link) = walk.next_table() {
-                let (_, words) = self.read_table(link, &mut table)?;
-                self.each_entry(words, &mut block, &mut each)?;
-                walk.advance(words)?;
-            }
-            if stop.get() {
-                return Ok(Some(bucket + 1).filter(|&next| next < self.layout.bucket_count));
-            }
-        }
-        Ok(None)
-    }
-
-    /// `f` for the pair of every entry among `words`.
-    fn each_entry(
-        &self,
-        words: &[u64],
-        block: &mut Vec<u8>,
-        f: &mut impl FnMut(BlockRef<'_>) -> Result<(), RegionError>,
-    ) -> Result<(), RegionError> {
-        for &raw in words {
-            if let SlotWord::Entry(slot) = SlotWord::decode(raw)? {
-                f(self.read_block(slot, block)?)?;
-            }
-        }
-        Ok(())
+        self.live().for_each(f)
     }
 
     /// Returns blocks whose grace period has passed to the allocator.

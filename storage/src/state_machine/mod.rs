@@ -16,7 +16,6 @@ pub mod snapshot;
 pub mod snapshot_store;
 
 use std::io;
-use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -35,6 +34,7 @@ use thiserror::Error;
 
 use crate::cluster_id::ClusterId;
 use crate::raft::{CommandResult, Entry, LogId, SnapshotMeta, StoredMembership, TypeConfig};
+use crate::region::live::LiveWalk;
 use crate::region::{
     Clock, MonotonicClock, ReadError, ReaderOptions, RegionConfig, RegionError, RegionReader,
     RegionStats, RegionWriter,
@@ -45,7 +45,7 @@ use digest::DigestHistory;
 use keyed::KeyedRegion;
 pub use keyed::{ScanPage, ScanRange};
 use load::{load_region, seed_of};
-use snapshot::{FrozenPairs, SnapshotError, SnapshotRegion, SnapshotWriter};
+use snapshot::{SnapshotError, SnapshotRegion, SnapshotWriter};
 use snapshot_store::{NewSnapshot, SnapshotFile};
 
 /// A snapshot is a file (see `snapshot_store`), never a buffer: it is as
@@ -162,13 +162,9 @@ struct Shared {
     published_lease_boottime_us: AtomicU64,
     /// Test hook: runs in `publish_leadership` before it takes the state lock.
     before_publish: std::sync::OnceLock<PublishHook>,
-    /// Test hook: runs in a snapshot build once its first round is written.
+    /// Test hook: runs in a snapshot build as it starts writing its file.
     writing_snapshot: std::sync::OnceLock<PublishHook>,
 }
-
-/// Pair bytes a snapshot build copies out per hold of the state lock (its
-/// buffer is reused from round to round: a build's memory stays bounded).
-const SNAPSHOT_ROUND_BYTES: usize = 2 * 1024 * 1024;
 
 /// A test's code to run at one point of `publish_leadership` or of a
 /// snapshot build.
@@ -480,8 +476,8 @@ impl RegionStateMachine {
         let _ = self.shared.before_publish.set(PublishHook(Box::new(hook)));
     }
 
-    /// Test hook: `hook` runs in every later snapshot build once its first
-    /// round of pairs is written (to stage other work beside the build). Set once;
+    /// Test hook: `hook` runs in every later snapshot build as it starts
+    /// writing its file (to stage other work beside the build). Set once;
     /// later calls are ignored.
     #[doc(hidden)]
     pub fn hook_while_writing_snapshot(&self, hook: impl Fn() + Send + Sync + 'static) {
@@ -771,16 +767,18 @@ impl RegionStateMachine {
     }
 
     /// Writes the live pairs into a new file and syncs it. With the pairs
-    /// `gate` held they are those of one applied index; they are copied out
-    /// a round of [`SNAPSHOT_ROUND_BYTES`] at a time under the state lock,
-    /// and each round is encoded and written without it. The gate is let
-    /// go before the file is synced, which needs no pairs.
+    /// `gate` held nothing changes them or swaps the region, so the walk of
+    /// the region's memory needs the state lock only to read the snapshot's
+    /// metadata and which region it is: the pairs are those of one applied
+    /// index while the lock stays free for everything else (the lease's
+    /// publication, reads). The gate is let go before the file is synced,
+    /// which needs no pairs.
     fn write_snapshot(
         &self,
         gate: tokio::sync::OwnedMutexGuard<()>,
     ) -> Result<(SnapshotMeta, SnapshotFile), StateMachineError> {
         let mut file = self.new_snapshot_file()?;
-        let (meta, region) = {
+        let (meta, region, memory, layout) = {
             let state = self.lock();
             let meta = SnapshotMeta {
                 last_log_id: state.last_applied,
@@ -792,28 +790,25 @@ impl RegionStateMachine {
                 clock_unix_ms: state.writer.clock_unix_ms(),
                 cluster_id: state.cluster_id,
             };
-            (meta, region)
+            let memory = Arc::clone(state.writer.memory());
+            (meta, region, memory, state.writer.layout().clone())
         };
         file.write_with(|out| {
+            if let Some(hook) = self.shared.writing_snapshot.get() {
+                (hook.0)();
+            }
             let mut writer = SnapshotWriter::new(out, &meta, region)?;
-            let mut round = FrozenPairs::default();
-            let mut next = Some(0);
-            while let Some(from) = next {
-                round.clear();
-                next = self.lock().writer.for_each_live_from(from, |pair| {
-                    round.push(pair);
-                    Ok(if round.bytes() >= SNAPSHOT_ROUND_BYTES {
-                        ControlFlow::Break(())
-                    } else {
-                        ControlFlow::Continue(())
-                    })
-                })?;
-                round.for_each(|pair| writer.pair(pair))?;
-                if from == 0
-                    && let Some(hook) = self.shared.writing_snapshot.get()
+            let mut encode_error = None;
+            LiveWalk::new(&memory, &layout).for_each(|pair| {
+                if encode_error.is_none()
+                    && let Err(e) = writer.pair(pair)
                 {
-                    (hook.0)();
+                    encode_error = Some(e);
                 }
+                Ok(())
+            })?;
+            if let Some(e) = encode_error {
+                return Err(e.into());
             }
             writer.finish()?;
             Ok::<_, StateMachineError>(())

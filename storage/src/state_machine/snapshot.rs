@@ -142,69 +142,6 @@ pub enum SnapshotError {
     Io { path: PathBuf, source: io::Error },
 }
 
-/// A round of a snapshot's live pairs, copied out of the region while the
-/// state lock is held, so that they are encoded and written after it is
-/// released: a build of a large region held the lock for seconds, and
-/// every task that takes it (the lease's publication, reads that fall
-/// back, applies) stalled a runtime worker meanwhile. Keys and values back
-/// to back in one buffer, each pair's lengths and header beside.
-#[derive(Debug, Default)]
-pub struct FrozenPairs {
-    bytes: Vec<u8>,
-    pairs: Vec<FrozenPair>,
-}
-
-#[derive(Debug)]
-struct FrozenPair {
-    key_len: usize,
-    value_len: usize,
-    version: u64,
-    deadline: rdkv_proto::region::DeadlineUnixMs,
-}
-
-impl FrozenPairs {
-    /// Copies `pair` in.
-    pub fn push(&mut self, pair: BlockRef<'_>) {
-        self.bytes.extend_from_slice(pair.key);
-        self.bytes.extend_from_slice(pair.value);
-        self.pairs.push(FrozenPair {
-            key_len: pair.key.len(),
-            value_len: pair.value.len(),
-            version: pair.version,
-            deadline: pair.deadline,
-        });
-    }
-
-    /// Memory held: the key and value bytes, and each pair's entry (so
-    /// that a round of tiny pairs is bounded too).
-    pub fn bytes(&self) -> usize {
-        self.bytes.len() + self.pairs.len() * std::mem::size_of::<FrozenPair>()
-    }
-
-    /// Empties it, keeping its buffers.
-    pub fn clear(&mut self) {
-        self.bytes.clear();
-        self.pairs.clear();
-    }
-
-    /// `f` for every pair, in the order they were pushed.
-    pub fn for_each<E>(&self, mut f: impl FnMut(BlockRef<'_>) -> Result<(), E>) -> Result<(), E> {
-        let mut rest = &self.bytes[..];
-        for pair in &self.pairs {
-            let (key, after) = rest.split_at(pair.key_len);
-            let (value, after) = after.split_at(pair.value_len);
-            rest = after;
-            f(BlockRef {
-                key,
-                value,
-                version: pair.version,
-                deadline: pair.deadline,
-            })?;
-        }
-        Ok(())
-    }
-}
-
 /// Writes a snapshot record by record into `out` (a buffer, or a file).
 #[derive(Debug)]
 pub struct SnapshotWriter<W: Write> {
