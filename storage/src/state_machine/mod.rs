@@ -791,7 +791,7 @@ impl RegionStateMachine {
                 cluster_id: state.cluster_id,
             };
             let memory = Arc::clone(state.writer.memory());
-            (meta, region, memory, state.writer.layout().clone())
+            (meta, region, memory, *state.writer.layout())
         };
         file.write_with(|out| {
             if let Some(hook) = self.shared.writing_snapshot.get() {
