@@ -353,8 +353,8 @@ fn a_suppressed_lease_is_not_republished_by_a_racing_publisher() {
 /// wait for it without blocking a runtime thread. (It held the lock for its
 /// whole file: building a 115 MB region took 2 s, and every task that took
 /// the lock meanwhile blocked a runtime worker; the leader lost its lease,
-/// then its leadership.) A build of about 3.5 MB is held as it starts
-/// writing: the lease's publication returns meanwhile; an apply waits for
+/// then its leadership.) A build of about 3.5 MB is held in its walk, once
+/// its first pair is written: the lease's publication returns meanwhile; an apply waits for
 /// the build (its snapshot stays that of one index, checked by installing
 /// it elsewhere) while the apply's own current-thread runtime goes on
 /// running other tasks.

@@ -22,7 +22,7 @@ pub struct LiveWalk<'r> {
 }
 
 impl<'r> LiveWalk<'r> {
-    pub fn new(memory: &'r RegionMemory, layout: &'r RegionLayout) -> LiveWalk<'r> {
+    pub(crate) fn new(memory: &'r RegionMemory, layout: &'r RegionLayout) -> LiveWalk<'r> {
         LiveWalk { memory, layout }
     }
 
@@ -30,37 +30,39 @@ impl<'r> LiveWalk<'r> {
     /// (each bucket, then its overflow chain), validating each block (a
     /// corrupt one stops the walk with its error). Every entry is reached
     /// once: a table belongs to one chain, reached from its bucket's anchor.
-    pub fn for_each(
+    /// An error of `f` ends the walk with it.
+    pub(crate) fn for_each<E: From<RegionError>>(
         &self,
-        mut f: impl FnMut(BlockRef<'_>) -> Result<(), RegionError>,
-    ) -> Result<(), RegionError> {
+        mut f: impl FnMut(BlockRef<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
         let mut block = Vec::new();
         let mut table = [0u64; MAX_OVERFLOW_TABLE_SLOTS];
         for bucket in 0..self.layout.bucket_count {
             let bucket_at = self.layout.index_offset + bucket * BUCKET_BYTES;
             let mut words = [0u64; SLOTS_PER_BUCKET];
             self.memory
-                .read_words(bucket_at, &mut words, Ordering::Relaxed)?;
+                .read_words(bucket_at, &mut words, Ordering::Relaxed)
+                .map_err(RegionError::from)?;
             self.each_entry(&words, &mut block, &mut f)?;
-            let mut walk = ChainWalk::from_neighbourhood(&words)?;
+            let mut walk = ChainWalk::from_neighbourhood(&words).map_err(RegionError::from)?;
             while let Some(link) = walk.next_table() {
                 let (_, words) = self.read_table(link, &mut table)?;
                 self.each_entry(words, &mut block, &mut f)?;
-                walk.advance(words)?;
+                walk.advance(words).map_err(RegionError::from)?;
             }
         }
         Ok(())
     }
 
     /// `f` for the pair of every entry among `words`.
-    fn each_entry(
+    fn each_entry<E: From<RegionError>>(
         &self,
         words: &[u64],
         block: &mut Vec<u8>,
-        f: &mut impl FnMut(BlockRef<'_>) -> Result<(), RegionError>,
-    ) -> Result<(), RegionError> {
+        f: &mut impl FnMut(BlockRef<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
         for &raw in words {
-            if let SlotWord::Entry(slot) = SlotWord::decode(raw)? {
+            if let SlotWord::Entry(slot) = SlotWord::decode(raw).map_err(RegionError::from)? {
                 f(self.read_block(slot, block)?)?;
             }
         }

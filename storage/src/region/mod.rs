@@ -6,7 +6,7 @@ pub mod alloc;
 pub mod config;
 pub mod error;
 pub mod grace;
-pub mod live;
+pub(crate) mod live;
 pub mod stats;
 pub mod writer;
 

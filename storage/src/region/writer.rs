@@ -432,7 +432,7 @@ impl RegionWriter {
     }
 
     /// This region's memory and layout, to walk its live pairs.
-    pub fn live(&self) -> LiveWalk<'_> {
+    pub(crate) fn live(&self) -> LiveWalk<'_> {
         LiveWalk::new(&self.memory, &self.layout)
     }
 

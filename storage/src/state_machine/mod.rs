@@ -150,10 +150,10 @@ struct Shared {
     clock: Arc<dyn Clock>,
     /// Serializes writing snapshot files and adopting them as current.
     persist_lock: tokio::sync::Mutex<()>,
-    /// Held by whatever changes the pairs (an apply batch, an install) and
-    /// by a snapshot build while it copies them out a round at a time:
+    /// Held by whatever changes the pairs or swaps the region (an apply
+    /// batch, an install) and by a snapshot build for its walk and write:
     /// those wait for one another here, asynchronously (no runtime thread
-    /// blocks), and the state lock is held for one round of a build only.
+    /// blocks); a build takes the state lock only to read its metadata.
     pairs_gate: Arc<tokio::sync::Mutex<()>>,
     /// No lease is published before this (unix µs): see `suppress_lease_until`.
     lease_suppressed_until_us: AtomicU64,
@@ -162,7 +162,7 @@ struct Shared {
     published_lease_boottime_us: AtomicU64,
     /// Test hook: runs in `publish_leadership` before it takes the state lock.
     before_publish: std::sync::OnceLock<PublishHook>,
-    /// Test hook: runs in a snapshot build as it starts writing its file.
+    /// Test hook: runs in a snapshot build's walk once its first pair is written.
     writing_snapshot: std::sync::OnceLock<PublishHook>,
 }
 
@@ -476,8 +476,8 @@ impl RegionStateMachine {
         let _ = self.shared.before_publish.set(PublishHook(Box::new(hook)));
     }
 
-    /// Test hook: `hook` runs in every later snapshot build as it starts
-    /// writing its file (to stage other work beside the build). Set once;
+    /// Test hook: `hook` runs in every later snapshot build once the walk
+    /// has written its first pair (to stage other work beside the build). Set once;
     /// later calls are ignored.
     #[doc(hidden)]
     pub fn hook_while_writing_snapshot(&self, hook: impl Fn() + Send + Sync + 'static) {
@@ -794,22 +794,17 @@ impl RegionStateMachine {
             (meta, region, memory, *state.writer.layout())
         };
         file.write_with(|out| {
-            if let Some(hook) = self.shared.writing_snapshot.get() {
-                (hook.0)();
-            }
             let mut writer = SnapshotWriter::new(out, &meta, region)?;
-            let mut encode_error = None;
+            let mut first = true;
             LiveWalk::new(&memory, &layout).for_each(|pair| {
-                if encode_error.is_none()
-                    && let Err(e) = writer.pair(pair)
+                writer.pair(pair)?;
+                if std::mem::take(&mut first)
+                    && let Some(hook) = self.shared.writing_snapshot.get()
                 {
-                    encode_error = Some(e);
+                    (hook.0)();
                 }
-                Ok(())
+                Ok::<_, StateMachineError>(())
             })?;
-            if let Some(e) = encode_error {
-                return Err(e.into());
-            }
             writer.finish()?;
             Ok::<_, StateMachineError>(())
         })?;
