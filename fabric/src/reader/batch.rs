@@ -119,28 +119,16 @@ impl RegionReader {
         Ok(())
     }
 
-    /// One round of a batch: every range is asked for (`prefetch`) before
-    /// any is copied. The copies are independent of each other, yet a
-    /// core copying them one after another from a mapping takes their
-    /// cache misses about one at a time; asked for first, the misses
-    /// overlap, as one doorbell lets an RDMA NIC fetch a whole batch (a
-    /// remote region ignores the hint and batches in its transport). Over
-    /// shm it lets YCSB-C's batched reads run about a fifth faster
+    /// One round of a batch, the reads `ops` yields (at most
+    /// [`MAX_ROUND_READS`], gathered on the stack): every range is asked
+    /// for (`prefetch`) before any is copied. The copies are independent of
+    /// each other, yet a core copying them one after another from a mapping
+    /// takes their cache misses about one at a time; asked for first, the
+    /// misses overlap, as one doorbell lets an RDMA NIC fetch a whole batch
+    /// (a remote region ignores the hint and batches in its transport).
+    /// Over shm it lets YCSB-C's batched reads run about a fifth faster
     /// (docs/benchmarks.md, issue 17).
-    fn read_round(&self, ops: &mut [ReadOp<'_>]) -> Result<(), ReadError> {
-        for op in ops.iter() {
-            self.region.prefetch(op.offset, op.buf.len() as u64);
-        }
-        self.region.read_batch(ops)?;
-        Ok(())
-    }
-
-    /// [`Self::read_round`] over the reads `ops` yields, gathered on the
-    /// stack: a chunk's round has at most [`MAX_ROUND_READS`].
-    fn read_round_of<'a>(
-        &self,
-        ops: impl IntoIterator<Item = ReadOp<'a>>,
-    ) -> Result<(), ReadError> {
+    fn read_round<'a>(&self, ops: impl IntoIterator<Item = ReadOp<'a>>) -> Result<(), ReadError> {
         let mut round: [ReadOp<'a>; MAX_ROUND_READS] = std::array::from_fn(|_| ReadOp {
             offset: 0,
             buf: &mut [],
@@ -154,7 +142,12 @@ impl RegionReader {
             round[count] = op;
             count += 1;
         }
-        self.read_round(&mut round[..count])
+        let round = &mut round[..count];
+        for op in round.iter() {
+            self.region.prefetch(op.offset, op.buf.len() as u64);
+        }
+        self.region.read_batch(round)?;
+        Ok(())
     }
 
     /// Round one: every key's neighbourhood, back to back in
@@ -172,7 +165,7 @@ impl RegionReader {
                 offset: self.layout.neighbourhood_range(*hash).0,
                 buf,
             });
-        self.read_round_of(ops)?;
+        self.read_round(ops)?;
         fence(Ordering::Acquire);
         Ok(())
     }
@@ -217,7 +210,7 @@ impl RegionReader {
                 }),
                 _ => None,
             });
-        self.read_round_of(ops)?;
+        self.read_round(ops)?;
         fence(Ordering::Acquire);
         Ok(blocks)
     }
@@ -396,7 +389,7 @@ impl RegionReader {
                 },
             ])
         });
-        self.read_round_of(ops_iter.flatten())?;
+        self.read_round(ops_iter.flatten())?;
         fence(Ordering::Acquire);
         Ok(())
     }
