@@ -208,3 +208,74 @@ async fn only_a_refusal_raises_the_no_space_alarm() {
     .await;
     assert!(sm.quota_status().no_space_alarm);
 }
+
+/// A compaction rebuilds the whole region, which takes long in a large one
+/// (long enough to let the leader's lease lapse, as a snapshot build under
+/// the lock did). Held inside its walk, once the first pair is placed in
+/// the new region: the lease's publication and a read of the state return
+/// meanwhile, and the compaction then places the write as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_leaves_the_state_lock_free() {
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let mut fragmented = common::open(dir.path());
+    let mut first = opening((0..1700).map(|i| put(format!("s{i:04}"), 2000, 1)));
+    let deletes = (0..1700).step_by(2).map(|i| Command::Delete {
+        key: Bytes::from(format!("s{i:04}")),
+    });
+    first.extend(entries(1702, deletes));
+    apply(&mut fragmented, first).await;
+    let epoch_before = fragmented.region_epoch();
+    let next = fragmented.applied_index() + 1;
+
+    let (walking_tx, walking_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    fragmented.hook_while_walking_pairs(move || {
+        let _ = walking_tx.send(());
+        // Held until the test has looked, or long enough to tell.
+        let _ = go_rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
+    });
+    let large = entries(next, (0..400).map(|i| put(format!("l{i:04}"), 4000, 2)));
+    let applying = {
+        let mut sm = fragmented.clone();
+        tokio::spawn(async move { apply(&mut sm, large).await })
+    };
+    let waiting = tokio::task::spawn_blocking(move || walking_rx.recv());
+    waiting.await.unwrap().unwrap();
+
+    let far_us = rdkv_fabric::clock::unix_now_us() + 60_000_000;
+    let lease = rdkv_proto::region::LeaseDeadline {
+        unix_us: far_us,
+        boottime_us: far_us,
+    };
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    {
+        let sm = fragmented.clone();
+        std::thread::spawn(move || {
+            let published = sm.publish_leadership(1, Some(lease));
+            let _ = done_tx.send(format!("publish {}", published.is_ok()));
+            let charged = sm.quota_status().charged_bytes;
+            let _ = done_tx.send(format!("quota status {}", charged > 0));
+        });
+    }
+    let mut during = Vec::new();
+    while let Ok(what) = done_rx.recv_timeout(Duration::from_secs(2)) {
+        during.push(what);
+    }
+    drop(go_tx);
+    applying.await.unwrap();
+    assert_eq!(
+        during,
+        ["publish true", "quota status true"],
+        "done while the compaction was held (neither waits for the state lock)"
+    );
+    assert_ne!(
+        fragmented.region_epoch(),
+        epoch_before,
+        "the region was compacted"
+    );
+    assert_eq!(fragmented.region_stats().live_keys, 850 + 400);
+    assert_eq!(version_of(&fragmented, "l0399"), Some(next + 399));
+    assert_eq!(version_of(&fragmented, "s0001"), Some(3));
+}

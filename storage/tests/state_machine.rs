@@ -382,7 +382,7 @@ async fn a_snapshot_build_leaves_the_state_lock_free_and_applies_wait_for_it() {
     let (writing_tx, writing_rx) = std::sync::mpsc::channel();
     let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
     let go_rx = std::sync::Mutex::new(go_rx);
-    sm.hook_while_writing_snapshot(move || {
+    sm.hook_while_walking_pairs(move || {
         let _ = writing_tx.send(());
         // Held until the test has looked, or long enough to tell.
         let _ = go_rx.lock().unwrap().recv_timeout(Duration::from_secs(10));

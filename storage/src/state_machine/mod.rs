@@ -27,7 +27,9 @@ use openraft::alias::SnapshotOf;
 use openraft::storage::EntryResponder;
 use openraft::storage::RaftStateMachine;
 use openraft::{OptionalSend, RaftSnapshotBuilder};
-use rdkv_proto::region::{DeadlineUnixMs, EXPIRY_MARGIN_MS, HashSeed, LeaseDeadline, expired_at};
+use rdkv_proto::region::{
+    BlockRef, DeadlineUnixMs, EXPIRY_MARGIN_MS, HashSeed, LeaseDeadline, expired_at,
+};
 use rdkv_proto::shard::ShardId;
 use rdkv_proto::wire::{Response, StateDigestAt, Versioned};
 use thiserror::Error;
@@ -162,8 +164,9 @@ struct Shared {
     published_lease_boottime_us: AtomicU64,
     /// Test hook: runs in `publish_leadership` before it takes the state lock.
     before_publish: std::sync::OnceLock<PublishHook>,
-    /// Test hook: runs in a snapshot build's walk once its first pair is written.
-    writing_snapshot: std::sync::OnceLock<PublishHook>,
+    /// Test hook: runs in a walk of the region's pairs without the state
+    /// lock (a snapshot build, a rebuild) once its first pair is handed over.
+    walking_pairs: std::sync::OnceLock<PublishHook>,
 }
 
 /// A test's code to run at one point of `publish_leadership` or of a
@@ -280,7 +283,7 @@ impl RegionStateMachine {
                 lease_suppressed_until_us: AtomicU64::new(0),
                 published_lease_boottime_us: AtomicU64::new(0),
                 before_publish: std::sync::OnceLock::new(),
-                writing_snapshot: std::sync::OnceLock::new(),
+                walking_pairs: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -476,15 +479,13 @@ impl RegionStateMachine {
         let _ = self.shared.before_publish.set(PublishHook(Box::new(hook)));
     }
 
-    /// Test hook: `hook` runs in every later snapshot build once the walk
-    /// has written its first pair (to stage other work beside the build). Set once;
-    /// later calls are ignored.
+    /// Test hook: `hook` runs in every later walk of the region's pairs
+    /// without the state lock (a snapshot build, a rebuild of the region)
+    /// once the walk has handed over its first pair (to stage other work
+    /// beside it). Set once; later calls are ignored.
     #[doc(hidden)]
-    pub fn hook_while_writing_snapshot(&self, hook: impl Fn() + Send + Sync + 'static) {
-        let _ = self
-            .shared
-            .writing_snapshot
-            .set(PublishHook(Box::new(hook)));
+    pub fn hook_while_walking_pairs(&self, hook: impl Fn() + Send + Sync + 'static) {
+        let _ = self.shared.walking_pairs.set(PublishHook(Box::new(hook)));
     }
 
     /// Publishes the Raft term and the leader lease in the region header.
@@ -557,15 +558,15 @@ impl RegionStateMachine {
     /// at most the few writes applied before the seed); a later seed
     /// changes nothing. Every replica applies the same log, so every one
     /// ends with the same seed and placement rule.
-    fn adopt_hash_seed(&self, seed: HashSeed) -> Result<(), StateMachineError> {
+    async fn adopt_hash_seed(&self, seed: HashSeed) -> Result<(), StateMachineError> {
+        if self.lock().hash_seed.is_some() {
+            return Ok(());
+        }
+        let rebuilt = self.rebuild_region(Some(seed)).await?;
         let old = {
             let mut state = self.lock();
-            if state.hash_seed.is_some() {
-                return Ok(());
-            }
-            let old = self.rebuild_region(&mut state, Some(seed))?;
             state.hash_seed = Some(seed);
-            old
+            self.swap_region(&mut state, rebuilt)?
         };
         old.retire_region()?;
         tracing::info!("the cluster's hash seed is applied; the region is placed with it");
@@ -573,33 +574,76 @@ impl RegionStateMachine {
     }
 
     /// Places every live pair anew in an empty region (the next epoch)
-    /// placed with `seed`, makes it the served one, and returns the old one
-    /// for the caller to retire once the lock is released. The new region
-    /// has no fragments and no block in a grace period: this is also how a
-    /// region that cannot place a write compacts.
-    fn rebuild_region(
+    /// placed with `seed` and returns it, its applied index published, for
+    /// the caller to swap in. The new region has no fragments and no block
+    /// in a grace period: this is also how a region that cannot place a
+    /// write compacts.
+    ///
+    /// Only an apply calls it, holding the pairs gate: nothing changes the
+    /// pairs or swaps the region meanwhile, so the old region's memory is
+    /// walked without the state lock, off the runtime's threads, as a
+    /// snapshot build walks it. A whole region's rebuild then does not hold
+    /// up the lease's publication or reads (a full 1 GiB region's took 1
+    /// to 5 s here, longer than a lease).
+    async fn rebuild_region(
         &self,
-        state: &mut State,
         seed: Option<HashSeed>,
     ) -> Result<KeyedRegion, StateMachineError> {
-        let epoch = state.writer.layout().region_epoch + 1;
-        let empty = new_region(&self.shared.config, &self.shared.clock, epoch, seed)?;
-        let clock = state.writer.clock_unix_ms();
-        let writer = KeyedRegion::load(empty, clock, |put| state.writer.for_each_live(put))?;
-        if let Some(applied) = state.last_applied {
-            writer.publish_applied(applied.index, unix_now_us())?;
-        }
-        self.swap_region(state, writer)
+        let (memory, layout, clock_unix_ms, applied) = {
+            let state = self.lock();
+            let memory = Arc::clone(state.writer.memory());
+            let applied = state.last_applied;
+            (
+                memory,
+                *state.writer.layout(),
+                state.writer.clock_unix_ms(),
+                applied,
+            )
+        };
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let empty = new_region(
+                &this.shared.config,
+                &this.shared.clock,
+                layout.region_epoch + 1,
+                seed,
+            )?;
+            let rebuilt = KeyedRegion::load::<RegionError>(empty, clock_unix_ms, |put| {
+                this.walk_pairs(&LiveWalk::new(&memory, &layout), put)
+            })?;
+            if let Some(applied) = applied {
+                rebuilt.publish_applied(applied.index, unix_now_us())?;
+            }
+            Ok::<_, StateMachineError>(rebuilt)
+        })
+        .await?
+    }
+
+    /// Hands every live pair of `walk` to `f`, running the test hook
+    /// (`hook_while_walking_pairs`) once the first one is handed over.
+    fn walk_pairs<E: From<RegionError>>(
+        &self,
+        walk: &LiveWalk<'_>,
+        f: &mut dyn FnMut(BlockRef<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut first = true;
+        walk.for_each(|pair| {
+            f(pair)?;
+            if std::mem::take(&mut first)
+                && let Some(hook) = self.shared.walking_pairs.get()
+            {
+                (hook.0)();
+            }
+            Ok(())
+        })
     }
 
     /// Compacts the region (see `rebuild_region`) so that a write the quota
     /// admitted can be placed.
-    fn compact(&self) -> Result<(), StateMachineError> {
-        let old = {
-            let mut state = self.lock();
-            let seed = state.hash_seed;
-            self.rebuild_region(&mut state, seed)?
-        };
+    async fn compact(&self) -> Result<(), StateMachineError> {
+        let seed = self.lock().hash_seed;
+        let rebuilt = self.rebuild_region(seed).await?;
+        let old = self.swap_region(&mut self.lock(), rebuilt)?;
         old.retire_region()?;
         metrics::counter!("rdkv_region_compactions_total").increment(1);
         tracing::warn!("the region could not place an admitted write; compacted it");
@@ -619,7 +663,7 @@ impl RegionStateMachine {
             match applied {
                 Applied::Done(result) => return Ok(result),
                 Applied::AdoptSeed(seed) => {
-                    self.adopt_hash_seed(seed)?;
+                    self.adopt_hash_seed(seed).await?;
                     return Ok(CommandResult::Applied(Response::Done));
                 }
                 Applied::Full {
@@ -644,7 +688,7 @@ impl RegionStateMachine {
                             source: cause,
                         });
                     }
-                    self.compact()?;
+                    self.compact().await?;
                     compacted_at = Some(next_pair);
                     resume_at = next_pair;
                 }
@@ -795,14 +839,8 @@ impl RegionStateMachine {
         };
         file.write_with(|out| {
             let mut writer = SnapshotWriter::new(out, &meta, region)?;
-            let mut first = true;
-            LiveWalk::new(&memory, &layout).for_each(|pair| {
+            self.walk_pairs(&LiveWalk::new(&memory, &layout), &mut |pair| {
                 writer.pair(pair)?;
-                if std::mem::take(&mut first)
-                    && let Some(hook) = self.shared.writing_snapshot.get()
-                {
-                    (hook.0)();
-                }
                 Ok::<_, StateMachineError>(())
             })?;
             writer.finish()?;
