@@ -48,6 +48,17 @@ fn opening(commands: impl IntoIterator<Item = Command>) -> Vec<Entry> {
     all
 }
 
+/// Fills a 4 MiB region with 1700 2 KiB blocks and deletes every other
+/// one: its free space is then 2 KiB holes and a short tail.
+fn fragmenting() -> Vec<Entry> {
+    let mut all = opening((0..1700).map(|i| put(format!("s{i:04}"), 2000, 1)));
+    let deletes = (0..1700).step_by(2).map(|i| Command::Delete {
+        key: Bytes::from(format!("s{i:04}")),
+    });
+    all.extend(entries(1702, deletes));
+    all
+}
+
 /// `SetQuota` then `puts` 1000-byte values under keys `k0000`, `k0001`, ...
 fn quota_then_puts(quota_bytes: u64, puts: usize) -> Vec<Entry> {
     let set_quota = Command::SetQuota { bytes: quota_bytes };
@@ -69,12 +80,7 @@ const CHARGE: u64 = 1088 + 8;
 async fn a_fragmented_replica_places_what_a_compact_one_places() {
     let dir = tempfile::tempdir().unwrap();
     let mut fragmented = common::open(dir.path());
-    let mut first = opening((0..1700).map(|i| put(format!("s{i:04}"), 2000, 1)));
-    let deletes = (0..1700).step_by(2).map(|i| Command::Delete {
-        key: Bytes::from(format!("s{i:04}")),
-    });
-    first.extend(entries(1702, deletes));
-    apply(&mut fragmented, first).await;
+    apply(&mut fragmented, fragmenting()).await;
     let snapshot = fragmented.build_snapshot().await.unwrap();
     let (_compact_dir, mut compact) = installed_elsewhere(&snapshot).await;
 
@@ -210,50 +216,56 @@ async fn only_a_refusal_raises_the_no_space_alarm() {
 }
 
 /// A compaction rebuilds the whole region, which takes long in a large one
-/// (long enough to let the leader's lease lapse, as a snapshot build under
-/// the lock did). Held inside its walk, once the first pair is placed in
-/// the new region: the lease's publication and a read of the state return
-/// meanwhile, and the compaction then places the write as before.
+/// (longer than a lease in 1 GiB, as a snapshot build under the lock did).
+/// Held inside its walk, once the first pair is placed in the new region:
+/// the lease's publication and a read of the state return meanwhile, the
+/// apply's own current-thread runtime runs another task (the walk is off
+/// its thread), and what was published meanwhile is in the region served
+/// after the swap; the compaction then places the write as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compaction_leaves_the_state_lock_free() {
     use std::time::Duration;
     let dir = tempfile::tempdir().unwrap();
-    let mut fragmented = common::open(dir.path());
-    let mut first = opening((0..1700).map(|i| put(format!("s{i:04}"), 2000, 1)));
-    let deletes = (0..1700).step_by(2).map(|i| Command::Delete {
-        key: Bytes::from(format!("s{i:04}")),
-    });
-    first.extend(entries(1702, deletes));
-    apply(&mut fragmented, first).await;
+    let fragmented = common::open(dir.path());
+    apply(&mut fragmented.clone(), fragmenting()).await;
     let epoch_before = fragmented.region_epoch();
     let next = fragmented.applied_index() + 1;
+    let held = common::hold_walks(&fragmented);
 
-    let (walking_tx, walking_rx) = std::sync::mpsc::channel();
-    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-    let go_rx = std::sync::Mutex::new(go_rx);
-    fragmented.hook_while_walking_pairs(move || {
-        let _ = walking_tx.send(());
-        // Held until the test has looked, or long enough to tell.
-        let _ = go_rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
-    });
-    let large = entries(next, (0..400).map(|i| put(format!("l{i:04}"), 4000, 2)));
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let (walk_seen_tx, walk_seen) = tokio::sync::oneshot::channel::<()>();
     let applying = {
         let mut sm = fragmented.clone();
-        tokio::spawn(async move { apply(&mut sm, large).await })
+        let done_tx = done_tx.clone();
+        let large = entries(next, (0..400).map(|i| put(format!("l{i:04}"), 4000, 2)));
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let applying = tokio::spawn(async move { apply(&mut sm, large).await });
+                // Runs only if the runtime's thread is free while the walk is held.
+                let _ = walk_seen.await;
+                let _ = done_tx.send("runtime ran".to_string());
+                applying.await.unwrap();
+            });
+        })
     };
-    let waiting = tokio::task::spawn_blocking(move || walking_rx.recv());
-    waiting.await.unwrap().unwrap();
+    held.walking
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the apply compacted the region");
+    walk_seen_tx.send(()).unwrap();
 
     let far_us = rdkv_fabric::clock::unix_now_us() + 60_000_000;
     let lease = rdkv_proto::region::LeaseDeadline {
         unix_us: far_us,
         boottime_us: far_us,
     };
-    let (done_tx, done_rx) = std::sync::mpsc::channel();
     {
         let sm = fragmented.clone();
         std::thread::spawn(move || {
-            let published = sm.publish_leadership(1, Some(lease));
+            let published = sm.publish_leadership(7, Some(lease));
             let _ = done_tx.send(format!("publish {}", published.is_ok()));
             let charged = sm.quota_status().charged_bytes;
             let _ = done_tx.send(format!("quota status {}", charged > 0));
@@ -263,17 +275,24 @@ async fn a_compaction_leaves_the_state_lock_free() {
     while let Ok(what) = done_rx.recv_timeout(Duration::from_secs(2)) {
         during.push(what);
     }
-    drop(go_tx);
-    applying.await.unwrap();
+    drop(held.go);
+    applying.join().unwrap();
+    during.sort();
     assert_eq!(
         during,
-        ["publish true", "quota status true"],
-        "done while the compaction was held (neither waits for the state lock)"
+        ["publish true", "quota status true", "runtime ran"],
+        "done while the compaction was held (none waits for the state lock or the walk)"
     );
     assert_ne!(
         fragmented.region_epoch(),
         epoch_before,
         "the region was compacted"
+    );
+    let header = fragmented.reader().dynamic_header().unwrap();
+    assert_eq!(
+        (header.raft_term, header.lease_deadline_unix_us),
+        (7, Some(far_us)),
+        "what was published during the rebuild is in the region served after it"
     );
     assert_eq!(fragmented.region_stats().live_keys, 850 + 400);
     assert_eq!(version_of(&fragmented, "l0399"), Some(next + 399));

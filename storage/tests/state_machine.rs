@@ -379,20 +379,15 @@ async fn a_snapshot_build_leaves_the_state_lock_free_and_applies_wait_for_it() {
     entries.extend((0..PAIRS).map(|i| normal(i + 2, put(&format!("k{i}"), &pair_value(i)))));
     apply(&mut sm, entries).await;
     let started_at = sm.applied_index();
-    let (writing_tx, writing_rx) = std::sync::mpsc::channel();
-    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-    let go_rx = std::sync::Mutex::new(go_rx);
-    sm.hook_while_walking_pairs(move || {
-        let _ = writing_tx.send(());
-        // Held until the test has looked, or long enough to tell.
-        let _ = go_rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
-    });
+    let held = common::hold_walks(&sm);
     let builder = {
         let mut sm = sm.clone();
         tokio::spawn(async move { sm.build_snapshot().await })
     };
-    let waiting = tokio::task::spawn_blocking(move || writing_rx.recv());
-    waiting.await.unwrap().unwrap();
+    let walking = held.walking;
+    let waiting =
+        tokio::task::spawn_blocking(move || walking.recv_timeout(Duration::from_secs(10)));
+    waiting.await.unwrap().expect("the build reached its walk");
 
     let far_us = rdkv_fabric::clock::unix_now_us() + 60_000_000;
     let lease = rdkv_proto::region::LeaseDeadline {
@@ -431,7 +426,7 @@ async fn a_snapshot_build_leaves_the_state_lock_free_and_applies_wait_for_it() {
     while let Ok(what) = done_rx.recv_timeout(Duration::from_secs(2)) {
         during.push(what);
     }
-    drop(go_tx);
+    drop(held.go);
     let snapshot = builder.await.unwrap().unwrap();
     let after = done_rx.recv_timeout(Duration::from_secs(10));
     during.sort();

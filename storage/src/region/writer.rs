@@ -642,8 +642,8 @@ impl RegionWriter {
     }
 
     /// Calls `f(pair)` for every live pair ([`LiveWalk::for_each`]).
-    /// Region rebuilds are made with this; snapshots walk the region's
-    /// memory with [`LiveWalk`] directly, without the writer.
+    /// Snapshot builds and region rebuilds walk the region's memory with
+    /// [`LiveWalk`] directly, without the writer (and its lock).
     pub fn for_each_live(
         &self,
         f: impl FnMut(BlockRef<'_>) -> Result<(), RegionError>,
@@ -733,6 +733,30 @@ impl RegionWriter {
             word(deadline.map(|d| d.boottime_us)),
             Ordering::Release,
         )?;
+        Ok(())
+    }
+
+    /// Gives this region the words `from` has published for its owner (the
+    /// Raft term, the lease, and its retirement if it is retired), for a
+    /// region that succeeds `from` (a rebuild, an install): what was
+    /// published into the old one while the new one was being filled is
+    /// not lost at the swap.
+    pub fn carry_published_words(&self, from: &RegionWriter) -> Result<(), RegionError> {
+        for word in [
+            dynamic_word::RAFT_TERM,
+            dynamic_word::LEADER_LEASE,
+            dynamic_word::LEADER_LEASE_BOOTTIME,
+        ] {
+            let value = from.memory.load_u64(word, Ordering::Acquire)?;
+            self.memory.store_u64(word, value, Ordering::Release)?;
+        }
+        if from
+            .memory
+            .load_u64(dynamic_word::REGION_STATE, Ordering::Acquire)?
+            == RegionState::RETIRED
+        {
+            self.retire_region()?;
+        }
         Ok(())
     }
 

@@ -94,7 +94,7 @@ pub enum StateMachineError {
         region_mib: u64,
         source: RegionError,
     },
-    #[error("a snapshot task stopped: {0}")]
+    #[error("a blocking task (a snapshot's, a rebuild's) stopped: {0}")]
     Task(#[from] tokio::task::JoinError),
     #[error("the ordered key index names a {key_len}-byte key the region does not hold")]
     KeyIndexMismatch { key_len: usize },
@@ -169,8 +169,12 @@ struct Shared {
     walking_pairs: std::sync::OnceLock<PublishHook>,
 }
 
-/// A test's code to run at one point of `publish_leadership` or of a
-/// snapshot build.
+/// The pairs gate, held by an apply batch and shared with a rebuild's walk
+/// off the runtime's threads.
+type PairsHeld = Arc<tokio::sync::OwnedMutexGuard<()>>;
+
+/// A test's code to run at one point of `publish_leadership` or of a walk
+/// of the region's pairs (a snapshot build, a rebuild).
 struct PublishHook(Box<dyn Fn() + Send + Sync>);
 
 impl std::fmt::Debug for PublishHook {
@@ -537,12 +541,16 @@ impl RegionStateMachine {
 
     /// Makes `writer` the region this replica serves, its readers included,
     /// and returns the one it replaces, for the caller to retire once the
-    /// state lock is released (clients mapping it then re-attach).
+    /// state lock is released (clients mapping it then re-attach). The new
+    /// region takes over the term, lease and retirement published in the
+    /// old one (under this lock, as every publication is), which may have
+    /// changed while the new one was filled without the lock.
     fn swap_region(
         &self,
         state: &mut State,
         writer: KeyedRegion,
     ) -> Result<KeyedRegion, StateMachineError> {
+        writer.carry_published_words(&state.writer)?;
         let reader = writer.reader(ReaderOptions::for_layout(writer.layout()))?;
         let old = std::mem::replace(&mut state.writer, writer);
         *self
@@ -558,15 +566,20 @@ impl RegionStateMachine {
     /// at most the few writes applied before the seed); a later seed
     /// changes nothing. Every replica applies the same log, so every one
     /// ends with the same seed and placement rule.
-    async fn adopt_hash_seed(&self, seed: HashSeed) -> Result<(), StateMachineError> {
+    async fn adopt_hash_seed(
+        &self,
+        seed: HashSeed,
+        gate: &PairsHeld,
+    ) -> Result<(), StateMachineError> {
         if self.lock().hash_seed.is_some() {
             return Ok(());
         }
-        let rebuilt = self.rebuild_region(Some(seed)).await?;
+        let rebuilt = self.rebuild_region(Some(seed), gate).await?;
         let old = {
             let mut state = self.lock();
+            let old = self.swap_region(&mut state, rebuilt)?;
             state.hash_seed = Some(seed);
-            self.swap_region(&mut state, rebuilt)?
+            old
         };
         old.retire_region()?;
         tracing::info!("the cluster's hash seed is applied; the region is placed with it");
@@ -579,15 +592,18 @@ impl RegionStateMachine {
     /// in a grace period: this is also how a region that cannot place a
     /// write compacts.
     ///
-    /// Only an apply calls it, holding the pairs gate: nothing changes the
-    /// pairs or swaps the region meanwhile, so the old region's memory is
-    /// walked without the state lock, off the runtime's threads, as a
-    /// snapshot build walks it. A whole region's rebuild then does not hold
-    /// up the lease's publication or reads (a full 1 GiB region's took 1
-    /// to 5 s here, longer than a lease).
+    /// Only an apply calls it, holding the pairs `gate` (the walk holds it
+    /// too, should the apply be dropped): nothing changes the pairs or swaps
+    /// the region meanwhile, so the old region's memory is walked without
+    /// the state lock, off the runtime's threads, as a snapshot build walks
+    /// it. A whole region's rebuild then does not hold up the lease's
+    /// publication or reads (an apply that compacted a full 1 GiB region
+    /// took 1.3 and 5.1 s here, longer than a lease); what they publish
+    /// meanwhile is carried over at the swap (`swap_region`).
     async fn rebuild_region(
         &self,
         seed: Option<HashSeed>,
+        gate: &PairsHeld,
     ) -> Result<KeyedRegion, StateMachineError> {
         let (memory, layout, clock_unix_ms, applied) = {
             let state = self.lock();
@@ -600,23 +616,25 @@ impl RegionStateMachine {
                 applied,
             )
         };
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || {
+        let (this, held) = (self.clone(), Arc::clone(gate));
+        let rebuilt = tokio::task::spawn_blocking(move || {
+            let _held = held;
             let empty = new_region(
                 &this.shared.config,
                 &this.shared.clock,
                 layout.region_epoch + 1,
                 seed,
             )?;
-            let rebuilt = KeyedRegion::load::<RegionError>(empty, clock_unix_ms, |put| {
+            KeyedRegion::load::<RegionError>(empty, clock_unix_ms, |put| {
                 this.walk_pairs(&LiveWalk::new(&memory, &layout), put)
-            })?;
-            if let Some(applied) = applied {
-                rebuilt.publish_applied(applied.index, unix_now_us())?;
-            }
-            Ok::<_, StateMachineError>(rebuilt)
+            })
         })
-        .await?
+        .await??;
+        // Stamped as it is swapped in, not when the walk began.
+        if let Some(applied) = applied {
+            rebuilt.publish_applied(applied.index, unix_now_us())?;
+        }
+        Ok(rebuilt)
     }
 
     /// Hands every live pair of `walk` to `f`, running the test hook
@@ -640,9 +658,9 @@ impl RegionStateMachine {
 
     /// Compacts the region (see `rebuild_region`) so that a write the quota
     /// admitted can be placed.
-    async fn compact(&self) -> Result<(), StateMachineError> {
+    async fn compact(&self, gate: &PairsHeld) -> Result<(), StateMachineError> {
         let seed = self.lock().hash_seed;
-        let rebuilt = self.rebuild_region(seed).await?;
+        let rebuilt = self.rebuild_region(seed, gate).await?;
         let old = self.swap_region(&mut self.lock(), rebuilt)?;
         old.retire_region()?;
         metrics::counter!("rdkv_region_compactions_total").increment(1);
@@ -655,7 +673,11 @@ impl RegionStateMachine {
     /// compacts the region, and stops this replica (an error) only if even
     /// the compacted region cannot hold it. It is never recorded as failed:
     /// other replicas applied it.
-    async fn apply_one(&self, entry: &Entry) -> Result<CommandResult, StateMachineError> {
+    async fn apply_one(
+        &self,
+        entry: &Entry,
+        gate: &PairsHeld,
+    ) -> Result<CommandResult, StateMachineError> {
         let mut resume_at = 0;
         let mut compacted_at = None;
         loop {
@@ -663,7 +685,7 @@ impl RegionStateMachine {
             match applied {
                 Applied::Done(result) => return Ok(result),
                 Applied::AdoptSeed(seed) => {
-                    self.adopt_hash_seed(seed).await?;
+                    self.adopt_hash_seed(seed, gate).await?;
                     return Ok(CommandResult::Applied(Response::Done));
                 }
                 Applied::Full {
@@ -688,7 +710,7 @@ impl RegionStateMachine {
                             source: cause,
                         });
                     }
-                    self.compact().await?;
+                    self.compact(gate).await?;
                     compacted_at = Some(next_pair);
                     resume_at = next_pair;
                 }
@@ -890,9 +912,9 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
     {
         let started = std::time::Instant::now();
         let mut applied = 0u64;
-        let _gate = self.shared.pairs_gate.lock().await;
+        let gate = Arc::new(Arc::clone(&self.shared.pairs_gate).lock_owned().await);
         while let Some((entry, responder)) = entries.try_next().await? {
-            let result = self.apply_one(&entry).await?;
+            let result = self.apply_one(&entry, &gate).await?;
             self.record_applied(&entry)?;
             if let Some(responder) = responder {
                 responder.send(result);

@@ -78,3 +78,27 @@ pub async fn installed_elsewhere(
         .unwrap();
     (dir, sm)
 }
+
+/// A walk of `sm`'s pairs held at its first pair (`hook_while_walking_pairs`):
+/// `walking` says it got there; the walk goes on once `go` is dropped (or
+/// after 10 s, so a test that fails does not hang).
+#[allow(dead_code)]
+pub struct HeldWalk {
+    pub walking: std::sync::mpsc::Receiver<()>,
+    pub go: std::sync::mpsc::Sender<()>,
+}
+
+#[allow(dead_code)]
+pub fn hold_walks(sm: &RegionStateMachine) -> HeldWalk {
+    let (walking_tx, walking) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel::<()>();
+    let go_rx = std::sync::Mutex::new(go_rx);
+    sm.hook_while_walking_pairs(move || {
+        let _ = walking_tx.send(());
+        let _ = go_rx
+            .lock()
+            .unwrap()
+            .recv_timeout(std::time::Duration::from_secs(10));
+    });
+    HeldWalk { walking, go }
+}
