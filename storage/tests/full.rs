@@ -238,18 +238,12 @@ async fn a_compaction_leaves_the_state_lock_free() {
         let mut sm = fragmented.clone();
         let done_tx = done_tx.clone();
         let large = entries(next, (0..400).map(|i| put(format!("l{i:04}"), 4000, 2)));
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build()
-                .unwrap();
-            runtime.block_on(async {
-                let applying = tokio::spawn(async move { apply(&mut sm, large).await });
-                // Runs only if the runtime's thread is free while the walk is held.
-                let _ = walk_seen.await;
-                let _ = done_tx.send("runtime ran".to_string());
-                applying.await.unwrap();
-            });
+        common::on_own_runtime(move || async move {
+            let applying = tokio::spawn(async move { apply(&mut sm, large).await });
+            // Runs only if the runtime's thread is free while the walk is held.
+            let _ = walk_seen.await;
+            let _ = done_tx.send("runtime ran".to_string());
+            applying.await.unwrap();
         })
     };
     held.walking

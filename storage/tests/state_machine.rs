@@ -406,20 +406,14 @@ async fn a_snapshot_build_leaves_the_state_lock_free_and_applies_wait_for_it() {
     {
         let mut sm = sm.clone();
         let next = started_at + 1;
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .build()
-                .unwrap();
-            runtime.block_on(async {
-                let applying = tokio::spawn(async move {
-                    apply(&mut sm, vec![normal(next, put("late", "write"))]).await;
-                });
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                let _ = done_tx.send("runtime ran".to_string());
-                applying.await.unwrap();
-                let _ = done_tx.send("applied".to_string());
+        common::on_own_runtime(move || async move {
+            let applying = tokio::spawn(async move {
+                apply(&mut sm, vec![normal(next, put("late", "write"))]).await;
             });
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let _ = done_tx.send("runtime ran".to_string());
+            applying.await.unwrap();
+            let _ = done_tx.send("applied".to_string());
         });
     }
     let mut during = Vec::new();

@@ -102,3 +102,20 @@ pub fn hold_walks(sm: &RegionStateMachine) -> HeldWalk {
     });
     HeldWalk { walking, go }
 }
+
+/// Runs `work` on a thread of its own in a current-thread runtime (with
+/// time), so that a test can tell whether that thread stays free while
+/// something `work` started waits.
+#[allow(dead_code)]
+pub fn on_own_runtime<F>(work: impl FnOnce() -> F + Send + 'static) -> std::thread::JoinHandle<()>
+where
+    F: std::future::Future<Output = ()>,
+{
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+            .block_on(work())
+    })
+}
