@@ -403,7 +403,7 @@ async fn a_snapshot_build_leaves_the_state_lock_free_and_applies_wait_for_it() {
             let _ = done_tx.send(format!("publish {}", published.is_ok()));
         });
     }
-    {
+    let applying = {
         let mut sm = sm.clone();
         let next = started_at + 1;
         common::on_own_runtime(move || async move {
@@ -414,14 +414,16 @@ async fn a_snapshot_build_leaves_the_state_lock_free_and_applies_wait_for_it() {
             let _ = done_tx.send("runtime ran".to_string());
             applying.await.unwrap();
             let _ = done_tx.send("applied".to_string());
-        });
-    }
-    let mut during = Vec::new();
-    while let Ok(what) = done_rx.recv_timeout(Duration::from_secs(2)) {
-        during.push(what);
-    }
+        })
+    };
+    // Each comes while the build is held, or never (a generous bound on a
+    // loaded machine: on the old code the publication waits for the build).
+    let mut during: Vec<String> = (0..2)
+        .map_while(|_| done_rx.recv_timeout(Duration::from_secs(30)).ok())
+        .collect();
     drop(held.go);
     let snapshot = builder.await.unwrap().unwrap();
+    applying.join().unwrap();
     let after = done_rx.recv_timeout(Duration::from_secs(10));
     during.sort();
     assert_eq!(
@@ -719,4 +721,68 @@ async fn deadlines_and_the_apply_clock_survive_snapshots() {
     };
     apply(&mut other, vec![normal(6, update("short", nx).timed(now))]).await;
     assert_eq!(value_of(&other, "short"), Some(("new".to_owned(), 6)));
+}
+
+/// Installs `snapshot` and reads the served region's header.
+async fn installed_header(
+    sm: &mut RegionStateMachine,
+    snapshot: &rdkv_storage::state_machine::Snapshot,
+) -> rdkv_proto::region::DynamicHeader {
+    sm.install_snapshot(&snapshot.meta, snapshot.snapshot.clone())
+        .await
+        .unwrap();
+    sm.reader().dynamic_header().unwrap()
+}
+
+/// A region swapped in (here by a snapshot's install) keeps what this node
+/// published in the one it replaces, which is retired: the term and the
+/// lease (its own lease reads go by the same deadline as before), and,
+/// once the node has retired its region (it is stopping), the retirement.
+#[tokio::test]
+async fn an_installed_region_keeps_the_term_lease_and_retirement_published() {
+    use rdkv_proto::region::RegionState;
+    let source_dir = tempfile::tempdir().unwrap();
+    let mut source = populated(source_dir.path()).await;
+    let first = source.build_snapshot().await.unwrap();
+    let next = first.meta.last_log_id.unwrap().index + 1;
+    apply(&mut source, vec![normal(next, put("later", "x"))]).await;
+    let second = source.build_snapshot().await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut sm = common::open(dir.path());
+    let far_us = rdkv_fabric::clock::unix_now_us() + 60_000_000;
+    let lease = rdkv_proto::region::LeaseDeadline {
+        unix_us: far_us,
+        boottime_us: far_us,
+    };
+    sm.publish_leadership(7, Some(lease)).unwrap();
+    let replaced = sm.reader();
+    let header = installed_header(&mut sm, &first).await;
+    assert_eq!(
+        (
+            header.raft_term,
+            header.lease_deadline_unix_us,
+            header.lease_deadline_boottime_us,
+            header.state
+        ),
+        (7, Some(far_us), Some(far_us), RegionState::Serving)
+    );
+    assert_eq!(sm.published_lease_boottime_us(), Some(far_us));
+    assert_eq!(
+        replaced.dynamic_header().unwrap().state,
+        RegionState::Retired
+    );
+
+    sm.retire().unwrap();
+    let header = installed_header(&mut sm, &second).await;
+    assert_eq!(
+        (
+            header.raft_term,
+            header.lease_deadline_unix_us,
+            header.state
+        ),
+        (7, None, RegionState::Retired),
+        "a stopping node's next region is retired, without a lease"
+    );
+    assert_eq!(value_of(&sm, "later"), Some(("x".into(), next)));
 }

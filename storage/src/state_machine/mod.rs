@@ -145,7 +145,8 @@ struct State {
 #[derive(Debug)]
 struct Shared {
     state: Mutex<State>,
-    /// The current region's reader; replaced when a snapshot installs a new region.
+    /// The current region's reader; replaced with the region (a snapshot's
+    /// install, a rebuild).
     reader: RwLock<RegionReader>,
     applied_index: AtomicU64,
     config: StateMachineConfig,
@@ -153,9 +154,10 @@ struct Shared {
     /// Serializes writing snapshot files and adopting them as current.
     persist_lock: tokio::sync::Mutex<()>,
     /// Held by whatever changes the pairs or swaps the region (an apply
-    /// batch, an install) and by a snapshot build for its walk and write:
-    /// those wait for one another here, asynchronously (no runtime thread
-    /// blocks); a build takes the state lock only to read its metadata.
+    /// batch, and with it the walk of a rebuild it makes; an install) and
+    /// by a snapshot build for its walk and write: those wait for one
+    /// another here, asynchronously (no runtime thread blocks); a build or
+    /// a rebuild takes the state lock only to read which region it walks.
     pairs_gate: Arc<tokio::sync::Mutex<()>>,
     /// No lease is published before this (unix µs): see `suppress_lease_until`.
     lease_suppressed_until_us: AtomicU64,
@@ -395,8 +397,8 @@ impl RegionStateMachine {
         self.lock().writer.expiring_keys()
     }
 
-    /// The current region's memory (replaced when a snapshot is installed),
-    /// for handing to local clients.
+    /// The current region's memory (replaced by a snapshot's install or a
+    /// rebuild), for handing to local clients.
     pub fn region_memory(&self) -> Arc<rdkv_fabric::RegionMemory> {
         Arc::clone(self.lock().writer.memory())
     }
@@ -540,11 +542,13 @@ impl RegionStateMachine {
     }
 
     /// Makes `writer` the region this replica serves, its readers included,
-    /// and returns the one it replaces, for the caller to retire once the
-    /// state lock is released (clients mapping it then re-attach). The new
+    /// retires the one it replaces (clients mapping it re-attach) and
+    /// returns it, to be dropped once the state lock is released. The new
     /// region takes over the term, lease and retirement published in the
     /// old one (under this lock, as every publication is), which may have
-    /// changed while the new one was filled without the lock.
+    /// changed while the new one was filled without the lock; the old one
+    /// is retired under the lock too, so a lease withdrawn after the swap
+    /// is never left standing in a region still served.
     fn swap_region(
         &self,
         state: &mut State,
@@ -558,6 +562,7 @@ impl RegionStateMachine {
             .reader
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = reader;
+        old.retire_region()?;
         Ok(old)
     }
 
@@ -581,7 +586,7 @@ impl RegionStateMachine {
             state.hash_seed = Some(seed);
             old
         };
-        old.retire_region()?;
+        drop(old);
         tracing::info!("the cluster's hash seed is applied; the region is placed with it");
         Ok(())
     }
@@ -598,7 +603,7 @@ impl RegionStateMachine {
     /// the state lock, off the runtime's threads, as a snapshot build walks
     /// it. A whole region's rebuild then does not hold up the lease's
     /// publication or reads (an apply that compacted a full 1 GiB region
-    /// took 1.3 and 5.1 s here, longer than a lease); what they publish
+    /// took 1.2 to 5.1 s here, longer than a lease); what they publish
     /// meanwhile is carried over at the swap (`swap_region`).
     async fn rebuild_region(
         &self,
@@ -630,7 +635,7 @@ impl RegionStateMachine {
             })
         })
         .await??;
-        // Stamped as it is swapped in, not when the walk began.
+        // Stamped once the walk is done, not when it began.
         if let Some(applied) = applied {
             rebuilt.publish_applied(applied.index, unix_now_us())?;
         }
@@ -662,7 +667,7 @@ impl RegionStateMachine {
         let seed = self.lock().hash_seed;
         let rebuilt = self.rebuild_region(seed, gate).await?;
         let old = self.swap_region(&mut self.lock(), rebuilt)?;
-        old.retire_region()?;
+        drop(old);
         metrics::counter!("rdkv_region_compactions_total").increment(1);
         tracing::warn!("the region could not place an admitted write; compacted it");
         Ok(())
@@ -987,8 +992,7 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
             old
         };
         self.shared.applied_index.store(index, Ordering::Release);
-        // Remote readers holding the old region see it retired and re-attach.
-        old.retire_region().map_err(StateMachineError::from)?;
+        drop(old);
         metrics::counter!("rdkv_snapshot_installs_total").increment(1);
         tracing::info!(last_log_index = index, "snapshot installed");
         Ok(())
