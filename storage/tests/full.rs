@@ -230,7 +230,8 @@ async fn a_compaction_leaves_the_state_lock_free() {
     apply(&mut fragmented.clone(), fragmenting()).await;
     let epoch_before = fragmented.region_epoch();
     let next = fragmented.applied_index() + 1;
-    let held = common::hold_walks(&fragmented);
+    let (held, hook) = common::held_hook();
+    fragmented.hook_while_walking_pairs(hook);
 
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let (walk_seen_tx, walk_seen) = tokio::sync::oneshot::channel::<()>();
@@ -246,7 +247,7 @@ async fn a_compaction_leaves_the_state_lock_free() {
             applying.await.unwrap();
         })
     };
-    held.walking
+    held.arrived
         .recv_timeout(Duration::from_secs(10))
         .expect("the apply compacted the region");
     walk_seen_tx.send(()).unwrap();

@@ -318,13 +318,8 @@ async fn clear_deletes_every_key() {
 fn a_suppressed_lease_is_not_republished_by_a_racing_publisher() {
     let dir = tempfile::tempdir().unwrap();
     let sm = common::open(dir.path());
-    let (arrived_tx, arrived_rx) = std::sync::mpsc::channel();
-    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
-    let go_rx = std::sync::Mutex::new(go_rx);
-    sm.hook_before_publish(move || {
-        let _ = arrived_tx.send(());
-        let _ = go_rx.lock().unwrap().recv();
-    });
+    let (held, hook) = common::held_hook();
+    sm.hook_before_publish(hook);
     let far_us = rdkv_fabric::clock::unix_now_us() + 60_000_000;
     let lease = rdkv_proto::region::LeaseDeadline {
         unix_us: far_us,
@@ -334,9 +329,9 @@ fn a_suppressed_lease_is_not_republished_by_a_racing_publisher() {
         let sm = sm.clone();
         std::thread::spawn(move || sm.publish_leadership(1, Some(lease)))
     };
-    arrived_rx.recv().unwrap();
+    held.arrived.recv().unwrap();
     sm.suppress_lease_until(far_us).unwrap();
-    drop(go_tx);
+    drop(held.go);
     publisher.join().unwrap().unwrap();
     let header = sm.reader().dynamic_header().unwrap();
     assert_eq!(
@@ -379,12 +374,13 @@ async fn a_snapshot_build_leaves_the_state_lock_free_and_applies_wait_for_it() {
     entries.extend((0..PAIRS).map(|i| normal(i + 2, put(&format!("k{i}"), &pair_value(i)))));
     apply(&mut sm, entries).await;
     let started_at = sm.applied_index();
-    let held = common::hold_walks(&sm);
+    let (held, hook) = common::held_hook();
+    sm.hook_while_walking_pairs(hook);
     let builder = {
         let mut sm = sm.clone();
         tokio::spawn(async move { sm.build_snapshot().await })
     };
-    let walking = held.walking;
+    let walking = held.arrived;
     let waiting =
         tokio::task::spawn_blocking(move || walking.recv_timeout(Duration::from_secs(10)));
     waiting.await.unwrap().expect("the build reached its walk");

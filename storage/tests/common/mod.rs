@@ -79,25 +79,28 @@ pub async fn installed_elsewhere(
     (dir, sm)
 }
 
-/// A walk of `sm`'s pairs held at its first pair (`hook_while_walking_pairs`):
-/// `walking` says it got there; the walk goes on once `go` is dropped (as
-/// it is when the test ends, or unwinds from a failed assertion).
+/// A test hook that holds whatever runs it (a walk of the pairs at its
+/// first pair, a publisher before the state lock): `arrived` says it got
+/// there; it goes on once `go` is dropped (as it is when the test ends, or
+/// unwinds from a failed assertion).
 #[allow(dead_code)]
-pub struct HeldWalk {
-    pub walking: std::sync::mpsc::Receiver<()>,
+pub struct Held {
+    pub arrived: std::sync::mpsc::Receiver<()>,
     pub go: std::sync::mpsc::Sender<()>,
 }
 
+/// A `Held` and the hook to set (`hook_while_walking_pairs`,
+/// `hook_before_publish`).
 #[allow(dead_code)]
-pub fn hold_walks(sm: &RegionStateMachine) -> HeldWalk {
-    let (walking_tx, walking) = std::sync::mpsc::channel();
+pub fn held_hook() -> (Held, impl Fn() + Send + Sync + 'static) {
+    let (arrived_tx, arrived) = std::sync::mpsc::channel();
     let (go, go_rx) = std::sync::mpsc::channel::<()>();
     let go_rx = std::sync::Mutex::new(go_rx);
-    sm.hook_while_walking_pairs(move || {
-        let _ = walking_tx.send(());
+    let hook = move || {
+        let _ = arrived_tx.send(());
         let _ = go_rx.lock().unwrap().recv();
-    });
-    HeldWalk { walking, go }
+    };
+    (Held { arrived, go }, hook)
 }
 
 /// Runs `work` on a thread of its own in a current-thread runtime (with
