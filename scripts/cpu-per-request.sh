@@ -9,7 +9,8 @@
 #   BIN_DIR: where rdkv-server and rdkv-bench are (default target/release)
 #   WHAT: any of set get update redis (default: set get update)
 #     set:    redis-benchmark -t set -c 256 -n $SET_N at the leader's RESP port
-#     get:    redis-benchmark -t get -c 50 -P 16 -n $GET_N (lease reads)
+#     get:    redis-benchmark -t get -c 50 -P 16 -n $GET_N (lease reads,
+#             or $READS)
 #     update: rdkv-bench ycsb update-only, 2 threads x 128 in flight, $UPDATE_N ops
 #     redis:  the same SET (appendfsync always) and GET (no persistence) at redis-server
 #     down:   a follower killed and one SET written, then each node's CPU
@@ -22,6 +23,10 @@
 # SERVERS_ON=CPUS and CLIENT_ON=CPUS (taskset lists, e.g. 0 and 1) pin the
 # servers (rdkv's nodes and redis-server alike) and the load generators,
 # so that each side gets the same cores whichever store is measured.
+# READS=linearizable starts the nodes with that RESP read consistency
+# instead of lease. Each line ends with the machine's idle ticks (all CPUs,
+# /proc/stat's idle + iowait) over the measurement: a load that leaves a
+# core idle is bound by waiting, not by work.
 set -euo pipefail
 
 BIN=${1:-target/release}
@@ -48,6 +53,7 @@ cleanup() {
 trap cleanup EXIT
 
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+idle_ticks() { awk '$1 == "cpu" {print $5 + $6}' /proc/stat; }
 
 # us of CPU per request for each pid, while "$@" runs with N requests.
 measure() {
@@ -63,7 +69,10 @@ measure() {
         sleep 0.5
     fi
     for pid in "${MEASURED[@]}"; do before+=("$(ticks "$pid")"); done
+    local idle_before idle_after
+    idle_before=$(idle_ticks)
     "$@" >"$DIR/last.out" 2>&1
+    idle_after=$(idle_ticks)
     for pid in "${MEASURED[@]}"; do after+=("$(ticks "$pid")"); done
     if [[ -n $perf ]]; then kill -INT "$perf"; wait "$perf" || true; fi
     local line="$label:"
@@ -71,7 +80,7 @@ measure() {
         local t=$((after[i] - before[i]))
         line+=" ${NAMES[i]} $(awk -v t="$t" -v n="$n" -v hz="$HZ" 'BEGIN{printf "%.2f us (%d ticks)", t*1e6/hz/n, t}')"
     done
-    echo "$line | $(grep -Eo '[0-9.]+ requests per second|\[OVERALL\], Throughput\(ops/sec\), [0-9.]+|throughput[^|]*' "$DIR/last.out" | head -1)"
+    echo "$line | $(grep -Eo '[0-9.]+ requests per second|\[OVERALL\], Throughput\(ops/sec\), [0-9.]+|throughput[^|]*' "$DIR/last.out" | head -1) | idle $((idle_after - idle_before)) ticks"
 }
 
 start_rdkv() {
@@ -80,7 +89,7 @@ start_rdkv() {
     for i in 1 2 3; do
         "${SERVER_PIN[@]}" "$BIN/rdkv-server" --id "$i" --data-dir "$DIR/n$i" --listen "127.0.0.1$i:17379" \
             --peer-listen "127.0.0.1$i:17380" --http-listen off --resp-listen "127.0.0.1$i:16380" \
-            --resp-read-consistency lease --initial-cluster "$ic" ${SERVER_ARGS:-} >"$DIR/n$i.log" 2>&1 &
+            --resp-read-consistency "${READS:-lease}" --initial-cluster "$ic" ${SERVER_ARGS:-} >"$DIR/n$i.log" 2>&1 &
         PIDS+=($!)
     done
     LEADER=""

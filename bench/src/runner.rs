@@ -651,18 +651,55 @@ async fn execute_group<D: Driver>(
         return Ok(());
     };
     let keys: Vec<&str> = reads.iter().map(|(key, _)| *key).collect();
-    let mut statuses = vec![Status::Error; reads.len()];
+    // Counted by status: every read of a batch has the batch's latency, so
+    // each status is recorded once with its count.
+    let mut answered = 0;
+    let mut counts = StatusCounts::default();
     let mut each = |i: usize, result: ReadResult<'_>| {
         let (key, field) = reads[i];
-        statuses[i] = read_status(key, field, result, measurements);
+        counts.add(read_status(key, field, result, measurements));
+        answered += 1;
     };
     driver.read_batch(&keys, &mut each).await;
     let end = Instant::now();
+    // A read the driver gave no answer for is an error, as in `timed_read`.
+    let unanswered = (reads.len() as u64).saturating_sub(answered);
     let mut measurements = measurements.borrow_mut();
-    for status in statuses {
-        measurements.measure("READ", status, issued, issued, end);
+    if unanswered > 0 {
+        counts.error += unanswered;
+        measurements
+            .note_error(|| format!("READ: the driver gave no answer for {unanswered} of a batch"));
+    }
+    for (status, count) in counts.by_status() {
+        measurements.measure_n("READ", status, count, issued, issued, end);
     }
     Ok(())
+}
+
+/// How many reads of a batch ended with each status.
+#[derive(Debug, Default)]
+struct StatusCounts {
+    ok: u64,
+    not_found: u64,
+    error: u64,
+}
+
+impl StatusCounts {
+    fn add(&mut self, status: Status) {
+        match status {
+            Status::Ok => self.ok += 1,
+            Status::NotFound => self.not_found += 1,
+            Status::Error => self.error += 1,
+        }
+    }
+
+    fn by_status(&self) -> [(Status, u64); 3] {
+        [
+            (Status::Ok, self.ok),
+            (Status::NotFound, self.not_found),
+            (Status::Error, self.error),
+        ]
+    }
 }
 
 fn status_of<T, E: std::fmt::Display>(

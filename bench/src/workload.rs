@@ -279,20 +279,29 @@ impl WorkloadSpec {
 /// CoreWorkload.buildKeyName: `user` + the key number, FNV-64 hashed unless
 /// `insertorder=ordered`, left-padded with zeros to `zeropadding` digits.
 pub fn build_key_name(keynum: i64, ordered: bool, zero_padding: u64) -> String {
-    use std::fmt::Write as _;
     let keynum = if ordered { keynum } else { fnvhash64(keynum) };
-    // One allocation per key (an operation owns its key): the digits are
-    // counted, not formatted twice.
-    let digits = keynum
-        .unsigned_abs()
-        .checked_ilog10()
-        .map_or(1, |l| l as usize + 1)
-        + usize::from(keynum < 0);
-    let fill = (zero_padding as usize).saturating_sub(digits);
-    let mut key = String::with_capacity(4 + fill + digits);
+    // One allocation per key (an operation owns its key); the digits are
+    // written by hand, right to left, rather than through the formatting
+    // machinery, which cost a one-sided read's runner a few per cent.
+    let mut digits = [0u8; 20];
+    let mut first = digits.len();
+    let mut rest = keynum.unsigned_abs();
+    loop {
+        first -= 1;
+        digits[first] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    let sign = if keynum < 0 { "-" } else { "" };
+    let width = digits.len() - first + sign.len();
+    let fill = (zero_padding as usize).saturating_sub(width);
+    let mut key = String::with_capacity(4 + fill + width);
     key.push_str("user");
     key.extend(std::iter::repeat_n('0', fill));
-    let _ = write!(key, "{keynum}");
+    key.push_str(sign);
+    key.extend(digits[first..].iter().map(|&d| char::from(d)));
     key
 }
 
@@ -656,6 +665,13 @@ mod tests {
         assert_eq!(build_key_name(42, false, 1), "user55488592825689361");
         assert_eq!(build_key_name(42, true, 1), "user42");
         assert_eq!(build_key_name(42, true, 5), "user00042");
+        assert_eq!(build_key_name(0, true, 1), "user0");
+        assert_eq!(build_key_name(-42, true, 5), "user00-42");
+        assert_eq!(
+            build_key_name(i64::MIN, true, 1),
+            "user-9223372036854775808"
+        );
+        assert_eq!(build_key_name(i64::MAX, true, 1), "user9223372036854775807");
     }
 
     /// Each standard workload's run phase issues its operations in YCSB's
