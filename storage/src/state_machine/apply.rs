@@ -31,6 +31,12 @@ pub(super) enum Applied {
         next_pair: usize,
         cause: RegionError,
     },
+    /// `Command::Clear` at log index `version`: the caller replaces the
+    /// region with an empty one (which, like adopting a seed, needs more
+    /// than the state) and answers `Response::Cleared`.
+    Clear {
+        version: u64,
+    },
 }
 
 /// What apply checks writes against: replicated, so the same everywhere.
@@ -251,10 +257,7 @@ fn apply_command(
         | Command::PublishShardMap { .. }
         | Command::Transaction { .. }
         | Command::Timed { .. } => replied(Response::Done),
-        Command::Clear => match writer.clear() {
-            Ok(removed) => replied(Response::Cleared { removed, version }),
-            Err(e) => failed(&e),
-        },
+        Command::Clear => Applied::Clear { version },
     }
 }
 
@@ -937,7 +940,9 @@ mod tests {
                 match apply_entry(&mut self.sm.lock(), &entry, 0) {
                     Applied::Done(CommandResult::Applied(response)) => response,
                     Applied::Done(other) => panic!("not applied: {other:?}"),
-                    Applied::AdoptSeed(_) | Applied::Full { .. } => panic!("not done"),
+                    Applied::AdoptSeed(_) | Applied::Full { .. } | Applied::Clear { .. } => {
+                        panic!("not done")
+                    }
                 }
             }
 

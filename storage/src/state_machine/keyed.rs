@@ -253,18 +253,15 @@ impl KeyedRegion {
         Ok(removed.is_some_and(|old| !self.is_expired(old.deadline)))
     }
 
-    /// Deletes every key; returns how many there were.
-    pub(super) fn clear(&mut self) -> Result<u64, RegionError> {
-        let mut removed = 0;
-        while let Some(key) = self.keys.first().cloned() {
-            if let Some(old) = self.writer.delete_pair(&key)? {
-                removed += u64::from(!self.is_expired(old.deadline));
-                self.digest.remove(&key, old.version);
-            }
-            self.keys.remove(&key);
-        }
-        self.deadlines.clear();
-        Ok(removed)
+    /// Live keys not expired on the apply clock: what a clear removes
+    /// (the expired ones are already gone for every reader).
+    pub(super) fn unexpired_keys(&self) -> u64 {
+        let expired = self
+            .deadlines
+            .iter()
+            .take_while(|(deadline, _)| self.is_expired(*deadline))
+            .count();
+        self.keys.len().saturating_sub(expired) as u64
     }
 
     /// Live keys in the ordered index (equals the region's live key count).
@@ -315,5 +312,56 @@ impl KeyedRegion {
             pairs.push((key.clone(), value));
         }
         Ok(ScanPage { pairs, more: false })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::region::{MonotonicClock, RegionConfig};
+
+    fn keyed_region() -> KeyedRegion {
+        let config = RegionConfig {
+            region_bytes: 1 << 20,
+            ..RegionConfig::default()
+        };
+        let writer = RegionWriter::create(&config, Arc::new(MonotonicClock::new()));
+        KeyedRegion::empty(writer.expect("a 1 MiB region"))
+    }
+
+    fn put(region: &mut KeyedRegion, key: &str, version: u64, deadline: DeadlineUnixMs) {
+        let pair = BlockRef {
+            key: key.as_bytes(),
+            value: b"v",
+            version,
+            deadline,
+        };
+        region.put_pair(pair).expect("room for a pair");
+    }
+
+    /// A clear reports the keys a reader could still see: not those past
+    /// their deadline (with the margin) on the apply clock, which apply
+    /// already treats as absent.
+    #[test]
+    fn a_clear_counts_the_keys_not_expired_on_the_apply_clock() {
+        let mut region = keyed_region();
+        let now_ms = 1_000_000;
+        put(&mut region, "forever", 1, NO_DEADLINE);
+        put(&mut region, "past", 2, now_ms - 1);
+        put(
+            &mut region,
+            "within-the-margin",
+            3,
+            now_ms + EXPIRY_MARGIN_MS - 1,
+        );
+        put(&mut region, "later", 4, now_ms + EXPIRY_MARGIN_MS + 1);
+        put(&mut region, "much-later", 5, now_ms * 2);
+        assert_eq!(region.unexpired_keys(), 5, "nothing expired at clock 0");
+        region.advance_clock(now_ms);
+        assert_eq!(region.unexpired_keys(), 3, "forever, later, much-later");
+        region.advance_clock(now_ms * 3);
+        assert_eq!(region.unexpired_keys(), 1, "forever");
     }
 }
