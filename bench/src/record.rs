@@ -105,7 +105,8 @@ pub fn check(record: &[u8], field: Option<&str>) -> Result<usize, RecordError> {
         match field {
             None => delivered += value.len(),
             // The first field of that name, as a list search would find it;
-            // the rest are still decoded (a damaged record is an error).
+            // the rest are still length-checked (a damaged record is an
+            // error).
             Some(wanted) if !found && name == wanted.as_bytes() => {
                 delivered = value.len();
                 found = true;

@@ -662,6 +662,7 @@ async fn execute_group<D: Driver>(
     };
     driver.read_batch(&keys, &mut each).await;
     let end = Instant::now();
+    debug_assert!(answered <= reads.len() as u64, "a read answered twice");
     // A read the driver gave no answer for is an error, as in `timed_read`.
     let unanswered = (reads.len() as u64).saturating_sub(answered);
     let mut measurements = measurements.borrow_mut();

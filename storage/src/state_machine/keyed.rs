@@ -356,10 +356,13 @@ mod tests {
             3,
             now_ms + EXPIRY_MARGIN_MS - 1,
         );
+        put(&mut region, "at-the-margin", 6, now_ms + EXPIRY_MARGIN_MS);
         put(&mut region, "later", 4, now_ms + EXPIRY_MARGIN_MS + 1);
         put(&mut region, "much-later", 5, now_ms * 2);
-        assert_eq!(region.unexpired_keys(), 5, "nothing expired at clock 0");
+        assert_eq!(region.unexpired_keys(), 6, "nothing expired at clock 0");
         region.advance_clock(now_ms);
+        // A deadline exactly at the clock plus the margin is past, as a
+        // reader judges it.
         assert_eq!(region.unexpired_keys(), 3, "forever, later, much-later");
         region.advance_clock(now_ms * 3);
         assert_eq!(region.unexpired_keys(), 1, "forever");

@@ -495,8 +495,9 @@ impl RegionStateMachine {
 
     /// Test hook: `hook` runs in every later walk of the region's pairs
     /// without the state lock (a snapshot build, a rebuild of the region)
-    /// once the walk has handed over its first pair (to stage other work
-    /// beside it). Set once; later calls are ignored.
+    /// once the walk has handed over its first pair, and where a clear
+    /// fills its new region with nothing (to stage other work beside
+    /// them). Set once; later calls are ignored.
     #[doc(hidden)]
     pub fn hook_while_walking_pairs(&self, hook: impl Fn() + Send + Sync + 'static) {
         let _ = self.shared.walking_pairs.set(PublishHook(Box::new(hook)));
@@ -601,9 +602,9 @@ impl RegionStateMachine {
         Ok(())
     }
 
-    /// Places every live pair anew in an empty region (the next epoch)
-    /// placed with `seed` and returns it, its applied index published, for
-    /// the caller to swap in. The new region has no fragments and no block
+    /// Places every live pair anew (or, for a clear, none) in an empty
+    /// region (the next epoch) placed with `seed` and returns it, its
+    /// applied index published, for the caller to swap in. The new region has no fragments and no block
     /// in a grace period: this is also how a region that cannot place a
     /// write compacts.
     ///
@@ -704,9 +705,13 @@ impl RegionStateMachine {
     /// region find it retired and attach the new one; a read that checked
     /// the old one's header before the swap reads the pairs as they were
     /// before the clear, which the gate kept unchanged.
-    async fn clear_region(&self, gate: &PairsHeld) -> Result<u64, StateMachineError> {
+    async fn clear_region(&self, version: u64, gate: &PairsHeld) -> Result<u64, StateMachineError> {
         let seed = self.lock().hash_seed;
         let empty = self.rebuild_region(seed, Contents::Nothing, gate).await?;
+        // The empty region is the state after the clear: a reader attaching
+        // it before the entry is recorded must not take it for the state
+        // at the index before (follower reads judge a replica by it).
+        empty.publish_applied(version, unix_now_us())?;
         let (old, removed) = {
             let mut state = self.lock();
             let removed = state.writer.unexpired_keys();
@@ -739,7 +744,7 @@ impl RegionStateMachine {
                     return Ok(CommandResult::Applied(Response::Done));
                 }
                 Applied::Clear { version } => {
-                    let removed = self.clear_region(gate).await?;
+                    let removed = self.clear_region(version, gate).await?;
                     return Ok(CommandResult::Applied(Response::Cleared {
                         removed,
                         version,
@@ -1074,5 +1079,78 @@ impl CommandResult {
     /// Whether this result reports a failure to apply on this replica.
     pub fn is_failure(&self) -> bool {
         matches!(self, CommandResult::Failed { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::entry::RaftEntry;
+    use rdkv_proto::wire::{Expiry, SetCondition, Update};
+
+    use super::*;
+    use crate::raft::Command;
+
+    fn entry(index: u64, now_unix_ms: u64, command: Command) -> Entry {
+        let log_id = openraft::testing::log_id::<TypeConfig>(1, 1, index);
+        Entry::new_normal(log_id, command.timed(now_unix_ms))
+    }
+
+    fn set(key: &str, expiry: Expiry) -> Command {
+        let update = Update::Set {
+            value: Bytes::from_static(b"v"),
+            condition: SetCondition::Always,
+            return_old: false,
+            expiry,
+        };
+        Command::Update {
+            key: Bytes::copy_from_slice(key.as_bytes()),
+            update,
+        }
+    }
+
+    /// A clear answers the keys it removed that a reader could still see
+    /// (not those expired on the apply clock), and the region after it
+    /// keeps the apply clock and says it holds the clear's index.
+    #[tokio::test]
+    async fn a_clear_answers_the_keys_it_removed_and_keeps_the_apply_clock() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let sm = RegionStateMachine::open(StateMachineConfig {
+            region: RegionConfig {
+                region_bytes: 4 << 20,
+                hash_seed: HashSeed(1, 1),
+                ..RegionConfig::default()
+            },
+            snapshot_dir: dir.path().join("snapshots"),
+            shard: ShardId(0),
+        })
+        .expect("a state machine");
+        let gate = Arc::new(Arc::clone(&sm.shared.pairs_gate).lock_owned().await);
+        let t0_ms = 1_700_000_000_000;
+        let writes = [
+            set("forever", Expiry::Never),
+            set("soon", Expiry::AfterMs(10)),
+            set("later", Expiry::AfterMs(EXPIRY_MARGIN_MS + 60_000)),
+        ];
+        for (index, command) in (1..).zip(writes) {
+            let entry = entry(index, t0_ms, command);
+            sm.apply_one(&entry, &gate).await.expect("applied");
+            sm.record_applied(&entry).expect("recorded");
+        }
+        let clear_ms = t0_ms + 1_000;
+        let clear = entry(4, clear_ms, Command::Clear);
+        let answer = sm.apply_one(&clear, &gate).await.expect("applied");
+        assert_eq!(
+            answer,
+            CommandResult::Applied(Response::Cleared {
+                removed: 2,
+                version: 4
+            }),
+            "forever and later; soon had expired"
+        );
+        let state = sm.lock();
+        assert_eq!(state.writer.clock_unix_ms(), clear_ms);
+        assert_eq!(state.writer.stats().live_keys, 0);
+        let header = sm.reader().dynamic_header().expect("a header");
+        assert_eq!(header.applied_index, 4);
     }
 }
