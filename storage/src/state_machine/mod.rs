@@ -604,9 +604,9 @@ impl RegionStateMachine {
 
     /// Places every live pair anew (or, for a clear, none) in an empty
     /// region (the next epoch) placed with `seed` and returns it, its
-    /// applied index published, for the caller to swap in. The new region has no fragments and no block
-    /// in a grace period: this is also how a region that cannot place a
-    /// write compacts.
+    /// applied index published, for the caller to swap in. The new region
+    /// has no fragments and no block in a grace period: this is also how a
+    /// region that cannot place a write compacts.
     ///
     /// Only an apply calls it, holding the pairs `gate` (the walk holds it
     /// too, should the apply be dropped): nothing changes the pairs or swaps
