@@ -224,61 +224,13 @@ async fn only_a_refusal_raises_the_no_space_alarm() {
 /// after the swap; the compaction then places the write as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compaction_leaves_the_state_lock_free() {
-    use std::time::Duration;
     let dir = tempfile::tempdir().unwrap();
     let fragmented = common::open(dir.path());
     apply(&mut fragmented.clone(), fragmenting()).await;
     let epoch_before = fragmented.region_epoch();
     let next = fragmented.applied_index() + 1;
-    let (held, hook) = common::held_hook();
-    fragmented.hook_while_walking_pairs(hook);
-
-    let (done_tx, done_rx) = std::sync::mpsc::channel();
-    let (walk_seen_tx, walk_seen) = tokio::sync::oneshot::channel::<()>();
-    let applying = {
-        let mut sm = fragmented.clone();
-        let done_tx = done_tx.clone();
-        let large = entries(next, (0..400).map(|i| put(format!("l{i:04}"), 4000, 2)));
-        common::on_own_runtime(move || async move {
-            let applying = tokio::spawn(async move { apply(&mut sm, large).await });
-            // Runs only if the runtime's thread is free while the walk is held.
-            let _ = walk_seen.await;
-            let _ = done_tx.send("runtime ran".to_string());
-            applying.await.unwrap();
-        })
-    };
-    held.arrived
-        .recv_timeout(Duration::from_secs(10))
-        .expect("the apply compacted the region");
-    walk_seen_tx.send(()).unwrap();
-
-    let far_us = rdkv_fabric::clock::unix_now_us() + 60_000_000;
-    let lease = rdkv_proto::region::LeaseDeadline {
-        unix_us: far_us,
-        boottime_us: far_us,
-    };
-    {
-        let sm = fragmented.clone();
-        std::thread::spawn(move || {
-            let published = sm.publish_leadership(7, Some(lease));
-            let _ = done_tx.send(format!("publish {}", published.is_ok()));
-            let charged = sm.quota_status().charged_bytes;
-            let _ = done_tx.send(format!("quota status {}", charged > 0));
-        });
-    }
-    // Each comes while the walk is held, or never (a generous bound on a
-    // loaded machine: on the old code they wait for the walk's release).
-    let mut during: Vec<String> = (0..3)
-        .map_while(|_| done_rx.recv_timeout(Duration::from_secs(30)).ok())
-        .collect();
-    drop(held.go);
-    applying.join().unwrap();
-    during.sort();
-    assert_eq!(
-        during,
-        ["publish true", "quota status true", "runtime ran"],
-        "done while the compaction was held (none waits for the state lock or the walk)"
-    );
+    let large = entries(next, (0..400).map(|i| put(format!("l{i:04}"), 4000, 2)));
+    let far_us = common::apply_held_at_rebuild(&fragmented, large, "compaction");
     assert_ne!(
         fragmented.region_epoch(),
         epoch_before,

@@ -119,3 +119,63 @@ where
             .block_on(work())
     })
 }
+
+/// Applies `entries` on a current-thread runtime of its own thread while the
+/// walk hook holds the region rebuild they make (a compaction, a clear), and
+/// checks that meanwhile the lease's publication (term 7, a lease a minute
+/// ahead), the quota's status and another task of that runtime all go on:
+/// none waits for the state lock or the rebuild. Then releases the rebuild
+/// and waits for the apply. Returns the lease's deadline (unix µs), for the
+/// caller to find in the header of the region served afterwards.
+#[allow(dead_code)]
+pub fn apply_held_at_rebuild(sm: &RegionStateMachine, entries: Vec<Entry>, what: &str) -> u64 {
+    use std::time::Duration;
+    let (held, hook) = held_hook();
+    sm.hook_while_walking_pairs(hook);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let (held_seen_tx, held_seen) = tokio::sync::oneshot::channel::<()>();
+    let applying = {
+        let mut sm = sm.clone();
+        let done_tx = done_tx.clone();
+        on_own_runtime(move || async move {
+            let applying = tokio::spawn(async move { apply(&mut sm, entries).await });
+            // Runs only if the runtime's thread is free while the rebuild is held.
+            let _ = held_seen.await;
+            let _ = done_tx.send("runtime ran".to_string());
+            applying.await.unwrap();
+        })
+    };
+    held.arrived
+        .recv_timeout(Duration::from_secs(10))
+        .unwrap_or_else(|_| panic!("the {what} rebuilt the region"));
+    held_seen_tx.send(()).unwrap();
+
+    let far_us = rdkv_fabric::clock::unix_now_us() + 60_000_000;
+    let lease = rdkv_proto::region::LeaseDeadline {
+        unix_us: far_us,
+        boottime_us: far_us,
+    };
+    {
+        let sm = sm.clone();
+        std::thread::spawn(move || {
+            let published = sm.publish_leadership(7, Some(lease));
+            let _ = done_tx.send(format!("publish {}", published.is_ok()));
+            let charged = sm.quota_status().charged_bytes;
+            let _ = done_tx.send(format!("quota status {}", charged > 0));
+        });
+    }
+    // Each comes while the rebuild is held, or never (a generous bound on a
+    // loaded machine: on the old code they wait for the rebuild's release).
+    let mut during: Vec<String> = (0..3)
+        .map_while(|_| done_rx.recv_timeout(Duration::from_secs(30)).ok())
+        .collect();
+    drop(held.go);
+    applying.join().unwrap();
+    during.sort();
+    assert_eq!(
+        during,
+        ["publish true", "quota status true", "runtime ran"],
+        "done while the {what} was held (none waits for the state lock or the rebuild)"
+    );
+    far_us
+}
