@@ -236,6 +236,15 @@ fn new_region(
     RegionWriter::create(&region, Arc::clone(clock))
 }
 
+/// Frees a region `swap_region` replaced (its key set, deadline index and
+/// mapping) on a blocking thread, once the state lock is released: freeing
+/// a 1 GiB region of 4,000,000 keys took 139 ms here, which the apply (a
+/// compaction, a clear, a seed's adoption, a snapshot's install) would
+/// otherwise spend on a runtime worker.
+fn free_replaced(old: KeyedRegion) {
+    drop(tokio::task::spawn_blocking(move || drop(old)));
+}
+
 /// Max bytes of one snapshot record: a maximal pair plus framing slack.
 pub(crate) fn max_snapshot_record_bytes(region: &RegionConfig) -> u64 {
     u64::from(region.max_key_bytes) + u64::from(region.max_value_bytes) + 4096
@@ -552,12 +561,12 @@ impl RegionStateMachine {
 
     /// Makes `writer` the region this replica serves, its readers included,
     /// retires the one it replaces (clients mapping it re-attach) and
-    /// returns it, to be dropped once the state lock is released. The new
-    /// region takes over the term, lease and retirement published in the
-    /// old one (under this lock, as every publication is), which may have
-    /// changed while the new one was filled without the lock; the old one
-    /// is retired under the lock too, so a lease withdrawn after the swap
-    /// is never left standing in a region still served.
+    /// returns it, for `free_replaced` once the state lock is released.
+    /// The new region takes over the term, lease and retirement published
+    /// in the old one (under this lock, as every publication is), which may
+    /// have changed while the new one was filled without the lock; the old
+    /// one is retired under the lock too, so a lease withdrawn after the
+    /// swap is never left standing in a region still served.
     fn swap_region(
         &self,
         state: &mut State,
@@ -597,7 +606,7 @@ impl RegionStateMachine {
             state.hash_seed = Some(seed);
             old
         };
-        drop(old);
+        free_replaced(old);
         tracing::info!("the cluster's hash seed is applied; the region is placed with it");
         Ok(())
     }
@@ -690,7 +699,7 @@ impl RegionStateMachine {
         let seed = self.lock().hash_seed;
         let rebuilt = self.rebuild_region(seed, Contents::LivePairs, gate).await?;
         let old = self.swap_region(&mut self.lock(), rebuilt)?;
-        drop(old);
+        free_replaced(old);
         metrics::counter!("rdkv_region_compactions_total").increment(1);
         tracing::warn!("the region could not place an admitted write; compacted it");
         Ok(())
@@ -717,9 +726,7 @@ impl RegionStateMachine {
             let removed = state.writer.unexpired_keys();
             (self.swap_region(&mut state, empty)?, removed)
         };
-        // Its key set and mapping are freed off the runtime's threads: a
-        // region of millions of keys takes a while to free.
-        drop(tokio::task::spawn_blocking(move || drop(old)));
+        free_replaced(old);
         Ok(removed)
     }
 
@@ -1049,7 +1056,7 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
             old
         };
         self.shared.applied_index.store(index, Ordering::Release);
-        drop(old);
+        free_replaced(old);
         metrics::counter!("rdkv_snapshot_installs_total").increment(1);
         tracing::info!(last_log_index = index, "snapshot installed");
         Ok(())
