@@ -103,8 +103,8 @@ impl OfiState {
     }
 
     /// Keeps every hosted shard's current region registered (a new epoch
-    /// after a snapshot install) and closes retired registrations after
-    /// their grace period.
+    /// after a snapshot install, a compaction, a clear or a seed's
+    /// adoption) and closes retired registrations after their grace period.
     #[cfg_attr(not(feature = "ofi"), allow(unused_variables))]
     pub async fn maintain(
         self: Arc<Self>,

@@ -168,8 +168,8 @@ impl RdmaState {
     }
 
     /// Keeps every hosted shard's current region registered (a new epoch
-    /// after a snapshot install) and deregisters retired ones after their
-    /// grace period.
+    /// after a snapshot install, a compaction, a clear or a seed's
+    /// adoption) and deregisters retired ones after their grace period.
     #[cfg_attr(not(feature = "rdma"), allow(unused_variables))]
     pub async fn maintain(
         self: Arc<Self>,
