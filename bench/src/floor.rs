@@ -20,6 +20,12 @@
 //!   footprint too (a hot row's keys fill 1 MiB of cache lines but lie on
 //!   thousands of pages of the 256 MiB region, more than the TLB holds).
 //!   Not a target: it tells how much of a GET's gap is the TLB.
+//! - chained floor: the floor's work with the block's place taken from the
+//!   slot's bytes, as a GET takes it from the slot it found: the block's
+//!   miss cannot start before the slot's has ended. The floor's two places
+//!   are independent random numbers, so the CPU overlaps their misses; a
+//!   GET's are serial. Not a target either (the floor is the
+//!   other): it tells how much of a cold GET's gap is that dependency.
 //!
 //! Every figure is the mean time per operation over a round of
 //! back-to-back operations (a clock reading per operation would cost about
@@ -53,11 +59,13 @@ pub struct FloorRow {
     pub keys: usize,
     pub floor_ns: f64,
     pub spread_floor_ns: f64,
+    pub chained_floor_ns: f64,
     pub get_into_ns: f64,
     pub get_ns: f64,
     pub get_into_ratio: f64,
     pub get_ratio: f64,
     pub get_into_spread_ratio: f64,
+    pub get_into_chained_ratio: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -136,8 +144,11 @@ impl Rng {
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 
+    /// A number below `n`: the high half of a widening multiply, not a
+    /// division (a `div` costs several ns, as much as a hot row's floor
+    /// would then carry twice and a GET once).
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
+        ((u128::from(self.next()) * n.max(1) as u128) >> 64) as usize
     }
 }
 
@@ -165,6 +176,39 @@ fn floor_round(region: &[u8], block: usize, ops: usize, rng: &mut Rng) -> f64 {
     let elapsed = start.elapsed();
     std::hint::black_box(sum);
     per_op(elapsed, ops)
+}
+
+/// One round of the chained floor: `ops` times a random bucket read, then a
+/// copy of the block at a place computed from the bucket's first word (so
+/// its load waits for the bucket's), and its CRC. Returns ns per operation.
+fn chained_round(region: &[u8], block: usize, ops: usize, rng: &mut Rng) -> f64 {
+    let index_bytes = (region.len() / BYTES_PER_SLOT * 8).max(64);
+    let blocks = ((region.len() - index_bytes - block) / 64).max(1);
+    let mut slot = [0u8; 64];
+    let mut copy = vec![0u8; block];
+    let mut sum = 0u32;
+    let start = Instant::now();
+    for _ in 0..ops {
+        let bucket = rng.below(index_bytes / 64) * 64;
+        slot.copy_from_slice(&region[bucket..bucket + 64]);
+        let at = index_bytes + place_from_slot(&slot, bucket, blocks) * 64;
+        copy.copy_from_slice(&region[at..at + block]);
+        sum ^= crc32fast::hash(&copy[4..]);
+    }
+    let elapsed = start.elapsed();
+    std::hint::black_box(sum);
+    per_op(elapsed, ops)
+}
+
+/// A block number below `blocks` that depends on the slot's first word
+/// (mixed with the bucket's offset: the filler bytes repeat every 251, the
+/// offsets do not), without a division: a multiply and the high half of a
+/// widening multiply.
+fn place_from_slot(slot: &[u8; 64], bucket: usize, blocks: usize) -> usize {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&slot[..8]);
+    let mixed = (u64::from_le_bytes(word) ^ bucket as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    ((u128::from(mixed) * blocks as u128) >> 64) as usize
 }
 
 /// Fixed places of the spread floor: `keys` (bucket, block) offsets,
@@ -377,12 +421,14 @@ pub async fn run_floor(
                 let _ = handle.get_into(key, &mut vec![0u8; size]);
             }
             let (mut f, mut s, mut gi, mut g) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let mut c = Vec::new();
             for _ in 0..options.rounds {
                 f.push(if region == "tiny" {
                     spread_round(floor, &tiny_places, block, options.ops_per_round, &mut rng)
                 } else {
                     floor_round(floor, block, options.ops_per_round, &mut rng)
                 });
+                c.push(chained_round(floor, block, options.ops_per_round, &mut rng));
                 s.push(spread_round(
                     &cold,
                     &places,
@@ -412,7 +458,7 @@ pub async fn run_floor(
                 );
             }
             let (floor_ns, get_into_ns, get_ns) = (median(f), median(gi), median(g));
-            let spread_floor_ns = median(s);
+            let (spread_floor_ns, chained_floor_ns) = (median(s), median(c));
             rows.push(FloorRow {
                 region,
                 region_bytes,
@@ -420,11 +466,13 @@ pub async fn run_floor(
                 keys,
                 floor_ns,
                 spread_floor_ns,
+                chained_floor_ns,
                 get_into_ns,
                 get_ns,
                 get_into_ratio: get_into_ns / floor_ns,
                 get_ratio: get_ns / floor_ns,
                 get_into_spread_ratio: get_into_ns / spread_floor_ns,
+                get_into_chained_ratio: get_into_ns / chained_floor_ns,
             });
         }
     }
@@ -434,7 +482,7 @@ pub async fn run_floor(
 pub fn format_floor(rows: &[FloorRow]) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
-    let rule = "-".repeat(130);
+    let rule = "-".repeat(156);
     let _ = writeln!(out, "{rule}");
     let _ = writeln!(
         out,
@@ -442,7 +490,7 @@ pub fn format_floor(rows: &[FloorRow]) -> String {
     );
     let _ = writeln!(
         out,
-        " {:<6} {:<12} {:<8} {:<8} {:<10} {:<14} {:<10} {:<10} {:<10} {:<12} {:<10}",
+        " {:<6} {:<12} {:<8} {:<8} {:<10} {:<14} {:<10} {:<10} {:<10} {:<12} {:<10} {:<12} {:<10}",
         "region",
         "region_bytes",
         "#bytes",
@@ -453,12 +501,14 @@ pub fn format_floor(rows: &[FloorRow]) -> String {
         "get[ns]",
         "ratio",
         "spread[ns]",
-        "gi/spread"
+        "gi/spread",
+        "chained[ns]",
+        "gi/chained"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            " {:<6} {:<12} {:<8} {:<8} {:<10.1} {:<14.1} {:<10.2} {:<10.1} {:<10.2} {:<12.1} {:<10.2}",
+            " {:<6} {:<12} {:<8} {:<8} {:<10.1} {:<14.1} {:<10.2} {:<10.1} {:<10.2} {:<12.1} {:<10.2} {:<12.1} {:<10.2}",
             r.region,
             r.region_bytes,
             r.bytes,
@@ -469,7 +519,9 @@ pub fn format_floor(rows: &[FloorRow]) -> String {
             r.get_ns,
             r.get_ratio,
             r.spread_floor_ns,
-            r.get_into_spread_ratio
+            r.get_into_spread_ratio,
+            r.chained_floor_ns,
+            r.get_into_chained_ratio
         );
     }
     let _ = writeln!(out, "{rule}");
@@ -488,6 +540,48 @@ mod tests {
         assert_eq!(key(8, 123_456).len(), KEY_BYTES);
         assert_eq!(&key(8, 123_456)[..], b"floor/8/00000000000000123456");
         assert_eq!(&key(1024, 7)[..], b"floor/1024/00000000000000007");
+    }
+
+    /// The chained floor's places depend on the slot's bytes, spread over
+    /// the whole block range (not the filler's 251 repeating values).
+    #[test]
+    fn the_chained_floor_takes_its_place_from_the_slot() {
+        let region = floor_region(1 << 20);
+        let index_bytes = (region.len() / BYTES_PER_SLOT * 8).max(64);
+        let blocks = (region.len() - index_bytes - 1088) / 64;
+        let places: std::collections::HashSet<usize> = (0..index_bytes / 64)
+            .map(|b| {
+                let mut slot = [0u8; 64];
+                slot.copy_from_slice(&region[b * 64..b * 64 + 64]);
+                place_from_slot(&slot, b * 64, blocks)
+            })
+            .collect();
+        assert!(places.iter().all(|&p| p < blocks));
+        assert!(
+            places.len() > index_bytes / 64 * 9 / 10,
+            "{} places",
+            places.len()
+        );
+        let mut other = [0u8; 64];
+        other[0] = 1;
+        assert_ne!(
+            place_from_slot(&[0u8; 64], 0, blocks),
+            place_from_slot(&other, 0, blocks),
+            "the place follows the slot's bytes"
+        );
+        assert!(chained_round(&region, 1088, 100, &mut Rng(1)) > 0.0);
+    }
+
+    #[test]
+    fn random_numbers_stay_below_their_bound_and_cover_it() {
+        let mut rng = Rng(7);
+        let mut seen = [0usize; 10];
+        for _ in 0..10_000 {
+            seen[rng.below(10)] += 1;
+        }
+        assert!(seen.iter().all(|&n| n > 800), "{seen:?}");
+        assert_eq!(rng.below(0), 0);
+        assert_eq!(rng.below(1), 0);
     }
 
     #[test]
