@@ -157,31 +157,20 @@ fn floor_region(region_bytes: usize) -> Vec<u8> {
     (0..region_bytes).map(|i| (i % 251) as u8).collect()
 }
 
-/// One round of the floor: `ops` times a random bucket read, a random
-/// block copy and its CRC. Returns ns per operation.
-fn floor_round(region: &[u8], block: usize, ops: usize, rng: &mut Rng) -> f64 {
-    let index_bytes = (region.len() / BYTES_PER_SLOT * 8).max(64);
-    let data = region.len() - index_bytes;
-    let mut slot = [0u8; 64];
-    let mut copy = vec![0u8; block];
-    let mut sum = 0u32;
-    let start = Instant::now();
-    for _ in 0..ops {
-        let bucket = rng.below(index_bytes / 64) * 64;
-        slot.copy_from_slice(&region[bucket..bucket + 64]);
-        let at = index_bytes + rng.below((data - block) / 64) * 64;
-        copy.copy_from_slice(&region[at..at + block]);
-        sum ^= crc32fast::hash(&copy[4..]) ^ u32::from(slot[7]);
-    }
-    let elapsed = start.elapsed();
-    std::hint::black_box(sum);
-    per_op(elapsed, ops)
+/// Where a round of the floor finds its block, once its bucket is read.
+#[derive(Debug, Clone, Copy)]
+enum BlockPlace {
+    /// At random: the floor, whose two misses can overlap.
+    Random,
+    /// At a place computed from the bucket's first word, so that the
+    /// block's load waits for the bucket's, as a GET's does: the chained
+    /// floor.
+    FromSlot,
 }
 
-/// One round of the chained floor: `ops` times a random bucket read, then a
-/// copy of the block at a place computed from the bucket's first word (so
-/// its load waits for the bucket's), and its CRC. Returns ns per operation.
-fn chained_round(region: &[u8], block: usize, ops: usize, rng: &mut Rng) -> f64 {
+/// One round of the floor: `ops` times a random bucket read, a copy of a
+/// block found as `place` says, and its CRC. Returns ns per operation.
+fn floor_round(region: &[u8], block: usize, ops: usize, rng: &mut Rng, place: BlockPlace) -> f64 {
     let index_bytes = (region.len() / BYTES_PER_SLOT * 8).max(64);
     let blocks = ((region.len() - index_bytes - block) / 64).max(1);
     let mut slot = [0u8; 64];
@@ -191,9 +180,13 @@ fn chained_round(region: &[u8], block: usize, ops: usize, rng: &mut Rng) -> f64 
     for _ in 0..ops {
         let bucket = rng.below(index_bytes / 64) * 64;
         slot.copy_from_slice(&region[bucket..bucket + 64]);
-        let at = index_bytes + place_from_slot(&slot, bucket, blocks) * 64;
+        let number = match place {
+            BlockPlace::Random => rng.below(blocks),
+            BlockPlace::FromSlot => place_from_slot(&slot, bucket, blocks),
+        };
+        let at = index_bytes + number * 64;
         copy.copy_from_slice(&region[at..at + block]);
-        sum ^= crc32fast::hash(&copy[4..]);
+        sum ^= crc32fast::hash(&copy[4..]) ^ u32::from(slot[7]);
     }
     let elapsed = start.elapsed();
     std::hint::black_box(sum);
@@ -372,6 +365,39 @@ async fn served_round(
     )))
 }
 
+/// The floors of one row: the (at random, or for a tiny row at
+/// its fixed places), the chained and the spread floor.
+struct RowFloors<'r> {
+    floor: &'r [u8],
+    cold: &'r [u8],
+    tiny_places: Option<&'r [(usize, usize)]>,
+    places: &'r [(usize, usize)],
+    block: usize,
+    ops: usize,
+}
+
+/// One round of each of a row's floors, ns per operation.
+struct FloorRound {
+    floor_ns: f64,
+    chained_ns: f64,
+    spread_ns: f64,
+}
+
+impl RowFloors<'_> {
+    fn round(&self, rng: &mut Rng) -> FloorRound {
+        let (block, ops) = (self.block, self.ops);
+        let floor_ns = match self.tiny_places {
+            Some(places) => spread_round(self.floor, places, block, ops, rng),
+            None => floor_round(self.floor, block, ops, rng, BlockPlace::Random),
+        };
+        FloorRound {
+            floor_ns,
+            chained_ns: floor_round(self.floor, block, ops, rng, BlockPlace::FromSlot),
+            spread_ns: spread_round(self.cold, self.places, block, ops, rng),
+        }
+    }
+}
+
 /// The table: for the hot and the cold region, each size. The cluster
 /// behind `client` must hold `cold_keys` keys of each size (see [`fill`]).
 pub async fn run_floor(
@@ -420,22 +446,21 @@ pub async fn run_floor(
                 let key = row_keys.maker.make(i, &mut key);
                 let _ = handle.get_into(key, &mut vec![0u8; size]);
             }
+            let floors = RowFloors {
+                floor,
+                cold: &cold,
+                tiny_places: (region == "tiny").then_some(&tiny_places[..]),
+                places: &places,
+                block,
+                ops: options.ops_per_round,
+            };
             let (mut f, mut s, mut gi, mut g) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             let mut c = Vec::new();
             for _ in 0..options.rounds {
-                f.push(if region == "tiny" {
-                    spread_round(floor, &tiny_places, block, options.ops_per_round, &mut rng)
-                } else {
-                    floor_round(floor, block, options.ops_per_round, &mut rng)
-                });
-                c.push(chained_round(floor, block, options.ops_per_round, &mut rng));
-                s.push(spread_round(
-                    &cold,
-                    &places,
-                    block,
-                    options.ops_per_round,
-                    &mut rng,
-                ));
+                let round = floors.round(&mut rng);
+                f.push(round.floor_ns);
+                c.push(round.chained_ns);
+                s.push(round.spread_ns);
                 gi.push(
                     served_round(
                         &mut handle,
@@ -569,7 +594,7 @@ mod tests {
             place_from_slot(&other, 0, blocks),
             "the place follows the slot's bytes"
         );
-        assert!(chained_round(&region, 1088, 100, &mut Rng(1)) > 0.0);
+        assert!(floor_round(&region, 1088, 100, &mut Rng(1), BlockPlace::FromSlot) > 0.0);
     }
 
     #[test]
@@ -587,7 +612,7 @@ mod tests {
     #[test]
     fn the_floor_reads_random_places() {
         let region = floor_region(1 << 16);
-        let ns = floor_round(&region, 1088, 100, &mut Rng(1));
+        let ns = floor_round(&region, 1088, 100, &mut Rng(1), BlockPlace::Random);
         assert!(ns > 0.0);
     }
 }
