@@ -24,7 +24,8 @@
 # servers (rdkv's nodes and redis-server alike) and the load generators,
 # so that each side gets the same cores whichever store is measured.
 # READS=linearizable starts the nodes with that RESP read consistency
-# instead of lease. Each line ends with the machine's idle ticks (all CPUs,
+# instead of lease. Each process's figure is split into user and system
+# time too. Each line ends with the machine's idle ticks (all CPUs,
 # /proc/stat's idle + iowait) over the measurement: a load that leaves a
 # core idle is bound by waiting, not by work.
 set -euo pipefail
@@ -52,7 +53,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# user and system ticks of a process (all its threads), as "USER SYS".
+ticks() { awk '{print $14, $15}' "/proc/$1/stat"; }
 idle_ticks() { awk '$1 == "cpu" {print $5 + $6}' /proc/stat; }
 
 # us of CPU per request for each pid, while "$@" runs with N requests.
@@ -77,8 +79,8 @@ measure() {
     if [[ -n $perf ]]; then kill -INT "$perf"; wait "$perf" || true; fi
     local line="$label:"
     for i in "${!MEASURED[@]}"; do
-        local t=$((after[i] - before[i]))
-        line+=" ${NAMES[i]} $(awk -v t="$t" -v n="$n" -v hz="$HZ" 'BEGIN{printf "%.2f us (%d ticks)", t*1e6/hz/n, t}')"
+        line+=" ${NAMES[i]} $(echo "${before[i]} ${after[i]}" | awk -v n="$n" -v hz="$HZ" \
+            '{u = $3 - $1; s = $4 - $2; printf "%.2f us (%d ticks; user %.2f, sys %.2f)", (u + s) * 1e6 / hz / n, u + s, u * 1e6 / hz / n, s * 1e6 / hz / n}')"
     done
     echo "$line | $(grep -Eo '[0-9.]+ requests per second|\[OVERALL\], Throughput\(ops/sec\), [0-9.]+|throughput[^|]*' "$DIR/last.out" | head -1) | idle $((idle_after - idle_before)) ticks"
 }
