@@ -384,15 +384,27 @@ struct FloorRound {
 }
 
 impl RowFloors<'_> {
-    fn round(&self, rng: &mut Rng) -> FloorRound {
+    /// `chained_first` swaps the order of the and the chained
+    /// floor: each warms the caches for the one after it over the same
+    /// buffer, so the caller alternates it from round to round.
+    fn round(&self, rng: &mut Rng, chained_first: bool) -> FloorRound {
         let (block, ops) = (self.block, self.ops);
-        let floor_ns = match self.tiny_places {
+        let floor = |rng: &mut Rng| match self.tiny_places {
             Some(places) => spread_round(self.floor, places, block, ops, rng),
             None => floor_round(self.floor, block, ops, rng, BlockPlace::Random),
         };
+        let chained =
+            |rng: &mut Rng| floor_round(self.floor, block, ops, rng, BlockPlace::FromSlot);
+        let (floor_ns, chained_ns) = if chained_first {
+            let chained_ns = chained(rng);
+            (floor(rng), chained_ns)
+        } else {
+            let floor_ns = floor(rng);
+            (floor_ns, chained(rng))
+        };
         FloorRound {
             floor_ns,
-            chained_ns: floor_round(self.floor, block, ops, rng, BlockPlace::FromSlot),
+            chained_ns,
             spread_ns: spread_round(self.cold, self.places, block, ops, rng),
         }
     }
@@ -456,8 +468,8 @@ pub async fn run_floor(
             };
             let (mut f, mut s, mut gi, mut g) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             let mut c = Vec::new();
-            for _ in 0..options.rounds {
-                let round = floors.round(&mut rng);
+            for round_number in 0..options.rounds {
+                let round = floors.round(&mut rng, round_number % 2 == 1);
                 f.push(round.floor_ns);
                 c.push(round.chained_ns);
                 s.push(round.spread_ns);
