@@ -145,8 +145,8 @@ impl Rng {
     }
 
     /// A number below `n`: the high half of a widening multiply, not a
-    /// division (a `div` costs several ns, as much as a hot row's floor
-    /// would then carry twice and a GET once).
+    /// division (a `div` costs several ns; with `%` the floor took two an
+    /// operation and a GET's row one, work neither measures).
     fn below(&mut self, n: usize) -> usize {
         ((u128::from(self.next()) * n.max(1) as u128) >> 64) as usize
     }
