@@ -410,6 +410,29 @@ impl RowFloors<'_> {
     }
 }
 
+/// How many keys a row reads. Hot: as many as the hot floor region holds
+/// blocks and index lines (two 64-byte bucket lines each). Tiny: so few
+/// that their lines and pages stay in L1/L2 and the TLB, for floor and GET
+/// alike: what is left of a GET is its software. Cold: every key.
+fn keys_of_row(region: &str, block: usize, cold_keys: usize) -> usize {
+    match region {
+        "tiny" => TINY_KEYS.min(cold_keys),
+        "hot" => (HOT_REGION_BYTES / (block + 128)).clamp(1, cold_keys),
+        _ => cold_keys,
+    }
+}
+
+/// Reads every key of the row once: attaches the regions, and caches the
+/// hot set.
+fn warm_up(handle: &mut ReadHandle, row: &RowKeys) {
+    let mut value = vec![0u8; row.size];
+    for i in 0..row.count {
+        let mut key = [0u8; KEY_BYTES];
+        let key = row.maker.make(i, &mut key);
+        let _ = handle.get_into(key, &mut value);
+    }
+}
+
 /// The table: for the hot and the cold region, each size. The cluster
 /// behind `client` must hold `cold_keys` keys of each size (see [`fill`]).
 pub async fn run_floor(
@@ -432,15 +455,7 @@ pub async fn run_floor(
         let floor = if region == "cold" { &cold } else { &hot };
         for &size in &options.sizes {
             let block = block_bytes(size);
-            // Hot: as many keys as the hot floor region holds blocks and
-            // index lines (two 64-byte bucket lines each). Tiny: so few
-            // that their lines and pages stay in L1/L2 and the TLB, for
-            // floor and GET alike: what is left of a GET is its software.
-            let keys = match region {
-                "tiny" => TINY_KEYS.min(cold_keys),
-                "hot" => (HOT_REGION_BYTES / (block + 128)).clamp(1, cold_keys),
-                _ => cold_keys,
-            };
+            let keys = keys_of_row(region, block, cold_keys);
             let row_keys = RowKeys {
                 maker: KeyMaker::new(size),
                 count: keys,
@@ -452,12 +467,7 @@ pub async fn run_floor(
             // Attaches the regions (this runtime runs the refresher only
             // when the rounds of `get` poll it).
             handle.refresh().await;
-            // Warm-up: every key once (attaches, and the hot set is cached).
-            for i in 0..keys {
-                let mut key = [0u8; KEY_BYTES];
-                let key = row_keys.maker.make(i, &mut key);
-                let _ = handle.get_into(key, &mut vec![0u8; size]);
-            }
+            warm_up(&mut handle, &row_keys);
             let floors = RowFloors {
                 floor,
                 cold: &cold,
