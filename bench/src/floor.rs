@@ -26,6 +26,13 @@
 //!   are independent random numbers, so the CPU overlaps their misses; a
 //!   GET's are serial. Not a target either (the floor is the
 //!   other): it tells how much of a cold GET's gap is that dependency.
+//! - parts: what every GET must do that the floor does not, alone: the
+//!   keyed hash of its key (SipHash-1-3, `KeyHash::new`: the region
+//!   format's, seeded so that a client cannot aim keys at one bucket) and
+//!   its one reading of the lease's clock (boottime), net of making the
+//!   key (timed alone in a round of its own). `least` is the ratio
+//!   to the floor of the floor plus these parts: a GET's ratio cannot go
+//!   under it, whatever the rest of its software costs.
 //!
 //! Every figure is the mean time per operation over a round of
 //! back-to-back operations (a clock reading per operation would cost about
@@ -36,6 +43,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rdkv_client::{Client, Consistency, GetIntoError, ReadHandle};
+use rdkv_fabric::clock::boottime_now_us;
+use rdkv_proto::region::{HashSeed, KeyHash, MAX_NEIGHBOURHOOD_BUCKETS};
 use serde::Serialize;
 
 use crate::fabric_bench::FabricBenchError;
@@ -60,12 +69,15 @@ pub struct FloorRow {
     pub floor_ns: f64,
     pub spread_floor_ns: f64,
     pub chained_floor_ns: f64,
+    pub parts_ns: f64,
     pub get_into_ns: f64,
     pub get_ns: f64,
     pub get_into_ratio: f64,
     pub get_ratio: f64,
     pub get_into_spread_ratio: f64,
     pub get_into_chained_ratio: f64,
+    /// (floor + parts) / floor: the least `get_into_ratio` could be.
+    pub least_ratio: f64,
 }
 
 #[derive(Debug, Clone)]
@@ -241,6 +253,49 @@ fn spread_round(
         slot.copy_from_slice(&region[bucket..bucket + 64]);
         copy.copy_from_slice(&region[at..at + block]);
         sum ^= crc32fast::hash(&copy[4..]) ^ u32::from(slot[7]);
+    }
+    let elapsed = start.elapsed();
+    std::hint::black_box(sum);
+    per_op(elapsed, ops)
+}
+
+/// What a round of the parts times besides the key: the keyed hash and
+/// the clock (`Both`), or nothing (`KeyOnly`: making the key alone, which
+/// the GET rounds do too and the parts' figure is net of).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PartsWork {
+    Both,
+    KeyOnly,
+}
+
+/// One round of a GET's parts the floor lacks: for `ops` random keys of
+/// `row`, the keyed hash a GET computes (for a region of `region_bytes` laid
+/// out as the floor lays it out) and a reading of the boottime clock, as
+/// `work` says. Returns ns per operation.
+fn parts_round(
+    row: &RowKeys,
+    region_bytes: usize,
+    ops: usize,
+    rng: &mut Rng,
+    work: PartsWork,
+) -> f64 {
+    // A power of two of home buckets: the hash's bucket by a mask, as the
+    // server's default regions have it.
+    let homes = (region_bytes / BYTES_PER_SLOT * 8 / 64).next_power_of_two() as u64 / 2;
+    let buckets = homes.max(1) + MAX_NEIGHBOURHOOD_BUCKETS - 1;
+    let seed = HashSeed(rng.next(), rng.next());
+    let mut sum = 0u64;
+    let start = Instant::now();
+    for _ in 0..ops {
+        let mut key = [0u8; KEY_BYTES];
+        let key = row.maker.make(rng.below(row.count), &mut key);
+        sum ^= match work {
+            PartsWork::Both => {
+                let hash = KeyHash::new(seed, key, buckets, MAX_NEIGHBOURHOOD_BUCKETS);
+                hash.home_bucket ^ boottime_now_us()
+            }
+            PartsWork::KeyOnly => u64::from(std::hint::black_box(key)[KEY_BYTES - 1]),
+        };
     }
     let elapsed = start.elapsed();
     std::hint::black_box(sum);
@@ -477,12 +532,16 @@ pub async fn run_floor(
                 ops: options.ops_per_round,
             };
             let (mut f, mut s, mut gi, mut g) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            let mut c = Vec::new();
+            let (mut c, mut p) = (Vec::new(), Vec::new());
             for round_number in 0..options.rounds {
                 let round = floors.round(&mut rng, round_number % 2 == 1);
                 f.push(round.floor_ns);
                 c.push(round.chained_ns);
                 s.push(round.spread_ns);
+                let ops = options.ops_per_round;
+                let both = parts_round(&row_keys, region_bytes, ops, &mut rng, PartsWork::Both);
+                let key = parts_round(&row_keys, region_bytes, ops, &mut rng, PartsWork::KeyOnly);
+                p.push((both - key).max(0.0));
                 gi.push(
                     served_round(
                         &mut handle,
@@ -506,6 +565,7 @@ pub async fn run_floor(
             }
             let (floor_ns, get_into_ns, get_ns) = (median(f), median(gi), median(g));
             let (spread_floor_ns, chained_floor_ns) = (median(s), median(c));
+            let parts_ns = median(p);
             rows.push(FloorRow {
                 region,
                 region_bytes,
@@ -514,12 +574,14 @@ pub async fn run_floor(
                 floor_ns,
                 spread_floor_ns,
                 chained_floor_ns,
+                parts_ns,
                 get_into_ns,
                 get_ns,
                 get_into_ratio: get_into_ns / floor_ns,
                 get_ratio: get_ns / floor_ns,
                 get_into_spread_ratio: get_into_ns / spread_floor_ns,
                 get_into_chained_ratio: get_into_ns / chained_floor_ns,
+                least_ratio: (floor_ns + parts_ns) / floor_ns,
             });
         }
     }
@@ -529,7 +591,7 @@ pub async fn run_floor(
 pub fn format_floor(rows: &[FloorRow]) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
-    let rule = "-".repeat(156);
+    let rule = "-".repeat(180);
     let _ = writeln!(out, "{rule}");
     let _ = writeln!(
         out,
@@ -537,7 +599,7 @@ pub fn format_floor(rows: &[FloorRow]) -> String {
     );
     let _ = writeln!(
         out,
-        " {:<6} {:<12} {:<8} {:<8} {:<10} {:<14} {:<10} {:<10} {:<10} {:<12} {:<10} {:<12} {:<10}",
+        " {:<6} {:<12} {:<8} {:<8} {:<10} {:<14} {:<10} {:<10} {:<10} {:<12} {:<10} {:<12} {:<10} {:<10} {:<6}",
         "region",
         "region_bytes",
         "#bytes",
@@ -550,12 +612,14 @@ pub fn format_floor(rows: &[FloorRow]) -> String {
         "spread[ns]",
         "gi/spread",
         "chained[ns]",
-        "gi/chained"
+        "gi/chained",
+        "parts[ns]",
+        "least"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            " {:<6} {:<12} {:<8} {:<8} {:<10.1} {:<14.1} {:<10.2} {:<10.1} {:<10.2} {:<12.1} {:<10.2} {:<12.1} {:<10.2}",
+            " {:<6} {:<12} {:<8} {:<8} {:<10.1} {:<14.1} {:<10.2} {:<10.1} {:<10.2} {:<12.1} {:<10.2} {:<12.1} {:<10.2} {:<10.1} {:<6.2}",
             r.region,
             r.region_bytes,
             r.bytes,
@@ -568,7 +632,9 @@ pub fn format_floor(rows: &[FloorRow]) -> String {
             r.spread_floor_ns,
             r.get_into_spread_ratio,
             r.chained_floor_ns,
-            r.get_into_chained_ratio
+            r.get_into_chained_ratio,
+            r.parts_ns,
+            r.least_ratio
         );
     }
     let _ = writeln!(out, "{rule}");
@@ -629,6 +695,20 @@ mod tests {
         assert!(seen.iter().all(|&n| n > 800), "{seen:?}");
         assert_eq!(rng.below(0), 0);
         assert_eq!(rng.below(1), 0);
+    }
+
+    #[test]
+    fn the_parts_round_runs_over_the_rows_keys() {
+        let row = RowKeys {
+            maker: KeyMaker::new(8),
+            count: 64,
+            size: 8,
+        };
+        for work in [PartsWork::Both, PartsWork::KeyOnly] {
+            assert!(parts_round(&row, HOT_REGION_BYTES, 100, &mut Rng(1), work) > 0.0);
+            let one_bucket = parts_round(&row, 64, 100, &mut Rng(1), work);
+            assert!(one_bucket > 0.0, "a region of one bucket");
+        }
     }
 
     #[test]
