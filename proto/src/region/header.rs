@@ -130,6 +130,31 @@ const fn words_in_order(offsets: &[u64]) -> bool {
 }
 const _: () = assert!(HEADER_BYTES.is_multiple_of(BUCKET_BYTES));
 
+/// Bucket counts from which [`bucket_count_for`] adds buckets for a power
+/// of two of homes (the small indexes of tests keep exactly what they ask
+/// for).
+const POWER_OF_TWO_HOMES_FROM: u64 = 1024;
+
+/// The index's bucket count for a region of `region_bytes` with one slot
+/// per `bytes_per_slot` and neighbourhoods of `neighbourhood_buckets`: the
+/// slots' buckets (at least one neighbourhood), and, when that is a power
+/// of two (the default for a region of a power-of-two size),
+/// `neighbourhood_buckets - 1` more. Why: a key's home bucket is its hash
+/// modulo `bucket_count - neighbourhood_buckets + 1` (the homes), and with
+/// a power of two of homes every reader computes it with a mask instead of
+/// a 64-bit division per GET (`KeyHash::new`). The count is the header's,
+/// so readers of any version compute the same homes. The one rule: the
+/// server's regions and the bench's floor take it from here.
+pub fn bucket_count_for(region_bytes: u64, bytes_per_slot: u64, neighbourhood_buckets: u64) -> u64 {
+    let slots = region_bytes / bytes_per_slot.max(1);
+    let buckets = (slots / SLOTS_PER_BUCKET as u64).max(neighbourhood_buckets);
+    if buckets >= POWER_OF_TWO_HOMES_FROM && buckets.is_power_of_two() {
+        buckets.saturating_add(neighbourhood_buckets.saturating_sub(1))
+    } else {
+        buckets
+    }
+}
+
 /// What the creator of a region chooses; [`RegionLayout::plan`] derives the rest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LayoutParams {

@@ -36,7 +36,7 @@ pub use hash::{HashSeed, KeyHash};
 pub use header::{
     DYNAMIC_WORDS, DynamicHeader, DynamicWords, HEADER_BYTES, HEADER_USED_BYTES, LayoutParams,
     LeaseDeadline, REGION_LAYOUT_VERSION, REGION_MAGIC, RegionLayout, RegionState,
-    STATIC_ENCODED_BYTES, STATIC_HEADER_BYTES, dynamic_word, static_word,
+    STATIC_ENCODED_BYTES, STATIC_HEADER_BYTES, bucket_count_for, dynamic_word, static_word,
 };
 pub use lookup::{
     BlockVerdict, ChainWalk, anchor_link, examine_block, examine_block_split, neighbourhood_slots,

@@ -4,7 +4,7 @@
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 
-use rdkv_proto::region::{HashSeed, LayoutParams, RegionLayout, SLOTS_PER_BUCKET};
+use rdkv_proto::region::{HashSeed, LayoutParams, RegionLayout, bucket_count_for};
 
 use crate::region::error::RegionError;
 
@@ -62,24 +62,6 @@ pub fn random_seed() -> HashSeed {
     HashSeed(draw(), draw())
 }
 
-/// Bucket counts from which [`with_power_of_two_homes`] adds buckets (the
-/// small indexes of tests keep exactly what they ask for).
-const POWER_OF_TWO_HOMES_FROM: u64 = 1024;
-
-/// `buckets`, or, when it is a power of two (the default for a region of a
-/// power-of-two size), `neighbourhood - 1` more: a key's home bucket is its
-/// hash modulo `bucket_count - neighbourhood + 1` (the homes), and with a
-/// power of two of homes every reader computes it with a mask instead of
-/// a 64-bit division per GET (`KeyHash::new`). The geometry is the
-/// header's, so readers of any version compute the same homes.
-fn with_power_of_two_homes(buckets: u64, neighbourhood: u64) -> u64 {
-    if buckets >= POWER_OF_TWO_HOMES_FROM && buckets.is_power_of_two() {
-        buckets.saturating_add(neighbourhood.saturating_sub(1))
-    } else {
-        buckets
-    }
-}
-
 impl RegionConfig {
     /// The quota of a node with this region (what it proposes when it
     /// leads, and what a restore checks a backup against): `explicit`
@@ -113,9 +95,9 @@ impl RegionConfig {
         if self.bytes_per_slot == 0 {
             return Err(RegionError::Config("bytes_per_slot must be >= 1".into()));
         }
-        let slots = self.region_bytes / self.bytes_per_slot;
-        let bucket_count = with_power_of_two_homes(
-            (slots / SLOTS_PER_BUCKET as u64).max(self.neighbourhood_buckets),
+        let bucket_count = bucket_count_for(
+            self.region_bytes,
+            self.bytes_per_slot,
             self.neighbourhood_buckets,
         );
         RegionLayout::plan(LayoutParams {
@@ -136,6 +118,7 @@ impl RegionConfig {
 #[cfg(test)]
 mod homes_tests {
     use super::*;
+    use rdkv_proto::region::SLOTS_PER_BUCKET;
 
     #[test]
     fn a_power_of_two_index_gets_a_power_of_two_of_homes() {
@@ -151,7 +134,11 @@ mod homes_tests {
             (64 << 20) / config.bytes_per_slot / SLOTS_PER_BUCKET as u64
         );
         // Small and odd indexes are left as asked.
-        assert_eq!(with_power_of_two_homes(512, 2), 512);
-        assert_eq!(with_power_of_two_homes(3 << 12, 2), 3 << 12);
+        let slot = config.bytes_per_slot * SLOTS_PER_BUCKET as u64;
+        assert_eq!(bucket_count_for(512 * slot, config.bytes_per_slot, 2), 512);
+        assert_eq!(
+            bucket_count_for((3 << 12) * slot, config.bytes_per_slot, 2),
+            3 << 12
+        );
     }
 }
