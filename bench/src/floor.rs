@@ -216,9 +216,8 @@ fn floor_round(region: &[u8], block: usize, ops: usize, rng: &mut Rng, place: Bl
 /// a multiply and the high half of a widening multiply. Why the salt: a
 /// place that is a function of the slot alone is a function of the bucket
 /// (the buffer's bytes are fixed), so there were at most as many places as
-/// buckets: 1,024 in the hot region, whose 8 B blocks (128 KiB) stayed in
-/// the L2 cache where the floor's ~15,000 places do not. That made
-/// the hot 8 B chained floor (30-32 ns) cheaper than the (38-53).
+/// buckets: 1,024 in the hot region against the floor's ~15,000,
+/// a smaller footprint than the floor it is compared with.
 fn place_from_slot(slot: &[u8; 64], salt: u64, blocks: usize) -> usize {
     let mut word = [0u8; 8];
     word.copy_from_slice(&slot[..8]);
