@@ -174,6 +174,12 @@ fn floor_region(region_bytes: usize) -> Vec<u8> {
     (0..region_bytes).map(|i| (i % 251) as u8).collect()
 }
 
+/// Bytes of the index at the start of a floor buffer of `region_bytes`:
+/// one 8-byte slot per `BYTES_PER_SLOT` of region, at least one bucket.
+fn index_bytes(region_bytes: usize) -> usize {
+    (region_bytes / BYTES_PER_SLOT * 8).max(64)
+}
+
 /// Where a round of the floor finds its block, once its bucket is read.
 #[derive(Debug, Clone, Copy)]
 enum BlockPlace {
@@ -189,7 +195,7 @@ enum BlockPlace {
 /// One round of the floor: `ops` times a random bucket read, a copy of a
 /// block found as `place` says, and its CRC. Returns ns per operation.
 fn floor_round(region: &[u8], block: usize, ops: usize, rng: &mut Rng, place: BlockPlace) -> f64 {
-    let index_bytes = (region.len() / BYTES_PER_SLOT * 8).max(64);
+    let index_bytes = index_bytes(region.len());
     let blocks = ((region.len() - index_bytes - block) / 64).max(1);
     let mut slot = [0u8; 64];
     let mut copy = vec![0u8; block];
@@ -233,7 +239,7 @@ fn spread_places(
     keys: usize,
     rng: &mut Rng,
 ) -> Vec<(usize, usize)> {
-    let index_bytes = (region_bytes / BYTES_PER_SLOT * 8).max(64);
+    let index_bytes = index_bytes(region_bytes);
     let data = region_bytes - index_bytes;
     (0..keys)
         .map(|_| {
@@ -460,21 +466,25 @@ async fn served_round(
 }
 
 /// The floors of one row: the (at random, or for a tiny row at
-/// its fixed places), the chained and the spread floor.
+/// its fixed places), the chained and the spread floor; and the parts a
+/// GET of the row's `keys` adds to them, hashed for `geometry`.
 struct RowFloors<'r> {
     floor: &'r [u8],
     cold: &'r [u8],
     tiny_places: Option<&'r [(usize, usize)]>,
     places: &'r [(usize, usize)],
+    keys: &'r RowKeys,
+    geometry: HashGeometry,
     block: usize,
     ops: usize,
 }
 
-/// One round of each of a row's floors, ns per operation.
+/// One round of each of a row's floors and of its parts, ns per operation.
 struct FloorRound {
     floor_ns: f64,
     chained_ns: f64,
     spread_ns: f64,
+    parts_ns: f64,
 }
 
 impl RowFloors<'_> {
@@ -496,10 +506,12 @@ impl RowFloors<'_> {
             let floor_ns = floor(rng);
             (floor_ns, chained(rng))
         };
+        let spread_ns = spread_round(self.cold, self.places, block, ops, rng);
         FloorRound {
             floor_ns,
             chained_ns,
-            spread_ns: spread_round(self.cold, self.places, block, ops, rng),
+            spread_ns,
+            parts_ns: parts_ns(self.keys, self.geometry, ops, rng),
         }
     }
 }
@@ -569,6 +581,8 @@ pub async fn run_floor(
                 cold: &cold,
                 tiny_places: (region == "tiny").then_some(&tiny_places[..]),
                 places: &places,
+                keys: &row_keys,
+                geometry,
                 block,
                 ops: options.ops_per_round,
             };
@@ -579,12 +593,7 @@ pub async fn run_floor(
                 f.push(round.floor_ns);
                 c.push(round.chained_ns);
                 s.push(round.spread_ns);
-                p.push(parts_ns(
-                    &row_keys,
-                    geometry,
-                    options.ops_per_round,
-                    &mut rng,
-                ));
+                p.push(round.parts_ns);
                 gi.push(
                     served_round(
                         &mut handle,
@@ -706,7 +715,7 @@ mod tests {
     #[test]
     fn the_chained_floor_takes_its_place_from_the_slot() {
         let region = floor_region(1 << 20);
-        let index_bytes = (region.len() / BYTES_PER_SLOT * 8).max(64);
+        let index_bytes = index_bytes(region.len());
         let blocks = (region.len() - index_bytes - 128) / 64;
         let buckets = index_bytes / 64;
         let mut rng = Rng(3);
@@ -759,7 +768,12 @@ mod tests {
             assert_eq!(geometry.buckets - geometry.neighbourhood + 1, homes);
             for i in 0..1_000 {
                 let key = key(8, i);
-                let hash = KeyHash::new(HashSeed(1, 2), &key, geometry.buckets, 2);
+                let hash = KeyHash::new(
+                    HashSeed(1, 2),
+                    &key,
+                    geometry.buckets,
+                    geometry.neighbourhood,
+                );
                 assert!(hash.home_bucket < homes);
             }
         }
