@@ -29,23 +29,23 @@
 //! - ordered floor: the floor's work done as a GET must do it, with the
 //!   parts (below) in their places: the key made and hashed, the bucket
 //!   taken from the hash, the block's place from the bucket's bytes (and
-//!   the hash), the clock read after the copy, then the CRC. The floors
-//!   above run operations back to back whose addresses do not depend on
-//!   each other's work, and their loops are short, so the CPU starts the
-//!   next operation's loads while this one's misses are outstanding; a
-//!   GET's hashing puts about a hundred more instructions before its first
-//!   load, which the CPU's window does not reach across. `least` is the
-//!   ratio of this floor to the issue's: what a GET that does the floor's
-//!   work, the hash and the clock reading, in that order, cannot go under,
-//!   measured rather than added up.
+//!   the hash), the clock read after the copy, then the CRC, for the row's
+//!   keys. The floors above run operations back to back whose addresses
+//!   owe nothing to each other's work, and the CPU overlaps one
+//!   operation's misses with the next one's (measured: made serial, the
+//!   cold 8 B floor took three times as long); with the parts in place
+//!   much of that overlap goes, so adding the parts to the floor
+//!   understates the bound. `least` = (ordered floor - keys) / floor:
+//!   what a GET handed its key, doing the floor's work, the hash and the
+//!   clock reading in that order, cannot go under, measured rather than
+//!   added up.
 //! - parts: what every GET must do that the floor does not, alone: the
 //!   keyed hash of its key (SipHash-1-3, `KeyHash::new`: the region
 //!   format's, seeded so that a client cannot aim keys at one bucket, for
 //!   the server's default geometry of the cold region) and its one reading
 //!   of the lease's clock (boottime); less a round that only makes the
-//!   keys. The GET rounds make their keys too, so leaving that out keeps
-//!   the figure low. (Added to the floor, they give less than the ordered
-//!   floor in the cold 8 B row, where the floor's operations overlap.)
+//!   keys (`keys`). The GET rounds make their keys too, so leaving that
+//!   out keeps the figure low.
 //!
 //! Every figure is the mean time per operation over a round of
 //! back-to-back operations (a clock reading per operation would cost about
@@ -85,6 +85,7 @@ pub struct FloorRow {
     pub chained_floor_ns: f64,
     pub ordered_floor_ns: f64,
     pub parts_ns: f64,
+    pub keys_ns: f64,
     pub get_into_ns: f64,
     pub get_ns: f64,
     pub get_into_ratio: f64,
@@ -92,7 +93,8 @@ pub struct FloorRow {
     pub get_into_spread_ratio: f64,
     pub get_into_chained_ratio: f64,
     pub get_into_ordered_ratio: f64,
-    /// ordered floor / floor: the least `get_into_ratio` could be.
+    /// (ordered floor - keys) / floor: the least `get_into_ratio` could be
+    /// for a GET handed its key.
     pub least_ratio: f64,
 }
 
@@ -176,8 +178,14 @@ impl Rng {
     /// division (a `div` costs several ns; with `%` the floor took two an
     /// operation and a GET's row one, work neither measures).
     fn below(&mut self, n: usize) -> usize {
-        ((u128::from(self.next()) * n.max(1) as u128) >> 64) as usize
+        scale(self.next(), n)
     }
+}
+
+/// `word` taken as a fraction of 2^64, times `n`: a number below `n` (0
+/// when `n` is 0) from the high half of a widening multiply.
+fn scale(word: u64, n: usize) -> usize {
+    ((u128::from(word) * n as u128) >> 64) as usize
 }
 
 /// A plain buffer of `region_bytes`, every page touched.
@@ -229,8 +237,8 @@ fn floor_round(region: &[u8], block: usize, ops: usize, rng: &mut Rng, place: Bl
 }
 
 /// A block number below `blocks` that depends on the slot's first word,
-/// mixed with `salt` (a random number per operation), without a division:
-/// a multiply and the high half of a widening multiply. Why the salt: a
+/// mixed with `salt` (the chained floor's: a random number per operation;
+/// the ordered floor's: the key's home), without a division. Why the salt: a
 /// place that is a function of the slot alone is a function of the bucket
 /// (the buffer's bytes are fixed), so there were at most as many places as
 /// buckets: 1,024 in the hot region against the floor's ~15,000,
@@ -244,12 +252,12 @@ fn place_from_slot(slot: &[u8; 64], salt: u64, blocks: usize) -> usize {
 /// A number below `n` that depends on every bit of `word`, without a
 /// division: a multiply and the high half of a widening multiply.
 fn place_from_word(word: u64, n: usize) -> usize {
-    let mixed = word.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    ((u128::from(mixed) * n as u128) >> 64) as usize
+    scale(word.wrapping_mul(0x9e37_79b9_7f4a_7c15), n)
 }
 
 /// Where the ordered floor's buckets and blocks lie: anywhere in its
-/// buffer, or (a tiny row) at a row's fixed (bucket, block) places.
+/// buffer, or (a tiny row) among a row's fixed places: the bucket one of
+/// their buckets, the block one of their blocks, each chosen on its own.
 #[derive(Debug, Clone, Copy)]
 enum OrderedPlaces<'p> {
     Anywhere { index_bytes: usize, blocks: usize },
@@ -432,11 +440,24 @@ fn parts_round(
     per_op(elapsed, ops)
 }
 
-/// One figure of the parts: a round of both less a round of the keys alone.
-fn parts_ns(row: &RowKeys, geometry: HashGeometry, ops: usize, rng: &mut Rng) -> f64 {
+/// One round's figures of the parts, ns per operation.
+#[derive(Debug, Clone, Copy)]
+struct PartsFigures {
+    /// A round of both less a round of the keys alone.
+    parts_ns: f64,
+    /// The round of the keys alone: what making a key of the row costs
+    /// the bench's GET rounds and its ordered floor, which the issue's
+    /// floor does not pay.
+    keys_ns: f64,
+}
+
+fn parts_figures(row: &RowKeys, geometry: HashGeometry, ops: usize, rng: &mut Rng) -> PartsFigures {
     let both = parts_round(row, geometry, ops, rng, PartsWork::Both);
-    let keys = parts_round(row, geometry, ops, rng, PartsWork::KeyOnly);
-    (both - keys).max(0.0)
+    let keys_ns = parts_round(row, geometry, ops, rng, PartsWork::KeyOnly);
+    PartsFigures {
+        parts_ns: (both - keys_ns).max(0.0),
+        keys_ns,
+    }
 }
 
 fn per_op(elapsed: Duration, ops: usize) -> f64 {
@@ -577,7 +598,7 @@ struct FloorRound {
     chained_ns: f64,
     spread_ns: f64,
     ordered_ns: f64,
-    parts_ns: f64,
+    parts: PartsFigures,
 }
 
 impl RowFloors<'_> {
@@ -599,7 +620,8 @@ impl RowFloors<'_> {
             let floor_ns = floor(rng);
             (floor_ns, chained(rng))
         };
-        let spread_ns = spread_round(self.cold, self.places, block, ops, rng);
+        // Right after the two floors over the same buffer, before the
+        // spread floor's round over the cold one evicts it.
         let places = match self.tiny_places {
             Some(places) => OrderedPlaces::Fixed(places),
             None => OrderedPlaces::anywhere(self.floor.len(), block),
@@ -613,12 +635,13 @@ impl RowFloors<'_> {
             self.geometry,
             places,
         );
+        let spread_ns = spread_round(self.cold, self.places, block, ops, rng);
         FloorRound {
             floor_ns,
             chained_ns,
             spread_ns,
             ordered_ns,
-            parts_ns: parts_ns(self.keys, self.geometry, ops, rng),
+            parts: parts_figures(self.keys, self.geometry, ops, rng),
         }
     }
 }
@@ -693,15 +716,9 @@ pub async fn run_floor(
                 block,
                 ops: options.ops_per_round,
             };
-            let (mut f, mut s, mut gi, mut g) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            let (mut c, mut o, mut p) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut floor_rounds, mut gi, mut g) = (Vec::new(), Vec::new(), Vec::new());
             for round_number in 0..options.rounds {
-                let round = floors.round(&mut rng, round_number % 2 == 1);
-                f.push(round.floor_ns);
-                c.push(round.chained_ns);
-                s.push(round.spread_ns);
-                o.push(round.ordered_ns);
-                p.push(round.parts_ns);
+                floor_rounds.push(floors.round(&mut rng, round_number % 2 == 1));
                 gi.push(
                     served_round(
                         &mut handle,
@@ -723,9 +740,17 @@ pub async fn run_floor(
                     .await?,
                 );
             }
-            let (floor_ns, get_into_ns, get_ns) = (median(f), median(gi), median(g));
-            let (spread_floor_ns, chained_floor_ns) = (median(s), median(c));
-            let (ordered_floor_ns, parts_ns) = (median(o), median(p));
+            let of_rounds =
+                |figure: fn(&FloorRound) -> f64| median(floor_rounds.iter().map(figure).collect());
+            let (floor_ns, get_into_ns, get_ns) =
+                (of_rounds(|r| r.floor_ns), median(gi), median(g));
+            let spread_floor_ns = of_rounds(|r| r.spread_ns);
+            let chained_floor_ns = of_rounds(|r| r.chained_ns);
+            let ordered_floor_ns = of_rounds(|r| r.ordered_ns);
+            let (parts_ns, keys_ns) = (
+                of_rounds(|r| r.parts.parts_ns),
+                of_rounds(|r| r.parts.keys_ns),
+            );
             rows.push(FloorRow {
                 region,
                 region_bytes,
@@ -736,6 +761,7 @@ pub async fn run_floor(
                 chained_floor_ns,
                 ordered_floor_ns,
                 parts_ns,
+                keys_ns,
                 get_into_ns,
                 get_ns,
                 get_into_ratio: get_into_ns / floor_ns,
@@ -743,7 +769,7 @@ pub async fn run_floor(
                 get_into_spread_ratio: get_into_ns / spread_floor_ns,
                 get_into_chained_ratio: get_into_ns / chained_floor_ns,
                 get_into_ordered_ratio: get_into_ns / ordered_floor_ns,
-                least_ratio: ordered_floor_ns / floor_ns,
+                least_ratio: (ordered_floor_ns - keys_ns) / floor_ns,
             });
         }
     }
@@ -753,7 +779,7 @@ pub async fn run_floor(
 pub fn format_floor(rows: &[FloorRow]) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
-    let rule = "-".repeat(204);
+    let rule = "-".repeat(214);
     let _ = writeln!(out, "{rule}");
     let _ = writeln!(
         out,
@@ -761,7 +787,7 @@ pub fn format_floor(rows: &[FloorRow]) -> String {
     );
     let _ = writeln!(
         out,
-        " {:<6} {:<12} {:<8} {:<8} {:<10} {:<14} {:<10} {:<10} {:<10} {:<12} {:<10} {:<12} {:<10} {:<12} {:<10} {:<10} {:<6}",
+        " {:<6} {:<12} {:<8} {:<8} {:<10} {:<14} {:<10} {:<10} {:<10} {:<12} {:<10} {:<12} {:<10} {:<12} {:<10} {:<10} {:<9} {:<6}",
         "region",
         "region_bytes",
         "#bytes",
@@ -778,12 +804,13 @@ pub fn format_floor(rows: &[FloorRow]) -> String {
         "ordered[ns]",
         "gi/ordered",
         "parts[ns]",
+        "keys[ns]",
         "least"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            " {:<6} {:<12} {:<8} {:<8} {:<10.1} {:<14.1} {:<10.2} {:<10.1} {:<10.2} {:<12.1} {:<10.2} {:<12.1} {:<10.2} {:<12.1} {:<10.2} {:<10.1} {:<6.2}",
+            " {:<6} {:<12} {:<8} {:<8} {:<10.1} {:<14.1} {:<10.2} {:<10.1} {:<10.2} {:<12.1} {:<10.2} {:<12.1} {:<10.2} {:<12.1} {:<10.2} {:<10.1} {:<9.1} {:<6.2}",
             r.region,
             r.region_bytes,
             r.bytes,
@@ -800,6 +827,7 @@ pub fn format_floor(rows: &[FloorRow]) -> String {
             r.ordered_floor_ns,
             r.get_into_ordered_ratio,
             r.parts_ns,
+            r.keys_ns,
             r.least_ratio
         );
     }
@@ -898,6 +926,17 @@ mod tests {
         );
         let fixed = spread_places(region.len(), 128, 64, &mut rng);
         let tiny = OrderedPlaces::Fixed(&fixed);
+        // For one key (one home), the block follows the bucket's bytes: its
+        // load waits for the bucket's, as a GET's does.
+        for places in [places, tiny] {
+            let blocks_of_one_key: HashSet<usize> = (0..64u8)
+                .map(|byte| places.block(&[byte; 64], 12_345))
+                .collect();
+            assert!(
+                blocks_of_one_key.len() > 8,
+                "{places:?}: {blocks_of_one_key:?}"
+            );
+        }
         for home in 0..1_000u64 {
             let bucket = tiny.bucket(home);
             assert!(fixed.iter().any(|&(b, _)| b == bucket));
@@ -957,7 +996,8 @@ mod tests {
         for work in [PartsWork::Both, PartsWork::KeyOnly] {
             assert!(parts_round(&row, tiny, 100, &mut Rng(1), work) > 0.0);
         }
-        assert!(parts_ns(&row, tiny, 100, &mut Rng(1)) >= 0.0);
+        let figures = parts_figures(&row, tiny, 100, &mut Rng(1));
+        assert!(figures.parts_ns >= 0.0 && figures.keys_ns > 0.0);
     }
 
     #[test]

@@ -523,7 +523,7 @@ async fn run_task<D: Driver>(
     let warmup = RefCell::new(Measurements::default());
     // When this task was free to issue its next operation: the end of its
     // last one, read again only after the task waited. One clock reading
-    // fewer an operation than reading it here (about 25 ns on this VM, a
+    // fewer an operation than reading it here (about 25-35 ns on this VM, a
     // few percent of a one-sided read's operation).
     let mut free_at = Instant::now();
     loop {
