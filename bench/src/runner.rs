@@ -547,19 +547,20 @@ async fn run_task<D: Driver>(
         if measuring && !claims.take(shared) {
             break;
         }
-        let operation = match shared.phase {
+        let mut operation = match shared.phase {
             Phase::Load => generator.next_load_insert(),
             Phase::Run => generator.next_transaction(),
         };
         let intended = intended.unwrap_or(free_at);
         let record_into = if measuring { measurements } else { &warmup };
-        match execute(shared, driver, operation, intended, record_into).await {
+        match execute(shared, driver, &mut operation, intended, record_into).await {
             Ok(end) => free_at = end,
             Err(message) => {
                 shared.fail(message);
                 break;
             }
         }
+        generator.recycle(operation);
         if measuring {
             record_into.borrow_mut().operations += 1;
         }
@@ -654,8 +655,8 @@ async fn execute_group<D: Driver>(
         })
         .collect();
     let Some(reads) = reads else {
-        for operation in group.drain(..) {
-            execute(shared, driver, operation, issued, measurements).await?;
+        for mut operation in group.drain(..) {
+            execute(shared, driver, &mut operation, issued, measurements).await?;
         }
         return Ok(());
     };
@@ -806,21 +807,23 @@ async fn timed_write<D: Driver>(
     end
 }
 
-/// Issues one operation and records it; returns when it ended. `Err` is
-/// fatal for the run.
+/// Issues one operation and records it; returns when it ended. The
+/// operation's values are taken out of it (its key stays, for the
+/// generator to reuse). `Err` is fatal for the run.
 async fn execute<D: Driver>(
     shared: &Shared<'_>,
     driver: &D,
-    operation: Operation,
+    operation: &mut Operation,
     intended: Instant,
     measurements: &RefCell<Measurements>,
 ) -> Result<Instant, String> {
     let end = match operation {
         Operation::Read { key, field } => {
-            timed_read(driver, &key, field.as_deref(), intended, measurements).await
+            timed_read(driver, key, field.as_deref(), intended, measurements).await
         }
         Operation::Update { key, value } => {
-            timed_write(driver, "UPDATE", &key, value, intended, measurements).await
+            let value = std::mem::take(value);
+            timed_write(driver, "UPDATE", key, value, intended, measurements).await
         }
         Operation::Insert {
             key,
@@ -828,11 +831,12 @@ async fn execute<D: Driver>(
             value,
             acknowledge,
         } => {
-            let end = timed_write(driver, "INSERT", &key, value, intended, measurements).await;
-            if acknowledge {
+            let value = std::mem::take(value);
+            let end = timed_write(driver, "INSERT", key, value, intended, measurements).await;
+            if *acknowledge {
                 shared
                     .workload
-                    .acknowledge_insert(keynum)
+                    .acknowledge_insert(*keynum)
                     .map_err(|e| e.to_string())?;
             }
             end
@@ -842,35 +846,23 @@ async fn execute<D: Driver>(
             count,
             field,
         } => {
-            let start = Instant::now();
-            let result = driver.scan(&start_key, count).await;
-            let end = Instant::now();
-            let status = status_of("SCAN", &result, measurements).unwrap_or_else(|| {
-                let records = result.as_deref().unwrap_or_default();
-                match records
-                    .iter()
-                    .try_for_each(|r| record::check(r, field.as_deref()).map(drop))
-                {
-                    Ok(()) => Status::Ok,
-                    Err(e) => {
-                        measurements
-                            .borrow_mut()
-                            .note_error(|| format!("SCAN {start_key}: bad record: {e}"));
-                        Status::Error
-                    }
-                }
-            });
-            measurements
-                .borrow_mut()
-                .measure("SCAN", status, intended, start, end);
-            end
+            timed_scan(
+                driver,
+                start_key,
+                *count,
+                field.as_deref(),
+                intended,
+                measurements,
+            )
+            .await
         }
         Operation::ReadModifyWrite { key, field, value } => {
             // As YCSB: the read and the update are measured on their own and
             // together, and the update happens whatever the read returned.
             let start = Instant::now();
-            timed_read(driver, &key, field.as_deref(), intended, measurements).await;
-            let end = timed_write(driver, "UPDATE", &key, value, intended, measurements).await;
+            timed_read(driver, key, field.as_deref(), intended, measurements).await;
+            let value = std::mem::take(value);
+            let end = timed_write(driver, "UPDATE", key, value, intended, measurements).await;
             measurements
                 .borrow_mut()
                 .record_latency("READ-MODIFY-WRITE", intended, start, end);
@@ -878,6 +870,40 @@ async fn execute<D: Driver>(
         }
     };
     Ok(end)
+}
+
+/// A scan of `count` records from `start_key`, every record checked;
+/// returns when it ended.
+async fn timed_scan<D: Driver>(
+    driver: &D,
+    start_key: &str,
+    count: usize,
+    field: Option<&str>,
+    intended: Instant,
+    measurements: &RefCell<Measurements>,
+) -> Instant {
+    let start = Instant::now();
+    let result = driver.scan(start_key, count).await;
+    let end = Instant::now();
+    let status = status_of("SCAN", &result, measurements).unwrap_or_else(|| {
+        let records = result.as_deref().unwrap_or_default();
+        match records
+            .iter()
+            .try_for_each(|r| record::check(r, field).map(drop))
+        {
+            Ok(()) => Status::Ok,
+            Err(e) => {
+                measurements
+                    .borrow_mut()
+                    .note_error(|| format!("SCAN {start_key}: bad record: {e}"));
+                Status::Error
+            }
+        }
+    });
+    measurements
+        .borrow_mut()
+        .measure("SCAN", status, intended, start, end);
+    end
 }
 
 #[cfg(test)]

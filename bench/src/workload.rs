@@ -279,10 +279,19 @@ impl WorkloadSpec {
 /// CoreWorkload.buildKeyName: `user` + the key number, FNV-64 hashed unless
 /// `insertorder=ordered`, left-padded with zeros to `zeropadding` digits.
 pub fn build_key_name(keynum: i64, ordered: bool, zero_padding: u64) -> String {
+    let mut key = String::new();
+    write_key_name(keynum, ordered, zero_padding, &mut key);
+    key
+}
+
+/// [`build_key_name`] into `key`, replacing what it held: a generator
+/// writes each operation's key into the string of an operation done
+/// (`OpGenerator::recycle`), so a run allocates no key per operation. The
+/// digits are written by hand, right to left, rather than through the
+/// formatting machinery, which cost a one-sided read's runner a few per
+/// cent.
+pub fn write_key_name(keynum: i64, ordered: bool, zero_padding: u64, key: &mut String) {
     let keynum = if ordered { keynum } else { fnvhash64(keynum) };
-    // One allocation per key (an operation owns its key); the digits are
-    // written by hand, right to left, rather than through the formatting
-    // machinery, which cost a one-sided read's runner a few per cent.
     let mut digits = [0u8; 20];
     let mut first = digits.len();
     let mut rest = keynum.unsigned_abs();
@@ -297,12 +306,12 @@ pub fn build_key_name(keynum: i64, ordered: bool, zero_padding: u64) -> String {
     let sign = if keynum < 0 { "-" } else { "" };
     let width = digits.len() - first + sign.len();
     let fill = (zero_padding as usize).saturating_sub(width);
-    let mut key = String::with_capacity(4 + fill + width);
+    key.clear();
+    key.reserve(4 + fill + width);
     key.push_str("user");
     key.extend(std::iter::repeat_n('0', fill));
     key.push_str(sign);
     key.extend(digits[first..].iter().map(|&d| char::from(d)));
-    key
 }
 
 /// One operation to issue.
@@ -497,6 +506,7 @@ impl Workload {
             field_length: self.field_length.clone(),
             scan_length: self.scan_length.clone(),
             field_chooser: UniformLongGenerator::new(0, self.spec.field_count as i64 - 1),
+            spare_key: None,
         }
     }
 
@@ -516,12 +526,34 @@ pub struct OpGenerator {
     field_length: LengthGenerator,
     scan_length: LengthGenerator,
     field_chooser: UniformLongGenerator,
+    /// The key string of an operation done, for the next key.
+    spare_key: Option<String>,
 }
 
 impl OpGenerator {
-    fn key_name(&self, keynum: i64) -> String {
+    fn key_name(&mut self, keynum: i64) -> String {
         let spec = &self.workload.spec;
-        build_key_name(keynum, spec.ordered_inserts, spec.zero_padding)
+        // Room for "user", a sign and 20 digits: reused, it never grows
+        // unless `zeropadding` asks for more.
+        let mut key = self
+            .spare_key
+            .take()
+            .unwrap_or_else(|| String::with_capacity(32));
+        write_key_name(keynum, spec.ordered_inserts, spec.zero_padding, &mut key);
+        key
+    }
+
+    /// Takes back an operation done, so that its key's string holds the
+    /// next operation's key.
+    pub fn recycle(&mut self, operation: Operation) {
+        let key = match operation {
+            Operation::Read { key, .. }
+            | Operation::Update { key, .. }
+            | Operation::Insert { key, .. }
+            | Operation::ReadModifyWrite { key, .. } => key,
+            Operation::Scan { start_key, .. } => start_key,
+        };
+        self.spare_key = Some(key);
     }
 
     /// A full record of random printable bytes (YCSB's RandomByteIterator
