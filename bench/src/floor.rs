@@ -199,6 +199,25 @@ fn index_bytes(region_bytes: usize) -> usize {
     (region_bytes / BYTES_PER_SLOT * 8).max(64)
 }
 
+/// A floor buffer's index and the block places after it: `blocks`
+/// 64-byte steps at which a block of the row's size fits (at least one).
+#[derive(Debug, Clone, Copy)]
+struct BufferLayout {
+    index_bytes: usize,
+    blocks: usize,
+}
+
+impl BufferLayout {
+    fn of(region_bytes: usize, block: usize) -> BufferLayout {
+        let index_bytes = index_bytes(region_bytes);
+        let blocks = (region_bytes.saturating_sub(index_bytes + block) / 64).max(1);
+        BufferLayout {
+            index_bytes,
+            blocks,
+        }
+    }
+}
+
 /// Where a round of the floor finds its block, once its bucket is read.
 #[derive(Debug, Clone, Copy)]
 enum BlockPlace {
@@ -214,8 +233,10 @@ enum BlockPlace {
 /// One round of the floor: `ops` times a random bucket read, a copy of a
 /// block found as `place` says, and its CRC. Returns ns per operation.
 fn floor_round(region: &[u8], block: usize, ops: usize, rng: &mut Rng, place: BlockPlace) -> f64 {
-    let index_bytes = index_bytes(region.len());
-    let blocks = ((region.len() - index_bytes - block) / 64).max(1);
+    let BufferLayout {
+        index_bytes,
+        blocks,
+    } = BufferLayout::of(region.len(), block);
     let mut slot = [0u8; 64];
     let mut copy = vec![0u8; block];
     let mut sum = 0u32;
@@ -260,26 +281,15 @@ fn place_from_word(word: u64, n: usize) -> usize {
 /// their buckets, the block one of their blocks, each chosen on its own.
 #[derive(Debug, Clone, Copy)]
 enum OrderedPlaces<'p> {
-    Anywhere { index_bytes: usize, blocks: usize },
+    Anywhere(BufferLayout),
     Fixed(&'p [(usize, usize)]),
 }
 
 impl OrderedPlaces<'_> {
-    fn anywhere(region_bytes: usize, block: usize) -> OrderedPlaces<'static> {
-        let index_bytes = index_bytes(region_bytes);
-        let blocks = (region_bytes.saturating_sub(index_bytes + block) / 64).max(1);
-        OrderedPlaces::Anywhere {
-            index_bytes,
-            blocks,
-        }
-    }
-
     /// The offset of the bucket a key whose home is `home` reads.
     fn bucket(&self, home: u64) -> usize {
         match *self {
-            OrderedPlaces::Anywhere { index_bytes, .. } => {
-                place_from_word(home, index_bytes / 64) * 64
-            }
+            OrderedPlaces::Anywhere(layout) => place_from_word(home, layout.index_bytes / 64) * 64,
             OrderedPlaces::Fixed(fixed) => fixed[place_from_word(home, fixed.len())].0,
         }
     }
@@ -288,10 +298,10 @@ impl OrderedPlaces<'_> {
     /// bytes (and its home, so that keys of one bucket differ).
     fn block(&self, slot: &[u8; 64], home: u64) -> usize {
         match *self {
-            OrderedPlaces::Anywhere {
+            OrderedPlaces::Anywhere(BufferLayout {
                 index_bytes,
                 blocks,
-            } => index_bytes + place_from_slot(slot, home, blocks) * 64,
+            }) => index_bytes + place_from_slot(slot, home, blocks) * 64,
             OrderedPlaces::Fixed(fixed) => fixed[place_from_slot(slot, home, fixed.len())].1,
         }
     }
@@ -339,12 +349,14 @@ fn spread_places(
     keys: usize,
     rng: &mut Rng,
 ) -> Vec<(usize, usize)> {
-    let index_bytes = index_bytes(region_bytes);
-    let data = region_bytes - index_bytes;
+    let BufferLayout {
+        index_bytes,
+        blocks,
+    } = BufferLayout::of(region_bytes, block);
     (0..keys)
         .map(|_| {
             let bucket = rng.below(index_bytes / 64) * 64;
-            let at = index_bytes + rng.below((data - block) / 64) * 64;
+            let at = index_bytes + rng.below(blocks) * 64;
             (bucket, at)
         })
         .collect()
@@ -624,7 +636,7 @@ impl RowFloors<'_> {
         // spread floor's round over the cold one evicts it.
         let places = match self.tiny_places {
             Some(places) => OrderedPlaces::Fixed(places),
-            None => OrderedPlaces::anywhere(self.floor.len(), block),
+            None => OrderedPlaces::Anywhere(BufferLayout::of(self.floor.len(), block)),
         };
         let ordered_ns = ordered_round(
             self.floor,
@@ -895,10 +907,8 @@ mod tests {
     fn the_ordered_floor_reads_where_each_keys_hash_leads() {
         let region = floor_region(1 << 20);
         let geometry = HashGeometry::of_region(256 << 20);
-        let places = OrderedPlaces::anywhere(region.len(), 128);
-        let OrderedPlaces::Anywhere { blocks, .. } = places else {
-            panic!("anywhere");
-        };
+        let BufferLayout { blocks, .. } = BufferLayout::of(region.len(), 128);
+        let places = OrderedPlaces::Anywhere(BufferLayout::of(region.len(), 128));
         let mut rng = Rng(5);
         let (mut buckets, mut blocks_read, mut random) =
             (HashSet::new(), HashSet::new(), HashSet::new());
