@@ -752,40 +752,70 @@ pub async fn run_floor(
                     .await?,
                 );
             }
-            let of_rounds =
-                |figure: fn(&FloorRound) -> f64| median(floor_rounds.iter().map(figure).collect());
-            let (floor_ns, get_into_ns, get_ns) =
-                (of_rounds(|r| r.floor_ns), median(gi), median(g));
-            let spread_floor_ns = of_rounds(|r| r.spread_ns);
-            let chained_floor_ns = of_rounds(|r| r.chained_ns);
-            let ordered_floor_ns = of_rounds(|r| r.ordered_ns);
-            let (parts_ns, keys_ns) = (
-                of_rounds(|r| r.parts.parts_ns),
-                of_rounds(|r| r.parts.keys_ns),
-            );
-            rows.push(FloorRow {
-                region,
-                region_bytes,
-                bytes: size,
-                keys,
-                floor_ns,
-                spread_floor_ns,
-                chained_floor_ns,
-                ordered_floor_ns,
-                parts_ns,
-                keys_ns,
-                get_into_ns,
-                get_ns,
-                get_into_ratio: get_into_ns / floor_ns,
-                get_ratio: get_ns / floor_ns,
-                get_into_spread_ratio: get_into_ns / spread_floor_ns,
-                get_into_chained_ratio: get_into_ns / chained_floor_ns,
-                get_into_ordered_ratio: get_into_ns / ordered_floor_ns,
-                least_ratio: (ordered_floor_ns - keys_ns) / floor_ns,
-            });
+            rows.push(FloorRow::of_rounds(
+                RowShape {
+                    region,
+                    region_bytes,
+                    bytes: size,
+                    keys,
+                },
+                &floor_rounds,
+                median(gi),
+                median(g),
+            ));
         }
     }
     Ok(rows)
+}
+
+/// What a row of the table is about.
+struct RowShape {
+    region: &'static str,
+    region_bytes: usize,
+    bytes: usize,
+    keys: usize,
+}
+
+impl FloorRow {
+    /// The row of `shape`: each floor's median round, and the GET's
+    /// medians (`get_into_ns`, `get_ns`) over them.
+    fn of_rounds(
+        shape: RowShape,
+        floor_rounds: &[FloorRound],
+        get_into_ns: f64,
+        get_ns: f64,
+    ) -> FloorRow {
+        let of_rounds =
+            |figure: fn(&FloorRound) -> f64| median(floor_rounds.iter().map(figure).collect());
+        let floor_ns = of_rounds(|r| r.floor_ns);
+        let spread_floor_ns = of_rounds(|r| r.spread_ns);
+        let chained_floor_ns = of_rounds(|r| r.chained_ns);
+        let ordered_floor_ns = of_rounds(|r| r.ordered_ns);
+        let (parts_ns, keys_ns) = (
+            of_rounds(|r| r.parts.parts_ns),
+            of_rounds(|r| r.parts.keys_ns),
+        );
+        FloorRow {
+            region: shape.region,
+            region_bytes: shape.region_bytes,
+            bytes: shape.bytes,
+            keys: shape.keys,
+            floor_ns,
+            spread_floor_ns,
+            chained_floor_ns,
+            ordered_floor_ns,
+            parts_ns,
+            keys_ns,
+            get_into_ns,
+            get_ns,
+            get_into_ratio: get_into_ns / floor_ns,
+            get_ratio: get_ns / floor_ns,
+            get_into_spread_ratio: get_into_ns / spread_floor_ns,
+            get_into_chained_ratio: get_into_ns / chained_floor_ns,
+            get_into_ordered_ratio: get_into_ns / ordered_floor_ns,
+            least_ratio: (ordered_floor_ns - keys_ns) / floor_ns,
+        }
+    }
 }
 
 pub fn format_floor(rows: &[FloorRow]) -> String {
