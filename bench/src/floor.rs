@@ -56,8 +56,10 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use memmap2::MmapMut;
 use rdkv_client::{Client, Consistency, GetIntoError, ReadHandle};
 use rdkv_fabric::clock::boottime_now_us;
+use rdkv_fabric::pages::{HugeMapped, SHMEM_SETTING_PATH, ThpSetting, huge_bytes_of_mapping};
 use rdkv_proto::region::{HashSeed, KeyHash, bucket_count_for};
 use serde::Serialize;
 
@@ -188,9 +190,59 @@ fn scale(word: u64, n: usize) -> usize {
     ((u128::from(word) * n as u128) >> 64) as usize
 }
 
-/// A plain buffer of `region_bytes`, every page touched.
-fn floor_region(region_bytes: usize) -> Vec<u8> {
-    (0..region_bytes).map(|i| (i % 251) as u8).collect()
+/// A plain buffer of `region_bytes`, every page touched, on the pages a
+/// region gets on this machine: 2 MiB pages asked for when the kernel gives
+/// them to shared memory (as every region asks, `rdkv_fabric::pages`), else
+/// 4 KiB ones. A floor on other pages than the region's would measure the
+/// TLB, not the GET.
+fn floor_region(region_bytes: usize) -> std::io::Result<MmapMut> {
+    let mut buffer = MmapMut::map_anon(region_bytes)?;
+    if ThpSetting::read(SHMEM_SETTING_PATH).is_ok_and(|s| s.gives_advised_mappings()) {
+        // Refused only by a kernel without them: then 4 KiB pages, which
+        // the table's pages line shows.
+        let _ = buffer.advise(memmap2::Advice::HugePage);
+    }
+    for (i, byte) in buffer.iter_mut().enumerate() {
+        *byte = (i % 251) as u8;
+    }
+    Ok(buffer)
+}
+
+/// Which pages the floor's buffers and the regions the GETs read sat on,
+/// read at the end of the run (`/proc/self/smaps`).
+#[derive(Debug, Clone, Serialize)]
+pub struct FloorPages {
+    /// The kernel's setting for shared memory, the regions' (`None`:
+    /// unreadable).
+    pub shmem_setting: Option<String>,
+    pub floor_bytes: u64,
+    /// Of `floor_bytes`, on 2 MiB pages.
+    pub floor_huge_bytes: u64,
+    /// Shared memory this process maps on 2 MiB pages: the regions it read.
+    pub regions_huge_bytes: u64,
+}
+
+impl FloorPages {
+    fn of(buffers: &[&MmapMut]) -> FloorPages {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+        let floor_huge_bytes = buffers
+            .iter()
+            .filter_map(|b| huge_bytes_of_mapping(&smaps, b.as_ptr() as usize))
+            .sum();
+        FloorPages {
+            shmem_setting: ThpSetting::read(SHMEM_SETTING_PATH).ok().map(|s| s.0),
+            floor_bytes: buffers.iter().map(|b| b.len() as u64).sum(),
+            floor_huge_bytes,
+            regions_huge_bytes: HugeMapped::of_this_process().map_or(0, |h| h.shmem_bytes),
+        }
+    }
+}
+
+/// The floor table: its rows and the pages they were measured on.
+#[derive(Debug, Clone, Serialize)]
+pub struct FloorTable {
+    pub rows: Vec<FloorRow>,
+    pub pages: FloorPages,
 }
 
 /// Bytes of the index at the start of a floor buffer of `region_bytes`:
@@ -687,11 +739,19 @@ pub async fn run_floor(
     client: &Client,
     options: &FloorOptions,
     cold_keys: usize,
-) -> Result<Vec<FloorRow>, FabricBenchError> {
+) -> Result<FloorTable, FabricBenchError> {
     let mut handle = client.read_handle();
     let mut rows = Vec::new();
-    let hot = floor_region(HOT_REGION_BYTES);
-    let cold = floor_region(options.cold_region_bytes);
+    let buffer = |region_bytes| {
+        floor_region(region_bytes).map_err(|source| FabricBenchError::Region {
+            transport: "floor",
+            source,
+        })
+    };
+    let (hot, cold) = (
+        buffer(HOT_REGION_BYTES)?,
+        buffer(options.cold_region_bytes)?,
+    );
     // Every row's GETs hash against the server's region, the cold one.
     let geometry = HashGeometry::of_region(options.cold_region_bytes);
     for (region, region_bytes) in [
@@ -765,7 +825,8 @@ pub async fn run_floor(
             ));
         }
     }
-    Ok(rows)
+    let pages = FloorPages::of(&[&hot, &cold]);
+    Ok(FloorTable { rows, pages })
 }
 
 /// What a row of the table is about.
@@ -818,7 +879,8 @@ impl FloorRow {
     }
 }
 
-pub fn format_floor(rows: &[FloorRow]) -> String {
+pub fn format_floor(table: &FloorTable) -> String {
+    let rows = &table.rows;
     use std::fmt::Write as _;
     let mut out = String::new();
     let rule = "-".repeat(214);
@@ -873,6 +935,16 @@ pub fn format_floor(rows: &[FloorRow]) -> String {
             r.least_ratio
         );
     }
+    let pages = &table.pages;
+    let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
+    let _ = writeln!(
+        out,
+        " pages: floor buffers {:.0} of {:.0} MiB on 2 MiB pages; regions read {:.0} MiB on 2 MiB pages (shmem_enabled: {})",
+        mib(pages.floor_huge_bytes),
+        mib(pages.floor_bytes),
+        mib(pages.regions_huge_bytes),
+        pages.shmem_setting.as_deref().unwrap_or("unknown")
+    );
     let _ = writeln!(out, "{rule}");
     out
 }
@@ -898,7 +970,7 @@ mod tests {
     /// per bucket, which kept a hot 8 B row's blocks in the L2 cache.
     #[test]
     fn the_chained_floor_takes_its_place_from_the_slot() {
-        let region = floor_region(1 << 20);
+        let region = floor_region(1 << 20).unwrap();
         let index_bytes = index_bytes(region.len());
         let blocks = (region.len() - index_bytes - 128) / 64;
         let buckets = index_bytes / 64;
@@ -935,7 +1007,7 @@ mod tests {
     /// share a block), and a tiny row's stay at the row's fixed places.
     #[test]
     fn the_ordered_floor_reads_where_each_keys_hash_leads() {
-        let region = floor_region(1 << 20);
+        let region = floor_region(1 << 20).unwrap();
         let geometry = HashGeometry::of_region(256 << 20);
         let BufferLayout { blocks, .. } = BufferLayout::of(region.len(), 128);
         let places = OrderedPlaces::Anywhere(BufferLayout::of(region.len(), 128));
@@ -1042,7 +1114,7 @@ mod tests {
 
     #[test]
     fn the_floor_reads_random_places() {
-        let region = floor_region(1 << 16);
+        let region = floor_region(1 << 16).unwrap();
         let ns = floor_round(&region, 1088, 100, &mut Rng(1), BlockPlace::Random);
         assert!(ns > 0.0);
     }

@@ -17,6 +17,8 @@
 //! - [`rdma`]: the RDMA verbs transport (feature `rdma`; its protocol logic
 //!   is always built): one-sided READs through the same [`Fabric`] trait,
 //!   SEND/RECV as an [`RpcChannel`].
+//! - [`pages`]: which pages region memory sits on: the kernel's setting
+//!   of transparent huge pages and what a mapping got.
 //! - [`clock`]: injectable monotonic time for grace periods and abandonment.
 
 // Non-test functions stay under 100 lines (issue 13); tests may run longer.
@@ -29,6 +31,7 @@ pub mod alloc_count;
 pub mod clock;
 pub mod memory;
 pub mod ofi;
+pub mod pages;
 pub mod rdma;
 pub mod read_stats;
 pub mod reader;

@@ -88,6 +88,7 @@ impl RegionMemory {
     pub fn anonymous(len_bytes: usize) -> io::Result<RegionMemory> {
         Self::check_len(len_bytes)?;
         let map = MmapRaw::from(memmap2::MmapOptions::new().len(len_bytes).map_anon()?);
+        ask_for_huge_pages(&map);
         Self::from_map(map, len_bytes, true, None)
     }
 
@@ -101,6 +102,7 @@ impl RegionMemory {
         rustix::fs::ftruncate(&fd, len_bytes as u64)?;
         let file = File::from(fd.try_clone()?);
         let map = memmap2::MmapOptions::new().len(len_bytes).map_raw(&file)?;
+        ask_for_huge_pages(&map);
         rustix::fs::fcntl_add_seals(
             &fd,
             SealFlags::SHRINK | SealFlags::GROW | SealFlags::FUTURE_WRITE | SealFlags::SEAL,
@@ -123,6 +125,7 @@ impl RegionMemory {
         let map = memmap2::MmapOptions::new()
             .len(len_bytes)
             .map_raw_read_only(&file)?;
+        ask_for_huge_pages(&map);
         Self::from_map(map, len_bytes, false, None)
     }
 
@@ -155,6 +158,14 @@ impl RegionMemory {
     /// for handing to code that accesses it atomically or by DMA.
     pub fn base_ptr(&self) -> *const u8 {
         self.base.as_ptr()
+    }
+
+    /// Bytes of this mapping on 2 MiB pages now (`/proc/self/smaps`): what
+    /// [`crate::pages`] says the system gave a mapping that asked for them.
+    pub fn huge_page_bytes(&self) -> io::Result<u64> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps")?;
+        crate::pages::huge_bytes_of_mapping(&smaps, self.base.as_ptr() as usize)
+            .ok_or_else(|| io::Error::other("the region's mapping is not in /proc/self/smaps"))
     }
 
     fn check_writable(&self) -> Result<(), MemoryError> {
@@ -374,6 +385,14 @@ impl RegionMemory {
 /// The whole pages covering `[offset, offset + len_bytes)` of a mapping of
 /// `region_bytes`, as (start, length); `None` when there is nothing to
 /// cover. A range past the mapping is refused.
+/// Asks for transparent huge pages over a region's mapping
+/// (`MADV_HUGEPAGE`; [`crate::pages`] says why and who decides). A kernel
+/// that refuses (built without them) leaves 4 KiB pages, which are correct,
+/// only slower to miss: nothing to report.
+fn ask_for_huge_pages(map: &MmapRaw) {
+    let _ = map.advise(memmap2::Advice::HugePage);
+}
+
 fn page_range(
     offset: u64,
     len_bytes: u64,
@@ -453,6 +472,42 @@ mod tests {
         let rw = File::from(owner.memfd.as_ref().unwrap().try_clone().unwrap());
         assert!(memmap2::MmapOptions::new().len(8192).map_raw(&rw).is_err());
         assert!(RegionMemory::anonymous(64).unwrap().read_only_fd().is_err());
+    }
+
+    #[test]
+    fn regions_sit_on_huge_pages_where_the_system_gives_them() {
+        use crate::pages::{ANON_SETTING_PATH, SHMEM_SETTING_PATH, ThpSetting};
+        let allows = |path| ThpSetting::read(path).is_ok_and(|s| s.gives_advised_mappings());
+        const LEN: usize = 8 << 20;
+        let touch = |memory: &RegionMemory| {
+            for page in (0..LEN as u64).step_by(4096) {
+                memory.load_u64(page, Ordering::Relaxed).unwrap();
+            }
+        };
+        let owner = RegionMemory::shared(LEN, "rdkv-test").unwrap();
+        for page in (0..LEN as u64).step_by(4096) {
+            owner.store_u64(page, page, Ordering::Relaxed).unwrap();
+        }
+        let reader = RegionMemory::map_read_only(owner.read_only_fd().unwrap(), LEN).unwrap();
+        touch(&reader);
+        let anonymous = RegionMemory::anonymous(LEN).unwrap();
+        for page in (0..LEN as u64).step_by(4096) {
+            anonymous.store_u64(page, 1, Ordering::Relaxed).unwrap();
+        }
+        // At least one aligned 2 MiB stretch of each mapping, where the
+        // setting gives them; none where it does not.
+        for (memory, setting) in [
+            (&owner, SHMEM_SETTING_PATH),
+            (&reader, SHMEM_SETTING_PATH),
+            (&anonymous, ANON_SETTING_PATH),
+        ] {
+            let huge = memory.huge_page_bytes().unwrap();
+            if allows(setting) {
+                assert!(huge >= 2 << 20, "{memory:?}: {huge} bytes on huge pages");
+            } else {
+                assert_eq!(huge, 0, "{memory:?}");
+            }
+        }
     }
 
     #[test]

@@ -262,6 +262,30 @@ pub(crate) fn region_config(config: &Config) -> RegionConfig {
     }
 }
 
+/// Says which pages this node's regions will sit on
+/// (`rdkv_fabric::pages`): an operator who left shared memory's huge
+/// pages off is told what that costs and how to turn them on, as Redis
+/// warns about the kernel settings it cares about.
+fn log_region_pages(region: &RegionConfig) {
+    use rdkv_fabric::pages::{SHMEM_SETTING_PATH, ThpSetting};
+    if !region.shared_memory {
+        return;
+    }
+    match ThpSetting::read(SHMEM_SETTING_PATH) {
+        Ok(setting) if setting.gives_advised_mappings() => tracing::info!(
+            "regions ask for 2 MiB pages and get them ({SHMEM_SETTING_PATH}: {})",
+            setting.0
+        ),
+        Ok(setting) => tracing::warn!(
+            "regions stay on 4 KiB pages ({SHMEM_SETTING_PATH}: {}): a one-sided GET \
+             that misses the caches waits for two page walks too (docs/operations.md, \
+             \"Huge pages\"); `echo advise > {SHMEM_SETTING_PATH}` gives regions 2 MiB pages",
+            setting.0
+        ),
+        Err(e) => tracing::info!("regions ask for 2 MiB pages; which they get is unknown: {e}"),
+    }
+}
+
 /// The quota this node proposes when it leads (`RegionConfig::quota_bytes`).
 fn quota_bytes(config: &Config, region: &RegionConfig) -> Result<u64> {
     region.quota_bytes(config.quota_bytes).context("the quota")
@@ -694,6 +718,7 @@ impl Node {
         let joining = crate::join::settle_shards(&mut config, &own).await?;
         let origin = Origin::of(&config, joining)?;
         let region = region_config(&config);
+        log_region_pages(&region);
         let limits = protocol_limits(&region)?;
         let quota_bytes = quota_bytes(&config, &region)?;
         let layout = Layout::open(&config.data_dir, config.shards)?;

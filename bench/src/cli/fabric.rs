@@ -12,7 +12,7 @@ use rdkv_bench::embedded::{ClusterOptions, EmbeddedCluster};
 use rdkv_bench::fabric_bench::{
     FabricOptions, FabricTransport, default_sizes, format_table, run_fabric,
 };
-use rdkv_bench::floor::{FloorOptions, FloorRow, fill, format_floor, run_floor};
+use rdkv_bench::floor::{FloorOptions, FloorTable, fill, format_floor, run_floor};
 use rdkv_client::{Client, ClientOptions, Transport};
 
 #[derive(Debug, Args)]
@@ -131,8 +131,8 @@ pub fn run(args: FabricArgs, stop: Arc<AtomicBool>) -> Result<ExitCode> {
         print!("{}", format_table(table));
     }
     if with_floor {
-        let rows = runtime.block_on(floor_table(&args, &options))?;
-        print!("{}", format_floor(&rows));
+        let table = runtime.block_on(floor_table(&args, &options))?;
+        print!("{}", format_floor(&table));
     }
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&tables)?;
@@ -144,7 +144,7 @@ pub fn run(args: FabricArgs, stop: Arc<AtomicBool>) -> Result<ExitCode> {
 
 /// Fills the cluster's region (about 70% of it) with keys of every floor
 /// size, then measures the floor table.
-async fn floor_table(args: &FabricArgs, options: &FabricOptions) -> Result<Vec<FloorRow>> {
+async fn floor_table(args: &FabricArgs, options: &FabricOptions) -> Result<FloorTable> {
     if args.floor_sizes.is_empty() || args.floor_ops == 0 || args.floor_rounds == 0 {
         bail!("--floor-sizes, --floor-ops and --floor-rounds must not be empty or 0");
     }
