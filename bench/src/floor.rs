@@ -59,7 +59,7 @@ use bytes::Bytes;
 use memmap2::MmapMut;
 use rdkv_client::{Client, Consistency, GetIntoError, ReadHandle};
 use rdkv_fabric::clock::boottime_now_us;
-use rdkv_fabric::pages::{HugeMapped, SHMEM_SETTING_PATH, ThpSetting, huge_bytes_of_mapping};
+use rdkv_fabric::pages::{MappingPages, ThpSetting, shmem_huge_bytes};
 use rdkv_proto::region::{HashSeed, KeyHash, bucket_count_for};
 use serde::Serialize;
 
@@ -190,18 +190,23 @@ fn scale(word: u64, n: usize) -> usize {
     ((u128::from(word) * n as u128) >> 64) as usize
 }
 
-/// A plain buffer of `region_bytes`, every page touched, on the pages a
-/// region gets on this machine: 2 MiB pages asked for when the kernel gives
-/// them to shared memory (as every region asks, `rdkv_fabric::pages`), else
-/// 4 KiB ones. A floor on other pages than the region's would measure the
-/// TLB, not the GET.
+/// A plain buffer of `region_bytes`, every page touched, asking for the
+/// pages a region gets here: 2 MiB pages asked for when the kernel's
+/// setting for shared memory (the regions', `rdkv_fabric::pages`) allows
+/// them, refused otherwise. The buffer is anonymous memory, which another
+/// setting governs (`enabled`): the table's pages line shows what each
+/// got. A floor on other pages than the region's would measure the TLB,
+/// not the GET.
 fn floor_region(region_bytes: usize) -> std::io::Result<MmapMut> {
     let mut buffer = MmapMut::map_anon(region_bytes)?;
-    if ThpSetting::read(SHMEM_SETTING_PATH).is_ok_and(|s| s.gives_advised_mappings()) {
-        // Refused only by a kernel without them: then 4 KiB pages, which
-        // the table's pages line shows.
-        let _ = buffer.advise(memmap2::Advice::HugePage);
-    }
+    let huge = ThpSetting::shmem().is_ok_and(|s| s.allows_advised_mappings());
+    // Refused only by a kernel without transparent huge pages: then 4 KiB
+    // pages, as the pages line shows.
+    let _ = buffer.advise(if huge {
+        memmap2::Advice::HugePage
+    } else {
+        memmap2::Advice::NoHugePage
+    });
     for (i, byte) in buffer.iter_mut().enumerate() {
         *byte = (i % 251) as u8;
     }
@@ -209,32 +214,51 @@ fn floor_region(region_bytes: usize) -> std::io::Result<MmapMut> {
 }
 
 /// Which pages the floor's buffers and the regions the GETs read sat on,
-/// read at the end of the run (`/proc/self/smaps`).
+/// read at the end of the run (`/proc/self/smaps`); `None`: not known.
 #[derive(Debug, Clone, Serialize)]
 pub struct FloorPages {
-    /// The kernel's setting for shared memory, the regions' (`None`:
-    /// unreadable).
+    /// The kernel's setting for shared memory, the regions'.
     pub shmem_setting: Option<String>,
     pub floor_bytes: u64,
     /// Of `floor_bytes`, on 2 MiB pages.
-    pub floor_huge_bytes: u64,
+    pub floor_huge_bytes: Option<u64>,
     /// Shared memory this process maps on 2 MiB pages: the regions it read.
-    pub regions_huge_bytes: u64,
+    pub regions_huge_bytes: Option<u64>,
 }
 
 impl FloorPages {
     fn of(buffers: &[&MmapMut]) -> FloorPages {
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
         let floor_huge_bytes = buffers
             .iter()
-            .filter_map(|b| huge_bytes_of_mapping(&smaps, b.as_ptr() as usize))
-            .sum();
+            .map(|b| MappingPages::of_this_process(b.as_ptr() as usize).map(|p| p.huge_bytes))
+            .sum::<std::io::Result<u64>>()
+            .ok();
+        let regions_huge_bytes = std::fs::read_to_string("/proc/self/smaps_rollup")
+            .ok()
+            .and_then(|rollup| shmem_huge_bytes(&rollup));
         FloorPages {
-            shmem_setting: ThpSetting::read(SHMEM_SETTING_PATH).ok().map(|s| s.0),
+            shmem_setting: ThpSetting::shmem().ok().map(|s| s.0),
             floor_bytes: buffers.iter().map(|b| b.len() as u64).sum(),
             floor_huge_bytes,
-            regions_huge_bytes: HugeMapped::of_this_process().map_or(0, |h| h.shmem_bytes),
+            regions_huge_bytes,
         }
+    }
+
+    /// The table's pages line.
+    fn line(&self, cold_region_bytes: usize) -> String {
+        let mib = |bytes: Option<u64>| {
+            bytes.map_or("unknown".to_owned(), |b| {
+                format!("{:.0}", b as f64 / f64::from(1 << 20))
+            })
+        };
+        format!(
+            " pages: floor buffers {} of {} MiB on 2 MiB pages; shared memory mapped here (the regions read; the cold one is {} MiB) {} MiB on 2 MiB pages; shmem_enabled: {}",
+            mib(self.floor_huge_bytes),
+            mib(Some(self.floor_bytes)),
+            cold_region_bytes >> 20,
+            mib(self.regions_huge_bytes),
+            self.shmem_setting.as_deref().unwrap_or("unknown")
+        )
     }
 }
 
@@ -243,6 +267,7 @@ impl FloorPages {
 pub struct FloorTable {
     pub rows: Vec<FloorRow>,
     pub pages: FloorPages,
+    pub cold_region_bytes: usize,
 }
 
 /// Bytes of the index at the start of a floor buffer of `region_bytes`:
@@ -826,7 +851,11 @@ pub async fn run_floor(
         }
     }
     let pages = FloorPages::of(&[&hot, &cold]);
-    Ok(FloorTable { rows, pages })
+    Ok(FloorTable {
+        rows,
+        pages,
+        cold_region_bytes: options.cold_region_bytes,
+    })
 }
 
 /// What a row of the table is about.
@@ -935,16 +964,7 @@ pub fn format_floor(table: &FloorTable) -> String {
             r.least_ratio
         );
     }
-    let pages = &table.pages;
-    let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
-    let _ = writeln!(
-        out,
-        " pages: floor buffers {:.0} of {:.0} MiB on 2 MiB pages; regions read {:.0} MiB on 2 MiB pages (shmem_enabled: {})",
-        mib(pages.floor_huge_bytes),
-        mib(pages.floor_bytes),
-        mib(pages.regions_huge_bytes),
-        pages.shmem_setting.as_deref().unwrap_or("unknown")
-    );
+    let _ = writeln!(out, "{}", table.pages.line(table.cold_region_bytes));
     let _ = writeln!(out, "{rule}");
     out
 }

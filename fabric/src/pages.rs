@@ -5,16 +5,14 @@
 //! Every region mapping asks for transparent huge pages (`MADV_HUGEPAGE`,
 //! in [`crate::memory`]); whether a shared (memfd) region gets them is the
 //! operator's choice, `/sys/kernel/mm/transparent_hugepage/shmem_enabled`
-//! (Debian's default, `never`, keeps 4 KiB pages). This module reads that
-//! setting and what a process got.
+//! (the kernel's default, `never`, keeps 4 KiB pages). This module reads
+//! that setting and what a mapping asked for and got.
 
 use std::io;
 
-/// The kernel's setting of transparent huge pages for shared memory.
+/// The kernel's setting of transparent huge pages for shared memory (a
+/// memfd's pages: only this top-level file counts for them).
 pub const SHMEM_SETTING_PATH: &str = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
-
-/// The kernel's setting of transparent huge pages for anonymous memory.
-pub const ANON_SETTING_PATH: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
 
 /// What a transparent-huge-page setting does to a mapping that asked for
 /// huge pages (`MADV_HUGEPAGE`): the selected word of the sysfs file.
@@ -30,81 +28,98 @@ impl ThpSetting {
         Some(ThpSetting(text[start..start + len].to_owned()))
     }
 
-    /// Reads a setting file ([`SHMEM_SETTING_PATH`], [`ANON_SETTING_PATH`]).
-    pub fn read(path: &str) -> io::Result<ThpSetting> {
-        let text = std::fs::read_to_string(path)?;
+    /// The setting for shared memory ([`SHMEM_SETTING_PATH`]): the one that
+    /// decides a region's pages.
+    pub fn shmem() -> io::Result<ThpSetting> {
+        let text = std::fs::read_to_string(SHMEM_SETTING_PATH)?;
         ThpSetting::parse(&text).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("{path}: no selected setting in {text:?}"),
+                format!("{SHMEM_SETTING_PATH}: no selected setting in {text:?}"),
             )
         })
     }
 
-    /// Whether a mapping that asked for huge pages gets them: every
-    /// setting but `never` and `deny` (the shmem file's `within_size`
-    /// does for a region, whose size is fixed at creation).
-    pub fn gives_advised_mappings(&self) -> bool {
+    /// Whether a mapping that asked for huge pages may get them (the
+    /// kernel still falls back to 4 KiB pages when it finds no free 2 MiB
+    /// one): every setting but `never` and `deny` (`within_size` does for
+    /// a region, whose size is fixed before it is mapped).
+    pub fn allows_advised_mappings(&self) -> bool {
         !matches!(self.0.as_str(), "never" | "deny")
     }
 }
 
-/// Bytes of this process's mappings on 2 MiB pages, from
-/// `/proc/self/smaps_rollup`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct HugeMapped {
-    /// Shared memory (memfd regions): `ShmemPmdMapped`.
-    pub shmem_bytes: u64,
-    /// Anonymous memory: `AnonHugePages`.
-    pub anon_bytes: u64,
+/// What one mapping asked for and got, from its `/proc/self/smaps` entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MappingPages {
+    pub len_bytes: u64,
+    /// Bytes on 2 MiB pages now (`ShmemPmdMapped` + `AnonHugePages`; a
+    /// mapping is one or the other).
+    pub huge_bytes: u64,
+    /// It asked for huge pages (`MADV_HUGEPAGE`: `hg` in `VmFlags`).
+    pub asked_for_huge: bool,
 }
 
-impl HugeMapped {
-    /// Parses the text of a `smaps_rollup` (fields in kB); a field missing
-    /// (an older kernel) counts as none.
-    pub fn parse(text: &str) -> HugeMapped {
-        let field_bytes = |name: &str| -> u64 {
-            text.lines()
-                .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
-                .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
-                .map_or(0, |kib| kib.saturating_mul(1024))
+impl MappingPages {
+    /// The entry of the mapping that holds `address` in the text of a
+    /// `/proc/<pid>/smaps`; `None` if no mapping holds it. A mapping that
+    /// the kernel merged with a neighbour of the same flags is reported
+    /// whole.
+    pub fn parse(smaps: &str, address: usize) -> Option<MappingPages> {
+        let mut lines = smaps.lines();
+        let (start, end) = lines.find_map(|line| {
+            mapping_range(line).filter(|&(start, end)| (start..end).contains(&address))
+        })?;
+        let mut pages = MappingPages {
+            len_bytes: (end - start) as u64,
+            huge_bytes: 0,
+            asked_for_huge: false,
         };
-        HugeMapped {
-            shmem_bytes: field_bytes("ShmemPmdMapped"),
-            anon_bytes: field_bytes("AnonHugePages"),
+        for line in lines.take_while(|line| mapping_range(line).is_none()) {
+            let Some((name, rest)) = line.split_once(':') else {
+                continue;
+            };
+            match name {
+                "ShmemPmdMapped" | "AnonHugePages" => {
+                    let kib = rest.split_whitespace().next()?.parse::<u64>().ok()?;
+                    pages.huge_bytes += kib.saturating_mul(1024);
+                }
+                "VmFlags" => pages.asked_for_huge = rest.split_whitespace().any(|f| f == "hg"),
+                _ => {}
+            }
         }
+        Some(pages)
     }
 
-    /// This process's figures now.
-    pub fn of_this_process() -> io::Result<HugeMapped> {
-        Ok(HugeMapped::parse(&std::fs::read_to_string(
-            "/proc/self/smaps_rollup",
-        )?))
-    }
-}
-
-/// Bytes on 2 MiB pages of the mapping that starts at `start`, from the
-/// text of a `/proc/<pid>/smaps` (`ShmemPmdMapped`, `FilePmdMapped` and
-/// `AnonHugePages` of its entry, in kB); `None` if no mapping starts there.
-pub fn huge_bytes_of_mapping(smaps: &str, start: usize) -> Option<u64> {
-    let mut lines = smaps.lines();
-    lines.find(|line| mapping_start(line) == Some(start))?;
-    let huge_kib: u64 = lines
-        .take_while(|line| mapping_start(line).is_none())
-        .filter_map(|line| {
-            let (name, rest) = line.split_once(':')?;
-            matches!(name, "ShmemPmdMapped" | "FilePmdMapped" | "AnonHugePages")
-                .then(|| rest.split_whitespace().next()?.parse::<u64>().ok())?
+    /// The mapping of this process that holds `address`, now.
+    pub fn of_this_process(address: usize) -> io::Result<MappingPages> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps")?;
+        MappingPages::parse(&smaps, address).ok_or_else(|| {
+            io::Error::other(format!("no mapping holds {address:#x} in /proc/self/smaps"))
         })
-        .sum();
-    Some(huge_kib.saturating_mul(1024))
+    }
 }
 
-/// The start address of an smaps entry's first line (`start-end perms ...`);
-/// `None` for a field line (`Name: value kB`).
-fn mapping_start(line: &str) -> Option<usize> {
-    let (start, _) = line.split_whitespace().next()?.split_once('-')?;
-    usize::from_str_radix(start, 16).ok()
+/// Bytes of shared memory this process maps on 2 MiB pages
+/// (`ShmemPmdMapped` of `/proc/self/smaps_rollup`); `None` when the kernel
+/// does not report it.
+pub fn shmem_huge_bytes(smaps_rollup: &str) -> Option<u64> {
+    smaps_rollup
+        .lines()
+        .find_map(|line| line.strip_prefix("ShmemPmdMapped:"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+        .map(|kib| kib.saturating_mul(1024))
+}
+
+/// The address range of an smaps entry's first line (`start-end perms
+/// ...`); `None` for a field line (`Name: value kB`, whose first word has
+/// no `-`).
+fn mapping_range(line: &str) -> Option<(usize, usize)> {
+    let (start, end) = line.split_whitespace().next()?.split_once('-')?;
+    Some((
+        usize::from_str_radix(start, 16).ok()?,
+        usize::from_str_radix(end, 16).ok()?,
+    ))
 }
 
 #[cfg(test)]
@@ -115,49 +130,53 @@ mod tests {
     fn the_bracketed_word_is_the_setting() {
         let shmem = ThpSetting::parse("always within_size [advise] never deny force\n").unwrap();
         assert_eq!(shmem, ThpSetting("advise".into()));
-        assert!(shmem.gives_advised_mappings());
+        assert!(shmem.allows_advised_mappings());
         let off = ThpSetting::parse("always within_size advise [never] deny force\n").unwrap();
-        assert!(!off.gives_advised_mappings());
-        assert!(!ThpSetting("deny".into()).gives_advised_mappings());
-        assert!(ThpSetting("within_size".into()).gives_advised_mappings());
+        assert!(!off.allows_advised_mappings());
+        assert!(!ThpSetting("deny".into()).allows_advised_mappings());
+        assert!(ThpSetting("within_size".into()).allows_advised_mappings());
         assert_eq!(ThpSetting::parse("always madvise never"), None);
         assert_eq!(ThpSetting::parse("[never"), None);
     }
 
+    const SMAPS: &str = "7f0000000000-7f0010000000 rw-s 00000000 00:01 5 /memfd:rdkv-region (deleted)\n\
+                         Size:             262144 kB\n\
+                         ShmemPmdMapped:   100352 kB\n\
+                         FilePmdMapped:         0 kB\n\
+                         THPeligible:           1\n\
+                         VmFlags: rd wr sh mr mw me ms sd hg\n\
+                         7f0010000000-7f0010200000 rw-p 00000000 00:00 0\n\
+                         AnonHugePages:      2048 kB\n\
+                         VmFlags: rd wr mr mw me ac sd\n";
+
     #[test]
-    fn smaps_rollup_fields_are_read_in_bytes() {
-        let text = "55d0c0000000-7ffd00000000 ---p 00000000 00:00 0    [rollup]\n\
-                    Rss:              473196 kB\n\
-                    AnonHugePages:      4096 kB\n\
-                    ShmemPmdMapped:   202752 kB\n\
-                    FilePmdMapped:         0 kB\n";
+    fn a_mappings_pages_are_its_own_entrys() {
+        let region = MappingPages {
+            len_bytes: 256 << 20,
+            huge_bytes: 100_352 * 1024,
+            asked_for_huge: true,
+        };
+        assert_eq!(MappingPages::parse(SMAPS, 0x7f00_0000_0000), Some(region));
+        // Any address inside the mapping finds it.
+        assert_eq!(MappingPages::parse(SMAPS, 0x7f00_0fff_ffff), Some(region));
         assert_eq!(
-            HugeMapped::parse(text),
-            HugeMapped {
-                shmem_bytes: 202_752 * 1024,
-                anon_bytes: 4096 * 1024
-            }
+            MappingPages::parse(SMAPS, 0x7f00_1000_0000),
+            Some(MappingPages {
+                len_bytes: 2 << 20,
+                huge_bytes: 2048 * 1024,
+                asked_for_huge: false,
+            })
         );
-        assert_eq!(HugeMapped::parse("Rss: 1 kB\n"), HugeMapped::default());
+        assert_eq!(MappingPages::parse(SMAPS, 0x7f00_1020_0000), None);
     }
 
     #[test]
-    fn a_mappings_huge_bytes_are_its_own_entrys() {
-        let smaps = "7f0000000000-7f0010000000 rw-s 00000000 00:01 5 /memfd:rdkv-region (deleted)\n\
-                     Size:             262144 kB\n\
-                     ShmemPmdMapped:   100352 kB\n\
-                     FilePmdMapped:         0 kB\n\
-                     VmFlags: rd wr sh mr mw me ms sd hg\n\
-                     7f0010000000-7f0010200000 rw-p 00000000 00:00 0\n\
-                     AnonHugePages:      2048 kB\n";
-        assert_eq!(
-            huge_bytes_of_mapping(smaps, 0x7f00_0000_0000),
-            Some(100_352 * 1024)
-        );
-        assert_eq!(
-            huge_bytes_of_mapping(smaps, 0x7f00_1000_0000),
-            Some(2048 * 1024)
-        );
-        assert_eq!(huge_bytes_of_mapping(smaps, 0x7f00_0000_1000), None);
+    fn smaps_rollup_reports_shared_memory_on_huge_pages() {
+        let text = "55d0c0000000-7ffd00000000 ---p 00000000 00:00 0    [rollup]\n\
+                    Rss:              473196 kB\n\
+                    AnonHugePages:      4096 kB\n\
+                    ShmemPmdMapped:   202752 kB\n";
+        assert_eq!(shmem_huge_bytes(text), Some(202_752 * 1024));
+        assert_eq!(shmem_huge_bytes("Rss: 1 kB\n"), None);
     }
 }

@@ -271,15 +271,15 @@ fn log_region_pages(region: &RegionConfig) {
     if !region.shared_memory {
         return;
     }
-    match ThpSetting::read(SHMEM_SETTING_PATH) {
-        Ok(setting) if setting.gives_advised_mappings() => tracing::info!(
-            "regions ask for 2 MiB pages and get them ({SHMEM_SETTING_PATH}: {})",
+    match ThpSetting::shmem() {
+        Ok(setting) if setting.allows_advised_mappings() => tracing::info!(
+            "regions ask for 2 MiB pages, which {SHMEM_SETTING_PATH} ({}) allows",
             setting.0
         ),
         Ok(setting) => tracing::warn!(
             "regions stay on 4 KiB pages ({SHMEM_SETTING_PATH}: {}): a one-sided GET \
              that misses the caches waits for two page walks too (docs/operations.md, \
-             \"Huge pages\"); `echo advise > {SHMEM_SETTING_PATH}` gives regions 2 MiB pages",
+             \"Huge pages\"); `echo advise > {SHMEM_SETTING_PATH}` lets regions have 2 MiB pages",
             setting.0
         ),
         Err(e) => tracing::info!("regions ask for 2 MiB pages; which they get is unknown: {e}"),

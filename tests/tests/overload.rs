@@ -23,7 +23,8 @@ const VALUE_BYTES: usize = 256 * 1024;
 const REQUESTS_PER_FLOODER: u64 = 100;
 
 /// Anonymous resident memory of a process (the region's shared memfd is not
-/// in it), in bytes.
+/// in it; an anonymous region, as the metadata group's, is, on 2 MiB pages
+/// where the kernel gives them), in bytes.
 fn rss_anon_bytes(pid: u32) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let line = status
