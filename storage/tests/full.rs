@@ -246,3 +246,49 @@ async fn a_compaction_leaves_the_state_lock_free() {
     assert_eq!(version_of(&fragmented, "l0399"), Some(next + 399));
     assert_eq!(version_of(&fragmented, "s0001"), Some(3));
 }
+
+/// Local reads go on through a compaction's region swap: a thread reading
+/// the pairs every replica keeps finds each with its version on every
+/// read, before, during and after the swap (a read that loaded the old
+/// region's reader finishes there: every pair it reads was written before
+/// the swap).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_reads_find_every_kept_pair_through_a_compaction() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let fragmented = common::open(dir.path());
+    apply(&mut fragmented.clone(), fragmenting()).await;
+    let epoch_before = fragmented.region_epoch();
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (sm, stop) = (fragmented.clone(), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let (mut reads, mut wrong) = (0u64, Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                for i in (1..1700u64).step_by(2) {
+                    let key = format!("s{i:04}");
+                    match sm.get_local(key.as_bytes()) {
+                        Ok(Some(v)) if v.version == i + 2 && v.value.len() == 2000 => {}
+                        other => wrong.push(format!("{key}: {other:?}")),
+                    }
+                    reads += 1;
+                }
+            }
+            (reads, wrong)
+        })
+    };
+    let next = fragmented.applied_index() + 1;
+    let large = entries(next, (0..400).map(|i| put(format!("l{i:04}"), 4000, 2)));
+    apply(&mut fragmented.clone(), large).await;
+    stop.store(true, Ordering::Relaxed);
+    let (reads, wrong) = reader.join().unwrap();
+    assert_ne!(fragmented.region_epoch(), epoch_before, "no compaction ran");
+    assert!(
+        wrong.is_empty(),
+        "{} of {reads} reads wrong: {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(5)]
+    );
+    assert!(reads >= 850, "{reads} reads");
+}
