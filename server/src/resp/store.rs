@@ -287,12 +287,14 @@ impl RespServer {
             return false;
         }
         let mut found = Some(found);
-        let read = handler.replica().sm.get_local_with(key, |value| {
-            if let Some(found) = found.take() {
-                found(value.map(|(value, _)| value));
-            }
-        });
-        read.is_ok()
+        handler.with_replica(|replica| {
+            let read = replica.sm.get_local_with(key, |value| {
+                if let Some(found) = found.take() {
+                    found(value.map(|(value, _)| value));
+                }
+            });
+            read.is_ok()
+        })
     }
 
     /// MGET's values read at once, like [`Self::get_now`]; `None` for a
@@ -302,8 +304,10 @@ impl RespServer {
         let limits = self.handler.limits();
         limits.check_batch(keys.len()).ok()?;
         keys.iter().try_for_each(|key| limits.check_key(key)).ok()?;
-        let replica = self.handler.replica();
-        let values = read::local_values(&replica, keys, limits.max_frame_bytes).ok()?;
+        let values = self
+            .handler
+            .with_replica(|replica| read::local_values(replica, keys, limits.max_frame_bytes))
+            .ok()?;
         Some(values.into_iter().map(|v| v.map(|v| v.value)).collect())
     }
 
