@@ -180,7 +180,7 @@ impl Shards {
     /// [`Self::primary`] lent to `f` instead of cloned: a read served on
     /// every request (a RESP GET) would otherwise add to and take from the
     /// replica's shared count, a cache line every worker thread writes
-    /// (6% of a leader's CPU at 1.2 million RESP GETs a second).
+    /// (about 5% of a leader's CPU at 1.2 million RESP GETs a second).
     pub fn with_primary<R>(&self, f: impl FnOnce(&Replica) -> R) -> R {
         f(&self.current.load().primary)
     }

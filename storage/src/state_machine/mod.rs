@@ -151,9 +151,10 @@ struct Shared {
     /// shared count every reading thread would write (a RESP GET at lease
     /// spent about 5% of the leader's CPU on an `RwLock`'s count bouncing
     /// between two workers). A read that loaded the old reader before a
-    /// swap finishes on the old region, still mapped and holding every
-    /// pair written before the swap: that read overlaps the writes after
-    /// the swap, so either answer is linearizable.
+    /// swap may finish on the old region after it: still mapped (the
+    /// reader holds its memory) and unchanged since its rebuild began, it
+    /// holds the state at the swap (before a clear or an install), and the
+    /// swap falls inside that read, so its answer is linearizable.
     reader: ArcSwap<RegionReader>,
     applied_index: AtomicU64,
     config: StateMachineConfig,
@@ -245,7 +246,8 @@ fn new_region(
 
 /// Frees a region `swap_region` replaced (its key set, its deadline index
 /// and, unless an RDMA or libfabric grant still holds it until the grant
-/// sweep, its mapping) on a blocking thread, once the state lock is
+/// sweep or a local read in flight its reader, its mapping) on a blocking
+/// thread, once the state lock is
 /// released: freeing a 1 GiB region of 4,000,000 keys took 139 ms here,
 /// which the apply (a compaction, a clear, a seed's adoption, a snapshot's
 /// install) would otherwise spend on a runtime worker.
