@@ -224,10 +224,13 @@ pub struct FloorPages {
     pub floor_huge_bytes: Option<u64>,
     /// Shared memory this process maps on 2 MiB pages: the regions it read.
     pub regions_huge_bytes: Option<u64>,
+    /// The cold buffer's size, the server's region size.
+    pub cold_region_bytes: u64,
 }
 
 impl FloorPages {
-    fn of(buffers: &[&MmapMut]) -> FloorPages {
+    fn of(hot: &MmapMut, cold: &MmapMut) -> FloorPages {
+        let buffers = [hot, cold];
         let floor_huge_bytes = buffers
             .iter()
             .map(|b| MappingPages::of_this_process(b.as_ptr() as usize).map(|p| p.huge_bytes))
@@ -241,11 +244,12 @@ impl FloorPages {
             floor_bytes: buffers.iter().map(|b| b.len() as u64).sum(),
             floor_huge_bytes,
             regions_huge_bytes,
+            cold_region_bytes: cold.len() as u64,
         }
     }
 
     /// The table's pages line.
-    fn line(&self, cold_region_bytes: usize) -> String {
+    fn line(&self) -> String {
         let mib = |bytes: Option<u64>| {
             bytes.map_or("unknown".to_owned(), |b| {
                 format!("{:.0}", b as f64 / f64::from(1 << 20))
@@ -255,7 +259,7 @@ impl FloorPages {
             " pages: floor buffers {} of {} MiB on 2 MiB pages; shared memory mapped here (the regions read; the cold one is {} MiB) {} MiB on 2 MiB pages; shmem_enabled: {}",
             mib(self.floor_huge_bytes),
             mib(Some(self.floor_bytes)),
-            cold_region_bytes >> 20,
+            self.cold_region_bytes >> 20,
             mib(self.regions_huge_bytes),
             self.shmem_setting.as_deref().unwrap_or("unknown")
         )
@@ -267,7 +271,6 @@ impl FloorPages {
 pub struct FloorTable {
     pub rows: Vec<FloorRow>,
     pub pages: FloorPages,
-    pub cold_region_bytes: usize,
 }
 
 /// Bytes of the index at the start of a floor buffer of `region_bytes`:
@@ -850,12 +853,8 @@ pub async fn run_floor(
             ));
         }
     }
-    let pages = FloorPages::of(&[&hot, &cold]);
-    Ok(FloorTable {
-        rows,
-        pages,
-        cold_region_bytes: options.cold_region_bytes,
-    })
+    let pages = FloorPages::of(&hot, &cold);
+    Ok(FloorTable { rows, pages })
 }
 
 /// What a row of the table is about.
@@ -964,7 +963,7 @@ pub fn format_floor(table: &FloorTable) -> String {
             r.least_ratio
         );
     }
-    let _ = writeln!(out, "{}", table.pages.line(table.cold_region_bytes));
+    let _ = writeln!(out, "{}", table.pages.line());
     let _ = writeln!(out, "{rule}");
     out
 }
@@ -991,8 +990,10 @@ mod tests {
     #[test]
     fn the_chained_floor_takes_its_place_from_the_slot() {
         let region = floor_region(1 << 20).unwrap();
-        let index_bytes = index_bytes(region.len());
-        let blocks = (region.len() - index_bytes - 128) / 64;
+        let BufferLayout {
+            index_bytes,
+            blocks,
+        } = BufferLayout::of(region.len(), 128);
         let buckets = index_bytes / 64;
         let mut rng = Rng(3);
         let (mut chained, mut random) = (HashSet::new(), HashSet::new());
@@ -1029,8 +1030,8 @@ mod tests {
     fn the_ordered_floor_reads_where_each_keys_hash_leads() {
         let region = floor_region(1 << 20).unwrap();
         let geometry = HashGeometry::of_region(256 << 20);
-        let BufferLayout { blocks, .. } = BufferLayout::of(region.len(), 128);
-        let places = OrderedPlaces::Anywhere(BufferLayout::of(region.len(), 128));
+        let layout = BufferLayout::of(region.len(), 128);
+        let (blocks, places) = (layout.blocks, OrderedPlaces::Anywhere(layout));
         let mut rng = Rng(5);
         let (mut buckets, mut blocks_read, mut random) =
             (HashSet::new(), HashSet::new(), HashSet::new());
