@@ -200,10 +200,10 @@ impl KeyOrder {
     /// flight: none of them may write those keys (earlier reads of them do
     /// not matter to it), and no keyless command is in flight. Such a read
     /// finishes before anything later is admitted, so it is not tracked.
-    pub fn read_may_run_now(&self, keys: &[&Bytes]) -> bool {
+    pub fn read_may_run_now(&self, keys: &[impl AsRef<[u8]>]) -> bool {
         self.barrier.as_ref().is_none_or(Done::finished)
             && keys.iter().all(|key| {
-                self.keys.get(*key).is_none_or(|state| {
+                self.keys.get(key.as_ref()).is_none_or(|state| {
                     state
                         .last_write
                         .as_ref()

@@ -113,15 +113,20 @@ pub fn opts_in(args: &[Bytes]) -> bool {
 }
 
 /// On a connection in cluster mode, the reply that replaces running
-/// command `argv` here: `CROSSSLOT` when its keys are in different slots,
-/// `MOVED` when another node leads its shard and its RESP address is known.
-/// `None`: run it (this node leads, or the leader is not known: forwarded
-/// as on any connection). `readonly`: the connection sent `READONLY`, and
-/// reads are served by whichever node it reached, as in Redis.
-pub fn redirect(server: &RespServer, spec: &Spec, argv: &[Bytes], readonly: bool) -> Option<Reply> {
-    let keys = spec.keys_in(argv);
-    let slot = key_slot(keys.first()?);
-    if keys.iter().any(|key| key_slot(key) != slot) {
+/// command `spec` on `keys` (its keys, `Spec::keys_in`) here: `CROSSSLOT`
+/// when its keys are in different slots, `MOVED` when another node leads
+/// its shard and its RESP address is known. `None`: run it (this node
+/// leads, or the leader is not known: forwarded as on any connection).
+/// `readonly`: the connection sent `READONLY`, and reads are served by
+/// whichever node it reached, as in Redis.
+pub fn redirect(
+    server: &RespServer,
+    spec: &Spec,
+    keys: &[impl AsRef<[u8]>],
+    readonly: bool,
+) -> Option<Reply> {
+    let slot = key_slot(keys.first()?.as_ref());
+    if keys.iter().any(|key| key_slot(key.as_ref()) != slot) {
         return Some(Reply::Error(CROSSSLOT.to_owned()));
     }
     if readonly && spec.is_read() {

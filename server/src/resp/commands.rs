@@ -10,6 +10,7 @@ use rdkv_proto::wire::{Expiry, Request, Response, Role, SetCondition, Update, Up
 use super::RespServer;
 use super::expiry;
 use super::glob::glob_match;
+use super::parse::Args;
 use super::reply::{Protocol, Reply};
 use super::session::Session;
 use super::store::unexpected;
@@ -64,11 +65,14 @@ pub async fn get(server: &RespServer, args: &[Bytes]) -> Reply {
 /// its reply encoded straight from the read buffer.
 pub fn get_now(
     server: &RespServer,
-    args: &[Bytes],
+    args: Args<'_>,
     protocol: Protocol,
     out: &mut BytesMut,
 ) -> bool {
-    server.get_now(&args[0], |value| match value {
+    let Some(key) = args.get(1) else {
+        return false;
+    };
+    server.get_now(key, |value| match value {
         Some(value) => Reply::encode_bulk(value, out),
         None => Reply::Null.encode(protocol, out),
     })
@@ -387,11 +391,12 @@ pub async fn mget(server: &RespServer, args: &[Bytes]) -> Reply {
 /// MGET answered at once from this node's region ([`RespServer::mget_now`]).
 pub fn mget_now(
     server: &RespServer,
-    args: &[Bytes],
+    args: Args<'_>,
     protocol: Protocol,
     out: &mut BytesMut,
 ) -> bool {
-    let Some(values) = server.mget_now(args) else {
+    let keys: Vec<&[u8]> = args.iter().skip(1).collect();
+    let Some(values) = server.mget_now(&keys) else {
         return false;
     };
     values_reply(values).encode(protocol, out);

@@ -14,7 +14,7 @@ use std::pin::Pin;
 use std::time::Instant;
 
 use anyhow::Result;
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use futures::FutureExt;
 use futures::stream::{FuturesOrdered, StreamExt};
 use rdkv_proto::wire::Op;
@@ -22,7 +22,7 @@ use rdkv_tls::{Stream, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::clients::ClientInfo;
-use super::parse::{CommandReader, ParseLimits, ProtocolError, detached};
+use super::parse::{Args, CommandReader, ParseLimits, ProtocolError, Scanned, detached};
 use super::reply::Reply;
 use super::session::{Session, Step};
 use super::table::{Spec, StoreRun};
@@ -72,8 +72,8 @@ struct Pipeline<'a> {
     write: WriteHalf,
     output: BytesMut,
     reader: CommandReader,
-    /// The command being started: slices of the input buffer, emptied
-    /// before the buffer is read into again.
+    /// The command being started when it is not answered at once: slices
+    /// of the input buffer, emptied before the buffer is read into again.
     argv: Vec<Bytes>,
 }
 
@@ -199,12 +199,17 @@ impl<'a> Pipeline<'a> {
     /// replies are encoded first).
     async fn start_buffered(&mut self, input: &mut BytesMut) -> Result<bool, Closed> {
         let mut now = NowReads::default();
-        // The argument list is reused from command to command; it is
-        // empty again before the input buffer is read into.
+        // The reader and the argument list are reused from command to
+        // command (held apart from `self` while a command borrows them);
+        // the list is empty again before the input buffer is read into.
+        let mut reader = std::mem::take(&mut self.reader);
         let mut argv = std::mem::take(&mut self.argv);
-        let started = self.start_commands(input, &mut argv, &mut now).await;
+        let started = self
+            .start_commands(input, &mut reader, &mut argv, &mut now)
+            .await;
         argv.clear();
         self.argv = argv;
+        self.reader = reader;
         now.account(self.server);
         started
     }
@@ -212,6 +217,7 @@ impl<'a> Pipeline<'a> {
     async fn start_commands(
         &mut self,
         input: &mut BytesMut,
+        reader: &mut CommandReader,
         argv: &mut Vec<Bytes>,
         reads_now: &mut NowReads,
     ) -> Result<bool, Closed> {
@@ -223,9 +229,21 @@ impl<'a> Pipeline<'a> {
             } else {
                 &UNAUTHENTICATED_LIMITS
             };
-            if !self.reader.next_into(input, limits, argv)? {
-                return Ok(false);
+            let scanned = reader.scan(input, limits)?;
+            match scanned {
+                Scanned::Incomplete => return Ok(false),
+                Scanned::Array { len } => {
+                    if self.answer_now(reader.args(input), reads_now).await {
+                        input.advance(len);
+                        if self.output.len() >= FLUSH_BYTES {
+                            self.flush().await?;
+                        }
+                        continue;
+                    }
+                }
+                Scanned::Inline { .. } => {}
             }
+            reader.take(input, scanned, argv);
             if argv.is_empty() {
                 continue;
             }
@@ -252,12 +270,8 @@ impl<'a> Pipeline<'a> {
                     self.push_ready(reply, false).await?;
                 }
                 Step::Store { spec, run } => {
-                    if !self.answer_now(spec, argv, reads_now).await {
-                        // It runs past this batch: its own copy of the arguments.
-                        self.start_store(spec, run, detached(argv));
-                    } else if self.output.len() >= FLUSH_BYTES {
-                        self.flush().await?;
-                    }
+                    // It runs past this batch: its own copy of the arguments.
+                    self.start_store(spec, run, detached(argv));
                 }
             }
         }
@@ -276,25 +290,26 @@ impl<'a> Pipeline<'a> {
         Ok(())
     }
 
-    /// Answers a read at once from this node's region when its row allows
-    /// it, nothing earlier on the connection may write its keys, and the
-    /// node may serve reads without waiting (asked once per batch); `true`
-    /// if it did. With nothing in flight its reply is encoded straight into
-    /// the output (the common pipeline of reads: no reply value, no copy of
-    /// the value); else encoded now and queued behind the earlier replies.
-    async fn answer_now(
-        &mut self,
-        spec: &'static Spec,
-        argv: &[Bytes],
-        reads_now: &mut NowReads,
-    ) -> bool {
+    /// Answers a read at once from this node's region, from the view of
+    /// its arguments in the input, when the session would hand it to the
+    /// store as it is and its row allows it, nothing earlier on the
+    /// connection may write its keys, and the node may serve reads without
+    /// waiting (asked once per batch); `true` if it did (the caller then
+    /// drops the command from the input). With nothing in flight its reply
+    /// is encoded straight into the output (the common pipeline of reads: no
+    /// reply value, no copy of the value); else encoded now and queued
+    /// behind the earlier replies.
+    async fn answer_now(&mut self, args: Args<'_>, reads_now: &mut NowReads) -> bool {
+        let Some(spec) = self.session.now_row(args) else {
+            return false;
+        };
         let Some((op, now)) = spec.now else {
             return false;
         };
         // With nothing in flight no earlier command can write its keys (the
         // common pipeline of reads needs no key list).
         let after_writes = !self.running.is_empty();
-        if after_writes && !self.order.read_may_run_now(&spec.keys_in(argv))
+        if after_writes && !self.order.read_may_run_now(&spec.keys_in_args(args))
             || !reads_now.allowed(self.server).await
         {
             return false;
@@ -302,7 +317,7 @@ impl<'a> Pipeline<'a> {
         let protocol = self.session.protocol();
         let answered = if after_writes {
             let mut encoded = BytesMut::new();
-            let answered = now(self.server, &argv[1..], protocol, &mut encoded);
+            let answered = now(self.server, args, protocol, &mut encoded);
             if answered {
                 let reply = Reply::Encoded(encoded.freeze());
                 self.running
@@ -310,7 +325,7 @@ impl<'a> Pipeline<'a> {
             }
             answered
         } else {
-            now(self.server, &argv[1..], protocol, &mut self.output)
+            now(self.server, args, protocol, &mut self.output)
         };
         if answered {
             reads_now.answered(op);

@@ -7,12 +7,14 @@
 //! allocated or waited for, so a peer cannot make the server buffer more than
 //! one bounded command.
 //!
-//! A connection parses in place ([`CommandReader`]): an array command's
-//! arguments are slices of the bytes it read (no copy), collected into an
-//! argument list the connection reuses, so a command answered at once (a
-//! GET under a lease) costs no allocation. A command that outlives the
-//! batch it was read in copies its arguments out ([`detached`]), so no
-//! command in flight holds the connection's read buffer.
+//! A connection parses in place ([`CommandReader`]): it first looks at an
+//! array command as offsets into the bytes it read ([`Args`]), and a
+//! command answered at once (a GET under a lease) is answered from that
+//! view and dropped from the buffer: no copy, no allocation, and no shared
+//! count written. Any other command is taken off the buffer as `Bytes`
+//! slices of it, and one that outlives the batch it was read in copies its
+//! arguments out ([`detached`]), so no command in flight holds the
+//! connection's read buffer.
 
 use bytes::{Bytes, BytesMut};
 
@@ -129,8 +131,9 @@ fn header_number(line: &[u8]) -> Option<i64> {
 /// Where one command's arguments lie in the bytes it was parsed from.
 type Spans = Vec<(usize, usize)>;
 
-/// What [`scan`] found at the start of the buffer.
-enum Scanned {
+/// What [`CommandReader::scan`] found at the start of the buffer.
+#[derive(Debug)]
+pub enum Scanned {
     Incomplete,
     /// An array command of `len` bytes, its arguments at the spans.
     Array {
@@ -326,6 +329,38 @@ fn single_quoted_escape(line: &[u8], i: usize, arg: &mut Vec<u8>) -> Result<usiz
     }
 }
 
+/// An array command's arguments (the name first) as a view of the buffer
+/// it was scanned from: borrowed, so reading them writes nothing (a
+/// `Bytes` slice of the buffer writes its shared count when made and when
+/// dropped).
+#[derive(Debug, Clone, Copy)]
+pub struct Args<'a> {
+    buf: &'a [u8],
+    spans: &'a [(usize, usize)],
+}
+
+impl<'a> Args<'a> {
+    /// How many arguments, the name included.
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// Argument `i` (0: the command's name).
+    pub fn get(&self, i: usize) -> Option<&'a [u8]> {
+        let &(start, end) = self.spans.get(i)?;
+        self.buf.get(start..end)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &'a [u8]> + use<'a> {
+        let buf = self.buf;
+        self.spans.iter().filter_map(move |&(s, e)| buf.get(s..e))
+    }
+}
+
 /// A connection's parser: takes commands off the front of its input
 /// buffer without copying them. Holds the argument offsets it reuses.
 #[derive(Debug, Default)]
@@ -334,31 +369,55 @@ pub struct CommandReader {
 }
 
 impl CommandReader {
-    /// Takes one complete command off the front of `buf` into `argv`
-    /// (cleared first): `false` if none is complete yet. An array command's
-    /// arguments are slices of `buf`'s bytes: while they live, `buf` cannot
-    /// reuse its memory, so the caller drops them (or [`detached`] copies)
-    /// before it reads more.
+    /// Looks for one complete command at the front of `buf`, consuming
+    /// nothing. An array command's arguments are then [`Self::args`].
+    pub fn scan(&mut self, buf: &[u8], limits: &ParseLimits) -> Result<Scanned, ProtocolError> {
+        scan(buf, limits, &mut self.spans)
+    }
+
+    /// The arguments of the array command [`Self::scan`] just found in
+    /// `buf` (which must be the buffer scanned, unchanged since).
+    pub fn args<'a>(&'a self, buf: &'a [u8]) -> Args<'a> {
+        Args {
+            buf,
+            spans: &self.spans,
+        }
+    }
+
+    /// Takes the command [`Self::scan`] just found off the front of `buf`
+    /// into `argv` (cleared first). An array command's arguments are slices
+    /// of `buf`'s bytes: while they live, `buf` cannot reuse its memory, so
+    /// the caller drops them (or [`detached`] copies) before it reads more.
+    pub fn take(&self, buf: &mut BytesMut, scanned: Scanned, argv: &mut Vec<Bytes>) {
+        argv.clear();
+        match scanned {
+            Scanned::Incomplete => {}
+            Scanned::Array { len } => {
+                let whole = buf.split_to(len).freeze();
+                argv.extend(self.spans.iter().map(|&(s, e)| whole.slice(s..e)));
+            }
+            Scanned::Inline { args, len } => {
+                let _ = buf.split_to(len);
+                argv.extend(args);
+            }
+        }
+    }
+
+    /// [`Self::scan`] then [`Self::take`]: `false` if no command is
+    /// complete yet.
     pub fn next_into(
         &mut self,
         buf: &mut BytesMut,
         limits: &ParseLimits,
         argv: &mut Vec<Bytes>,
     ) -> Result<bool, ProtocolError> {
-        argv.clear();
-        match scan(buf, limits, &mut self.spans)? {
-            Scanned::Incomplete => Ok(false),
-            Scanned::Array { len } => {
-                let whole = buf.split_to(len).freeze();
-                argv.extend(self.spans.iter().map(|&(s, e)| whole.slice(s..e)));
-                Ok(true)
-            }
-            Scanned::Inline { args, len } => {
-                let _ = buf.split_to(len);
-                argv.extend(args);
-                Ok(true)
-            }
+        let scanned = self.scan(buf, limits)?;
+        if matches!(scanned, Scanned::Incomplete) {
+            argv.clear();
+            return Ok(false);
         }
+        self.take(buf, scanned, argv);
+        Ok(true)
     }
 }
 

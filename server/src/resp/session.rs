@@ -10,6 +10,7 @@ use super::RespServer;
 use super::clients::{ClientInfo, Registered, valid_client_field};
 use super::cluster;
 use super::commands::{hello_reply, integer_arg, upper};
+use super::parse::Args;
 use super::reply::{Protocol, Reply};
 use super::table::{self, Run, Spec, StoreRun};
 use super::transaction::{self, Multi};
@@ -144,7 +145,8 @@ impl<'a> Session<'a> {
         }
         if self.cluster_mode
             && matches!(spec.run, Run::Store(_))
-            && let Some(reply) = cluster::redirect(self.server, spec, argv, self.readonly)
+            && let Some(reply) =
+                cluster::redirect(self.server, spec, &spec.keys_in(argv), self.readonly)
         {
             return Step::now(reply);
         }
@@ -159,6 +161,28 @@ impl<'a> Session<'a> {
             Run::Exec => Step::Exec,
             Run::Watch => Step::Watch,
         }
+    }
+
+    /// The row of a read that may be answered at once (one with a `now`
+    /// runner) when [`Self::prepare`] would hand it to the store as it is:
+    /// judged from a borrowed view of its arguments, before the command is
+    /// taken off the input. `None`: [`Self::prepare`] decides (the command
+    /// is not such a read, or is refused, queued in MULTI or redirected).
+    pub fn now_row(&self, args: Args<'_>) -> Option<&'static Spec> {
+        if !self.authenticated || self.multi.is_some() {
+            return None;
+        }
+        let spec = table::lookup(args.get(0)?)?;
+        if spec.now.is_none() || !spec.accepts(args.len()) {
+            return None;
+        }
+        if self.cluster_mode
+            && cluster::redirect(self.server, spec, &spec.keys_in_args(args), self.readonly)
+                .is_some()
+        {
+            return None;
+        }
+        Some(spec)
     }
 
     /// The command's row, once it is known, allowed and of a valid arity.

@@ -281,7 +281,7 @@ impl RespServer {
     /// read, `found` not called (the read goes through [`RespServer::get`],
     /// which refuses it or reports the failure). The caller accounts for it
     /// in the request metrics.
-    pub(super) fn get_now(&self, key: &Bytes, found: impl FnOnce(Option<&[u8]>)) -> bool {
+    pub(super) fn get_now(&self, key: &[u8], found: impl FnOnce(Option<&[u8]>)) -> bool {
         let handler = &self.handler;
         if handler.limits().check_key(key).is_err() {
             return false;
@@ -300,7 +300,7 @@ impl RespServer {
     /// MGET's values read at once, like [`Self::get_now`]; `None` for a
     /// batch over the limits or a failed read (the store path refuses or
     /// reports it).
-    pub(super) fn mget_now(&self, keys: &[Bytes]) -> Option<Vec<Option<Bytes>>> {
+    pub(super) fn mget_now(&self, keys: &[&[u8]]) -> Option<Vec<Option<Bytes>>> {
         let limits = self.handler.limits();
         limits.check_batch(keys.len()).ok()?;
         keys.iter().try_for_each(|key| limits.check_key(key)).ok()?;

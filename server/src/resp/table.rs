@@ -14,6 +14,7 @@ use super::cluster;
 use super::commands::{self, upper};
 use super::expiry;
 use super::keyspace;
+use super::parse::Args;
 use super::reply::{Protocol, Reply};
 use super::session::SessionRun;
 
@@ -25,11 +26,12 @@ pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Reply> + Send + 'a>>;
 pub type StoreRun = for<'a> fn(&'a RespServer, &'a [Bytes]) -> StoreFuture<'a>;
 
 /// A read served at once from this node's region, called only once the
-/// node may serve reads from it (`RespServer::reads_now`): `true`
-/// once its reply is appended to the buffer, encoded in the protocol
-/// given; `false`, nothing appended: this one may not be (the command runs
-/// as a store command instead).
-pub type NowRun = fn(&RespServer, &[Bytes], Protocol, &mut BytesMut) -> bool;
+/// node may serve reads from it (`RespServer::reads_now`), with the
+/// command's arguments (the name first) as a view of the connection's
+/// input: `true` once its reply is appended to the buffer, encoded in the
+/// protocol given; `false`, nothing appended: this one may not be (the
+/// command runs as a store command instead).
+pub type NowRun = fn(&RespServer, Args<'_>, Protocol, &mut BytesMut) -> bool;
 
 /// How a command is run; every handler gets the arguments after the name.
 #[derive(Debug, Clone, Copy)]
@@ -157,16 +159,32 @@ impl Spec {
 
     /// The keys in `argv` (the name first), by the row's key positions.
     pub fn keys_in<'b>(&self, argv: &'b [Bytes]) -> Vec<&'b Bytes> {
-        let Keys { first, last, step } = self.keys;
-        let argc = i64::try_from(argv.len()).unwrap_or(i64::MAX);
-        let last = if last < 0 { argc + last } else { last };
-        if first <= 0 || step <= 0 || last < first {
-            return Vec::new();
-        }
-        (first..=last.min(argc - 1))
-            .step_by(usize::try_from(step).unwrap_or(1))
-            .filter_map(|i| usize::try_from(i).ok().and_then(|i| argv.get(i)))
+        self.key_positions(argv.len())
+            .filter_map(|i| argv.get(i))
             .collect()
+    }
+
+    /// [`Self::keys_in`] of a borrowed view of the arguments.
+    pub fn keys_in_args<'b>(&self, args: Args<'b>) -> Vec<&'b [u8]> {
+        self.key_positions(args.len())
+            .filter_map(|i| args.get(i))
+            .collect()
+    }
+
+    /// Where the keys are among `argc` arguments (the name at 0).
+    fn key_positions(&self, argc: usize) -> impl Iterator<Item = usize> + use<> {
+        let Keys { first, last, step } = self.keys;
+        let argc = i64::try_from(argc).unwrap_or(i64::MAX);
+        let last = if last < 0 { argc + last } else { last };
+        // No keys: an empty range (a keyless row's step is 0).
+        let (first, last, step) = if first <= 0 || step <= 0 || last < first {
+            (1, 0, 1)
+        } else {
+            (first, last.min(argc - 1), step)
+        };
+        (first..=last)
+            .step_by(usize::try_from(step).unwrap_or(1))
+            .filter_map(|i| usize::try_from(i).ok())
     }
 
     /// This command's entry in the `COMMAND` reply.
@@ -354,6 +372,7 @@ fn command(args: &[Bytes]) -> Reply {
 
 #[cfg(test)]
 mod tests {
+    use super::super::parse::{CommandReader, ParseLimits, Scanned};
     use super::*;
 
     #[test]
@@ -401,6 +420,14 @@ mod tests {
         assert_eq!(keys(b"mset", &mset), argv(&["a", "b"]));
         let del = argv(&["DEL", "a", "b", "c"]);
         assert_eq!(keys(b"del", &del), argv(&["a", "b", "c"]));
+        // The borrowed view finds the same keys.
+        let mut reader = CommandReader::default();
+        let wire = b"*4\r\n$3\r\nDEL\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n";
+        let scanned = reader.scan(wire, &ParseLimits::default());
+        assert!(matches!(scanned, Ok(Scanned::Array { len: 34 })));
+        let del_spec = lookup(b"del").expect("a known command");
+        let in_args = del_spec.keys_in_args(reader.args(wire));
+        assert_eq!(in_args, [&b"a"[..], b"b", b"c"]);
         assert!(keys(b"flushdb", &argv(&["FLUSHDB"])).is_empty());
         assert!(keys(b"ping", &argv(&["PING", "x"])).is_empty());
         assert!(lookup(b"incr").is_some_and(Spec::writes));
@@ -431,6 +458,23 @@ mod tests {
             let keys: Vec<&Bytes> = spec.keys_in(&argv);
             assert_eq!(keys, [&argv[1]], "{name}");
             assert!(spec.flags.contains(&"fast") || name.ends_with("setex"));
+        }
+    }
+
+    /// `Session::now_row` answers a row's reads at once only where
+    /// `Session::prepare` would hand the command to the store: every row
+    /// with a `now` runner must be a store read.
+    #[test]
+    fn rows_answered_at_once_are_store_reads() {
+        let now_rows: Vec<&str> = COMMANDS
+            .iter()
+            .filter(|spec| spec.now.is_some())
+            .map(|spec| spec.name)
+            .collect();
+        assert_eq!(now_rows, ["get", "mget"]);
+        for spec in COMMANDS.iter().filter(|spec| spec.now.is_some()) {
+            assert!(matches!(spec.run, Run::Store(_)), "{}", spec.name);
+            assert!(spec.is_read() && !spec.writes(), "{}", spec.name);
         }
     }
 

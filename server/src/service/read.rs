@@ -38,14 +38,14 @@ pub async fn mget(
 /// batch of large values must not be gathered in memory just to be refused.
 pub fn local_values(
     replica: &Replica,
-    keys: &[bytes::Bytes],
+    keys: &[impl AsRef<[u8]>],
     max_frame_bytes: u32,
 ) -> Result<Vec<Option<Versioned>>, ErrorReply> {
     let budget = u64::from(max_frame_bytes);
     let mut bytes = 0u64;
     let mut values = Vec::with_capacity(keys.len());
     for key in keys {
-        let value = local(replica, key)?;
+        let value = local(replica, key.as_ref())?;
         bytes += value.as_ref().map_or(0, |v| v.value.len() as u64);
         if bytes > budget {
             return Err(ErrorReply::new(
