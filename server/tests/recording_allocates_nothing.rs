@@ -2,11 +2,11 @@
 //! node answering a million requests a second records a million samples a
 //! second (docs/benchmarks.md, issue 15, eleventh round).
 
-use std::time::Duration;
+use std::time::Instant;
 
 use rdkv_fabric::alloc_count::CountingAllocator;
 use rdkv_proto::wire::Op;
-use rdkv_server::telemetry::{RequestStats, Via, prometheus};
+use rdkv_server::telemetry::{RequestStats, prometheus};
 
 #[global_allocator]
 static ALLOC: CountingAllocator = CountingAllocator;
@@ -18,15 +18,15 @@ const READS_PER_BATCH: u64 = 16;
 fn recording_requests_and_histogram_samples_allocates_nothing() {
     let handle = prometheus();
     let stats = RequestStats::default();
-    let each = Duration::from_micros(20);
+    let batch = [(Op::Get, READS_PER_BATCH)];
     // The first record of each registers its series.
-    stats.finish_many(Op::Get, Via::Resp, READS_PER_BATCH, each);
+    stats.finish_answered_at_once(Instant::now(), &batch);
     let batches = metrics::histogram!("rdkv_raft_apply_batch_entries", "shard" => "7");
     batches.record(3.0);
 
     let before = CountingAllocator::allocations_on_this_thread();
     for _ in 0..ROUNDS {
-        stats.finish_many(Op::Get, Via::Resp, READS_PER_BATCH, each);
+        stats.finish_answered_at_once(Instant::now(), &batch);
         batches.record(3.0);
     }
     let allocations = CountingAllocator::allocations_on_this_thread() - before;
@@ -38,6 +38,7 @@ fn recording_requests_and_histogram_samples_allocates_nothing() {
     let expected = [
         format!("rdkv_request_duration_seconds_count{{op=\"get\"}} {reads}"),
         format!("rdkv_request_duration_seconds_bucket{{op=\"get\",le=\"0.000025\"}} {reads}"),
+        format!("rdkv_resp_reads_answered_at_once_total {reads}"),
         format!(
             "rdkv_raft_apply_batch_entries_count{{shard=\"7\"}} {}",
             ROUNDS + 1

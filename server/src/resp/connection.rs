@@ -170,20 +170,11 @@ impl NowReads {
 
     /// Records the batch's reads, each charged an equal share of its time.
     fn account(self, server: &RespServer) {
-        let Some(started) = self.started else {
-            return;
-        };
-        let total: u64 = self.answered.iter().map(|(_, count)| count).sum();
-        if total == 0 {
-            return;
-        }
-        let each = started.elapsed().div_f64(total as f64);
-        metrics::counter!("rdkv_resp_reads_answered_at_once_total").increment(total);
-        for (op, count) in self.answered {
+        if let Some(started) = self.started {
             server
                 .handler
                 .stats()
-                .finish_many(op, Via::Resp, count, each);
+                .finish_answered_at_once(started, &self.answered);
         }
     }
 }
