@@ -209,6 +209,49 @@ async fn pipelines_through_leader_and_follower(extra_args: &[&str]) -> Result<()
     .await
 }
 
+/// Inline commands (what a terminal sends, as `GET k` lines) are answered
+/// at once as array commands are: their arguments are unquoted copies, shown
+/// through the same view. Exactly the two reads are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inline_reads_are_answered_at_once_too() -> Result<()> {
+    let mut cluster = Cluster::start_with(1, &[])?;
+    check_with_leader(&mut cluster, TEST_LIMIT_SECS, async |cluster, leader| {
+        let resp = cluster.node(leader)?.resp_addr;
+        let exchange = async |bytes: &'static [u8]| {
+            tokio::task::spawn_blocking(move || inline_exchange(resp, bytes)).await?
+        };
+        let set = exchange(b"SET k v\r\nQUIT\r\n").await?;
+        ensure!(
+            set == b"+OK\r\n+OK\r\n",
+            "{:?}",
+            String::from_utf8_lossy(&set)
+        );
+        let before = reads_answered_at_once(cluster, leader).await?;
+        let reads = exchange(b"GET k\r\nMGET k none\r\nQUIT\r\n").await?;
+        let expected = b"$1\r\nv\r\n*2\r\n$1\r\nv\r\n$-1\r\n+OK\r\n";
+        ensure!(reads == expected, "{:?}", String::from_utf8_lossy(&reads));
+        let answered = reads_answered_at_once(cluster, leader).await? - before;
+        ensure!(
+            answered == 2.0,
+            "{answered} of the two inline reads answered at once"
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// Writes `bytes` and reads until the server closes the connection.
+fn inline_exchange(addr: SocketAddr, bytes: &[u8]) -> Result<Vec<u8>> {
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(REPLIES_TIMEOUT))?;
+    stream.write_all(bytes)?;
+    let mut out = Vec::new();
+    stream
+        .read_to_end(&mut out)
+        .context("the server did not close the connection")?;
+    Ok(out)
+}
+
 async fn reads_answered_at_once(cluster: &Cluster, id: u64) -> Result<f64> {
     let addr = cluster.node(id)?.http_addr;
     let (_, text) = tokio::task::spawn_blocking(move || http_get(addr, "/metrics")).await??;

@@ -395,8 +395,7 @@ pub fn mget_now(
     protocol: Protocol,
     out: &mut BytesMut,
 ) -> bool {
-    let keys: Vec<&[u8]> = args.iter().skip(1).collect();
-    let Some(values) = server.mget_now(&keys) else {
+    let Some(values) = server.mget_now(args.iter_from(1)) else {
         return false;
     };
     values_reply(values).encode(protocol, out);

@@ -14,7 +14,7 @@ use std::pin::Pin;
 use std::time::Instant;
 
 use anyhow::Result;
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use futures::FutureExt;
 use futures::stream::{FuturesOrdered, StreamExt};
 use rdkv_proto::wire::Op;
@@ -22,7 +22,7 @@ use rdkv_tls::{Stream, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::clients::ClientInfo;
-use super::parse::{Args, CommandReader, ParseLimits, ProtocolError, Scanned, detached};
+use super::parse::{Args, CommandReader, ParseLimits, ProtocolError, detached};
 use super::reply::Reply;
 use super::session::{Session, Step};
 use super::table::{Spec, StoreRun};
@@ -174,7 +174,7 @@ impl NowReads {
             server
                 .handler
                 .stats()
-                .finish_answered_at_once(started, &self.answered);
+                .finish_answered_at_once(started, Instant::now(), &self.answered);
         }
     }
 }
@@ -220,53 +220,55 @@ impl<'a> Pipeline<'a> {
             } else {
                 &UNAUTHENTICATED_LIMITS
             };
-            let scanned = reader.scan(input, limits)?;
-            match scanned {
-                Scanned::Incomplete => return Ok(false),
-                Scanned::Array { len } => {
-                    if self.answer_now(reader.args(input), reads_now).await {
-                        input.advance(len);
-                        if self.output.len() >= FLUSH_BYTES {
-                            self.flush().await?;
-                        }
-                        continue;
-                    }
-                }
-                Scanned::Inline { .. } => {}
+            if !reader.scan(input, limits)? {
+                return Ok(false);
             }
-            reader.take(input, scanned, argv);
+            if self.answer_now(reader.args(input), reads_now).await {
+                reader.skip(input);
+                if self.output.len() >= FLUSH_BYTES {
+                    self.flush().await?;
+                }
+                continue;
+            }
+            reader.take(input, argv);
             if argv.is_empty() {
                 continue;
             }
-            match self.session.prepare(argv) {
-                Step::Now { reply, close } => {
-                    self.closing |= close;
-                    self.push_ready(reply, close).await?;
-                }
-                Step::Session { run } => {
-                    self.finish_all().await?;
-                    let reply = self.session.run_session(run, argv);
-                    self.push_ready(reply, false).await?;
-                }
-                Step::Exec => {
-                    self.finish_all().await?;
-                    let reply = transaction::exec(&mut self.session).await;
-                    self.push_ready(reply, false).await?;
-                }
-                Step::Watch => {
-                    self.finish_all().await?;
-                    // The watched keys are kept: copies, not the input's.
-                    let keys = detached(&argv[1..]);
-                    let reply = transaction::watch(&mut self.session, &keys).await;
-                    self.push_ready(reply, false).await?;
-                }
-                Step::Store { spec, run } => {
-                    // It runs past this batch: its own copy of the arguments.
-                    self.start_store(spec, run, detached(argv));
-                }
-            }
+            self.start_prepared(argv).await?;
         }
         Ok(!self.closing)
+    }
+
+    /// Starts a command taken off the input, as the session decides.
+    async fn start_prepared(&mut self, argv: &[Bytes]) -> std::io::Result<()> {
+        match self.session.prepare(argv) {
+            Step::Now { reply, close } => {
+                self.closing |= close;
+                self.push_ready(reply, close).await?;
+            }
+            Step::Session { run } => {
+                self.finish_all().await?;
+                let reply = self.session.run_session(run, argv);
+                self.push_ready(reply, false).await?;
+            }
+            Step::Exec => {
+                self.finish_all().await?;
+                let reply = transaction::exec(&mut self.session).await;
+                self.push_ready(reply, false).await?;
+            }
+            Step::Watch => {
+                self.finish_all().await?;
+                // The watched keys are kept: copies, not the input's.
+                let keys = detached(&argv[1..]);
+                let reply = transaction::watch(&mut self.session, &keys).await;
+                self.push_ready(reply, false).await?;
+            }
+            Step::Store { spec, run } => {
+                // It runs past this batch: its own copy of the arguments.
+                self.start_store(spec, run, detached(argv));
+            }
+        }
+        Ok(())
     }
 
     /// A reply known now: encoded at once when nothing earlier is still
@@ -291,10 +293,7 @@ impl<'a> Pipeline<'a> {
     /// reply value, no copy of the value); else encoded now and queued
     /// behind the earlier replies.
     async fn answer_now(&mut self, args: Args<'_>, reads_now: &mut NowReads) -> bool {
-        let Some(spec) = self.session.now_row(args) else {
-            return false;
-        };
-        let Some((op, now)) = spec.now else {
+        let Some((spec, op, now)) = self.session.now_row(args) else {
             return false;
         };
         // With nothing in flight no earlier command can write its keys (the

@@ -16,7 +16,7 @@
 //! arguments out ([`detached`]), so no command in flight holds the
 //! connection's read buffer.
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 
 /// Bounds on one command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,9 +131,8 @@ fn header_number(line: &[u8]) -> Option<i64> {
 /// Where one command's arguments lie in the bytes it was parsed from.
 type Spans = Vec<(usize, usize)>;
 
-/// What [`CommandReader::scan`] found at the start of the buffer.
-#[derive(Debug)]
-pub enum Scanned {
+/// What [`scan`] found at the start of the buffer.
+enum Scanned {
     Incomplete,
     /// An array command of `len` bytes, its arguments at the spans.
     Array {
@@ -329,78 +328,154 @@ fn single_quoted_escape(line: &[u8], i: usize, arg: &mut Vec<u8>) -> Result<usiz
     }
 }
 
-/// An array command's arguments (the name first) as a view of the buffer
-/// it was scanned from: borrowed, so reading them writes nothing (a
-/// `Bytes` slice of the buffer writes its shared count when made and when
-/// dropped).
+/// A command's arguments (the name first), borrowed: an array command's
+/// as a view of the buffer it was scanned from, so reading them writes
+/// nothing (a `Bytes` slice of the buffer writes its shared count when
+/// made and when dropped); an inline command's as the copies unquoting
+/// made.
 #[derive(Debug, Clone, Copy)]
-pub struct Args<'a> {
-    buf: &'a [u8],
-    spans: &'a [(usize, usize)],
+pub struct Args<'a>(ArgsIn<'a>);
+
+#[derive(Debug, Clone, Copy)]
+enum ArgsIn<'a> {
+    /// Every span lies within `buf` (checked when the view is made).
+    Spans {
+        buf: &'a [u8],
+        spans: &'a [(usize, usize)],
+    },
+    Owned(&'a [Bytes]),
 }
 
 impl<'a> Args<'a> {
+    const NONE: Args<'static> = Args(ArgsIn::Owned(&[]));
+
     /// How many arguments, the name included.
     pub fn len(&self) -> usize {
-        self.spans.len()
+        match self.0 {
+            ArgsIn::Spans { spans, .. } => spans.len(),
+            ArgsIn::Owned(args) => args.len(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.spans.is_empty()
+        self.len() == 0
     }
 
     /// Argument `i` (0: the command's name).
     pub fn get(&self, i: usize) -> Option<&'a [u8]> {
-        let &(start, end) = self.spans.get(i)?;
-        self.buf.get(start..end)
+        match self.0 {
+            ArgsIn::Spans { buf, spans } => {
+                let &(start, end) = spans.get(i)?;
+                buf.get(start..end)
+            }
+            ArgsIn::Owned(args) => args.get(i).map(|arg| &arg[..]),
+        }
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &'a [u8]> + use<'a> {
-        let buf = self.buf;
-        self.spans.iter().filter_map(move |&(s, e)| buf.get(s..e))
+    /// The arguments from `first` on.
+    pub fn iter_from(&self, first: usize) -> impl ExactSizeIterator<Item = &'a [u8]> + Clone {
+        let args = *self;
+        // Every index below `len` is there, so nothing is skipped.
+        (first.min(args.len())..args.len()).map(move |i| args.get(i).unwrap_or_default())
     }
 }
 
+/// A command [`CommandReader::scan`] found at the front of the buffer and
+/// left there.
+#[derive(Debug, Default)]
+enum Pending {
+    #[default]
+    None,
+    /// An array command of `len` bytes, its arguments at the reader's spans.
+    Array { len: usize },
+    /// An inline command: its arguments had to be unquoted, so they are
+    /// copies.
+    Inline { args: Vec<Bytes>, len: usize },
+}
+
 /// A connection's parser: takes commands off the front of its input
-/// buffer without copying them. Holds the argument offsets it reuses.
+/// buffer without copying them. Holds the argument offsets it reuses and
+/// the command it last found: [`Self::scan`] finds one, then
+/// [`Self::args`] shows it and [`Self::skip`] or [`Self::take`] takes it
+/// off, all on the same buffer, unchanged in between.
 #[derive(Debug, Default)]
 pub struct CommandReader {
     spans: Spans,
+    pending: Pending,
 }
 
 impl CommandReader {
     /// Looks for one complete command at the front of `buf`, consuming
-    /// nothing. An array command's arguments are then [`Self::args`].
-    pub fn scan(&mut self, buf: &[u8], limits: &ParseLimits) -> Result<Scanned, ProtocolError> {
-        scan(buf, limits, &mut self.spans)
+    /// nothing: `true` if there is one.
+    pub fn scan(&mut self, buf: &[u8], limits: &ParseLimits) -> Result<bool, ProtocolError> {
+        self.pending = match scan(buf, limits, &mut self.spans)? {
+            Scanned::Incomplete => Pending::None,
+            Scanned::Array { len } => Pending::Array { len },
+            Scanned::Inline { args, len } => Pending::Inline { args, len },
+        };
+        Ok(!matches!(self.pending, Pending::None))
     }
 
-    /// The arguments of the array command [`Self::scan`] just found in
-    /// `buf` (which must be the buffer scanned, unchanged since).
+    /// The arguments of the command [`Self::scan`] found in `buf`; none if
+    /// `buf` is not the buffer it scanned.
     pub fn args<'a>(&'a self, buf: &'a [u8]) -> Args<'a> {
-        Args {
-            buf,
-            spans: &self.spans,
+        match &self.pending {
+            Pending::Array { len } if *len <= buf.len() => Args(ArgsIn::Spans {
+                buf: &buf[..*len],
+                spans: &self.spans,
+            }),
+            Pending::Inline { args, .. } => Args(ArgsIn::Owned(args)),
+            _ => Args::NONE,
         }
     }
 
-    /// Takes the command [`Self::scan`] just found off the front of `buf`
-    /// into `argv` (cleared first). An array command's arguments are slices
-    /// of `buf`'s bytes: while they live, `buf` cannot reuse its memory, so
+    /// Drops the command [`Self::scan`] found from the front of `buf` (it
+    /// was answered from its [`Self::args`]).
+    pub fn skip(&mut self, buf: &mut BytesMut) {
+        let len = self.pending_len(buf);
+        buf.advance(len);
+        self.pending = Pending::None;
+    }
+
+    /// Takes the command [`Self::scan`] found off the front of `buf` into
+    /// `argv` (cleared first). An array command's arguments are slices of
+    /// `buf`'s bytes: while they live, `buf` cannot reuse its memory, so
     /// the caller drops them (or [`detached`] copies) before it reads more.
-    pub fn take(&self, buf: &mut BytesMut, scanned: Scanned, argv: &mut Vec<Bytes>) {
+    pub fn take(&mut self, buf: &mut BytesMut, argv: &mut Vec<Bytes>) {
         argv.clear();
-        match scanned {
-            Scanned::Incomplete => {}
-            Scanned::Array { len } => {
+        let len = self.pending_len(buf);
+        let pending = std::mem::take(&mut self.pending);
+        // A command is never empty on the wire; 0: nothing to take.
+        if len == 0 {
+            return;
+        }
+        match pending {
+            Pending::None => {}
+            Pending::Array { .. } => {
                 let whole = buf.split_to(len).freeze();
                 argv.extend(self.spans.iter().map(|&(s, e)| whole.slice(s..e)));
             }
-            Scanned::Inline { args, len } => {
+            Pending::Inline { args, .. } => {
                 let _ = buf.split_to(len);
                 argv.extend(args);
             }
         }
+    }
+
+    /// The pending command's length; 0 if none, or if `buf` is shorter
+    /// than the command (not the buffer scanned: a caller's bug, and
+    /// nothing is taken rather than the wrong bytes).
+    fn pending_len(&self, buf: &[u8]) -> usize {
+        let len = match &self.pending {
+            Pending::None => 0,
+            Pending::Array { len } | Pending::Inline { len, .. } => *len,
+        };
+        debug_assert!(
+            len <= buf.len(),
+            "a command of {len} bytes in {}",
+            buf.len()
+        );
+        if len <= buf.len() { len } else { 0 }
     }
 
     /// [`Self::scan`] then [`Self::take`]: `false` if no command is
@@ -411,12 +486,11 @@ impl CommandReader {
         limits: &ParseLimits,
         argv: &mut Vec<Bytes>,
     ) -> Result<bool, ProtocolError> {
-        let scanned = self.scan(buf, limits)?;
-        if matches!(scanned, Scanned::Incomplete) {
+        if !self.scan(buf, limits)? {
             argv.clear();
             return Ok(false);
         }
-        self.take(buf, scanned, argv);
+        self.take(buf, argv);
         Ok(true)
     }
 }
@@ -538,6 +612,41 @@ mod tests {
         assert!(argv.is_empty());
         assert_eq!(&buf[..], b"*1\r\n$1\r\nx");
         assert!(detached(&[]).is_empty());
+    }
+
+    /// A command answered from its view is skipped, exactly its bytes; the
+    /// view shows an array command's slices and an inline command's copies.
+    #[test]
+    fn a_reader_shows_a_command_then_skips_or_takes_it() {
+        let wire = &b"*3\r\n$4\r\nMGET\r\n$1\r\na\r\n$0\r\n\r\nGET  \"b c\"\r\n*1\r\n$1\r\nx"[..];
+        let mut buf = BytesMut::from(wire);
+        let mut reader = CommandReader::default();
+        let l = limits();
+        assert_eq!(reader.scan(&buf, &l), Ok(true));
+        let args = reader.args(&buf);
+        let shown: Vec<&[u8]> = (0..args.len()).filter_map(|i| args.get(i)).collect();
+        assert_eq!(shown, [&b"MGET"[..], b"a", b""]);
+        assert_eq!(args.iter_from(1).collect::<Vec<_>>(), [&b"a"[..], b""]);
+        assert_eq!(args.iter_from(9).len(), 0);
+        assert_eq!(args.get(3), None);
+        // Not the buffer scanned (shorter than the command): no arguments.
+        assert!(reader.args(&buf[..10]).is_empty());
+        reader.skip(&mut buf);
+        assert_eq!(&buf[..], &wire[27..]);
+        assert_eq!(reader.scan(&buf, &l), Ok(true));
+        let args = reader.args(&buf);
+        assert_eq!((args.len(), args.get(1)), (2, Some(&b"b c"[..])));
+        let mut argv = Vec::new();
+        reader.take(&mut buf, &mut argv);
+        assert_eq!(argv, [Bytes::from("GET"), Bytes::from("b c")]);
+        assert_eq!(&buf[..], b"*1\r\n$1\r\nx");
+        // Nothing complete: nothing shown, skipped or taken.
+        assert_eq!(reader.scan(&buf, &l), Ok(false));
+        assert!(reader.args(&buf).is_empty());
+        reader.skip(&mut buf);
+        reader.take(&mut buf, &mut argv);
+        assert!(argv.is_empty());
+        assert_eq!(&buf[..], b"*1\r\n$1\r\nx");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! `client_command`.
 
 use bytes::Bytes;
-use rdkv_proto::wire::tokens_match;
+use rdkv_proto::wire::{Op, tokens_match};
 
 use super::RespServer;
 use super::clients::{ClientInfo, Registered, valid_client_field};
@@ -12,7 +12,7 @@ use super::cluster;
 use super::commands::{hello_reply, integer_arg, upper};
 use super::parse::Args;
 use super::reply::{Protocol, Reply};
-use super::table::{self, Run, Spec, StoreRun};
+use super::table::{self, NowRun, Run, Spec, StoreRun};
 use super::transaction::{self, Multi};
 use crate::config::RespClusterMode;
 use crate::telemetry::RequestStats;
@@ -125,7 +125,7 @@ impl<'a> Session<'a> {
     /// against the connection's state once every earlier command has
     /// finished, or by the store. Inside MULTI most commands are queued.
     pub fn prepare(&mut self, argv: &[Bytes]) -> Step {
-        let spec = match self.checked(argv) {
+        let spec = match self.checked(argv.first().map(|name| &name[..]), argv.len()) {
             Ok(spec) => spec,
             Err(reply) => {
                 if let Some(multi) = &mut self.multi {
@@ -144,9 +144,7 @@ impl<'a> Session<'a> {
             self.cluster_mode = true;
         }
         if self.cluster_mode
-            && matches!(spec.run, Run::Store(_))
-            && let Some(reply) =
-                cluster::redirect(self.server, spec, &spec.keys_in(argv), self.readonly)
+            && let Some(reply) = self.redirected(spec, &spec.keys_in(argv))
         {
             return Step::now(reply);
         }
@@ -163,31 +161,37 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// The row of a read that may be answered at once (one with a `now`
-    /// runner) when [`Self::prepare`] would hand it to the store as it is:
-    /// judged from a borrowed view of its arguments, before the command is
-    /// taken off the input. `None`: [`Self::prepare`] decides (the command
-    /// is not such a read, or is refused, queued in MULTI or redirected).
-    pub fn now_row(&self, args: Args<'_>) -> Option<&'static Spec> {
-        if !self.authenticated || self.multi.is_some() {
-            return None;
-        }
-        let spec = table::lookup(args.get(0)?)?;
-        if spec.now.is_none() || !spec.accepts(args.len()) {
-            return None;
-        }
-        if self.cluster_mode
-            && cluster::redirect(self.server, spec, &spec.keys_in_args(args), self.readonly)
-                .is_some()
+    /// A read that may be answered at once (its row has a `now` runner),
+    /// when [`Self::prepare`] would hand it to the store as it is: judged by
+    /// the same checks from a borrowed view of its arguments, before the
+    /// command is taken off the input. `None`: [`Self::prepare`] decides
+    /// (the command is not such a read, or is refused, queued in MULTI or
+    /// redirected).
+    pub fn now_row(&self, args: Args<'_>) -> Option<(&'static Spec, Op, NowRun)> {
+        let spec = self.checked(args.get(0), args.len()).ok()?;
+        let (op, now) = spec.now?;
+        let as_it_is = self.multi.is_none() && matches!(spec.run, Run::Store(_));
+        if !as_it_is
+            || self.cluster_mode && self.redirected(spec, &spec.keys_in_args(args)).is_some()
         {
             return None;
         }
-        Some(spec)
+        Some((spec, op, now))
     }
 
-    /// The command's row, once it is known, allowed and of a valid arity.
-    fn checked(&self, argv: &[Bytes]) -> Result<&'static Spec, Reply> {
-        let Some(name) = argv.first() else {
+    /// On a connection in cluster mode, the reply that replaces store
+    /// command `spec` on `keys` (MOVED, CROSSSLOT), if any.
+    fn redirected(&self, spec: &Spec, keys: &[impl AsRef<[u8]>]) -> Option<Reply> {
+        if !matches!(spec.run, Run::Store(_)) {
+            return None;
+        }
+        cluster::redirect(self.server, spec, keys, self.readonly)
+    }
+
+    /// The row of command `name` with `argc` arguments (the name
+    /// included), once it is known, allowed and of a valid arity.
+    fn checked(&self, name: Option<&[u8]>, argc: usize) -> Result<&'static Spec, Reply> {
+        let Some(name) = name else {
             return Err(Reply::err("empty command"));
         };
         let spec = table::lookup(name);
@@ -200,7 +204,7 @@ impl<'a> Session<'a> {
                 "unknown command '{shown}', with args beginning with: "
             )));
         };
-        if !spec.accepts(argv.len()) {
+        if !spec.accepts(argc) {
             return Err(Reply::wrong_arity(spec.name));
         }
         Ok(spec)

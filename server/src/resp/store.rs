@@ -300,10 +300,15 @@ impl RespServer {
     /// MGET's values read at once, like [`Self::get_now`]; `None` for a
     /// batch over the limits or a failed read (the store path refuses or
     /// reports it).
-    pub(super) fn mget_now(&self, keys: &[&[u8]]) -> Option<Vec<Option<Bytes>>> {
+    pub(super) fn mget_now<'k>(
+        &self,
+        keys: impl ExactSizeIterator<Item = &'k [u8]> + Clone,
+    ) -> Option<Vec<Option<Bytes>>> {
         let limits = self.handler.limits();
         limits.check_batch(keys.len()).ok()?;
-        keys.iter().try_for_each(|key| limits.check_key(key)).ok()?;
+        keys.clone()
+            .try_for_each(|key| limits.check_key(key))
+            .ok()?;
         let values = self
             .handler
             .with_replica(|replica| read::local_values(replica, keys, limits.max_frame_bytes))

@@ -28,7 +28,7 @@ pub async fn mget(
     barrier(replica, consistency).await?;
     Ok(Response::Values(local_values(
         replica,
-        keys,
+        keys.iter(),
         max_frame_bytes,
     )?))
 }
@@ -36,9 +36,9 @@ pub async fn mget(
 /// The values of `keys` in this node's region, once the read's consistency
 /// allows it here. Stops as soon as the reply could not fit a frame: a
 /// batch of large values must not be gathered in memory just to be refused.
-pub fn local_values(
+pub fn local_values<K: AsRef<[u8]>>(
     replica: &Replica,
-    keys: &[impl AsRef<[u8]>],
+    keys: impl ExactSizeIterator<Item = K>,
     max_frame_bytes: u32,
 ) -> Result<Vec<Option<Versioned>>, ErrorReply> {
     let budget = u64::from(max_frame_bytes);
