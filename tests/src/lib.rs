@@ -26,6 +26,7 @@ pub mod over;
 pub mod pki;
 pub mod prometheus;
 pub mod raw_native;
+pub mod raw_resp;
 pub mod shard_view;
 pub mod skip;
 pub mod stress;

@@ -28,6 +28,7 @@ use rdkv_proto::wire::{
 };
 use rdkv_tests::prometheus::http_get;
 use rdkv_tests::raw_native::RawConnection;
+use rdkv_tests::raw_resp::raw_exchange;
 use rdkv_tests::stress_value::splitmix64;
 use rdkv_tests::{Cluster, check_with_leader};
 
@@ -218,7 +219,7 @@ async fn inline_reads_are_answered_at_once_too() -> Result<()> {
     check_with_leader(&mut cluster, TEST_LIMIT_SECS, async |cluster, leader| {
         let resp = cluster.node(leader)?.resp_addr;
         let exchange = async |bytes: &'static [u8]| {
-            tokio::task::spawn_blocking(move || inline_exchange(resp, bytes)).await?
+            tokio::task::spawn_blocking(move || raw_exchange(resp, bytes)).await?
         };
         let set = exchange(b"SET k v\r\nQUIT\r\n").await?;
         ensure!(
@@ -238,18 +239,6 @@ async fn inline_reads_are_answered_at_once_too() -> Result<()> {
         Ok(())
     })
     .await
-}
-
-/// Writes `bytes` and reads until the server closes the connection.
-fn inline_exchange(addr: SocketAddr, bytes: &[u8]) -> Result<Vec<u8>> {
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(REPLIES_TIMEOUT))?;
-    stream.write_all(bytes)?;
-    let mut out = Vec::new();
-    stream
-        .read_to_end(&mut out)
-        .context("the server did not close the connection")?;
-    Ok(out)
 }
 
 async fn reads_answered_at_once(cluster: &Cluster, id: u64) -> Result<f64> {

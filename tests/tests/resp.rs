@@ -9,6 +9,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use rdkv_tests::raw_resp::raw_exchange;
 use rdkv_tests::{Cluster, Intent, check, check_with_leader};
 
 const TEST_LIMIT_SECS: u64 = 120;
@@ -44,18 +45,6 @@ fn query<T: redis::FromRedisValue>(
         cmd.arg(*a);
     }
     cmd.query(con)
-}
-
-/// Sends raw bytes and reads until the server closes the connection.
-fn raw_exchange(addr: SocketAddr, bytes: &[u8]) -> Result<Vec<u8>> {
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    stream.write_all(bytes)?;
-    let mut out = Vec::new();
-    stream
-        .read_to_end(&mut out)
-        .context("the server did not close the connection")?;
-    Ok(out)
 }
 
 fn commands_through_every_node(addrs: &[SocketAddr]) -> Result<()> {
