@@ -7,14 +7,16 @@
 //! allocated or waited for, so a peer cannot make the server buffer more than
 //! one bounded command.
 //!
-//! A connection parses in place ([`CommandReader`]): it first looks at an
-//! array command as offsets into the bytes it read ([`Args`]), and a
-//! command answered at once (a GET under a lease) is answered from that
-//! view and dropped from the buffer: no copy, no allocation, and no shared
-//! count written. Any other command is taken off the buffer as `Bytes`
-//! slices of it, and one that outlives the batch it was read in copies its
-//! arguments out ([`detached`]), so no command in flight holds the
-//! connection's read buffer.
+//! A connection parses in place ([`CommandReader`]): it first finds a
+//! command and shows its arguments without taking it off ([`Args`]: an
+//! array command's as offsets into the bytes read, an inline command's as
+//! the copies unquoting made). A command answered at once (a GET under a
+//! lease) is answered from that view and skipped in the buffer: no copy,
+//! no allocation, and no shared count written. Any other command is taken
+//! off the buffer (an array command's arguments as `Bytes` slices of it),
+//! and one that outlives the batch it was read in copies its arguments out
+//! ([`detached`]), so no command in flight holds the connection's read
+//! buffer.
 
 use bytes::{Buf, Bytes, BytesMut};
 
@@ -338,7 +340,8 @@ pub struct Args<'a>(ArgsIn<'a>);
 
 #[derive(Debug, Clone, Copy)]
 enum ArgsIn<'a> {
-    /// Every span lies within `buf` (checked when the view is made).
+    /// `buf` is the command's bytes (the view is made only when they are
+    /// all there), and `scan` put every span within them.
     Spans {
         buf: &'a [u8],
         spans: &'a [(usize, usize)],
