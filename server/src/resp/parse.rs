@@ -481,20 +481,17 @@ impl CommandReader {
         if len <= buf.len() { len } else { 0 }
     }
 
-    /// [`Self::scan`] then [`Self::take`]: `false` if no command is
-    /// complete yet.
+    /// [`Self::scan`] then [`Self::take`] (which, with nothing found, only
+    /// clears `argv`): `false` if no command is complete yet.
     pub fn next_into(
         &mut self,
         buf: &mut BytesMut,
         limits: &ParseLimits,
         argv: &mut Vec<Bytes>,
     ) -> Result<bool, ProtocolError> {
-        if !self.scan(buf, limits)? {
-            argv.clear();
-            return Ok(false);
-        }
+        let found = self.scan(buf, limits)?;
         self.take(buf, argv);
-        Ok(true)
+        Ok(found)
     }
 }
 
