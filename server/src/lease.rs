@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use openraft::async_runtime::WatchReceiver;
+use openraft::metrics::{RaftDataMetrics, RaftServerMetrics};
 use openraft::{RaftMetrics, ReadPolicy, ServerState};
 use rdkv_fabric::clock;
 use rdkv_proto::region::LeaseDeadline;
@@ -17,86 +18,143 @@ use tokio::sync::watch;
 use crate::Raft;
 use crate::replica::Replica;
 
-/// How long ago a quorum last acknowledged this node as leader (`None`: it
-/// does not lead, or has not been acknowledged yet, just elected).
-///
-/// A sole voter is its own quorum, always current: no other node can be
-/// elected unless this leader first appends a configuration with more
-/// voters, and from that moment the quorum rule applies. (openraft refreshes
-/// a sole voter's acknowledgement only on writes, so an idle single node
-/// would otherwise look cut off.) The lease, `/health` and follower reads
-/// all judge leadership by this one answer.
+/// What the lease rules read of Raft's state. It is taken either from the
+/// whole metrics or from their server and data parts: openraft sends the
+/// whole metrics on every loop of RaftCore (every heartbeat a follower
+/// answers included), the two parts only when they change, so a task that
+/// waits for a change waits on the parts ([`publish_leadership`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Leadership {
+    leads: bool,
+    /// The term of this node's flushed vote.
+    term: u64,
+    sole_voter: bool,
+    /// How long before this view was taken a quorum last acknowledged
+    /// this node (`None`: not yet, or not a leader).
+    quorum_acked_ago: Option<Duration>,
+    /// The term of the last applied entry's leader.
+    applied_term: Option<u64>,
+}
+
+impl Leadership {
+    pub fn of(metrics: &RaftMetrics<TypeConfig>) -> Self {
+        Self {
+            leads: metrics.state == ServerState::Leader,
+            term: metrics.vote.leader_id.term,
+            sole_voter: metrics.membership_config.membership().voter_ids().count() == 1,
+            quorum_acked_ago: elapsed(metrics.last_quorum_acked.as_ref()),
+            applied_term: metrics.last_applied.map(|l| l.leader_id.term),
+        }
+    }
+
+    pub fn of_parts(
+        server: &RaftServerMetrics<TypeConfig>,
+        data: &RaftDataMetrics<TypeConfig>,
+    ) -> Self {
+        Self {
+            leads: server.state == ServerState::Leader,
+            term: server.vote.leader_id.term,
+            sole_voter: server.membership_config.membership().voter_ids().count() == 1,
+            quorum_acked_ago: elapsed(data.last_quorum_acked.as_ref()),
+            applied_term: data.last_applied.map(|l| l.leader_id.term),
+        }
+    }
+
+    /// How long ago a quorum last acknowledged this node as leader (`None`:
+    /// it does not lead, or has not been acknowledged yet, just elected).
+    ///
+    /// A sole voter is its own quorum, always current: no other node can be
+    /// elected unless this leader first appends a configuration with more
+    /// voters, and from that moment the quorum rule applies. (openraft
+    /// refreshes a sole voter's acknowledgement only on writes, so an idle
+    /// single node would otherwise look cut off.) The lease, `/health` and
+    /// follower reads all judge leadership by this one answer.
+    pub fn quorum_ack_age(&self) -> Option<Duration> {
+        if !self.leads {
+            return None;
+        }
+        if self.sole_voter {
+            return Some(Duration::ZERO);
+        }
+        self.quorum_acked_ago
+    }
+
+    /// Whether this node has applied an entry of its current term: a
+    /// leader then holds everything its predecessors committed.
+    fn applied_own_term(&self) -> bool {
+        self.applied_term == Some(self.term)
+    }
+
+    /// Whether this node leads and has applied an entry of its own term.
+    pub fn leads_with_own_entry(&self) -> bool {
+        self.leads && self.applied_own_term()
+    }
+
+    /// The deadline of the leader's lease, if this node leads: the last
+    /// instant a quorum acknowledged it, plus the minimum election timeout
+    /// (no follower votes for another candidate before that has passed), on
+    /// both clocks.
+    fn lease_deadline(&self, election_timeout_min_ms: u64) -> Option<LeaseDeadline> {
+        // A new leader's region may still lack entries its predecessor
+        // committed: it serves one-sided reads only once it has applied an
+        // entry of its own term (its first blank entry), as openraft's own
+        // lease reads wait for it too.
+        if !self.applied_own_term() {
+            return None;
+        }
+        let age_us = u64::try_from(self.quorum_ack_age()?.as_micros()).unwrap_or(u64::MAX);
+        let lease_us = election_timeout_min_ms * 1000;
+        let deadline_us = |now_us: u64| now_us.saturating_sub(age_us) + lease_us;
+        Some(LeaseDeadline {
+            unix_us: deadline_us(clock::unix_now_us()),
+            boottime_us: deadline_us(clock::boottime_now_us()),
+        })
+    }
+}
+
+fn elapsed(
+    instant: Option<&impl std::ops::Deref<Target = impl openraft::Instant>>,
+) -> Option<Duration> {
+    instant.map(|at| openraft::Instant::elapsed(&**at))
+}
+
+/// [`Leadership::quorum_ack_age`] of the whole metrics.
 pub fn quorum_ack_age(metrics: &RaftMetrics<TypeConfig>) -> Option<Duration> {
-    if metrics.state != ServerState::Leader {
-        return None;
-    }
-    if metrics.membership_config.membership().voter_ids().count() == 1 {
-        return Some(Duration::ZERO);
-    }
-    let acked = metrics.last_quorum_acked.as_ref()?;
-    Some(openraft::Instant::elapsed(&**acked))
+    Leadership::of(metrics).quorum_ack_age()
 }
 
-/// The deadline of the leader's lease, if this node leads: the last instant
-/// a quorum acknowledged it, plus the minimum election timeout (no follower
-/// votes for another candidate before that has passed), on both clocks.
-fn lease_deadline(
-    metrics: &RaftMetrics<TypeConfig>,
-    election_timeout_min_ms: u64,
-) -> Option<LeaseDeadline> {
-    // A new leader's region may still lack entries its predecessor
-    // committed: it serves one-sided reads only once it has applied an entry
-    // of its own term (its first blank entry), as openraft's own lease reads
-    // wait for it too.
-    if !applied_own_term(metrics) {
-        return None;
-    }
-    let age_us = u64::try_from(quorum_ack_age(metrics)?.as_micros()).unwrap_or(u64::MAX);
-    let lease_us = election_timeout_min_ms * 1000;
-    let deadline_us = |now_us: u64| now_us.saturating_sub(age_us) + lease_us;
-    Some(LeaseDeadline {
-        unix_us: deadline_us(clock::unix_now_us()),
-        boottime_us: deadline_us(clock::boottime_now_us()),
-    })
-}
-
-/// Whether this node has applied an entry of its current term: a leader then
-/// holds everything its predecessors committed.
-fn applied_own_term(metrics: &RaftMetrics<TypeConfig>) -> bool {
-    metrics.last_applied.map(|l| l.leader_id.term) == Some(metrics.current_term)
-}
-
-/// Whether this node leads and has applied an entry of its own term.
+/// [`Leadership::leads_with_own_entry`] of the whole metrics.
 pub fn leads_with_own_entry(metrics: &RaftMetrics<TypeConfig>) -> bool {
-    metrics.state == ServerState::Leader && applied_own_term(metrics)
+    Leadership::of(metrics).leads_with_own_entry()
 }
 
 /// Keeps the region header's term and lease words current: renewed on every
-/// quorum acknowledgement (and every heartbeat), cleared at once when this
-/// node stops leading.
+/// quorum acknowledgement (and every heartbeat interval), cleared at once
+/// when this node stops leading. Counts each writing in `published`.
 pub async fn publish_leadership(
     raft: Raft,
     sm: RegionStateMachine,
     heartbeat_ms: u64,
+    published: metrics::Counter,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let election_timeout_min_ms = raft.config().election_timeout_min;
-    let mut metrics = raft.metrics();
+    let mut server = raft.server_metrics();
+    let mut data = raft.data_metrics();
     let mut tick = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(1)));
     loop {
-        // Read under the watch's guard, not cloned: this runs on every
-        // change of Raft's metrics (several per batch of writes), and a
-        // clone copies the replication and membership maps.
-        let (term, deadline) = {
-            let current = metrics.borrow_watched();
-            let deadline = lease_deadline(&current, election_timeout_min_ms);
-            (current.current_term, deadline)
-        };
-        if let Err(e) = sm.publish_leadership(term, deadline) {
+        // Read under the watches' guards, not cloned: on a leader this runs
+        // on every quorum acknowledgement, and a clone copies the
+        // replication and membership maps.
+        let now = Leadership::of_parts(&server.borrow_watched(), &data.borrow_watched());
+        let deadline = now.lease_deadline(election_timeout_min_ms);
+        if let Err(e) = sm.publish_leadership(now.term, deadline) {
             tracing::error!("publishing leadership in the region header: {e}");
         }
+        published.increment(1);
         tokio::select! {
-            changed = metrics.changed() => if changed.is_err() { return },
+            changed = server.changed() => if changed.is_err() { return },
+            changed = data.changed() => if changed.is_err() { return },
             _ = tick.tick() => {}
             _ = shutdown.changed() => return,
         }

@@ -898,11 +898,13 @@ pub(crate) fn spawn_leader_tasks(
     shutdown_rx: &watch::Receiver<bool>,
 ) -> [tokio::task::JoinHandle<()>; 3] {
     let raft = &replica.raft;
+    let shard = replica.peers.shard.unwrap_or(ShardId(0)).to_string();
     [
         tokio::spawn(crate::lease::publish_leadership(
             raft.clone(),
             replica.sm.clone(),
             config.heartbeat_ms,
+            metrics::counter!("rdkv_lease_publishes_total", "shard" => shard),
             shutdown_rx.clone(),
         )),
         tokio::spawn(crate::settings::propose_while_leading(

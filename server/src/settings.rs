@@ -28,7 +28,7 @@ use rdkv_storage::state_machine::RegionStateMachine;
 use tokio::sync::watch;
 
 use crate::Raft;
-use crate::lease::leads_with_own_entry;
+use crate::lease::Leadership;
 
 /// How long to wait before proposing again after a failed proposal.
 const RETRY_AFTER: Duration = Duration::from_millis(200);
@@ -58,11 +58,14 @@ pub async fn propose_while_leading(
     quota_bytes: u64,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut metrics = raft.metrics();
+    // The server and data parts of Raft's metrics, not the whole: those go
+    // out on every loop of RaftCore (every heartbeat included), the parts
+    // only when they change.
+    let mut server = raft.server_metrics();
+    let mut data = raft.data_metrics();
     loop {
-        // Raft's metrics change several times per batch of writes: a node
-        // that does not lead does not look at its settings (their locks).
-        let leads = leads_with_own_entry(&metrics.borrow_watched());
+        let leads = Leadership::of_parts(&server.borrow_watched(), &data.borrow_watched())
+            .leads_with_own_entry();
         if let Some(command) = leads.then(|| missing_setting(&sm, quota_bytes)).flatten() {
             let what = command.to_string();
             match raft.client_write(command).await {
@@ -75,8 +78,21 @@ pub async fn propose_while_leading(
             }
             continue;
         }
+        // A leader that has applied an entry of its term and found nothing
+        // missing stays so until its leadership changes (only a leader
+        // proposes settings, and it has applied its predecessors' entries):
+        // it waits for the server part only, as a leader's data part
+        // changes on every quorum acknowledgement.
+        if leads {
+            tokio::select! {
+                changed = server.changed() => if changed.is_err() { return },
+                _ = shutdown.changed() => return,
+            }
+            continue;
+        }
         tokio::select! {
-            changed = metrics.changed() => if changed.is_err() { return },
+            changed = server.changed() => if changed.is_err() { return },
+            changed = data.changed() => if changed.is_err() { return },
             _ = shutdown.changed() => return,
         }
     }

@@ -36,6 +36,22 @@ fn moved(before: &Exposition, after: &Exposition, name: &str, labels: &[(&str, &
     after.get(name, labels).unwrap_or(0.0) - before.get(name, labels).unwrap_or(0.0)
 }
 
+/// Waits until the leader's own proposals after its election (the cluster's
+/// settings: hash seed, then quota) are applied, so that none lands among a
+/// test's counted operations.
+async fn settings_applied(cluster: &Cluster, leader: u64) -> Result<()> {
+    eventually(
+        Duration::from_secs(15),
+        "the quota is applied",
+        async || {
+            let status = cluster.status_of(leader).await?;
+            ensure!(status.quota.quota_bytes.is_some(), "no quota applied yet");
+            Ok(())
+        },
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_every_operation_and_report_follower_lag() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
@@ -44,19 +60,8 @@ async fn metrics_count_every_operation_and_report_follower_lag() -> Result<()> {
         // TCP only: every GET is a request the server counts.
         let tcp = client(cluster, leader, Transport::Tcp)?;
         tcp.put("warm", "up").await?;
-        // The leader proposes the cluster's settings (hash seed, then
-        // quota) on its own after its election; the log must have them
-        // before the count below starts, or one lands among the writes.
-        eventually(
-            Duration::from_secs(15),
-            "the quota is applied",
-            async || {
-                let status = cluster.status_of(leader).await?;
-                ensure!(status.quota.quota_bytes.is_some(), "no quota applied yet");
-                Ok(())
-            },
-        )
-        .await?;
+        // The count below must not include them.
+        settings_applied(cluster, leader).await?;
 
         let before = cluster.metrics_of(leader).await?;
         let before_follower = cluster.metrics_of(follower).await?;
@@ -274,6 +279,67 @@ async fn metrics_count_every_operation_and_report_follower_lag() -> Result<()> {
             },
         )
         .await
+    })
+    .await
+}
+
+/// A follower's lease task rewrites its region header when the follower's
+/// Raft role or applied state changes, and once a heartbeat interval; not on
+/// every heartbeat it answers. Every linearizable read's ReadIndex round
+/// sends each follower a heartbeat, thousands a second under a read load,
+/// and openraft sends its whole metrics on each (issue 15: those wake-ups
+/// cost the followers CPU). The task waits on the metrics' parts, which are
+/// sent only when they change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_does_not_publish_its_lease_words_per_heartbeat() -> Result<()> {
+    const HEARTBEAT_MS: u64 = 500;
+    const READS: u64 = 200;
+    let heartbeat_arg = HEARTBEAT_MS.to_string();
+    let mut cluster = Cluster::start_with(3, &["--heartbeat-ms", &heartbeat_arg])?;
+    check_with_leader(&mut cluster, 120, async |cluster, leader| {
+        let follower = (1..=3).find(|&id| id != leader).context("no follower")?;
+        let follower_label = follower.to_string();
+        let to_follower = [("shard", "0"), ("peer", follower_label.as_str())];
+        let tcp = client(cluster, leader, Transport::Tcp)?;
+        tcp.put("k", "v").await?;
+        settings_applied(cluster, leader).await?;
+
+        let started = std::time::Instant::now();
+        let leader_before = cluster.metrics_of(leader).await?;
+        let before = cluster.metrics_of(follower).await?;
+        for _ in 0..READS {
+            tcp.get_with("k", Consistency::Linearizable).await?;
+        }
+        let after = cluster.metrics_of(follower).await?;
+        let leader_after = cluster.metrics_of(leader).await?;
+        let intervals = started.elapsed().as_millis() as f64 / HEARTBEAT_MS as f64;
+
+        // Each read had its own round: the follower answered a heartbeat
+        // for each (the leader's appends to it, all empty, as no write ran).
+        let heartbeats = moved(
+            &leader_before,
+            &leader_after,
+            "rdkv_peer_append_round_trip_seconds_count",
+            &to_follower,
+        );
+        ensure!(
+            heartbeats >= READS as f64,
+            "{heartbeats} round trips to the follower for {READS} linearizable reads"
+        );
+        // Once per interval begun, plus one for each change this window may
+        // hold (a tick at either end, the leader's commit index moving).
+        let published = moved(&before, &after, "rdkv_lease_publishes_total", SHARD_0);
+        let allowed = intervals.ceil() + 4.0;
+        println!(
+            "follower {follower}: {published} lease publications over {intervals:.1} \
+             intervals and {heartbeats} heartbeats"
+        );
+        ensure!(
+            published <= allowed,
+            "the follower published its lease words {published} times over {intervals:.1} \
+             heartbeat intervals and {heartbeats} heartbeats (at most {allowed} expected)"
+        );
+        Ok(())
     })
     .await
 }

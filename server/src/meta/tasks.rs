@@ -23,7 +23,9 @@ const RETRY_AFTER: Duration = Duration::from_millis(500);
 /// Serves every map this node's metadata replica applies, as it applies
 /// them (a restarted node: the one it applied before, once replayed).
 pub async fn follow_applied(meta: Meta, mut shutdown: watch::Receiver<bool>) {
-    let mut metrics = meta.replica().raft.metrics();
+    // Raft's data metrics, sent when they change (its whole metrics go out
+    // on every loop of RaftCore, every heartbeat included).
+    let mut data = meta.replica().raft.data_metrics();
     let mut seen = None;
     loop {
         let applied = meta.replica().sm.applied_index();
@@ -38,7 +40,7 @@ pub async fn follow_applied(meta: Meta, mut shutdown: watch::Receiver<bool>) {
             }
         }
         tokio::select! {
-            changed = metrics.changed() => if changed.is_err() { return },
+            changed = data.changed() => if changed.is_err() { return },
             _ = shutdown.changed() => return,
         }
     }
@@ -57,13 +59,16 @@ pub struct Bootstrap {
 /// Whenever this node leads the metadata group, carries out [`Bootstrap`];
 /// runs until shutdown.
 pub async fn lead(meta: Meta, bootstrap: Bootstrap, mut shutdown: watch::Receiver<bool>) {
-    let mut metrics = meta.replica().raft.metrics();
+    // Raft's server and data metrics, sent when they change.
+    let mut server = meta.replica().raft.server_metrics();
+    let mut data = meta.replica().raft.data_metrics();
     loop {
-        let leads = metrics.borrow_watched().state.is_leader();
+        let leads = server.borrow_watched().state.is_leader();
         let done = !leads || bootstrap_step(&meta, &bootstrap).await;
         if done {
             tokio::select! {
-                changed = metrics.changed() => if changed.is_err() { return },
+                changed = server.changed() => if changed.is_err() { return },
+                changed = data.changed() => if changed.is_err() { return },
                 _ = shutdown.changed() => return,
             }
         } else {

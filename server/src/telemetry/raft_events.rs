@@ -6,7 +6,11 @@ use std::time::Duration;
 
 use metrics::counter;
 use openraft::async_runtime::WatchReceiver;
-use openraft::{RaftMetrics, ServerState};
+use std::sync::Arc;
+
+use openraft::ServerState;
+use openraft::metrics::{RaftDataMetrics, RaftServerMetrics};
+use openraft::type_config::alias::{StoredMembershipOf, WatchReceiverOf};
 use rdkv_storage::raft::TypeConfig;
 use tokio::sync::watch;
 
@@ -22,62 +26,94 @@ pub struct RaftChanges {
     pub snapshot_index: Option<u64>,
 }
 
-/// Compares two views of the metrics (pure, for tests).
-pub fn changes(old: &RaftMetrics<TypeConfig>, new: &RaftMetrics<TypeConfig>) -> RaftChanges {
-    let members = |m: &RaftMetrics<TypeConfig>| -> Vec<u64> {
-        m.membership_config
+/// What this module reads of Raft's state, taken from the server and data
+/// parts of its metrics: openraft sends those only when they change, the
+/// whole metrics on every loop of RaftCore (every heartbeat included).
+#[derive(Debug, Clone)]
+pub struct RaftView {
+    /// The term of the flushed vote.
+    pub term: u64,
+    pub leader: Option<u64>,
+    pub state: ServerState,
+    pub membership: Arc<StoredMembershipOf<TypeConfig>>,
+    pub snapshot_index: Option<u64>,
+}
+
+impl RaftView {
+    pub fn of(server: &RaftServerMetrics<TypeConfig>, data: &RaftDataMetrics<TypeConfig>) -> Self {
+        Self {
+            term: server.vote.leader_id.term,
+            leader: server.current_leader,
+            state: server.state,
+            membership: server.membership_config.clone(),
+            snapshot_index: data.snapshot.map(|l| l.index),
+        }
+    }
+}
+
+/// Compares two views (pure, for tests).
+pub fn changes(old: &RaftView, new: &RaftView) -> RaftChanges {
+    let members = |v: &RaftView| -> Vec<u64> {
+        v.membership
             .membership()
             .nodes()
             .map(|(id, _)| *id)
             .collect()
     };
     RaftChanges {
-        new_terms: new.current_term.saturating_sub(old.current_term),
-        leader: (old.current_leader != new.current_leader).then_some(new.current_leader),
+        new_terms: new.term.saturating_sub(old.term),
+        leader: (old.leader != new.leader).then_some(new.leader),
         state: (old.state != new.state).then_some(new.state),
-        membership: (old.membership_config.log_id() != new.membership_config.log_id())
-            .then(|| members(new)),
-        snapshot_index: (old.snapshot != new.snapshot).then(|| new.snapshot.map_or(0, |l| l.index)),
+        membership: (old.membership.log_id() != new.membership.log_id()).then(|| members(new)),
+        snapshot_index: (old.snapshot_index != new.snapshot_index)
+            .then(|| new.snapshot_index.unwrap_or(0)),
     }
 }
 
 /// Logs and counts Raft events until shutdown.
 pub async fn watch_raft(raft: Raft, mut shutdown: watch::Receiver<bool>) {
-    let mut metrics = raft.metrics();
-    let mut last = metrics.borrow_watched().clone();
+    let mut server = raft.server_metrics();
+    let mut data = raft.data_metrics();
+    let view =
+        |server: &mut WatchReceiverOf<TypeConfig, RaftServerMetrics<TypeConfig>>,
+         data: &mut WatchReceiverOf<TypeConfig, RaftDataMetrics<TypeConfig>>| {
+            RaftView::of(&server.borrow_watched(), &data.borrow_watched())
+        };
+    let mut last = view(&mut server, &mut data);
     loop {
         tokio::select! {
-            changed = metrics.changed() => if changed.is_err() { return },
+            changed = server.changed() => if changed.is_err() { return },
+            changed = data.changed() => if changed.is_err() { return },
             _ = shutdown.changed() => return,
         }
-        let now = metrics.borrow_watched().clone();
+        let now = view(&mut server, &mut data);
         log_changes(&changes(&last, &now), &now);
         last = now;
-        // Metrics change on every applied entry; a burst of writes must not
-        // make this task busy.
+        // The data part changes on every applied entry; a burst of writes
+        // must not make this task busy.
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
-fn log_changes(changes: &RaftChanges, now: &RaftMetrics<TypeConfig>) {
+fn log_changes(changes: &RaftChanges, now: &RaftView) {
     if changes.new_terms > 0 {
         counter!("rdkv_raft_elections_total").increment(changes.new_terms);
-        tracing::info!(term = now.current_term, "election: new term");
+        tracing::info!(term = now.term, "election: new term");
     }
     if let Some(leader) = changes.leader {
         counter!("rdkv_raft_leader_changes_total").increment(1);
         match leader {
-            Some(leader) => tracing::info!(term = now.current_term, leader, "leader changed"),
-            None => tracing::warn!(term = now.current_term, "leader lost"),
+            Some(leader) => tracing::info!(term = now.term, leader, "leader changed"),
+            None => tracing::warn!(term = now.term, "leader lost"),
         }
     }
     if let Some(state) = changes.state {
-        tracing::info!(term = now.current_term, role = ?state, "role changed");
+        tracing::info!(term = now.term, role = ?state, "role changed");
     }
     if let Some(members) = &changes.membership {
         tracing::info!(
             ?members,
-            log_index = now.membership_config.log_id().map_or(0, |l| l.index),
+            log_index = now.membership.log_id().map_or(0, |l| l.index),
             "membership changed"
         );
     }
@@ -92,11 +128,18 @@ mod tests {
 
     #[test]
     fn changes_name_what_changed_and_nothing_else() {
-        let old = RaftMetrics::<TypeConfig>::new_initial(1);
+        let initial = openraft::RaftMetrics::<TypeConfig>::new_initial(1);
+        let old = RaftView {
+            term: initial.current_term,
+            leader: initial.current_leader,
+            state: initial.state,
+            membership: initial.membership_config,
+            snapshot_index: None,
+        };
         assert_eq!(changes(&old, &old), RaftChanges::default());
         let mut new = old.clone();
-        new.current_term = 3;
-        new.current_leader = Some(2);
+        new.term = 3;
+        new.leader = Some(2);
         new.state = ServerState::Follower;
         let seen = changes(&old, &new);
         assert_eq!(seen.new_terms, 3);

@@ -114,6 +114,7 @@ fn register_zeroes() {
 
 fn describe() {
     describe_events();
+    describe_raft_events();
     describe_state();
     describe_peers();
 }
@@ -174,14 +175,6 @@ fn describe_events() {
         "Client one-sided reads refused before reading (reason=lease: lease absent or near expiry; reason=lag: no replica within the lag bound) and sent by RPC."
     );
     describe_counter!(
-        "rdkv_raft_elections_total",
-        "Term changes seen by this node (each is an election somewhere in the cluster)."
-    );
-    describe_counter!(
-        "rdkv_raft_leader_changes_total",
-        "Times the leader this node knows changed (including to none)."
-    );
-    describe_counter!(
         "rdkv_snapshot_builds_total",
         "Snapshots built from the region."
     );
@@ -220,6 +213,22 @@ fn describe_events() {
 }
 
 /// The peer network's own state.
+/// What the tasks that follow Raft's state record.
+fn describe_raft_events() {
+    describe_counter!(
+        "rdkv_raft_elections_total",
+        "Term changes seen by this node (each is an election somewhere in the cluster)."
+    );
+    describe_counter!(
+        "rdkv_raft_leader_changes_total",
+        "Times the leader this node knows changed (including to none)."
+    );
+    describe_counter!(
+        "rdkv_lease_publishes_total",
+        "Times this node wrote the Raft term and its lease into a shard's region header: on every change of its Raft role or applied state, and once a heartbeat interval."
+    );
+}
+
 fn describe_peers() {
     describe_gauge!(
         "rdkv_peer_links",
