@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use openraft::base::{BoxFuture, BoxStream};
-use rdkv_proto::shard::ShardId;
 use rdkv_proto::wire::Frame;
 use rdkv_storage::raft::LogId;
 use rdkv_storage::raft::rpc::{
@@ -67,9 +66,6 @@ struct Outbound<'s, S> {
     /// Longest the oldest append waits for its answer.
     timeout: Duration,
     finished: bool,
-    /// `rdkv_peer_append_round_trip_seconds` of this follower, looked up
-    /// once per stream rather than once per answer.
-    round_trip: metrics::Histogram,
 }
 
 /// Opens the pipelined stream of `input`'s appends to `peer`'s node.
@@ -86,11 +82,6 @@ where
             Some(_) => Pipe::Link,
             None => Pipe::Own(Some(peer.open().await?)),
         };
-        let round_trip = metrics::histogram!(
-            "rdkv_peer_append_round_trip_seconds",
-            "shard" => peer.ctx.shard.unwrap_or(ShardId(0)).to_string(),
-            "peer" => peer.target.to_string()
-        );
         let outbound = Outbound {
             peer,
             pipe,
@@ -99,7 +90,6 @@ where
             in_flight: VecDeque::new(),
             timeout,
             finished: false,
-            round_trip,
         };
         let answers = futures::stream::unfold(outbound, |mut outbound| async move {
             let answer = outbound.next().await?;
@@ -220,7 +210,9 @@ where
                 Err(e) => Err(network(format!("decode from node {target}: {e}"))),
             }
         };
-        self.round_trip.record(sent.at.elapsed().as_secs_f64());
+        self.peer
+            .append_round_trip
+            .record(sent.at.elapsed().as_secs_f64());
         let goes_on = matches!(&answer, Ok(Ok(matched)) if *matched == sent.last);
         self.finished = !goes_on;
         answer

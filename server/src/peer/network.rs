@@ -61,10 +61,19 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             raft: self.links.get(target, &node.peer_addr, Purpose::Raft),
             snapshot: self.links.get(target, &node.peer_addr, Purpose::Snapshot),
         });
+        // Registered once per connection, not per append stream: a
+        // ReadIndex round is a stream of its own (one heartbeat), thousands
+        // a second under a read load, and a lookup takes the registry's lock.
+        let append_round_trip = metrics::histogram!(
+            "rdkv_peer_append_round_trip_seconds",
+            "shard" => self.ctx.shard.unwrap_or(ShardId(0)).to_string(),
+            "peer" => target.to_string()
+        );
         PeerConn {
             links,
             ctx: Arc::clone(&self.ctx),
             target,
+            append_round_trip,
             addr: node.peer_addr.clone(),
             conn: None,
             redial: Redial::default(),
@@ -92,6 +101,8 @@ pub struct PeerConn {
     /// A shard's links to the target (multi-shard clusters): its calls
     /// and appends go through them instead of `conn`.
     pub(super) links: Option<Links>,
+    /// `rdkv_peer_append_round_trip_seconds` of this target.
+    pub(super) append_round_trip: metrics::Histogram,
 }
 
 /// A shard's links to one target, and the shard its frames name.
