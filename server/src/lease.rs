@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use openraft::async_runtime::WatchReceiver;
 use openraft::metrics::{RaftDataMetrics, RaftServerMetrics};
+use openraft::type_config::alias::{LogIdOf, SerdeInstantOf, StoredMembershipOf, VoteOf};
 use openraft::{RaftMetrics, ReadPolicy, ServerState};
 use rdkv_fabric::clock;
 use rdkv_proto::region::LeaseDeadline;
@@ -38,25 +39,41 @@ pub struct Leadership {
 
 impl Leadership {
     pub fn of(metrics: &RaftMetrics<TypeConfig>) -> Self {
-        Self {
-            leads: metrics.state == ServerState::Leader,
-            term: metrics.vote.leader_id.term,
-            sole_voter: metrics.membership_config.membership().voter_ids().count() == 1,
-            quorum_acked_ago: elapsed(metrics.last_quorum_acked.as_ref()),
-            applied_term: metrics.last_applied.map(|l| l.leader_id.term),
-        }
+        Self::from_facts(
+            metrics.state,
+            &metrics.vote,
+            &metrics.membership_config,
+            metrics.last_quorum_acked.as_ref(),
+            metrics.last_applied.as_ref(),
+        )
     }
 
     pub fn of_parts(
         server: &RaftServerMetrics<TypeConfig>,
         data: &RaftDataMetrics<TypeConfig>,
     ) -> Self {
+        Self::from_facts(
+            server.state,
+            &server.vote,
+            &server.membership_config,
+            data.last_quorum_acked.as_ref(),
+            data.last_applied.as_ref(),
+        )
+    }
+
+    fn from_facts(
+        state: ServerState,
+        vote: &VoteOf<TypeConfig>,
+        membership: &StoredMembershipOf<TypeConfig>,
+        last_quorum_acked: Option<&SerdeInstantOf<TypeConfig>>,
+        last_applied: Option<&LogIdOf<TypeConfig>>,
+    ) -> Self {
         Self {
-            leads: server.state == ServerState::Leader,
-            term: server.vote.leader_id.term,
-            sole_voter: server.membership_config.membership().voter_ids().count() == 1,
-            quorum_acked_ago: elapsed(data.last_quorum_acked.as_ref()),
-            applied_term: data.last_applied.map(|l| l.leader_id.term),
+            leads: state == ServerState::Leader,
+            term: vote.leader_id.term,
+            sole_voter: membership.membership().voter_ids().count() == 1,
+            quorum_acked_ago: last_quorum_acked.map(|at| openraft::Instant::elapsed(&**at)),
+            applied_term: last_applied.map(|l| l.leader_id.term),
         }
     }
 
@@ -110,12 +127,6 @@ impl Leadership {
             boottime_us: deadline_us(clock::boottime_now_us()),
         })
     }
-}
-
-fn elapsed(
-    instant: Option<&impl std::ops::Deref<Target = impl openraft::Instant>>,
-) -> Option<Duration> {
-    instant.map(|at| openraft::Instant::elapsed(&**at))
 }
 
 /// [`Leadership::quorum_ack_age`] of the whole metrics.
