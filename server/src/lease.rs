@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use openraft::async_runtime::WatchReceiver;
 use openraft::metrics::{RaftDataMetrics, RaftServerMetrics};
-use openraft::type_config::alias::{LogIdOf, SerdeInstantOf, StoredMembershipOf, VoteOf};
+use openraft::type_config::alias::{
+    LogIdOf, SerdeInstantOf, StoredMembershipOf, VoteOf, WatchReceiverOf,
+};
 use openraft::{RaftMetrics, ReadPolicy, ServerState};
 use rdkv_fabric::clock;
 use rdkv_proto::region::LeaseDeadline;
@@ -18,6 +20,11 @@ use tokio::sync::watch;
 
 use crate::Raft;
 use crate::replica::Replica;
+
+/// openraft's watch of its server metrics, sent when they change.
+pub type ServerWatch = WatchReceiverOf<TypeConfig, RaftServerMetrics<TypeConfig>>;
+/// openraft's watch of its data metrics, sent when they change.
+pub type DataWatch = WatchReceiverOf<TypeConfig, RaftDataMetrics<TypeConfig>>;
 
 /// What the lease rules read of Raft's state. It is taken either from the
 /// whole metrics or from their server and data parts: openraft sends the
@@ -59,6 +66,18 @@ impl Leadership {
             data.last_quorum_acked.as_ref(),
             data.last_applied.as_ref(),
         )
+    }
+
+    /// The facts as the two watches show them now. The data part is read
+    /// first: openraft sends it before the server part in each report, so
+    /// the server part read after it is as new or newer. A view that mixes
+    /// versions then errs only towards no lease: the role and term are the
+    /// newer, and an applied entry of a term this node leads (now) is of
+    /// this same leadership, whose acknowledgement time only grows.
+    pub fn watched(server: &ServerWatch, data: &DataWatch) -> Self {
+        let data = data.borrow_watched();
+        let server = server.borrow_watched();
+        Self::of_parts(&server, &data)
     }
 
     fn from_facts(
@@ -141,7 +160,9 @@ pub fn leads_with_own_entry(metrics: &RaftMetrics<TypeConfig>) -> bool {
 
 /// Keeps the region header's term and lease words current: renewed on every
 /// quorum acknowledgement (and every heartbeat interval), cleared at once
-/// when this node stops leading. Counts each writing in `published`.
+/// when this node stops leading, and when its Raft stops (openraft shows a
+/// stopped Raft in its whole metrics only: the parts' watches just close).
+/// Counts each writing in `published`.
 pub async fn publish_leadership(
     raft: Raft,
     sm: RegionStateMachine,
@@ -153,21 +174,29 @@ pub async fn publish_leadership(
     let mut server = raft.server_metrics();
     let mut data = raft.data_metrics();
     let mut tick = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(1)));
+    // A stalled task renews once, not once per tick it missed.
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let publish = |term: u64, deadline: Option<LeaseDeadline>| {
+        if let Err(e) = sm.publish_leadership(term, deadline) {
+            tracing::error!("publishing leadership in the region header: {e}");
+        }
+        published.increment(1);
+    };
     loop {
         // Read under the watches' guards, not cloned: on a leader this runs
         // on every quorum acknowledgement, and a clone copies the
         // replication and membership maps.
-        let now = Leadership::of_parts(&server.borrow_watched(), &data.borrow_watched());
-        let deadline = now.lease_deadline(election_timeout_min_ms);
-        if let Err(e) = sm.publish_leadership(now.term, deadline) {
-            tracing::error!("publishing leadership in the region header: {e}");
-        }
-        published.increment(1);
-        tokio::select! {
-            changed = server.changed() => if changed.is_err() { return },
-            changed = data.changed() => if changed.is_err() { return },
-            _ = tick.tick() => {}
+        let now = Leadership::watched(&server, &data);
+        publish(now.term, now.lease_deadline(election_timeout_min_ms));
+        let raft_stopped = tokio::select! {
+            changed = server.changed() => changed.is_err(),
+            changed = data.changed() => changed.is_err(),
+            _ = tick.tick() => false,
             _ = shutdown.changed() => return,
+        };
+        if raft_stopped {
+            publish(now.term, None);
+            return;
         }
     }
 }

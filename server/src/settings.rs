@@ -64,8 +64,7 @@ pub async fn propose_while_leading(
     let mut server = raft.server_metrics();
     let mut data = raft.data_metrics();
     loop {
-        let leads = Leadership::of_parts(&server.borrow_watched(), &data.borrow_watched())
-            .leads_with_own_entry();
+        let leads = Leadership::watched(&server, &data).leads_with_own_entry();
         if let Some(command) = leads.then(|| missing_setting(&sm, quota_bytes)).flatten() {
             let what = command.to_string();
             match raft.client_write(command).await {
@@ -82,7 +81,8 @@ pub async fn propose_while_leading(
         // missing stays so until its leadership changes (only a leader
         // proposes settings, and it has applied its predecessors' entries):
         // it waits for the server part only, as a leader's data part
-        // changes on every quorum acknowledgement.
+        // changes on almost every loop of RaftCore (the time since its last
+        // quorum acknowledgement is part of it).
         if leads {
             tokio::select! {
                 changed = server.changed() => if changed.is_err() { return },

@@ -120,6 +120,51 @@ async fn an_embedded_node_answers_over_a_mem_channel() {
     node.stop().await.unwrap();
 }
 
+/// A node whose Raft stopped (a storage or apply error, or a shutdown)
+/// serves no lease read from its region: its lease task clears the lease
+/// words as Raft's metrics close, rather than leaving the last deadline to
+/// run out (an election timeout: 10 s with these heartbeats).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_raft_stopped_serves_no_lease_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let peer_listen = format!("127.0.0.1:{}", free_port());
+    let mut args = node_args(dir.path(), ["--peer-listen", &peer_listen]);
+    // A lease of 10 s (five heartbeats), renewed every 2 s.
+    args.heartbeat_ms = Some(2000);
+    let node = Node::start(Config::resolve(args).unwrap()).await.unwrap();
+    let channel = MemChannel::new(Arc::clone(&node.handler) as Arc<dyn rdkv_fabric::RpcHandler>);
+    let put = Request::Put {
+        key: Bytes::from_static(b"k"),
+        value: Bytes::from_static(b"v"),
+    };
+    put_once_leading(&channel, &put).await;
+    let get = Request::Get {
+        key: Bytes::from_static(b"k"),
+        consistency: Consistency::Lease,
+    };
+    let deadline = || Instant::now() + Duration::from_secs(10);
+    assert!(matches!(
+        channel.call_boxed(&get, deadline()).await.unwrap(),
+        Response::Value(Some(_))
+    ));
+
+    node.raft().shutdown().await.unwrap();
+    // With Raft stopped, only the region's lease could serve the read.
+    let stopped = Instant::now();
+    loop {
+        match channel.call_boxed(&get, deadline()).await.unwrap() {
+            Response::Error(_) => break,
+            other => assert!(
+                stopped.elapsed() < Duration::from_secs(4),
+                "still answered {other:?} {:?} after Raft stopped",
+                stopped.elapsed()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = node.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_group_node_answers_its_shard_map() {
     let dir = tempfile::tempdir().unwrap();

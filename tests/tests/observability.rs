@@ -303,6 +303,12 @@ async fn a_follower_does_not_publish_its_lease_words_per_heartbeat() -> Result<(
         let tcp = client(cluster, leader, Transport::Tcp)?;
         tcp.put("k", "v").await?;
         settings_applied(cluster, leader).await?;
+        // The follower applies the same entries before the count starts:
+        // each applied entry is a change it publishes on.
+        let applied = cluster.status_of(leader).await?.applied_index;
+        cluster
+            .wait_applied(follower, applied, Duration::from_secs(15))
+            .await?;
 
         let started = std::time::Instant::now();
         let leader_before = cluster.metrics_of(leader).await?;
@@ -316,6 +322,12 @@ async fn a_follower_does_not_publish_its_lease_words_per_heartbeat() -> Result<(
 
         // Once per interval begun, plus one for each change this window may
         // hold (a tick at either end, the leader's commit index moving).
+        // The task publishes once as it starts: the series is there, and a
+        // count that moved by nothing is a count.
+        ensure!(
+            after.get("rdkv_lease_publishes_total", SHARD_0).is_some(),
+            "the follower shows no rdkv_lease_publishes_total{{shard=\"0\"}}"
+        );
         let published = moved(&before, &after, "rdkv_lease_publishes_total", SHARD_0);
         let allowed = intervals.ceil() + 4.0;
         // Each read had its own round, and each round a heartbeat to every

@@ -2,19 +2,19 @@
 //! changes, membership changes and snapshots, each logged once when this
 //! node's Raft metrics show it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use metrics::counter;
-use openraft::async_runtime::WatchReceiver;
-use std::sync::Arc;
-
 use openraft::ServerState;
+use openraft::async_runtime::WatchReceiver;
 use openraft::metrics::{RaftDataMetrics, RaftServerMetrics};
-use openraft::type_config::alias::{StoredMembershipOf, WatchReceiverOf};
+use openraft::type_config::alias::StoredMembershipOf;
 use rdkv_storage::raft::TypeConfig;
 use tokio::sync::watch;
 
 use crate::Raft;
+use crate::lease::{DataWatch, ServerWatch};
 
 /// What changed between two views of the Raft metrics that deserves a line.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -49,6 +49,14 @@ impl RaftView {
             snapshot_index: data.snapshot.map(|l| l.index),
         }
     }
+
+    /// The view the two watches show now (the data part first, as
+    /// openraft sends it first: [`crate::lease::Leadership::watched`]).
+    fn watched(server: &ServerWatch, data: &DataWatch) -> Self {
+        let data = data.borrow_watched();
+        let server = server.borrow_watched();
+        Self::of(&server, &data)
+    }
 }
 
 /// Compares two views (pure, for tests).
@@ -70,23 +78,24 @@ pub fn changes(old: &RaftView, new: &RaftView) -> RaftChanges {
     }
 }
 
-/// Logs and counts Raft events until shutdown.
+/// Logs and counts Raft events until shutdown, or until Raft stops (openraft
+/// shows a stopped Raft in its whole metrics only: the parts' watches just
+/// close).
 pub async fn watch_raft(raft: Raft, mut shutdown: watch::Receiver<bool>) {
     let mut server = raft.server_metrics();
     let mut data = raft.data_metrics();
-    let view =
-        |server: &mut WatchReceiverOf<TypeConfig, RaftServerMetrics<TypeConfig>>,
-         data: &mut WatchReceiverOf<TypeConfig, RaftDataMetrics<TypeConfig>>| {
-            RaftView::of(&server.borrow_watched(), &data.borrow_watched())
-        };
-    let mut last = view(&mut server, &mut data);
+    let mut last = RaftView::watched(&server, &data);
     loop {
-        tokio::select! {
-            changed = server.changed() => if changed.is_err() { return },
-            changed = data.changed() => if changed.is_err() { return },
+        let raft_stopped = tokio::select! {
+            changed = server.changed() => changed.is_err(),
+            changed = data.changed() => changed.is_err(),
             _ = shutdown.changed() => return,
+        };
+        if raft_stopped {
+            tracing::info!(term = last.term, "raft stopped");
+            return;
         }
-        let now = view(&mut server, &mut data);
+        let now = RaftView::watched(&server, &data);
         log_changes(&changes(&last, &now), &now);
         last = now;
         // The data part changes on every applied entry; a burst of writes
@@ -103,12 +112,14 @@ fn log_changes(changes: &RaftChanges, now: &RaftView) {
     if let Some(leader) = changes.leader {
         counter!("rdkv_raft_leader_changes_total").increment(1);
         match leader {
-            Some(leader) => tracing::info!(term = now.term, leader, "leader changed"),
-            None => tracing::warn!(term = now.term, "leader lost"),
+            // No term on these lines: the view's is the flushed vote's, and
+            // a follower learns its new leader before that vote is flushed.
+            Some(leader) => tracing::info!(leader, "leader changed"),
+            None => tracing::warn!("leader lost"),
         }
     }
     if let Some(state) = changes.state {
-        tracing::info!(term = now.term, role = ?state, "role changed");
+        tracing::info!(role = ?state, "role changed");
     }
     if let Some(members) = &changes.membership {
         tracing::info!(

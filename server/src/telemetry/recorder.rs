@@ -212,7 +212,6 @@ fn describe_events() {
     describe_gauge!("rdkv_in_flight_requests", "Requests being served now.");
 }
 
-/// The peer network's own state.
 /// What the tasks that follow Raft's state record.
 fn describe_raft_events() {
     describe_counter!(
@@ -225,10 +224,11 @@ fn describe_raft_events() {
     );
     describe_counter!(
         "rdkv_lease_publishes_total",
-        "Times this node wrote the Raft term and its lease into a shard's region header: on every change of its Raft role or applied state, and once a heartbeat interval."
+        "Times this node wrote the Raft term and its lease into a shard's region header: on every change of its Raft role or applied state (on a leader, of the time since its last quorum acknowledgement too), and once a heartbeat interval."
     );
 }
 
+/// The peer network's own state.
 fn describe_peers() {
     describe_gauge!(
         "rdkv_peer_links",
