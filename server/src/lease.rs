@@ -5,11 +5,8 @@
 
 use std::time::Duration;
 
-use openraft::async_runtime::WatchReceiver;
 use openraft::metrics::{RaftDataMetrics, RaftServerMetrics};
-use openraft::type_config::alias::{
-    LogIdOf, SerdeInstantOf, StoredMembershipOf, VoteOf, WatchReceiverOf,
-};
+use openraft::type_config::alias::{LogIdOf, SerdeInstantOf, StoredMembershipOf, VoteOf};
 use openraft::{RaftMetrics, ReadPolicy, ServerState};
 use rdkv_fabric::clock;
 use rdkv_proto::region::LeaseDeadline;
@@ -19,18 +16,19 @@ use rdkv_storage::state_machine::RegionStateMachine;
 use tokio::sync::watch;
 
 use crate::Raft;
+use crate::raft_watch::RaftWatch;
 use crate::replica::Replica;
-
-/// openraft's watch of its server metrics, sent when they change.
-pub type ServerWatch = WatchReceiverOf<TypeConfig, RaftServerMetrics<TypeConfig>>;
-/// openraft's watch of its data metrics, sent when they change.
-pub type DataWatch = WatchReceiverOf<TypeConfig, RaftDataMetrics<TypeConfig>>;
 
 /// What the lease rules read of Raft's state. It is taken either from the
 /// whole metrics or from their server and data parts: openraft sends the
 /// whole metrics on every loop of RaftCore (every heartbeat a follower
 /// answers included), the two parts only when they change, so a task that
-/// waits for a change waits on the parts ([`publish_leadership`]).
+/// waits for a change waits on the parts ([`RaftWatch`]).
+///
+/// Read from the parts ([`RaftWatch::read`]), a view may pair a newer role
+/// and term with older data. That errs only towards no lease: an applied
+/// entry of the term this node leads now is of this same leadership, whose
+/// acknowledgement time only grows.
 #[derive(Debug, Clone, Copy)]
 pub struct Leadership {
     leads: bool,
@@ -66,18 +64,6 @@ impl Leadership {
             data.last_quorum_acked.as_ref(),
             data.last_applied.as_ref(),
         )
-    }
-
-    /// The facts as the two watches show them now. The data part is read
-    /// first: openraft sends it before the server part in each report, so
-    /// the server part read after it is as new or newer. A view that mixes
-    /// versions then errs only towards no lease: the role and term are the
-    /// newer, and an applied entry of a term this node leads (now) is of
-    /// this same leadership, whose acknowledgement time only grows.
-    pub fn watched(server: &ServerWatch, data: &DataWatch) -> Self {
-        let data = data.borrow_watched();
-        let server = server.borrow_watched();
-        Self::of_parts(&server, &data)
     }
 
     fn from_facts(
@@ -171,8 +157,7 @@ pub async fn publish_leadership(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let election_timeout_min_ms = raft.config().election_timeout_min;
-    let mut server = raft.server_metrics();
-    let mut data = raft.data_metrics();
+    let mut raft_watch = RaftWatch::new(&raft);
     let mut tick = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(1)));
     // A stalled task renews once, not once per tick it missed.
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -186,11 +171,10 @@ pub async fn publish_leadership(
         // Read under the watches' guards, not cloned: on a leader this runs
         // on every quorum acknowledgement, and a clone copies the
         // replication and membership maps.
-        let now = Leadership::watched(&server, &data);
+        let now = raft_watch.read(Leadership::of_parts);
         publish(now.term, now.lease_deadline(election_timeout_min_ms));
         let raft_stopped = tokio::select! {
-            changed = server.changed() => changed.is_err(),
-            changed = data.changed() => changed.is_err(),
+            running = raft_watch.changed() => !running,
             _ = tick.tick() => false,
             _ = shutdown.changed() => return,
         };

@@ -45,6 +45,7 @@ pub mod ofi;
 mod order;
 pub mod peer;
 pub mod placement;
+mod raft_watch;
 pub mod rdma;
 pub mod replica;
 pub mod resp;

@@ -29,6 +29,7 @@ use tokio::sync::watch;
 
 use crate::Raft;
 use crate::lease::Leadership;
+use crate::raft_watch::RaftWatch;
 
 /// How long to wait before proposing again after a failed proposal.
 const RETRY_AFTER: Duration = Duration::from_millis(200);
@@ -58,13 +59,9 @@ pub async fn propose_while_leading(
     quota_bytes: u64,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    // The server and data parts of Raft's metrics, not the whole: those go
-    // out on every loop of RaftCore (every heartbeat included), the parts
-    // only when they change.
-    let mut server = raft.server_metrics();
-    let mut data = raft.data_metrics();
+    let mut raft_watch = RaftWatch::new(&raft);
     loop {
-        let leads = Leadership::watched(&server, &data).leads_with_own_entry();
+        let leads = raft_watch.read(Leadership::of_parts).leads_with_own_entry();
         if let Some(command) = leads.then(|| missing_setting(&sm, quota_bytes)).flatten() {
             let what = command.to_string();
             match raft.client_write(command).await {
@@ -85,14 +82,13 @@ pub async fn propose_while_leading(
         // quorum acknowledgement is part of it).
         if leads {
             tokio::select! {
-                changed = server.changed() => if changed.is_err() { return },
+                changed = raft_watch.server.changed() => if changed.is_err() { return },
                 _ = shutdown.changed() => return,
             }
             continue;
         }
         tokio::select! {
-            changed = server.changed() => if changed.is_err() { return },
-            changed = data.changed() => if changed.is_err() { return },
+            running = raft_watch.changed() => if !running { return },
             _ = shutdown.changed() => return,
         }
     }

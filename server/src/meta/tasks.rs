@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use super::Meta;
 use super::edit::{propose_map_change, publish_here};
 use super::voters::{self, GroupView, VoterChange};
+use crate::raft_watch::RaftWatch;
 
 /// Pause before trying again after a failed step.
 const RETRY_AFTER: Duration = Duration::from_millis(500);
@@ -59,16 +60,13 @@ pub struct Bootstrap {
 /// Whenever this node leads the metadata group, carries out [`Bootstrap`];
 /// runs until shutdown.
 pub async fn lead(meta: Meta, bootstrap: Bootstrap, mut shutdown: watch::Receiver<bool>) {
-    // Raft's server and data metrics, sent when they change.
-    let mut server = meta.replica().raft.server_metrics();
-    let mut data = meta.replica().raft.data_metrics();
+    let mut raft_watch = RaftWatch::new(&meta.replica().raft);
     loop {
-        let leads = server.borrow_watched().state.is_leader();
+        let leads = raft_watch.read(|server, _| server.state.is_leader());
         let done = !leads || bootstrap_step(&meta, &bootstrap).await;
         if done {
             tokio::select! {
-                changed = server.changed() => if changed.is_err() { return },
-                changed = data.changed() => if changed.is_err() { return },
+                running = raft_watch.changed() => if !running { return },
                 _ = shutdown.changed() => return,
             }
         } else {

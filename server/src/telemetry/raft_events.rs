@@ -7,14 +7,13 @@ use std::time::Duration;
 
 use metrics::counter;
 use openraft::ServerState;
-use openraft::async_runtime::WatchReceiver;
 use openraft::metrics::{RaftDataMetrics, RaftServerMetrics};
 use openraft::type_config::alias::StoredMembershipOf;
 use rdkv_storage::raft::TypeConfig;
 use tokio::sync::watch;
 
 use crate::Raft;
-use crate::lease::{DataWatch, ServerWatch};
+use crate::raft_watch::RaftWatch;
 
 /// What changed between two views of the Raft metrics that deserves a line.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -49,14 +48,6 @@ impl RaftView {
             snapshot_index: data.snapshot.map(|l| l.index),
         }
     }
-
-    /// The view the two watches show now (the data part first, as
-    /// openraft sends it first: [`crate::lease::Leadership::watched`]).
-    fn watched(server: &ServerWatch, data: &DataWatch) -> Self {
-        let data = data.borrow_watched();
-        let server = server.borrow_watched();
-        Self::of(&server, &data)
-    }
 }
 
 /// Compares two views (pure, for tests).
@@ -82,20 +73,18 @@ pub fn changes(old: &RaftView, new: &RaftView) -> RaftChanges {
 /// shows a stopped Raft in its whole metrics only: the parts' watches just
 /// close).
 pub async fn watch_raft(raft: Raft, mut shutdown: watch::Receiver<bool>) {
-    let mut server = raft.server_metrics();
-    let mut data = raft.data_metrics();
-    let mut last = RaftView::watched(&server, &data);
+    let mut raft_watch = RaftWatch::new(&raft);
+    let mut last = raft_watch.read(RaftView::of);
     loop {
         let raft_stopped = tokio::select! {
-            changed = server.changed() => changed.is_err(),
-            changed = data.changed() => changed.is_err(),
+            running = raft_watch.changed() => !running,
             _ = shutdown.changed() => return,
         };
         if raft_stopped {
             tracing::info!(term = last.term, "raft stopped");
             return;
         }
-        let now = RaftView::watched(&server, &data);
+        let now = raft_watch.read(RaftView::of);
         log_changes(&changes(&last, &now), &now);
         last = now;
         // The data part changes on every applied entry; a burst of writes
