@@ -219,6 +219,7 @@ async fn reopen_restores_entries_vote_and_committed() {
     }
     let mut store = reopen(dir.path(), LogOptions::default(), &written).await;
     assert_eq!(store.read_vote().await.unwrap(), Some(vote));
+    assert_eq!(store.persisted_vote().get(), Some(vote));
     assert_eq!(store.read_committed().await.unwrap(), Some(lid(1, 150)));
     let state = store.get_log_state().await.unwrap();
     assert_eq!(state.last_log_id, Some(lid(1, 199)));

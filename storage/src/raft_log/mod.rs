@@ -27,5 +27,5 @@ mod store;
 pub use error::{Damage, LogError};
 pub use store::{
     DEFAULT_CACHE_BYTES, DEFAULT_MAX_RECORD_SIZE, DEFAULT_SEGMENT_SIZE, LogOptions, LogStats,
-    LogStore,
+    LogStore, PersistedVote,
 };

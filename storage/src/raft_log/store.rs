@@ -129,6 +129,30 @@ impl fmt::Debug for LogStore {
     }
 }
 
+/// The vote as last made durable: seeded at open from the vote file, and set
+/// by `save_vote` only once its write is durable (under the log's lock, so
+/// it changes in disk order). Read without that lock, which `save_vote` and
+/// segment rolls hold across fsync, so a reader never waits on the disk.
+/// Never ahead of the disk: a save that fails leaves it as it was.
+#[derive(Clone, Default)]
+pub struct PersistedVote(Arc<arc_swap::ArcSwapOption<Vote>>);
+
+impl PersistedVote {
+    pub fn get(&self) -> Option<Vote> {
+        self.0.load().as_deref().copied()
+    }
+
+    pub(crate) fn set(&self, vote: Vote) {
+        self.0.store(Some(Arc::new(vote)));
+    }
+}
+
+impl fmt::Debug for PersistedVote {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("PersistedVote").field(&self.get()).finish()
+    }
+}
+
 struct Segment {
     file: Arc<File>,
     /// Bytes of the file that hold the header and intact records (the rest
@@ -199,6 +223,8 @@ pub(crate) struct Shared {
     inner: Mutex<Inner>,
     counters: Arc<Counters>,
     flusher: Flusher,
+    /// Mirrors `Inner::vote` for readers that must not take `inner`.
+    persisted_vote: PersistedVote,
     _lock: File,
 }
 
@@ -364,6 +390,10 @@ impl LogStore {
         );
         let inner = recover(&dir, &dir_file, &options, &counters)?;
         let flusher = Flusher::start(counters.clone()).map_err(|e| LogError::io(&dir, e))?;
+        let persisted_vote = PersistedVote::default();
+        if let Some(vote) = inner.vote {
+            persisted_vote.set(vote);
+        }
         Ok(LogStore {
             shared: Arc::new(Shared {
                 dir,
@@ -372,6 +402,7 @@ impl LogStore {
                 inner: Mutex::new(inner),
                 counters,
                 flusher,
+                persisted_vote,
                 _lock: lock,
             }),
         })
@@ -426,6 +457,12 @@ impl LogStore {
 
     pub fn stats(&self) -> LogStats {
         self.shared.stats()
+    }
+
+    /// A handle on the vote as last made durable (see [`PersistedVote`]);
+    /// it follows every later `save_vote` of this log.
+    pub fn persisted_vote(&self) -> PersistedVote {
+        self.shared.persisted_vote.clone()
     }
 
     /// Runs a write that fsyncs on the blocking pool (inline outside tokio).
@@ -752,6 +789,9 @@ impl Shared {
         }
         format::write_vote(&self.dir, &self.dir_file, vote)?;
         inner.vote = Some(*vote);
+        // Only now is the vote durable; still under the lock, so two saves
+        // reach the cell in the order they reached the disk.
+        self.persisted_vote.set(*vote);
         Ok(())
     }
 
@@ -1521,6 +1561,47 @@ mod tests {
             assert!(matches!(result, Err(LogError::SyncFailed(_))), "{result:?}");
         }
         assert_eq!(ids(&shared.read(0, 10).unwrap()), [(1, 1), (2, 1), (3, 1)]);
+    }
+
+    fn vote(term: u64, node: u64) -> Vote {
+        openraft::Vote::new(term, node)
+    }
+
+    #[test]
+    fn the_vote_cell_is_the_last_saved_vote() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_log(dir.path(), DEFAULT_SEGMENT_SIZE);
+        let cell = store.persisted_vote();
+        assert_eq!(cell.get(), None, "a fresh log has saved no vote");
+        let (v1, v2) = (vote(1, 1), vote(2, 3));
+        store.shared.save_vote(&v1).unwrap();
+        store.shared.save_vote(&v2).unwrap();
+        assert_eq!(
+            cell.get(),
+            Some(v2),
+            "a handle taken earlier follows the saves"
+        );
+        assert_eq!(store.persisted_vote().get(), Some(v2));
+        drop(cell);
+        drop(store);
+        let reopened = open_log(dir.path(), DEFAULT_SEGMENT_SIZE);
+        assert_eq!(reopened.persisted_vote().get(), Some(v2), "seeded at open");
+    }
+
+    #[test]
+    fn a_failed_save_vote_leaves_the_cell() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_log(dir.path(), DEFAULT_SEGMENT_SIZE);
+        let shared = &store.shared;
+        let v2 = vote(2, 1);
+        shared.save_vote(&v2).unwrap();
+        shared
+            .flusher
+            .poison(&io::Error::other("injected fsync failure"));
+        let result = shared.save_vote(&vote(3, 1));
+        assert!(matches!(result, Err(LogError::SyncFailed(_))), "{result:?}");
+        // The cell must never claim a vote the disk may not hold.
+        assert_eq!(store.persisted_vote().get(), Some(v2));
     }
 
     #[test]
