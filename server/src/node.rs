@@ -390,6 +390,7 @@ pub(crate) async fn start_raft(
             sm.clone(),
             max_snapshot_bytes,
             tls.peer_client.clone(),
+            log.persisted_vote(),
         )
         .with_heartbeat(Duration::from_millis(config.heartbeat_ms)),
     );

@@ -26,6 +26,7 @@ use rdkv_storage::raft::rpc::{
     TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
 };
 use rdkv_storage::raft::{SnapshotMeta, Vote};
+use rdkv_storage::raft_log::PersistedVote;
 use rdkv_storage::state_machine::RegionStateMachine;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -167,6 +168,10 @@ pub enum PeerRequest {
     PreVote(VoteRequest),
     TransferLeader(TransferLeaderRequest),
     SnapshotChunk(SnapshotPiece),
+    /// The answering node's persisted vote, for a read fence. Last, so that
+    /// the indexes before it keep their encoding: an older node cannot
+    /// decode it and answers `Failed`, which the leader counts as no.
+    ReadFence,
 }
 
 /// One chunk of a snapshot the leader sends (encoded exactly as the struct
@@ -191,6 +196,9 @@ pub enum PeerResponse {
     SnapshotChunk(Result<Option<SnapshotResponse>, String>),
     /// The request could not be handled at all (decode error, bad chunk).
     Failed(String),
+    /// The answer to `PeerRequest::ReadFence` (last for the same reason):
+    /// `None` when the node has saved no vote.
+    ReadFence(Option<Vote>),
 }
 
 /// Who this node is on the peer network, and what it has learned of others.
@@ -218,6 +226,9 @@ pub struct PeerContext {
     /// The longest wait between two dials to a peer that cannot be reached
     /// (`redial`).
     max_dial_wait: std::time::Duration,
+    /// The vote this node's log last made durable: what a read fence is
+    /// answered with, read without the log's lock or RaftCore.
+    persisted_vote: PersistedVote,
 }
 
 impl PeerContext {
@@ -250,6 +261,12 @@ impl PeerContext {
         self.tls.as_deref()
     }
 
+    /// The vote this node last made durable (`None`: it saved none); never
+    /// one the disk may not hold, unlike the in-memory vote of the metrics.
+    pub fn persisted_vote(&self) -> Option<Vote> {
+        self.persisted_vote.get()
+    }
+
     /// Whether traffic with node `id` is being dropped (fault injection).
     pub fn is_isolated_from(&self, id: u64) -> bool {
         self.isolated_from
@@ -266,6 +283,7 @@ impl PeerContext {
         state: RegionStateMachine,
         max_snapshot_bytes: u64,
         tls: Option<Arc<ClientTls>>,
+        persisted_vote: PersistedVote,
     ) -> Self {
         PeerContext {
             node_id,
@@ -279,6 +297,7 @@ impl PeerContext {
             isolated_from: Mutex::new(BTreeSet::new()),
             last_leader_contact: Mutex::new(None),
             max_dial_wait: redial::MAX_WAIT,
+            persisted_vote,
         }
     }
 
@@ -366,5 +385,38 @@ mod tests {
         // is taken for the other's shard.
         assert!(failed(&tagged, PEER_PROTOCOL_VERSION).is_err());
         assert!(failed(&plain, PEER_PROTOCOL_VERSION_SHARDS).is_err());
+    }
+
+    /// `PeerRequest` as it was before `ReadFence`: what an older node
+    /// decodes requests as.
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)] // only decoded, to see what an older node refuses
+    enum OldPeerRequest {
+        Append(AppendEntriesRequest),
+        Vote(VoteRequest),
+        PreVote(VoteRequest),
+        TransferLeader(TransferLeaderRequest),
+        SnapshotChunk(SnapshotPiece),
+    }
+
+    #[test]
+    fn the_read_fence_is_appended_and_older_nodes_refuse_it() {
+        // Postcard writes the variant index first: appending keeps the
+        // indexes (and so the encoding) of the variants before.
+        let fence = postcard::to_allocvec(&PeerRequest::ReadFence).unwrap();
+        assert_eq!(fence, [5]);
+        let failed = postcard::to_allocvec(&PeerResponse::Failed("x".into())).unwrap();
+        assert_eq!(failed[0], 4, "Failed keeps its index");
+        let vote = Vote::new_committed(3, 2);
+        let answer = postcard::to_allocvec(&PeerResponse::ReadFence(Some(vote))).unwrap();
+        assert_eq!(answer[0], 5);
+        match decode_exact::<PeerResponse>(&answer).unwrap() {
+            PeerResponse::ReadFence(decoded) => assert_eq!(decoded, Some(vote)),
+            other => panic!("{other:?}"),
+        }
+        // An older node cannot decode it, so answers `Failed` (which the
+        // leader counts as no) rather than something else.
+        let old = decode_exact::<OldPeerRequest>(&fence);
+        assert!(old.is_err(), "{old:?}");
     }
 }

@@ -394,6 +394,17 @@ async fn serve_frame(
             }
             b.appends.submit(request_id, rpc).await;
         }
+        Ok(PeerRequest::ReadFence) => {
+            // Read fence: this node's persisted vote, from the log's cell
+            // (no RaftCore, no lock), answered at once rather than after
+            // the appends queued before it, which would make the fence wait
+            // for this node's fsync. Safe out of order: a shared link
+            // routes answers by request id. Not a leader contact (it says
+            // nothing about this node's log), so `send`, not `answer`.
+            let vote = b.ctx.persisted_vote();
+            out.send(b.shard, request_id, PeerResponse::ReadFence(vote))
+                .await?;
+        }
         decoded => {
             // Answers keep request order: the appends before this
             // request are answered first.
@@ -438,6 +449,9 @@ async fn dispatch(
             };
             PeerResponse::SnapshotChunk(installed)
         }
+        // `serve_frame` answers fences itself; the same answer if one
+        // reaches here.
+        PeerRequest::ReadFence => PeerResponse::ReadFence(ctx.persisted_vote()),
     }
 }
 
