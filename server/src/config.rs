@@ -118,6 +118,11 @@ pub struct Args {
     /// authenticated clients. For fault tests only; never in production.
     #[arg(long, env = "RDKV_FAULT_INJECTION", hide = true)]
     pub fault_injection: bool,
+    /// Confirm linearizable reads at the leader with a read fence (each
+    /// follower's persisted vote, answered on its peer connection); a
+    /// ReadIndex round stays the fallback. Experimental, off by default.
+    #[arg(long, env = "RDKV_READ_FENCE")]
+    pub read_fence: bool,
     /// Region size in MiB. Default 256.
     #[arg(long, env = "RDKV_REGION_MIB")]
     pub region_mib: Option<u64>,
@@ -289,6 +294,7 @@ struct FileConfig {
     join: Option<String>,
     token: Option<String>,
     insecure: Option<bool>,
+    read_fence: Option<bool>,
     region_mib: Option<u64>,
     quota_bytes: Option<u64>,
     max_value_bytes: Option<u32>,
@@ -361,6 +367,9 @@ pub struct Config {
     pub expire_cycle_ms: u64,
     pub log_format: LogFormat,
     pub fault_injection: bool,
+    /// Linearizable reads at the leader try a read fence before a ReadIndex
+    /// round (`Args::read_fence`).
+    pub read_fence: bool,
     /// `None`: the runtime's default (one per CPU).
     pub worker_threads: Option<usize>,
     pub max_client_connections: u32,
@@ -724,6 +733,7 @@ impl Config {
             expire_cycle_ms: numbers.expire_cycle_ms,
             log_format,
             fault_injection: args.fault_injection,
+            read_fence: args.read_fence || file.read_fence.unwrap_or(false),
             worker_threads: numbers.worker_threads,
             max_client_connections: numbers.max_client_connections,
             max_in_flight_mib: numbers.max_in_flight_mib,
@@ -880,6 +890,19 @@ mod tests {
         std::fs::write(&path, "bogus = 1\n").unwrap();
         let error = Config::resolve(args(&["--config", p])).unwrap_err();
         assert!(format!("{error:#}").contains("unknown field"));
+    }
+
+    #[test]
+    fn the_read_fence_is_off_unless_the_flag_or_the_file_turns_it_on() {
+        assert!(!Config::resolve(args(&[])).unwrap().read_fence);
+        assert!(Config::resolve(args(&["--read-fence"])).unwrap().read_fence);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rdkv.toml");
+        std::fs::write(&path, "read_fence = true\n").unwrap();
+        let p = path.to_str().unwrap();
+        assert!(Config::resolve(args(&["--config", p])).unwrap().read_fence);
+        std::fs::write(&path, "read_fence = false\n").unwrap();
+        assert!(!Config::resolve(args(&["--config", p])).unwrap().read_fence);
     }
 
     #[test]

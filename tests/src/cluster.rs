@@ -244,6 +244,22 @@ impl Cluster {
         self.inject(id, Fault::SlowFsync { delay_ms }).await
     }
 
+    /// Cuts node `id`'s Raft traffic with `peers` only, by the peer
+    /// network's fault hook at `id`: both directions (it neither sends to
+    /// them nor serves their frames), on any network kind, since unlike
+    /// [`Cluster::partition`] the cut may be asymmetric (a peer that `id`
+    /// cannot reach may still reach a third node). Calling it again
+    /// replaces the set; [`Cluster::heal`] clears it.
+    pub async fn isolate(&self, id: u64, peers: &[u64]) -> Result<()> {
+        self.inject(
+            id,
+            Fault::Isolate {
+                peers: peers.to_vec(),
+            },
+        )
+        .await
+    }
+
     async fn inject(&self, id: u64, fault: Fault) -> Result<()> {
         let endpoint = self.node(id)?.endpoint();
         let client = self.client_with(

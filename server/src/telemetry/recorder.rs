@@ -226,6 +226,10 @@ fn describe_raft_events() {
         "rdkv_lease_publishes_total",
         "Times this node wrote the Raft term and its lease into a shard's region header: on every change of its Raft role or applied state (on a leader, of the time since its last quorum acknowledgement too), and once a heartbeat interval."
     );
+    describe_counter!(
+        "rdkv_read_fence_total",
+        "Leader read rounds confirmed by a read fence (--read-fence), by outcome (confirmed, higher_vote, no_quorum, ineligible, changed); every outcome but confirmed was followed by a ReadIndex round."
+    );
 }
 
 /// The peer network's own state.
