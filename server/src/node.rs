@@ -26,11 +26,13 @@ use crate::hosting::{Hosting, HostingParts};
 use crate::layout::Layout;
 use crate::meta::Meta;
 use crate::peer::{
-    PeerContext, PeerLinks, PeerNetwork, PeerShards, SNAPSHOT_CHUNK_BYTES, serve_peers,
+    FenceClients, PeerContext, PeerLinks, PeerNetwork, PeerShards, SNAPSHOT_CHUNK_BYTES,
+    serve_peers,
 };
 use crate::placement;
 use crate::replica::{Replica, ReplicaParts};
 use crate::service::proposals::Proposals;
+use crate::service::read_fence::{FenceOutcomes, ReadFence};
 use crate::service::read_rounds::ReadRounds;
 use crate::service::{Endpoints, Handler, HandlerSettings, serve_clients, serve_unix_clients};
 use crate::shards::Shards;
@@ -403,8 +405,18 @@ pub(crate) async fn start_raft(
     )
     .await
     .with_context(|| format!("starting shard {}'s raft", shard.0))?;
+    let fence = config.read_fence.then(|| {
+        ReadFence::new(
+            FenceClients::new(PeerNetwork::new(Arc::clone(&peers), Arc::clone(links))),
+            log.persisted_vote(),
+            &raft,
+            config.id,
+            Duration::from_millis(config.heartbeat_ms),
+            FenceOutcomes::new(&tag.unwrap_or(ShardId(0)).to_string()),
+        )
+    });
     Ok(Replica::new(ReplicaParts {
-        reads: ReadRounds::start(raft.clone()),
+        reads: ReadRounds::start(raft.clone(), fence),
         proposals: Proposals::start(raft.clone(), shard),
         raft,
         sm,

@@ -7,6 +7,7 @@
 mod append_in;
 mod append_out;
 mod demux;
+mod fence;
 mod link;
 mod network;
 mod redial;
@@ -31,6 +32,7 @@ use rdkv_storage::state_machine::RegionStateMachine;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+pub use fence::{Answered, FenceClients};
 pub use link::PeerLinks;
 pub use network::PeerNetwork;
 pub use service::{PeerShards, serve_peers};

@@ -304,6 +304,21 @@ impl PeerConn {
     }
 }
 
+impl PeerConn {
+    /// The target's persisted vote, for a read fence (`peer::fence`). An
+    /// older node cannot decode the request and answers `Failed`, an error
+    /// here, which the fence counts as no.
+    pub(super) async fn read_fence(&mut self, timeout: Duration) -> RpcResult<Option<Vote>> {
+        match self
+            .call(Purpose::Raft, &PeerRequest::ReadFence, timeout)
+            .await?
+        {
+            PeerResponse::ReadFence(vote) => Ok(vote),
+            other => Err(unexpected(self.target, other)),
+        }
+    }
+}
+
 /// Sends `request`, tagged with `shard` when there is one (hello version 3).
 pub(super) async fn send_request(
     shard: Option<ShardId>,

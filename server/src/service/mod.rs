@@ -25,6 +25,7 @@ mod metrics;
 mod move_state;
 pub mod proposals;
 pub(crate) mod read;
+pub mod read_fence;
 pub mod read_rounds;
 mod replica_move;
 mod status;

@@ -5,7 +5,9 @@
 //! all. A read that arrives while a round runs joins the next one, so every
 //! read's round starts after the read did: that is what makes it
 //! linearizable. Per read, this replaces a message to RaftCore, a pending
-//! read there and a timer with a channel send.
+//! read there and a timer with a channel send. With `--read-fence` a round
+//! first tries a read fence ([`ReadFence`]), and runs a ReadIndex round only
+//! when the fence does not confirm.
 
 use std::time::Duration;
 
@@ -15,6 +17,7 @@ use rdkv_proto::wire::{ErrorCode, ErrorReply};
 use rdkv_storage::raft::TypeConfig;
 use tokio::sync::{mpsc, oneshot};
 
+use super::read_fence::ReadFence;
 use super::within;
 use crate::Raft;
 
@@ -33,10 +36,11 @@ pub struct ReadRounds {
 }
 
 impl ReadRounds {
-    /// Starts the rounds' task on the current runtime.
-    pub fn start(raft: Raft) -> ReadRounds {
+    /// Starts the rounds' task on the current runtime; `fence`: confirm
+    /// rounds with a read fence first.
+    pub fn start(raft: Raft, fence: Option<ReadFence>) -> ReadRounds {
         let (waiting, queue) = mpsc::unbounded_channel();
-        tokio::spawn(run_rounds(raft, queue));
+        tokio::spawn(run_rounds(raft, queue, fence));
         ReadRounds { waiting }
     }
 
@@ -49,23 +53,60 @@ impl ReadRounds {
     }
 }
 
-async fn run_rounds(raft: Raft, mut queue: mpsc::UnboundedReceiver<oneshot::Sender<Confirmed>>) {
+async fn run_rounds(
+    raft: Raft,
+    mut queue: mpsc::UnboundedReceiver<oneshot::Sender<Confirmed>>,
+    mut fence: Option<ReadFence>,
+) {
     let mut round = Vec::new();
-    while let Some(first) = queue.recv().await {
+    while let Some(first) = next_read(&mut queue, fence.as_mut()).await {
         round.push(first);
         while let Ok(next) = queue.try_recv() {
             round.push(next);
         }
-        let confirmed = within(
-            CONFIRM_TIMEOUT,
-            ErrorCode::Unavailable,
-            "leadership not confirmed",
-            raft.ensure_linearizable(ReadPolicy::ReadIndex),
-        )
-        .await
-        .map(|read| read.map(|_| ()));
+        let fenced = match fence.as_mut() {
+            Some(fence) => fence.confirm().await,
+            None => false,
+        };
+        let confirmed = if fenced {
+            Ok(Ok(()))
+        } else {
+            read_index(&raft).await
+        };
         for answer in round.drain(..) {
             let _ = answer.send(confirmed.clone());
         }
     }
+}
+
+/// The next read to wait for a round; meanwhile the fence's late answers
+/// are taken back, so their connections are free for the next round.
+async fn next_read(
+    queue: &mut mpsc::UnboundedReceiver<oneshot::Sender<Confirmed>>,
+    mut fence: Option<&mut ReadFence>,
+) -> Option<oneshot::Sender<Confirmed>> {
+    loop {
+        match fence.as_deref_mut() {
+            // Only while calls are in flight: with none, taking back
+            // returns at once and this would spin.
+            Some(fence) if fence.is_busy() => tokio::select! {
+                first = queue.recv() => return first,
+                () = fence.take_back_late() => {}
+            },
+            _ => return queue.recv().await,
+        }
+    }
+}
+
+/// openraft's ReadIndex round: a heartbeat acknowledged by a quorum, then
+/// the state machine applied up to the commit index.
+async fn read_index(raft: &Raft) -> Confirmed {
+    within(
+        CONFIRM_TIMEOUT,
+        ErrorCode::Unavailable,
+        "leadership not confirmed",
+        raft.ensure_linearizable(ReadPolicy::ReadIndex),
+    )
+    .await
+    .map(|read| read.map(|_| ()))
 }

@@ -36,6 +36,10 @@ pub async fn commit(replica: &Replica, command: Command, placed: Option<Finish>)
     .await?
 }
 
+/// Answers once the leader applied the write (`complete_only`: openraft's
+/// completion is the apply). Architecture Invariant: a write is answered
+/// only after this node applied it; the read fence and the lease's reads
+/// rest on it (`service::read_fence`).
 async fn propose_and_wait(replica: &Replica, command: Command, placed: Option<Finish>) -> Reply {
     let command = command.timed(unix_now_ms());
     let (responder, outcome) = ProgressResponder::complete_only();

@@ -1,0 +1,536 @@
+//! The read fence (`--read-fence`, off by default): a leader confirms a
+//! round of linearizable reads by asking the voters for their persisted
+//! votes instead of sending a Raft heartbeat. A follower answers from its
+//! log's vote cell on the connection task that reads the request
+//! (`peer::service`), without waking its RaftCore.
+//!
+//! Why it is enough: a round counts when this node and enough voters for a
+//! quorum hold this leader's vote, each answer given after the round began
+//! (so after every read in it arrived). Votes only grow and are durable
+//! before they are answered, so no quorum can have voted for a later leader
+//! before the round began: no write was committed by one. Every write
+//! acknowledged before then was applied here before it was acknowledged
+//! (`write`, `proposals`: rdkv answers a write once the leader applied it),
+//! and this node applied an entry of its own term, so it holds everything
+//! its predecessors committed. Reading the region after the round is then
+//! linearizable, as after a ReadIndex round. An "answer on commit" mode for
+//! writes would break this: the fence would then have to wait for the
+//! commit index to be applied, as ReadIndex does.
+//!
+//! Any other outcome (not eligible, too few answers within a heartbeat
+//! interval, a newer vote seen) falls back to a ReadIndex round, which also
+//! lets openraft find out that this node was deposed.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use openraft::async_runtime::WatchReceiver;
+use openraft::type_config::alias::{LeaderIdOf, LogIdOf, WatchReceiverOf};
+use openraft::{RaftMetrics, ServerState};
+use rdkv_storage::raft::{NodeAddr, TypeConfig, Vote};
+use rdkv_storage::raft_log::PersistedVote;
+
+use crate::Raft;
+use crate::peer::{Answered, FenceClients};
+
+type LeaderId = LeaderIdOf<TypeConfig>;
+
+/// What a round needs of Raft's state, taken when it starts.
+#[derive(Debug, Clone)]
+pub(crate) struct FenceView {
+    /// This node's persisted, committed vote as leader.
+    own_vote: Vote,
+    membership_log_id: Option<LogIdOf<TypeConfig>>,
+    voters: BTreeSet<u64>,
+    /// The voters other than this node, with their addresses.
+    others: Vec<(u64, NodeAddr)>,
+}
+
+/// Why a round cannot be fenced (it runs a ReadIndex round instead).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ineligible {
+    NotLeader,
+    /// A joint configuration: a quorum of each half would be needed.
+    Joint,
+    /// The configuration in use is not committed yet.
+    Uncommitted,
+    NotVoter,
+    /// This node's persisted vote is not its own committed one (yet).
+    NoOwnVote,
+    /// This node has not applied an entry of its own term yet.
+    NoOwnEntry,
+}
+
+/// The view of a round at leader `me`, whose persisted vote is `own`; each
+/// rule is a case where a quorum of votes would not be enough.
+pub(crate) fn fence_view(
+    metrics: &RaftMetrics<TypeConfig>,
+    own: Option<Vote>,
+    me: u64,
+) -> Result<FenceView, Ineligible> {
+    if metrics.state != ServerState::Leader || metrics.running_state.is_err() {
+        return Err(Ineligible::NotLeader);
+    }
+    let membership = metrics.membership_config.membership();
+    if membership.get_joint_config().len() != 1 {
+        return Err(Ineligible::Joint);
+    }
+    if metrics.membership_config.log_id() != metrics.committed_membership_config.log_id() {
+        return Err(Ineligible::Uncommitted);
+    }
+    let voters: BTreeSet<u64> = membership.voter_ids().collect();
+    if !voters.contains(&me) {
+        return Err(Ineligible::NotVoter);
+    }
+    let own_vote = own
+        .filter(|vote| vote.committed && vote.leader_id.node_id == me)
+        .ok_or(Ineligible::NoOwnVote)?;
+    let applied_leader = metrics.last_applied.as_ref().map(|log_id| log_id.leader_id);
+    if applied_leader != Some(own_vote.leader_id) {
+        return Err(Ineligible::NoOwnEntry);
+    }
+    let others = voters
+        .iter()
+        .filter(|&&id| id != me)
+        .filter_map(|&id| membership.get_node(&id).map(|node| (id, node.clone())))
+        .collect();
+    Ok(FenceView {
+        own_vote,
+        membership_log_id: *metrics.membership_config.log_id(),
+        voters,
+        others,
+    })
+}
+
+/// Where a round's answers stand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Pending,
+    /// This node and enough voters for a quorum hold this leader's vote.
+    Quorum,
+    /// A voter holds a later leader's vote: this node may be deposed.
+    Higher,
+    /// Too many voters answered otherwise (or failed) for a quorum.
+    Impossible,
+}
+
+/// The answers of one round.
+#[derive(Debug)]
+pub(crate) struct Tally {
+    leader: LeaderId,
+    others: BTreeSet<u64>,
+    need: usize,
+    agreed: BTreeSet<u64>,
+    failed: BTreeSet<u64>,
+}
+
+impl Tally {
+    pub(crate) fn new(view: &FenceView) -> Tally {
+        Tally {
+            leader: view.own_vote.leader_id,
+            others: view.others.iter().map(|(id, _)| *id).collect(),
+            need: view.voters.len() / 2 + 1,
+            agreed: BTreeSet::new(),
+            failed: BTreeSet::new(),
+        }
+    }
+
+    /// Where the round stands with this node's own vote alone.
+    pub(crate) fn verdict(&self) -> Verdict {
+        // This node counts: its vote is the leader's (`fence_view`).
+        if 1 + self.agreed.len() >= self.need {
+            return Verdict::Quorum;
+        }
+        if 1 + self.others.len() - self.failed.len() < self.need {
+            return Verdict::Impossible;
+        }
+        Verdict::Pending
+    }
+
+    /// Counts `from`'s answer: its persisted vote, `None` when it has none
+    /// or the call failed. Only this leader's own vote agrees; an older or
+    /// an incomparable one (a same-term candidate's) does not.
+    pub(crate) fn count(&mut self, from: u64, vote: Option<&Vote>) -> Verdict {
+        if !self.others.contains(&from) {
+            return self.verdict();
+        }
+        match vote {
+            Some(vote) if vote.leader_id == self.leader => {
+                self.agreed.insert(from);
+            }
+            Some(vote) if vote.leader_id > self.leader => return Verdict::Higher,
+            _ => {
+                self.failed.insert(from);
+            }
+        }
+        self.verdict()
+    }
+}
+
+/// `rdkv_read_fence_total{shard, outcome}`, registered once.
+#[derive(Debug, Clone)]
+pub struct FenceOutcomes {
+    confirmed: metrics::Counter,
+    higher_vote: metrics::Counter,
+    no_quorum: metrics::Counter,
+    ineligible: metrics::Counter,
+    changed: metrics::Counter,
+}
+
+impl FenceOutcomes {
+    pub fn new(shard: &str) -> Self {
+        let outcome = |name: &'static str| {
+            let counter = metrics::counter!(
+                "rdkv_read_fence_total",
+                "shard" => shard.to_owned(),
+                "outcome" => name
+            );
+            // The series exist from the start, zero until counted.
+            counter.increment(0);
+            counter
+        };
+        FenceOutcomes {
+            confirmed: outcome("confirmed"),
+            higher_vote: outcome("higher_vote"),
+            no_quorum: outcome("no_quorum"),
+            ineligible: outcome("ineligible"),
+            changed: outcome("changed"),
+        }
+    }
+}
+
+/// A leader's read fence: its connections to the voters and its rounds.
+pub struct ReadFence {
+    clients: FenceClients,
+    own_vote: PersistedVote,
+    metrics: WatchReceiverOf<TypeConfig, RaftMetrics<TypeConfig>>,
+    node_id: u64,
+    /// How long a round waits for a quorum: one heartbeat interval.
+    round_timeout: Duration,
+    outcomes: FenceOutcomes,
+    round: u64,
+}
+
+impl std::fmt::Debug for ReadFence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadFence")
+            .field("node_id", &self.node_id)
+            .field("round", &self.round)
+            .field("clients", &self.clients)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReadFence {
+    pub fn new(
+        clients: FenceClients,
+        own_vote: PersistedVote,
+        raft: &Raft,
+        node_id: u64,
+        round_timeout: Duration,
+        outcomes: FenceOutcomes,
+    ) -> Self {
+        ReadFence {
+            clients,
+            own_vote,
+            metrics: raft.metrics(),
+            node_id,
+            round_timeout,
+            outcomes,
+            round: 0,
+        }
+    }
+
+    /// Runs one round; `true`: the reads that arrived before this call may
+    /// be answered from this node's applied region. `false`: run a ReadIndex
+    /// round instead.
+    pub async fn confirm(&mut self) -> bool {
+        self.round += 1;
+        let view = {
+            let metrics = self.metrics.borrow_watched();
+            fence_view(&metrics, self.own_vote.get(), self.node_id)
+        };
+        let Ok(view) = view else {
+            self.outcomes.ineligible.increment(1);
+            return false;
+        };
+        match self.gather(&view).await {
+            Verdict::Quorum if self.unchanged(&view) => {
+                self.outcomes.confirmed.increment(1);
+                true
+            }
+            Verdict::Quorum => {
+                self.outcomes.changed.increment(1);
+                false
+            }
+            Verdict::Higher => {
+                self.outcomes.higher_vote.increment(1);
+                false
+            }
+            Verdict::Pending | Verdict::Impossible => {
+                self.outcomes.no_quorum.increment(1);
+                false
+            }
+        }
+    }
+
+    /// Asks every other voter and counts the answers of this round until a
+    /// verdict or the round's deadline (`Pending` then).
+    async fn gather(&mut self, view: &FenceView) -> Verdict {
+        let mut tally = Tally::new(view);
+        if tally.verdict() != Verdict::Pending {
+            return tally.verdict();
+        }
+        self.clients.retain(&view.voters);
+        for (id, node) in &view.others {
+            self.clients.ask(self.round, *id, node).await;
+        }
+        let deadline = tokio::time::Instant::now() + self.round_timeout;
+        loop {
+            let next = tokio::time::timeout_at(deadline, self.clients.next()).await;
+            let Ok(Some(Answered { from, round, vote })) = next else {
+                return Verdict::Pending;
+            };
+            if round != self.round {
+                // An older round's late answer: its voter is free again.
+                if let Some((_, node)) = view.others.iter().find(|(id, _)| *id == from) {
+                    self.clients.ask(self.round, from, node).await;
+                }
+                continue;
+            }
+            let verdict = tally.count(from, vote.ok().flatten().as_ref());
+            if verdict != Verdict::Pending {
+                return verdict;
+            }
+        }
+    }
+
+    /// Whether this node still leads with the same persisted vote and
+    /// configuration as when the round began. Belt and braces: the quorum
+    /// already rules out a later leader before the round began.
+    fn unchanged(&self, view: &FenceView) -> bool {
+        let metrics = self.metrics.borrow_watched();
+        self.own_vote.get() == Some(view.own_vote)
+            && metrics.state == ServerState::Leader
+            && *metrics.membership_config.log_id() == view.membership_log_id
+    }
+
+    /// Whether late answers of earlier rounds are still to come.
+    pub fn is_busy(&self) -> bool {
+        self.clients.is_busy()
+    }
+
+    /// Takes back one late answer (its connection goes back to idle).
+    pub async fn take_back_late(&mut self) {
+        self.clients.next().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use openraft::type_config::alias::StoredMembershipOf;
+    use openraft::{LogId, Membership, StoredMembership};
+
+    use super::*;
+
+    const TERM: u64 = 7;
+
+    fn vote(term: u64, node: u64, committed: bool) -> Vote {
+        match committed {
+            true => Vote::new_committed(term, node),
+            false => Vote::new(term, node),
+        }
+    }
+
+    fn log_id(term: u64, leader: u64, index: u64) -> LogIdOf<TypeConfig> {
+        LogId::new(
+            LeaderId {
+                term,
+                node_id: leader,
+            },
+            index,
+        )
+    }
+
+    /// Voters `configs` (one set: uniform; two: joint) and learner 9,
+    /// configured by the entry at `index`.
+    fn membership(configs: &[&[u64]], index: u64) -> Arc<StoredMembershipOf<TypeConfig>> {
+        let sets: Vec<BTreeSet<u64>> = configs
+            .iter()
+            .map(|c| c.iter().copied().collect())
+            .collect();
+        let nodes: BTreeMap<u64, NodeAddr> = sets
+            .iter()
+            .flatten()
+            .chain([&9])
+            .map(|&id| {
+                let addr = format!("127.0.0.1:{}", 7000 + id);
+                (
+                    id,
+                    NodeAddr {
+                        peer_addr: addr.clone(),
+                        client_addr: addr,
+                    },
+                )
+            })
+            .collect();
+        let membership = Membership::new(sets, nodes).expect("a valid membership");
+        Arc::new(StoredMembership::new(Some(log_id(1, 1, index)), membership))
+    }
+
+    /// Node 1 leading three voters in `TERM`, with an entry of its term
+    /// applied.
+    fn leader_metrics() -> RaftMetrics<TypeConfig> {
+        let mut metrics = RaftMetrics::new_initial(1);
+        metrics.state = ServerState::Leader;
+        metrics.membership_config = membership(&[&[1, 2, 3]], 3);
+        metrics.committed_membership_config = membership(&[&[1, 2, 3]], 3);
+        metrics.last_applied = Some(log_id(TERM, 1, 10));
+        metrics
+    }
+
+    fn own() -> Option<Vote> {
+        Some(vote(TERM, 1, true))
+    }
+
+    #[test]
+    fn a_leader_with_its_entry_applied_fences_with_the_other_voters() {
+        let view = fence_view(&leader_metrics(), own(), 1).expect("eligible");
+        let others: Vec<u64> = view.others.iter().map(|(id, _)| *id).collect();
+        assert_eq!(others, [2, 3], "not itself, not learner 9");
+        assert_eq!(view.voters, BTreeSet::from([1, 2, 3]));
+    }
+
+    /// What a case changes in the leader's metrics.
+    type Change = dyn Fn(&mut RaftMetrics<TypeConfig>);
+    /// A case: its name, the change, the persisted vote, the refusal.
+    type Case<'a> = (&'a str, &'a Change, Option<Vote>, Ineligible);
+
+    #[test]
+    fn each_rule_refuses_a_round_it_cannot_fence() {
+        let refused = |change: &Change, own: Option<Vote>| {
+            let mut metrics = leader_metrics();
+            change(&mut metrics);
+            fence_view(&metrics, own, 1).err()
+        };
+        let cases: [Case; 7] = [
+            (
+                "a follower",
+                &|m| m.state = ServerState::Follower,
+                own(),
+                Ineligible::NotLeader,
+            ),
+            (
+                "a joint configuration",
+                &|m| {
+                    m.membership_config = membership(&[&[1, 2, 3], &[1, 2, 4]], 3);
+                    m.committed_membership_config = m.membership_config.clone();
+                },
+                own(),
+                Ineligible::Joint,
+            ),
+            (
+                "an uncommitted configuration",
+                &|m| m.membership_config = membership(&[&[1, 2, 3]], 11),
+                own(),
+                Ineligible::Uncommitted,
+            ),
+            (
+                "a leader that is not a voter",
+                &|m| {
+                    m.membership_config = membership(&[&[2, 3, 4]], 3);
+                    m.committed_membership_config = m.membership_config.clone();
+                },
+                own(),
+                Ineligible::NotVoter,
+            ),
+            (
+                "an uncommitted own vote",
+                &|_| {},
+                Some(vote(TERM, 1, false)),
+                Ineligible::NoOwnVote,
+            ),
+            (
+                "another node's vote",
+                &|_| {},
+                Some(vote(TERM, 2, true)),
+                Ineligible::NoOwnVote,
+            ),
+            (
+                "the last applied entry of the previous term",
+                &|m| m.last_applied = Some(log_id(TERM - 1, 2, 9)),
+                own(),
+                Ineligible::NoOwnEntry,
+            ),
+        ];
+        for (case, change, own, why) in cases {
+            assert_eq!(refused(change, own), Some(why), "{case}");
+        }
+        assert_eq!(
+            refused(&|_| {}, None),
+            Some(Ineligible::NoOwnVote),
+            "no vote saved"
+        );
+    }
+
+    fn tally(voters: &[u64]) -> Tally {
+        let mut metrics = leader_metrics();
+        metrics.membership_config = membership(&[voters], 3);
+        metrics.committed_membership_config = metrics.membership_config.clone();
+        Tally::new(&fence_view(&metrics, own(), 1).expect("eligible"))
+    }
+
+    #[test]
+    fn only_this_leaders_vote_from_a_voter_counts_towards_the_quorum() {
+        let mut three = tally(&[1, 2, 3]);
+        assert_eq!(three.verdict(), Verdict::Pending);
+        assert_eq!(
+            three.count(9, own().as_ref()),
+            Verdict::Pending,
+            "a learner"
+        );
+        assert_eq!(three.count(2, own().as_ref()), Verdict::Quorum);
+
+        let mut three = tally(&[1, 2, 3]);
+        assert_eq!(
+            three.count(2, Some(&vote(TERM - 1, 1, true))),
+            Verdict::Pending
+        );
+        assert_eq!(
+            three.count(3, None),
+            Verdict::Impossible,
+            "an older vote, then a failure"
+        );
+
+        let mut three = tally(&[1, 2, 3]);
+        let same_term_candidate = vote(TERM, 0, false);
+        assert_eq!(three.count(2, Some(&same_term_candidate)), Verdict::Pending);
+        assert_eq!(
+            three.count(3, Some(&vote(TERM + 1, 3, false))),
+            Verdict::Higher
+        );
+        let later_same_term = vote(TERM, 2, true);
+        assert_eq!(
+            tally(&[1, 2, 3]).count(2, Some(&later_same_term)),
+            Verdict::Higher
+        );
+
+        let mut five = tally(&[1, 2, 3, 4, 5]);
+        assert_eq!(five.count(2, own().as_ref()), Verdict::Pending);
+        assert_eq!(
+            five.count(2, own().as_ref()),
+            Verdict::Pending,
+            "counted once"
+        );
+        assert_eq!(five.count(4, None), Verdict::Pending);
+        assert_eq!(five.count(5, own().as_ref()), Verdict::Quorum);
+    }
+
+    #[test]
+    fn a_sole_voter_is_its_own_quorum() {
+        assert_eq!(tally(&[1]).verdict(), Verdict::Quorum);
+    }
+}
