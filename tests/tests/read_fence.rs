@@ -138,6 +138,7 @@ async fn a_leader_bridged_to_the_new_term_serves_no_stale_linearizable_read() ->
         );
 
         // old <-> bridge open again; old <-> new still cut.
+        let confirmed_before = fence_count(cluster, old, "confirmed").await?;
         cluster.isolate(old, &[new]).await?;
         let until = Instant::now() + READING;
         let readers: Vec<_> = (0..READERS)
@@ -159,6 +160,15 @@ async fn a_leader_bridged_to_the_new_term_serves_no_stale_linearizable_read() ->
         println!(
             "{} linearizable reads at {old} after the bridge, all \"new\"",
             seen.len()
+        );
+        // No quorum holds T any more: the bridge answers T+1, the new
+        // leader nothing. Whatever the reads returned, no round confirms.
+        let confirmed_after = fence_count(cluster, old, "confirmed").await?;
+        ensure!(
+            confirmed_after == confirmed_before,
+            "{old} confirmed {} fence rounds with only the bridge {bridge} (in a later term) \
+             reachable",
+            confirmed_after - confirmed_before
         );
         let higher = fence_count(cluster, old, "higher_vote").await?;
         ensure!(

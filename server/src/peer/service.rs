@@ -398,9 +398,15 @@ async fn serve_frame(
             // Read fence: this node's persisted vote, from the log's cell
             // (no RaftCore, no lock), answered at once rather than after
             // the appends queued before it, which would make the fence wait
-            // for this node's fsync. Safe out of order: a shared link
-            // routes answers by request id. Not a leader contact (it says
-            // nothing about this node's log), so `send`, not `answer`.
+            // for this node's fsync. Safe out of order on a shared link,
+            // which routes answers by request id. A connection of its own
+            // answers in request order: the leader sends fences on
+            // connections that carry nothing else (`peer::fence`), where
+            // this drain has nothing to wait for. Not a leader contact (it
+            // says nothing about this node's log), so `send`, not `answer`.
+            if matches!(out, Answers::Direct(_)) {
+                out.drain(b).await?;
+            }
             let vote = b.ctx.persisted_vote();
             out.send(b.shard, request_id, PeerResponse::ReadFence(vote))
                 .await?;

@@ -117,6 +117,9 @@ pub(crate) enum Verdict {
 /// The answers of one round.
 #[derive(Debug)]
 pub(crate) struct Tally {
+    /// The round counted: an answer to an older round's call was asked
+    /// before this round's reads arrived, and must not count.
+    round: u64,
     leader: LeaderId,
     others: BTreeSet<u64>,
     need: usize,
@@ -125,8 +128,9 @@ pub(crate) struct Tally {
 }
 
 impl Tally {
-    pub(crate) fn new(view: &FenceView) -> Tally {
+    pub(crate) fn new(round: u64, view: &FenceView) -> Tally {
         Tally {
+            round,
             leader: view.own_vote.leader_id,
             others: view.others.iter().map(|(id, _)| *id).collect(),
             need: view.voters.len() / 2 + 1,
@@ -147,11 +151,13 @@ impl Tally {
         Verdict::Pending
     }
 
-    /// Counts `from`'s answer: its persisted vote, `None` when it has none
-    /// or the call failed. Only this leader's own vote agrees; an older or
-    /// an incomparable one (a same-term candidate's) does not.
-    pub(crate) fn count(&mut self, from: u64, vote: Option<&Vote>) -> Verdict {
-        if !self.others.contains(&from) {
+    /// Counts `from`'s answer to `round`'s call: its persisted vote, `None`
+    /// when it has none or the call failed. Only this leader's own vote
+    /// agrees, and only in an answer to this round; an older vote does not,
+    /// and a later one (a later term's, or a same-term candidate's with a
+    /// higher id) ends the round.
+    pub(crate) fn count(&mut self, round: u64, from: u64, vote: Option<&Vote>) -> Verdict {
+        if round != self.round || !self.others.contains(&from) {
             return self.verdict();
         }
         match vote {
@@ -250,9 +256,15 @@ impl ReadFence {
             let metrics = self.metrics.borrow_watched();
             fence_view(&metrics, self.own_vote.get(), self.node_id)
         };
-        let Ok(view) = view else {
-            self.outcomes.ineligible.increment(1);
-            return false;
+        let view = match view {
+            Ok(view) => view,
+            // A follower's linearizable reads come here too: not a
+            // leader's round, not counted.
+            Err(Ineligible::NotLeader) => return false,
+            Err(_) => {
+                self.outcomes.ineligible.increment(1);
+                return false;
+            }
         };
         match self.gather(&view).await {
             Verdict::Quorum if self.unchanged(&view) => {
@@ -277,7 +289,7 @@ impl ReadFence {
     /// Asks every other voter and counts the answers of this round until a
     /// verdict or the round's deadline (`Pending` then).
     async fn gather(&mut self, view: &FenceView) -> Verdict {
-        let mut tally = Tally::new(view);
+        let mut tally = Tally::new(self.round, view);
         if tally.verdict() != Verdict::Pending {
             return tally.verdict();
         }
@@ -292,13 +304,13 @@ impl ReadFence {
                 return Verdict::Pending;
             };
             if round != self.round {
-                // An older round's late answer: its voter is free again.
+                // An older round's late answer (the tally ignores it): its
+                // voter is free again, ask it for this round.
                 if let Some((_, node)) = view.others.iter().find(|(id, _)| *id == from) {
                     self.clients.ask(self.round, from, node).await;
                 }
-                continue;
             }
-            let verdict = tally.count(from, vote.ok().flatten().as_ref());
+            let verdict = tally.count(round, from, vote.ok().flatten().as_ref());
             if verdict != Verdict::Pending {
                 return verdict;
             }
@@ -337,6 +349,7 @@ mod tests {
     use super::*;
 
     const TERM: u64 = 7;
+    const ROUND: u64 = 12;
 
     fn vote(term: u64, node: u64, committed: bool) -> Vote {
         match committed {
@@ -480,7 +493,7 @@ mod tests {
         let mut metrics = leader_metrics();
         metrics.membership_config = membership(&[voters], 3);
         metrics.committed_membership_config = metrics.membership_config.clone();
-        Tally::new(&fence_view(&metrics, own(), 1).expect("eligible"))
+        Tally::new(ROUND, &fence_view(&metrics, own(), 1).expect("eligible"))
     }
 
     #[test]
@@ -488,45 +501,53 @@ mod tests {
         let mut three = tally(&[1, 2, 3]);
         assert_eq!(three.verdict(), Verdict::Pending);
         assert_eq!(
-            three.count(9, own().as_ref()),
+            three.count(ROUND, 9, own().as_ref()),
             Verdict::Pending,
             "a learner"
         );
-        assert_eq!(three.count(2, own().as_ref()), Verdict::Quorum);
+        assert_eq!(
+            three.count(ROUND - 1, 2, own().as_ref()),
+            Verdict::Pending,
+            "an answer to the previous round's call"
+        );
+        assert_eq!(three.count(ROUND, 2, own().as_ref()), Verdict::Quorum);
 
         let mut three = tally(&[1, 2, 3]);
         assert_eq!(
-            three.count(2, Some(&vote(TERM - 1, 1, true))),
+            three.count(ROUND, 2, Some(&vote(TERM - 1, 1, true))),
             Verdict::Pending
         );
         assert_eq!(
-            three.count(3, None),
+            three.count(ROUND, 3, None),
             Verdict::Impossible,
             "an older vote, then a failure"
         );
 
         let mut three = tally(&[1, 2, 3]);
         let same_term_candidate = vote(TERM, 0, false);
-        assert_eq!(three.count(2, Some(&same_term_candidate)), Verdict::Pending);
         assert_eq!(
-            three.count(3, Some(&vote(TERM + 1, 3, false))),
+            three.count(ROUND, 2, Some(&same_term_candidate)),
+            Verdict::Pending
+        );
+        assert_eq!(
+            three.count(ROUND, 3, Some(&vote(TERM + 1, 3, false))),
             Verdict::Higher
         );
         let later_same_term = vote(TERM, 2, true);
         assert_eq!(
-            tally(&[1, 2, 3]).count(2, Some(&later_same_term)),
+            tally(&[1, 2, 3]).count(ROUND, 2, Some(&later_same_term)),
             Verdict::Higher
         );
 
         let mut five = tally(&[1, 2, 3, 4, 5]);
-        assert_eq!(five.count(2, own().as_ref()), Verdict::Pending);
+        assert_eq!(five.count(ROUND, 2, own().as_ref()), Verdict::Pending);
         assert_eq!(
-            five.count(2, own().as_ref()),
+            five.count(ROUND, 2, own().as_ref()),
             Verdict::Pending,
             "counted once"
         );
-        assert_eq!(five.count(4, None), Verdict::Pending);
-        assert_eq!(five.count(5, own().as_ref()), Verdict::Quorum);
+        assert_eq!(five.count(ROUND, 4, None), Verdict::Pending);
+        assert_eq!(five.count(ROUND, 5, own().as_ref()), Verdict::Quorum);
     }
 
     #[test]

@@ -1595,6 +1595,15 @@ mod tests {
         let shared = &store.shared;
         let v2 = vote(2, 1);
         shared.save_vote(&v2).unwrap();
+        // The vote file's write fails (its temporary name is taken by a
+        // directory): the log is writable, the vote never reaches the disk.
+        let tmp = dir.path().join(format!("{}.tmp", format::VOTE_FILE));
+        std::fs::create_dir(&tmp).unwrap();
+        let result = shared.save_vote(&vote(3, 1));
+        assert!(matches!(result, Err(LogError::Io { .. })), "{result:?}");
+        assert_eq!(store.persisted_vote().get(), Some(v2));
+        std::fs::remove_dir(&tmp).unwrap();
+        // A refused write: the log was poisoned by a failed fsync.
         shared
             .flusher
             .poison(&io::Error::other("injected fsync failure"));
