@@ -396,6 +396,18 @@ impl Cluster {
         Ok(client)
     }
 
+    /// A client over TCP (no one-sided reads) that talks to nodes `ids`
+    /// only: what the partition tests read and write a cut side through.
+    pub fn tcp_client_via(&self, ids: &[u64]) -> Result<Client> {
+        self.client_with(
+            Intent::Via(ids),
+            ClientOptions {
+                transport: rdkv_client::Transport::Tcp,
+                ..client_options(None)
+            },
+        )
+    }
+
     pub fn client_with(&self, intent: Intent<'_>, options: ClientOptions) -> Result<Client> {
         Ok(Client::new(&self.endpoints(intent)?, options)?)
     }

@@ -7,19 +7,9 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use rdkv_client::{Client, ClientOptions, Consistency, Transport};
+use rdkv_client::Consistency;
 use rdkv_tests::prometheus::http_get;
-use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, check, check_with_leader, client_options};
-
-fn client_of(cluster: &Cluster, ids: &[u64]) -> Result<Client> {
-    cluster.client_with(
-        Intent::Via(ids),
-        ClientOptions {
-            transport: Transport::Tcp,
-            ..client_options(None)
-        },
-    )
-}
+use rdkv_tests::{Cluster, LEADER_TIMEOUT, check, check_with_leader};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_isolated_leader_is_replaced_and_the_cluster_converges() -> Result<()> {
@@ -30,7 +20,7 @@ async fn an_isolated_leader_is_replaced_and_the_cluster_converges() -> Result<()
     );
     check_with_leader(&mut cluster, 120, async |cluster, old| {
         let majority: Vec<u64> = (1..=3).filter(|&id| id != old).collect();
-        let all = client_of(cluster, &[1, 2, 3])?;
+        let all = cluster.tcp_client_via(&[1, 2, 3])?;
         all.put("before", "1").await?;
         // A key the old leader holds, then overwritten behind the cut: a
         // stale local read on the old leader returns "old", not nothing.
@@ -43,14 +33,14 @@ async fn an_isolated_leader_is_replaced_and_the_cluster_converges() -> Result<()
         let new = cluster
             .wait_for_leader_among(&majority, old, LEADER_TIMEOUT)
             .await?;
-        let writer = client_of(cluster, &majority)?;
+        let writer = cluster.tcp_client_via(&majority)?;
         writer.put("moved", "new").await?;
         for i in 0..20 {
             writer.put(format!("during{i}"), "x").await?;
         }
         // The old leader cannot serve linearizable or lease reads: it fails
         // them, or (having learned of the new leader) sends the client there.
-        let cut_off = client_of(cluster, &[old])?;
+        let cut_off = cluster.tcp_client_via(&[old])?;
         // The premise, read from its region directly: it holds the stale
         // version, which a read served locally would return.
         let held = cluster.map_region(old).await?.get(b"moved")?;
@@ -101,7 +91,7 @@ async fn an_isolated_leader_is_replaced_and_the_cluster_converges() -> Result<()
 async fn a_slow_disk_slows_writes_but_loses_none() -> Result<()> {
     let mut cluster = Cluster::start_faulty(3, &[])?;
     check_with_leader(&mut cluster, 90, async |cluster, leader| {
-        let client = client_of(cluster, &[1, 2, 3])?;
+        let client = cluster.tcp_client_via(&[1, 2, 3])?;
         for id in 1..=3 {
             cluster.slow_fsync(id, 30).await?;
         }
@@ -153,7 +143,7 @@ async fn a_leader_paces_its_dials_to_a_follower_that_is_down() -> Result<()> {
     let mut cluster = Cluster::start(3)?;
     check_with_leader(&mut cluster, 60, async |cluster, leader| {
         let down = (1..=3).find(|&id| id != leader).context("no follower")?;
-        let client = client_of(cluster, &[leader])?;
+        let client = cluster.tcp_client_via(&[leader])?;
         client.put("before", "1").await?;
         cluster.node_mut(down)?.kill();
         client.put("after", "1").await?;

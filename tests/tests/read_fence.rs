@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use rdkv_client::{Client, ClientOptions, Consistency, Role, Transport};
-use rdkv_tests::{Cluster, Intent, LEADER_TIMEOUT, check_with_leader, client_options};
+use rdkv_client::{Client, Consistency, Role};
+use rdkv_tests::{Cluster, LEADER_TIMEOUT, check_with_leader};
 
 /// How long the readers at the bridged leader run.
 const READING: Duration = Duration::from_secs(3);
@@ -17,16 +17,6 @@ const READING: Duration = Duration::from_secs(3);
 const READERS: usize = 8;
 /// Bound of one read (the client retries reads on its own).
 const READ_TIMEOUT: Duration = Duration::from_secs(5);
-
-fn client_of(cluster: &Cluster, ids: &[u64]) -> Result<Client> {
-    cluster.client_with(
-        Intent::Via(ids),
-        ClientOptions {
-            transport: Transport::Tcp,
-            ..client_options(None)
-        },
-    )
-}
 
 /// Node `id`'s `rdkv_read_fence_total` of shard 0 for `outcome`; a series
 /// not there counts as 0 (the node has not counted one).
@@ -83,7 +73,7 @@ async fn a_leader_bridged_to_the_new_term_serves_no_stale_linearizable_read() ->
         &["--fault-injection", "--read-fence", "--heartbeat-ms", "300"],
     )?;
     check_with_leader(&mut cluster, 180, async |cluster, old| {
-        let all = client_of(cluster, &[1, 2, 3])?;
+        let all = cluster.tcp_client_via(&[1, 2, 3])?;
         all.put("moved", "old").await?;
         cluster
             .wait_applied(old, all.put("fence", "1").await?, LEADER_TIMEOUT)
@@ -91,7 +81,7 @@ async fn a_leader_bridged_to_the_new_term_serves_no_stale_linearizable_read() ->
 
         // Warm-up: shows that the flag is on, and opens the fence's
         // connections (kept, and used again once the bridge is back).
-        let at_old = client_of(cluster, &[old])?;
+        let at_old = cluster.tcp_client_via(&[old])?;
         for _ in 0..20 {
             at_old.get_with("moved", Consistency::Linearizable).await?;
         }
@@ -114,7 +104,7 @@ async fn a_leader_bridged_to_the_new_term_serves_no_stale_linearizable_read() ->
             .find(|&id| id != new)
             .context("no follower beside the new leader")?;
         // Acknowledged in term T+1, by the new leader and the bridge.
-        client_of(cluster, &others)?.put("moved", "new").await?;
+        cluster.tcp_client_via(&others)?.put("moved", "new").await?;
 
         // The premises. `old` still leads in its own view (alpha.37 steps
         // down only a leader removed from the membership), and holds "old";
@@ -142,7 +132,12 @@ async fn a_leader_bridged_to_the_new_term_serves_no_stale_linearizable_read() ->
         cluster.isolate(old, &[new]).await?;
         let until = Instant::now() + READING;
         let readers: Vec<_> = (0..READERS)
-            .map(|_| Ok(tokio::spawn(read_until(client_of(cluster, &[old])?, until))))
+            .map(|_| {
+                Ok(tokio::spawn(read_until(
+                    cluster.tcp_client_via(&[old])?,
+                    until,
+                )))
+            })
             .collect::<Result<_>>()?;
         let mut seen = Vec::new();
         for reader in readers {
