@@ -386,13 +386,22 @@ impl Cluster {
 
     /// [`Cluster::client`] with other options (a token, a transport, budgets).
     /// A client of any node with `token`, once the cluster answers it (a
-    /// leader is known): for clusters started with `--token`.
+    /// leader is known) and every node answers its own status: for clusters
+    /// started with `--token`, whose tests then talk to each node's ports
+    /// (a node still starting has not bound them: "connection refused").
     pub async fn serving_client(&self, token: &str) -> Result<Client> {
         let client = self.client_with(Intent::Any, self.options(Some(token)))?;
         eventually(LEADER_TIMEOUT, "a leader", async || {
             Ok(client.ping().await?)
         })
         .await?;
+        for &id in self.nodes.keys() {
+            let replica = self.replica_with(id, self.options(Some(token)))?;
+            eventually(LEADER_TIMEOUT, &format!("node {id} serving"), async || {
+                replica.status().await
+            })
+            .await?;
+        }
         Ok(client)
     }
 
