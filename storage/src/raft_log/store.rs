@@ -199,7 +199,6 @@ struct Inner {
     locs: VecDeque<Loc>,
     first_index: u64,
     meta: Meta,
-    vote: Option<Vote>,
     /// A suffix of the log: the entries `next_index - cache.len() ..`,
     /// each with what it is charged (`cache_charge`).
     cache: VecDeque<(Entry, u32)>,
@@ -223,7 +222,8 @@ pub(crate) struct Shared {
     inner: Mutex<Inner>,
     counters: Arc<Counters>,
     flusher: Flusher,
-    /// Mirrors `Inner::vote` for readers that must not take `inner`.
+    /// The log's vote, the one copy of it: set under `inner`'s lock (so in
+    /// disk order), read without it by those that must not wait on a save.
     persisted_vote: PersistedVote,
     _lock: File,
 }
@@ -234,13 +234,12 @@ enum Planned {
 }
 
 impl Inner {
-    fn new(meta: Meta, vote: Option<Vote>) -> Inner {
+    fn new(meta: Meta) -> Inner {
         Inner {
             segments: BTreeMap::new(),
             locs: VecDeque::new(),
             first_index: 0,
             meta,
-            vote,
             cache: VecDeque::new(),
             cached_bytes: 0,
             generation: 0,
@@ -388,10 +387,10 @@ impl LogStore {
             failpoint::armed(failpoint::LOG_SKIP_APPEND_FSYNC),
             Ordering::Relaxed,
         );
-        let inner = recover(&dir, &dir_file, &options, &counters)?;
+        let (inner, vote) = recover(&dir, &dir_file, &options, &counters)?;
         let flusher = Flusher::start(counters.clone()).map_err(|e| LogError::io(&dir, e))?;
         let persisted_vote = PersistedVote::default();
-        if let Some(vote) = inner.vote {
+        if let Some(vote) = vote {
             persisted_vote.set(vote);
         }
         Ok(LogStore {
@@ -780,7 +779,7 @@ impl Shared {
     }
 
     pub(crate) fn save_vote(&self, vote: &Vote) -> Result<(), LogError> {
-        let mut inner = self.lock()?;
+        let inner = self.lock()?;
         self.check_writable()?;
         // Writes are serialized: log data written before the vote is made
         // durable before it.
@@ -788,7 +787,6 @@ impl Shared {
             self.sync_segment(&active.file, key, active.len())?;
         }
         format::write_vote(&self.dir, &self.dir_file, vote)?;
-        inner.vote = Some(*vote);
         // Only now is the vote durable; still under the lock, so two saves
         // reach the cell in the order they reached the disk.
         self.persisted_vote.set(*vote);
@@ -810,7 +808,9 @@ impl Shared {
     }
 
     pub(crate) fn vote(&self) -> Result<Option<Vote>, LogError> {
-        Ok(self.lock()?.vote)
+        // Under the lock, as a save sets it: a save in progress finishes first.
+        let _inner = self.lock()?;
+        Ok(self.persisted_vote.get())
     }
 
     pub(crate) fn committed(&self) -> Result<Option<LogId>, LogError> {
@@ -946,12 +946,12 @@ fn recover(
     dir_file: &File,
     options: &LogOptions,
     counters: &Counters,
-) -> Result<Inner, LogError> {
+) -> Result<(Inner, Option<Vote>), LogError> {
     let mut meta = format::read_meta(dir)?;
     meta.committed = format::read_committed(dir).or(meta.committed);
     let vote = format::read_vote(dir)?;
     let names = segment_files(dir)?;
-    let mut inner = Inner::new(meta, vote);
+    let mut inner = Inner::new(meta);
     let count = names.len();
     let mut dir_dirty = false;
     for (i, (first, path)) in names.into_iter().enumerate() {
@@ -981,7 +981,7 @@ fn recover(
     }
     finish_purge(dir, dir_file, &mut inner)?;
     cap_committed(&mut inner);
-    Ok(inner)
+    Ok((inner, vote))
 }
 
 /// Where a segment file stands among those recovery found.
@@ -1186,7 +1186,7 @@ mod tests {
     }
 
     fn empty_log() -> Inner {
-        Inner::new(Meta::default(), None)
+        Inner::new(Meta::default())
     }
 
     /// Appends entry `index`, charged its record length `len` (the cache's
