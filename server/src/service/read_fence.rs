@@ -290,8 +290,9 @@ impl ReadFence {
     /// verdict or the round's deadline (`Pending` then).
     async fn gather(&mut self, view: &FenceView) -> Verdict {
         let mut tally = Tally::new(self.round, view);
-        if tally.verdict() != Verdict::Pending {
-            return tally.verdict();
+        let before_asking = tally.verdict();
+        if before_asking != Verdict::Pending {
+            return before_asking;
         }
         self.clients.retain(&view.voters);
         for (id, node) in &view.others {
