@@ -6,6 +6,11 @@
 //! answers of every worker go to one writer task, which sends together
 //! those that are ready together.
 //!
+//! A read fence is the exception: it is answered by the reader itself
+//! ([`AtOnce`]), because a shard's worker serves it only after the appends
+//! queued ahead of it, one of which may be waiting for this node's fsync,
+//! and a fence that waits so long makes the leader's read round fall back.
+//!
 //! A shard's queue holds [`SHARD_QUEUE_FRAMES`] frames: a well-behaved
 //! leader keeps at most `MAX_APPENDS_IN_FLIGHT` appends and a call or two
 //! in flight per shard. When a queue is full anyway the reader waits for
@@ -54,6 +59,12 @@ pub type StartWorker<'a> = dyn FnMut(
     + Send
     + 'a;
 
+/// Answers a request of shard `ShardId` on the reader, ahead of the
+/// shard's queue, if it is one that must not wait for the shard's worker
+/// (`None`: the worker serves it). Asked only once the shard's worker
+/// runs, so only of a shard the peer was admitted to.
+pub type AtOnce<'a> = dyn Fn(ShardId, &PeerRequest) -> Option<PeerResponse> + Send + Sync + 'a;
+
 /// Serves a version-3 connection whose hello has been accepted, until it
 /// ends or `cut_off` says to drop it (fault injection). Its workers and
 /// writer end with it.
@@ -61,6 +72,7 @@ pub async fn serve<R, W>(
     mut reader: FrameReader<R>,
     writer: FrameWriter<W>,
     start: &mut StartWorker<'_>,
+    at_once: &AtOnce<'_>,
     cut_off: impl Fn() -> bool,
 ) -> Result<()>
 where
@@ -96,17 +108,34 @@ where
                 Err(_) => (ShardId(0), Err(e)),
             },
         };
-        let incoming = Incoming {
-            request_id,
-            request,
-        };
         if let Some(queue) = queues.get(&shard) {
+            let answer = request.as_ref().ok().and_then(|r| at_once(shard, r));
+            if let Some(response) = answer {
+                let answer = Outgoing {
+                    shard,
+                    request_id,
+                    response,
+                };
+                answers
+                    .send(answer)
+                    .await
+                    .context("the peer connection's writer ended")?;
+                continue;
+            }
+            let incoming = Incoming {
+                request_id,
+                request,
+            };
             queue
                 .send(incoming)
                 .await
                 .map_err(|_| anyhow::anyhow!("shard {}'s worker ended", shard.0))?;
             continue;
         }
+        let incoming = Incoming {
+            request_id,
+            request,
+        };
         let (queue, worker_queue) = mpsc::channel(SHARD_QUEUE_FRAMES);
         match start(shard, worker_queue, answers.clone()) {
             Ok(worker) => {
@@ -162,6 +191,8 @@ fn queue_answer<W: AsyncWrite + Unpin>(
 mod tests {
     use std::time::Duration;
 
+    use rdkv_storage::raft::Vote;
+
     use super::*;
     use crate::peer::PEER_MAX_FRAME_BYTES;
 
@@ -194,8 +225,18 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_stuck_shard_does_not_hold_another_shards_frames() {
+    /// Answers every admitted shard's fences with term 7's vote of node 1.
+    fn fence_at_once(_: ShardId, request: &PeerRequest) -> Option<PeerResponse> {
+        let vote = Vote::new_committed(7, 1);
+        matches!(request, PeerRequest::ReadFence).then_some(PeerResponse::ReadFence(Some(vote)))
+    }
+
+    /// Connects a peer to `serve` over an in-memory pipe.
+    fn connect() -> (
+        FrameReader<impl AsyncRead + Unpin>,
+        FrameWriter<impl AsyncWrite + Unpin>,
+        tokio::task::JoinHandle<Result<()>>,
+    ) {
         let (ours, theirs) = tokio::io::duplex(64 * 1024);
         let (read, write) = tokio::io::split(ours);
         let serving = tokio::spawn(async move {
@@ -204,13 +245,58 @@ mod tests {
                 FrameReader::new(read, PEER_MAX_FRAME_BYTES),
                 FrameWriter::new(write, PEER_MAX_FRAME_BYTES),
                 &mut start,
+                &fence_at_once,
                 || false,
             )
             .await
         });
         let (read, write) = tokio::io::split(theirs);
-        let mut peer_reader = FrameReader::new(read, PEER_MAX_FRAME_BYTES);
-        let mut peer_writer = FrameWriter::new(write, PEER_MAX_FRAME_BYTES);
+        let reader = FrameReader::new(read, PEER_MAX_FRAME_BYTES);
+        let writer = FrameWriter::new(write, PEER_MAX_FRAME_BYTES);
+        (reader, writer, serving)
+    }
+
+    #[tokio::test]
+    async fn a_fence_is_answered_past_its_stuck_shard_once_the_shard_is_admitted() {
+        let (mut peer_reader, mut peer_writer, serving) = connect();
+        let garbage = (ShardId(1), 255u8);
+        peer_writer.queue(FrameKind::Request, 1, &garbage).unwrap();
+        let fence = |shard| (ShardId(shard), PeerRequest::ReadFence);
+        // Shard 1's worker is stuck on request 1; shard 3 is not hosted.
+        for (request_id, shard) in [(2, 1), (3, 3)] {
+            peer_writer
+                .queue(FrameKind::Request, request_id, &fence(shard))
+                .unwrap();
+        }
+        peer_writer.flush().await.unwrap();
+        let mut answered = Vec::new();
+        while answered.len() < 2 {
+            // Bounds the test only: a held frame is never answered.
+            let frame = tokio::time::timeout(Duration::from_secs(20), peer_reader.next())
+                .await
+                .expect("both fences answered despite shard 1's worker")
+                .unwrap()
+                .unwrap();
+            let (shard, response): (ShardId, PeerResponse) =
+                decode_for_shard(PEER_PROTOCOL_VERSION_SHARDS, &frame).unwrap();
+            answered.push((frame.request_id, shard.0, format!("{response:?}")));
+        }
+        answered.sort();
+        let fenced = PeerResponse::ReadFence(Some(Vote::new_committed(7, 1)));
+        let refused = PeerResponse::Failed("not hosted".into());
+        let expected = vec![
+            (2, 1, format!("{fenced:?}")),
+            // A shard the peer was not admitted to is refused, fence or not.
+            (3, 3, format!("{refused:?}")),
+        ];
+        assert_eq!(answered, expected);
+        drop((peer_reader, peer_writer));
+        serving.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_stuck_shard_does_not_hold_another_shards_frames() {
+        let (mut peer_reader, mut peer_writer, serving) = connect();
         // Requests no Raft would decode: each goes to its shard's worker
         // all the same (the shard id before it decodes).
         for (request_id, shard) in [(1, 1), (2, 1), (3, 2), (4, 3), (5, 2)] {

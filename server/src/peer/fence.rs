@@ -10,7 +10,8 @@
 //!
 //! A single group's fence calls get connections of their own (a `PeerConn`
 //! of its own per voter), never queued behind appends; a shard of a
-//! multi-shard node shares its Raft link, which routes answers by id.
+//! multi-shard node shares its Raft link, which routes answers by id (and
+//! whose receiver answers a fence before the shard's queue, `demux`).
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;

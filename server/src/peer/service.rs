@@ -281,7 +281,18 @@ async fn handle(stream: Stream, shards: PeerShards) -> Result<()> {
         ));
         Ok(worker)
     };
-    demux::serve(reader, writer, &mut start, || own.is_isolated_from(from)).await
+    let at_once = |shard: ShardId, request: &PeerRequest| match request {
+        // The persisted vote of the replica hosted now (a replaced one's
+        // worker ends at its next frame); see `serve_frame` for why a fence
+        // is answered out of order.
+        PeerRequest::ReadFence => {
+            let replica = shards.shards.any(shard)?;
+            Some(PeerResponse::ReadFence(replica.peers.persisted_vote()))
+        }
+        _ => None,
+    };
+    let cut_off = || own.is_isolated_from(from);
+    demux::serve(reader, writer, &mut start, &at_once, cut_off).await
 }
 
 /// A single group's connection (hellos 1-2): one task reads, serves and
@@ -398,8 +409,10 @@ async fn serve_frame(
             // Read fence: this node's persisted vote, from the log's cell
             // (no RaftCore, no lock), answered at once rather than after
             // the appends queued before it, which would make the fence wait
-            // for this node's fsync. Safe out of order on a shared link,
-            // which routes answers by request id. A connection of its own
+            // for this node's fsync. On a shared link `demux` answers
+            // fences before they reach a shard's worker, which could be
+            // waiting on one of those appends (safe out of order: the link
+            // routes answers by request id). A connection of its own
             // answers in request order: the leader sends fences on
             // connections that carry nothing else (`peer::fence`), where
             // this drain has nothing to wait for. Not a leader contact (it
