@@ -50,29 +50,31 @@ pub struct Outgoing {
 
 /// Starts shard `shard`'s worker on a connection (`Err`: why the shard's
 /// frames are refused): it serves what `Receiver` brings and answers
-/// into `Sender`, and ends when its queue closes.
-pub type StartWorker<'a> = dyn FnMut(
+/// into `Sender`, and ends when its queue closes. `A`: what the peer was
+/// admitted to (for [`AtOnce`]).
+pub type StartWorker<'a, A> = dyn FnMut(
         ShardId,
         mpsc::Receiver<Incoming>,
         mpsc::Sender<Outgoing>,
-    ) -> Result<BoxFuture<'static, ()>, String>
+    ) -> Result<(A, BoxFuture<'static, ()>), String>
     + Send
     + 'a;
 
-/// Answers a request of shard `ShardId` on the reader, ahead of the
-/// shard's queue, if it is one that must not wait for the shard's worker
-/// (`None`: the worker serves it). Asked only once the shard's worker
-/// runs, so only of a shard the peer was admitted to.
-pub type AtOnce<'a> = dyn Fn(ShardId, &PeerRequest) -> Option<PeerResponse> + Send + Sync + 'a;
+/// Answers a request of a shard on the reader, ahead of the shard's
+/// queue, if it is one that must not wait for the shard's worker (`None`:
+/// the worker serves it). Asked only once the shard's worker runs, with
+/// what [`StartWorker`] admitted the peer to.
+pub type AtOnce<'a, A> =
+    dyn Fn(ShardId, &A, &PeerRequest) -> Option<PeerResponse> + Send + Sync + 'a;
 
 /// Serves a version-3 connection whose hello has been accepted, until it
 /// ends or `cut_off` says to drop it (fault injection). Its workers and
 /// writer end with it.
-pub async fn serve<R, W>(
+pub async fn serve<R, W, A: Send>(
     mut reader: FrameReader<R>,
     writer: FrameWriter<W>,
-    start: &mut StartWorker<'_>,
-    at_once: &AtOnce<'_>,
+    start: &mut StartWorker<'_, A>,
+    at_once: &AtOnce<'_, A>,
     cut_off: impl Fn() -> bool,
 ) -> Result<()>
 where
@@ -86,7 +88,7 @@ where
             tracing::debug!("writing peer answers: {e:#}");
         }
     });
-    let mut queues: HashMap<ShardId, mpsc::Sender<Incoming>> = HashMap::new();
+    let mut queues: HashMap<ShardId, (mpsc::Sender<Incoming>, A)> = HashMap::new();
     loop {
         let frame = tokio::select! {
             frame = reader.next() => frame?,
@@ -108,55 +110,56 @@ where
                 Err(_) => (ShardId(0), Err(e)),
             },
         };
-        if let Some(queue) = queues.get(&shard) {
-            let answer = request.as_ref().ok().and_then(|r| at_once(shard, r));
-            if let Some(response) = answer {
-                let answer = Outgoing {
-                    shard,
-                    request_id,
-                    response,
-                };
-                answers
-                    .send(answer)
+        if let Some((queue, admitted)) = queues.get(&shard) {
+            let decoded = request.as_ref().ok();
+            match decoded.and_then(|r| at_once(shard, admitted, r)) {
+                Some(response) => send_answer(&answers, shard, request_id, response).await?,
+                None => queue
+                    .send(Incoming {
+                        request_id,
+                        request,
+                    })
                     .await
-                    .context("the peer connection's writer ended")?;
-                continue;
+                    .map_err(|_| anyhow::anyhow!("shard {}'s worker ended", shard.0))?,
             }
-            let incoming = Incoming {
-                request_id,
-                request,
-            };
-            queue
-                .send(incoming)
-                .await
-                .map_err(|_| anyhow::anyhow!("shard {}'s worker ended", shard.0))?;
             continue;
         }
-        let incoming = Incoming {
-            request_id,
-            request,
-        };
         let (queue, worker_queue) = mpsc::channel(SHARD_QUEUE_FRAMES);
         match start(shard, worker_queue, answers.clone()) {
-            Ok(worker) => {
+            Ok((admitted, worker)) => {
                 tasks.spawn(worker);
+                let incoming = Incoming {
+                    request_id,
+                    request,
+                };
                 // A new queue has room.
                 let _ = queue.send(incoming).await;
-                queues.insert(shard, queue);
+                queues.insert(shard, (queue, admitted));
             }
             Err(message) => {
-                let refused = Outgoing {
-                    shard,
-                    request_id,
-                    response: PeerResponse::Failed(message),
-                };
-                answers
-                    .send(refused)
-                    .await
-                    .context("the peer connection's writer ended")?;
+                let refused = PeerResponse::Failed(message);
+                send_answer(&answers, shard, request_id, refused).await?;
             }
         }
     }
+}
+
+/// Hands an answer the reader made itself to the connection's writer.
+async fn send_answer(
+    answers: &mpsc::Sender<Outgoing>,
+    shard: ShardId,
+    request_id: u64,
+    response: PeerResponse,
+) -> Result<()> {
+    let answer = Outgoing {
+        shard,
+        request_id,
+        response,
+    };
+    answers
+        .send(answer)
+        .await
+        .context("the peer connection's writer ended")
 }
 
 /// Sends the workers' answers, those ready together in one write; ends
@@ -203,30 +206,36 @@ mod tests {
         shard: ShardId,
         mut queue: mpsc::Receiver<Incoming>,
         answers: mpsc::Sender<Outgoing>,
-    ) -> Result<BoxFuture<'static, ()>, String> {
+    ) -> Result<((), BoxFuture<'static, ()>), String> {
         match shard.0 {
-            1 => Ok(Box::pin(async move {
-                let _stuck = queue.recv().await;
-                std::future::pending::<()>().await;
-            })),
-            2 => Ok(Box::pin(async move {
-                while let Some(incoming) = queue.recv().await {
-                    let answer = Outgoing {
-                        shard,
-                        request_id: incoming.request_id,
-                        response: PeerResponse::Failed("served".into()),
-                    };
-                    if answers.send(answer).await.is_err() {
-                        return;
+            1 => Ok((
+                (),
+                Box::pin(async move {
+                    let _stuck = queue.recv().await;
+                    std::future::pending::<()>().await;
+                }),
+            )),
+            2 => Ok((
+                (),
+                Box::pin(async move {
+                    while let Some(incoming) = queue.recv().await {
+                        let answer = Outgoing {
+                            shard,
+                            request_id: incoming.request_id,
+                            response: PeerResponse::Failed("served".into()),
+                        };
+                        if answers.send(answer).await.is_err() {
+                            return;
+                        }
                     }
-                }
-            })),
+                }),
+            )),
             _ => Err("not hosted".into()),
         }
     }
 
     /// Answers every admitted shard's fences with term 7's vote of node 1.
-    fn fence_at_once(_: ShardId, request: &PeerRequest) -> Option<PeerResponse> {
+    fn fence_at_once(_: ShardId, _: &(), request: &PeerRequest) -> Option<PeerResponse> {
         let vote = Vote::new_committed(7, 1);
         matches!(request, PeerRequest::ReadFence).then_some(PeerResponse::ReadFence(Some(vote)))
     }

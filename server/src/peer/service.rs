@@ -273,23 +273,22 @@ async fn handle(stream: Stream, shards: PeerShards) -> Result<()> {
         let bound = admit(&hello, shard, &shards).inspect_err(|message| {
             PEER_REFUSAL_LOG.warn(format_args!("refused a frame of node {from}: {message}"));
         })?;
+        let admitted = Arc::clone(&bound.ctx);
         let worker: BoxFuture<'static, ()> = Box::pin(serve_shard(
             bound,
             shards.clone(),
             queue,
             Answers::Queued(answers),
         ));
-        Ok(worker)
+        Ok((admitted, worker))
     };
-    let at_once = |shard: ShardId, request: &PeerRequest| match request {
-        // The persisted vote of the replica hosted now (a replaced one's
-        // worker ends at its next frame); see `serve_frame` for why a fence
-        // is answered out of order.
-        PeerRequest::ReadFence => {
-            let replica = shards.shards.any(shard)?;
-            Some(PeerResponse::ReadFence(replica.peers.persisted_vote()))
-        }
-        _ => None,
+    // A fence is answered by the replica the peer was admitted to, while it
+    // is the one hosted; a replaced one's fences go to its worker, which
+    // ends the connection (the sender's next one admits the new replica).
+    // See `serve_frame` for why a fence is answered out of order.
+    let at_once = |shard: ShardId, admitted: &Arc<PeerContext>, request: &PeerRequest| {
+        let fence = matches!(request, PeerRequest::ReadFence) && shards.hosts(shard, admitted);
+        fence.then(|| PeerResponse::ReadFence(admitted.persisted_vote()))
     };
     let cut_off = || own.is_isolated_from(from);
     demux::serve(reader, writer, &mut start, &at_once, cut_off).await
@@ -409,10 +408,11 @@ async fn serve_frame(
             // Read fence: this node's persisted vote, from the log's cell
             // (no RaftCore, no lock), answered at once rather than after
             // the appends queued before it, which would make the fence wait
-            // for this node's fsync. On a shared link `demux` answers
-            // fences before they reach a shard's worker, which could be
-            // waiting on one of those appends (safe out of order: the link
-            // routes answers by request id). A connection of its own
+            // for this node's fsync. On a shared link `demux`'s reader
+            // answers the fences of a shard whose worker runs (which could
+            // be waiting on one of those appends; safe out of order: the
+            // link routes answers by request id); a shard's first frame, or
+            // a replaced replica's, reaches the worker. A connection of its own
             // answers in request order: the leader sends fences on
             // connections that carry nothing else (`peer::fence`), where
             // this drain has nothing to wait for. Not a leader contact (it
