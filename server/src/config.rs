@@ -120,9 +120,16 @@ pub struct Args {
     pub fault_injection: bool,
     /// Confirm linearizable reads at the leader with a read fence (each
     /// follower's persisted vote, answered on its peer connection); a
-    /// ReadIndex round stays the fallback. Experimental, off by default.
-    #[arg(long, env = "RDKV_READ_FENCE")]
-    pub read_fence: bool,
+    /// ReadIndex round stays the fallback. On by default;
+    /// `--read-fence=false` confirms every round by ReadIndex.
+    #[arg(
+        long,
+        env = "RDKV_READ_FENCE",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true"
+    )]
+    pub read_fence: Option<bool>,
     /// Region size in MiB. Default 256.
     #[arg(long, env = "RDKV_REGION_MIB")]
     pub region_mib: Option<u64>,
@@ -733,7 +740,7 @@ impl Config {
             expire_cycle_ms: numbers.expire_cycle_ms,
             log_format,
             fault_injection: args.fault_injection,
-            read_fence: args.read_fence || file.read_fence.unwrap_or(false),
+            read_fence: args.read_fence.or(file.read_fence).unwrap_or(true),
             worker_threads: numbers.worker_threads,
             max_client_connections: numbers.max_client_connections,
             max_in_flight_mib: numbers.max_in_flight_mib,
@@ -893,16 +900,22 @@ mod tests {
     }
 
     #[test]
-    fn the_read_fence_is_off_unless_the_flag_or_the_file_turns_it_on() {
-        assert!(!Config::resolve(args(&[])).unwrap().read_fence);
-        assert!(Config::resolve(args(&["--read-fence"])).unwrap().read_fence);
+    fn the_read_fence_is_on_unless_the_flag_or_the_file_turns_it_off() {
+        let fence = |argv: &[&str]| Config::resolve(args(argv)).unwrap().read_fence;
+        assert!(fence(&[]));
+        assert!(fence(&["--read-fence"]));
+        assert!(fence(&["--read-fence=true"]));
+        assert!(!fence(&["--read-fence=false"]));
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("rdkv.toml");
-        std::fs::write(&path, "read_fence = true\n").unwrap();
-        let p = path.to_str().unwrap();
-        assert!(Config::resolve(args(&["--config", p])).unwrap().read_fence);
         std::fs::write(&path, "read_fence = false\n").unwrap();
-        assert!(!Config::resolve(args(&["--config", p])).unwrap().read_fence);
+        let p = path.to_str().unwrap();
+        assert!(!fence(&["--config", p]));
+        // The command line wins over the file.
+        assert!(fence(&["--config", p, "--read-fence"]));
+        std::fs::write(&path, "read_fence = true\n").unwrap();
+        assert!(fence(&["--config", p]));
+        assert!(!fence(&["--config", p, "--read-fence=false"]));
     }
 
     #[test]

@@ -33,7 +33,8 @@ pub struct ReplicaParts {
     pub sm: RegionStateMachine,
     pub log: LogStore,
     pub peers: Arc<PeerContext>,
-    /// Linearizable reads share ReadIndex rounds through it.
+    /// Linearizable reads share confirmation rounds (a read fence, else
+    /// ReadIndex) through it.
     pub reads: ReadRounds,
     /// Client writes are proposed through it, batched.
     pub proposals: Proposals,

@@ -296,8 +296,8 @@ async fn a_follower_does_not_publish_its_lease_words_per_heartbeat() -> Result<(
     const READS: u64 = 400;
     let heartbeat_arg = HEARTBEAT_MS.to_string();
     // The heartbeats counted below come from the reads' ReadIndex rounds; a
-    // read fence confirms reads without them, so it stays off here even when
-    // a run turns it on for every node (RDKV_READ_FENCE=1).
+    // read fence (on by default) confirms reads without them, so it is
+    // off here.
     let mut cluster = Cluster::start_with_env(
         3,
         &["--heartbeat-ms", &heartbeat_arg],

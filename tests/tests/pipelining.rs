@@ -6,8 +6,8 @@
 //! sees every earlier write of its key on its connection, while the server
 //! runs the commands on different keys at once. The leader answers GETs at
 //! once from its region when it may (with `lease` reads under its lease;
-//! with linearizable reads after one ReadIndex round per batch of buffered
-//! commands); the same script checks them.
+//! with linearizable reads after one confirmation round per batch of
+//! buffered commands); the same script checks them.
 //!
 //! The same script on one native connection to the leader (answers carry
 //! their request's id and may come in any order): every answer is the
@@ -203,7 +203,7 @@ async fn pipelines_through_leader_and_follower(extra_args: &[&str]) -> Result<()
         native_pipeline(native, "native-leader").await?;
         let answered = reads_answered_at_once(cluster, leader).await?;
         println!("the leader answered {answered} GETs at once");
-        // Linearizable reads too: after one ReadIndex round per batch.
+        // Linearizable reads too: after one confirmation round per batch.
         ensure!(answered > 0.0, "no GET was answered at once");
         Ok(())
     })

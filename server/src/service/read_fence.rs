@@ -1,4 +1,4 @@
-//! The read fence (`--read-fence`, off by default): a leader confirms a
+//! The read fence (on unless `--read-fence=false`): a leader confirms a
 //! round of linearizable reads by asking the voters for their persisted
 //! votes instead of sending a Raft heartbeat. A follower answers from its
 //! log's vote cell on the connection task that reads the request

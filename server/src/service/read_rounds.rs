@@ -5,9 +5,9 @@
 //! all. A read that arrives while a round runs joins the next one, so every
 //! read's round starts after the read did: that is what makes it
 //! linearizable. Per read, this replaces a message to RaftCore, a pending
-//! read there and a timer with a channel send. With `--read-fence` a round
-//! first tries a read fence ([`ReadFence`]), and runs a ReadIndex round only
-//! when the fence does not confirm.
+//! read there and a timer with a channel send. A round first tries a read
+//! fence ([`ReadFence`], on unless `--read-fence=false`), and runs a
+//! ReadIndex round only when the fence does not confirm.
 
 use std::time::Duration;
 
@@ -44,7 +44,8 @@ impl ReadRounds {
         ReadRounds { waiting }
     }
 
-    /// Waits for a ReadIndex round that started after this call.
+    /// Waits for a round (a fence, else ReadIndex) that started after this
+    /// call.
     pub async fn confirm(&self) -> Confirmed {
         let (answer, answered) = oneshot::channel();
         let stopped = || ErrorReply::new(ErrorCode::Unavailable, "this node is shutting down");

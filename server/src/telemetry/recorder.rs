@@ -228,7 +228,7 @@ fn describe_raft_events() {
     );
     describe_counter!(
         "rdkv_read_fence_total",
-        "Leader read rounds confirmed by a read fence (--read-fence), by outcome (confirmed, higher_vote, no_quorum, ineligible, changed); every outcome but confirmed was followed by a ReadIndex round."
+        "Leader read rounds tried by the read fence (on unless --read-fence=false), by outcome (confirmed, higher_vote, no_quorum, ineligible, changed); every outcome but confirmed was followed by a ReadIndex round."
     );
 }
 
