@@ -144,8 +144,9 @@ where
     }
 }
 
-/// Hands an answer the reader made itself to the connection's writer.
-async fn send_answer(
+/// Hands an answer to a shared connection's writer (one the reader made
+/// itself, or a worker's).
+pub async fn send_answer(
     answers: &mpsc::Sender<Outgoing>,
     shard: ShardId,
     request_id: u64,
@@ -265,6 +266,29 @@ mod tests {
         (reader, writer, serving)
     }
 
+    /// The next `n` answers on `reader`, sorted by request id: (request id,
+    /// shard, response).
+    async fn next_answers(
+        reader: &mut FrameReader<impl AsyncRead + Unpin>,
+        n: usize,
+        what: &str,
+    ) -> Vec<(u64, u32, PeerResponse)> {
+        let mut answered = Vec::new();
+        while answered.len() < n {
+            // Bounds the test only: a held frame is never answered.
+            let frame = tokio::time::timeout(Duration::from_secs(20), reader.next())
+                .await
+                .unwrap_or_else(|_| panic!("not answered in time: {what}"))
+                .unwrap()
+                .unwrap();
+            let (shard, response): (ShardId, PeerResponse) =
+                decode_for_shard(PEER_PROTOCOL_VERSION_SHARDS, &frame).unwrap();
+            answered.push((frame.request_id, shard.0, response));
+        }
+        answered.sort_by_key(|(id, _, _)| *id);
+        answered
+    }
+
     #[tokio::test]
     async fn a_fence_is_answered_past_its_stuck_shard_once_the_shard_is_admitted() {
         let (mut peer_reader, mut peer_writer, serving) = connect();
@@ -278,19 +302,11 @@ mod tests {
                 .unwrap();
         }
         peer_writer.flush().await.unwrap();
-        let mut answered = Vec::new();
-        while answered.len() < 2 {
-            // Bounds the test only: a held frame is never answered.
-            let frame = tokio::time::timeout(Duration::from_secs(20), peer_reader.next())
-                .await
-                .expect("both fences answered despite shard 1's worker")
-                .unwrap()
-                .unwrap();
-            let (shard, response): (ShardId, PeerResponse) =
-                decode_for_shard(PEER_PROTOCOL_VERSION_SHARDS, &frame).unwrap();
-            answered.push((frame.request_id, shard.0, format!("{response:?}")));
-        }
-        answered.sort();
+        let answered = next_answers(&mut peer_reader, 2, "both fences despite shard 1's worker")
+            .await
+            .into_iter()
+            .map(|(id, shard, response)| (id, shard, format!("{response:?}")))
+            .collect::<Vec<_>>();
         let fenced = PeerResponse::ReadFence(Some(Vote::new_committed(7, 1)));
         let refused = PeerResponse::Failed("not hosted".into());
         let expected = vec![
@@ -315,22 +331,15 @@ mod tests {
                 .unwrap();
         }
         peer_writer.flush().await.unwrap();
-        let mut answered = Vec::new();
-        while answered.len() < 3 {
-            // Bounds the test only: a held frame is never answered.
-            let frame = tokio::time::timeout(Duration::from_secs(20), peer_reader.next())
-                .await
-                .expect("shard 2's and shard 3's answers despite shard 1")
-                .unwrap()
-                .unwrap();
-            let (shard, response): (ShardId, PeerResponse) =
-                decode_for_shard(PEER_PROTOCOL_VERSION_SHARDS, &frame).unwrap();
-            let PeerResponse::Failed(message) = response else {
-                panic!("{response:?}");
-            };
-            answered.push((frame.request_id, shard.0, message));
-        }
-        answered.sort();
+        let what = "shard 2's and shard 3's answers despite shard 1";
+        let answered = next_answers(&mut peer_reader, 3, what).await;
+        let answered: Vec<_> = answered
+            .into_iter()
+            .map(|(id, shard, response)| match response {
+                PeerResponse::Failed(message) => (id, shard, message),
+                other => panic!("{other:?}"),
+            })
+            .collect();
         let expected = [(3, 2, "served"), (4, 3, "not hosted"), (5, 2, "served")];
         let expected: Vec<_> = expected
             .into_iter()

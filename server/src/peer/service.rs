@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, bail};
 use futures::future::BoxFuture;
 use openraft::async_runtime::WatchReceiver;
 use openraft::errors::RaftError;
@@ -192,15 +192,7 @@ impl Answers {
                     .await?;
             }
             Answers::Queued(answers) => {
-                let answer = Outgoing {
-                    shard,
-                    request_id,
-                    response,
-                };
-                answers
-                    .send(answer)
-                    .await
-                    .map_err(|_| anyhow!("the peer connection's writer ended"))?;
+                demux::send_answer(answers, shard, request_id, response).await?;
             }
         }
         Ok(())
