@@ -90,6 +90,28 @@ struct Cut {
     bridge: u64,
 }
 
+/// The other side of the cut writes "new" in the later term: acknowledged
+/// by `new` and the follower beside it, which becomes the bridge.
+async fn write_new(
+    cluster: &Cluster,
+    shard: ShardId,
+    (old, new): (u64, u64),
+    others: &[u64],
+) -> Result<Cut> {
+    let bridge = others
+        .iter()
+        .copied()
+        .find(|&id| id != new)
+        .context("no follower beside the new leader")?;
+    cluster.tcp_client_via(others)?.put("moved", "new").await?;
+    Ok(Cut {
+        shard,
+        old,
+        new,
+        bridge,
+    })
+}
+
 /// Opens `old` <-> bridge again (old <-> new stays cut), then reads at
 /// `old` for a while: every linearizable read must return "new" (or
 /// fail), no fence round may confirm, and one must see the bridge's
@@ -176,13 +198,9 @@ async fn a_leader_bridged_to_the_new_term_serves_no_stale_linearizable_read() ->
         let new = cluster
             .wait_for_leader_among(&others, old, LEADER_TIMEOUT)
             .await?;
-        let bridge = others
-            .iter()
-            .copied()
-            .find(|&id| id != new)
-            .context("no follower beside the new leader")?;
         // Acknowledged in term T+1, by the new leader and the bridge.
-        cluster.tcp_client_via(&others)?.put("moved", "new").await?;
+        let cut = write_new(cluster, SINGLE, (old, new), &others).await?;
+        let bridge = cut.bridge;
 
         // The premises. `old` still leads in its own view (alpha.37 steps
         // down only a leader removed from the membership), and holds "old";
@@ -204,12 +222,6 @@ async fn a_leader_bridged_to_the_new_term_serves_no_stale_linearizable_read() ->
             "the bridge {bridge} is in term {bridge_term}, not after {old}'s {}",
             old_status.term
         );
-        let cut = Cut {
-            shard: SINGLE,
-            old,
-            new,
-            bridge,
-        };
         bridge_and_read(cluster, &cut).await
     })
     .await
@@ -260,12 +272,8 @@ async fn a_shards_leader_bridged_to_the_new_term_serves_no_stale_linearizable_re
             bail!("no leader of shard {} among {others:?} yet", shard.0)
         })
         .await?;
-        let bridge = others
-            .iter()
-            .copied()
-            .find(|&id| id != new)
-            .context("no follower beside the new leader")?;
-        cluster.tcp_client_via(&others)?.put("moved", "new").await?;
+        let cut = write_new(cluster, shard, (old, new), &others).await?;
+        let bridge = cut.bridge;
 
         // The premises: `old` still leads the shard in its own view, in an
         // earlier term than the bridge's (it was cut before "new" was
@@ -284,12 +292,6 @@ async fn a_shards_leader_bridged_to_the_new_term_serves_no_stale_linearizable_re
             shard.0,
             old_status.term
         );
-        let cut = Cut {
-            shard,
-            old,
-            new,
-            bridge,
-        };
         bridge_and_read(cluster, &cut).await
     })
     .await
