@@ -244,7 +244,9 @@ where
 /// and `send` (and the other follower's) delay the apply that answers the
 /// writes, by about 35 µs a write measured one at a time
 /// (docs/benchmarks.md, twenty-fifth round). The follower learns the
-/// index a few microseconds later, which nothing waits on.
+/// index a few microseconds later, which nothing waits on. openraft's
+/// heartbeats are such appends too; one turn of the scheduler is nothing
+/// against their interval.
 async fn after_ready_tasks_if_commit_only(rpc: &AppendEntriesRequest) {
     if rpc.entries.is_empty() {
         tokio::task::yield_now().await;
