@@ -14,6 +14,12 @@
 # cores).
 set -uo pipefail
 BASE=$1; NEW=$2; W=bench/workloads
+cleanup() {
+  pkill -f "rdkv-server --id"
+  redis-cli -p 16390 shutdown nosave > /dev/null 2>&1
+  redis-cli -p 16391 shutdown nosave > /dev/null 2>&1
+}
+trap cleanup EXIT
 EMBEDDED_ARGS=()
 for arg in ${SERVER_ARGS:-}; do EMBEDDED_ARGS+=("--server-arg=$arg"); done
 IC="1=127.0.0.11:17380,2=127.0.0.12:17380,3=127.0.0.13:17380"
@@ -30,7 +36,10 @@ start3() { # $1: server binary, $2: data root, $3: RESP (on|off)
 leader() {
   for _ in $(seq 50); do
     for i in 1 2 3; do
-      curl -s 127.0.0.1$i:17381/metrics | grep -qE '^rdkv_raft_is_leader(\{[^}]*\})? 1' && { echo $i; return; }
+      # grep reads to the end (no -q): under pipefail, curl cut off by an
+      # early exit would fail the test on the leader itself.
+      curl -s -m 1 127.0.0.1$i:17381/metrics | grep -E '^rdkv_raft_is_leader(\{[^}]*\})? 1' > /dev/null \
+        && { echo $i; return; }
     done
     sleep 0.2
   done
@@ -59,7 +68,7 @@ for round in 1 2 3; do for v in BASE NEW; do
   echo "redis-aof SET: $(redis-benchmark -p 16391 -t set -n 50000 -c 256 -q 2>&1 | rate)"
   echo "rdkv  SET: $(redis-benchmark -h 127.0.0.1$L -p 16380 -t set -n 50000 -c 256 -q 2>&1 | rate)"
 done; done
-pkill -f "rdkv-server --id"; redis-cli -p 16390 shutdown nosave; redis-cli -p 16391 shutdown nosave
+cleanup
 
 for round in 1 2; do for v in BASE NEW; do
   dir=$BASE; [ $v = NEW ] && dir=$NEW

@@ -66,6 +66,8 @@ struct Outbound<'s, S> {
     /// Longest the oldest append waits for its answer.
     timeout: Duration,
     finished: bool,
+    /// The commit index the last request sent carried (`None`: none sent).
+    last_commit: Option<Option<LogId>>,
 }
 
 /// Opens the pipelined stream of `input`'s appends to `peer`'s node.
@@ -90,6 +92,7 @@ where
             in_flight: VecDeque::new(),
             timeout,
             finished: false,
+            last_commit: None,
         };
         let answers = futures::stream::unfold(outbound, |mut outbound| async move {
             let answer = outbound.next().await?;
@@ -153,7 +156,8 @@ where
     }
 
     async fn send(&mut self, rpc: AppendEntriesRequest) -> Result<(), RpcError> {
-        after_ready_tasks_if_commit_only(&rpc).await;
+        after_ready_tasks_if(only_advances_commit(self.last_commit, &rpc)).await;
+        self.last_commit = Some(rpc.leader_commit);
         let target = self.peer.target;
         if self.peer.cut_off() {
             return Err(cut_off_error(target));
@@ -235,24 +239,33 @@ where
     }
 }
 
-/// The next answer on `pipe`: the oldest append's (an answer that is not
-/// the oldest's is refused by `Outbound::answer`).
-/// Lets the tasks ready now run before an append that carries no entries
-/// is sent. Such an append only tells the follower a newer commit index,
-/// and RaftCore wakes this stream for it in the same step that hands the
-/// newly committed entries to the state machine: sent first, its encoding
-/// and `send` (and the other follower's) delay the apply that answers the
-/// writes, by about 35 µs a write measured one at a time
-/// (docs/benchmarks.md, twenty-fifth round). The follower learns the
-/// index a few microseconds later, which nothing waits on. openraft's
-/// heartbeats are such appends too; one turn of the scheduler is nothing
-/// against their interval.
-async fn after_ready_tasks_if_commit_only(rpc: &AppendEntriesRequest) {
-    if rpc.entries.is_empty() {
+/// Whether `rpc` only tells the follower a newer commit index, on a
+/// stream whose last request carried `last_commit` (`None`: it has sent
+/// nothing yet). openraft's replication stream sends such an append after
+/// each commit; a heartbeat or a probe is the first request of its stream
+/// (openraft opens a stream per heartbeat), and is not one.
+fn only_advances_commit(last_commit: Option<Option<LogId>>, rpc: &AppendEntriesRequest) -> bool {
+    rpc.entries.is_empty() && last_commit.is_some_and(|last| rpc.leader_commit > last)
+}
+
+/// Lets the tasks ready now run before an append that only advances the
+/// commit index (`only_advances_commit`). RaftCore wakes this stream for it
+/// in the same step in which it saves the committed index and hands the
+/// entries to the state machine; sent first, its encoding and `send` (and
+/// the other follower's) delayed the apply that answers the writes, by
+/// about 35 µs a write measured one at a time (docs/benchmarks.md,
+/// twenty-fifth round). tokio runs the yielded task once its worker has
+/// nothing else ready (or at its next poll of the I/O driver): the
+/// follower learns the index that much later, which no write waits on
+/// (follower reads see it that much later).
+async fn after_ready_tasks_if(only_advances_commit: bool) {
+    if only_advances_commit {
         tokio::task::yield_now().await;
     }
 }
 
+/// The next answer on `pipe`: the oldest append's (an answer that is not
+/// the oldest's is refused by `Outbound::answer`).
 async fn oldest_answer(
     pipe: &mut Pipe,
     in_flight: &mut VecDeque<Sent>,
@@ -305,18 +318,38 @@ mod tests {
 
     use super::*;
 
-    fn append(entries: Vec<Entry>) -> AppendEntriesRequest {
-        let committed = openraft::testing::log_id::<TypeConfig>(2, 1, 9);
+    fn log_id(index: u64) -> LogId {
+        openraft::testing::log_id::<TypeConfig>(2, 1, index)
+    }
+
+    fn append(entries: Vec<Entry>, committed: u64) -> AppendEntriesRequest {
         AppendEntriesRequest {
             vote: Vote::new_committed(2, 1),
-            prev_log_id: Some(committed),
+            prev_log_id: Some(log_id(9)),
             entries,
-            leader_commit: Some(committed),
+            leader_commit: Some(log_id(committed)),
         }
     }
 
-    /// Whether a task spawned just before `rpc` is sent has run by then.
-    fn spawned_task_ran_first(rpc: &AppendEntriesRequest) -> bool {
+    #[test]
+    fn only_a_later_commit_index_without_entries_on_a_used_stream_waits() {
+        let entries = || vec![Entry::new_blank(log_id(10))];
+        let sent = Some(Some(log_id(8)));
+        assert!(only_advances_commit(sent, &append(Vec::new(), 9)));
+        assert!(
+            !only_advances_commit(None, &append(Vec::new(), 9)),
+            "a heartbeat, or a probe: the first request of its stream"
+        );
+        assert!(
+            !only_advances_commit(sent, &append(Vec::new(), 8)),
+            "no newer commit index"
+        );
+        assert!(!only_advances_commit(sent, &append(entries(), 9)));
+    }
+
+    /// Whether a task spawned just before the yield decision has run by
+    /// the time the append would be sent.
+    fn spawned_task_ran_first(yields: bool) -> bool {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("a runtime");
@@ -326,18 +359,17 @@ mod tests {
             // Stands for the state machine's worker, woken by RaftCore in
             // the step that woke this stream.
             tokio::spawn(async move { flag.store(true, Ordering::SeqCst) });
-            after_ready_tasks_if_commit_only(rpc).await;
+            after_ready_tasks_if(yields).await;
             ran.load(Ordering::SeqCst)
         })
     }
 
-    /// A commit-only append goes after the tasks ready with it (the apply
-    /// that answers the writes); an append of entries goes at once, since
-    /// the follower's fsync of them is what the writes wait for.
+    /// An append that only advances the commit index goes after the tasks
+    /// ready with it (the apply that answers the writes); any other goes at
+    /// once. (This tests the helper `Outbound::send` calls first.)
     #[test]
     fn a_commit_only_append_waits_for_the_tasks_ready_with_it() {
-        assert!(spawned_task_ran_first(&append(Vec::new())));
-        let entry = Entry::new_blank(openraft::testing::log_id::<TypeConfig>(2, 1, 10));
-        assert!(!spawned_task_ran_first(&append(vec![entry])));
+        assert!(spawned_task_ran_first(true));
+        assert!(!spawned_task_ran_first(false));
     }
 }
