@@ -20,8 +20,17 @@
 //! Any other outcome (not eligible, too few answers within a heartbeat
 //! interval, a newer vote seen) falls back to a ReadIndex round, which also
 //! lets openraft find out that this node was deposed.
+//!
+//! A round asks only as many voters as its quorum still needs, the one
+//! that completed the last quorum first ([`Gather`]): of three voters, one
+//! follower answers each round and the other is left alone. Another is
+//! asked when an answer fails or disagrees, and every one once a tenth of
+//! the round's time has passed without a verdict. Which voters are asked
+//! changes nothing above: any quorum of answers given after the round
+//! began will do.
 
 use std::collections::BTreeSet;
+use std::future::Future;
 use std::time::Duration;
 
 use openraft::async_runtime::WatchReceiver;
@@ -139,6 +148,11 @@ impl Tally {
         }
     }
 
+    /// How many more other voters must agree for a quorum.
+    fn still_needed(&self) -> usize {
+        self.need.saturating_sub(1 + self.agreed.len())
+    }
+
     /// Where the round stands with this node's own vote alone.
     pub(crate) fn verdict(&self) -> Verdict {
         // This node counts: its vote is the leader's (`fence_view`).
@@ -205,31 +219,204 @@ impl FenceOutcomes {
     }
 }
 
+/// The calls a round makes to the other voters: [`FenceClients`] on a
+/// node, a script in the tests.
+pub trait FenceCalls {
+    /// Asks `target` (at `node`) for its persisted vote, for `round`;
+    /// `false` when a call to it is still in flight (an older round's).
+    fn ask(
+        &mut self,
+        round: u64,
+        target: u64,
+        node: &NodeAddr,
+    ) -> impl Future<Output = bool> + Send;
+    /// The next call to finish; `None` when none is in flight.
+    /// Cancel-safe.
+    fn next(&mut self) -> impl Future<Output = Option<Answered>> + Send;
+    /// Whether a call is in flight.
+    fn is_busy(&self) -> bool;
+    /// Forgets the connections of nodes that are no longer voters.
+    fn retain(&mut self, voters: &BTreeSet<u64>);
+}
+
+impl FenceCalls for FenceClients {
+    fn ask(
+        &mut self,
+        round: u64,
+        target: u64,
+        node: &NodeAddr,
+    ) -> impl Future<Output = bool> + Send {
+        FenceClients::ask(self, round, target, node)
+    }
+
+    fn next(&mut self) -> impl Future<Output = Option<Answered>> + Send {
+        FenceClients::next(self)
+    }
+
+    fn is_busy(&self) -> bool {
+        FenceClients::is_busy(self)
+    }
+
+    fn retain(&mut self, voters: &BTreeSet<u64>) {
+        FenceClients::retain(self, voters);
+    }
+}
+
+/// A round asks every other voter once this share of its time has passed
+/// without a verdict (a tenth: 10 ms at the default 100 ms heartbeat, far
+/// above a round's usual fraction of a millisecond).
+const ASK_ALL_AFTER_FRACTION: u32 = 10;
+
+/// How a leader's rounds gather their answers.
+#[derive(Debug)]
+pub(crate) struct Gather<C> {
+    clients: C,
+    /// How long a round waits for a quorum: one heartbeat interval.
+    round_timeout: Duration,
+    /// The voter whose answer completed the last quorum: asked first.
+    preferred: Option<u64>,
+}
+
+/// The other voters one round asked, and the order it asks them in.
+struct Asking {
+    /// Preferred first, then in the view's order.
+    order: Vec<u64>,
+    asked: BTreeSet<u64>,
+    answered: BTreeSet<u64>,
+    /// Every other voter is to be asked now.
+    all: bool,
+}
+
+impl Asking {
+    fn new(view: &FenceView, preferred: Option<u64>) -> Asking {
+        let mut order: Vec<u64> = view.others.iter().map(|(id, _)| *id).collect();
+        if let Some(first) = preferred.and_then(|p| order.iter().position(|&id| id == p)) {
+            order[..=first].rotate_right(1);
+        }
+        Asking {
+            order,
+            asked: BTreeSet::new(),
+            answered: BTreeSet::new(),
+            all: false,
+        }
+    }
+
+    /// How many more voters to ask now: enough that, if every call out
+    /// agrees, the quorum is reached (all of them once `all`).
+    fn wanted(&self, tally: &Tally) -> usize {
+        if self.all {
+            return usize::MAX;
+        }
+        let out = self.asked.len() - self.answered.len();
+        tally.still_needed().saturating_sub(out)
+    }
+}
+
+impl<C: FenceCalls> Gather<C> {
+    pub(crate) fn new(clients: C, round_timeout: Duration) -> Self {
+        Gather {
+            clients,
+            round_timeout,
+            preferred: None,
+        }
+    }
+
+    /// Asks as few other voters as a quorum needs and counts the answers
+    /// of round `round` until a verdict or the round's deadline (`Pending`
+    /// then). Another voter is asked when an answer fails or disagrees,
+    /// and every other one once [`ASK_ALL_AFTER_FRACTION`] of the round's
+    /// time has passed.
+    pub(crate) async fn gather(&mut self, round: u64, view: &FenceView) -> Verdict {
+        let mut tally = Tally::new(round, view);
+        let before_asking = tally.verdict();
+        if before_asking != Verdict::Pending {
+            return before_asking;
+        }
+        self.clients.retain(&view.voters);
+        let mut asking = Asking::new(view, self.preferred);
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.round_timeout;
+        let ask_all_at = started + self.round_timeout / ASK_ALL_AFTER_FRACTION;
+        self.ask_more(round, view, &mut asking, &tally).await;
+        loop {
+            let next = tokio::select! {
+                next = tokio::time::timeout_at(deadline, self.clients.next()) => next,
+                () = tokio::time::sleep_until(ask_all_at), if !asking.all => {
+                    asking.all = true;
+                    self.ask_more(round, view, &mut asking, &tally).await;
+                    continue;
+                }
+            };
+            let Ok(Some(Answered {
+                from,
+                round: of,
+                vote,
+            })) = next
+            else {
+                return Verdict::Pending;
+            };
+            if of == round {
+                asking.answered.insert(from);
+            }
+            // An older round's late answer does not count (the tally
+            // ignores it), but its voter is free to be asked again.
+            match tally.count(of, from, vote.ok().flatten().as_ref()) {
+                Verdict::Pending => self.ask_more(round, view, &mut asking, &tally).await,
+                Verdict::Quorum => {
+                    self.preferred = Some(from);
+                    return Verdict::Quorum;
+                }
+                verdict => return verdict,
+            }
+        }
+    }
+
+    /// Asks the next voters in `asking`'s order, as many as it wants now;
+    /// a voter whose older call is still out is passed over (asked again
+    /// when its answer comes back).
+    async fn ask_more(&mut self, round: u64, view: &FenceView, asking: &mut Asking, tally: &Tally) {
+        let mut wanted = asking.wanted(tally);
+        for &id in &asking.order {
+            if wanted == 0 {
+                break;
+            }
+            if asking.asked.contains(&id) {
+                continue;
+            }
+            let Some((_, node)) = view.others.iter().find(|(other, _)| *other == id) else {
+                continue;
+            };
+            if self.clients.ask(round, id, node).await {
+                asking.asked.insert(id);
+                wanted -= 1;
+            }
+        }
+    }
+}
+
 /// A leader's read fence: its connections to the voters and its rounds.
-pub struct ReadFence {
-    clients: FenceClients,
+pub struct ReadFence<C = FenceClients> {
+    gather: Gather<C>,
     own_vote: PersistedVote,
     metrics: WatchReceiverOf<TypeConfig, RaftMetrics<TypeConfig>>,
     node_id: u64,
-    /// How long a round waits for a quorum: one heartbeat interval.
-    round_timeout: Duration,
     outcomes: FenceOutcomes,
     round: u64,
 }
 
-impl std::fmt::Debug for ReadFence {
+impl<C> std::fmt::Debug for ReadFence<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReadFence")
             .field("node_id", &self.node_id)
             .field("round", &self.round)
-            .field("clients", &self.clients)
+            .field("preferred", &self.gather.preferred)
             .finish_non_exhaustive()
     }
 }
 
-impl ReadFence {
+impl<C: FenceCalls> ReadFence<C> {
     pub fn new(
-        clients: FenceClients,
+        clients: C,
         own_vote: PersistedVote,
         raft: &Raft,
         node_id: u64,
@@ -237,11 +424,10 @@ impl ReadFence {
         outcomes: FenceOutcomes,
     ) -> Self {
         ReadFence {
-            clients,
+            gather: Gather::new(clients, round_timeout),
             own_vote,
             metrics: raft.metrics(),
             node_id,
-            round_timeout,
             outcomes,
             round: 0,
         }
@@ -266,7 +452,7 @@ impl ReadFence {
                 return false;
             }
         };
-        match self.gather(&view).await {
+        match self.gather.gather(self.round, &view).await {
             Verdict::Quorum if self.unchanged(&view) => {
                 self.outcomes.confirmed.increment(1);
                 true
@@ -286,38 +472,6 @@ impl ReadFence {
         }
     }
 
-    /// Asks every other voter and counts the answers of this round until a
-    /// verdict or the round's deadline (`Pending` then).
-    async fn gather(&mut self, view: &FenceView) -> Verdict {
-        let mut tally = Tally::new(self.round, view);
-        let before_asking = tally.verdict();
-        if before_asking != Verdict::Pending {
-            return before_asking;
-        }
-        self.clients.retain(&view.voters);
-        for (id, node) in &view.others {
-            self.clients.ask(self.round, *id, node).await;
-        }
-        let deadline = tokio::time::Instant::now() + self.round_timeout;
-        loop {
-            let next = tokio::time::timeout_at(deadline, self.clients.next()).await;
-            let Ok(Some(Answered { from, round, vote })) = next else {
-                return Verdict::Pending;
-            };
-            if round != self.round {
-                // An older round's late answer (the tally ignores it): its
-                // voter is free again, ask it for this round.
-                if let Some((_, node)) = view.others.iter().find(|(id, _)| *id == from) {
-                    self.clients.ask(self.round, from, node).await;
-                }
-            }
-            let verdict = tally.count(round, from, vote.ok().flatten().as_ref());
-            if verdict != Verdict::Pending {
-                return verdict;
-            }
-        }
-    }
-
     /// Whether this node still leads with the same persisted vote and
     /// configuration as when the round began. Belt and braces: the quorum
     /// already rules out a later leader before the round began.
@@ -330,18 +484,18 @@ impl ReadFence {
 
     /// Whether late answers of earlier rounds are still to come.
     pub fn is_busy(&self) -> bool {
-        self.clients.is_busy()
+        self.gather.clients.is_busy()
     }
 
     /// Takes back one late answer (its connection goes back to idle).
     pub async fn take_back_late(&mut self) {
-        self.clients.next().await;
+        self.gather.clients.next().await;
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
+    use std::collections::{BTreeMap, VecDeque};
     use std::sync::Arc;
 
     use openraft::type_config::alias::StoredMembershipOf;
@@ -490,11 +644,16 @@ mod tests {
         );
     }
 
-    fn tally(voters: &[u64]) -> Tally {
+    /// Node 1's view of a round among `voters`.
+    fn view(voters: &[u64]) -> FenceView {
         let mut metrics = leader_metrics();
         metrics.membership_config = membership(&[voters], 3);
         metrics.committed_membership_config = metrics.membership_config.clone();
-        Tally::new(ROUND, &fence_view(&metrics, own(), 1).expect("eligible"))
+        fence_view(&metrics, own(), 1).expect("eligible")
+    }
+
+    fn tally(voters: &[u64]) -> Tally {
+        Tally::new(ROUND, &view(voters))
     }
 
     #[test]
@@ -554,5 +713,127 @@ mod tests {
     #[test]
     fn a_sole_voter_is_its_own_quorum() {
         assert_eq!(tally(&[1]).verdict(), Verdict::Quorum);
+    }
+
+    /// The other voters as a script: each answers a call at once with its
+    /// vote, or never (`None`: its call stays out).
+    #[derive(Default)]
+    struct Script {
+        votes: BTreeMap<u64, Option<Vote>>,
+        /// Every call made, as (round, voter).
+        asked: Vec<(u64, u64)>,
+        ready: VecDeque<Answered>,
+        silent: BTreeSet<u64>,
+    }
+
+    impl Script {
+        fn with(votes: &[(u64, Option<Vote>)]) -> Script {
+            Script {
+                votes: votes.iter().copied().collect(),
+                ..Script::default()
+            }
+        }
+    }
+
+    impl FenceCalls for Script {
+        fn ask(
+            &mut self,
+            round: u64,
+            target: u64,
+            _node: &NodeAddr,
+        ) -> impl Future<Output = bool> + Send {
+            let free = !self.silent.contains(&target);
+            if free {
+                self.asked.push((round, target));
+                match self.votes.get(&target).copied().flatten() {
+                    Some(vote) => self.ready.push_back(Answered {
+                        from: target,
+                        round,
+                        vote: Ok(Some(vote)),
+                    }),
+                    None => {
+                        self.silent.insert(target);
+                    }
+                }
+            }
+            std::future::ready(free)
+        }
+
+        fn next(&mut self) -> impl Future<Output = Option<Answered>> + Send {
+            let answered = self.ready.pop_front();
+            let waits = answered.is_none() && !self.silent.is_empty();
+            async move {
+                if waits {
+                    std::future::pending::<()>().await;
+                }
+                answered
+            }
+        }
+
+        fn is_busy(&self) -> bool {
+            !self.ready.is_empty() || !self.silent.is_empty()
+        }
+
+        fn retain(&mut self, _voters: &BTreeSet<u64>) {}
+    }
+
+    /// Real time: a round whose voters all answer takes no time, and one
+    /// with a silent voter a tenth of this.
+    const ROUND_TIMEOUT: Duration = Duration::from_millis(50);
+
+    /// Runs `rounds` rounds from `ROUND` on: their verdicts.
+    fn gather_rounds(gather: &mut Gather<Script>, view: &FenceView, rounds: u64) -> Vec<Verdict> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let mut verdicts = Vec::new();
+            for round in ROUND..ROUND + rounds {
+                verdicts.push(gather.gather(round, view).await);
+            }
+            verdicts
+        })
+    }
+
+    #[test]
+    fn a_round_asks_only_as_many_voters_as_its_quorum_needs() {
+        let mut three = Gather::new(Script::with(&[(2, own()), (3, own())]), ROUND_TIMEOUT);
+        let verdicts = gather_rounds(&mut three, &view(&[1, 2, 3]), 2);
+        assert_eq!(verdicts, [Verdict::Quorum; 2]);
+        assert_eq!(three.clients.asked, [(ROUND, 2), (ROUND + 1, 2)]);
+
+        let agree = |id| (id, own());
+        let votes = [agree(2), agree(3), agree(4), agree(5)];
+        let mut five = Gather::new(Script::with(&votes), ROUND_TIMEOUT);
+        let verdicts = gather_rounds(&mut five, &view(&[1, 2, 3, 4, 5]), 1);
+        assert_eq!(verdicts, [Verdict::Quorum]);
+        assert_eq!(five.clients.asked, [(ROUND, 2), (ROUND, 3)]);
+    }
+
+    #[test]
+    fn an_answer_that_does_not_agree_asks_the_next_voter_who_is_asked_first_after() {
+        let older = Some(vote(TERM - 1, 1, true));
+        let mut gather = Gather::new(Script::with(&[(2, older), (3, own())]), ROUND_TIMEOUT);
+        let verdicts = gather_rounds(&mut gather, &view(&[1, 2, 3]), 2);
+        assert_eq!(verdicts, [Verdict::Quorum; 2]);
+        assert_eq!(
+            gather.clients.asked,
+            [(ROUND, 2), (ROUND, 3), (ROUND + 1, 3)],
+            "3 completed the first quorum: the next round asks it alone"
+        );
+    }
+
+    #[test]
+    fn a_voter_that_does_not_answer_is_passed_over_after_a_tenth_of_the_round() {
+        let mut gather = Gather::new(Script::with(&[(2, None), (3, own())]), ROUND_TIMEOUT);
+        // Confirmed within the round's time only because 3 was asked too.
+        let verdicts = gather_rounds(&mut gather, &view(&[1, 2, 3]), 2);
+        assert_eq!(verdicts, [Verdict::Quorum; 2]);
+        assert_eq!(
+            gather.clients.asked,
+            [(ROUND, 2), (ROUND, 3), (ROUND + 1, 3)],
+            "2's call is still out in the second round, which asks 3 first anyway"
+        );
     }
 }
