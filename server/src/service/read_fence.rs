@@ -221,7 +221,7 @@ impl FenceOutcomes {
 
 /// The calls a round makes to the other voters: [`FenceClients`] on a
 /// node, a script in the tests.
-pub trait FenceCalls {
+pub(crate) trait FenceCalls {
     /// Asks `target` (at `node`) for its persisted vote, for `round`;
     /// `false` when a call to it is still in flight (an older round's).
     fn ask(
@@ -233,8 +233,6 @@ pub trait FenceCalls {
     /// The next call to finish; `None` when none is in flight.
     /// Cancel-safe.
     fn next(&mut self) -> impl Future<Output = Option<Answered>> + Send;
-    /// Whether a call is in flight.
-    fn is_busy(&self) -> bool;
     /// Forgets the connections of nodes that are no longer voters.
     fn retain(&mut self, voters: &BTreeSet<u64>);
 }
@@ -253,10 +251,6 @@ impl FenceCalls for FenceClients {
         FenceClients::next(self)
     }
 
-    fn is_busy(&self) -> bool {
-        FenceClients::is_busy(self)
-    }
-
     fn retain(&mut self, voters: &BTreeSet<u64>) {
         FenceClients::retain(self, voters);
     }
@@ -264,8 +258,18 @@ impl FenceCalls for FenceClients {
 
 /// A round asks every other voter once this share of its time has passed
 /// without a verdict (a tenth: 10 ms at the default 100 ms heartbeat, far
-/// above a round's usual fraction of a millisecond).
+/// above a round's usual fraction of a millisecond) ...
 const ASK_ALL_AFTER_FRACTION: u32 = 10;
+/// ... but not before this, so that short heartbeats still ask few.
+const ASK_ALL_AFTER_FLOOR: Duration = Duration::from_millis(2);
+
+/// When a round of `round_timeout` asks every other voter: a tenth of it,
+/// at least the floor, at most half of it.
+fn ask_all_after(round_timeout: Duration) -> Duration {
+    (round_timeout / ASK_ALL_AFTER_FRACTION)
+        .max(ASK_ALL_AFTER_FLOOR)
+        .min(round_timeout / 2)
+}
 
 /// How a leader's rounds gather their answers.
 #[derive(Debug)]
@@ -273,30 +277,39 @@ pub(crate) struct Gather<C> {
     clients: C,
     /// How long a round waits for a quorum: one heartbeat interval.
     round_timeout: Duration,
-    /// The voter whose answer completed the last quorum: asked first.
-    preferred: Option<u64>,
+    /// The order the other voters are asked in, carried from round to
+    /// round: the ones that agreed last, in the order they answered, first;
+    /// the ones that failed or had not answered when it ended, last.
+    order: Vec<u64>,
 }
 
-/// The other voters one round asked, and the order it asks them in.
+/// What one round asked and heard.
 struct Asking {
-    /// Preferred first, then in the view's order.
+    /// The voters of this round, in the order to ask them.
     order: Vec<u64>,
     asked: BTreeSet<u64>,
-    answered: BTreeSet<u64>,
+    /// Of `asked`, in the order they answered.
+    agreed: Vec<u64>,
+    failed: Vec<u64>,
     /// Every other voter is to be asked now.
     all: bool,
 }
 
 impl Asking {
-    fn new(view: &FenceView, preferred: Option<u64>) -> Asking {
-        let mut order: Vec<u64> = view.others.iter().map(|(id, _)| *id).collect();
-        if let Some(first) = preferred.and_then(|p| order.iter().position(|&id| id == p)) {
-            order[..=first].rotate_right(1);
+    /// The voters of `view` in `carried` order, the ones it lacks after.
+    fn new(view: &FenceView, carried: &[u64]) -> Asking {
+        let in_view = |id: &u64| view.others.iter().any(|(other, _)| other == id);
+        let mut order: Vec<u64> = carried.iter().copied().filter(in_view).collect();
+        for (id, _) in &view.others {
+            if !order.contains(id) {
+                order.push(*id);
+            }
         }
         Asking {
             order,
             asked: BTreeSet::new(),
-            answered: BTreeSet::new(),
+            agreed: Vec::new(),
+            failed: Vec::new(),
             all: false,
         }
     }
@@ -307,8 +320,35 @@ impl Asking {
         if self.all {
             return usize::MAX;
         }
-        let out = self.asked.len() - self.answered.len();
+        let answered = self.agreed.len() + self.failed.len();
+        let out = self.asked.len().saturating_sub(answered);
         tally.still_needed().saturating_sub(out)
+    }
+
+    /// Records this round's answer from `from`.
+    fn answered(&mut self, from: u64, agreed: bool) {
+        match agreed {
+            true => self.agreed.push(from),
+            false => self.failed.push(from),
+        }
+    }
+
+    /// The order for the next round: the voters that agreed, as they
+    /// answered; then the rest as they were; last, the ones that failed or
+    /// were asked and had not answered.
+    fn next_order(&self) -> Vec<u64> {
+        let silent = |id: &u64| self.asked.contains(id) && !self.agreed.contains(id);
+        let rest = self
+            .order
+            .iter()
+            .filter(|id| !self.agreed.contains(id) && !silent(id));
+        let last = self.order.iter().filter(|id| silent(id));
+        self.agreed
+            .iter()
+            .chain(rest)
+            .chain(last)
+            .copied()
+            .collect()
     }
 }
 
@@ -317,15 +357,14 @@ impl<C: FenceCalls> Gather<C> {
         Gather {
             clients,
             round_timeout,
-            preferred: None,
+            order: Vec::new(),
         }
     }
 
     /// Asks as few other voters as a quorum needs and counts the answers
     /// of round `round` until a verdict or the round's deadline (`Pending`
     /// then). Another voter is asked when an answer fails or disagrees,
-    /// and every other one once [`ASK_ALL_AFTER_FRACTION`] of the round's
-    /// time has passed.
+    /// and every other one after [`ask_all_after`].
     pub(crate) async fn gather(&mut self, round: u64, view: &FenceView) -> Verdict {
         let mut tally = Tally::new(round, view);
         let before_asking = tally.verdict();
@@ -333,40 +372,68 @@ impl<C: FenceCalls> Gather<C> {
             return before_asking;
         }
         self.clients.retain(&view.voters);
-        let mut asking = Asking::new(view, self.preferred);
+        let mut asking = Asking::new(view, &self.order);
+        let verdict = self.run_round(round, view, &mut asking, &mut tally).await;
+        self.order = asking.next_order();
+        verdict
+    }
+
+    async fn run_round(
+        &mut self,
+        round: u64,
+        view: &FenceView,
+        asking: &mut Asking,
+        tally: &mut Tally,
+    ) -> Verdict {
         let started = tokio::time::Instant::now();
         let deadline = started + self.round_timeout;
-        let ask_all_at = started + self.round_timeout / ASK_ALL_AFTER_FRACTION;
-        self.ask_more(round, view, &mut asking, &tally).await;
+        let ask_all_at = started + ask_all_after(self.round_timeout);
+        self.ask_more(round, view, asking, tally).await;
         loop {
-            let next = tokio::select! {
-                next = tokio::time::timeout_at(deadline, self.clients.next()) => next,
-                () = tokio::time::sleep_until(ask_all_at), if !asking.all => {
-                    asking.all = true;
-                    self.ask_more(round, view, &mut asking, &tally).await;
-                    continue;
-                }
-            };
-            let Ok(Some(Answered {
+            let Some(Answered {
                 from,
                 round: of,
                 vote,
-            })) = next
+            }) = self
+                .next_answer(round, view, asking, tally, (ask_all_at, deadline))
+                .await
             else {
                 return Verdict::Pending;
             };
-            if of == round {
-                asking.answered.insert(from);
-            }
             // An older round's late answer does not count (the tally
             // ignores it), but its voter is free to be asked again.
-            match tally.count(of, from, vote.ok().flatten().as_ref()) {
-                Verdict::Pending => self.ask_more(round, view, &mut asking, &tally).await,
-                Verdict::Quorum => {
-                    self.preferred = Some(from);
-                    return Verdict::Quorum;
-                }
+            let verdict = tally.count(of, from, vote.ok().flatten().as_ref());
+            if of == round {
+                asking.answered(from, tally.agreed.contains(&from));
+            }
+            match verdict {
+                Verdict::Pending => self.ask_more(round, view, asking, tally).await,
                 verdict => return verdict,
+            }
+        }
+    }
+
+    /// The next answer, asking every other voter once `ask_all_at` passes
+    /// first; `None` at `deadline` (or with no call out).
+    async fn next_answer(
+        &mut self,
+        round: u64,
+        view: &FenceView,
+        asking: &mut Asking,
+        tally: &Tally,
+        (ask_all_at, deadline): (tokio::time::Instant, tokio::time::Instant),
+    ) -> Option<Answered> {
+        loop {
+            tokio::select! {
+                // An answer ready at the same time as the timer wins.
+                biased;
+                next = tokio::time::timeout_at(deadline, self.clients.next()) => {
+                    return next.ok().flatten();
+                }
+                () = tokio::time::sleep_until(ask_all_at), if !asking.all => {
+                    asking.all = true;
+                    self.ask_more(round, view, asking, tally).await;
+                }
             }
         }
     }
@@ -383,6 +450,7 @@ impl<C: FenceCalls> Gather<C> {
             if asking.asked.contains(&id) {
                 continue;
             }
+            // `order` holds the view's voters only (`Asking::new`).
             let Some((_, node)) = view.others.iter().find(|(other, _)| *other == id) else {
                 continue;
             };
@@ -395,8 +463,8 @@ impl<C: FenceCalls> Gather<C> {
 }
 
 /// A leader's read fence: its connections to the voters and its rounds.
-pub struct ReadFence<C = FenceClients> {
-    gather: Gather<C>,
+pub struct ReadFence {
+    gather: Gather<FenceClients>,
     own_vote: PersistedVote,
     metrics: WatchReceiverOf<TypeConfig, RaftMetrics<TypeConfig>>,
     node_id: u64,
@@ -404,19 +472,19 @@ pub struct ReadFence<C = FenceClients> {
     round: u64,
 }
 
-impl<C> std::fmt::Debug for ReadFence<C> {
+impl std::fmt::Debug for ReadFence {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReadFence")
             .field("node_id", &self.node_id)
             .field("round", &self.round)
-            .field("preferred", &self.gather.preferred)
+            .field("gather", &self.gather)
             .finish_non_exhaustive()
     }
 }
 
-impl<C: FenceCalls> ReadFence<C> {
+impl ReadFence {
     pub fn new(
-        clients: C,
+        clients: FenceClients,
         own_vote: PersistedVote,
         raft: &Raft,
         node_id: u64,
@@ -716,10 +784,12 @@ mod tests {
     }
 
     /// The other voters as a script: each answers a call at once with its
-    /// vote, or never (`None`: its call stays out).
+    /// vote, or never (`None`: its call stays out); a voter in `busy` has
+    /// an older round's call out, whose answer `next` gives first.
     #[derive(Default)]
     struct Script {
         votes: BTreeMap<u64, Option<Vote>>,
+        busy: BTreeMap<u64, Answered>,
         /// Every call made, as (round, voter).
         asked: Vec<(u64, u64)>,
         ready: VecDeque<Answered>,
@@ -742,7 +812,7 @@ mod tests {
             target: u64,
             _node: &NodeAddr,
         ) -> impl Future<Output = bool> + Send {
-            let free = !self.silent.contains(&target);
+            let free = !self.silent.contains(&target) && !self.busy.contains_key(&target);
             if free {
                 self.asked.push((round, target));
                 match self.votes.get(&target).copied().flatten() {
@@ -759,55 +829,63 @@ mod tests {
             std::future::ready(free)
         }
 
-        fn next(&mut self) -> impl Future<Output = Option<Answered>> + Send {
-            let answered = self.ready.pop_front();
-            let waits = answered.is_none() && !self.silent.is_empty();
-            async move {
-                if waits {
-                    std::future::pending::<()>().await;
-                }
-                answered
+        /// Taken when polled, as `FenceClients::next`: cancel-safe.
+        async fn next(&mut self) -> Option<Answered> {
+            if let Some(&id) = self.busy.keys().next() {
+                return self.busy.remove(&id);
             }
-        }
-
-        fn is_busy(&self) -> bool {
-            !self.ready.is_empty() || !self.silent.is_empty()
+            if let Some(answered) = self.ready.pop_front() {
+                return Some(answered);
+            }
+            if !self.silent.is_empty() {
+                std::future::pending::<()>().await;
+            }
+            None
         }
 
         fn retain(&mut self, _voters: &BTreeSet<u64>) {}
     }
 
-    /// Real time: a round whose voters all answer takes no time, and one
-    /// with a silent voter a tenth of this.
-    const ROUND_TIMEOUT: Duration = Duration::from_millis(50);
+    const ROUND_TIMEOUT: Duration = Duration::from_millis(100);
 
-    /// Runs `rounds` rounds from `ROUND` on: their verdicts.
-    fn gather_rounds(gather: &mut Gather<Script>, view: &FenceView, rounds: u64) -> Vec<Verdict> {
+    /// Runs `rounds` rounds from `ROUND` on, on a runtime whose clock moves
+    /// only when every task waits: each round's verdict, and how long (by
+    /// that clock) it took.
+    fn gather_rounds(
+        gather: &mut Gather<Script>,
+        view: &FenceView,
+        rounds: u64,
+    ) -> Vec<(Verdict, Duration)> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
+            .start_paused(true)
             .build()
             .expect("a runtime");
         runtime.block_on(async {
             let mut verdicts = Vec::new();
             for round in ROUND..ROUND + rounds {
-                verdicts.push(gather.gather(round, view).await);
+                let started = tokio::time::Instant::now();
+                let verdict = gather.gather(round, view).await;
+                verdicts.push((verdict, started.elapsed()));
             }
             verdicts
         })
     }
 
+    const AT_ONCE: Duration = Duration::ZERO;
+
     #[test]
     fn a_round_asks_only_as_many_voters_as_its_quorum_needs() {
         let mut three = Gather::new(Script::with(&[(2, own()), (3, own())]), ROUND_TIMEOUT);
         let verdicts = gather_rounds(&mut three, &view(&[1, 2, 3]), 2);
-        assert_eq!(verdicts, [Verdict::Quorum; 2]);
+        assert_eq!(verdicts, [(Verdict::Quorum, AT_ONCE); 2]);
         assert_eq!(three.clients.asked, [(ROUND, 2), (ROUND + 1, 2)]);
 
         let agree = |id| (id, own());
         let votes = [agree(2), agree(3), agree(4), agree(5)];
         let mut five = Gather::new(Script::with(&votes), ROUND_TIMEOUT);
         let verdicts = gather_rounds(&mut five, &view(&[1, 2, 3, 4, 5]), 1);
-        assert_eq!(verdicts, [Verdict::Quorum]);
+        assert_eq!(verdicts, [(Verdict::Quorum, AT_ONCE)]);
         assert_eq!(five.clients.asked, [(ROUND, 2), (ROUND, 3)]);
     }
 
@@ -816,24 +894,70 @@ mod tests {
         let older = Some(vote(TERM - 1, 1, true));
         let mut gather = Gather::new(Script::with(&[(2, older), (3, own())]), ROUND_TIMEOUT);
         let verdicts = gather_rounds(&mut gather, &view(&[1, 2, 3]), 2);
-        assert_eq!(verdicts, [Verdict::Quorum; 2]);
+        assert_eq!(verdicts, [(Verdict::Quorum, AT_ONCE); 2]);
         assert_eq!(
             gather.clients.asked,
             [(ROUND, 2), (ROUND, 3), (ROUND + 1, 3)],
-            "3 completed the first quorum: the next round asks it alone"
+            "3 agreed and 2 did not: the next round asks 3 alone"
         );
     }
 
     #[test]
     fn a_voter_that_does_not_answer_is_passed_over_after_a_tenth_of_the_round() {
         let mut gather = Gather::new(Script::with(&[(2, None), (3, own())]), ROUND_TIMEOUT);
-        // Confirmed within the round's time only because 3 was asked too.
         let verdicts = gather_rounds(&mut gather, &view(&[1, 2, 3]), 2);
-        assert_eq!(verdicts, [Verdict::Quorum; 2]);
+        let tenth = ask_all_after(ROUND_TIMEOUT);
+        assert_eq!(tenth, ROUND_TIMEOUT / 10);
+        assert_eq!(
+            verdicts,
+            [(Verdict::Quorum, tenth), (Verdict::Quorum, AT_ONCE)]
+        );
         assert_eq!(
             gather.clients.asked,
             [(ROUND, 2), (ROUND, 3), (ROUND + 1, 3)],
-            "2's call is still out in the second round, which asks 3 first anyway"
+            "2 had not answered: it goes last"
+        );
+    }
+
+    #[test]
+    fn a_voter_with_an_older_call_out_is_passed_over_and_asked_once_its_answer_is_back() {
+        let mut script = Script::with(&[(2, own()), (3, None)]);
+        let late = Answered {
+            from: 2,
+            round: ROUND - 1,
+            vote: Ok(own()),
+        };
+        script.busy.insert(2, late);
+        let mut gather = Gather::new(script, ROUND_TIMEOUT);
+        let verdicts = gather_rounds(&mut gather, &view(&[1, 2, 3]), 1);
+        // 2's late answer does not count; 3 is out and expected to agree,
+        // so 2 is asked only when the round asks everyone.
+        assert_eq!(verdicts, [(Verdict::Quorum, ask_all_after(ROUND_TIMEOUT))]);
+        assert_eq!(gather.clients.asked, [(ROUND, 3), (ROUND, 2)]);
+    }
+
+    #[test]
+    fn a_later_vote_ends_the_round_and_silence_ends_it_at_its_deadline() {
+        let later = Some(vote(TERM + 1, 2, false));
+        let mut higher = Gather::new(Script::with(&[(2, later), (3, own())]), ROUND_TIMEOUT);
+        let verdicts = gather_rounds(&mut higher, &view(&[1, 2, 3]), 1);
+        assert_eq!(verdicts, [(Verdict::Higher, AT_ONCE)]);
+        assert_eq!(higher.clients.asked, [(ROUND, 2)]);
+
+        let mut silent = Gather::new(Script::with(&[(2, None), (3, None)]), ROUND_TIMEOUT);
+        let verdicts = gather_rounds(&mut silent, &view(&[1, 2, 3]), 1);
+        assert_eq!(verdicts, [(Verdict::Pending, ROUND_TIMEOUT)]);
+    }
+
+    #[test]
+    fn short_rounds_still_wait_a_floor_before_asking_everyone() {
+        assert_eq!(
+            ask_all_after(Duration::from_millis(10)),
+            ASK_ALL_AFTER_FLOOR
+        );
+        assert_eq!(
+            ask_all_after(Duration::from_millis(3)),
+            Duration::from_micros(1500)
         );
     }
 }
