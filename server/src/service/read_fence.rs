@@ -25,8 +25,9 @@
 //! that agreed in the last round first, in the order they answered
 //! ([`Gather`]): of three voters, one follower answers each round and the
 //! other is left alone. Another is asked when an answer fails or
-//! disagrees, and every one once the round is late: four times the usual
-//! quorum time (at least 1 ms), at most a tenth of the round's time.
+//! disagrees, and every one once the round is late: after four times the
+//! usual quorum time (at least 1 ms, the first round's wait), or a tenth of
+//! the round's time (at least 2 ms, at most half) if that is sooner.
 //! Which voters are asked changes nothing above: any quorum of answers
 //! given after the round began will do.
 
@@ -259,8 +260,9 @@ impl FenceCalls for FenceClients {
     }
 }
 
-/// A round asks every other voter once this share of its time has passed
-/// without a verdict (a tenth: 10 ms at the default 100 ms heartbeat) ...
+/// A round asks every other voter, at the latest, once this share of its
+/// time has passed without a verdict (a tenth: 10 ms at the default 100 ms
+/// heartbeat) ...
 const ASK_ALL_AFTER_FRACTION: u32 = 10;
 /// ... but not before this, so that short heartbeats still ask few.
 const ASK_ALL_AFTER_FLOOR: Duration = Duration::from_millis(2);
@@ -283,11 +285,13 @@ fn ask_everyone_after(round_timeout: Duration, usual_quorum: Option<Duration>) -
     let by_timeout = (round_timeout / ASK_ALL_AFTER_FRACTION)
         .max(ASK_ALL_AFTER_FLOOR)
         .min(round_timeout / 2);
-    let hedge = usual_quorum.map_or(HEDGE_FLOOR, |usual| usual * HEDGE_FACTOR);
+    let hedge = usual_quorum.map_or(HEDGE_FLOOR, |usual| usual.saturating_mul(HEDGE_FACTOR));
     hedge.max(HEDGE_FLOOR).min(by_timeout)
 }
 
-/// `usual` moved towards the time this round's quorum took.
+/// `usual` moved towards the time this round's quorum took. A late round
+/// counts in full, wait included: when rounds are late often, the usual
+/// time rises until four times it covers the voter asked first.
 fn next_usual_quorum(usual: Option<Duration>, took: Duration) -> Duration {
     match usual {
         None => took,
@@ -459,8 +463,11 @@ impl<C: FenceCalls> Gather<C> {
                 next = tokio::time::timeout_at(asking.deadline, self.clients.next()) => {
                     match next {
                         Ok(Some(answered)) => return Some(answered),
-                        // No call out: whoever is left is asked now rather
-                        // than the round given up early.
+                        // No call out. Not reached while `FenceCalls::ask`
+                        // refuses only a voter with a call out (a Pending
+                        // round then has one out or one to ask); a guard,
+                        // so that a refusal for another reason asks whoever
+                        // is left rather than giving the round up early.
                         Ok(None) if !asking.ask_everyone => {
                             self.ask_everyone(round, view, asking, tally).await;
                         }
@@ -836,14 +843,15 @@ mod tests {
     /// The other voters as a script. An asked voter answers after its
     /// delay (none: at once) with its vote, a failed call if it is in
     /// `failing`, or never if its vote is `None` (its call stays out). A
-    /// voter in `busy` has an older round's call out, whose answer `next`
-    /// gives first. One call out per voter, as `FenceClients` keeps.
+    /// voter in `busy` has an older round's call out, whose answer comes
+    /// back after the delay given with it (`start` schedules it). One call
+    /// out per voter, as `FenceClients` keeps.
     #[derive(Default)]
     struct Script {
         votes: BTreeMap<u64, Option<Vote>>,
         delays: BTreeMap<u64, Duration>,
         failing: BTreeSet<u64>,
-        busy: BTreeMap<u64, Answered>,
+        busy: Vec<(Duration, Answered)>,
         /// Every call made, as (round, voter).
         asked: Vec<(u64, u64)>,
         /// The answers to come, each with the time it arrives.
@@ -864,9 +872,16 @@ mod tests {
             self
         }
 
+        /// Schedules the `busy` voters' answers from now on.
+        fn start(&mut self) {
+            let now = Instant::now();
+            let busy = std::mem::take(&mut self.busy);
+            let late = busy.into_iter().map(|(delay, late)| (now + delay, late));
+            self.due.extend(late);
+        }
+
         fn has_call_out(&self, target: u64) -> bool {
             self.silent.contains(&target)
-                || self.busy.contains_key(&target)
                 || self.due.iter().any(|(_, answer)| answer.from == target)
         }
 
@@ -906,9 +921,6 @@ mod tests {
 
         /// Taken only once due, as `FenceClients::next`: cancel-safe.
         async fn next(&mut self) -> Option<Answered> {
-            if let Some(&id) = self.busy.keys().next() {
-                return self.busy.remove(&id);
-            }
             let first_due = (0..self.due.len()).min_by_key(|&at| self.due[at].0);
             if let Some(first) = first_due {
                 tokio::time::sleep_until(self.due[first].0).await;
@@ -939,6 +951,7 @@ mod tests {
             .build()
             .expect("a runtime");
         runtime.block_on(async {
+            gather.clients.start();
             let mut verdicts = Vec::new();
             for round in ROUND..ROUND + rounds {
                 let started = Instant::now();
@@ -1077,18 +1090,27 @@ mod tests {
             round: ROUND - 1,
             vote: Ok(own()),
         };
-        let older = Some(vote(TERM - 1, 1, true));
-        let mut wanted = Script::with(&[(2, own()), (3, older)]);
-        wanted.busy.insert(2, late());
+        // Of four voters, this node and two others make a quorum. 3's call
+        // fails at once and 4 agrees after 5 ms; 2, busy until its older
+        // call's answer is back at 2 ms (that answer does not count), is
+        // asked then and agrees 3 ms later, together with 4.
+        let votes = [(2, own()), (3, own()), (4, own())];
+        let mut wanted = Script::with(&votes).delayed(&[(2, 3 * MS), (4, 5 * MS)]);
+        wanted.failing.insert(3);
+        wanted.busy.push((2 * MS, late()));
         let mut gather = Gather::new(wanted, ROUND_TIMEOUT);
-        let verdicts = gather_rounds(&mut gather, &view(&[1, 2, 3]), 1);
-        // 3 disagrees: 2, free once its late answer (which does not count)
-        // is back, is asked at once.
-        assert_eq!(verdicts, [(Verdict::Quorum, AT_ONCE)]);
-        assert_eq!(gather.clients.asked, [(ROUND, 3), (ROUND, 2)]);
+        // Rounds have been slow: this one is late only after the tenth.
+        gather.usual_quorum = Some(5 * MS);
+        let verdicts = gather_rounds(&mut gather, &view(&[1, 2, 3, 4]), 1);
+        assert_eq!(
+            verdicts,
+            [(Verdict::Quorum, 5 * MS)],
+            "8 ms: 2 asked only once 4 answered"
+        );
+        assert_eq!(gather.clients.asked, [(ROUND, 3), (ROUND, 4), (ROUND, 2)]);
 
         let mut not_wanted = Script::with(&[(2, own()), (3, None)]);
-        not_wanted.busy.insert(2, late());
+        not_wanted.busy.push((AT_ONCE, late()));
         let mut gather = Gather::new(not_wanted, ROUND_TIMEOUT);
         let verdicts = gather_rounds(&mut gather, &view(&[1, 2, 3]), 1);
         // 3 is out and expected to agree, so 2 is asked only when the
@@ -1117,9 +1139,11 @@ mod tests {
         let verdicts = gather_rounds(&mut higher, &view(&[1, 2, 3]), 1);
         assert_eq!(verdicts, [(Verdict::Higher, AT_ONCE)]);
         assert_eq!(higher.clients.asked, [(ROUND, 2)]);
+        assert_eq!(higher.usual_quorum, None, "only a quorum's time counts");
 
         let mut silent = Gather::new(Script::with(&[(2, None), (3, None)]), ROUND_TIMEOUT);
         let verdicts = gather_rounds(&mut silent, &view(&[1, 2, 3]), 1);
         assert_eq!(verdicts, [(Verdict::Pending, ROUND_TIMEOUT)]);
+        assert_eq!(silent.usual_quorum, None);
     }
 }
