@@ -156,6 +156,11 @@ impl Tally {
         self.need.saturating_sub(1 + self.agreed.len())
     }
 
+    /// How many other voters answered this round, agreeing or not.
+    fn answered(&self) -> usize {
+        self.agreed.len() + self.failed.len()
+    }
+
     /// Where the round stands with the answers counted so far and this
     /// node's own vote.
     pub(crate) fn verdict(&self) -> Verdict {
@@ -320,9 +325,9 @@ struct Asking {
     /// The voters of this round, in the order to ask them.
     order: Vec<u64>,
     asked: BTreeSet<u64>,
-    /// Of `asked`, in the order they answered.
+    /// Of `asked`, the ones that agreed, in the order they answered (the
+    /// tally counts them too, unordered).
     agreed: Vec<u64>,
-    failed: Vec<u64>,
     /// Every other voter is to be asked now.
     ask_everyone: bool,
     ask_everyone_at: Instant,
@@ -343,7 +348,6 @@ impl Asking {
             order,
             asked: BTreeSet::new(),
             agreed: Vec::new(),
-            failed: Vec::new(),
             ask_everyone: false,
             ask_everyone_at,
             deadline,
@@ -356,17 +360,8 @@ impl Asking {
         if self.ask_everyone {
             return usize::MAX;
         }
-        let answered = self.agreed.len() + self.failed.len();
-        let out = self.asked.len().saturating_sub(answered);
+        let out = self.asked.len().saturating_sub(tally.answered());
         tally.still_needed().saturating_sub(out)
-    }
-
-    /// Records this round's answer from `from`.
-    fn answered(&mut self, from: u64, agreed: bool) {
-        match agreed {
-            true => self.agreed.push(from),
-            false => self.failed.push(from),
-        }
     }
 
     /// The order for the next round (see `Gather::order`).
@@ -436,8 +431,8 @@ impl<C: FenceCalls> Gather<C> {
             // An older round's late answer does not count (the tally
             // ignores it), but its voter is free to be asked again.
             let verdict = tally.count(of, from, vote.ok().flatten().as_ref());
-            if of == round {
-                asking.answered(from, tally.agreed.contains(&from));
+            if of == round && tally.agreed.contains(&from) {
+                asking.agreed.push(from);
             }
             match verdict {
                 Verdict::Pending => self.ask_more(round, view, asking, tally).await,
