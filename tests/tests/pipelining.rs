@@ -241,6 +241,47 @@ async fn inline_reads_are_answered_at_once_too() -> Result<()> {
     .await
 }
 
+/// A region replaced within a batch (FLUSHALL clears by swapping in an
+/// empty region) is the one the batch's later reads answered at once read:
+/// the reader a batch keeps is checked against the current one on every
+/// read. CLIENT ID waits for the FLUSHALL before it (it runs on the
+/// connection's state), so the second GET is answered at once after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_answered_at_once_after_a_flush_in_its_batch_sees_the_flush() -> Result<()> {
+    let mut cluster = Cluster::start_with(1, &[])?;
+    check_with_leader(&mut cluster, TEST_LIMIT_SECS, async |cluster, leader| {
+        let resp = cluster.node(leader)?.resp_addr;
+        let exchange = async |bytes: &'static [u8]| {
+            tokio::task::spawn_blocking(move || raw_exchange(resp, bytes)).await?
+        };
+        let set = exchange(b"SET k old\r\nQUIT\r\n").await?;
+        ensure!(
+            set == b"+OK\r\n+OK\r\n",
+            "{:?}",
+            String::from_utf8_lossy(&set)
+        );
+        let before = reads_answered_at_once(cluster, leader).await?;
+        let batch = b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n*1\r\n$8\r\nFLUSHALL\r\n\
+            *2\r\n$6\r\nCLIENT\r\n$2\r\nID\r\n*2\r\n$3\r\nGET\r\n$1\r\nk\r\n*1\r\n$4\r\nQUIT\r\n";
+        let replies = exchange(batch).await?;
+        let text = String::from_utf8_lossy(&replies);
+        let rest = text
+            .strip_prefix("$3\r\nold\r\n+OK\r\n:")
+            .with_context(|| format!("the first GET and FLUSHALL: {text:?}"))?;
+        let (_, rest) = rest
+            .split_once("\r\n")
+            .with_context(|| format!("CLIENT ID: {text:?}"))?;
+        ensure!(rest == "$-1\r\n+OK\r\n", "the GET after FLUSHALL: {text:?}");
+        let answered = reads_answered_at_once(cluster, leader).await? - before;
+        ensure!(
+            answered == 2.0,
+            "{answered} of the two GETs answered at once"
+        );
+        Ok(())
+    })
+    .await
+}
+
 async fn reads_answered_at_once(cluster: &Cluster, id: u64) -> Result<f64> {
     let addr = cluster.node(id)?.http_addr;
     let (_, text) = tokio::task::spawn_blocking(move || http_get(addr, "/metrics")).await??;

@@ -6,6 +6,7 @@
 
 use bytes::{Bytes, BytesMut};
 use rdkv_proto::wire::{Expiry, Request, Response, Role, SetCondition, Update, UpdateOutcome};
+use rdkv_storage::state_machine::LocalReads;
 
 use super::RespServer;
 use super::expiry;
@@ -65,6 +66,7 @@ pub async fn get(server: &RespServer, args: &[Bytes]) -> Reply {
 /// its reply encoded straight from the read buffer.
 pub fn get_now(
     server: &RespServer,
+    reads: &mut LocalReads,
     args: Args<'_>,
     protocol: Protocol,
     out: &mut BytesMut,
@@ -72,7 +74,7 @@ pub fn get_now(
     let Some(key) = args.get(1) else {
         return false;
     };
-    server.get_now(key, |value| match value {
+    server.get_now(reads, key, |value| match value {
         Some(value) => Reply::encode_bulk(value, out),
         None => Reply::Null.encode(protocol, out),
     })
@@ -391,11 +393,12 @@ pub async fn mget(server: &RespServer, args: &[Bytes]) -> Reply {
 /// MGET answered at once from this node's region ([`RespServer::mget_now`]).
 pub fn mget_now(
     server: &RespServer,
+    reads: &mut LocalReads,
     args: Args<'_>,
     protocol: Protocol,
     out: &mut BytesMut,
 ) -> bool {
-    let Some(values) = server.mget_now(args.iter_from(1)) else {
+    let Some(values) = server.mget_now(reads, args.iter_from(1)) else {
         return false;
     };
     values_reply(values).encode(protocol, out);

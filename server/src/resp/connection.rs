@@ -18,6 +18,7 @@ use bytes::{Bytes, BytesMut};
 use futures::FutureExt;
 use futures::stream::{FuturesOrdered, StreamExt};
 use rdkv_proto::wire::Op;
+use rdkv_storage::state_machine::LocalReads;
 use rdkv_tls::{Stream, WriteHalf};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -145,20 +146,20 @@ pub async fn serve(stream: Stream, peer: String, server: &RespServer) -> Result<
 /// covers the batch), and how many of each op, for the request metrics.
 #[derive(Debug, Default)]
 struct NowReads {
-    allowed: Option<bool>,
+    /// When the node was asked (`None`: not yet in this batch).
     started: Option<Instant>,
+    /// The batch's reads, when the node may answer them at once.
+    reads: Option<LocalReads>,
     answered: Vec<(Op, u64)>,
 }
 
 impl NowReads {
-    async fn allowed(&mut self, server: &RespServer) -> bool {
-        if let Some(allowed) = self.allowed {
-            return allowed;
+    async fn reads(&mut self, server: &RespServer) -> Option<&mut LocalReads> {
+        if self.started.is_none() {
+            self.started = Some(Instant::now());
+            self.reads = server.reads_now().await;
         }
-        self.started = Some(Instant::now());
-        let allowed = server.reads_now().await;
-        self.allowed = Some(allowed);
-        allowed
+        self.reads.as_mut()
     }
 
     fn answered(&mut self, op: Op) {
@@ -299,15 +300,16 @@ impl<'a> Pipeline<'a> {
         // With nothing in flight no earlier command can write its keys (the
         // common pipeline of reads needs no key list).
         let after_writes = !self.running.is_empty();
-        if after_writes && !self.order.read_may_run_now(&spec.keys_in_args(args))
-            || !reads_now.allowed(self.server).await
-        {
+        if after_writes && !self.order.read_may_run_now(&spec.keys_in_args(args)) {
             return false;
         }
+        let Some(reads) = reads_now.reads(self.server).await else {
+            return false;
+        };
         let protocol = self.session.protocol();
         let answered = if after_writes {
             let mut encoded = BytesMut::new();
-            let answered = now(self.server, args, protocol, &mut encoded);
+            let answered = now(self.server, reads, args, protocol, &mut encoded);
             if answered {
                 let reply = Reply::Encoded(encoded.freeze());
                 self.running
@@ -315,7 +317,7 @@ impl<'a> Pipeline<'a> {
             }
             answered
         } else {
-            now(self.server, args, protocol, &mut self.output)
+            now(self.server, reads, args, protocol, &mut self.output)
         };
         if answered {
             reads_now.answered(op);

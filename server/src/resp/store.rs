@@ -11,6 +11,7 @@ use rdkv_proto::wire::{
     Consistency, ErrorCode, KeyExpiry, LeaderHint, Request, Response, Role, ShardStatus, Update,
     UpdateOutcome, Versioned,
 };
+use rdkv_storage::state_machine::LocalReads;
 
 use super::RespServer;
 use super::forward::error_reply;
@@ -261,18 +262,22 @@ impl RespServer {
     ///
     /// A multi-shard node never does: its keys are in several regions, and
     /// these reads go to one (they go through the handler, which routes).
-    pub(super) async fn reads_now(&self) -> bool {
+    ///
+    /// When it may: the reads of the batch, through one kept reader of its
+    /// region ([`LocalReads`]).
+    pub(super) async fn reads_now(&self) -> Option<LocalReads> {
         if self.handler.shards().is_sharded() {
-            return false;
+            return None;
         }
         let replica = self.handler.replica();
-        match self.consistency {
+        let allowed = match self.consistency {
             Consistency::Lease => lease::serves_lease_reads(&replica),
             Consistency::Linearizable => {
                 replica.raft.is_leader() && matches!(replica.reads.confirm().await, Ok(Ok(())))
             }
             Consistency::Follower { .. } => false,
-        }
+        };
+        allowed.then(|| replica.sm.local_reads())
     }
 
     /// Reads `key` from this node's region at once, once [`Self::reads_now`]
@@ -281,20 +286,22 @@ impl RespServer {
     /// read, `found` not called (the read goes through [`RespServer::get`],
     /// which refuses it or reports the failure). The caller accounts for it
     /// in the request metrics.
-    pub(super) fn get_now(&self, key: &[u8], found: impl FnOnce(Option<&[u8]>)) -> bool {
-        let handler = &self.handler;
-        if handler.limits().check_key(key).is_err() {
+    pub(super) fn get_now(
+        &self,
+        reads: &mut LocalReads,
+        key: &[u8],
+        found: impl FnOnce(Option<&[u8]>),
+    ) -> bool {
+        if self.handler.limits().check_key(key).is_err() {
             return false;
         }
         let mut found = Some(found);
-        handler.with_replica(|replica| {
-            let read = replica.sm.get_local_with(key, |value| {
-                if let Some(found) = found.take() {
-                    found(value.map(|(value, _)| value));
-                }
-            });
-            read.is_ok()
-        })
+        let read = reads.get_with(key, |value| {
+            if let Some(found) = found.take() {
+                found(value.map(|(value, _)| value));
+            }
+        });
+        read.is_ok()
     }
 
     /// MGET's values read at once, like [`Self::get_now`]; `None` for a
@@ -302,6 +309,7 @@ impl RespServer {
     /// reports it).
     pub(super) fn mget_now<'k>(
         &self,
+        reads: &mut LocalReads,
         keys: impl ExactSizeIterator<Item = &'k [u8]> + Clone,
     ) -> Option<Vec<Option<Bytes>>> {
         let limits = self.handler.limits();
@@ -309,10 +317,7 @@ impl RespServer {
         keys.clone()
             .try_for_each(|key| limits.check_key(key))
             .ok()?;
-        let values = self
-            .handler
-            .with_replica(|replica| read::local_values(replica, keys, limits.max_frame_bytes))
-            .ok()?;
+        let values = read::local_values(reads, keys, limits.max_frame_bytes).ok()?;
         Some(values.into_iter().map(|v| v.map(|v| v.value)).collect())
     }
 

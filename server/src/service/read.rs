@@ -7,7 +7,7 @@ use rdkv_fabric::clock::unix_now_ms;
 use rdkv_proto::wire::{
     Consistency, ErrorCode, ErrorReply, KeyExpiry, Response, SINGLE_ENTRY_OVERHEAD_BYTES, Versioned,
 };
-use rdkv_storage::state_machine::ScanRange;
+use rdkv_storage::state_machine::{LocalReads, ScanRange, StateMachineError};
 
 use super::read_rounds::{CONFIRM_TIMEOUT, Confirmed, ReadError};
 use super::{Reply, within};
@@ -27,7 +27,7 @@ pub async fn mget(
 ) -> Reply {
     barrier(replica, consistency).await?;
     Ok(Response::Values(local_values(
-        replica,
+        &mut replica.sm.local_reads(),
         keys.iter(),
         max_frame_bytes,
     )?))
@@ -37,7 +37,7 @@ pub async fn mget(
 /// allows it here. Stops as soon as the reply could not fit a frame: a
 /// batch of large values must not be gathered in memory just to be refused.
 pub fn local_values<K: AsRef<[u8]>>(
-    replica: &Replica,
+    reads: &mut LocalReads,
     keys: impl ExactSizeIterator<Item = K>,
     max_frame_bytes: u32,
 ) -> Result<Vec<Option<Versioned>>, ErrorReply> {
@@ -45,7 +45,7 @@ pub fn local_values<K: AsRef<[u8]>>(
     let mut bytes = 0u64;
     let mut values = Vec::with_capacity(keys.len());
     for key in keys {
-        let value = local(replica, key.as_ref())?;
+        let value = reads.get(key.as_ref()).map_err(internal)?;
         bytes += value.as_ref().map_or(0, |v| v.value.len() as u64);
         if bytes > budget {
             return Err(ErrorReply::new(
@@ -66,10 +66,7 @@ pub async fn scan(
 ) -> Reply {
     barrier(replica, consistency).await?;
     let budget = u64::from(max_frame_bytes).saturating_sub(u64::from(SINGLE_ENTRY_OVERHEAD_BYTES));
-    let page = replica
-        .sm
-        .scan_local(range, budget)
-        .map_err(|e| ErrorReply::new(ErrorCode::Internal, e.to_string()))?;
+    let page = replica.sm.scan_local(range, budget).map_err(internal)?;
     Ok(Response::Pairs {
         pairs: page.pairs,
         more: page.more,
@@ -80,20 +77,19 @@ pub async fn scan(
 /// allows it here; the node's clock goes with it.
 pub async fn ttl(replica: &Replica, key: &[u8], consistency: Consistency) -> Reply {
     barrier(replica, consistency).await?;
-    let found = replica
-        .sm
-        .get_local_with_deadline(key)
-        .map_err(|e| ErrorReply::new(ErrorCode::Internal, e.to_string()))?;
+    let found = replica.sm.get_local_with_deadline(key).map_err(internal)?;
     Ok(Response::Expiry(found.map(|(value, deadline)| {
         KeyExpiry::of_block(value.version, deadline, unix_now_ms())
     })))
 }
 
 fn local(replica: &Replica, key: &[u8]) -> Result<Option<Versioned>, ErrorReply> {
-    replica
-        .sm
-        .get_local(key)
-        .map_err(|e| ErrorReply::new(ErrorCode::Internal, e.to_string()))
+    replica.sm.get_local(key).map_err(internal)
+}
+
+/// A failed read of this node's region, as the client hears of it.
+fn internal(error: StateMachineError) -> ErrorReply {
+    ErrorReply::new(ErrorCode::Internal, error.to_string())
 }
 
 /// Waits until this node may serve a read at `consistency`.

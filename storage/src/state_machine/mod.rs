@@ -48,6 +48,7 @@ use digest::DigestHistory;
 use keyed::KeyedRegion;
 pub use keyed::{ScanPage, ScanRange};
 use load::{load_region, seed_of};
+pub use local_read::LocalReads;
 use snapshot::{SnapshotError, SnapshotRegion, SnapshotWriter};
 use snapshot_store::{NewSnapshot, SnapshotFile};
 
@@ -339,12 +340,13 @@ impl RegionStateMachine {
     /// Reads a key from this replica's region: lock-free, with the locked
     /// writer's view as the fallback when validation keeps failing.
     pub fn get_local(&self, key: &[u8]) -> Result<Option<Versioned>, StateMachineError> {
-        self.get_local_with(key, |found| {
-            found.map(|(value, version)| Versioned {
-                value: Bytes::copy_from_slice(value),
-                version,
-            })
-        })
+        self.get_local_with(key, local_read::versioned_copy)
+    }
+
+    /// Reads of one batch from this replica's region through one kept
+    /// reader (see [`LocalReads`]).
+    pub fn local_reads(&self) -> LocalReads {
+        LocalReads::new(self.clone())
     }
 
     /// [`RegionStateMachine::get_local`] handing the value and its version
@@ -356,9 +358,20 @@ impl RegionStateMachine {
         key: &[u8],
         mut found: impl FnMut(Option<(&[u8], u64)>) -> R,
     ) -> Result<R, StateMachineError> {
-        // As in `get_local`: the guard is gone before the fallback; `found`
-        // ran only if the lock-free read succeeded.
+        // The guard is gone before the fallback takes the state lock.
         let read = local_read::read_with(&self.shared.reader.load(), key, &mut found);
+        self.finish_local_read(read, key, found)
+    }
+
+    /// A lock-free read's outcome; when validation kept failing, the locked
+    /// writer's view handed to `found` instead (`found` ran only if the
+    /// lock-free read succeeded).
+    fn finish_local_read<R>(
+        &self,
+        read: Result<R, ReadError>,
+        key: &[u8],
+        mut found: impl FnMut(Option<(&[u8], u64)>) -> R,
+    ) -> Result<R, StateMachineError> {
         match read {
             Ok(result) => Ok(result),
             Err(ReadError::Exhausted { .. }) => {
