@@ -177,14 +177,6 @@ impl Shards {
         self.current.load().primary.clone()
     }
 
-    /// [`Self::primary`] lent to `f` instead of cloned: a read served on
-    /// every request (a RESP GET) would otherwise add to and take from the
-    /// replica's shared count, a cache line every worker thread writes
-    /// (about 5% of a leader's CPU at 1.2 million RESP GETs a second).
-    pub fn with_primary<R>(&self, f: impl FnOnce(&Replica) -> R) -> R {
-        f(&self.current.load().primary)
-    }
-
     pub fn get(&self, shard: ShardId) -> Option<Replica> {
         self.current.load().replicas.get(&shard).cloned()
     }

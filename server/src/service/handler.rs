@@ -188,12 +188,6 @@ impl Handler {
         self.shards.primary()
     }
 
-    /// [`Self::replica`] lent to `f` (`Shards::with_primary`): for reads
-    /// served on every request.
-    pub fn with_replica<R>(&self, f: impl FnOnce(&Replica) -> R) -> R {
-        self.shards.with_primary(f)
-    }
-
     pub fn shards(&self) -> &Shards {
         &self.shards
     }
