@@ -30,6 +30,7 @@ use super::table::{Spec, StoreRun};
 use super::transaction;
 use super::{FLUSH_BYTES, RespServer};
 use crate::order::{KeyOrder, completion};
+use crate::replica::Replica;
 use crate::telemetry::Via;
 
 /// Commands read ahead of their replies on one connection.
@@ -143,12 +144,17 @@ pub async fn serve(stream: Stream, peer: String, server: &RespServer) -> Result<
 /// The reads one batch of buffered commands answered at once: whether the
 /// node may (asked at the batch's first such read: the lease's margin, or
 /// one ReadIndex round started after every command of the batch arrived,
-/// covers the batch), and how many of each op, for the request metrics.
+/// covers the batch), the reader they go through, and how many of each op,
+/// for the request metrics.
 #[derive(Debug, Default)]
 struct NowReads {
     /// When the node was asked (`None`: not yet in this batch).
     started: Option<Instant>,
-    /// The batch's reads, when the node may answer them at once.
+    /// The replica whose region the batch's reads may be answered from
+    /// (`None`: not at once).
+    allowed: Option<Replica>,
+    /// Its region's reader, kept from read to read while the batch runs
+    /// without waiting ([`Self::release`]).
     reads: Option<LocalReads>,
     answered: Vec<(Op, u64)>,
 }
@@ -157,9 +163,18 @@ impl NowReads {
     async fn reads(&mut self, server: &RespServer) -> Option<&mut LocalReads> {
         if self.started.is_none() {
             self.started = Some(Instant::now());
-            self.reads = server.reads_now().await;
+            self.allowed = server.reads_now().await;
         }
-        self.reads.as_mut()
+        let replica = self.allowed.as_ref()?;
+        Some(self.reads.get_or_insert_with(|| replica.sm.local_reads()))
+    }
+
+    /// Lets the kept reader go before the batch waits (a flush to a slow
+    /// client, an earlier command): it holds its region's memory, which a
+    /// region replaced meanwhile must give back. The next read takes the
+    /// current one.
+    fn release(&mut self) {
+        self.reads = None;
     }
 
     fn answered(&mut self, op: Op) {
@@ -227,6 +242,7 @@ impl<'a> Pipeline<'a> {
             if self.answer_now(reader.args(input), reads_now).await {
                 reader.skip(input);
                 if self.output.len() >= FLUSH_BYTES {
+                    reads_now.release();
                     self.flush().await?;
                 }
                 continue;
@@ -235,6 +251,7 @@ impl<'a> Pipeline<'a> {
             if argv.is_empty() {
                 continue;
             }
+            reads_now.release();
             self.start_prepared(argv).await?;
         }
         Ok(!self.closing)

@@ -17,6 +17,7 @@ use super::RespServer;
 use super::forward::error_reply;
 use super::reply::Reply;
 use crate::lease;
+use crate::replica::Replica;
 use crate::service::read;
 use crate::telemetry::Via;
 
@@ -247,7 +248,8 @@ impl RespServer {
         }
     }
 
-    /// Whether this node may answer reads at once from its region, asked
+    /// The replica whose region this node may answer reads from at once
+    /// (`None`: it may not), asked
     /// once per batch of buffered commands (every one of which arrived
     /// before this is called):
     /// - at `lease` consistency, when this node holds the lease
@@ -262,10 +264,7 @@ impl RespServer {
     ///
     /// A multi-shard node never does: its keys are in several regions, and
     /// these reads go to one (they go through the handler, which routes).
-    ///
-    /// When it may: the reads of the batch, through one kept reader of its
-    /// region ([`LocalReads`]).
-    pub(super) async fn reads_now(&self) -> Option<LocalReads> {
+    pub(super) async fn reads_now(&self) -> Option<Replica> {
         if self.handler.shards().is_sharded() {
             return None;
         }
@@ -277,7 +276,7 @@ impl RespServer {
             }
             Consistency::Follower { .. } => false,
         };
-        allowed.then(|| replica.sm.local_reads())
+        allowed.then_some(replica)
     }
 
     /// Reads `key` from this node's region at once, once [`Self::reads_now`]

@@ -1,9 +1,10 @@
-//! The node's own GETs of its region (`RegionStateMachine::get_local` and
-//! `get_local_with`: RESP GETs answered at once, native lease and follower
-//! reads, and a batch's through [`LocalReads`]): the reader's allocation-free path into this thread's buffer, with one clock reading
-//! per GET, as a client's read handle reads (the abandon bound counts from
-//! this thread's previous reading; only a thread that has not read for
-//! longer than the bound reads twice).
+//! The node's own GETs of its region (`RegionStateMachine::get_local`,
+//! and a batch's through [`LocalReads`]: RESP GETs answered at once, native
+//! lease and follower reads): the reader's allocation-free path into this
+//! thread's buffer, with one clock reading per GET, as a client's read
+//! handle reads (the abandon bound counts from this thread's previous
+//! reading; only a thread that has not read for longer than the bound reads
+//! twice).
 
 use std::cell::{Cell, RefCell};
 use std::ops::Deref;
@@ -104,17 +105,20 @@ pub(super) fn versioned_copy(found: Option<(&[u8], u64)>) -> Option<Versioned> {
 /// The reads of one batch (a RESP connection's buffered commands, an MGET's
 /// keys) from a replica's region, through a reader kept for the batch.
 ///
-/// A read through [`RegionStateMachine::get_local_with`] loads the current
-/// reader (an `arc_swap` load: a slot of this thread's debt list taken and
-/// given back, about 2% of a leader's CPU at a million GETs a second). Here
-/// each read only compares the kept reader with the current one (one atomic
-/// load, nothing written) and loads the current one when the region was
-/// replaced (a snapshot's install, a compaction, FLUSHALL's clear) since
-/// the last read: a batch's read after its own FLUSHALL reads the empty
-/// region, never the one kept from before.
+/// [`RegionStateMachine::get_local`] loads the current reader on every read
+/// (an `arc_swap` load: a slot of this thread's debt list taken and given
+/// back). Here each read only compares the kept reader with the current one
+/// (one atomic load, nothing written) and loads the current one when the
+/// region was replaced (a snapshot's install, a compaction, FLUSHALL's
+/// clear) since the last read: a batch's read after its own FLUSHALL reads
+/// the empty region, never the one kept from before. (A load that sees an
+/// older pointer than a swap the reading task has heard of cannot happen:
+/// the swap happened before the news reached the task, and a load after it
+/// in that order sees it, whatever the load's ordering.)
 ///
-/// Kept for a batch, not longer: the kept reader holds its region's memory,
-/// which a replaced region must give back.
+/// Kept while the batch's reads run, not across its waits (its owner drops
+/// it before a flush to a slow client, say): the kept reader holds its
+/// region's memory, which a replaced region must give back.
 pub struct LocalReads {
     sm: RegionStateMachine,
     reader: Cache<ReaderSlot, Arc<RegionReader>>,
@@ -137,7 +141,11 @@ impl LocalReads {
         LocalReads { sm, reader }
     }
 
-    /// [`RegionStateMachine::get_local_with`], through the kept reader.
+    /// A read through the kept reader, handing the value and its version to
+    /// `found` as a slice of this thread's read buffer instead of a copy (a
+    /// RESP GET encodes its reply straight from it). `found` runs once, only
+    /// if the read succeeds (the locked writer's view when validation keeps
+    /// failing), and must not read this node's region.
     pub fn get_with<R>(
         &mut self,
         key: &[u8],

@@ -340,27 +340,16 @@ impl RegionStateMachine {
     /// Reads a key from this replica's region: lock-free, with the locked
     /// writer's view as the fallback when validation keeps failing.
     pub fn get_local(&self, key: &[u8]) -> Result<Option<Versioned>, StateMachineError> {
-        self.get_local_with(key, local_read::versioned_copy)
+        // The guard is gone before the fallback takes the state lock.
+        let read =
+            local_read::read_with(&self.shared.reader.load(), key, local_read::versioned_copy);
+        self.finish_local_read(read, key, local_read::versioned_copy)
     }
 
     /// Reads of one batch from this replica's region through one kept
     /// reader (see [`LocalReads`]).
     pub fn local_reads(&self) -> LocalReads {
         LocalReads::new(self.clone())
-    }
-
-    /// [`RegionStateMachine::get_local`] handing the value and its version
-    /// to `found` as a slice of this thread's read buffer instead of a copy
-    /// (a RESP GET encodes its reply straight from it). `found` runs once,
-    /// only if the read succeeds, and must not read this node's region.
-    pub fn get_local_with<R>(
-        &self,
-        key: &[u8],
-        mut found: impl FnMut(Option<(&[u8], u64)>) -> R,
-    ) -> Result<R, StateMachineError> {
-        // The guard is gone before the fallback takes the state lock.
-        let read = local_read::read_with(&self.shared.reader.load(), key, &mut found);
-        self.finish_local_read(read, key, found)
     }
 
     /// A lock-free read's outcome; when validation kept failing, the locked
@@ -1160,5 +1149,45 @@ mod tests {
         assert_eq!(state.writer.stats().live_keys, 0);
         let header = sm.reader().dynamic_header().expect("a header");
         assert_eq!(header.applied_index, 4);
+    }
+
+    /// A batch's kept reader reads the region that replaced the one it
+    /// kept (a clear swaps in an empty region; a compaction, the hash
+    /// seed's adoption and a snapshot's install swap through the same
+    /// `swap_region`), never the replaced one, which still holds the pair.
+    #[tokio::test]
+    async fn a_kept_reader_reads_the_region_that_replaced_it() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let sm = RegionStateMachine::open(StateMachineConfig {
+            region: RegionConfig {
+                region_bytes: 4 << 20,
+                hash_seed: HashSeed(1, 1),
+                ..RegionConfig::default()
+            },
+            snapshot_dir: dir.path().join("snapshots"),
+            shard: ShardId(0),
+        })
+        .expect("a state machine");
+        let gate = Arc::new(Arc::clone(&sm.shared.pairs_gate).lock_owned().await);
+        let t0_ms = 1_700_000_000_000;
+        let write = entry(1, t0_ms, set("forever", Expiry::Never));
+        sm.apply_one(&write, &gate).await.expect("applied");
+        sm.record_applied(&write).expect("recorded");
+        let mut reads = sm.local_reads();
+        let before = reads.get(b"forever").expect("a read");
+        assert!(before.is_some(), "the pair, before the clear");
+        let replaced = sm.reader();
+        sm.apply_one(&entry(2, t0_ms + 1_000, Command::Clear), &gate)
+            .await
+            .expect("applied");
+        assert_eq!(reads.get(b"forever").expect("a read"), None);
+        assert_eq!(
+            reads.get_with(b"forever", |found| found.is_some()).ok(),
+            Some(false)
+        );
+        let stale = replaced
+            .get(b"forever")
+            .expect("a read of the replaced region");
+        assert!(stale.is_some(), "the replaced region still holds it");
     }
 }
