@@ -9,7 +9,8 @@
 #   BIN_DIR: where rdkv-server and rdkv-bench are (default target/release)
 #   WHAT: any of set get update redis (default: set get update)
 #     set:    redis-benchmark -t set -c 256 -n $SET_N at the leader's RESP port
-#     get:    redis-benchmark -t get -c 50 -P 16 -n $GET_N (lease reads,
+#     get:    redis-benchmark -t get -c 50 -P $GET_PIPELINE (default 16)
+#             -n $GET_N (lease reads,
 #             or $READS)
 #     update: rdkv-bench ycsb update-only, 2 threads x 128 in flight, $UPDATE_N ops
 #     redis:  the same SET (appendfsync always) and GET (no persistence) at redis-server
@@ -36,6 +37,7 @@ WHAT=("${@:-set get update}")
 [[ ${#WHAT[@]} -eq 1 ]] && read -r -a WHAT <<<"${WHAT[0]}"
 SET_N=${SET_N:-100000}
 GET_N=${GET_N:-2000000}
+GET_PIPELINE=${GET_PIPELINE:-16}
 UPDATE_N=${UPDATE_N:-100000}
 ROUNDS=${ROUNDS:-2}
 HZ=$(getconf CLK_TCK)
@@ -134,7 +136,7 @@ run_rdkv() {
         get)
             redis-benchmark -h "$host" -p 16380 -t get -c 50 -P 16 -n 200000 -q >/dev/null
             for r in $(seq "$ROUNDS"); do
-                measure "GET -c 50 -P 16" "$GET_N" "${CLIENT_PIN[@]}" redis-benchmark -h "$host" -p 16380 -t get -c 50 -P 16 -n "$GET_N" -q
+                measure "GET -c 50 -P $GET_PIPELINE" "$GET_N" "${CLIENT_PIN[@]}" redis-benchmark -h "$host" -p 16380 -t get -c 50 -P "$GET_PIPELINE" -n "$GET_N" -q
             done
             ;;
         update)
@@ -184,7 +186,7 @@ run_redis() {
     MEASURED=("$plain") NAMES=("redis")
     redis-benchmark -p 16390 -t set -n 1000 -q >/dev/null
     for r in $(seq "$ROUNDS"); do
-        measure "redis GET -c 50 -P 16" "$GET_N" "${CLIENT_PIN[@]}" redis-benchmark -p 16390 -t get -c 50 -P 16 -n "$GET_N" -q
+        measure "redis GET -c 50 -P $GET_PIPELINE" "$GET_N" "${CLIENT_PIN[@]}" redis-benchmark -p 16390 -t get -c 50 -P "$GET_PIPELINE" -n "$GET_N" -q
     done
 }
 

@@ -66,7 +66,7 @@ pub async fn get(server: &RespServer, args: &[Bytes]) -> Reply {
 /// its reply encoded straight from the read buffer.
 pub fn get_now(
     server: &RespServer,
-    reads: &mut LocalReads,
+    reads: &mut LocalReads<'_>,
     args: Args<'_>,
     protocol: Protocol,
     out: &mut BytesMut,
@@ -393,7 +393,7 @@ pub async fn mget(server: &RespServer, args: &[Bytes]) -> Reply {
 /// MGET answered at once from this node's region ([`RespServer::mget_now`]).
 pub fn mget_now(
     server: &RespServer,
-    reads: &mut LocalReads,
+    reads: &mut LocalReads<'_>,
     args: Args<'_>,
     protocol: Protocol,
     out: &mut BytesMut,

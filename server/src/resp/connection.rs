@@ -11,6 +11,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use anyhow::Result;
@@ -146,26 +147,38 @@ pub async fn serve(stream: Stream, peer: String, server: &RespServer) -> Result<
 /// one ReadIndex round started after every command of the batch arrived,
 /// covers the batch), the reader they go through, and how many of each op,
 /// for the request metrics.
-#[derive(Debug, Default)]
-struct NowReads {
+#[derive(Debug)]
+struct NowReads<'r> {
     /// When the node was asked (`None`: not yet in this batch).
     started: Option<Instant>,
-    /// The replica whose region the batch's reads may be answered from
-    /// (`None`: not at once).
-    allowed: Option<Replica>,
+    /// Once asked: the replica whose region the batch's reads may be
+    /// answered from (`None`: not at once). Held by the batch's caller, so
+    /// that the kept reader can borrow it.
+    allowed: &'r OnceLock<Option<Replica>>,
     /// Its region's reader, kept from read to read while the batch runs
     /// without waiting ([`Self::release`]).
-    reads: Option<LocalReads>,
+    reads: Option<LocalReads<'r>>,
     answered: Vec<(Op, u64)>,
 }
 
-impl NowReads {
-    async fn reads(&mut self, server: &RespServer) -> Option<&mut LocalReads> {
+impl<'r> NowReads<'r> {
+    fn new(allowed: &'r OnceLock<Option<Replica>>) -> NowReads<'r> {
+        NowReads {
+            started: None,
+            allowed,
+            reads: None,
+            answered: Vec::new(),
+        }
+    }
+
+    async fn reads(&mut self, server: &RespServer) -> Option<&mut LocalReads<'r>> {
+        let allowed = self.allowed;
         if self.started.is_none() {
             self.started = Some(Instant::now());
-            self.allowed = server.reads_now().await;
+            // Asked once per batch: the cell is set only here.
+            let _ = allowed.set(server.reads_now().await);
         }
-        let replica = self.allowed.as_ref()?;
+        let replica = allowed.get()?.as_ref()?;
         Some(self.reads.get_or_insert_with(|| replica.sm.local_reads()))
     }
 
@@ -205,7 +218,8 @@ impl<'a> Pipeline<'a> {
     /// the connection's state first lets every earlier one finish (their
     /// replies are encoded first).
     async fn start_buffered(&mut self, input: &mut BytesMut) -> Result<bool, Closed> {
-        let mut now = NowReads::default();
+        let allowed = OnceLock::new();
+        let mut now = NowReads::new(&allowed);
         // The reader and the argument list are reused from command to
         // command (held apart from `self` while a command borrows them);
         // the list is empty again before the input buffer is read into.
@@ -226,7 +240,7 @@ impl<'a> Pipeline<'a> {
         input: &mut BytesMut,
         reader: &mut CommandReader,
         argv: &mut Vec<Bytes>,
-        reads_now: &mut NowReads,
+        reads_now: &mut NowReads<'_>,
     ) -> Result<bool, Closed> {
         while !self.closing && self.has_room() {
             // Before AUTH only small commands are read: nothing large is
@@ -310,7 +324,7 @@ impl<'a> Pipeline<'a> {
     /// is encoded straight into the output (the common pipeline of reads: no
     /// reply value, no copy of the value); else encoded now and queued
     /// behind the earlier replies.
-    async fn answer_now(&mut self, args: Args<'_>, reads_now: &mut NowReads) -> bool {
+    async fn answer_now(&mut self, args: Args<'_>, reads_now: &mut NowReads<'_>) -> bool {
         let Some((spec, op, now)) = self.session.now_row(args) else {
             return false;
         };

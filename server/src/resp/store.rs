@@ -287,7 +287,7 @@ impl RespServer {
     /// in the request metrics.
     pub(super) fn get_now(
         &self,
-        reads: &mut LocalReads,
+        reads: &mut LocalReads<'_>,
         key: &[u8],
         found: impl FnOnce(Option<&[u8]>),
     ) -> bool {
@@ -308,7 +308,7 @@ impl RespServer {
     /// reports it).
     pub(super) fn mget_now<'k>(
         &self,
-        reads: &mut LocalReads,
+        reads: &mut LocalReads<'_>,
         keys: impl ExactSizeIterator<Item = &'k [u8]> + Clone,
     ) -> Option<Vec<Option<Bytes>>> {
         let limits = self.handler.limits();

@@ -32,7 +32,7 @@ pub type StoreRun = for<'a> fn(&'a RespServer, &'a [Bytes]) -> StoreFuture<'a>;
 /// input: `true` once its reply is appended to the buffer, encoded in the
 /// protocol given; `false`, nothing appended: this one may not be (the
 /// command runs as a store command instead).
-pub type NowRun = fn(&RespServer, &mut LocalReads, Args<'_>, Protocol, &mut BytesMut) -> bool;
+pub type NowRun = fn(&RespServer, &mut LocalReads<'_>, Args<'_>, Protocol, &mut BytesMut) -> bool;
 
 /// How a command is run; every handler gets the arguments after the name.
 #[derive(Debug, Clone, Copy)]

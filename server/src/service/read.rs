@@ -37,7 +37,7 @@ pub async fn mget(
 /// allows it here. Stops as soon as the reply could not fit a frame: a
 /// batch of large values must not be gathered in memory just to be refused.
 pub fn local_values<K: AsRef<[u8]>>(
-    reads: &mut LocalReads,
+    reads: &mut LocalReads<'_>,
     keys: impl ExactSizeIterator<Item = K>,
     max_frame_bytes: u32,
 ) -> Result<Vec<Option<Versioned>>, ErrorReply> {

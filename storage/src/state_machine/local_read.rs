@@ -7,7 +7,6 @@
 //! twice).
 
 use std::cell::{Cell, RefCell};
-use std::ops::Deref;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -118,27 +117,20 @@ pub(super) fn versioned_copy(found: Option<(&[u8], u64)>) -> Option<Versioned> {
 ///
 /// Kept while the batch's reads run, not across its waits (its owner drops
 /// it before a flush to a slow client, say): the kept reader holds its
-/// region's memory, which a replaced region must give back.
-pub struct LocalReads {
-    sm: RegionStateMachine,
-    reader: Cache<ReaderSlot, Arc<RegionReader>>,
+/// region's memory, which a replaced region must give back. It borrows the
+/// state machine: making one takes one count, on the reader it keeps (a
+/// cache line every worker writes, so once per batch, not per read).
+pub struct LocalReads<'a> {
+    sm: &'a RegionStateMachine,
+    reader: Cache<&'a ArcSwap<RegionReader>, Arc<RegionReader>>,
 }
 
-/// The state machine's current reader, as `arc_swap`'s cache reads it.
-struct ReaderSlot(RegionStateMachine);
-
-impl Deref for ReaderSlot {
-    type Target = ArcSwap<RegionReader>;
-
-    fn deref(&self) -> &ArcSwap<RegionReader> {
-        &self.0.shared.reader
-    }
-}
-
-impl LocalReads {
-    pub(super) fn new(sm: RegionStateMachine) -> LocalReads {
-        let reader = Cache::new(ReaderSlot(sm.clone()));
-        LocalReads { sm, reader }
+impl<'a> LocalReads<'a> {
+    pub(super) fn new(sm: &'a RegionStateMachine) -> LocalReads<'a> {
+        LocalReads {
+            sm,
+            reader: Cache::new(&sm.shared.reader),
+        }
     }
 
     /// A read through the kept reader, handing the value and its version to
@@ -161,7 +153,7 @@ impl LocalReads {
     }
 }
 
-impl std::fmt::Debug for LocalReads {
+impl std::fmt::Debug for LocalReads<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LocalReads").finish_non_exhaustive()
     }

@@ -348,8 +348,8 @@ impl RegionStateMachine {
 
     /// Reads of one batch from this replica's region through one kept
     /// reader (see [`LocalReads`]).
-    pub fn local_reads(&self) -> LocalReads {
-        LocalReads::new(self.clone())
+    pub fn local_reads(&self) -> LocalReads<'_> {
+        LocalReads::new(self)
     }
 
     /// A lock-free read's outcome; when validation kept failing, the locked
