@@ -1092,6 +1092,21 @@ mod tests {
         Entry::new_normal(log_id, command.timed(now_unix_ms))
     }
 
+    /// A state machine on a 4 MiB region with a fixed hash seed, its
+    /// snapshots under `dir`.
+    fn small_state_machine(dir: &std::path::Path) -> RegionStateMachine {
+        RegionStateMachine::open(StateMachineConfig {
+            region: RegionConfig {
+                region_bytes: 4 << 20,
+                hash_seed: HashSeed(1, 1),
+                ..RegionConfig::default()
+            },
+            snapshot_dir: dir.join("snapshots"),
+            shard: ShardId(0),
+        })
+        .expect("a state machine")
+    }
+
     fn set(key: &str, expiry: Expiry) -> Command {
         let update = Update::Set {
             value: Bytes::from_static(b"v"),
@@ -1111,16 +1126,7 @@ mod tests {
     #[tokio::test]
     async fn a_clear_answers_the_keys_it_removed_and_keeps_the_apply_clock() {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let sm = RegionStateMachine::open(StateMachineConfig {
-            region: RegionConfig {
-                region_bytes: 4 << 20,
-                hash_seed: HashSeed(1, 1),
-                ..RegionConfig::default()
-            },
-            snapshot_dir: dir.path().join("snapshots"),
-            shard: ShardId(0),
-        })
-        .expect("a state machine");
+        let sm = small_state_machine(dir.path());
         let gate = Arc::new(Arc::clone(&sm.shared.pairs_gate).lock_owned().await);
         let t0_ms = 1_700_000_000_000;
         let writes = [
@@ -1158,16 +1164,7 @@ mod tests {
     #[tokio::test]
     async fn a_kept_reader_reads_the_region_that_replaced_it() {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let sm = RegionStateMachine::open(StateMachineConfig {
-            region: RegionConfig {
-                region_bytes: 4 << 20,
-                hash_seed: HashSeed(1, 1),
-                ..RegionConfig::default()
-            },
-            snapshot_dir: dir.path().join("snapshots"),
-            shard: ShardId(0),
-        })
-        .expect("a state machine");
+        let sm = small_state_machine(dir.path());
         let gate = Arc::new(Arc::clone(&sm.shared.pairs_gate).lock_owned().await);
         let t0_ms = 1_700_000_000_000;
         let write = entry(1, t0_ms, set("forever", Expiry::Never));
