@@ -242,10 +242,14 @@ async fn inline_reads_are_answered_at_once_too() -> Result<()> {
 }
 
 /// A region replaced within a batch (FLUSHALL clears by swapping in an
-/// empty region) is the one the batch's later reads answered at once read:
-/// the reader a batch keeps is checked against the current one on every
-/// read. CLIENT ID waits for the FLUSHALL before it (it runs on the
-/// connection's state), so the second GET is answered at once after it.
+/// empty region) is the one the batch's later reads answered at once read.
+/// CLIENT ID waits for the FLUSHALL before it (it runs on the connection's
+/// state), so the second GET is answered at once after it, in the same
+/// batch. The batch lets its kept reader go before that wait, and a kept
+/// reader is checked against the current one on every read; either keeps
+/// this test passing (the storage test
+/// `a_kept_reader_reads_the_region_that_replaced_it` checks the second
+/// alone), and it failed with neither.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_answered_at_once_after_a_flush_in_its_batch_sees_the_flush() -> Result<()> {
     let mut cluster = Cluster::start_with(1, &[])?;

@@ -153,33 +153,38 @@ struct NowReads<'r> {
     started: Option<Instant>,
     /// Once asked: the replica whose region the batch's reads may be
     /// answered from (`None`: not at once). Held by the batch's caller, so
-    /// that the kept reader can borrow it.
-    allowed: &'r OnceLock<Option<Replica>>,
+    /// that the kept reader can borrow it; a `OnceLock`, not a `OnceCell`,
+    /// as the connection's future, which holds a reference to it across
+    /// waits, must be `Send`.
+    replica: &'r OnceLock<Option<Replica>>,
     /// Its region's reader, kept from read to read while the batch runs
     /// without waiting ([`Self::release`]).
-    reads: Option<LocalReads<'r>>,
+    kept: Option<LocalReads<'r>>,
     answered: Vec<(Op, u64)>,
 }
 
 impl<'r> NowReads<'r> {
-    fn new(allowed: &'r OnceLock<Option<Replica>>) -> NowReads<'r> {
+    fn new(replica: &'r OnceLock<Option<Replica>>) -> NowReads<'r> {
         NowReads {
             started: None,
-            allowed,
-            reads: None,
+            replica,
+            kept: None,
             answered: Vec::new(),
         }
     }
 
-    async fn reads(&mut self, server: &RespServer) -> Option<&mut LocalReads<'r>> {
-        let allowed = self.allowed;
+    /// The batch's reads (`None`: the node may not answer them at once).
+    /// Only the batch's first call waits (for the node's answer).
+    async fn local_reads(&mut self, server: &RespServer) -> Option<&mut LocalReads<'r>> {
+        let cell = self.replica;
         if self.started.is_none() {
             self.started = Some(Instant::now());
-            // Asked once per batch: the cell is set only here.
-            let _ = allowed.set(server.reads_now().await);
+            // Set only here, once per batch (`started` guards it).
+            let set = cell.set(server.reads_now().await);
+            debug_assert!(set.is_ok(), "the batch's replica is set once");
         }
-        let replica = allowed.get()?.as_ref()?;
-        Some(self.reads.get_or_insert_with(|| replica.sm.local_reads()))
+        let replica = cell.get()?.as_ref()?;
+        Some(self.kept.get_or_insert_with(|| replica.sm.local_reads()))
     }
 
     /// Lets the kept reader go before the batch waits (a flush to a slow
@@ -187,7 +192,7 @@ impl<'r> NowReads<'r> {
     /// region replaced meanwhile must give back. The next read takes the
     /// current one.
     fn release(&mut self) {
-        self.reads = None;
+        self.kept = None;
     }
 
     fn answered(&mut self, op: Op) {
@@ -240,7 +245,7 @@ impl<'a> Pipeline<'a> {
         input: &mut BytesMut,
         reader: &mut CommandReader,
         argv: &mut Vec<Bytes>,
-        reads_now: &mut NowReads<'_>,
+        now: &mut NowReads<'_>,
     ) -> Result<bool, Closed> {
         while !self.closing && self.has_room() {
             // Before AUTH only small commands are read: nothing large is
@@ -253,10 +258,10 @@ impl<'a> Pipeline<'a> {
             if !reader.scan(input, limits)? {
                 return Ok(false);
             }
-            if self.answer_now(reader.args(input), reads_now).await {
+            if self.answer_now(reader.args(input), now).await {
                 reader.skip(input);
                 if self.output.len() >= FLUSH_BYTES {
-                    reads_now.release();
+                    now.release();
                     self.flush().await?;
                 }
                 continue;
@@ -265,15 +270,24 @@ impl<'a> Pipeline<'a> {
             if argv.is_empty() {
                 continue;
             }
-            reads_now.release();
-            self.start_prepared(argv).await?;
+            self.start_prepared(argv, now).await?;
         }
         Ok(!self.closing)
     }
 
-    /// Starts a command taken off the input, as the session decides.
-    async fn start_prepared(&mut self, argv: &[Bytes]) -> std::io::Result<()> {
-        match self.session.prepare(argv) {
+    /// Starts a command taken off the input, as the session decides. A
+    /// step that may wait (for earlier commands, or to flush its reply)
+    /// lets the batch's kept reader go first; a store command only starts.
+    async fn start_prepared(
+        &mut self,
+        argv: &[Bytes],
+        now: &mut NowReads<'_>,
+    ) -> std::io::Result<()> {
+        let step = self.session.prepare(argv);
+        if !matches!(step, Step::Store { .. }) {
+            now.release();
+        }
+        match step {
             Step::Now { reply, close } => {
                 self.closing |= close;
                 self.push_ready(reply, close).await?;
@@ -324,8 +338,8 @@ impl<'a> Pipeline<'a> {
     /// is encoded straight into the output (the common pipeline of reads: no
     /// reply value, no copy of the value); else encoded now and queued
     /// behind the earlier replies.
-    async fn answer_now(&mut self, args: Args<'_>, reads_now: &mut NowReads<'_>) -> bool {
-        let Some((spec, op, now)) = self.session.now_row(args) else {
+    async fn answer_now(&mut self, args: Args<'_>, now: &mut NowReads<'_>) -> bool {
+        let Some((spec, op, run)) = self.session.now_row(args) else {
             return false;
         };
         // With nothing in flight no earlier command can write its keys (the
@@ -334,13 +348,15 @@ impl<'a> Pipeline<'a> {
         if after_writes && !self.order.read_may_run_now(&spec.keys_in_args(args)) {
             return false;
         }
-        let Some(reads) = reads_now.reads(self.server).await else {
+        // Only the batch's first read waits here; after it, nothing waits
+        // while the reader is kept (see `NowReads::release`).
+        let Some(reads) = now.local_reads(self.server).await else {
             return false;
         };
         let protocol = self.session.protocol();
         let answered = if after_writes {
             let mut encoded = BytesMut::new();
-            let answered = now(self.server, reads, args, protocol, &mut encoded);
+            let answered = run(self.server, reads, args, protocol, &mut encoded);
             if answered {
                 let reply = Reply::Encoded(encoded.freeze());
                 self.running
@@ -348,10 +364,10 @@ impl<'a> Pipeline<'a> {
             }
             answered
         } else {
-            now(self.server, reads, args, protocol, &mut self.output)
+            run(self.server, reads, args, protocol, &mut self.output)
         };
         if answered {
-            reads_now.answered(op);
+            now.answered(op);
         }
         answered
     }

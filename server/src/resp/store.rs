@@ -249,9 +249,8 @@ impl RespServer {
     }
 
     /// The replica whose region this node may answer reads from at once
-    /// (`None`: it may not), asked
-    /// once per batch of buffered commands (every one of which arrived
-    /// before this is called):
+    /// (`None`: it may not), asked once per batch of buffered commands
+    /// (every one of which arrived before this is called):
     /// - at `lease` consistency, when this node holds the lease
     ///   ([`lease::serves_lease_reads`]), within the lease's margin;
     /// - at `linearizable` consistency, when this node leads and a ReadIndex

@@ -27,8 +27,8 @@ pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Reply> + Send + 'a>>;
 pub type StoreRun = for<'a> fn(&'a RespServer, &'a [Bytes]) -> StoreFuture<'a>;
 
 /// A read served at once from this node's region, called only once the
-/// node may serve reads from it (`RespServer::reads_now`), with the
-/// command's arguments (the name first) as a view of the connection's
+/// node may serve reads from it (`RespServer::reads_now`), through the
+/// batch's kept reader (`LocalReads`), with the command's arguments (the name first) as a view of the connection's
 /// input: `true` once its reply is appended to the buffer, encoded in the
 /// protocol given; `false`, nothing appended: this one may not be (the
 /// command runs as a store command instead).

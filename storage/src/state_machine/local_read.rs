@@ -108,12 +108,12 @@ pub(super) fn versioned_copy(found: Option<(&[u8], u64)>) -> Option<Versioned> {
 /// (an `arc_swap` load: a slot of this thread's debt list taken and given
 /// back). Here each read only compares the kept reader with the current one
 /// (one atomic load, nothing written) and loads the current one when the
-/// region was replaced (a snapshot's install, a compaction, FLUSHALL's
-/// clear) since the last read: a batch's read after its own FLUSHALL reads
-/// the empty region, never the one kept from before. (A load that sees an
-/// older pointer than a swap the reading task has heard of cannot happen:
-/// the swap happened before the news reached the task, and a load after it
-/// in that order sees it, whatever the load's ordering.)
+/// region was replaced (a snapshot's install, a compaction, a FLUSHALL's
+/// clear, by whichever task) since the last read, so a read is as fresh as
+/// one through `get_local`. (A load that sees an older pointer than a swap
+/// the reading task has heard of cannot happen: the swap happened before
+/// the news reached the task, and a load after it in that order sees it,
+/// whatever the load's ordering.)
 ///
 /// Kept while the batch's reads run, not across its waits (its owner drops
 /// it before a flush to a slow client, say): the kept reader holds its

@@ -1171,17 +1171,18 @@ mod tests {
         sm.apply_one(&write, &gate).await.expect("applied");
         sm.record_applied(&write).expect("recorded");
         let mut reads = sm.local_reads();
+        let mut slices = sm.local_reads();
         let before = reads.get(b"forever").expect("a read");
         assert!(before.is_some(), "the pair, before the clear");
+        let found = slices.get_with(b"forever", |found| found.is_some()).ok();
+        assert_eq!(found, Some(true), "the pair, before the clear");
         let replaced = sm.reader();
         sm.apply_one(&entry(2, t0_ms + 1_000, Command::Clear), &gate)
             .await
             .expect("applied");
         assert_eq!(reads.get(b"forever").expect("a read"), None);
-        assert_eq!(
-            reads.get_with(b"forever", |found| found.is_some()).ok(),
-            Some(false)
-        );
+        let found = slices.get_with(b"forever", |found| found.is_some()).ok();
+        assert_eq!(found, Some(false), "the slice read, after the clear");
         let stale = replaced
             .get(b"forever")
             .expect("a read of the replaced region");
