@@ -223,8 +223,8 @@ impl<'a> Pipeline<'a> {
     /// the connection's state first lets every earlier one finish (their
     /// replies are encoded first).
     async fn start_buffered(&mut self, input: &mut BytesMut) -> Result<bool, Closed> {
-        let allowed = OnceLock::new();
-        let mut now = NowReads::new(&allowed);
+        let replica = OnceLock::new();
+        let mut now = NowReads::new(&replica);
         // The reader and the argument list are reused from command to
         // command (held apart from `self` while a command borrows them);
         // the list is empty again before the input buffer is read into.

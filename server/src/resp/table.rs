@@ -28,10 +28,11 @@ pub type StoreRun = for<'a> fn(&'a RespServer, &'a [Bytes]) -> StoreFuture<'a>;
 
 /// A read served at once from this node's region, called only once the
 /// node may serve reads from it (`RespServer::reads_now`), through the
-/// batch's kept reader (`LocalReads`), with the command's arguments (the name first) as a view of the connection's
-/// input: `true` once its reply is appended to the buffer, encoded in the
-/// protocol given; `false`, nothing appended: this one may not be (the
-/// command runs as a store command instead).
+/// batch's kept reader (`LocalReads`), with the command's arguments (the
+/// name first) as a view of the connection's input: `true` once its reply
+/// is appended to the buffer, encoded in the protocol given; `false`,
+/// nothing appended: this one may not be (the command runs as a store
+/// command instead).
 pub type NowRun = fn(&RespServer, &mut LocalReads<'_>, Args<'_>, Protocol, &mut BytesMut) -> bool;
 
 /// How a command is run; every handler gets the arguments after the name.
