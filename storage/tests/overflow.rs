@@ -349,3 +349,28 @@ fn the_anchor_entry_moves_into_the_first_table_and_the_anchor_links_to_it() {
     }
     assert_eq!(pair(r.get(b"spills").unwrap()), Some((b"v".to_vec(), 100)));
 }
+
+/// The apply loop's prefetch hints (`prefetch_neighbourhood`,
+/// `prefetch_candidates`) read the index but change nothing, for keys in
+/// the neighbourhoods, keys in tables and keys absent alike.
+#[test]
+fn prefetching_a_key_changes_nothing_in_the_region() {
+    let mut w = writer(&tiny_index(4, 1));
+    let mut model = Pairs::new();
+    put_all(&mut w, &mut model, 0..1000, 1);
+    let region = |w: &RegionWriter| {
+        let mut bytes = vec![0u8; w.memory().len_bytes()];
+        w.memory().read_bytes(0, &mut bytes).unwrap();
+        bytes
+    };
+    let before = region(&w);
+    for i in 0..1100 {
+        w.prefetch_neighbourhood(&key(i));
+        w.prefetch_candidates(&key(i));
+    }
+    w.prefetch_candidates(&[]);
+    w.prefetch_candidates(&[0xff; 64]);
+    assert!(region(&w) == before, "a prefetch changed the region");
+    let absent: Vec<Vec<u8>> = (1000..1100).map(key).collect();
+    check_reads(&w, &model, &absent);
+}

@@ -122,6 +122,26 @@ impl Command {
             command: Box::new(self),
         }
     }
+
+    /// The key whose pair the apply of `self` looks up first, if it names
+    /// one: what the apply loop prefetches a few entries ahead.
+    pub fn first_key(&self) -> Option<&[u8]> {
+        match self {
+            Command::Put { key, .. }
+            | Command::Delete { key }
+            | Command::Cas { key, .. }
+            | Command::Update { key, .. } => Some(key),
+            Command::MPut { pairs } => pairs.first().map(|(key, _)| &key[..]),
+            Command::Timed { command, .. } => command.first_key(),
+            Command::Transaction { .. }
+            | Command::ExpireKeys { .. }
+            | Command::Clear
+            | Command::SetHashSeed { .. }
+            | Command::SetQuota { .. }
+            | Command::SetClusterId { .. }
+            | Command::PublishShardMap { .. } => None,
+        }
+    }
 }
 
 impl fmt::Display for Command {

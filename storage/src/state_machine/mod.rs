@@ -11,6 +11,7 @@ pub mod digest;
 mod keyed;
 mod load;
 mod local_read;
+mod lookahead;
 pub mod shard_map;
 pub mod snapshot;
 pub mod snapshot_store;
@@ -23,11 +24,11 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use futures::{Stream, TryStreamExt};
+use futures::Stream;
 use openraft::alias::SnapshotOf;
 use openraft::storage::EntryResponder;
 use openraft::storage::RaftStateMachine;
-use openraft::{OptionalSend, RaftSnapshotBuilder};
+use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use rdkv_proto::region::{
     BlockRef, DeadlineUnixMs, EXPIRY_MARGIN_MS, HashSeed, LeaseDeadline, expired_at,
 };
@@ -49,6 +50,7 @@ use keyed::KeyedRegion;
 pub use keyed::{ScanPage, ScanRange};
 use load::{load_region, seed_of};
 pub use local_read::LocalReads;
+use lookahead::Lookahead;
 use snapshot::{SnapshotError, SnapshotRegion, SnapshotWriter};
 use snapshot_store::{NewSnapshot, SnapshotFile};
 
@@ -777,6 +779,22 @@ impl RegionStateMachine {
         }
     }
 
+    /// Starts loading the index words the apply of `entry` looks up first
+    /// (see `lookahead`).
+    fn prefetch_index(&self, entry: &Entry) {
+        if let Some(key) = first_key(entry) {
+            self.lock().writer.prefetch_neighbourhood(key);
+        }
+    }
+
+    /// Starts loading the blocks the apply of `entry` compares its key
+    /// with, once its index words are (see `lookahead`).
+    fn prefetch_candidates(&self, entry: &Entry) {
+        if let Some(key) = first_key(entry) {
+            self.lock().writer.prefetch_candidates(key);
+        }
+    }
+
     /// Records `entry` as applied: the digest there, the applied index in
     /// the region header, and the no-space alarm's state.
     fn record_applied(&self, entry: &Entry) -> Result<(), StateMachineError> {
@@ -944,6 +962,14 @@ impl RegionStateMachine {
     }
 }
 
+/// The key `entry`'s apply looks up first, if it names one.
+fn first_key(entry: &Entry) -> Option<&[u8]> {
+    match &entry.payload {
+        EntryPayload::Normal(command) => command.first_key(),
+        EntryPayload::Blank | EntryPayload::Membership(_) => None,
+    }
+}
+
 fn index_of(meta: &SnapshotMeta) -> u64 {
     meta.last_log_id.map_or(0, |l| l.index)
 }
@@ -965,14 +991,20 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
         Ok((state.last_applied, state.last_membership.clone()))
     }
 
-    async fn apply<S>(&mut self, mut entries: S) -> Result<(), io::Error>
+    async fn apply<S>(&mut self, entries: S) -> Result<(), io::Error>
     where
         S: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
     {
         let started = std::time::Instant::now();
         let mut applied = 0u64;
         let gate = Arc::new(Arc::clone(&self.shared.pairs_gate).lock_owned().await);
-        while let Some((entry, responder)) = entries.try_next().await? {
+        let mut entries = Lookahead::new(entries);
+        while let Some((entry, responder)) =
+            entries.next(|ahead| self.prefetch_index(ahead)).await?
+        {
+            if let Some(following) = entries.following() {
+                self.prefetch_candidates(following);
+            }
             let result = self.apply_one(&entry, &gate).await?;
             self.record_applied(&entry)?;
             if let Some(responder) = responder {
