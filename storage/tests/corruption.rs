@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use rdkv_proto::region::{
-    BLOCK_HEADER_BYTES, BlockError, HeaderError, INVALIDATION_WORD_OFFSET, SLOT_BYTES, Slot,
-    SlotError, UNIT_BYTES,
+    BLOCK_HEADER_BYTES, BlockError, HeaderError, INVALIDATION_WORD_OFFSET, MAX_DATA_UNITS,
+    SLOT_BYTES, Slot, SlotError, UNIT_BYTES,
 };
 use rdkv_storage::region::IndexCache;
 use rdkv_storage::{
@@ -180,4 +180,36 @@ fn a_reused_block_never_revives_a_cached_old_version() {
 
     let got = reader.get_cached(key, &cache).unwrap();
     assert_eq!(got.map(|v| v.version), Some(1_000), "a stale version");
+}
+
+/// The apply loop's prefetch of a key's candidate blocks skips a slot that
+/// does not decode, and one that decodes but points past the data area:
+/// nothing is read for it, and the write that follows still reports the
+/// corrupt slot.
+#[test]
+fn a_corrupt_slot_is_skipped_by_the_prefetch_and_reported_by_the_write() {
+    let (mut writer, _reader) = setup();
+    // An offset bit: the fingerprint still matches, the check fails.
+    let (slot, _) = locate(&writer, b"key-5");
+    writer.memory().inject_bit_flip(slot, 0x01).unwrap();
+    writer.prefetch_neighbourhood(b"key-5");
+    writer.prefetch_candidates(b"key-5");
+    assert!(matches!(
+        writer.put(b"key-5", b"again", 1000),
+        Err(RegionError::CorruptSlot(SlotError::Check { .. }))
+    ));
+    // A well-sealed slot whose block lies past the data area.
+    let (slot, _) = locate(&writer, b"key-6");
+    let raw = writer.memory().load_u64(slot, Ordering::Acquire).unwrap();
+    let valid = Slot::decode(raw).unwrap().unwrap();
+    let far = Slot::new(valid.fingerprint, valid.class, MAX_DATA_UNITS - 1);
+    writer
+        .memory()
+        .write_bytes(slot, &far.encode().to_ne_bytes())
+        .unwrap();
+    writer.prefetch_candidates(b"key-6");
+    assert!(matches!(
+        writer.put(b"key-6", b"again", 1001),
+        Err(RegionError::CorruptSlot(SlotError::OutOfRange { .. }))
+    ));
 }

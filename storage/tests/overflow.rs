@@ -355,22 +355,28 @@ fn the_anchor_entry_moves_into_the_first_table_and_the_anchor_links_to_it() {
 /// the neighbourhoods, keys in tables and keys absent alike.
 #[test]
 fn prefetching_a_key_changes_nothing_in_the_region() {
-    let mut w = writer(&tiny_index(4, 1));
-    let mut model = Pairs::new();
-    put_all(&mut w, &mut model, 0..1000, 1);
-    let region = |w: &RegionWriter| {
-        let mut bytes = vec![0u8; w.memory().len_bytes()];
-        w.memory().read_bytes(0, &mut bytes).unwrap();
-        bytes
-    };
-    let before = region(&w);
-    for i in 0..1100 {
-        w.prefetch_neighbourhood(&key(i));
-        w.prefetch_candidates(&key(i));
+    // One-bucket and eight-bucket neighbourhoods (the layout's bounds).
+    for (buckets, neighbourhood) in [(4, 1), (8, 8)] {
+        let mut w = writer(&tiny_index(buckets, neighbourhood));
+        let mut model = Pairs::new();
+        put_all(&mut w, &mut model, 0..1000, 1);
+        let region = |w: &RegionWriter| {
+            let mut bytes = vec![0u8; w.memory().len_bytes()];
+            w.memory().read_bytes(0, &mut bytes).unwrap();
+            bytes
+        };
+        let before = region(&w);
+        for i in 0..1100 {
+            w.prefetch_neighbourhood(&key(i));
+            w.prefetch_candidates(&key(i));
+        }
+        // Empty, the longest the region holds, and longer than that.
+        for long in [0, 64, 65, 4096] {
+            w.prefetch_neighbourhood(&vec![0xff; long]);
+            w.prefetch_candidates(&vec![0xff; long]);
+        }
+        assert!(region(&w) == before, "a prefetch changed the region");
+        let absent: Vec<Vec<u8>> = (1000..1100).map(key).collect();
+        check_reads(&w, &model, &absent);
     }
-    w.prefetch_candidates(&[]);
-    w.prefetch_candidates(&[0xff; 64]);
-    assert!(region(&w) == before, "a prefetch changed the region");
-    let absent: Vec<Vec<u8>> = (1000..1100).map(key).collect();
-    check_reads(&w, &model, &absent);
 }

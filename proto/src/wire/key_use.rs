@@ -65,14 +65,16 @@ impl Request {
 
 /// The key an update writes, and the source it reads (COPY, RENAME: whose
 /// source RENAME also deletes).
-fn update_keys<'a>(key: &'a Bytes, update: &'a Update) -> Vec<&'a Bytes> {
+/// The key an update writes and, for COPY and RENAME, the source it reads.
+pub fn update_keys<'a>(key: &'a Bytes, update: &'a Update) -> Vec<&'a Bytes> {
     match update {
         Update::CopyFrom { source, .. } => vec![key, source],
         _ => vec![key],
     }
 }
 
-fn txn_op_keys(op: &TxnOp) -> Vec<&Bytes> {
+/// The keys a transaction's op reads or writes.
+pub fn txn_op_keys(op: &TxnOp) -> Vec<&Bytes> {
     match op {
         TxnOp::Get { key }
         | TxnOp::Put { key, .. }

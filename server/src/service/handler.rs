@@ -5,9 +5,7 @@
 use std::sync::Arc;
 
 use rdkv_proto::shard::ShardId;
-use rdkv_proto::wire::{
-    ErrorCode, ErrorReply, Limits, Request, Response, ShardRequest, TxnOp, Update,
-};
+use rdkv_proto::wire::{ErrorCode, ErrorReply, Limits, Request, Response, ShardRequest};
 use rdkv_storage::raft::{Command, NodeAddr};
 use rdkv_storage::state_machine::ScanRange;
 
@@ -76,58 +74,12 @@ fn rdma_connect_elsewhere() -> ErrorReply {
     )
 }
 
-/// The keys a client's write touches; `None`: it names none (`Clear`, the
-/// leader's own commands).
-fn command_keys(command: &Command) -> Option<Vec<&[u8]>> {
-    let keys = match command {
-        Command::Put { key, .. } | Command::Delete { key } | Command::Cas { key, .. } => {
-            vec![&key[..]]
-        }
-        // COPY and RENAME read their source: it must be in the same shard.
-        Command::Update { key, update } => update_keys(key, update),
-        Command::MPut { pairs } => pairs.iter().map(|(k, _)| &k[..]).collect(),
-        Command::Transaction { watch, ops } => watch
-            .iter()
-            .map(|(k, _)| &k[..])
-            .chain(ops.iter().flat_map(txn_keys))
-            .collect(),
-        Command::ExpireKeys { keys } => keys.iter().map(|(k, _)| &k[..]).collect(),
-        Command::Timed { command, .. } => return command_keys(command),
-        Command::Clear
-        | Command::SetHashSeed { .. }
-        | Command::SetQuota { .. }
-        | Command::SetClusterId { .. }
-        | Command::PublishShardMap { .. } => return None,
-    };
-    Some(keys)
-}
-
 /// A scan's range as the state machine takes it.
 fn scan_range<'k>(start: &'k [u8], end: Option<&'k [u8]>, limit: u32) -> ScanRange<'k> {
     ScanRange {
         start,
         end,
         limit: usize::try_from(limit).unwrap_or(usize::MAX),
-    }
-}
-
-fn txn_keys(op: &TxnOp) -> Vec<&[u8]> {
-    match op {
-        TxnOp::Get { key }
-        | TxnOp::Put { key, .. }
-        | TxnOp::Delete { key }
-        | TxnOp::Ttl { key } => {
-            vec![key]
-        }
-        TxnOp::Update { key, update } => update_keys(key, update),
-    }
-}
-
-/// The key an update writes and, for COPY and RENAME, the source it reads.
-fn update_keys<'a>(key: &'a [u8], update: &'a Update) -> Vec<&'a [u8]> {
-    match update {
-        Update::CopyFrom { source, .. } => vec![key, source],
-        _ => vec![key],
     }
 }
 
@@ -496,8 +448,8 @@ impl Handler {
     /// A write goes through the log on the leader, if the quota has room
     /// for it.
     async fn write(&self, command: Command, placed: Option<Finish>) -> Reply {
-        let replica = match command_keys(&command) {
-            Some(keys) => routed!(self.shards.for_keys(keys)),
+        let replica = match command.keys() {
+            Some(keys) => routed!(self.shards.for_keys(keys.into_iter().map(|key| &key[..]))),
             None if self.shards.is_sharded() => return Err(not_across_shards("a keyless write")),
             None => self.shards.primary(),
         };

@@ -6,6 +6,7 @@ use std::fmt;
 
 use bytes::Bytes;
 use rdkv_proto::shard::ShardMap;
+use rdkv_proto::wire::key_use::{txn_op_keys, update_keys};
 use rdkv_proto::wire::{ErrorCode, ErrorReply, Request, Response, TxnOp, Update};
 use serde::{Deserialize, Serialize};
 
@@ -123,23 +124,43 @@ impl Command {
         }
     }
 
-    /// The key whose pair the apply of `self` looks up first, if it names
-    /// one: what the apply loop prefetches a few entries ahead.
-    pub fn first_key(&self) -> Option<&[u8]> {
+    /// The keys a client's write touches (a COPY's or RENAME's source
+    /// included); `None`: it names none (`Clear`, the leader's own
+    /// commands). What routes a write to its shard.
+    pub fn keys(&self) -> Option<Vec<&Bytes>> {
+        let keys = match self {
+            Command::Put { key, .. } | Command::Delete { key } | Command::Cas { key, .. } => {
+                vec![key]
+            }
+            Command::Update { key, update } => update_keys(key, update),
+            Command::MPut { pairs } => pairs.iter().map(|(key, _)| key).collect(),
+            Command::Transaction { watch, ops } => watch
+                .iter()
+                .map(|(key, _)| key)
+                .chain(ops.iter().flat_map(txn_op_keys))
+                .collect(),
+            Command::ExpireKeys { keys } => keys.iter().map(|(key, _)| key).collect(),
+            Command::Timed { command, .. } => return command.keys(),
+            Command::Clear
+            | Command::SetHashSeed { .. }
+            | Command::SetQuota { .. }
+            | Command::SetClusterId { .. }
+            | Command::PublishShardMap { .. } => return None,
+        };
+        Some(keys)
+    }
+
+    /// The first of [`Self::keys`], the one the apply of `self` looks up
+    /// first: what the apply loop prefetches a few entries ahead. Without
+    /// a list for the one-key commands, which are nearly every entry.
+    pub fn first_key(&self) -> Option<&Bytes> {
         match self {
             Command::Put { key, .. }
             | Command::Delete { key }
             | Command::Cas { key, .. }
             | Command::Update { key, .. } => Some(key),
-            Command::MPut { pairs } => pairs.first().map(|(key, _)| &key[..]),
             Command::Timed { command, .. } => command.first_key(),
-            Command::Transaction { .. }
-            | Command::ExpireKeys { .. }
-            | Command::Clear
-            | Command::SetHashSeed { .. }
-            | Command::SetQuota { .. }
-            | Command::SetClusterId { .. }
-            | Command::PublishShardMap { .. } => None,
+            _ => self.keys()?.first().copied(),
         }
     }
 }
@@ -296,6 +317,66 @@ mod tests {
     use rdkv_proto::wire::{Consistency, ErrorCode, Request, Response};
 
     use super::{Command, CommandResult};
+    use rdkv_proto::wire::{TxnOp, Update};
+
+    fn b(s: &str) -> Bytes {
+        Bytes::copy_from_slice(s.as_bytes())
+    }
+
+    #[test]
+    fn a_commands_keys_are_what_it_writes_and_reads_and_its_first_key_leads_them() {
+        let copy = Update::CopyFrom {
+            source: b("from"),
+            replace: true,
+            remove_source: true,
+        };
+        let cases: Vec<(Command, Option<Vec<&str>>)> = vec![
+            (Command::Delete { key: b("d") }, Some(vec!["d"])),
+            (
+                Command::Update {
+                    key: b("to"),
+                    update: copy,
+                },
+                Some(vec!["to", "from"]),
+            ),
+            (
+                Command::MPut {
+                    pairs: vec![(b("m1"), b("v")), (b("m2"), b("v"))],
+                }
+                .timed(7),
+                Some(vec!["m1", "m2"]),
+            ),
+            (
+                Command::Transaction {
+                    watch: vec![(b("w"), Some(1))],
+                    ops: vec![TxnOp::Put {
+                        key: b("t"),
+                        value: b("v"),
+                    }],
+                },
+                Some(vec!["w", "t"]),
+            ),
+            (
+                Command::ExpireKeys {
+                    keys: vec![(b("e"), 3)],
+                },
+                Some(vec!["e"]),
+            ),
+            (Command::MPut { pairs: vec![] }, Some(vec![])),
+            (Command::Clear.timed(7), None),
+            (Command::SetQuota { bytes: 1 }, None),
+        ];
+        for (command, expected) in cases {
+            let keys = command
+                .keys()
+                .map(|keys| keys.iter().map(|k| k.to_vec()).collect::<Vec<_>>());
+            let expected =
+                expected.map(|keys| keys.iter().map(|k| k.as_bytes().to_vec()).collect());
+            assert_eq!(keys, expected, "{command}");
+            let first = keys.as_ref().and_then(|keys| keys.first().cloned());
+            assert_eq!(command.first_key().map(|k| k.to_vec()), first, "{command}");
+        }
+    }
 
     #[test]
     fn writes_become_commands_and_reads_come_back() {

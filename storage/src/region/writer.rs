@@ -456,10 +456,6 @@ impl RegionWriter {
             .map(|f| f.slot.class.bytes() + SLOT_BYTES))
     }
 
-    /// The key's slot and block header: in its neighbourhood, else in its
-    /// home bucket's overflow chain. A miss verifies every slot word it
-    /// passed, so a corrupted slot is reported instead of a duplicate being
-    /// inserted beside it.
     /// Starts loading the index words a lookup of `key` reads first (its
     /// neighbourhood) into the CPU's caches: a hint that changes nothing,
     /// for the apply loop to give a few entries ahead.
@@ -471,33 +467,46 @@ impl RegionWriter {
     /// Starts loading the block header and key of every slot in `key`'s
     /// neighbourhood whose fingerprint matches: what a lookup compares
     /// next. It reads the neighbourhood now, so it is best given after
-    /// [`Self::prefetch_neighbourhood`] has had time to load it. A hint:
-    /// a slot that does not decode is left for the lookup to report.
+    /// [`Self::prefetch_neighbourhood`] has had time to load it. A hint: a
+    /// key the region cannot hold and a slot that does not decode are left
+    /// for the lookup to refuse or report.
     pub fn prefetch_candidates(&self, key: &[u8]) {
-        let hash = self.layout.key_hash(key);
-        let (start, len) = self.layout.neighbourhood_range(hash);
-        let mut words = [0u64; MAX_NEIGHBOURHOOD_SLOTS];
-        let words = &mut words[..(len / SLOT_BYTES) as usize];
-        if self
-            .memory
-            .read_words(start, words, Ordering::Relaxed)
-            .is_err()
-        {
+        if !self.layout.admits_key(key) {
             return;
         }
+        let hash = self.layout.key_hash(key);
+        let mut buf = [0u64; MAX_NEIGHBOURHOOD_SLOTS];
+        let Ok((_, words)) = self.read_neighbourhood(hash, &mut buf) else {
+            return;
+        };
+        let compared = (BLOCK_HEADER_BYTES + key.len()) as u64;
         for (_, slot) in neighbourhood_slots(words, hash.fingerprint) {
-            if let Some((block, _)) = slot.ok().and_then(|s| self.layout.block_range(s).ok()) {
-                self.memory
-                    .prefetch(block, (BLOCK_HEADER_BYTES + key.len()) as u64);
+            if let Some((block, len)) = slot.ok().and_then(|s| self.layout.block_range(s).ok()) {
+                self.memory.prefetch(block, compared.min(len));
             }
         }
     }
 
-    fn find(&self, key: &[u8], hash: KeyHash) -> Result<Option<Found>, RegionError> {
+    /// Reads the neighbourhood of `hash` into `buf`: its region offset and
+    /// its words.
+    fn read_neighbourhood<'b>(
+        &self,
+        hash: KeyHash,
+        buf: &'b mut [u64; MAX_NEIGHBOURHOOD_SLOTS],
+    ) -> Result<(u64, &'b [u64]), RegionError> {
         let (start, len) = self.layout.neighbourhood_range(hash);
-        let mut words = [0u64; MAX_NEIGHBOURHOOD_SLOTS];
-        let words = &mut words[..(len / SLOT_BYTES) as usize];
+        let words = &mut buf[..(len / SLOT_BYTES) as usize];
         self.memory.read_words(start, words, Ordering::Relaxed)?;
+        Ok((start, words))
+    }
+
+    /// The key's slot and block header: in its neighbourhood, else in its
+    /// home bucket's overflow chain. A miss verifies every slot word it
+    /// passed, so a corrupted slot is reported instead of a duplicate being
+    /// inserted beside it.
+    fn find(&self, key: &[u8], hash: KeyHash) -> Result<Option<Found>, RegionError> {
+        let mut buf = [0u64; MAX_NEIGHBOURHOOD_SLOTS];
+        let (start, words) = self.read_neighbourhood(hash, &mut buf)?;
         if let Some(found) = self.find_among(key, hash.fingerprint, start, words)? {
             return Ok(Some(found));
         }
@@ -573,10 +582,8 @@ impl RegionWriter {
     /// chain's end. Changes nothing; `IndexFull` only when the chain has
     /// reached its bound.
     fn place(&self, hash: KeyHash) -> Result<Place, RegionError> {
-        let (start, len) = self.layout.neighbourhood_range(hash);
-        let mut words = [0u64; MAX_NEIGHBOURHOOD_SLOTS];
-        let words = &mut words[..(len / SLOT_BYTES) as usize];
-        self.memory.read_words(start, words, Ordering::Relaxed)?;
+        let mut buf = [0u64; MAX_NEIGHBOURHOOD_SLOTS];
+        let (start, words) = self.read_neighbourhood(hash, &mut buf)?;
         if let Some(position) = free_neighbourhood_slot(words) {
             return Ok(Place::Slot(slot_at(start, position)));
         }

@@ -28,7 +28,7 @@ use futures::Stream;
 use openraft::alias::SnapshotOf;
 use openraft::storage::EntryResponder;
 use openraft::storage::RaftStateMachine;
-use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
+use openraft::{OptionalSend, RaftSnapshotBuilder};
 use rdkv_proto::region::{
     BlockRef, DeadlineUnixMs, EXPIRY_MARGIN_MS, HashSeed, LeaseDeadline, expired_at,
 };
@@ -50,7 +50,7 @@ use keyed::KeyedRegion;
 pub use keyed::{ScanPage, ScanRange};
 use load::{load_region, seed_of};
 pub use local_read::LocalReads;
-use lookahead::Lookahead;
+use lookahead::{Lookahead, first_key};
 use snapshot::{SnapshotError, SnapshotRegion, SnapshotWriter};
 use snapshot_store::{NewSnapshot, SnapshotFile};
 
@@ -781,7 +781,7 @@ impl RegionStateMachine {
 
     /// Starts loading the index words the apply of `entry` looks up first
     /// (see `lookahead`).
-    fn prefetch_index(&self, entry: &Entry) {
+    fn prefetch_neighbourhood(&self, entry: &Entry) {
         if let Some(key) = first_key(entry) {
             self.lock().writer.prefetch_neighbourhood(key);
         }
@@ -962,14 +962,6 @@ impl RegionStateMachine {
     }
 }
 
-/// The key `entry`'s apply looks up first, if it names one.
-fn first_key(entry: &Entry) -> Option<&[u8]> {
-    match &entry.payload {
-        EntryPayload::Normal(command) => command.first_key(),
-        EntryPayload::Blank | EntryPayload::Membership(_) => None,
-    }
-}
-
 fn index_of(meta: &SnapshotMeta) -> u64 {
     meta.last_log_id.map_or(0, |l| l.index)
 }
@@ -999,9 +991,12 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
         let mut applied = 0u64;
         let gate = Arc::new(Arc::clone(&self.shared.pairs_gate).lock_owned().await);
         let mut entries = Lookahead::new(entries);
-        while let Some((entry, responder)) =
-            entries.next(|ahead| self.prefetch_index(ahead)).await?
+        while let Some((entry, responder)) = entries
+            .next(|ahead| self.prefetch_neighbourhood(ahead))
+            .await?
         {
+            // The next entry's index words were asked for an entry or more
+            // ago: its candidate blocks load while this one applies.
             if let Some(following) = entries.following() {
                 self.prefetch_candidates(following);
             }
