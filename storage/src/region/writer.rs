@@ -305,6 +305,11 @@ impl RegionWriter {
     /// the region offset the slot word goes to. On error the block's space
     /// is the caller's to release; a table that was not linked is released.
     fn write_and_open(&mut self, pair: BlockRef<'_>, space: Reserved) -> Result<u64, RegionError> {
+        let block_at = self.layout.data_offset + space.block * UNIT_BYTES;
+        // The block's lines were freed a grace period ago and are likely
+        // out of the caches: start loading them while the block is encoded.
+        let block_bytes = encoded_block_bytes(pair.key.len(), pair.value.len());
+        self.memory.prefetch(block_at, block_bytes);
         encode_block(
             pair.key,
             pair.value,
@@ -317,10 +322,7 @@ impl RegionWriter {
         // and then re-reads the slot sees the change (seqlock discipline).
         // A new table's space comes from the allocator too: it is covered.
         fence(Ordering::Release);
-        let written = self.memory.write_bytes(
-            self.layout.data_offset + space.block * UNIT_BYTES,
-            &self.scratch,
-        );
+        let written = self.memory.write_bytes(block_at, &self.scratch);
         match (written, space.slot) {
             (Ok(()), Opening::Slot(slot_offset)) => Ok(slot_offset),
             (Ok(()), Opening::NewTable { extension, table }) => {
