@@ -351,7 +351,7 @@ fn the_anchor_entry_moves_into_the_first_table_and_the_anchor_links_to_it() {
 }
 
 /// The apply loop's prefetch hints (`prefetch_neighbourhood`,
-/// `prefetch_candidates`) read the index but change nothing, for keys in
+/// `prefetch_candidates`, which reads the neighbourhood) change nothing, for keys in
 /// the neighbourhoods, keys in tables and keys absent alike.
 #[test]
 fn prefetching_a_key_changes_nothing_in_the_region() {

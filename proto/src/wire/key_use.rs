@@ -65,7 +65,6 @@ impl Request {
 
 /// The key an update writes, and the source it reads (COPY, RENAME: whose
 /// source RENAME also deletes).
-/// The key an update writes and, for COPY and RENAME, the source it reads.
 pub fn update_keys<'a>(key: &'a Bytes, update: &'a Update) -> Vec<&'a Bytes> {
     match update {
         Update::CopyFrom { source, .. } => vec![key, source],

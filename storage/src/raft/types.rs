@@ -124,9 +124,10 @@ impl Command {
         }
     }
 
-    /// The keys a client's write touches (a COPY's or RENAME's source
-    /// included); `None`: it names none (`Clear`, the leader's own
-    /// commands). What routes a write to its shard.
+    /// The keys a write touches (a COPY's or RENAME's source included), in
+    /// the order it names them; `None`: it names none (`Clear`, and the
+    /// settings: the hash seed, the quota, the cluster's identity, the
+    /// shard map). What routes a write to its shard.
     pub fn keys(&self) -> Option<Vec<&Bytes>> {
         let keys = match self {
             Command::Put { key, .. } | Command::Delete { key } | Command::Cas { key, .. } => {
@@ -151,16 +152,26 @@ impl Command {
     }
 
     /// The first of [`Self::keys`], the one the apply of `self` looks up
-    /// first: what the apply loop prefetches a few entries ahead. Without
-    /// a list for the one-key commands, which are nearly every entry.
+    /// first: what the apply loop prefetches a few entries ahead. Built
+    /// without the list, as it is asked of every entry.
     pub fn first_key(&self) -> Option<&Bytes> {
         match self {
             Command::Put { key, .. }
             | Command::Delete { key }
             | Command::Cas { key, .. }
             | Command::Update { key, .. } => Some(key),
+            Command::MPut { pairs } => pairs.first().map(|(key, _)| key),
+            Command::ExpireKeys { keys } => keys.first().map(|(key, _)| key),
+            Command::Transaction { watch, ops } => match watch.first() {
+                Some((key, _)) => Some(key),
+                None => ops.iter().flat_map(txn_op_keys).next(),
+            },
             Command::Timed { command, .. } => command.first_key(),
-            _ => self.keys()?.first().copied(),
+            Command::Clear
+            | Command::SetHashSeed { .. }
+            | Command::SetQuota { .. }
+            | Command::SetClusterId { .. }
+            | Command::PublishShardMap { .. } => None,
         }
     }
 }
@@ -314,10 +325,9 @@ pub mod rpc {
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
-    use rdkv_proto::wire::{Consistency, ErrorCode, Request, Response};
+    use rdkv_proto::wire::{Consistency, ErrorCode, Request, Response, TxnOp, Update};
 
     use super::{Command, CommandResult};
-    use rdkv_proto::wire::{TxnOp, Update};
 
     fn b(s: &str) -> Bytes {
         Bytes::copy_from_slice(s.as_bytes())
@@ -331,11 +341,27 @@ mod tests {
             remove_source: true,
         };
         let cases: Vec<(Command, Option<Vec<&str>>)> = vec![
+            (
+                Command::Put {
+                    key: b("p"),
+                    value: b("v"),
+                }
+                .timed(7),
+                Some(vec!["p"]),
+            ),
+            (
+                Command::Cas {
+                    key: b("c"),
+                    expected_version: Some(1),
+                    new_value: Some(b("v")),
+                },
+                Some(vec!["c"]),
+            ),
             (Command::Delete { key: b("d") }, Some(vec!["d"])),
             (
                 Command::Update {
                     key: b("to"),
-                    update: copy,
+                    update: copy.clone(),
                 },
                 Some(vec!["to", "from"]),
             ),
@@ -355,6 +381,19 @@ mod tests {
                     }],
                 },
                 Some(vec!["w", "t"]),
+            ),
+            (
+                Command::Transaction {
+                    watch: vec![],
+                    ops: vec![
+                        TxnOp::Update {
+                            key: b("to"),
+                            update: copy.clone(),
+                        },
+                        TxnOp::Get { key: b("g") },
+                    ],
+                },
+                Some(vec!["to", "from", "g"]),
             ),
             (
                 Command::ExpireKeys {

@@ -39,6 +39,10 @@ use rdkv_fabric::RegionMemory;
 use rdkv_fabric::{ReadError, ReaderOptions, RegionReader};
 use rdkv_proto::wire::Versioned;
 
+/// The most of a new block prefetched before it is written (one 4 KiB
+/// page, 64 lines).
+const BLOCK_PREFETCH_MAX_BYTES: u64 = 4096;
+
 /// A key's current slot and block, as the writer found them.
 #[derive(Debug, Clone, Copy)]
 struct Found {
@@ -308,8 +312,12 @@ impl RegionWriter {
         let block_at = self.layout.data_offset + space.block * UNIT_BYTES;
         // The block's lines were freed a grace period ago and are likely
         // out of the caches: start loading them while the block is encoded.
+        // Its first page at most: a larger value's later lines would leave
+        // the cache before the copy reached them (the hardware's own
+        // prefetcher follows the copy).
         let block_bytes = encoded_block_bytes(pair.key.len(), pair.value.len());
-        self.memory.prefetch(block_at, block_bytes);
+        self.memory
+            .prefetch(block_at, block_bytes.min(BLOCK_PREFETCH_MAX_BYTES));
         encode_block(
             pair.key,
             pair.value,
@@ -462,6 +470,9 @@ impl RegionWriter {
     /// neighbourhood) into the CPU's caches: a hint that changes nothing,
     /// for the apply loop to give a few entries ahead.
     pub fn prefetch_neighbourhood(&self, key: &[u8]) {
+        if !self.layout.admits_key(key) {
+            return;
+        }
         let (start, len) = self.layout.neighbourhood_range(self.layout.key_hash(key));
         self.memory.prefetch(start, len);
     }

@@ -2,8 +2,8 @@
 //! applied, so that the apply loop can start loading their keys' index
 //! words and blocks into the CPU's caches while it applies the entries
 //! before them. A write's lookup in a large region misses the caches twice
-//! (the neighbourhood, then the block header it names): in stop 54's
-//! profile of an update-only follower, `find` and `find_among`, nearly all
+//! (the neighbourhood, then the block header it names): in a profile of
+//! an update-only follower, `find` and `find_among`, nearly all
 //! of it those two loads, were 14.7% of its samples (docs/benchmarks.md,
 //! twenty-seventh round).
 //!
@@ -177,6 +177,19 @@ mod tests {
             Err(error) => assert_eq!(error.to_string(), "log read failed"),
             Ok(item) => panic!("entry {:?} instead of the error", item.map(|i| index(&i))),
         }
+        assert!(lookahead.next(|_| {}).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn an_error_pulled_in_a_later_window_comes_out_in_its_place() {
+        let mut items: Vec<io::Result<Item>> = (1..=8).map(|i| Ok((entry(i), None))).collect();
+        items.push(Err(io::Error::other("log read failed")));
+        let mut lookahead = Lookahead::new(stream::iter(items));
+        for expected in 1..=8 {
+            let item = lookahead.next(|_| {}).await.unwrap().unwrap();
+            assert_eq!(index(&item), expected);
+        }
+        assert!(lookahead.next(|_| {}).await.is_err());
         assert!(lookahead.next(|_| {}).await.unwrap().is_none());
     }
 

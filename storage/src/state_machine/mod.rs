@@ -995,8 +995,9 @@ impl RaftStateMachine<TypeConfig> for RegionStateMachine {
             .next(|ahead| self.prefetch_neighbourhood(ahead))
             .await?
         {
-            // The next entry's index words were asked for an entry or more
-            // ago: its candidate blocks load while this one applies.
+            // The next entry's index words were asked for when it was
+            // pulled (an entry or more ago; only just, at a batch's start):
+            // its candidate blocks load while this one applies.
             if let Some(following) = entries.following() {
                 self.prefetch_candidates(following);
             }
