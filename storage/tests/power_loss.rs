@@ -8,8 +8,10 @@
 
 use std::collections::BTreeMap;
 use std::io;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use openraft::entry::RaftEntry;
@@ -373,5 +375,55 @@ async fn a_skipped_append_fsync_is_caught() {
             .iter()
             .any(|p| p.starts_with("acknowledged entries lost")),
         "the skipped fsync went unnoticed: {problems:?}"
+    );
+}
+
+/// The flusher reads the active segment's written length for its sync; a
+/// roll may write and sync the same file further while it does. The roll's
+/// sync must stay the newest the journal knows of. Stop 55's CI run failed
+/// the test above so: the journal ordered the flusher's sync (its length
+/// read first, its order taken after the roll's) as the newer, the cut
+/// took a segment that was not the last back to that shorter length, and
+/// recovery refused the torn record (a disk no power cut could leave: those
+/// bytes had been synced).
+#[test]
+fn a_sync_of_a_length_read_before_a_later_sync_does_not_undo_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    journal();
+    let dir = tmp.path().join("log");
+    rdkv_storage::durability::create_dir_all(&dir).unwrap();
+    let path = dir.join("segment");
+    let file = std::fs::File::create(&path).unwrap();
+    rdkv_storage::durability::sync_dir_at(&dir).unwrap();
+    let written = AtomicU64::new(0);
+    let write = |bytes: &[u8]| {
+        let at = written.load(Ordering::Acquire);
+        file.write_all_at(bytes, at).unwrap();
+        written.store(at + bytes.len() as u64, Ordering::Release);
+    };
+    write(&[1; 100]);
+    // The flusher's sync reads the length...
+    rdkv_storage::durability::sync_data_written(&file, || {
+        let read_by_flusher = written.load(Ordering::Acquire);
+        // ...a roll writes more and syncs the file at its full length...
+        write(&[2; 100]);
+        rdkv_storage::durability::sync_data_written(&file, || written.load(Ordering::Acquire))
+            .unwrap();
+        // ...then the flusher's sync goes on with the length it read.
+        read_by_flusher
+    })
+    .unwrap();
+    apply_power_loss(
+        tmp.path(),
+        &journal(),
+        &PowerCut {
+            unsynced_tail: UnsyncedTail::Lost,
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        200,
+        "a cut lost bytes that a sync had made durable"
     );
 }

@@ -89,14 +89,17 @@ pub(crate) struct FileState {
 }
 
 impl FileState {
-    /// `file`'s state: its length, or `written_len` when the file is
-    /// preallocated past what was written.
-    pub fn of(file: &File, written_len: Option<u64>) -> io::Result<FileState> {
+    /// `file`'s state: its length, or `written_len()` when the file is
+    /// preallocated past what was written. The order is taken first: a
+    /// length read after it is at least what any sync ordered before it
+    /// covered.
+    pub fn of(file: &File, written_len: Option<impl FnOnce() -> u64>) -> io::Result<FileState> {
+        let taken = taken_now();
         let metadata = file.metadata()?;
         Ok(FileState {
             id: FileId::of(&metadata),
-            len: written_len.unwrap_or(metadata.len()),
-            taken: taken_now(),
+            len: written_len.map_or(metadata.len(), |len| len()),
+            taken,
         })
     }
 }

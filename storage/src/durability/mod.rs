@@ -34,24 +34,28 @@ pub use power_loss::{
 
 /// `fdatasync`: the file's data (and its length) are durable on return.
 pub fn sync_data(file: &File) -> io::Result<()> {
-    sync_file(file, None, File::sync_data)
+    sync_file(file, None::<fn() -> u64>, File::sync_data)
 }
 
 /// `fdatasync` of a preallocated file (a log segment) whose first
 /// `written_len` bytes are what was written to it; the rest of its length
 /// is the preallocated zero tail, which the journal does not count as data.
-pub fn sync_data_written(file: &File, written_len: u64) -> io::Result<()> {
+/// `written_len` is called (in test mode only) after the sync has taken its
+/// place in the journal's order: a sync of the same file that another
+/// thread starts while the length is read (a roll behind the flusher) is
+/// then the newer one, and its longer length is not undone by this one's.
+pub fn sync_data_written(file: &File, written_len: impl FnOnce() -> u64) -> io::Result<()> {
     sync_file(file, Some(written_len), File::sync_data)
 }
 
 /// `fsync`: the file's data and metadata are durable on return.
 pub fn sync_all(file: &File) -> io::Result<()> {
-    sync_file(file, None, File::sync_all)
+    sync_file(file, None::<fn() -> u64>, File::sync_all)
 }
 
 fn sync_file(
     file: &File,
-    written_len: Option<u64>,
+    written_len: Option<impl FnOnce() -> u64>,
     sync: impl FnOnce(&File) -> io::Result<()>,
 ) -> io::Result<()> {
     let Some(journal) = journal::active() else {

@@ -47,9 +47,9 @@ impl Counters {
         }
     }
 
-    /// `sync_data` on a segment whose first `written_len` bytes are its
+    /// `sync_data` on a segment whose first `written_len()` bytes are its
     /// header and records (the rest is preallocated), counted and timed.
-    pub fn sync(&self, file: &File, written_len: u64) -> io::Result<()> {
+    pub fn sync(&self, file: &File, written_len: impl FnOnce() -> u64) -> io::Result<()> {
         let start = Instant::now();
         let delay_us = self.fsync_delay_us.load(Ordering::Relaxed);
         if delay_us > 0 {
@@ -186,7 +186,7 @@ fn run(queue: &Queue, counters: &Counters) {
             (Some(failed), _) => Err(failed),
             (None, None) => Ok(()),
             (None, Some(_)) if counters.skip_append_fsync.load(Ordering::Relaxed) => Ok(()),
-            (None, Some((file, written))) => counters.sync(&file, written.load(Ordering::Acquire)).map_err(|e| {
+            (None, Some((file, written))) => counters.sync(&file, || written.load(Ordering::Acquire)).map_err(|e| {
                 tracing::error!(error = %e, "raft log fsync failed; completing {} appends with the error", callbacks.len());
                 let failed = (e.kind(), format!("raft log fsync failed: {e}"));
                 let mut st = queue.lock();

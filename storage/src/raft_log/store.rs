@@ -505,7 +505,7 @@ impl Shared {
         first_index: u64,
         written_len: u64,
     ) -> Result<(), LogError> {
-        self.counters.sync(file, written_len).map_err(|e| {
+        self.counters.sync(file, || written_len).map_err(|e| {
             self.flusher.poison(&e);
             LogError::io(self.segment_path(first_index), e)
         })
@@ -1078,7 +1078,7 @@ fn recover_segment(
         // What the log reports from now on must be durable, and a killed
         // process leaves its unsynced writes in the page cache, where
         // they read back as intact records: sync them (and a cut tail).
-        counters.sync(&file, scan.end).map_err(io_err)?;
+        counters.sync(&file, || scan.end).map_err(io_err)?;
     }
     Ok(RecoveredSegment::Kept {
         segment: Segment::new(file, scan.end),
