@@ -5,7 +5,7 @@
 //! damage; members restored from one file start identical, with the new
 //! membership and a new identity.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

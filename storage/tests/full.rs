@@ -4,7 +4,7 @@
 //! reclaim, then compacts), and a replica that cannot place it even then
 //! stops instead of recording a different result.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

@@ -2,7 +2,7 @@
 //! (and with a `BTreeMap` model) after any sequence of commands, after a
 //! restart from a snapshot and after a snapshot install.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;

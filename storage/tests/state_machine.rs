@@ -1,7 +1,7 @@
 //! The state machine applies commands to the region, builds snapshots from
 //! it, persists them, and installs them only after validating all of them.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 
