@@ -654,6 +654,94 @@ impl NumericSettings {
     }
 }
 
+/// The addresses the node listens on, each from the flag, else the file,
+/// else its default (`off` turns the HTTP and RESP ports off).
+struct Listeners {
+    listen: SocketAddr,
+    peer_listen: SocketAddr,
+    http_listen: Option<SocketAddr>,
+    resp_listen: Option<SocketAddr>,
+}
+
+impl Listeners {
+    fn resolve(args: &mut Args, file: &mut FileConfig) -> Result<Listeners> {
+        let listen = address("listen", args.listen.or(file.listen), DEFAULT_LISTEN)?;
+        let peer_listen = args.peer_listen.or(file.peer_listen);
+        let peer_listen = address("peer-listen", peer_listen, DEFAULT_PEER_LISTEN)?;
+        let http_listen = optional_addr(
+            "http-listen",
+            args.http_listen.take().or(file.http_listen.take()),
+            DEFAULT_HTTP_LISTEN,
+        )?;
+        let resp_listen = optional_addr(
+            "resp-listen",
+            args.resp_listen.take().or(file.resp_listen.take()),
+            DEFAULT_RESP_LISTEN,
+        )?;
+        Ok(Listeners {
+            listen,
+            peer_listen,
+            http_listen,
+            resp_listen,
+        })
+    }
+
+    fn all(&self) -> impl Iterator<Item = SocketAddr> {
+        [
+            Some(self.listen),
+            Some(self.peer_listen),
+            self.http_listen,
+            self.resp_listen,
+        ]
+        .into_iter()
+        .flatten()
+    }
+}
+
+/// How the node enters its cluster: the first members (or a join), and the
+/// shards and replicas the cluster is bootstrapped with.
+struct Membership {
+    initial_cluster: BTreeMap<u64, String>,
+    shards: u32,
+    shards_given: bool,
+    replicas: usize,
+    join: Option<String>,
+}
+
+impl Membership {
+    fn resolve(
+        args: &mut Args,
+        file: &mut FileConfig,
+        id: u64,
+        peer_listen: SocketAddr,
+    ) -> Result<Membership> {
+        let join = args.join.take().or(file.join.take());
+        if args.restore.is_some() && join.is_some() {
+            bail!("--restore and --join are exclusive: a restored node starts a new cluster");
+        }
+        let spec = args.initial_cluster.take().or(file.initial_cluster.take());
+        let explicit_members = spec.is_some();
+        let initial_cluster = initial_members(spec, join.is_some(), id, peer_listen)?;
+        let shards_flag = args.shards.or(file.shards);
+        let (shards, replicas) = shard_counts(
+            shards_flag,
+            args.replicas.or(file.replicas),
+            explicit_members,
+            initial_cluster.len(),
+        )?;
+        if shards > 1 && args.restore.is_some() {
+            bail!("--restore builds a single group: it cannot be combined with --shards");
+        }
+        Ok(Membership {
+            initial_cluster,
+            shards,
+            shards_given: shards_flag.is_some(),
+            replicas,
+            join,
+        })
+    }
+}
+
 impl Config {
     pub fn resolve(mut args: Args) -> Result<Config> {
         let mut file = match &args.config {
@@ -664,40 +752,12 @@ impl Config {
         let id = node_id(args.id.or(file.id))?;
         let numbers = NumericSettings::resolve(&args, &file)?;
         let (resp_read_consistency, resp_cluster_mode) = resp_rules(&args, &file)?;
-        let listen = address("listen", args.listen.or(file.listen), DEFAULT_LISTEN)?;
-        let peer_listen = args.peer_listen.or(file.peer_listen);
-        let peer_listen = address("peer-listen", peer_listen, DEFAULT_PEER_LISTEN)?;
-        let http_listen = optional_addr(
-            "http-listen",
-            args.http_listen.or(file.http_listen),
-            DEFAULT_HTTP_LISTEN,
-        )?;
-        let resp_listen = optional_addr(
-            "resp-listen",
-            args.resp_listen.or(file.resp_listen),
-            DEFAULT_RESP_LISTEN,
-        )?;
-        let join = args.join.or(file.join);
-        if args.restore.is_some() && join.is_some() {
-            bail!("--restore and --join are exclusive: a restored node starts a new cluster");
-        }
-        let spec = args.initial_cluster.or(file.initial_cluster);
-        let explicit_members = spec.is_some();
-        let initial_cluster = initial_members(spec, join.is_some(), id, peer_listen)?;
-        let (shards, replicas) = shard_counts(
-            args.shards.or(file.shards),
-            args.replicas.or(file.replicas),
-            explicit_members,
-            initial_cluster.len(),
-        )?;
-        if shards > 1 && args.restore.is_some() {
-            bail!("--restore builds a single group: it cannot be combined with --shards");
-        }
+        let listeners = Listeners::resolve(&mut args, &mut file)?;
+        let members = Membership::resolve(&mut args, &mut file, id, listeners.peer_listen)?;
         let token = args.token.or(file.token).filter(|t| !t.is_empty());
         let insecure = args.insecure || file.insecure.unwrap_or(false);
-        let listened = [Some(listen), Some(peer_listen), http_listen, resp_listen];
         if token.is_none() && !insecure {
-            refuse_exposed(listened.into_iter().flatten())?;
+            refuse_exposed(listeners.all())?;
         }
         let log_format = parse_log_format(args.log_format.or(file.log_format).as_deref())?;
         let data_dir = args
@@ -715,17 +775,17 @@ impl Config {
             data_dir,
             shm_socket,
             rpc_socket,
-            listen,
-            peer_listen,
-            http_listen,
-            resp_listen,
+            listen: listeners.listen,
+            peer_listen: listeners.peer_listen,
+            http_listen: listeners.http_listen,
+            resp_listen: listeners.resp_listen,
             resp_read_consistency,
             resp_cluster_mode,
-            initial_cluster,
-            shards,
-            shards_given: args.shards.or(file.shards).is_some(),
-            replicas,
-            join,
+            initial_cluster: members.initial_cluster,
+            shards: members.shards,
+            shards_given: members.shards_given,
+            replicas: members.replicas,
+            join: members.join,
             restore: args.restore,
             cluster_name: args.cluster_name.unwrap_or_default(),
             token,
