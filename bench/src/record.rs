@@ -26,16 +26,43 @@ pub fn encoded_len<'a>(fields: impl IntoIterator<Item = (&'a str, usize)>) -> us
 }
 
 pub fn encode<'a>(fields: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> Bytes {
-    let mut out = BytesMut::new();
+    let mut record = RecordWriter::with_capacity(0);
     for (name, value) in fields {
+        record.field(name, value.len()).copy_from_slice(value);
+    }
+    record.finish()
+}
+
+/// A record written field by field into one buffer, each value in place:
+/// a generated value is neither built apart nor copied.
+#[derive(Debug)]
+pub struct RecordWriter {
+    out: BytesMut,
+}
+
+impl RecordWriter {
+    pub fn with_capacity(bytes: usize) -> RecordWriter {
+        RecordWriter {
+            out: BytesMut::with_capacity(bytes),
+        }
+    }
+
+    /// Appends field `name` with a value of `value_len` bytes (zeros), and
+    /// returns the value's bytes for the caller to write.
+    pub fn field(&mut self, name: &str, value_len: usize) -> &mut [u8] {
         // Field names are "field<N>" and values at most a few KiB: the
         // casts cannot truncate for records this workload builds.
-        out.put_u16_le(name.len() as u16);
-        out.put_slice(name.as_bytes());
-        out.put_u32_le(value.len() as u32);
-        out.put_slice(value);
+        self.out.put_u16_le(name.len() as u16);
+        self.out.put_slice(name.as_bytes());
+        self.out.put_u32_le(value_len as u32);
+        let start = self.out.len();
+        self.out.resize(start + value_len, 0);
+        &mut self.out[start..]
     }
-    out.freeze()
+
+    pub fn finish(self) -> Bytes {
+        self.out.freeze()
+    }
 }
 
 /// The fields of a record, borrowed from it.
