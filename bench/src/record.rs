@@ -151,6 +151,23 @@ pub fn check(record: &[u8], field: Option<&str>) -> Result<usize, RecordError> {
 mod tests {
     use super::*;
 
+    /// The format byte by byte: name length (u16 LE), name, value length
+    /// (u32 LE), value, field after field.
+    #[test]
+    fn a_record_is_its_fields_one_after_another() {
+        let record = encode([("f", &b"ab"[..]), ("gh", &b""[..])]);
+        assert_eq!(
+            &record[..],
+            &[
+                1, 0, b'f', 2, 0, 0, 0, b'a', b'b', 2, 0, b'g', b'h', 0, 0, 0, 0
+            ][..]
+        );
+        let mut written = RecordWriter::with_capacity(0);
+        written.field("f", 2).copy_from_slice(b"ab");
+        written.field("gh", 0);
+        assert_eq!(written.finish(), record);
+    }
+
     #[test]
     fn round_trips_and_finds_fields() {
         let fields: Vec<(String, Vec<u8>)> = (0..3)

@@ -16,7 +16,7 @@ use crate::generator::{
     TooManyUnacknowledged, UniformLongGenerator, ZipfianGenerator, fnvhash64,
 };
 use crate::properties::{Properties, PropertyError};
-use crate::record::RecordWriter;
+use crate::record::{self, RecordWriter};
 
 #[derive(Debug, Error)]
 pub enum WorkloadError {
@@ -260,10 +260,11 @@ impl WorkloadSpec {
 
     /// Bytes of one record as stored (the largest, if lengths vary).
     pub fn record_bytes(&self) -> usize {
-        let names = (0..self.field_count).map(|i| format!("{}{i}", self.field_name_prefix));
-        names
-            .map(|n| 2 + n.len() + 4 + self.field_length as usize)
-            .sum()
+        let names: Vec<String> = (0..self.field_count)
+            .map(|i| format!("{}{i}", self.field_name_prefix))
+            .collect();
+        let value_len = self.field_length as usize;
+        record::encoded_len(names.iter().map(|name| (name.as_str(), value_len)))
     }
 
     /// Property names that neither CoreWorkload nor YCSB's framework reads:
@@ -678,7 +679,6 @@ impl OpGenerator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record;
     use std::path::Path;
 
     fn workload_file(name: &str) -> Properties {

@@ -1,6 +1,7 @@
 //! The storage crate's integration tests, one binary for all of them: each
 //! module is one suite (its file beside this one), run as
-//! `cargo test -p rdkv-storage --test it <module>::`. One binary compiles
+//! `cargo test -p rdkv-storage --test it <module>::` (a filter matches any
+//! test path containing it: `stress::` also runs `overflow_stress::`). One binary compiles
 //! and links tokio, openraft and the crate's generic code once instead of
 //! once per suite: the crate's tests rebuilt in 49 s against 63 s as 15
 //! binaries (`touch storage/src/lib.rs; cargo test -p rdkv-storage

@@ -381,11 +381,13 @@ async fn a_skipped_append_fsync_is_caught() {
 /// The flusher reads the active segment's written length for its sync; a
 /// roll may write and sync the same file further while it does. The roll's
 /// sync must stay the newest the journal knows of. Stop 55's CI run failed
-/// the test above so: the journal ordered the flusher's sync (its length
-/// read first, its order taken after the roll's) as the newer, the cut
-/// took a segment that was not the last back to that shorter length, and
-/// recovery refused the torn record (a disk no power cut could leave: those
-/// bytes had been synced).
+/// `acknowledged_state_survives_power_cuts_at_many_points` so: the journal
+/// ordered the flusher's sync (its length read first, its order taken after
+/// the roll's) as the newer, the cut took a segment that was not the last
+/// back to that shorter length, and recovery refused the torn record (a
+/// disk no power cut could leave: those bytes had been synced). This holds
+/// the journal to the order; that the flusher reads its length inside the
+/// call (`flusher::run`) is what puts the flusher under it.
 #[test]
 fn a_sync_of_a_length_read_before_a_later_sync_does_not_undo_it() {
     let tmp = tempfile::tempdir().unwrap();

@@ -43,7 +43,8 @@ const LEADER_TIMEOUT: Duration = Duration::from_secs(30);
 const SHARDS: usize = 6;
 /// One test of this file at a time: each runs a cluster of fault-injected
 /// nodes and its clients, and two on a 2-core machine would starve each
-/// other's heartbeats.
+/// other's heartbeats. (No other suite shares this process: this file is a
+/// test binary of its own, not a module of `it`.)
 static ONE_CLUSTER_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const FLAGS: [&str; 10] = [
     "--shards",

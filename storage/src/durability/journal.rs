@@ -90,9 +90,13 @@ pub(crate) struct FileState {
 
 impl FileState {
     /// `file`'s state: its length, or `written_len()` when the file is
-    /// preallocated past what was written. The order is taken first: a
-    /// length read after it is at least what any sync ordered before it
-    /// covered.
+    /// preallocated past what was written. The order is taken first, then
+    /// the length: a sync ordered before this one read its length before
+    /// this one reads its own, so this length is at least that one, unless
+    /// the file was cut in between (the log's `truncate_after`, which
+    /// lowers the written length before its own sync takes its place).
+    /// Either way the newest line holds what was written before its sync
+    /// began: never more than is durable.
     pub fn of(file: &File, written_len: Option<impl FnOnce() -> u64>) -> io::Result<FileState> {
         let taken = taken_now();
         let metadata = file.metadata()?;

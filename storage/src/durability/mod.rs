@@ -34,7 +34,7 @@ pub use power_loss::{
 
 /// `fdatasync`: the file's data (and its length) are durable on return.
 pub fn sync_data(file: &File) -> io::Result<()> {
-    sync_file(file, None::<fn() -> u64>, File::sync_data)
+    sync_file(file, WHOLE_FILE, File::sync_data)
 }
 
 /// `fdatasync` of a preallocated file (a log segment) whose first
@@ -50,8 +50,11 @@ pub fn sync_data_written(file: &File, written_len: impl FnOnce() -> u64) -> io::
 
 /// `fsync`: the file's data and metadata are durable on return.
 pub fn sync_all(file: &File) -> io::Result<()> {
-    sync_file(file, None::<fn() -> u64>, File::sync_all)
+    sync_file(file, WHOLE_FILE, File::sync_all)
 }
+
+/// No written length: the whole file is data.
+const WHOLE_FILE: Option<fn() -> u64> = None;
 
 fn sync_file(
     file: &File,

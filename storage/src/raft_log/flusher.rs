@@ -186,6 +186,9 @@ fn run(queue: &Queue, counters: &Counters) {
             (Some(failed), _) => Err(failed),
             (None, None) => Ok(()),
             (None, Some(_)) if counters.skip_append_fsync.load(Ordering::Relaxed) => Ok(()),
+            // The length is read inside the call, after the sync's place in
+            // the durability journal is taken (test mode): a roll syncing
+            // this segment meanwhile is then the newer sync there.
             (None, Some((file, written))) => counters.sync(&file, || written.load(Ordering::Acquire)).map_err(|e| {
                 tracing::error!(error = %e, "raft log fsync failed; completing {} appends with the error", callbacks.len());
                 let failed = (e.kind(), format!("raft log fsync failed: {e}"));
