@@ -73,8 +73,10 @@ cleanup
 for round in 1 2; do for v in BASE NEW; do
   dir=$BASE; [ $v = NEW ] && dir=$NEW
   echo "== update-only $v round $round $(uptime)"
-  RDKV_SERVER_BIN=$dir/rdkv-server "$NEW/rdkv-bench" ycsb --target rdkv-tcp --embedded 3 --target etcd \
+  out=$(RDKV_SERVER_BIN=$dir/rdkv-server "$NEW/rdkv-bench" ycsb --target rdkv-tcp --embedded 3 --target etcd \
     --start-etcd 3 "${EMBEDDED_ARGS[@]}" -P $W/workloada -p recordcount=10000 -p readproportion=0 -p updateproportion=1 \
-    --threads 2 --concurrency 128 --duration-secs 15 --phase both --no-progress 2>&1 \
-    | grep -A5 "comparison, run phase" | grep -E "throughput|p50|p99"
+    --threads 2 --concurrency 128 --duration-secs 15 --phase both --no-progress 2>&1)
+  # A run that failed has no comparison: show why instead of nothing.
+  grep -A5 "comparison, run phase" <<<"$out" | grep -E "throughput|p50|p99" \
+    || { echo "no comparison; the run's last lines:"; tail -5 <<<"$out"; }
 done; done
