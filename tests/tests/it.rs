@@ -8,9 +8,8 @@
 //! of once per suite. Rebuilding the crate's tests after a change to the
 //! harness took 6 min 11 s as 42 test binaries and 2 min 3 s as four (this
 //! one, then with `nemesis_shards` in it, `get_into`, `rdma`, `ofi`) on
-//! this 2-core machine (`touch
-//! tests/src/lib.rs; cargo test -p rdkv-tests --no-run`), and CI builds
-//! them from scratch every run.
+//! this 2-core machine (`touch tests/src/lib.rs; cargo test -p rdkv-tests
+//! --no-run`), and CI builds them from scratch every run.
 //!
 //! Kept as binaries of their own: `get_into` (it installs a counting global
 //! allocator, which would count every suite's allocations), `nemesis_shards`
