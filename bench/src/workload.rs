@@ -260,11 +260,16 @@ impl WorkloadSpec {
 
     /// Bytes of one record as stored (the largest, if lengths vary).
     pub fn record_bytes(&self) -> usize {
-        let names: Vec<String> = (0..self.field_count)
-            .map(|i| format!("{}{i}", self.field_name_prefix))
-            .collect();
         let value_len = self.field_length as usize;
+        let names = self.field_names();
         record::encoded_len(names.iter().map(|name| (name.as_str(), value_len)))
+    }
+
+    /// The records' field names: the prefix and the field's number.
+    fn field_names(&self) -> Vec<String> {
+        (0..self.field_count)
+            .map(|i| format!("{}{i}", self.field_name_prefix))
+            .collect()
     }
 
     /// Property names that neither CoreWorkload nor YCSB's framework reads:
@@ -462,9 +467,7 @@ impl Workload {
                 spec.hotspot_opn_fraction,
             )?),
         };
-        let field_names = (0..spec.field_count)
-            .map(|i| format!("{}{i}", spec.field_name_prefix))
-            .collect();
+        let field_names = spec.field_names();
         Ok(Workload {
             key_sequence: CounterGenerator::new(spec.insert_start as i64),
             transaction_insert_key_sequence,
