@@ -15,11 +15,14 @@
 //! nanoseconds since the recorder started are kept beside them for humans.
 //!
 //! **Wall clock.** Keys written with a TTL expire by the wall clock, so each
-//! record also carries the unix milliseconds ([`unix_now_ms`], the clock the
+//! record also carries the unix milliseconds ([`unix_now_us`] in ms, the clock the
 //! servers stamp writes and judge expiry with) read just before the request
 //! is sent and just after the reply arrived: whatever time a server used for
 //! the operation lies within them (the servers of the tests share this
-//! host's clock). The checker uses them only for expiry.
+//! host's clock). The checker uses them only for expiry. That argument
+//! assumes the wall clock does not step while the history is recorded; the
+//! recorder measures how far it stepped against the monotonic clock
+//! ([`History::wall_clock_step_us`]) and the checker allows for it.
 //!
 //! **Outcomes.** `Ok` carries what the server returned. `Fail` means the
 //! operation definitely had no effect (a write that never left the client or
@@ -30,7 +33,7 @@
 //! checker treats it as infinity. A [`PendingOp`] dropped without being
 //! completed (its task was cancelled or panicked) is recorded as `Unknown`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -38,7 +41,7 @@ use bytes::Bytes;
 use rdkv_client::{
     CasOutcome, Client, Consistency, DeleteOutcome, Error, ErrorCode, Versioned, ttl_ms,
 };
-use rdkv_fabric::clock::unix_now_ms;
+use rdkv_fabric::clock::unix_now_us;
 use rdkv_proto::wire::{Request, Response, TxnOp, TxnResult};
 
 /// A logical client. Operations of one process never overlap in time when a
@@ -169,6 +172,13 @@ impl OpRecord {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct History {
     pub ops: Vec<OpRecord>,
+    /// How far the wall clock moved against the monotonic clock while the
+    /// history was recorded, µs (a step by NTP, a hypervisor or an
+    /// operator; slewing moves both clocks alike). Up to about
+    /// [`WALL_SAMPLE_MAX_US`] of it is the measurement's own error. The
+    /// servers stamp and expire by the same stepped clock, so the wall
+    /// readings of the records are good only to within this.
+    pub wall_clock_step_us: u64,
 }
 
 impl History {
@@ -179,7 +189,10 @@ impl History {
         for (id, op) in ops.iter_mut().enumerate() {
             op.id = id;
         }
-        History { ops }
+        History {
+            ops,
+            wall_clock_step_us: 0,
+        }
     }
 
     /// The distinct keys, in byte order.
@@ -191,12 +204,58 @@ impl History {
     }
 }
 
+/// A wall-clock sample whose two bracketing readings are further apart
+/// than this is not used to measure the clock's steps: the thread may have
+/// been descheduled between them.
+pub const WALL_SAMPLE_MAX_US: u64 = 100;
+
 #[derive(Debug)]
 struct RecorderInner {
     started: Instant,
     clock: AtomicU64,
     next_id: AtomicU64,
     completed: Mutex<Vec<OpRecord>>,
+    wall_offsets: WallOffsets,
+}
+
+/// The least and greatest (wall clock − monotonic clock) seen, µs: their
+/// difference is how far the wall clock stepped.
+#[derive(Debug)]
+struct WallOffsets {
+    least_us: AtomicI64,
+    greatest_us: AtomicI64,
+}
+
+impl WallOffsets {
+    fn new() -> WallOffsets {
+        WallOffsets {
+            least_us: AtomicI64::new(i64::MAX),
+            greatest_us: AtomicI64::new(i64::MIN),
+        }
+    }
+
+    /// One sample: the wall clock read at `before_us` and `after_us`
+    /// around the monotonic reading `monotonic_us`.
+    fn sample(&self, before_us: u64, monotonic_us: u64, after_us: u64) {
+        let Some(spread_us) = after_us.checked_sub(before_us) else {
+            return; // stepped back between the readings: later samples show it
+        };
+        if spread_us > WALL_SAMPLE_MAX_US {
+            return;
+        }
+        let wall_us = before_us + spread_us / 2;
+        let offset_us = i64::try_from(wall_us).unwrap_or(i64::MAX)
+            - i64::try_from(monotonic_us).unwrap_or(i64::MAX);
+        self.least_us.fetch_min(offset_us, Ordering::Relaxed);
+        self.greatest_us.fetch_max(offset_us, Ordering::Relaxed);
+    }
+
+    /// The step measured so far (0 before two samples).
+    fn step_us(&self) -> u64 {
+        let least = self.least_us.load(Ordering::Relaxed);
+        let greatest = self.greatest_us.load(Ordering::Relaxed);
+        u64::try_from(greatest.saturating_sub(least)).unwrap_or(0)
+    }
 }
 
 /// A thread-safe history recorder; clones share one history.
@@ -219,15 +278,22 @@ impl Recorder {
                 clock: AtomicU64::new(0),
                 next_id: AtomicU64::new(0),
                 completed: Mutex::new(Vec::new()),
+                wall_offsets: WallOffsets::new(),
             }),
         }
     }
 
-    /// The logical tick, the ns since the start and the unix ms of now.
+    /// The logical tick, the ns since the start and the unix ms of now
+    /// (the wall clock read around the monotonic one, for the step).
     fn tick(&self) -> (Tick, u64, u64) {
         let tick = self.inner.clock.fetch_add(1, Ordering::SeqCst);
+        let before_us = unix_now_us();
         let ns = u64::try_from(self.inner.started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        (tick, ns, unix_now_ms())
+        let after_us = unix_now_us();
+        self.inner
+            .wall_offsets
+            .sample(before_us, ns / 1_000, after_us);
+        (tick, ns, after_us / 1_000)
     }
 
     /// Records an invocation; call this just before sending the request.
@@ -283,7 +349,10 @@ impl Recorder {
             .unwrap_or_else(|p| p.into_inner());
         let mut ops = completed.clone();
         ops.sort_by_key(|op| op.invoked_at);
-        History { ops }
+        History {
+            ops,
+            wall_clock_step_us: self.inner.wall_offsets.step_us(),
+        }
     }
 
     /// A client wrapper that records every call as `process`.
@@ -582,6 +651,41 @@ mod tests {
         assert!(a.completed_unix_ms <= b.invoked_unix_ms);
         assert_eq!(b.outcome, Outcome::Unknown);
         assert_eq!(b.effective_completion(), Tick::MAX);
+    }
+
+    #[test]
+    fn the_wall_clock_step_is_measured_against_the_monotonic_clock() {
+        let offsets = WallOffsets::new();
+        assert_eq!(offsets.step_us(), 0, "no sample yet");
+        // A steady clock: wall − monotonic stays 1_000_000 µs (± the
+        // bracket's half).
+        offsets.sample(1_000_100, 100, 1_000_110);
+        offsets.sample(1_005_000, 5_000, 1_005_000);
+        assert_eq!(offsets.step_us(), 5);
+        // Readings bracketed too loosely (descheduled), or stepping back
+        // between the two reads, are not samples.
+        offsets.sample(1_010_000, 9_000, 1_010_000 + WALL_SAMPLE_MAX_US + 1);
+        offsets.sample(1_020_000, 20_000, 1_019_000);
+        assert_eq!(offsets.step_us(), 5);
+        // A step back of 3 ms.
+        offsets.sample(1_027_000, 30_000, 1_027_000);
+        assert_eq!(offsets.step_us(), 3_005);
+    }
+
+    #[test]
+    fn a_recorded_history_carries_its_wall_clock_step() {
+        let recorder = Recorder::new();
+        recorder
+            .invoke(1, "k", Operation::Delete)
+            .complete(Outcome::Fail);
+        // A sample of an offset of 0 against the real ones (about the unix
+        // time in µs): as if the clock had stepped back to 1970.
+        recorder.inner.wall_offsets.sample(5, 5, 5);
+        let history = recorder.history();
+        assert!(
+            history.wall_clock_step_us > 1_700_000_000_000_000,
+            "{history:?}"
+        );
     }
 
     #[test]

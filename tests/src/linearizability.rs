@@ -114,6 +114,15 @@
 //! two overlap in time, which the rule above allows, while it still rejects
 //! a value seen live after an operation that saw it expired had completed.
 //!
+//! All of this reads the host's wall clock as one steady timeline. When it
+//! steps while the history is recorded (NTP, a hypervisor), a server's
+//! reading may lie up to the step outside an operation's `[s, e]` (and the
+//! apply clock, which never goes back, keeps a stamp from before a step
+//! back). The recorder measures the step against the monotonic clock
+//! ([`History::wall_clock_step_us`]); beyond the measurement's own error,
+//! every operation's wall interval is widened by it, rounded up to whole
+//! ms ([`wall_slack_ms`]), before anything is judged.
+//!
 //! # Unknown and failed operations
 //!
 //! `Fail` operations (definitely not applied) and failed reads are dropped
@@ -181,6 +190,7 @@
 //! commit index can fail this check (ARCHITECTURE.md lists that as a known
 //! limit).
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
@@ -188,7 +198,7 @@ use bytes::Bytes;
 use rdkv_client::{Consistency, Versioned};
 use rdkv_proto::region::EXPIRY_MARGIN_MS;
 
-use crate::history::{History, OpRecord, Operation, Outcome, Returned, Tick};
+use crate::history::{History, OpRecord, Operation, Outcome, Returned, Tick, WALL_SAMPLE_MAX_US};
 
 /// Bounds on the checker's work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1157,9 +1167,37 @@ fn by_key(history: &History) -> Vec<(Bytes, Vec<OpRecord>)> {
     keys
 }
 
+/// How many ms any wall reading of `history` (a record's or a server's)
+/// may be off the steady timeline: its measured step, rounded up, or 0 for
+/// a step within the measurement's own error (each sample is within half
+/// of [`WALL_SAMPLE_MAX_US`] of the true offset).
+pub fn wall_slack_ms(history: &History) -> u64 {
+    if history.wall_clock_step_us <= WALL_SAMPLE_MAX_US {
+        0
+    } else {
+        history.wall_clock_step_us.div_ceil(1_000)
+    }
+}
+
+/// `history` with every operation's wall interval widened by
+/// [`wall_slack_ms`] (borrowed as it is when that is 0).
+fn allowing_for_steps(history: &History) -> Cow<'_, History> {
+    let slack_ms = wall_slack_ms(history);
+    if slack_ms == 0 {
+        return Cow::Borrowed(history);
+    }
+    let mut widened = history.clone();
+    for op in &mut widened.ops {
+        op.invoked_unix_ms = op.invoked_unix_ms.saturating_sub(slack_ms);
+        op.completed_unix_ms = op.completed_unix_ms.saturating_add(slack_ms);
+    }
+    Cow::Owned(widened)
+}
+
 /// Checks every key of `history` against the versioned-register model
 /// (module documentation). Follower reads and `Fail` operations are ignored.
 pub fn check_history(history: &History, options: CheckOptions) -> Result<Verdict, HistoryError> {
+    let history = &*allowing_for_steps(history);
     let mut timed_out = Vec::new();
     for (key, ops) in by_key(history) {
         let records: Vec<OpRecord> = ops.into_iter().filter(is_checked).collect();
@@ -1319,6 +1357,7 @@ fn follower_reads(
     freshness_ns: Option<u64>,
     log_of: &dyn Fn(&[u8]) -> u64,
 ) -> FollowerReport {
+    let history = &*allowing_for_steps(history);
     let completions = committed_by_completion(history, freshness_ns, log_of);
     let committed_before = |log: u64, tick: Tick| {
         let Some(completions) = completions.get(&log) else {

@@ -3,7 +3,9 @@
 //! violation), the follower bound both ways, and a size sanity check.
 
 use super::*;
-use crate::history::{History, OpRecord, Operation, Outcome, ProcessId, Returned};
+use crate::history::{
+    History, OpRecord, Operation, Outcome, ProcessId, Returned, WALL_SAMPLE_MAX_US,
+};
 use crate::stress_value::splitmix64;
 
 const KEY: &str = "k";
@@ -223,6 +225,7 @@ impl Builder {
     fn history(&self) -> History {
         History {
             ops: self.ops.clone(),
+            wall_clock_step_us: 0,
         }
     }
 
@@ -1238,6 +1241,45 @@ fn follower_reads_of_an_expiring_value() {
     let report = check_follower_reads(&b.history());
     let ids: Vec<usize> = report.violations.iter().map(|v| v.read.id).collect();
     assert_eq!(ids, vec![late, early, lost], "{:?}", report.violations);
+}
+
+#[test]
+fn a_stepped_wall_clock_widens_every_wall_reading_by_the_step() {
+    // A read and a follower read beginning at `start` (the deadline is at
+    // most 210), judged with the wall clock stepped by `step_us`: the ids
+    // the linearizability witness and the follower check name.
+    let judged = |start: u64, step_us: u64| {
+        let mut b = Builder::default();
+        b.put_ttl(1, (0, 10), ("a", 200), 1);
+        let read = b.get(2, (start, 300), Some(("a", 1)));
+        let follower_read = b.follower_get(3, KEY, (start, 300), 0, Some(("a", 1)));
+        let mut history = b.history();
+        history.wall_clock_step_us = step_us;
+        let witness = match check_history(&history, CheckOptions::default()).expect("well-formed") {
+            Verdict::NotLinearizable(v) => v.witness.iter().map(|op| op.id).collect(),
+            _ => Vec::new(),
+        };
+        let follower: Vec<usize> = check_follower_reads(&history)
+            .violations
+            .iter()
+            .map(|v| v.read.id)
+            .collect();
+        (
+            witness.contains(&read),
+            follower == [follower_read],
+            follower.is_empty(),
+        )
+    };
+    // By a steady clock the deadline less the margin had passed at 210 - M.
+    assert_eq!(judged(210 - M, 0), (true, true, false));
+    // A step within the measurement's own error changes nothing.
+    assert_eq!(judged(210 - M, WALL_SAMPLE_MAX_US), (true, true, false));
+    // A step of up to 1 ms: any reading may be a ms off, which explains a
+    // read at the edge, and one a ms past it, but not one 2 ms past it.
+    assert_eq!(judged(210 - M, 900), (false, false, true));
+    assert_eq!(judged(211 - M, 900), (false, false, true));
+    assert_eq!(judged(212 - M, 900), (true, true, false));
+    assert_eq!(judged(212 - M, 1_500), (false, false, true));
 }
 
 #[test]

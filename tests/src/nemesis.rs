@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 use crate::history::{History, Operation, Outcome, Recorder, RecordingClient, Returned, Tick};
 use crate::linearizability::{
     CheckOptions, FollowerReport, Verdict, check_follower_reads_per_log,
-    check_follower_reads_within, check_history,
+    check_follower_reads_within, check_history, wall_slack_ms,
 };
 use crate::prometheus::http_get;
 use crate::shard_view::every_shard_led;
@@ -393,9 +393,10 @@ impl Judged {
 
     /// The history is linearizable and every follower read within bound.
     fn ensure_correct(&self, name: &str) -> Result<()> {
+        let clock = self.wall_clock();
         match &self.verdict {
             Verdict::Linearizable => {}
-            Verdict::NotLinearizable(violation) => bail!("{name}: {violation}"),
+            Verdict::NotLinearizable(violation) => bail!("{name}: {violation}\n{clock}"),
             Verdict::Timeout { keys } => bail!(
                 "{name}: the checker ran out of steps on {} key(s)",
                 keys.len()
@@ -403,12 +404,23 @@ impl Judged {
         }
         if let Some(v) = self.follower.violations.first() {
             bail!(
-                "{name}: follower read out of bound: {} ({})",
+                "{name}: follower read out of bound: {} ({})\n{clock}",
                 crate::linearizability::describe(&v.read),
                 v.reason
             );
         }
         Ok(())
+    }
+
+    /// How the wall clock behaved while the history was recorded: a
+    /// violation at an expiry's edge is read against it.
+    fn wall_clock(&self) -> String {
+        format!(
+            "(the wall clock stepped {} µs against the monotonic clock while the history \
+             was recorded; the checkers allowed {} ms for it)",
+            self.history.wall_clock_step_us,
+            wall_slack_ms(&self.history)
+        )
     }
 
     /// The scenario checked something: operations succeeded, keys written
