@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use rdkv_fabric::clock::{boottime_now_us, unix_now_us};
+use rdkv_fabric::clock::{boottime_now_us, unix_now_us, wall_minus_boottime_us};
 use rdkv_fabric::{ReadTime, RegionReader};
 use rdkv_proto::shard::{SLOT_COUNT, ShardId, ShardMap, key_slot};
 
@@ -70,7 +70,7 @@ impl ReadView {
             groups,
             slot_groups,
             fresh_until_us: boot_us.saturating_add(ttl_us),
-            wall_minus_boot_us: unix_now_us().saturating_sub(boot_us),
+            wall_minus_boot_us: wall_minus_boottime_us(boot_us, unix_now_us()),
             built: true,
         }
     }

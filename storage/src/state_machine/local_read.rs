@@ -12,7 +12,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use arc_swap::cache::Cache;
 use bytes::Bytes;
-use rdkv_fabric::clock::{boottime_now_us, unix_now_us};
+use rdkv_fabric::clock::{boottime_now_us, unix_now_us, wall_minus_boottime_us};
 use rdkv_fabric::{ReadError, ReadTime, RegionReader};
 use rdkv_proto::wire::Versioned;
 
@@ -50,7 +50,7 @@ fn now() -> ReadTime {
     let boot_us = boottime_now_us();
     let mut clock = CLOCK.get();
     if boot_us >= clock.recheck_at_us {
-        clock.wall_minus_boot_us = unix_now_us().saturating_sub(boot_us);
+        clock.wall_minus_boot_us = wall_minus_boottime_us(boot_us, unix_now_us());
         clock.recheck_at_us = boot_us.saturating_add(WALL_RECHECK_US);
         CLOCK.set(clock);
     }
