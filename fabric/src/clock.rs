@@ -105,11 +105,13 @@ const TRUNCATION_US: u64 = 1;
 /// moment: reading the wall clock second puts it ahead by the time between
 /// the two readings, and the two readings that truncation may leave up to
 /// 1 µs behind their clocks while the subtracted one is not (the derived
-/// boottime reading and `wall_us_after`) are made up for. Expiry is judged
-/// by it to the ms exactly as by the wall clock: a derived clock 1 µs
-/// behind, just past a ms boundary, would serve a value a ms past
-/// `deadline - margin`. A step of the wall clock reaches a derived clock
-/// with its next offset.
+/// boottime reading and `wall_us_after`) are made up for (1 µs would do;
+/// the second is spare). So expiry judged by it is never later than by the
+/// wall clock, to the ms: a derived clock 1 µs behind, just past a ms
+/// boundary, would serve a value a ms past `deadline - margin`. The caller
+/// reads the two clocks side by side: anything between them puts the
+/// derived clock ahead by as much. A step of the wall clock reaches a
+/// derived clock with its next offset.
 #[inline]
 pub fn wall_minus_boottime_us(boot_us: u64, wall_us_after: u64) -> u64 {
     wall_us_after

@@ -207,7 +207,7 @@ impl History {
 /// A wall-clock sample whose two bracketing readings are further apart
 /// than this is not used to measure the clock's steps: the thread may have
 /// been descheduled between them.
-pub const WALL_SAMPLE_MAX_US: u64 = 100;
+pub const WALL_SAMPLE_MAX_US: u64 = 10;
 
 #[derive(Debug)]
 struct RecorderInner {
@@ -664,8 +664,8 @@ mod tests {
         assert_eq!(offsets.step_us(), 5);
         // Readings bracketed too loosely (descheduled), or stepping back
         // between the two reads, are not samples.
-        offsets.sample(1_010_000, 9_000, 1_010_000 + WALL_SAMPLE_MAX_US + 1);
-        offsets.sample(1_020_000, 20_000, 1_019_000);
+        offsets.sample(1_040_000, 9_000, 1_040_000 + WALL_SAMPLE_MAX_US + 1);
+        offsets.sample(1_050_000, 20_000, 1_049_000);
         assert_eq!(offsets.step_us(), 5);
         // A step back of 3 ms.
         offsets.sample(1_027_000, 30_000, 1_027_000);
@@ -675,9 +675,17 @@ mod tests {
     #[test]
     fn a_recorded_history_carries_its_wall_clock_step() {
         let recorder = Recorder::new();
-        recorder
-            .invoke(1, "k", Operation::Delete)
-            .complete(Outcome::Fail);
+        for _ in 0..100 {
+            recorder
+                .invoke(1, "k", Operation::Delete)
+                .complete(Outcome::Fail);
+        }
+        // The bracket is wide enough for this host's clock reads: samples
+        // were taken (a step measured 0 for want of any would hide steps).
+        let offsets = &recorder.inner.wall_offsets;
+        assert!(
+            offsets.least_us.load(Ordering::Relaxed) <= offsets.greatest_us.load(Ordering::Relaxed)
+        );
         // A sample of an offset of 0 against the real ones (about the unix
         // time in µs): as if the clock had stepped back to 1970.
         recorder.inner.wall_offsets.sample(5, 5, 5);

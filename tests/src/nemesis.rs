@@ -356,6 +356,15 @@ impl Judged {
             }),
         };
         let expired_reads = reads_of_expired_keys(&history);
+        if wall_slack_ms(&history) > 0 {
+            // Shown with the rows: a large step makes the expiry checks weak.
+            println!(
+                "the wall clock stepped {} µs while the history was recorded; expiry was \
+                 judged with {} ms of slack",
+                history.wall_clock_step_us,
+                wall_slack_ms(&history)
+            );
+        }
         Ok(Judged {
             history,
             verdict,

@@ -12,9 +12,12 @@
 //! --no-run`), and CI builds them from scratch every run.
 //!
 //! Kept as binaries of their own: `get_into` (it installs a counting global
-//! allocator, which would count every suite's allocations), `nemesis_shards`
-//! (its tests must run alone in their process: one six-shard fault-injected
-//! cluster starves another's heartbeats on 2 cores), and `rdma` and `ofi`
+//! allocator, which would count every suite's allocations), `lease` (it
+//! steps this process's wall clock back an hour through the fabric's test
+//! hook, which every suite beside it would read: their recorders, their
+//! clients' expiry and lease judgements), `nemesis_shards` (its tests must
+//! run alone in their process: one six-shard fault-injected cluster starves
+//! another's heartbeats on 2 cores), and `rdma` and `ofi`
 //! (built with those features by CI's transport step, and named there and
 //! in docs/rdma.md).
 
@@ -30,7 +33,6 @@ mod fill;
 mod follower_lag;
 mod join_shards;
 mod keyslot;
-mod lease;
 mod lincheck_model;
 mod membership;
 mod meta;

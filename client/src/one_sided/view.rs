@@ -59,18 +59,22 @@ pub(crate) struct ReadView {
 impl ReadView {
     /// A view of `topology` as refreshed now.
     pub(super) fn of(topology: &Topology) -> ReadView {
-        let boot_us = boottime_now_us();
         let groups: Vec<GroupView> = topology
             .shards()
             .map(|shard| group_of(topology, shard))
             .collect();
         let slot_groups = topology.map.as_deref().map(|map| slot_table(map, &groups));
         let ttl_us = u64::try_from(VIEW_TTL.as_micros()).unwrap_or(u64::MAX);
+        // The two clocks read side by side: whatever runs between them
+        // counts into the offset, and would put the view's wall clock ahead
+        // by it (keys expired early) for the view's life.
+        let boot_us = boottime_now_us();
+        let wall_minus_boot_us = wall_minus_boottime_us(boot_us, unix_now_us());
         ReadView {
             groups,
             slot_groups,
             fresh_until_us: boot_us.saturating_add(ttl_us),
-            wall_minus_boot_us: wall_minus_boottime_us(boot_us, unix_now_us()),
+            wall_minus_boot_us,
             built: true,
         }
     }
