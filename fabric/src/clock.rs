@@ -69,7 +69,9 @@ pub fn boottime_now_us() -> u64 {
 static WALL_CLOCK_STEP_US: AtomicI64 = AtomicI64::new(0);
 
 /// Test hook: from now on [`unix_now_us`] in this process reads `step_us`
-/// off the true wall clock, as after a clock step on the host.
+/// off the true wall clock, as after a clock step on the host. The whole
+/// process reads it: a test that calls it must be alone in its test binary
+/// (`tests/tests/lease.rs` is, for that reason).
 #[doc(hidden)]
 pub fn step_wall_clock_for_tests(step_us: i64) {
     WALL_CLOCK_STEP_US.store(step_us, Ordering::SeqCst);
