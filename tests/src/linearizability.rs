@@ -1502,14 +1502,14 @@ fn check_returned_value(
         let served_late = w.expiry.is_some_and(|deadline| {
             read.invoked_unix_ms.saturating_add(EXPIRY_MARGIN_MS) >= deadline.hi
         });
-        if served_late {
+        if let Some(deadline) = w.expiry.filter(|_| served_late) {
+            // The deadline's whole range (its write's wall interval plus
+            // the TTL), for whoever reads a failure at the edge.
             reasons.push(format!(
                 "returned the value written at {} with a TTL, but the read began at \
-                 unix ms {}, when its deadline (by {} at the latest) less the margin \
-                 had passed",
-                got.version,
-                read.invoked_unix_ms,
-                w.expiry.map_or(0, |d| d.hi)
+                 unix ms {}, when its deadline (from {} to {} at the latest) less the \
+                 margin had passed",
+                got.version, read.invoked_unix_ms, deadline.lo, deadline.hi
             ));
         }
         if w.value.as_ref() != Some(&got.value) {
