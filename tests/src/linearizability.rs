@@ -1499,10 +1499,10 @@ fn check_returned_value(
         .ok()
         .map(|i| &key_writes[i]);
     if let Some(w) = source {
-        let served_late = w.expiry.is_some_and(|deadline| {
+        let served_late = w.expiry.filter(|deadline| {
             read.invoked_unix_ms.saturating_add(EXPIRY_MARGIN_MS) >= deadline.hi
         });
-        if let Some(deadline) = w.expiry.filter(|_| served_late) {
+        if let Some(deadline) = served_late {
             // The deadline's whole range (its write's wall interval plus
             // the TTL), for whoever reads a failure at the edge.
             reasons.push(format!(

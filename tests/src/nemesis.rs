@@ -358,12 +358,7 @@ impl Judged {
         let expired_reads = reads_of_expired_keys(&history);
         if wall_slack_ms(&history) > 0 {
             // Shown with the rows: a large step makes the expiry checks weak.
-            println!(
-                "the wall clock stepped {} µs while the history was recorded; expiry was \
-                 judged with {} ms of slack",
-                history.wall_clock_step_us,
-                wall_slack_ms(&history)
-            );
+            println!("{}", wall_clock_note(&history));
         }
         Ok(Judged {
             history,
@@ -402,7 +397,7 @@ impl Judged {
 
     /// The history is linearizable and every follower read within bound.
     fn ensure_correct(&self, name: &str) -> Result<()> {
-        let clock = self.wall_clock();
+        let clock = wall_clock_note(&self.history);
         match &self.verdict {
             Verdict::Linearizable => {}
             Verdict::NotLinearizable(violation) => bail!("{name}: {violation}\n{clock}"),
@@ -419,17 +414,6 @@ impl Judged {
             );
         }
         Ok(())
-    }
-
-    /// How the wall clock behaved while the history was recorded: a
-    /// violation at an expiry's edge is read against it.
-    fn wall_clock(&self) -> String {
-        format!(
-            "(the wall clock stepped {} µs against the monotonic clock while the history \
-             was recorded; the checkers allowed {} ms for it)",
-            self.history.wall_clock_step_us,
-            wall_slack_ms(&self.history)
-        )
     }
 
     /// The scenario checked something: operations succeeded, keys written
@@ -460,6 +444,17 @@ impl Judged {
         );
         Ok(())
     }
+}
+
+/// How the wall clock behaved while `history` was recorded: a violation
+/// at an expiry's edge is read against it.
+fn wall_clock_note(history: &History) -> String {
+    format!(
+        "(the wall clock stepped {} µs against the monotonic clock while the history \
+         was recorded; the checkers allowed {} ms for it)",
+        history.wall_clock_step_us,
+        wall_slack_ms(history)
+    )
 }
 
 /// Reads that found their key absent although the newest write of it
