@@ -66,29 +66,9 @@ impl MappingPages {
     /// the kernel merged with a neighbour of the same flags is reported
     /// whole.
     pub fn parse(smaps: &str, address: usize) -> Option<MappingPages> {
-        let mut lines = smaps.lines();
-        let (start, end) = lines.find_map(|line| {
-            mapping_range(line).filter(|&(start, end)| (start..end).contains(&address))
-        })?;
-        let mut pages = MappingPages {
-            len_bytes: (end - start) as u64,
-            huge_bytes: 0,
-            asked_for_huge: false,
-        };
-        for line in lines.take_while(|line| mapping_range(line).is_none()) {
-            let Some((name, rest)) = line.split_once(':') else {
-                continue;
-            };
-            match name {
-                "ShmemPmdMapped" | "AnonHugePages" => {
-                    let kib = rest.split_whitespace().next()?.parse::<u64>().ok()?;
-                    pages.huge_bytes += kib.saturating_mul(1024);
-                }
-                "VmFlags" => pages.asked_for_huge = rest.split_whitespace().any(|f| f == "hg"),
-                _ => {}
-            }
-        }
-        Some(pages)
+        smaps_entries(smaps)
+            .find(|entry| (entry.start..entry.end).contains(&address))
+            .map(|entry| entry.pages)
     }
 
     /// The mapping of this process that holds `address`, now.
@@ -100,6 +80,59 @@ impl MappingPages {
     }
 }
 
+/// One mapping's entry of a `/proc/<pid>/smaps`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SmapsEntry<'a> {
+    pub start: usize,
+    pub end: usize,
+    /// What it maps: a file's path, `/memfd:NAME (deleted)` for a memfd,
+    /// `[heap]` or `[stack]`, or empty for anonymous memory.
+    pub path: &'a str,
+    pub pages: MappingPages,
+}
+
+/// Every mapping's entry of the text of a `/proc/<pid>/smaps`, in address
+/// order. A field that does not parse counts as absent (0 bytes on 2 MiB
+/// pages).
+pub fn smaps_entries(smaps: &str) -> impl Iterator<Item = SmapsEntry<'_>> {
+    let mut lines = smaps.lines().peekable();
+    std::iter::from_fn(move || {
+        let (start, end, path) = loop {
+            let line = lines.next()?;
+            if let Some((start, end)) = mapping_range(line) {
+                break (start, end, mapping_path(line));
+            }
+        };
+        let mut pages = MappingPages {
+            len_bytes: (end - start) as u64,
+            huge_bytes: 0,
+            asked_for_huge: false,
+        };
+        while let Some(line) = lines.next_if(|line| mapping_range(line).is_none()) {
+            let Some((name, rest)) = line.split_once(':') else {
+                continue;
+            };
+            match name {
+                "ShmemPmdMapped" | "AnonHugePages" => {
+                    let kib = rest
+                        .split_whitespace()
+                        .next()
+                        .and_then(|kib| kib.parse::<u64>().ok());
+                    pages.huge_bytes += kib.unwrap_or(0).saturating_mul(1024);
+                }
+                "VmFlags" => pages.asked_for_huge = rest.split_whitespace().any(|f| f == "hg"),
+                _ => {}
+            }
+        }
+        Some(SmapsEntry {
+            start,
+            end,
+            path,
+            pages,
+        })
+    })
+}
+
 /// Bytes of shared memory this process maps on 2 MiB pages
 /// (`ShmemPmdMapped` of `/proc/self/smaps_rollup`); `None` when the kernel
 /// does not report it.
@@ -109,6 +142,18 @@ pub fn shmem_huge_bytes(smaps_rollup: &str) -> Option<u64> {
         .find_map(|line| line.strip_prefix("ShmemPmdMapped:"))
         .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
         .map(|kib| kib.saturating_mul(1024))
+}
+
+/// The path of an smaps entry's first line: what follows its five fields
+/// (`start-end perms offset dev inode`), which may hold spaces.
+fn mapping_path(line: &str) -> &str {
+    let mut rest = line.trim_start();
+    for _ in 0..5 {
+        rest = rest
+            .split_once(char::is_whitespace)
+            .map_or("", |(_, after)| after.trim_start());
+    }
+    rest.trim_end()
 }
 
 /// The address range of an smaps entry's first line (`start-end perms
@@ -168,6 +213,31 @@ mod tests {
             })
         );
         assert_eq!(MappingPages::parse(SMAPS, 0x7f00_1020_0000), None);
+    }
+
+    #[test]
+    fn every_entry_has_its_path_and_pages() {
+        let entries: Vec<_> = smaps_entries(SMAPS).collect();
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0].path, "/memfd:rdkv-region (deleted)");
+        assert_eq!(
+            (entries[0].start, entries[0].end),
+            (0x7f00_0000_0000, 0x7f00_1000_0000)
+        );
+        assert!(entries[0].pages.asked_for_huge);
+        assert_eq!(entries[1].path, "");
+        assert_eq!(entries[1].pages.huge_bytes, 2048 * 1024);
+        assert!(!entries[1].pages.asked_for_huge);
+        // A field that does not parse counts as absent; the entry is kept.
+        let odd = "7f0000000000-7f0000001000 rw-p 00000000 00:00 0 [heap]\n\
+                   AnonHugePages: many kB\n\
+                   VmFlags: rd wr hg\n";
+        let odd: Vec<_> = smaps_entries(odd).collect();
+        assert_eq!(odd.len(), 1);
+        assert_eq!(odd[0].path, "[heap]");
+        assert_eq!(odd[0].pages.huge_bytes, 0);
+        assert!(odd[0].pages.asked_for_huge);
+        assert_eq!(smaps_entries("").count(), 0);
     }
 
     #[test]

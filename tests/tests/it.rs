@@ -31,6 +31,7 @@ mod determinism;
 mod expiry;
 mod fill;
 mod follower_lag;
+mod heap_pages;
 mod join_shards;
 mod keyslot;
 mod lincheck_model;

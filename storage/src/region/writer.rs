@@ -98,6 +98,10 @@ fn slot_at(words_at: u64, position: usize) -> u64 {
     words_at + position as u64 * SLOT_BYTES
 }
 
+/// How a shared region's memfd is named (then `n<node>-e<epoch>`): what
+/// `/proc/<pid>/maps` shows of it, `/memfd:rdkv-region-...`.
+pub const REGION_MEMFD_PREFIX: &str = "rdkv-region-";
+
 #[derive(Debug)]
 pub struct RegionWriter {
     memory: Arc<RegionMemory>,
@@ -132,7 +136,10 @@ impl RegionWriter {
         let len_bytes = usize::try_from(layout.region_bytes)
             .map_err(|_| RegionError::Config("region larger than the address space".into()))?;
         let memory = Arc::new(if config.shared_memory {
-            let name = format!("rdkv-region-n{}-e{}", config.node_id, config.region_epoch);
+            let name = format!(
+                "{REGION_MEMFD_PREFIX}n{}-e{}",
+                config.node_id, config.region_epoch
+            );
             RegionMemory::shared(len_bytes, &name)?
         } else {
             RegionMemory::anonymous(len_bytes)?
