@@ -109,20 +109,7 @@ pub fn smaps_entries(smaps: &str) -> impl Iterator<Item = SmapsEntry<'_>> {
             asked_for_huge: false,
         };
         while let Some(line) = lines.next_if(|line| mapping_range(line).is_none()) {
-            let Some((name, rest)) = line.split_once(':') else {
-                continue;
-            };
-            match name {
-                "ShmemPmdMapped" | "AnonHugePages" => {
-                    let kib = rest
-                        .split_whitespace()
-                        .next()
-                        .and_then(|kib| kib.parse::<u64>().ok());
-                    pages.huge_bytes += kib.unwrap_or(0).saturating_mul(1024);
-                }
-                "VmFlags" => pages.asked_for_huge = rest.split_whitespace().any(|f| f == "hg"),
-                _ => {}
-            }
+            add_field(&mut pages, line);
         }
         Some(SmapsEntry {
             start,
@@ -131,6 +118,24 @@ pub fn smaps_entries(smaps: &str) -> impl Iterator<Item = SmapsEntry<'_>> {
             pages,
         })
     })
+}
+
+/// What one field line of an smaps entry says of its pages, if anything.
+fn add_field(pages: &mut MappingPages, line: &str) {
+    let Some((name, rest)) = line.split_once(':') else {
+        return;
+    };
+    match name {
+        "ShmemPmdMapped" | "AnonHugePages" => {
+            let kib = rest
+                .split_whitespace()
+                .next()
+                .and_then(|kib| kib.parse::<u64>().ok());
+            pages.huge_bytes += kib.unwrap_or(0).saturating_mul(1024);
+        }
+        "VmFlags" => pages.asked_for_huge = rest.split_whitespace().any(|f| f == "hg"),
+        _ => {}
+    }
 }
 
 /// Bytes of shared memory this process maps on 2 MiB pages
@@ -158,13 +163,12 @@ fn mapping_path(line: &str) -> &str {
 
 /// The address range of an smaps entry's first line (`start-end perms
 /// ...`); `None` for a field line (`Name: value kB`, whose first word has
-/// no `-`).
+/// no `-`), and for a range that ends before it starts.
 fn mapping_range(line: &str) -> Option<(usize, usize)> {
     let (start, end) = line.split_whitespace().next()?.split_once('-')?;
-    Some((
-        usize::from_str_radix(start, 16).ok()?,
-        usize::from_str_radix(end, 16).ok()?,
-    ))
+    let start = usize::from_str_radix(start, 16).ok()?;
+    let end = usize::from_str_radix(end, 16).ok()?;
+    (start <= end).then_some((start, end))
 }
 
 #[cfg(test)]
@@ -238,6 +242,11 @@ mod tests {
         assert_eq!(odd[0].pages.huge_bytes, 0);
         assert!(odd[0].pages.asked_for_huge);
         assert_eq!(smaps_entries("").count(), 0);
+        // A range that ends before it starts is no entry (and no panic).
+        assert_eq!(
+            smaps_entries("2000-1000 rw-p 00000000 00:00 0\n").count(),
+            0
+        );
     }
 
     #[test]

@@ -18,4 +18,4 @@ pub use rdkv_fabric::{
 };
 pub use rdkv_fabric::{MemoryError, RegionMemory};
 pub use stats::RegionStats;
-pub use writer::RegionWriter;
+pub use writer::{REGION_MEMFD_PREFIX, RegionWriter};
