@@ -127,11 +127,7 @@ fn add_field(pages: &mut MappingPages, line: &str) {
     };
     match name {
         "ShmemPmdMapped" | "AnonHugePages" => {
-            let kib = rest
-                .split_whitespace()
-                .next()
-                .and_then(|kib| kib.parse::<u64>().ok());
-            pages.huge_bytes += kib.unwrap_or(0).saturating_mul(1024);
+            pages.huge_bytes += field_bytes(rest).unwrap_or(0);
         }
         "VmFlags" => pages.asked_for_huge = rest.split_whitespace().any(|f| f == "hg"),
         _ => {}
@@ -145,8 +141,14 @@ pub fn shmem_huge_bytes(smaps_rollup: &str) -> Option<u64> {
     smaps_rollup
         .lines()
         .find_map(|line| line.strip_prefix("ShmemPmdMapped:"))
-        .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
-        .map(|kib| kib.saturating_mul(1024))
+        .and_then(field_bytes)
+}
+
+/// The bytes of a size field's value (`   2048 kB`); `None` when it does
+/// not parse.
+fn field_bytes(value: &str) -> Option<u64> {
+    let kib = value.split_whitespace().next()?.parse::<u64>().ok()?;
+    Some(kib.saturating_mul(1024))
 }
 
 /// The path of an smaps entry's first line: what follows its five fields

@@ -11,7 +11,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, ensure};
-use rdkv_fabric::pages::{SmapsEntry, smaps_entries};
+use rdkv_fabric::pages::{SHMEM_SETTING_PATH, SmapsEntry, smaps_entries};
 use rdkv_storage::region::REGION_MEMFD_PREFIX;
 use rdkv_tests::skip::{skip, this_test};
 use rdkv_tests::{Cluster, Intent, check_with_leader};
@@ -23,7 +23,8 @@ const VALUE_BYTES: usize = 1024;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_region_asks_for_huge_pages() -> Result<()> {
-    if !Path::new("/sys/kernel/mm/transparent_hugepage").exists() {
+    // The kernel's settings exist only where it has transparent huge pages.
+    if !Path::new(SHMEM_SETTING_PATH).exists() {
         skip(
             &this_test(),
             "the kernel has no transparent huge pages: no mapping can ask for them",
