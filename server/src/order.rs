@@ -6,12 +6,15 @@
 //! A store command without keys (FLUSHDB, SCAN) waits for everything before
 //! it, and everything after it waits for it.
 //!
-//! A write that is one log entry (every native write) need not wait for an
-//! earlier write of its key to finish, only for it to be *placed*: once the
-//! earlier one is proposed, the later one is ordered after it in the log,
-//! and apply decides each in log order. Such a write still finishes (and
-//! lets the reads after it run) only after the earlier one has finished,
-//! so a read after both sees both even if the later one failed early.
+//! A write that is one log entry (every native write, and the RESP
+//! commands whose only store call is one write: SET, INCR, DEL, ...) need
+//! not wait for an earlier write of its key to finish, only for it to be
+//! *placed*: once the earlier one is proposed, the later one is ordered
+//! after it in the log, and apply decides each in log order. Such a write
+//! still finishes (and lets the reads after it run) only after the earlier
+//! one has finished, so a read after both sees both even if the later one
+//! failed early. A write of several steps (a RESP command that may read its
+//! key before it writes) waits for the earlier write to finish.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -144,7 +147,9 @@ impl KeyOrder {
     /// completion is `done` and whose place among the writes of its keys is
     /// fixed at `placed` (a command that is one log entry: once proposed;
     /// any other: `done` itself); returns what it must wait for. A later
-    /// write of the same keys waits only for `placed` to start.
+    /// write of the same keys that is placed before it finishes waits only
+    /// for `placed` to start; one placed only when it finishes (`placed` is
+    /// `done`), for the earlier one to finish.
     pub fn admit(&mut self, keys: &[&Bytes], writes: bool, done: &Done, placed: &Done) -> Waits {
         if self.in_flight.len() >= self.forget_at {
             self.forget_finished();
@@ -174,11 +179,16 @@ impl KeyOrder {
             let entry = self.keys.entry(key.clone()).or_default();
             if writes {
                 if let Some(earlier) = entry.last_write.take() {
-                    // Placed only when finished: one wait, before starting.
-                    if !earlier.placed.is(&earlier.finished) {
+                    // Only a write placed before it finishes (one log
+                    // entry, decided in apply) may start once the earlier
+                    // one is placed; one of several steps may read the key
+                    // first. Placed only when finished: one wait.
+                    if placed.is(done) || earlier.placed.is(&earlier.finished) {
+                        waits.to_start.push(earlier.finished);
+                    } else {
+                        waits.to_start.push(earlier.placed);
                         waits.to_finish.push(earlier.finished);
                     }
-                    waits.to_start.push(earlier.placed);
                 }
                 waits.to_start.append(&mut entry.reads_since_write);
                 entry.last_write = Some(Write {
@@ -377,6 +387,29 @@ mod tests {
         drop(finish2);
         let ((_p, _f), waits) = admit_placed(&mut order, &["a"], true);
         assert_eq!(waits, (1, 0), "a write after the read waits for it");
+    }
+
+    /// A write placed only when it finishes (a RESP command of several
+    /// steps, such as GETEX, which may read its key first) must not start
+    /// before an earlier write of its key has finished, even one placed
+    /// long before: it would read the key without that write.
+    #[test]
+    fn a_write_of_several_steps_waits_for_a_placed_write_to_finish() {
+        let mut order = KeyOrder::default();
+        let ((place1, finish1), _) = admit_placed(&mut order, &["a"], true);
+        drop(place1);
+        let (_finish, done) = completion();
+        let a = key("a");
+        let waits = order.admit(&[&a], true, &done, &done);
+        let to_start = waits.to_start.iter().filter(|d| !d.finished()).count();
+        assert_eq!(to_start, 1, "GETEX a starts after a placed SET a finished");
+        drop(finish1);
+        let ((_p, _f), waits) = admit_placed(&mut order, &["a"], true);
+        assert_eq!(
+            waits,
+            (1, 0),
+            "a placed write after it waits for it to finish"
+        );
     }
 
     #[tokio::test]

@@ -1,4 +1,4 @@
-//! Deep RESP pipelines keep their order: 10,000 mixed SET/GET/MGET/INCR/DEL over
+//! Deep RESP pipelines keep their order: 10,000 mixed SET/GET/GETEX/MGET/INCR/DEL over
 //! 40 keys are written on one connection without waiting for any reply
 //! (through the leader, and through a follower, which forwards), and every
 //! reply is checked against a model that applies the commands one at a time
@@ -42,6 +42,9 @@ const REPLIES_TIMEOUT: Duration = Duration::from_secs(90);
 enum Op {
     Set(u64, i64),
     Get(u64),
+    /// GETEX without options, over RESP: a read the RESP front end runs as
+    /// a command of several steps flagged as a write (a plain GET natively).
+    GetEx(u64),
     MGet(u64, u64),
     Incr(u64),
     Del(u64),
@@ -57,8 +60,8 @@ enum Expected {
     Deleted(bool),
 }
 
-/// A deterministic mix: three in seven reads (GET, MGET of two keys), the
-/// rest writes of three kinds.
+/// A deterministic mix: three in seven reads (GET, GETEX, MGET of two
+/// keys), the rest writes of three kinds.
 fn script(seed: u64) -> Vec<Op> {
     let mut state = seed;
     (0..COMMANDS)
@@ -68,7 +71,8 @@ fn script(seed: u64) -> Vec<Op> {
             let value = ((state >> 32) % 1000) as i64;
             let other = (state >> 16) % KEYS;
             match state % 7 {
-                0 | 1 => Op::Get(key),
+                0 => Op::Get(key),
+                1 => Op::GetEx(key),
                 2 => Op::MGet(key, other),
                 3 => Op::Set(key, value),
                 4 | 5 => Op::Incr(key),
@@ -87,7 +91,7 @@ fn expected(ops: &[Op]) -> Vec<Expected> {
                 state.insert(k, v);
                 Expected::Ok
             }
-            Op::Get(k) => Expected::Value(state.get(&k).copied()),
+            Op::Get(k) | Op::GetEx(k) => Expected::Value(state.get(&k).copied()),
             Op::MGet(a, b) => Expected::Values(state.get(&a).copied(), state.get(&b).copied()),
             Op::Incr(k) => {
                 let n = state.get(&k).copied().unwrap_or(0) + 1;
@@ -107,6 +111,7 @@ fn resp_command(prefix: &str, op: Op) -> Vec<u8> {
     let args: Vec<String> = match op {
         Op::Set(k, v) => vec!["SET".into(), key_name(prefix, k), v.to_string()],
         Op::Get(k) => vec!["GET".into(), key_name(prefix, k)],
+        Op::GetEx(k) => vec!["GETEX".into(), key_name(prefix, k)],
         Op::MGet(a, b) => vec!["MGET".into(), key_name(prefix, a), key_name(prefix, b)],
         Op::Incr(k) => vec!["INCR".into(), key_name(prefix, k)],
         Op::Del(k) => vec!["DEL".into(), key_name(prefix, k)],
@@ -286,6 +291,81 @@ async fn a_read_answered_at_once_after_a_flush_in_its_batch_sees_the_flush() -> 
     .await
 }
 
+/// Writes of one key pipelined on one RESP connection are proposed together:
+/// each waits for the one before it to be queued for Raft, not to be
+/// committed (`StoreRun::Placed`). With the node's fsync slowed, every INCR
+/// of the pipeline is proposed (`rdkv_write_batch_commands`) before the
+/// first is answered; when each waited for the one before it to finish,
+/// one was proposed until the slow fsync ended. The replies count up in
+/// request order, and the GET after them sees the last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_writes_of_one_key_are_proposed_together() -> Result<()> {
+    const INCRS: usize = 20;
+    const SLOW_FSYNC_MS: u64 = 3_000;
+    let mut cluster = Cluster::start_with(1, &["--fault-injection"])?;
+    check_with_leader(&mut cluster, TEST_LIMIT_SECS, async |cluster, leader| {
+        let node = cluster.node(leader)?;
+        let (resp, http) = (node.resp_addr, node.http_addr);
+        cluster.slow_fsync(leader, SLOW_FSYNC_MS).await?;
+        let before = proposed_commands(http)?;
+        let mut pipeline = b"INCR counter\r\n".repeat(INCRS);
+        pipeline.extend_from_slice(b"GET counter\r\nQUIT\r\n");
+        let replies = tokio::task::spawn_blocking(move || -> Result<Vec<u8>> {
+            let mut stream = TcpStream::connect(resp)?;
+            stream.write_all(&pipeline)?;
+            wait_until_proposed(&stream, http, before, INCRS as f64)?;
+            stream.set_read_timeout(Some(REPLIES_TIMEOUT))?;
+            let mut replies = Vec::new();
+            stream.read_to_end(&mut replies)?;
+            Ok(replies)
+        })
+        .await??;
+        cluster.slow_fsync(leader, 0).await?;
+        let mut expected: Vec<u8> = (1..=INCRS)
+            .flat_map(|n| format!(":{n}\r\n").into_bytes())
+            .collect();
+        let last = INCRS.to_string();
+        expected.extend_from_slice(format!("${}\r\n{last}\r\n+OK\r\n", last.len()).as_bytes());
+        ensure!(
+            replies == expected,
+            "replies {:?}",
+            String::from_utf8_lossy(&replies)
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// Polls the node's count of proposed commands until `writes` more than
+/// `before` were proposed; fails if a reply arrives on `stream` first.
+fn wait_until_proposed(
+    stream: &TcpStream,
+    http: SocketAddr,
+    before: f64,
+    writes: f64,
+) -> Result<()> {
+    stream.set_nonblocking(true)?;
+    loop {
+        let proposed = proposed_commands(http)? - before;
+        if proposed >= writes {
+            return Ok(stream.set_nonblocking(false)?);
+        }
+        match stream.peek(&mut [0u8; 1]) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e.into()),
+            Ok(_) => bail!("a reply came when {proposed} of the {writes} writes were proposed"),
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Commands the node has proposed to Raft, over all its write batches.
+fn proposed_commands(http: SocketAddr) -> Result<f64> {
+    let (_, text) = http_get(http, "/metrics")?;
+    let metrics = rdkv_tests::prometheus::parse(&text)?;
+    Ok(metrics.sum("rdkv_write_batch_commands_sum", &[]))
+}
+
 async fn reads_answered_at_once(cluster: &Cluster, id: u64) -> Result<f64> {
     let addr = cluster.node(id)?.http_addr;
     let (_, text) = tokio::task::spawn_blocking(move || http_get(addr, "/metrics")).await??;
@@ -307,7 +387,7 @@ fn native_request(prefix: &str, i: usize, op: Op) -> Request {
             key: key(k),
             value: Bytes::from(v.to_string()),
         },
-        Op::Get(k) => Request::Get {
+        Op::Get(k) | Op::GetEx(k) => Request::Get {
             key: key(k),
             consistency,
         },
@@ -380,7 +460,9 @@ impl NativeCheck {
     /// of its keys (a deleted key reads as absent, checked by value).
     fn read(&self, op: Op, got: &Response) -> Result<()> {
         let seen: Vec<(u64, Option<u64>)> = match (op, got) {
-            (Op::Get(k), Response::Value(v)) => vec![(k, v.as_ref().map(|v| v.version))],
+            (Op::Get(k) | Op::GetEx(k), Response::Value(v)) => {
+                vec![(k, v.as_ref().map(|v| v.version))]
+            }
             (Op::MGet(a, b), Response::Values(values)) => vec![
                 (a, values[0].as_ref().map(|v| v.version)),
                 (b, values[1].as_ref().map(|v| v.version)),
@@ -402,7 +484,7 @@ impl NativeCheck {
     fn wrote(&mut self, op: Op, version: Option<u64>) -> Result<()> {
         let key = match op {
             Op::Set(k, _) | Op::Incr(k) | Op::Del(k) => k,
-            Op::Get(_) | Op::MGet(..) => return Ok(()),
+            Op::Get(_) | Op::GetEx(_) | Op::MGet(..) => return Ok(()),
         };
         let Some(version) = version else {
             return Ok(());

@@ -188,7 +188,13 @@ fn judge(reply: Reply) -> Result<Try, MetaError> {
 pub async fn publish_here(meta: &Meta, map: ShardMap) -> Reply {
     let replica = meta.replica();
     replica.require_leader()?;
-    match write::commit(replica, Command::PublishShardMap { map: map.clone() }, None).await? {
+    match write::commit(
+        replica,
+        Command::PublishShardMap { map: map.clone() },
+        &mut None,
+    )
+    .await?
+    {
         Response::Written { .. } => {
             meta.install(map.clone());
             Ok(Response::ShardMap(Box::new(map)))

@@ -15,6 +15,7 @@ use super::parse::Args;
 use super::reply::{Protocol, Reply};
 use super::session::Session;
 use super::store::unexpected;
+use crate::order::Finish;
 use crate::service::shard_status;
 
 pub fn upper(arg: &[u8]) -> String {
@@ -128,32 +129,34 @@ impl SetOptions {
 }
 
 /// SET key value [NX|XX] [GET] [EX s|PX ms|EXAT unix-s|PXAT unix-ms|KEEPTTL].
-pub async fn set(server: &RespServer, args: &[Bytes]) -> Reply {
+pub async fn set(server: &RespServer, args: &[Bytes], place: Option<Finish>) -> Reply {
     match expiry::set_options(&args[2..]) {
-        Ok(options) => set_with(server, &args[0], &args[1], options).await,
+        Ok(options) => set_with(server, &args[0], &args[1], options, place).await,
         Err(reply) => reply,
     }
 }
 
-/// SET (or SETEX) of `key` to `value` with its options checked.
+/// SET (or SETEX) of `key` to `value` with its options checked: one write,
+/// placed at `place` (`RespServer::call_placed`).
 pub async fn set_with(
     server: &RespServer,
     key: &Bytes,
     value: &Bytes,
     options: SetOptions,
+    place: Option<Finish>,
 ) -> Reply {
     if options.is_plain() {
         let request = Request::Put {
             key: key.clone(),
             value: value.clone(),
         };
-        return match server.call(request).await {
+        return match server.call_placed(request, place).await {
             Ok(Response::Written { .. }) => Reply::ok(),
             Ok(other) => unexpected(&other),
             Err(e) => e,
         };
     }
-    match server.update(key, options.update(value)).await {
+    match server.update(key, options.update(value), place).await {
         Ok(outcome) => options.reply(outcome),
         Err(e) => e,
     }
@@ -175,8 +178,8 @@ pub fn setnx_reply(outcome: UpdateOutcome) -> Reply {
     }
 }
 
-pub async fn setnx(server: &RespServer, args: &[Bytes]) -> Reply {
-    match server.update(&args[0], setnx_update(&args[1])).await {
+pub async fn setnx(server: &RespServer, args: &[Bytes], place: Option<Finish>) -> Reply {
+    match server.update(&args[0], setnx_update(&args[1]), place).await {
         Ok(outcome) => setnx_reply(outcome),
         Err(e) => e,
     }
@@ -198,8 +201,11 @@ pub fn getset_reply(outcome: UpdateOutcome) -> Reply {
     }
 }
 
-pub async fn getset(server: &RespServer, args: &[Bytes]) -> Reply {
-    match server.update(&args[0], getset_update(&args[1])).await {
+pub async fn getset(server: &RespServer, args: &[Bytes], place: Option<Finish>) -> Reply {
+    match server
+        .update(&args[0], getset_update(&args[1]), place)
+        .await
+    {
         Ok(outcome) => getset_reply(outcome),
         Err(e) => e,
     }
@@ -224,30 +230,30 @@ pub fn add_reply(outcome: UpdateOutcome) -> Reply {
     }
 }
 
-async fn add(server: &RespServer, command: &str, args: &[Bytes]) -> Reply {
+async fn add(server: &RespServer, command: &str, args: &[Bytes], place: Option<Finish>) -> Reply {
     let Some(delta) = delta(command, args) else {
         return Reply::not_integer();
     };
-    match server.update(&args[0], Update::Incr { delta }).await {
+    match server.update(&args[0], Update::Incr { delta }, place).await {
         Ok(outcome) => add_reply(outcome),
         Err(e) => e,
     }
 }
 
-pub async fn incr(server: &RespServer, args: &[Bytes]) -> Reply {
-    add(server, "incr", args).await
+pub async fn incr(server: &RespServer, args: &[Bytes], place: Option<Finish>) -> Reply {
+    add(server, "incr", args, place).await
 }
 
-pub async fn decr(server: &RespServer, args: &[Bytes]) -> Reply {
-    add(server, "decr", args).await
+pub async fn decr(server: &RespServer, args: &[Bytes], place: Option<Finish>) -> Reply {
+    add(server, "decr", args, place).await
 }
 
-pub async fn incrby(server: &RespServer, args: &[Bytes]) -> Reply {
-    add(server, "incrby", args).await
+pub async fn incrby(server: &RespServer, args: &[Bytes], place: Option<Finish>) -> Reply {
+    add(server, "incrby", args, place).await
 }
 
-pub async fn decrby(server: &RespServer, args: &[Bytes]) -> Reply {
-    add(server, "decrby", args).await
+pub async fn decrby(server: &RespServer, args: &[Bytes], place: Option<Finish>) -> Reply {
+    add(server, "decrby", args, place).await
 }
 
 pub fn append_reply(outcome: UpdateOutcome) -> Reply {
@@ -258,11 +264,11 @@ pub fn append_reply(outcome: UpdateOutcome) -> Reply {
     }
 }
 
-pub async fn append(server: &RespServer, args: &[Bytes]) -> Reply {
+pub async fn append(server: &RespServer, args: &[Bytes], place: Option<Finish>) -> Reply {
     let update = Update::Append {
         suffix: args[1].clone(),
     };
-    match server.update(&args[0], update).await {
+    match server.update(&args[0], update, place).await {
         Ok(outcome) => append_reply(outcome),
         Err(e) => e,
     }
@@ -330,44 +336,55 @@ async fn copy_command(
     command: &str,
     args: &[Bytes],
     reply: fn(UpdateOutcome) -> Reply,
+    place: Option<Finish>,
 ) -> Reply {
-    updated(server, &args[1], copy_update(command, args), reply).await
+    updated(server, &args[1], copy_update(command, args), reply, place).await
 }
 
 /// Applies `update` to `key` and answers with `reply` of its outcome; an
-/// argument error (`Err`) is the reply, nothing is sent.
+/// argument error (`Err`) is the reply, nothing is sent. The command's
+/// only write: placed at `place` (`RespServer::call_placed`).
 pub async fn updated(
     server: &RespServer,
     key: &Bytes,
     update: Result<Update, Reply>,
     reply: fn(UpdateOutcome) -> Reply,
+    place: Option<Finish>,
 ) -> Reply {
     let update = match update {
         Ok(update) => update,
         Err(refused) => return refused,
     };
-    match server.update(key, update).await {
+    match server.update(key, update, place).await {
         Ok(outcome) => reply(outcome),
         Err(e) => e,
     }
 }
 
-pub async fn rename(server: &RespServer, args: &[Bytes]) -> Reply {
-    copy_command(server, "rename", args, rename_reply).await
+pub async fn rename(server: &RespServer, args: &[Bytes], place: Option<Finish>) -> Reply {
+    copy_command(server, "rename", args, rename_reply, place).await
 }
 
-pub async fn renamenx(server: &RespServer, args: &[Bytes]) -> Reply {
-    copy_command(server, "renamenx", args, renamenx_reply).await
+pub async fn renamenx(server: &RespServer, args: &[Bytes], place: Option<Finish>) -> Reply {
+    copy_command(server, "renamenx", args, renamenx_reply, place).await
 }
 
-pub async fn copy(server: &RespServer, args: &[Bytes]) -> Reply {
-    copy_command(server, "copy", args, copy_reply).await
+pub async fn copy(server: &RespServer, args: &[Bytes], place: Option<Finish>) -> Reply {
+    copy_command(server, "copy", args, copy_reply, place).await
 }
 
-pub async fn del(server: &RespServer, args: &[Bytes]) -> Reply {
+/// DEL: one delete per key, in turn. Only the last is given `place`, so the
+/// command is placed once every earlier delete has finished and the last
+/// is queued.
+pub async fn del(server: &RespServer, args: &[Bytes], mut place: Option<Finish>) -> Reply {
     let mut deleted = 0;
-    for key in args {
-        match server.call(Request::Delete { key: key.clone() }).await {
+    for (at, key) in args.iter().enumerate() {
+        let last = at + 1 == args.len();
+        let place = if last { place.take() } else { None };
+        match server
+            .call_placed(Request::Delete { key: key.clone() }, place)
+            .await
+        {
             Ok(Response::Deleted { existed, .. }) => deleted += i64::from(existed),
             Ok(other) => return unexpected(&other),
             Err(e) => return e,

@@ -372,20 +372,28 @@ impl<'a> Pipeline<'a> {
         answered
     }
 
-    /// Starts a store command after the earlier commands on its keys.
+    /// Starts a store command after the earlier commands on its keys: after
+    /// the earlier writes of its keys are placed, for a write that is placed
+    /// once proposed (`StoreRun::Placed`), else after they have finished.
     fn start_store(&mut self, spec: &'static Spec, run: StoreRun, argv: Vec<Bytes>) {
         let bytes: usize = argv.iter().map(Bytes::len).sum();
         let (finish, done) = completion();
-        // A RESP command may take several steps of the store: its place
-        // among the writes of its keys is fixed only when it has finished.
+        let (mut place, placed) = match run.is_placed() {
+            true => {
+                let (place, placed) = completion();
+                (Some(place), placed)
+            }
+            false => (None, done.clone()),
+        };
         let waits = self
             .order
-            .admit(&spec.keys_in(&argv), spec.writes(), &done, &done);
+            .admit(&spec.keys_in(&argv), spec.writes(), &done, &placed);
         self.held_bytes += bytes;
         let server = self.server;
         self.running.push_back(Box::pin(async move {
             waits.start().await;
-            let reply = run(server, &argv[1..]).await;
+            let reply = run.start(server, &argv[1..], &mut place).await;
+            drop(place);
             waits.finish().await;
             drop(finish);
             (reply, false, bytes)

@@ -16,6 +16,7 @@ use super::RespServer;
 use super::commands::{self, SetOptions, integer_arg, set_with, updated, upper};
 use super::reply::Reply;
 use super::store::unexpected;
+use crate::order::Finish;
 
 /// A deadline every clock has passed: the key is deleted, as Redis does
 /// for an EXPIRE to a time not in the future.
@@ -338,44 +339,54 @@ pub fn refused_if_found(refused: Reply, value: Option<&Bytes>) -> Reply {
     value.map_or(Reply::Null, |_| refused)
 }
 
-async fn setex_command(server: &RespServer, command: &str, args: &[Bytes]) -> Reply {
+async fn setex_command(
+    server: &RespServer,
+    command: &str,
+    args: &[Bytes],
+    place: Option<Finish>,
+) -> Reply {
     match setex_options(command, args) {
-        Ok(options) => set_with(server, &args[0], &args[2], options).await,
+        Ok(options) => set_with(server, &args[0], &args[2], options, place).await,
         Err(refused) => refused,
     }
 }
 
-pub async fn setex(server: &RespServer, args: &[Bytes]) -> Reply {
-    setex_command(server, "setex", args).await
+pub async fn setex(server: &RespServer, args: &[Bytes], place: Option<Finish>) -> Reply {
+    setex_command(server, "setex", args, place).await
 }
 
-pub async fn psetex(server: &RespServer, args: &[Bytes]) -> Reply {
-    setex_command(server, "psetex", args).await
+pub async fn psetex(server: &RespServer, args: &[Bytes], place: Option<Finish>) -> Reply {
+    setex_command(server, "psetex", args, place).await
 }
 
-async fn expire_command(server: &RespServer, command: &str, args: &[Bytes]) -> Reply {
+async fn expire_command(
+    server: &RespServer,
+    command: &str,
+    args: &[Bytes],
+    place: Option<Finish>,
+) -> Reply {
     let update = expire_update(command, args);
-    updated(server, &args[0], update, expire_reply).await
+    updated(server, &args[0], update, expire_reply, place).await
 }
 
-pub async fn expire(server: &RespServer, args: &[Bytes]) -> Reply {
-    expire_command(server, "expire", args).await
+pub async fn expire(server: &RespServer, args: &[Bytes], place: Option<Finish>) -> Reply {
+    expire_command(server, "expire", args, place).await
 }
 
-pub async fn pexpire(server: &RespServer, args: &[Bytes]) -> Reply {
-    expire_command(server, "pexpire", args).await
+pub async fn pexpire(server: &RespServer, args: &[Bytes], place: Option<Finish>) -> Reply {
+    expire_command(server, "pexpire", args, place).await
 }
 
-pub async fn expireat(server: &RespServer, args: &[Bytes]) -> Reply {
-    expire_command(server, "expireat", args).await
+pub async fn expireat(server: &RespServer, args: &[Bytes], place: Option<Finish>) -> Reply {
+    expire_command(server, "expireat", args, place).await
 }
 
-pub async fn pexpireat(server: &RespServer, args: &[Bytes]) -> Reply {
-    expire_command(server, "pexpireat", args).await
+pub async fn pexpireat(server: &RespServer, args: &[Bytes], place: Option<Finish>) -> Reply {
+    expire_command(server, "pexpireat", args, place).await
 }
 
-pub async fn persist(server: &RespServer, args: &[Bytes]) -> Reply {
-    updated(server, &args[0], Ok(persist_update()), expire_reply).await
+pub async fn persist(server: &RespServer, args: &[Bytes], place: Option<Finish>) -> Reply {
+    updated(server, &args[0], Ok(persist_update()), expire_reply, place).await
 }
 
 async fn ttl_command(server: &RespServer, command: &str, args: &[Bytes]) -> Reply {
@@ -408,7 +419,7 @@ pub async fn getex(server: &RespServer, args: &[Bytes]) -> Reply {
     };
     match plan {
         GetEx::Read => commands::get(server, args).await,
-        GetEx::Update(update) => updated(server, &args[0], Ok(update), got_reply).await,
+        GetEx::Update(update) => updated(server, &args[0], Ok(update), got_reply, None).await,
         GetEx::RefusedIfFound(refused) => match server.get(&args[0]).await {
             Ok(value) => refused_if_found(refused, value.as_ref()),
             Err(e) => e,
@@ -416,8 +427,8 @@ pub async fn getex(server: &RespServer, args: &[Bytes]) -> Reply {
     }
 }
 
-pub async fn getdel(server: &RespServer, args: &[Bytes]) -> Reply {
-    updated(server, &args[0], Ok(Update::GetDel), got_reply).await
+pub async fn getdel(server: &RespServer, args: &[Bytes], place: Option<Finish>) -> Reply {
+    updated(server, &args[0], Ok(Update::GetDel), got_reply, place).await
 }
 
 #[cfg(test)]

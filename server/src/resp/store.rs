@@ -17,6 +17,7 @@ use super::RespServer;
 use super::forward::error_reply;
 use super::reply::Reply;
 use crate::lease;
+use crate::order::Finish;
 use crate::replica::Replica;
 use crate::service::read;
 use crate::telemetry::Via;
@@ -47,6 +48,21 @@ fn leader_count(statuses: &[ShardStatus]) -> Option<u64> {
 impl RespServer {
     /// Serves `request` here, or at the leader when this node does not lead.
     pub(super) async fn call(&self, request: Request) -> Result<Response, Reply> {
+        self.call_placed(request, None).await
+    }
+
+    /// [`call`](Self::call) of a command's only write, holding its `place`
+    /// (`StoreRun::Placed`) until the write is queued for Raft here, or
+    /// until it has been answered elsewhere. A write refused after it was
+    /// queued (this node's Raft no longer led when it took the proposal:
+    /// nothing was written) is not tried again: the connection's next
+    /// write of its keys may have been queued meanwhile, and this one
+    /// would land after it. It is answered with the refusal (TRYAGAIN).
+    pub(super) async fn call_placed(
+        &self,
+        request: Request,
+        mut place: Option<Finish>,
+    ) -> Result<Response, Reply> {
         let handler = &self.handler;
         request
             .validate(&handler.limits())
@@ -54,7 +70,11 @@ impl RespServer {
         let deadline = tokio::time::Instant::now() + ELECTION_WAIT;
         let mut backoff = FIRST_BACKOFF;
         loop {
-            let error = match handler.handle(request.clone(), Via::Resp).await {
+            let held = place.is_some();
+            let error = match handler
+                .handle_placed(request.clone(), Via::Resp, &mut place)
+                .await
+            {
                 Response::Error(error) if error.code == ErrorCode::NotLeader => error,
                 // A key of a shard this node does not host: the forwarding
                 // client finds its shard from the map.
@@ -65,6 +85,9 @@ impl RespServer {
                 Response::Error(error) => return Err(error_reply(&error)),
                 response => return Ok(response),
             };
+            if held && place.is_none() {
+                return Err(error_reply(&error));
+            }
             match &error.leader_hint {
                 Some(hint) if hint.node_id != handler.replica().node_id() => {
                     let endpoints = self.leader_endpoints(hint);
@@ -401,12 +424,19 @@ impl RespServer {
     }
 
     /// A read-modify-write of one key, decided by the state machine.
-    pub(super) async fn update(&self, key: &Bytes, update: Update) -> Result<UpdateOutcome, Reply> {
+    /// `update` of `key`, the command's only write: `place` as in
+    /// [`call_placed`](Self::call_placed).
+    pub(super) async fn update(
+        &self,
+        key: &Bytes,
+        update: Update,
+        place: Option<Finish>,
+    ) -> Result<UpdateOutcome, Reply> {
         let request = Request::Update {
             key: key.clone(),
             update,
         };
-        match self.call(request).await? {
+        match self.call_placed(request, place).await? {
             Response::Updated(outcome) => Ok(outcome),
             other => Err(unexpected(&other)),
         }

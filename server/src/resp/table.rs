@@ -18,13 +18,46 @@ use super::keyspace;
 use super::parse::Args;
 use super::reply::{Protocol, Reply};
 use super::session::SessionRun;
+use crate::order::Finish;
 
 /// What a command served by the store returns: it may wait for Raft or the
 /// leader.
 pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Reply> + Send + 'a>>;
 
 /// A handler of a command served by the store.
-pub type StoreRun = for<'a> fn(&'a RespServer, &'a [Bytes]) -> StoreFuture<'a>;
+#[derive(Debug, Clone, Copy)]
+pub enum StoreRun {
+    /// Any number of store calls: the command's place among the writes of
+    /// its keys is fixed only once it has finished.
+    Steps(for<'a> fn(&'a RespServer, &'a [Bytes]) -> StoreFuture<'a>),
+    /// Its last store call is its only write, one log entry: the command
+    /// is placed once that write is queued for Raft. It is handed its
+    /// place (`Some`: dropping it lets the connection's next write of
+    /// its keys be proposed) for that call (`RespServer::call_placed`).
+    Placed(for<'a> fn(&'a RespServer, &'a [Bytes], Option<Finish>) -> StoreFuture<'a>),
+}
+
+impl StoreRun {
+    /// Whether the command is placed before it finishes.
+    pub fn is_placed(self) -> bool {
+        matches!(self, StoreRun::Placed(_))
+    }
+
+    /// Starts the command with `args` (after the name). A placed one takes
+    /// `place`; any other leaves it with the caller, to hold until the
+    /// command has finished.
+    pub fn start<'a>(
+        self,
+        server: &'a RespServer,
+        args: &'a [Bytes],
+        place: &mut Option<Finish>,
+    ) -> StoreFuture<'a> {
+        match self {
+            StoreRun::Steps(run) => run(server, args),
+            StoreRun::Placed(run) => run(server, args, place.take()),
+        }
+    }
+}
 
 /// A read served at once from this node's region, called only once the
 /// node may serve reads from it (`RespServer::reads_now`), through the
@@ -213,7 +246,18 @@ impl Spec {
 /// A handler of `commands` served by the store.
 macro_rules! store {
     ($handler:path) => {
-        Run::Store(|server, args| Box::pin($handler(server, args)))
+        Run::Store(StoreRun::Steps(|server, args| {
+            Box::pin($handler(server, args))
+        }))
+    };
+}
+
+/// A handler whose last store call is its only write (`StoreRun::Placed`).
+macro_rules! placed {
+    ($handler:path) => {
+        Run::Store(StoreRun::Placed(|server, args, place| {
+            Box::pin($handler(server, args, place))
+        }))
     };
 }
 
@@ -284,44 +328,50 @@ pub static COMMANDS: &[Spec] = &[
         Run::Session(|s, _| s.unwatch()),
     ),
     row("get", 2, READ, ONE, store!(commands::get)).answered_now(Op::Get, commands::get_now),
-    row("set", -3, &["write"], ONE, store!(commands::set)),
-    row("setex", 4, &["write"], ONE, store!(expiry::setex)),
-    row("psetex", 4, &["write"], ONE, store!(expiry::psetex)),
-    row("setnx", 3, FAST_WRITE, ONE, store!(commands::setnx)),
-    row("getset", 3, FAST_WRITE, ONE, store!(commands::getset)),
+    row("set", -3, &["write"], ONE, placed!(commands::set)),
+    row("setex", 4, &["write"], ONE, placed!(expiry::setex)),
+    row("psetex", 4, &["write"], ONE, placed!(expiry::psetex)),
+    row("setnx", 3, FAST_WRITE, ONE, placed!(commands::setnx)),
+    row("getset", 3, FAST_WRITE, ONE, placed!(commands::getset)),
     row("getex", -2, FAST_WRITE, ONE, store!(expiry::getex)),
-    row("getdel", 2, FAST_WRITE, ONE, store!(expiry::getdel)),
-    row("expire", -3, FAST_WRITE, ONE, store!(expiry::expire)),
-    row("pexpire", -3, FAST_WRITE, ONE, store!(expiry::pexpire)),
-    row("expireat", -3, FAST_WRITE, ONE, store!(expiry::expireat)),
-    row("pexpireat", -3, FAST_WRITE, ONE, store!(expiry::pexpireat)),
-    row("persist", 2, FAST_WRITE, ONE, store!(expiry::persist)),
+    row("getdel", 2, FAST_WRITE, ONE, placed!(expiry::getdel)),
+    row("expire", -3, FAST_WRITE, ONE, placed!(expiry::expire)),
+    row("pexpire", -3, FAST_WRITE, ONE, placed!(expiry::pexpire)),
+    row("expireat", -3, FAST_WRITE, ONE, placed!(expiry::expireat)),
+    row("pexpireat", -3, FAST_WRITE, ONE, placed!(expiry::pexpireat)),
+    row("persist", 2, FAST_WRITE, ONE, placed!(expiry::persist)),
     row("ttl", 2, READ, ONE, store!(expiry::ttl)),
     row("pttl", 2, READ, ONE, store!(expiry::pttl)),
     row("expiretime", 2, READ, ONE, store!(expiry::expiretime)),
     row("pexpiretime", 2, READ, ONE, store!(expiry::pexpiretime)),
-    row("del", -2, &["write"], ALL, store!(commands::del)),
+    row("del", -2, &["write"], ALL, placed!(commands::del)),
     row("exists", -2, READ, ALL, store!(commands::exists)),
-    row("unlink", -2, FAST_WRITE, ALL, store!(commands::del)),
+    row("unlink", -2, FAST_WRITE, ALL, placed!(commands::del)),
     row("type", 2, READ, ONE, store!(keyspace::key_type)),
-    row("rename", 3, &["write"], Keys::TWO, store!(commands::rename)),
+    row(
+        "rename",
+        3,
+        &["write"],
+        Keys::TWO,
+        placed!(commands::rename),
+    ),
     row(
         "renamenx",
         3,
         FAST_WRITE,
         Keys::TWO,
-        store!(commands::renamenx),
+        placed!(commands::renamenx),
     ),
-    row("copy", -3, &["write"], Keys::TWO, store!(commands::copy)),
+    row("copy", -3, &["write"], Keys::TWO, placed!(commands::copy)),
     row("keys", 2, &["readonly"], NONE, store!(keyspace::keys)),
     row("scan", -2, &["readonly"], NONE, store!(keyspace::scan)),
     row("mget", -2, READ, ALL, store!(commands::mget)).answered_now(Op::MGet, commands::mget_now),
     row("mset", -3, &["write"], Keys::PAIRS, store!(commands::mset)),
-    row("incr", 2, FAST_WRITE, ONE, store!(commands::incr)),
-    row("incrby", 3, FAST_WRITE, ONE, store!(commands::incrby)),
-    row("decr", 2, FAST_WRITE, ONE, store!(commands::decr)),
-    row("decrby", 3, FAST_WRITE, ONE, store!(commands::decrby)),
-    row("append", 3, FAST_WRITE, ONE, store!(commands::append)),
+    row("incr", 2, FAST_WRITE, ONE, placed!(commands::incr)),
+    row("incrby", 3, FAST_WRITE, ONE, placed!(commands::incrby)),
+    row("decr", 2, FAST_WRITE, ONE, placed!(commands::decr)),
+    row("decrby", 3, FAST_WRITE, ONE, placed!(commands::decrby)),
+    row("append", 3, FAST_WRITE, ONE, placed!(commands::append)),
     row("strlen", 2, READ, ONE, store!(commands::strlen)),
     row("dbsize", 1, READ, NONE, store!(commands::dbsize)),
     row("flushdb", -1, &["write"], NONE, store!(commands::flush)),

@@ -251,7 +251,12 @@ impl<'a, W: AsyncWrite + Unpin> Connection<'a, W> {
                     shard,
                     request: ShardRequest::RdmaConnect { endpoint },
                 }) => rdma_connect(handler, Some(shard), endpoint, rdma_sessions),
-                Ok(request) => handler.handle_placed(request, via, turn.place).await,
+                Ok(request) => {
+                    // Dropped here whether or not the write was queued: the
+                    // client, not this connection, tries a refused one again.
+                    let mut place = turn.place;
+                    handler.handle_placed(request, via, &mut place).await
+                }
             };
             turn.waits.finish().await;
             drop(turn.finish);

@@ -187,17 +187,19 @@ impl Handler {
     /// Serves one request that arrived `via` a transport: checks its limits,
     /// answers it, and accounts for it in the metrics.
     pub async fn handle(&self, request: Request, via: Via) -> Response {
-        self.handle_placed(request, via, None).await
+        self.handle_placed(request, via, &mut None).await
     }
 
-    /// [`handle`](Self::handle), dropping `placed` once a write's place in
-    /// the log is fixed (or it will not be written): the connection's
-    /// next write of the same keys may then be proposed.
+    /// [`handle`](Self::handle), taking and dropping `placed` once a
+    /// write's place in the log is fixed (it is queued for Raft): the
+    /// connection's next write of the same keys may then be proposed. A
+    /// request refused before that (not the leader, no room, not a write)
+    /// leaves it with the caller, whose next attempt is still first.
     pub async fn handle_placed(
         &self,
         request: Request,
         via: Via,
-        placed: Option<Finish>,
+        placed: &mut Option<Finish>,
     ) -> Response {
         let op = request.op();
         let flight = self.stats.start();
@@ -219,7 +221,7 @@ impl Handler {
     /// The hot requests (GET, MGET, writes) are awaited here; the rest are
     /// boxed: a future is as large as its largest arm, and it is copied at
     /// every await on the way down.
-    async fn dispatch(&self, request: Request, placed: Option<Finish>) -> Reply {
+    async fn dispatch(&self, request: Request, placed: &mut Option<Finish>) -> Reply {
         let max_frame_bytes = self.limits.max_frame_bytes;
         match request {
             Request::Ping => Ok(Response::Pong),
@@ -392,7 +394,7 @@ impl Handler {
                 let range = scan_range(&start_key, end_key.as_deref(), limit);
                 read::scan(replica, range, consistency, self.limits.max_frame_bytes).await
             }
-            ShardRequest::Clear => self.write_to(replica, Command::Clear, None).await,
+            ShardRequest::Clear => self.write_to(replica, Command::Clear, &mut None).await,
             // Served before the shard is looked up (it is not hosted yet),
             // and alike when it is.
             ShardRequest::OpenReplica => {
@@ -447,7 +449,7 @@ impl Handler {
 
     /// A write goes through the log on the leader, if the quota has room
     /// for it.
-    async fn write(&self, command: Command, placed: Option<Finish>) -> Reply {
+    async fn write(&self, command: Command, placed: &mut Option<Finish>) -> Reply {
         let replica = match command.keys() {
             Some(keys) => routed!(self.shards.for_keys(keys.into_iter().map(|key| &key[..]))),
             None if self.shards.is_sharded() => return Err(not_across_shards("a keyless write")),
@@ -458,7 +460,12 @@ impl Handler {
 
     /// `command` through the log of `replica`, on its leader, if the quota
     /// has room for it.
-    async fn write_to(&self, replica: &Replica, command: Command, placed: Option<Finish>) -> Reply {
+    async fn write_to(
+        &self,
+        replica: &Replica,
+        command: Command,
+        placed: &mut Option<Finish>,
+    ) -> Reply {
         replica.require_leader()?;
         self.admit_within_quota(replica, &command)?;
         write::commit(replica, command, placed).await

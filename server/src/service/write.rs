@@ -19,10 +19,10 @@ const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Proposes `command`, stamped with this leader's wall clock (the time its
 /// expiry decisions and TTLs count from, `Command::Timed`), and waits for
 /// its result (the caller has checked that this node leads and the region
-/// has room). `placed` is dropped once the proposal is queued
+/// has room). `placed` is taken and dropped once the proposal is queued
 /// (`proposals`): a write this node proposes after that is ordered after
-/// it in the log.
-pub async fn commit(replica: &Replica, command: Command, placed: Option<Finish>) -> Reply {
+/// it in the log. Left in place if the proposal could not be queued.
+pub async fn commit(replica: &Replica, command: Command, placed: &mut Option<Finish>) -> Reply {
     // Past the limit the outcome is unknown: the entry may still commit.
     within(
         COMMIT_TIMEOUT,
@@ -40,14 +40,18 @@ pub async fn commit(replica: &Replica, command: Command, placed: Option<Finish>)
 /// completion is the apply). Architecture Invariant: a write is answered
 /// only after this node applied it; the read fence and the lease's reads
 /// rest on it (`service::read_fence`).
-async fn propose_and_wait(replica: &Replica, command: Command, placed: Option<Finish>) -> Reply {
+async fn propose_and_wait(
+    replica: &Replica,
+    command: Command,
+    placed: &mut Option<Finish>,
+) -> Reply {
     let command = command.timed(unix_now_ms());
     let (responder, outcome) = ProgressResponder::complete_only();
     replica
         .proposals
         .propose(command, responder)
         .map_err(|_| ErrorReply::new(ErrorCode::Unavailable, "raft has stopped"))?;
-    drop(placed);
+    drop(placed.take());
     // The proposal reached Raft, which may have committed it before it
     // stopped: the outcome is unknown, and a client must not resend it.
     let applied = outcome.await.map_err(|_| {
