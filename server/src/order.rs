@@ -18,14 +18,22 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use tokio::sync::Notify;
 
+/// [`Completion::state`]'s bit set once the command has finished.
+const FINISHED: usize = 1;
+/// What [`Completion::state`] grows by for each waiter that went on.
+const PASSED: usize = 2;
+
 #[derive(Debug, Default)]
 struct Completion {
-    finished: AtomicBool,
+    /// [`FINISHED`], plus [`PASSED`] for every wait that returned: one word,
+    /// so that taking a signal back ([`Done::withdraw`]) and a waiter going
+    /// past it cannot both happen.
+    state: AtomicUsize,
     notify: Notify,
 }
 
@@ -40,18 +48,41 @@ impl Done {
     }
 
     fn finished(&self) -> bool {
-        self.0.finished.load(Ordering::Acquire)
+        self.0.state.load(Ordering::Acquire) & FINISHED != 0
+    }
+
+    /// Counts this waiter as gone past, if the command has finished.
+    fn pass(&self) -> bool {
+        self.0
+            .state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
+                (state & FINISHED != 0).then_some(state + PASSED)
+            })
+            .is_ok()
     }
 
     /// Resolves once the command has finished (or was dropped).
     pub async fn wait(&self) {
         loop {
             let notified = self.0.notify.notified();
-            if self.finished() {
+            if self.pass() {
                 return;
             }
             notified.await;
         }
+    }
+
+    /// Takes back a finished signal that no waiter has gone past yet: it is
+    /// unfinished again, until the returned handle is dropped. `None` once
+    /// a waiter went on (or it has not finished). A RESP write refused by
+    /// Raft after its place was given (`RespServer::call_placed`) takes its
+    /// place back this way to be tried again ahead of the writes behind it.
+    pub fn withdraw(&self) -> Option<Finish> {
+        self.0
+            .state
+            .compare_exchange(FINISHED, 0, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| Finish(Arc::clone(&self.0)))
     }
 }
 
@@ -59,9 +90,16 @@ impl Done {
 #[derive(Debug)]
 pub struct Finish(Arc<Completion>);
 
+impl Finish {
+    /// The signal this handle fires.
+    pub fn done(&self) -> Done {
+        Done(Arc::clone(&self.0))
+    }
+}
+
 impl Drop for Finish {
     fn drop(&mut self) {
-        self.0.finished.store(true, Ordering::Release);
+        self.0.state.fetch_or(FINISHED, Ordering::Release);
         self.0.notify.notify_waiters();
     }
 }
@@ -410,6 +448,31 @@ mod tests {
             (1, 0),
             "a placed write after it waits for it to finish"
         );
+    }
+
+    /// A place given and taken back before any later write went past it
+    /// holds them again; once one went past, it cannot be taken back.
+    #[tokio::test]
+    async fn a_signal_is_taken_back_only_before_a_waiter_went_past_it() {
+        let (finish, done) = completion();
+        assert!(done.withdraw().is_none(), "not yet given");
+        let waiter = tokio::spawn({
+            let done = done.clone();
+            async move { done.wait().await }
+        });
+        tokio::task::yield_now().await;
+        drop(finish);
+        let again = done.withdraw().expect("nobody went past it yet");
+        assert!(!done.finished());
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "woken, but held again");
+        drop(again);
+        tokio::time::timeout(std::time::Duration::from_secs(10), waiter)
+            .await
+            .expect("woken")
+            .expect("joined");
+        assert!(done.withdraw().is_none(), "a waiter went past it");
+        assert!(done.finished());
     }
 
     #[tokio::test]

@@ -336,8 +336,80 @@ async fn pipelined_writes_of_one_key_are_proposed_together() -> Result<()> {
     .await
 }
 
+/// Pipelined INCRs of one key on one RESP connection, while the leadership
+/// moves to each node in turn: writes Raft refuses mid-move are tried again
+/// behind the leader's back (forwarded) or, when a later INCR of the key
+/// went ahead of a refused one, answered TRYAGAIN; never applied out of
+/// order. So the integer replies, in request order, rise strictly, and
+/// every other reply is a refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_writes_keep_their_order_while_the_leader_moves() -> Result<()> {
+    let mut cluster = Cluster::start(3)?;
+    check_with_leader(&mut cluster, TEST_LIMIT_SECS, async |cluster, first| {
+        let resp = cluster.node(first)?.resp_addr;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = tokio::task::spawn_blocking({
+            let stop = stop.clone();
+            move || incr_rounds(resp, &stop)
+        });
+        let client = cluster.client(rdkv_tests::Intent::Any)?;
+        let mut targets: Vec<u64> = (1..=3).filter(|id| *id != first).collect();
+        targets.push(first);
+        for target in targets {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            client.move_leader(target).await?;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let replies = writer.await??;
+        let mut last = 0;
+        let (mut counted, mut refused) = (0, 0);
+        for (i, reply) in replies.iter().enumerate() {
+            match reply.strip_prefix(':').map(str::parse::<i64>) {
+                Some(Ok(n)) => {
+                    ensure!(n > last, "reply {i}: INCR answered {n} after {last}");
+                    (last, counted) = (n, counted + 1);
+                }
+                _ if reply.starts_with("-TRYAGAIN") || reply.contains("may or may not") => {
+                    refused += 1
+                }
+                _ => bail!("reply {i}: {reply:?}"),
+            }
+        }
+        println!(
+            "{} INCRs: {counted} applied in order, {refused} refused",
+            replies.len()
+        );
+        ensure!(counted > 0, "no INCR was applied");
+        Ok(())
+    })
+    .await
+}
+
+/// Rounds of 64 pipelined `INCR hot` on one connection until `stop`; every
+/// reply line, in request order.
+fn incr_rounds(resp: SocketAddr, stop: &std::sync::atomic::AtomicBool) -> Result<Vec<String>> {
+    use std::io::BufRead;
+    const ROUND: usize = 64;
+    let mut stream = TcpStream::connect(resp)?;
+    stream.set_read_timeout(Some(REPLIES_TIMEOUT))?;
+    let mut lines = std::io::BufReader::new(stream.try_clone()?);
+    let round = b"INCR hot\r\n".repeat(ROUND);
+    let mut replies = Vec::new();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        stream.write_all(&round)?;
+        for _ in 0..ROUND {
+            let mut line = String::new();
+            lines.read_line(&mut line).context("reading a reply")?;
+            replies.push(line.trim_end().to_owned());
+        }
+    }
+    Ok(replies)
+}
+
 /// Polls the node's count of proposed commands until `writes` more than
-/// `before` were proposed; fails if a reply arrives on `stream` first.
+/// `before` were proposed; fails if a reply arrives on `stream` first (or
+/// neither happens within [`REPLIES_TIMEOUT`]).
 fn wait_until_proposed(
     stream: &TcpStream,
     http: SocketAddr,
@@ -345,7 +417,8 @@ fn wait_until_proposed(
     writes: f64,
 ) -> Result<()> {
     stream.set_nonblocking(true)?;
-    loop {
+    let deadline = std::time::Instant::now() + REPLIES_TIMEOUT;
+    while std::time::Instant::now() < deadline {
         let proposed = proposed_commands(http)? - before;
         if proposed >= writes {
             return Ok(stream.set_nonblocking(false)?);
@@ -357,6 +430,7 @@ fn wait_until_proposed(
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+    bail!("neither a reply nor the {writes} proposals within {REPLIES_TIMEOUT:?}")
 }
 
 /// Commands the node has proposed to Raft, over all its write batches.

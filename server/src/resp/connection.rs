@@ -378,12 +378,11 @@ impl<'a> Pipeline<'a> {
     fn start_store(&mut self, spec: &'static Spec, run: StoreRun, argv: Vec<Bytes>) {
         let bytes: usize = argv.iter().map(Bytes::len).sum();
         let (finish, done) = completion();
-        let (mut place, placed) = match run.is_placed() {
-            true => {
-                let (place, placed) = completion();
-                (Some(place), placed)
-            }
-            false => (None, done.clone()),
+        let (mut place, placed) = if run.is_placed() {
+            let (place, placed) = completion();
+            (Some(place), placed)
+        } else {
+            (None, done.clone())
         };
         let waits = self
             .order

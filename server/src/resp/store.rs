@@ -1,7 +1,9 @@
 //! The native requests behind Redis commands: served by this node, or at
 //! the leader when this node does not lead (the Redis client never sees a
 //! redirect). While no leader is known (an election), a request waits and
-//! is tried again, for at most [`ELECTION_WAIT`].
+//! is tried again, for at most [`ELECTION_WAIT`]; but a pipelined write that
+//! Raft refused after a later write of its key went ahead is answered
+//! TRYAGAIN ([`RespServer::call_placed`]).
 
 use std::time::Duration;
 
@@ -51,13 +53,14 @@ impl RespServer {
         self.call_placed(request, None).await
     }
 
-    /// [`call`](Self::call) of a command's only write, holding its `place`
+    /// [`call`](Self::call) of a command's write, holding its `place`
     /// (`StoreRun::Placed`) until the write is queued for Raft here, or
-    /// until it has been answered elsewhere. A write refused after it was
-    /// queued (this node's Raft no longer led when it took the proposal:
-    /// nothing was written) is not tried again: the connection's next
-    /// write of its keys may have been queued meanwhile, and this one
-    /// would land after it. It is answered with the refusal (TRYAGAIN).
+    /// until it has been answered elsewhere. A write Raft refused after it
+    /// was queued (nothing was written) takes its place back and is tried
+    /// again as any refused write is, unless a later write of its keys on
+    /// the connection has gone ahead meanwhile (`order::Done::withdraw`): tried
+    /// now, it would land after that one, so it is answered with the
+    /// refusal (TRYAGAIN) instead.
     pub(super) async fn call_placed(
         &self,
         request: Request,
@@ -70,7 +73,7 @@ impl RespServer {
         let deadline = tokio::time::Instant::now() + ELECTION_WAIT;
         let mut backoff = FIRST_BACKOFF;
         loop {
-            let held = place.is_some();
+            let placed = place.as_ref().map(Finish::done);
             let error = match handler
                 .handle_placed(request.clone(), Via::Resp, &mut place)
                 .await
@@ -85,8 +88,10 @@ impl RespServer {
                 Response::Error(error) => return Err(error_reply(&error)),
                 response => return Ok(response),
             };
-            if held && place.is_none() {
-                return Err(error_reply(&error));
+            if let Some(placed) = placed.filter(|_| place.is_none()) {
+                // Queued, then refused (Raft no longer led, was handing
+                // over, or its lease had lapsed): nothing was written.
+                place = Some(placed.withdraw().ok_or_else(|| error_reply(&error))?);
             }
             match &error.leader_hint {
                 Some(hint) if hint.node_id != handler.replica().node_id() => {

@@ -30,9 +30,10 @@ pub enum StoreRun {
     /// Any number of store calls: the command's place among the writes of
     /// its keys is fixed only once it has finished.
     Steps(for<'a> fn(&'a RespServer, &'a [Bytes]) -> StoreFuture<'a>),
-    /// Its last store call is its only write, one log entry: the command
-    /// is placed once that write is queued for Raft. It is handed its
-    /// place (`Some`: dropping it lets the connection's next write of
+    /// Its last store call is a write of one log entry, decided in apply,
+    /// and no earlier call reads (one write; DEL's deletes in turn): the
+    /// command is placed once that write is queued for Raft. It is handed
+    /// its place (`Some`: dropping it lets the connection's next write of
     /// its keys be proposed) for that call (`RespServer::call_placed`).
     Placed(for<'a> fn(&'a RespServer, &'a [Bytes], Option<Finish>) -> StoreFuture<'a>),
 }
@@ -252,7 +253,8 @@ macro_rules! store {
     };
 }
 
-/// A handler whose last store call is its only write (`StoreRun::Placed`).
+/// A handler placed once its last store call, a write, is queued
+/// (`StoreRun::Placed`).
 macro_rules! placed {
     ($handler:path) => {
         Run::Store(StoreRun::Placed(|server, args, place| {
