@@ -16,9 +16,11 @@
 //! it, at linearizable and at lease consistency.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use bytes::{Bytes, BytesMut};
@@ -30,7 +32,7 @@ use rdkv_tests::prometheus::http_get;
 use rdkv_tests::raw_native::RawConnection;
 use rdkv_tests::raw_resp::raw_exchange;
 use rdkv_tests::stress_value::splitmix64;
-use rdkv_tests::{Cluster, check_with_leader};
+use rdkv_tests::{Cluster, Intent, check_with_leader};
 
 const COMMANDS: usize = 10_000;
 const KEYS: u64 = 40;
@@ -347,12 +349,12 @@ async fn pipelined_writes_keep_their_order_while_the_leader_moves() -> Result<()
     let mut cluster = Cluster::start(3)?;
     check_with_leader(&mut cluster, TEST_LIMIT_SECS, async |cluster, first| {
         let resp = cluster.node(first)?.resp_addr;
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
         let writer = tokio::task::spawn_blocking({
             let stop = stop.clone();
             move || incr_rounds(resp, &stop)
         });
-        let client = cluster.client(rdkv_tests::Intent::Any)?;
+        let client = cluster.client(Intent::Any)?;
         let mut targets: Vec<u64> = (1..=3).filter(|id| *id != first).collect();
         targets.push(first);
         for target in targets {
@@ -360,7 +362,7 @@ async fn pipelined_writes_keep_their_order_while_the_leader_moves() -> Result<()
             client.move_leader(target).await?;
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        stop.store(true, Ordering::Relaxed);
         let replies = writer.await??;
         let mut last = 0;
         let (mut counted, mut refused) = (0, 0);
@@ -388,15 +390,14 @@ async fn pipelined_writes_keep_their_order_while_the_leader_moves() -> Result<()
 
 /// Rounds of 64 pipelined `INCR hot` on one connection until `stop`; every
 /// reply line, in request order.
-fn incr_rounds(resp: SocketAddr, stop: &std::sync::atomic::AtomicBool) -> Result<Vec<String>> {
-    use std::io::BufRead;
+fn incr_rounds(resp: SocketAddr, stop: &AtomicBool) -> Result<Vec<String>> {
     const ROUND: usize = 64;
     let mut stream = TcpStream::connect(resp)?;
     stream.set_read_timeout(Some(REPLIES_TIMEOUT))?;
-    let mut lines = std::io::BufReader::new(stream.try_clone()?);
+    let mut lines = BufReader::new(stream.try_clone()?);
     let round = b"INCR hot\r\n".repeat(ROUND);
     let mut replies = Vec::new();
-    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+    while !stop.load(Ordering::Relaxed) {
         stream.write_all(&round)?;
         for _ in 0..ROUND {
             let mut line = String::new();
@@ -417,8 +418,8 @@ fn wait_until_proposed(
     writes: f64,
 ) -> Result<()> {
     stream.set_nonblocking(true)?;
-    let deadline = std::time::Instant::now() + REPLIES_TIMEOUT;
-    while std::time::Instant::now() < deadline {
+    let deadline = Instant::now() + REPLIES_TIMEOUT;
+    while Instant::now() < deadline {
         let proposed = proposed_commands(http)? - before;
         if proposed >= writes {
             return Ok(stream.set_nonblocking(false)?);
