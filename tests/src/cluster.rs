@@ -440,11 +440,10 @@ impl Cluster {
     /// Node `id`'s `/metrics`, parsed (refused unless valid exposition text).
     pub async fn metrics_of(&self, id: u64) -> Result<crate::prometheus::Exposition> {
         let addr = self.node(id)?.http_addr;
-        let get = move || crate::prometheus::http_get(addr, "/metrics");
-        let (status, body) = tokio::task::spawn_blocking(get).await??;
-        ensure!(status == 200, "/metrics of node {id} answered {status}");
-        crate::prometheus::parse(&body)
-            .with_context(|| format!("node {id}'s /metrics is not valid exposition text"))
+        let scrape = move || crate::prometheus::scrape(addr);
+        tokio::task::spawn_blocking(scrape)
+            .await?
+            .with_context(|| format!("node {id}'s /metrics"))
     }
 
     /// GET and MGET requests the nodes have answered by RPC, all together:

@@ -236,6 +236,14 @@ fn check_histograms(out: &Exposition) -> Result<()> {
     Ok(())
 }
 
+/// The `/metrics` of the node whose HTTP port is `addr`, parsed (refused
+/// unless it answered 200 with valid exposition text). Blocking.
+pub fn scrape(addr: SocketAddr) -> Result<Exposition> {
+    let (status, body) = http_get(addr, "/metrics")?;
+    ensure!(status == 200, "/metrics of {addr} answered {status}");
+    parse(&body).with_context(|| format!("the /metrics of {addr} is not valid exposition text"))
+}
+
 /// `GET path` over HTTP/1.1 (connection: close); returns status and body.
 pub fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))

@@ -28,7 +28,7 @@ use rdkv_proto::wire::{
     Consistency, DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameKind, Request, Response, Update,
     UpdateOutcome, Versioned, decode_payload, encoded_frame,
 };
-use rdkv_tests::prometheus::http_get;
+use rdkv_tests::prometheus::scrape;
 use rdkv_tests::raw_native::RawConnection;
 use rdkv_tests::raw_resp::raw_exchange;
 use rdkv_tests::stress_value::splitmix64;
@@ -436,15 +436,12 @@ fn wait_until_proposed(
 
 /// Commands the node has proposed to Raft, over all its write batches.
 fn proposed_commands(http: SocketAddr) -> Result<f64> {
-    let (_, text) = http_get(http, "/metrics")?;
-    let metrics = rdkv_tests::prometheus::parse(&text)?;
+    let metrics = scrape(http)?;
     Ok(metrics.sum("rdkv_write_batch_commands_sum", &[]))
 }
 
 async fn reads_answered_at_once(cluster: &Cluster, id: u64) -> Result<f64> {
-    let addr = cluster.node(id)?.http_addr;
-    let (_, text) = tokio::task::spawn_blocking(move || http_get(addr, "/metrics")).await??;
-    let metrics = rdkv_tests::prometheus::parse(&text)?;
+    let metrics = cluster.metrics_of(id).await?;
     Ok(metrics.sum("rdkv_resp_reads_answered_at_once_total", &[]))
 }
 
